@@ -1,0 +1,29 @@
+# Quick start: `make quickstart` trains Graphormer+URPE on ZINC-12k; `make test` runs the tests.
+# Both create the virtual environment first when it is missing.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU build of torch on this machine; an unpinned torch pulls several GB of CUDA wheels.
+TORCH_PIN := torch==2.13.0
+NUMPY_PIN := numpy>=1.26,<2.5
+STAMP := $(VENV)/.installed
+
+.PHONY: quickstart test env clean
+
+env: $(STAMP)
+
+$(STAMP): pyproject.toml setup.py $(wildcard cython_ext/*.pyx)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade "pip>=23"
+	$(BIN)/pip install -q "$(TORCH_PIN)" "$(NUMPY_PIN)"
+	$(BIN)/pip install -q -e ".[test]"
+	touch $@
+
+quickstart: $(STAMP)
+	$(BIN)/python scripts/quickstart.py
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+clean:
+	rm -rf build graphormer_urpe/*.so cython_ext/*.c

@@ -1,0 +1,1 @@
+"""Datasets, encoding cache, collation and DataModules."""

@@ -1,0 +1,57 @@
+"""The padded batch that flows from collation into the model.
+
+Shapes use ``B`` graphs, ``N`` = the largest node count in the batch (the graph token is NOT
+included; the model prepends it), ``E`` = all edges of the batch, ``F``/``Fe`` = atom/bond feature
+columns, ``K`` = ``max_hops``. Integer tensors are compact (int16/int32); the model widens them
+where an index needs it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class GraphBatch:
+    """A padded batch of encoded graphs.
+
+    Attributes:
+        x: ``[B, N, F]`` int32 atom feature ids, shifted by +1 per column so 0 is padding
+            (column offsets are applied by the featurizer: one embedding table serves all columns).
+        node_mask: ``[B, N]`` bool, True at real nodes.
+        degree: ``[B, N]`` int16 node degrees (count of directed edges leaving the node).
+        spd: ``[B, N, N]`` int16 shortest-path hop counts; ``-1`` = unreachable; padded pairs -1.
+        edge_attr: ``[E + 1, Fe]`` int32 bond feature ids, shifted by +1 (0 = padding); the last
+            row is all zeros and is what ``path_edges == -1`` resolves to.
+        path_edges: ``[B, N, N, K]`` int32 rows of ``edge_attr`` along one shortest path from i
+            to j (first ``K`` hops); ``-1`` where the path is shorter, for i == j and for padding.
+        y: ``[B, T]`` float32 targets (NaN where unknown, e.g. PCQM4Mv2 test sets).
+        num_nodes: ``[B]`` int32 node counts.
+        index: ``[B]`` int64 position of each graph in its dataset (for prediction order).
+    """
+
+    x: Tensor
+    node_mask: Tensor
+    degree: Tensor
+    spd: Tensor
+    edge_attr: Tensor
+    path_edges: Tensor
+    y: Tensor
+    num_nodes: Tensor
+    index: Tensor
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "GraphBatch":
+        return replace(self, **{f.name: getattr(self, f.name).to(device, non_blocking=non_blocking)
+                                for f in fields(self)})
+
+    def pin_memory(self) -> "GraphBatch":
+        return replace(self, **{f.name: getattr(self, f.name).pin_memory() for f in fields(self)})
+
+    @property
+    def num_graphs(self) -> int:
+        return self.x.shape[0]
+
+    def __len__(self) -> int:
+        return self.num_graphs
