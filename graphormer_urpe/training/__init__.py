@@ -1,0 +1,1 @@
+"""Lightning training: the module around the backbone, the LR schedule, the CLI."""
