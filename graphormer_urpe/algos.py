@@ -1,0 +1,122 @@
+r"""Graphormer's structural encodings: shortest-path distances, shortest paths and degrees.
+
+For a graph with ``n`` nodes and directed edge list ``edge_index`` (both directions present):
+
+- ``spd[i, j]`` = number of hops on a shortest path ``i -> j``; 0 on the diagonal,
+  :data:`UNREACHABLE` (-1) between components.
+- ``path_edges[i, j, :]`` = the edge ids (columns of ``edge_index``) of ONE shortest path from
+  ``i`` to ``j``, its first ``K = max_hops`` hops in order from ``i``, -1 padded; all -1 when
+  ``i == j`` or ``j`` is unreachable. Graphormer's edge encoding averages the bond features along
+  it: :math:`c_{ij} = \frac{1}{\min(\phi_{ij}, K)} \sum_{t} x_{e_t} \cdot w_t`.
+- ``degree[i]`` = number of directed edges leaving ``i``.
+
+The path is the BFS tree path: ``path(i, j) = path(i, parent_i(j)) + [edge(parent_i(j) -> j)]``
+with ``parent_i(j)`` the first node to discover ``j`` when neighbours are scanned in increasing
+edge-id order, so it is deterministic. The work is done in C (``graphormer_urpe._encoding``,
+built from ``cython_ext/encoding.pyx``): ``O(n * e + n^2 * K)`` per graph, parallel over graphs.
+
+Example::
+
+    >>> edge_index = np.array([[0, 1, 1, 2], [1, 0, 2, 1]])      # path graph 0 - 1 - 2
+    >>> spd, path_edges = shortest_paths(3, edge_index, max_hops=2)
+    >>> spd[0, 2], path_edges[0, 2].tolist()
+    (2, [0, 2])
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from graphormer_urpe import _encoding
+
+#: The ``spd`` value of a pair in different components.
+UNREACHABLE: int = _encoding.UNREACHABLE
+#: Largest node or edge count of one graph (the outputs are int16).
+MAX_GRAPH_SIZE: int = _encoding.MAX_GRAPH_SIZE
+#: Largest accepted ``max_hops``.
+MAX_HOPS_LIMIT: int = _encoding.MAX_HOPS_LIMIT
+
+
+@dataclass(frozen=True)
+class EncodedGraphs:
+    """Encodings of ``G`` graphs as flat arrays (no padding; one block per graph).
+
+    Attributes:
+        spd: int16 ``[sum n_g^2]``; graph g's ``[n_g, n_g]`` block, row-major, at ``pair_ptr[g]``.
+        path_edges: int16 ``[sum n_g^2 * K]``; graph g's ``[n_g, n_g, K]`` block at
+            ``pair_ptr[g] * K``; edge ids are LOCAL (relative to ``edge_ptr[g]``).
+        degree: int16 ``[sum n_g]``; graph g's nodes at ``node_ptr[g]:node_ptr[g+1]``.
+        pair_ptr: int64 ``[G + 1]``, ``pair_ptr[g] = sum_{h<g} n_h^2``.
+        node_ptr: int64 ``[G + 1]``, the input node offsets.
+        max_hops: ``K``.
+    """
+
+    spd: np.ndarray
+    path_edges: np.ndarray
+    degree: np.ndarray
+    pair_ptr: np.ndarray
+    node_ptr: np.ndarray
+    max_hops: int
+
+    @property
+    def num_graphs(self) -> int:
+        return len(self.pair_ptr) - 1
+
+    def __len__(self) -> int:
+        return self.num_graphs
+
+    def graph(self, g: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Views of graph ``g``: ``spd [n, n]``, ``path_edges [n, n, K]``, ``degree [n]``."""
+        if not -self.num_graphs <= g < self.num_graphs:
+            raise IndexError(f"graph index {g} out of range for {self.num_graphs} graphs")
+        g %= self.num_graphs
+        n = int(self.node_ptr[g + 1] - self.node_ptr[g])
+        p0, p1 = int(self.pair_ptr[g]), int(self.pair_ptr[g + 1])
+        k = self.max_hops
+        return (self.spd[p0:p1].reshape(n, n),
+                self.path_edges[p0 * k:p1 * k].reshape(n, n, k),
+                self.degree[self.node_ptr[g]:self.node_ptr[g + 1]])
+
+
+def encode_graphs(node_ptr: np.ndarray, edge_index: np.ndarray, edge_ptr: np.ndarray,
+                  max_hops: int, num_threads: int = 1) -> EncodedGraphs:
+    """Encodes ``G`` graphs stored back to back, as PyG's ``InMemoryDataset`` stores them.
+
+    Args:
+        node_ptr: int64 ``[G + 1]``; graph g has ``node_ptr[g+1] - node_ptr[g]`` nodes.
+        edge_index: int64 ``[2, E]``, C-contiguous; columns ``edge_ptr[g]:edge_ptr[g+1]`` are
+            graph g's edges with LOCAL node ids in ``[0, n_g)``, both directions present.
+        edge_ptr: int64 ``[G + 1]``, starting at 0 and ending at ``E``.
+        max_hops: ``K`` in ``[1, 255]``, hops kept per path.
+        num_threads: threads over graphs; the result is identical for any value.
+
+    Raises:
+        ValueError: malformed input (dtype, shape, pointers, node ids, sizes > 32767, asymmetric
+            edge lists, ``max_hops``), naming the problem and the graph.
+        TypeError: a non-array or non-integer argument.
+    """
+    spd, path_edges, degree, pair_ptr = _encoding.encode(node_ptr, edge_index, edge_ptr,
+                                                         max_hops, num_threads)
+    return EncodedGraphs(spd=spd, path_edges=path_edges, degree=degree, pair_ptr=pair_ptr,
+                         node_ptr=node_ptr.copy(), max_hops=int(max_hops))
+
+
+def shortest_paths(num_nodes: int, edge_index: np.ndarray,
+                   max_hops: int) -> tuple[np.ndarray, np.ndarray]:
+    """``spd`` int16 ``[N, N]`` and ``path_edges`` int16 ``[N, N, K]`` of one graph.
+
+    A one-graph :func:`encode_graphs`; ``edge_index`` is int64 ``[2, E]`` C-contiguous with both
+    directions of every edge. See the module docstring for the definitions.
+    """
+    if isinstance(num_nodes, (bool, np.bool_)) or not isinstance(num_nodes, (int, np.integer)):
+        raise TypeError(f"num_nodes must be an int, got {type(num_nodes).__name__}")
+    if not 0 <= num_nodes <= MAX_GRAPH_SIZE:
+        raise ValueError(f"num_nodes must be in [0, {MAX_GRAPH_SIZE}] (int16 outputs), "
+                         f"got {num_nodes}")
+    # A malformed edge_index gets a consistent edge_ptr here and is rejected by the core.
+    num_edges = edge_index.shape[-1] if isinstance(edge_index, np.ndarray) and edge_index.ndim else 0
+    encoded = encode_graphs(np.array([0, num_nodes], dtype=np.int64), edge_index,
+                            np.array([0, num_edges], dtype=np.int64), max_hops)
+    spd, path_edges, _ = encoded.graph(0)
+    return spd, path_edges
