@@ -11,13 +11,98 @@ longer has to sum to one. With ``C = 1`` the module is plain RPE attention, bit 
 ``B = 0`` and ``C = 1`` it is plain softmax attention. Building B and C from positions is the
 caller's job (graph encodings or sequence offsets); this module only applies them, so the graph
 and sequence models share one attention.
+
+The core ``(q, k, v, B, C, mask) -> out`` is a swappable kernel chosen by name
+(``attention_impl``, see :data:`ATTENTION_IMPLS`). ``"eager"`` is the reference written out in
+PyTorch ops; ``"sdpa"`` hands RPE / plain attention (no ``C``) to
+:func:`torch.nn.functional.scaled_dot_product_attention`. A fused URPE kernel registers itself
+in :data:`ATTENTION_IMPLS` under a new name and is tested against ``"eager"``.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
+
+#: ``kernel(q, k, v, attn_bias, attn_scale, key_padding_mask, dropout_p, need_weights)`` with
+#: q, k, v ``[B, H, L, d]``; returns ``(out [B, H, L, d], probs [B, H, L, L] or None)``.
+AttentionKernel = Callable[
+    [Tensor, Tensor, Tensor, "Tensor | None", "Tensor | None", "Tensor | None", float, bool],
+    "tuple[Tensor, Tensor | None]",
+]
+
+
+def eager_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn_bias: Tensor | None,
+    attn_scale: Tensor | None,
+    key_padding_mask: Tensor | None,
+    dropout_p: float,
+    need_weights: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """The reference kernel: ``dropout(softmax(q k^T / sqrt(d) + B) ⊙ C) v``.
+
+    Mixed precision: the whole core runs in float32 (autocast off), whatever dtype q, k, v
+    arrive in; only the result is cast back to v's dtype. URPE's signal is C's deviation from 1
+    and the resulting deviation of row sums from 1; bf16 spaces values near 1 by 2^-7 ≈ 0.008
+    (and a probability ``p`` by about ``p / 128``), so a bf16 product ``P ⊙ C`` or a bf16 ``P``
+    in the value matmul would round most of a trained C away. For graph-sized ``L`` the float32
+    core costs little next to the projections; a fused kernel is the place to go faster.
+    The returned weights are float32.
+    """
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        q, k, v_core = q.float(), k.float(), v.float()
+        scores = torch.matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
+        if attn_bias is not None:
+            scores = scores + attn_bias.float()
+        if key_padding_mask is not None:
+            scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        if attn_scale is not None:
+            probs = probs * attn_scale.float()
+        out = torch.matmul(F.dropout(probs, dropout_p) if dropout_p > 0 else probs, v_core)
+    return out.to(v.dtype), (probs if need_weights else None)
+
+
+def sdpa_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn_bias: Tensor | None,
+    attn_scale: Tensor | None,
+    key_padding_mask: Tensor | None,
+    dropout_p: float,
+    need_weights: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """PyTorch's fused ``scaled_dot_product_attention`` for RPE / plain attention.
+
+    It has no hook between the softmax and the value product, so it cannot apply URPE's ``C``;
+    B and the padding mask travel as one additive float mask in q's dtype.
+    """
+    if attn_scale is not None:
+        raise ValueError("attention_impl='sdpa' cannot apply the URPE scale C (it multiplies the "
+                         "probabilities after the softmax); use attention_impl='eager'")
+    if need_weights:
+        raise ValueError("attention_impl='sdpa' does not return attention weights; "
+                         "use attention_impl='eager' with need_weights=True")
+    mask = None
+    if attn_bias is not None:
+        mask = attn_bias.to(q.dtype)
+    if key_padding_mask is not None:
+        pad = torch.zeros(key_padding_mask.shape, dtype=q.dtype, device=q.device)
+        pad = pad.masked_fill(key_padding_mask, float("-inf"))[:, None, None, :]
+        mask = pad if mask is None else mask + pad
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    return out, None
+
+
+#: Attention kernels by name; ``"eager"`` is the reference every other kernel is tested against.
+ATTENTION_IMPLS: dict[str, AttentionKernel] = {"eager": eager_attention, "sdpa": sdpa_attention}
 
 
 class URPEAttention(nn.Module):
@@ -27,21 +112,27 @@ class URPEAttention(nn.Module):
         embed_dim: model width ``D``; split into ``num_heads`` heads of ``D / num_heads``.
         num_heads: number of heads ``H``.
         dropout: dropout on the (scaled) attention probabilities.
+        attention_impl: name of the kernel in :data:`ATTENTION_IMPLS` (``"eager"`` = reference).
 
     Shapes:
         x: ``[B, L, D]``; attn_bias and attn_scale: ``[B, H, L, L]`` or broadcastable
         (e.g. ``[1, H, L, L]`` for sequences); key_padding_mask: ``[B, L]``, True at padding.
         Returns ``[B, L, D]`` and, with ``need_weights``, the probabilities ``[B, H, L, L]``
-        after the scale and before dropout.
+        after the scale and before dropout (float32 from the eager kernel).
     """
 
-    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0) -> None:
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0,
+                 attention_impl: str = "eager") -> None:
         super().__init__()
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
+        if attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(f"unknown attention_impl {attention_impl!r}; "
+                             f"choose one of {sorted(ATTENTION_IMPLS)}")
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
+        self.attention_impl = attention_impl
         self.in_proj = nn.Linear(embed_dim, 3 * embed_dim)
         self.out_proj = nn.Linear(embed_dim, embed_dim)
         self.dropout = nn.Dropout(dropout)
@@ -65,15 +156,9 @@ class URPEAttention(nn.Module):
         batch, length, _ = x.shape
         qkv = self.in_proj(x).view(batch, length, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, L, d]
-        scores = torch.matmul(q, k.transpose(-1, -2)) * (self.head_dim ** -0.5)
-        if attn_bias is not None:
-            scores = scores + attn_bias
-        if key_padding_mask is not None:
-            scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
-        # The softmax runs in float32 under autocast: bf16 row sums lose the URPE signal.
-        probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)
-        if attn_scale is not None:
-            probs = probs * attn_scale.to(v.dtype)
-        out = torch.matmul(self.dropout(probs), v)
+        kernel = ATTENTION_IMPLS[self.attention_impl]
+        dropout_p = self.dropout.p if self.training else 0.0
+        out, probs = kernel(q, k, v, attn_bias, attn_scale, key_padding_mask, dropout_p,
+                            need_weights)
         out = self.out_proj(out.transpose(1, 2).reshape(batch, length, self.embed_dim))
         return (out, probs) if need_weights else out

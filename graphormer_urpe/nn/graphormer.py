@@ -1,0 +1,257 @@
+r"""The Graphormer backbone (Ying et al., 2021) with URPE attention (Luo et al., 2022).
+
+.. math::
+    h^{(0)} &= [\,g;\ E_{atom}(x) + z(\deg)\,] \in \mathbb{R}^{(N+1) \times D}
+    \qquad \text{(graph token } g \text{ at index 0)} \\
+    a^{(l)} &= h^{(l-1)} + \mathrm{Attn}\big(\mathrm{LN}(h^{(l-1)});\ B,\ C^{(l)}\big), \qquad
+    h^{(l)} = a^{(l)} + \mathrm{FFN}\big(\mathrm{LN}(a^{(l)})\big) \\
+    \hat y &= W\, \mathrm{LN}(h^{(L)})_0 + b
+
+with ``Attn`` = :class:`~graphormer_urpe.nn.attention.URPEAttention`,
+``B = spatial(SPD) + edge path + graph-token virtual distance`` (shared by all layers, as in
+Graphormer) and ``C^{(l)}`` the URPE scale table indexed by SPD (one per layer, or one shared by
+all layers with ``share_urpe_scale``). ``attention`` selects the variant: ``"urpe"`` (B and C),
+``"rpe"`` (B only: plain Graphormer) or ``"none"`` (neither: a plain transformer over atoms).
+
+Defaults are Graphormer-slim on ZINC (``PRESETS["slim"]``); see ``docs/model.md`` for where every
+value and every parameter-count difference to the papers comes from.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from graphormer_urpe.data.batch import GraphBatch
+from graphormer_urpe.nn.attention import ATTENTION_IMPLS, URPEAttention
+from graphormer_urpe.nn.encodings import (
+    AtomEncoder,
+    DegreeEncoder,
+    EdgePathBias,
+    GraphToken,
+    SpatialBias,
+    URPEScale,
+    VirtualDistanceBias,
+    distance_slots,
+)
+
+AttentionKind = Literal["urpe", "rpe", "none"]
+ATTENTION_KINDS = ("urpe", "rpe", "none")
+
+
+class GraphormerLayer(nn.Module):
+    """Pre-LayerNorm encoder block: ``x + Attn(LN(x))``, then ``x + FFN(LN(x))``.
+
+    Shapes: x ``[B, N+1, D]``; attn_bias / attn_scale ``[B, H, N+1, N+1]`` or None;
+    key_padding_mask ``[B, N+1]`` (True at padding) -> ``[B, N+1, D]``.
+    """
+
+    def __init__(self, hidden_dim: int, ffn_dim: int, num_heads: int, dropout: float,
+                 attention_dropout: float, activation_dropout: float,
+                 attention_impl: str = "eager") -> None:
+        super().__init__()
+        self.attn_norm = nn.LayerNorm(hidden_dim)
+        self.attn = URPEAttention(hidden_dim, num_heads, attention_dropout,
+                                  attention_impl=attention_impl)
+        self.ffn_norm = nn.LayerNorm(hidden_dim)
+        self.ffn = nn.Sequential(
+            nn.Linear(hidden_dim, ffn_dim),
+            nn.GELU(),
+            nn.Dropout(activation_dropout),
+            nn.Linear(ffn_dim, hidden_dim),
+        )
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, attn_bias: Tensor | None, attn_scale: Tensor | None,
+                key_padding_mask: Tensor | None) -> Tensor:
+        x = x + self.dropout(self.attn(self.attn_norm(x), attn_bias, attn_scale, key_padding_mask))
+        return x + self.dropout(self.ffn(self.ffn_norm(x)))
+
+
+class Graphormer(nn.Module):
+    """Graph-level Graphormer: :class:`GraphBatch` -> ``[B, num_targets]``.
+
+    Args:
+        num_atom_embeddings: atom id table size incl. padding id 0
+            (:func:`graphormer_urpe.data.features.num_embeddings`; ZINC: 29).
+        num_bond_embeddings: bond id table size incl. padding id 0 (ZINC: 5).
+        num_targets: outputs per graph.
+        num_layers, hidden_dim, ffn_dim, num_heads: transformer size.
+        attention: ``"urpe"`` (B and C), ``"rpe"`` (B only) or ``"none"`` (no B, no C).
+        share_urpe_scale: one C table for all layers instead of one per layer.
+        dropout: on the embeddings and on each residual branch.
+        attention_dropout: on the attention probabilities.
+        activation_dropout: after the FFN's GELU.
+        max_degree: larger degrees share the last degree embedding.
+        max_spd: larger shortest-path distances share the last B and C entries.
+        max_hops: hops of each shortest path used by the edge encoding.
+        attention_impl: attention kernel (:data:`~graphormer_urpe.nn.attention.ATTENTION_IMPLS`).
+    """
+
+    def __init__(
+        self,
+        num_atom_embeddings: int,
+        num_bond_embeddings: int,
+        num_targets: int = 1,
+        num_layers: int = 12,
+        hidden_dim: int = 80,
+        ffn_dim: int = 80,
+        num_heads: int = 8,
+        attention: AttentionKind = "urpe",
+        share_urpe_scale: bool = False,
+        dropout: float = 0.0,
+        attention_dropout: float = 0.1,
+        activation_dropout: float = 0.1,
+        max_degree: int = 62,
+        max_spd: int = 38,
+        max_hops: int = 5,
+        attention_impl: str = "eager",
+    ) -> None:
+        super().__init__()
+        if attention not in ATTENTION_KINDS:
+            raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {attention!r}")
+        if attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(f"unknown attention_impl {attention_impl!r}; "
+                             f"choose one of {sorted(ATTENTION_IMPLS)}")
+        if attention == "urpe" and attention_impl == "sdpa":
+            raise ValueError("attention='urpe' needs a kernel that applies C after the softmax; "
+                             "attention_impl='sdpa' cannot (use 'eager')")
+        for name, value in {"num_targets": num_targets, "num_layers": num_layers,
+                            "hidden_dim": hidden_dim, "ffn_dim": ffn_dim,
+                            "num_heads": num_heads}.items():
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        self.num_atom_embeddings = num_atom_embeddings
+        self.num_bond_embeddings = num_bond_embeddings
+        self.attention = attention
+        self.max_spd = max_spd
+        self.num_heads = num_heads
+
+        self.atom_encoder = AtomEncoder(num_atom_embeddings, hidden_dim)
+        self.degree_encoder = DegreeEncoder(max_degree, hidden_dim)
+        self.graph_token = GraphToken(hidden_dim)
+        self.input_dropout = nn.Dropout(dropout)
+        if attention in ("urpe", "rpe"):
+            self.spatial_bias = SpatialBias(max_spd, num_heads)
+            self.edge_bias = EdgePathBias(num_bond_embeddings, num_heads, max_hops)
+            self.virtual_distance = VirtualDistanceBias(num_heads)
+        self.urpe_scales = None
+        if attention == "urpe":
+            self.urpe_scales = nn.ModuleList(
+                URPEScale(max_spd, num_heads) for _ in range(1 if share_urpe_scale else num_layers))
+        self.layers = nn.ModuleList(
+            GraphormerLayer(hidden_dim, ffn_dim, num_heads, dropout, attention_dropout,
+                            activation_dropout, attention_impl)
+            for _ in range(num_layers))
+        self.final_norm = nn.LayerNorm(hidden_dim)
+        self.head = nn.Linear(hidden_dim, num_targets)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Graphormer v1's init: every linear layer ``N(0, 0.02 / sqrt(num_layers))`` with zero
+        bias; embeddings ``N(0, 0.02)`` with zero padding rows; C = 1; LayerNorm (1, 0)."""
+        std = 0.02 / math.sqrt(len(self.layers))
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=std)
+                nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.LayerNorm):
+                module.reset_parameters()
+            elif module is not self and hasattr(module, "reset_parameters") and not isinstance(
+                    module, (URPEAttention, nn.Embedding)):
+                module.reset_parameters()  # the encodings (their own embeddings included) and C
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> "Graphormer":
+        """Build a preset (:data:`PRESETS`) with some arguments replaced, e.g.
+        ``Graphormer.from_preset("slim", num_atom_embeddings=29, num_bond_embeddings=5)``."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+        unknown = sorted(set(overrides) - set(inspect.signature(cls).parameters))
+        if unknown:
+            raise ValueError(f"unknown Graphormer arguments {unknown}")
+        missing = [a for a in ("num_atom_embeddings", "num_bond_embeddings") if a not in overrides]
+        if missing:
+            raise ValueError(f"from_preset needs the data's vocabulary sizes: pass {missing}")
+        return cls(**{**PRESETS[name], **overrides})
+
+    def _check_batch(self, batch: GraphBatch) -> None:
+        b, n = batch.node_mask.shape
+        shapes = {"x": (batch.x.ndim == 3 and batch.x.shape[:2] == (b, n)),
+                  "degree": batch.degree.shape == (b, n),
+                  "spd": batch.spd.shape == (b, n, n),
+                  "path_edges": batch.path_edges.ndim == 4 and batch.path_edges.shape[:3] == (b, n, n),
+                  "edge_attr": batch.edge_attr.ndim == 2}
+        bad = [name for name, ok in shapes.items() if not ok]
+        if bad:
+            raise ValueError(f"GraphBatch fields {bad} do not match node_mask [B={b}, N={n}] "
+                             f"(x [B, N, F], degree [B, N], spd [B, N, N], path_edges [B, N, N, K], "
+                             f"edge_attr [E+1, Fe])")
+        # One host sync for both range checks: an out-of-range id would otherwise be a silent
+        # wrong row on CPU or a device-side assert on GPU.
+        x_lo, x_hi, e_lo, e_hi = torch.stack([
+            t.to(torch.int32) for t in (batch.x.min(), batch.x.max(), batch.edge_attr.min(),
+                                        batch.edge_attr.max())]).tolist()
+        if x_lo < 0 or x_hi >= self.num_atom_embeddings:
+            raise ValueError(f"atom ids span [{x_lo}, {x_hi}] but num_atom_embeddings="
+                             f"{self.num_atom_embeddings}")
+        if e_lo < 0 or e_hi >= self.num_bond_embeddings:
+            raise ValueError(f"bond ids span [{e_lo}, {e_hi}] but num_bond_embeddings="
+                             f"{self.num_bond_embeddings}")
+
+    def attention_inputs(self, batch: GraphBatch) -> tuple[Tensor | None, list[Tensor | None]]:
+        """``B`` ``[B, H, N+1, N+1]`` (None for ``"none"``) and the ``C`` each layer uses
+        (``[B, H, N+1, N+1]``, the same tensor for every layer when shared; None unless
+        ``"urpe"``)."""
+        if self.attention == "none":
+            return None, [None] * len(self.layers)
+        slots = distance_slots(batch.spd, self.max_spd)  # [B, N, N]
+        node_bias = self.spatial_bias(slots) + self.edge_bias(batch.edge_attr, batch.path_edges)
+        attn_bias = self.virtual_distance(node_bias)
+        if self.urpe_scales is None:
+            return attn_bias, [None] * len(self.layers)
+        scale_slots = URPEScale.slots(slots, self.max_spd)
+        scales = [scale(scale_slots) for scale in self.urpe_scales]
+        if len(scales) == 1:
+            scales = scales * len(self.layers)
+        return attn_bias, scales
+
+    def forward(self, batch: GraphBatch) -> Tensor:
+        self._check_batch(batch)
+        node_mask = batch.node_mask
+        nodes = self.atom_encoder(batch.x) + self.degree_encoder(batch.degree, node_mask)
+        h = self.input_dropout(self.graph_token(nodes))  # [B, N+1, D]
+        token_is_real = torch.zeros_like(node_mask[:, :1])
+        key_padding_mask = torch.cat([token_is_real, ~node_mask], dim=1)  # [B, N+1]
+        attn_bias, scales = self.attention_inputs(batch)
+        for layer, attn_scale in zip(self.layers, scales):
+            h = layer(h, attn_bias, attn_scale, key_padding_mask)
+        return self.head(self.final_norm(h[:, 0]))
+
+
+def _signature_defaults(cls: type) -> dict[str, Any]:
+    return {name: p.default for name, p in inspect.signature(cls).parameters.items()
+            if p.default is not inspect.Parameter.empty}
+
+
+#: Architecture presets. ``slim`` is the code defaults (Graphormer-slim, ZINC); ``base`` is
+#: Graphormer-base as trained on PCQM4Mv2 (Graphormer's ``graphormer_base`` architecture and
+#: ``examples/property_prediction/pcqv2.sh``: 12 x 768, 32 heads, FFN 768, dropout 0.0,
+#: attention 0.1, activation 0.1, 5 hops, 512-row degree and spatial tables).
+PRESETS: dict[str, dict[str, Any]] = {
+    "slim": _signature_defaults(Graphormer),
+}
+PRESETS["base"] = {
+    **PRESETS["slim"],
+    "num_layers": 12, "hidden_dim": 768, "ffn_dim": 768, "num_heads": 32,
+    "dropout": 0.0, "attention_dropout": 0.1, "activation_dropout": 0.1,
+    "max_degree": 510, "max_spd": 510, "max_hops": 5,
+}
+
+
+def count_parameters(model: nn.Module, trainable_only: bool = True) -> int:
+    """Number of (trainable) parameters of ``model``."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)

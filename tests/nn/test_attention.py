@@ -1,0 +1,102 @@
+"""URPEAttention: the paper's core argument, exactness at C = 1, kernels, mixed precision."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphormer_urpe.nn.attention import ATTENTION_IMPLS, URPEAttention, eager_attention
+
+D, H, L = 32, 4, 7
+
+
+def _attention(seed: int = 0, **kwargs) -> URPEAttention:
+    torch.manual_seed(seed)
+    return URPEAttention(D, H, **kwargs).eval()
+
+
+def test_rpe_cannot_tell_positions_apart_on_a_constant_sequence_but_urpe_can():
+    """Luo et al.'s argument: softmax rows sum to one, so when every position holds the same
+    token (V has identical rows) any bias B leaves every output equal; URPE's C does not."""
+    attn = _attention()
+    x = torch.randn(1, 1, D).expand(1, L, D)
+    bias = 5 * torch.randn(1, H, L, L)  # strongly position-dependent
+    out_rpe = attn(x, attn_bias=bias)
+    torch.testing.assert_close(out_rpe, out_rpe[:, :1].expand_as(out_rpe), rtol=0, atol=1e-6)
+
+    offsets = torch.arange(L)[:, None] - torch.arange(L)[None, :]
+    scale = (1 + 0.1 * offsets.float()).expand(1, H, L, L)  # a Toeplitz C, as for sequences
+    out_urpe = attn(x, attn_bias=bias, attn_scale=scale)
+    spread = (out_urpe - out_urpe[:, :1]).abs().amax()
+    assert spread > 1e-2, "URPE should give position-dependent outputs on a constant input"
+
+
+def test_unit_scale_is_exactly_rpe():
+    attn = _attention()
+    x = torch.randn(2, L, D)
+    bias = torch.randn(2, H, L, L)
+    mask = torch.zeros(2, L, dtype=torch.bool)
+    mask[1, -2:] = True
+    assert torch.equal(attn(x, bias, torch.ones(2, H, L, L), mask), attn(x, bias, None, mask))
+
+
+def test_weights_are_scaled_probabilities():
+    attn = _attention()
+    x = torch.randn(2, L, D)
+    scale = torch.rand(1, H, L, L) + 0.5
+    _, plain = attn(x, need_weights=True)
+    _, scaled = attn(x, attn_scale=scale, need_weights=True)
+    assert scaled.shape == (2, H, L, L)
+    torch.testing.assert_close(plain.sum(-1), torch.ones(2, H, L))
+    torch.testing.assert_close(scaled, plain * scale)
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_sdpa_kernel_matches_eager_reference(with_bias):
+    eager = _attention(attention_impl="eager")
+    fused = _attention(attention_impl="sdpa")
+    fused.load_state_dict(eager.state_dict())
+    x = torch.randn(3, L, D)
+    bias = torch.randn(3, H, L, L) if with_bias else None
+    mask = torch.zeros(3, L, dtype=torch.bool)
+    mask[0, 4:] = True
+    mask[2, 1:] = True
+    torch.testing.assert_close(fused(x, bias, None, mask), eager(x, bias, None, mask),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_sdpa_kernel_refuses_the_urpe_scale():
+    attn = _attention(attention_impl="sdpa")
+    with pytest.raises(ValueError, match="URPE scale"):
+        attn(torch.randn(1, L, D), attn_scale=torch.ones(1, H, L, L))
+
+
+def test_bad_arguments_raise_value_error():
+    with pytest.raises(ValueError, match="divisible"):
+        URPEAttention(30, 4)
+    with pytest.raises(ValueError, match="attention_impl"):
+        URPEAttention(D, H, attention_impl="flash-urpe-not-registered")
+    assert "eager" in ATTENTION_IMPLS
+
+
+def test_scale_survives_bf16_autocast():
+    """A C that differs from 1 by less than bf16's spacing at 1 (2^-7) must still act: the
+    eager kernel applies it, and multiplies by V, in float32."""
+    q, k, v = (torch.randn(2, H, L, 8, dtype=torch.bfloat16) for _ in range(3))
+    scale = torch.full((1, H, L, L), 1.003)
+    assert torch.equal(scale.bfloat16(), torch.ones_like(scale, dtype=torch.bfloat16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out_1, probs_1 = eager_attention(q, k, v, None, None, None, 0.0, True)
+        out_c, probs_c = eager_attention(q, k, v, None, scale, None, 0.0, True)
+    assert probs_c.dtype == torch.float32 and out_c.dtype == torch.bfloat16
+    torch.testing.assert_close(probs_c.sum(-1), torch.full((2, H, L), 1.003), rtol=0, atol=1e-6)
+    # In float32 the output is exactly 1.003 x the C = 1 output; check that survived the core.
+    ratio = (out_c.float() / out_1.float())[out_1.float().abs() > 0.1]
+    torch.testing.assert_close(ratio.mean(), torch.tensor(1.003), rtol=0, atol=1e-3)
+
+
+def test_gradient_reaches_the_scale():
+    attn = _attention()
+    x = torch.randn(2, L, D)
+    scale = torch.ones(1, H, L, L, requires_grad=True)
+    attn(x, attn_scale=scale).square().sum().backward()
+    assert scale.grad is not None and scale.grad.abs().sum() > 0

@@ -1,0 +1,106 @@
+"""Graphormer's encodings against direct, loop-level readings of their formulas on real ZINC."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphormer_urpe.nn.encodings import (
+    AtomEncoder,
+    DegreeEncoder,
+    EdgePathBias,
+    GraphToken,
+    SpatialBias,
+    URPEScale,
+    VirtualDistanceBias,
+    distance_slots,
+)
+
+H = 4
+
+
+@pytest.fixture(scope="module")
+def batch(zinc_graphs, zinc_collate):
+    return zinc_collate(zinc_graphs[:6])
+
+
+def test_distance_slots():
+    spd = torch.tensor([[[0, 1, 7], [1, 0, -1], [7, -1, 0]]], dtype=torch.int16)
+    slots = distance_slots(spd, max_spd=5)
+    assert slots.tolist() == [[[0, 1, 5], [1, 0, 6], [5, 6, 0]]]
+    assert slots.dtype == torch.int32
+
+
+def test_edge_path_bias_is_the_mean_of_hop_transformed_bond_values(batch):
+    torch.manual_seed(0)
+    enc = EdgePathBias(num_bond_embeddings=5, num_heads=H, max_hops=3)  # fewer hops than K = 5
+    out = enc(batch.edge_attr, batch.path_edges)
+    b, n = batch.node_mask.shape
+    assert out.shape == (b, H, n, n)
+
+    table = enc.embedding.weight.detach()
+    checked_long_paths = 0
+    for g in range(b):
+        for i in range(int(batch.num_nodes[g])):
+            for j in range(int(batch.num_nodes[g])):
+                hops = [int(e) for e in batch.path_edges[g, i, j, :3] if e >= 0]
+                expected = torch.zeros(H)
+                for k, e in enumerate(hops):
+                    bond_value = table[batch.edge_attr[e].long()].mean(0)  # mean over columns
+                    expected += bond_value @ enc.hop_weight[k].detach()
+                expected /= max(len(hops), 1)
+                torch.testing.assert_close(out[g, :, i, j].detach(), expected, rtol=1e-5, atol=1e-7)
+                checked_long_paths += int(batch.spd[g, i, j]) > 3
+    assert checked_long_paths > 0, "the batch should contain paths longer than max_hops"
+    # Padded pairs and the diagonal carry no edge information.
+    assert out[:, :, range(n), range(n)].abs().max() == 0
+
+
+def test_spatial_and_virtual_distance_bias(batch):
+    torch.manual_seed(0)
+    spatial, virtual = SpatialBias(max_spd=4, num_heads=H), VirtualDistanceBias(H)
+    slots = distance_slots(batch.spd, 4)
+    node_bias = spatial(slots)
+    g, i, j = 0, 0, int(batch.num_nodes[0]) - 1
+    d = min(int(batch.spd[g, i, j]), 4)
+    torch.testing.assert_close(node_bias[g, :, i, j], spatial.embedding.weight[d])
+
+    full = virtual(node_bias)
+    n = node_bias.shape[-1]
+    assert full.shape == (batch.num_graphs, H, n + 1, n + 1)
+    t = virtual.weight.view(1, H, 1)
+    torch.testing.assert_close(full[:, :, 0, :], t.expand(batch.num_graphs, H, n + 1))
+    torch.testing.assert_close(full[:, :, 1:, 0], t.expand(batch.num_graphs, H, n))
+    torch.testing.assert_close(full[:, :, 1:, 1:], node_bias)
+
+
+def test_node_encodings_zero_at_padding_and_clamp_degrees(batch):
+    torch.manual_seed(0)
+    atoms, degrees = AtomEncoder(29, 16), DegreeEncoder(max_degree=2, hidden_dim=16)
+    h = atoms(batch.x) + degrees(batch.degree, batch.node_mask)
+    assert h[~batch.node_mask].abs().max() == 0
+    # Degree 3 and 4 atoms share the clamped degree-2 embedding.
+    high = batch.node_mask & (batch.degree >= 2)
+    expected = degrees.embedding.weight[3].expand(int(high.sum()), -1)
+    torch.testing.assert_close(degrees(batch.degree, batch.node_mask)[high], expected)
+    assert GraphToken(16)(h).shape == (batch.num_graphs, h.shape[1] + 1, 16)
+
+
+def test_urpe_scale_starts_at_one_with_a_graph_token_slot(batch):
+    scale = URPEScale(max_spd=4, num_heads=H)
+    assert torch.equal(scale.weight, torch.ones(7, H))
+    slots = URPEScale.slots(distance_slots(batch.spd, 4), 4)
+    n = batch.node_mask.shape[1]
+    assert slots.shape == (batch.num_graphs, n + 1, n + 1)
+    assert (slots[:, 0, :] == 6).all() and (slots[:, :, 0] == 6).all()
+    with torch.no_grad():
+        scale.weight.copy_(torch.arange(7 * H, dtype=torch.float).view(7, H))
+    c = scale(slots)
+    g, i, j = 1, 2, 3
+    torch.testing.assert_close(c[g, :, i + 1, j + 1], scale.weight[slots[g, i + 1, j + 1]])
+
+
+def test_bad_sizes_raise_value_error():
+    with pytest.raises(ValueError, match="max_hops"):
+        EdgePathBias(5, H, max_hops=0)
+    with pytest.raises(ValueError, match="max_spd"):
+        URPEScale(max_spd=0, num_heads=H)

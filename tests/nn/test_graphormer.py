@@ -1,0 +1,236 @@
+"""The Graphormer backbone on real ZINC molecules: exactness, invariances, padding, parameters."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import networkx as nx
+import pytest
+import torch
+
+from graphormer_urpe.data.batch import GraphBatch
+from graphormer_urpe.nn import PRESETS, Graphormer, count_parameters
+
+SMALL = dict(num_layers=3, hidden_dim=32, ffn_dim=32, num_heads=4)
+
+
+def _model(zinc_vocab, seed=0, **kwargs) -> Graphormer:
+    torch.manual_seed(seed)
+    return Graphormer(**zinc_vocab, **{**SMALL, **kwargs})
+
+
+def _randomise_scales(model: Graphormer, seed: int = 1) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for scale in model.urpe_scales:
+            scale.weight.copy_(0.5 + torch.rand(scale.weight.shape, generator=gen))
+
+
+@pytest.fixture(scope="module")
+def batch(zinc_graphs, zinc_collate):
+    return zinc_collate(zinc_graphs[:16])
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_urpe_with_unit_scale_is_exactly_rpe(zinc_vocab, batch, train):
+    urpe = _model(zinc_vocab, attention="urpe")
+    rpe = _model(zinc_vocab, seed=123, attention="rpe")  # different init, then loaded
+    missing, unexpected = urpe.load_state_dict(rpe.state_dict(), strict=False)
+    assert not unexpected and missing and all(k.startswith("urpe_scales.") for k in missing)
+    urpe.train(train), rpe.train(train)
+    torch.manual_seed(7)
+    out_urpe = urpe(batch)
+    torch.manual_seed(7)  # same dropout masks
+    out_rpe = rpe(batch)
+    assert torch.equal(out_urpe, out_rpe)
+
+    _randomise_scales(urpe)
+    torch.manual_seed(7)
+    assert not torch.allclose(urpe(batch), out_rpe, atol=1e-4), "C must reach the output"
+
+
+def _permute_nodes(batch: GraphBatch, perm: torch.Tensor, edge_perm: torch.Tensor) -> GraphBatch:
+    """Relabel the padded node axis by ``perm`` (padding moves into the middle too) and reorder
+    the real edge rows by ``edge_perm`` (path edge ids follow)."""
+    new_row = torch.empty_like(edge_perm)
+    new_row[edge_perm] = torch.arange(edge_perm.numel())
+    remap = torch.cat([new_row, torch.tensor([edge_perm.numel()])]).to(torch.int32)
+    path = batch.path_edges[:, perm][:, :, perm]
+    num_edge_rows = batch.edge_attr.shape[0]
+    path = torch.where(path >= 0, remap[path.long() % num_edge_rows], path)
+    return dataclasses.replace(
+        batch,
+        x=batch.x[:, perm], node_mask=batch.node_mask[:, perm], degree=batch.degree[:, perm],
+        spd=batch.spd[:, perm][:, :, perm], path_edges=path,
+        edge_attr=torch.cat([batch.edge_attr[:-1][edge_perm], batch.edge_attr[-1:]]),
+    )
+
+
+@pytest.mark.parametrize("attention", ["urpe", "rpe", "none"])
+def test_model_is_invariant_to_node_and_edge_order(zinc_vocab, batch, attention):
+    model = _model(zinc_vocab, attention=attention).eval()
+    if attention == "urpe":
+        _randomise_scales(model)
+    gen = torch.Generator().manual_seed(0)
+    perm = torch.randperm(batch.node_mask.shape[1], generator=gen)
+    edge_perm = torch.randperm(batch.edge_attr.shape[0] - 1, generator=gen)
+    permuted = _permute_nodes(batch, perm, edge_perm)
+    assert not torch.equal(permuted.node_mask, batch.node_mask)
+    torch.testing.assert_close(model(permuted), model(batch), rtol=1e-5, atol=1e-5)
+
+
+def _unambiguous_paths(data, max_hops: int) -> bool:
+    """True when, for every pair, all shortest paths carry the same bond types on their first
+    ``max_hops`` hops: then Graphormer's one-path edge encoding does not depend on atom order."""
+    g = nx.Graph()
+    g.add_nodes_from(range(data.num_nodes))
+    for (u, v), bond in zip(data.edge_index.t().tolist(), data.edge_attr.tolist()):
+        g.add_edge(u, v, bond=bond)
+    for s in g:
+        for t in g:
+            if s < t:
+                seqs = {tuple(g[p[i]][p[i + 1]]["bond"] for i in range(len(p) - 1))[:max_hops]
+                        for p in nx.all_shortest_paths(g, s, t)}
+                if len(seqs) > 1:
+                    return False
+    return True
+
+
+def test_molecule_relabelling_end_to_end(zinc_vocab, zinc_graphs, zinc_collate):
+    """Permute atoms and bonds of real molecules, re-encode, re-collate: same predictions.
+
+    Only molecules whose shortest paths are unambiguous qualify: with several shortest paths
+    of different bond sequences (e.g. across a Kekulé benzene ring) the encoder picks one by
+    atom order, as Graphormer does, and the edge encoding may change with it.
+    """
+    molecules = [d for d in zinc_graphs if _unambiguous_paths(d, 5)][:8]
+    assert len(molecules) >= 4
+    gen = torch.Generator().manual_seed(0)
+    relabelled = []
+    for d in molecules:
+        perm = torch.randperm(d.num_nodes, generator=gen)  # new atom k = old atom perm[k]
+        new_id = torch.empty_like(perm)
+        new_id[perm] = torch.arange(d.num_nodes)
+        edge_perm = torch.randperm(d.edge_index.shape[1], generator=gen)
+        relabelled.append(d.__class__(x=d.x[perm], edge_index=new_id[d.edge_index[:, edge_perm]],
+                                      edge_attr=d.edge_attr[edge_perm], y=d.y))
+    model = _model(zinc_vocab).eval()
+    _randomise_scales(model)
+    torch.testing.assert_close(model(zinc_collate(relabelled)), model(zinc_collate(molecules)),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_prediction_does_not_depend_on_batch_padding(zinc_vocab, zinc_graphs, zinc_collate):
+    sizes = [int(d.num_nodes) for d in zinc_graphs]
+    small = min(range(len(sizes)), key=sizes.__getitem__)
+    larger = sorted(range(len(sizes)), key=sizes.__getitem__)[-3:]
+    model = _model(zinc_vocab).eval()
+    _randomise_scales(model)
+    alone = model(zinc_collate([zinc_graphs[small]]))
+    in_batch = model(zinc_collate([zinc_graphs[larger[0]], zinc_graphs[small],
+                                   zinc_graphs[larger[1]], zinc_graphs[larger[2]]]))
+    assert sizes[larger[0]] > sizes[small] + 5
+    torch.testing.assert_close(in_batch[1:2], alone, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_gradient_reaches_every_urpe_scale(zinc_vocab, batch, share):
+    model = _model(zinc_vocab, share_urpe_scale=share)
+    assert len(model.urpe_scales) == (1 if share else SMALL["num_layers"])
+    torch.nn.functional.l1_loss(model(batch), batch.y).backward()
+    for scale in model.urpe_scales:
+        assert scale.weight.grad is not None and scale.weight.grad.abs().sum() > 0
+    no_grad = [n for n, p in model.named_parameters() if p.grad is None]
+    assert not no_grad, f"parameters outside the graph: {no_grad}"
+
+
+def test_bf16_autocast_forward_and_backward(zinc_vocab, batch):
+    model = _model(zinc_vocab).eval()
+    _randomise_scales(model)
+    reference = model(batch)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(batch)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), reference, rtol=0.05, atol=0.05)
+    out.float().sum().backward()
+    assert model.urpe_scales[0].weight.grad.dtype == torch.float32
+    assert model.urpe_scales[0].weight.grad.abs().sum() > 0
+
+
+def test_sdpa_kernel_matches_eager_for_rpe(zinc_vocab, batch):
+    eager = _model(zinc_vocab, attention="rpe").eval()
+    fused = _model(zinc_vocab, attention="rpe", attention_impl="sdpa").eval()
+    fused.load_state_dict(eager.state_dict())
+    torch.testing.assert_close(fused(batch), eager(batch), rtol=1e-5, atol=1e-5)
+
+
+def test_bad_configuration_and_input_raise_value_error(zinc_vocab, batch):
+    with pytest.raises(ValueError, match="attention must be"):
+        _model(zinc_vocab, attention="urpe2")
+    with pytest.raises(ValueError, match="sdpa"):
+        _model(zinc_vocab, attention="urpe", attention_impl="sdpa")
+    with pytest.raises(ValueError, match="num_atom_embeddings"):
+        Graphormer.from_preset("slim", num_bond_embeddings=5)
+    with pytest.raises(ValueError, match="unknown preset"):
+        Graphormer.from_preset("huge", **zinc_vocab)
+    with pytest.raises(ValueError, match="unknown Graphormer arguments"):
+        Graphormer.from_preset("slim", **zinc_vocab, hidden_size=64)
+    model = _model(zinc_vocab)
+    with pytest.raises(ValueError, match="atom ids"):
+        model(dataclasses.replace(batch, x=batch.x + zinc_vocab["num_atom_embeddings"]))
+    with pytest.raises(ValueError, match="bond ids"):
+        model(dataclasses.replace(batch, edge_attr=batch.edge_attr * 9))
+    with pytest.raises(ValueError, match="spd"):
+        model(dataclasses.replace(batch, spd=batch.spd[:, :-1]))
+
+
+def test_presets_and_code_defaults():
+    """``slim`` is the code defaults; ``from_preset`` builds exactly the preset."""
+    model = Graphormer(num_atom_embeddings=29, num_bond_embeddings=5)
+    slim = Graphormer.from_preset("slim", num_atom_embeddings=29, num_bond_embeddings=5)
+    assert count_parameters(model) == count_parameters(slim)
+    assert (PRESETS["slim"]["num_layers"], PRESETS["slim"]["hidden_dim"],
+            PRESETS["slim"]["ffn_dim"], PRESETS["slim"]["num_heads"]) == (12, 80, 80, 8)
+    assert (PRESETS["base"]["num_layers"], PRESETS["base"]["hidden_dim"],
+            PRESETS["base"]["ffn_dim"], PRESETS["base"]["num_heads"]) == (12, 768, 768, 32)
+
+
+def _graphormer_v1_count(atoms, bonds, degree_rows, spatial_rows, hop_rows, layers, d, ffn,
+                         heads, targets=1) -> int:
+    """Parameters of Graphormer v1's ``model.py`` (graph token, virtual distance, atom / in- /
+    out-degree / edge / spatial / edge-distance tables, pre-LN layers, final LN, head)."""
+    tables = atoms * d + 2 * degree_rows * d + bonds * heads + spatial_rows * heads
+    tables += hop_rows * heads * heads + d + heads
+    layer = 2 * 2 * d + 4 * (d * d + d) + (d * ffn + ffn) + (ffn * d + d)
+    return tables + layers * layer + 2 * d + d * targets + targets
+
+
+def test_parameter_counts_against_graphormer_v1(capsys):
+    # Graphormer v1 ZINC tables: atom 64, edge 64, in/out degree 64, spatial 40, edge_dis 40.
+    v1 = _graphormer_v1_count(64, 64, 64, 40, 40, 12, 80, 80, 8)
+    same_tables = Graphormer(64, 64, attention="rpe", max_degree=62, max_spd=38, max_hops=40)
+    # Our single degree table replaces v1's in- + out-degree tables (always equal on molecules).
+    assert count_parameters(same_tables) == v1 - 64 * 80
+
+    zinc = {"num_atom_embeddings": 29, "num_bond_embeddings": 5}
+    counts = {
+        f"slim/{att}{'/shared' if share else ''}": count_parameters(
+            Graphormer.from_preset("slim", **zinc, attention=att, share_urpe_scale=share))
+        for att, share in [("rpe", False), ("urpe", False), ("urpe", True), ("none", False)]
+    }
+    c_rows = PRESETS["slim"]["max_spd"] + 3
+    assert counts["slim/urpe"] - counts["slim/rpe"] == 12 * 8 * c_rows
+    assert counts["slim/urpe/shared"] - counts["slim/rpe"] == 8 * c_rows
+
+    from graphormer_urpe.data.features import num_embeddings
+    from ogb.utils.features import get_atom_feature_dims, get_bond_feature_dims
+    ogb = {"num_atom_embeddings": num_embeddings(get_atom_feature_dims()),
+           "num_bond_embeddings": num_embeddings(get_bond_feature_dims())}
+    for att in ("rpe", "urpe"):
+        counts[f"base/{att}"] = count_parameters(Graphormer.from_preset("base", **ogb, attention=att))
+    with capsys.disabled():
+        print("\nparameter counts (ZINC vocab 29/5 for slim, OGB vocab "
+              f"{ogb['num_atom_embeddings']}/{ogb['num_bond_embeddings']} for base):")
+        for name, count in counts.items():
+            print(f"  {name:18s} {count:>11,d}")
+        print(f"  v1 code, ZINC     {v1:>11,d}  (paper: 489,321 Graphormer, 491,737 + URPE)")
