@@ -1,0 +1,281 @@
+"""Fused Triton URPE attention against a float64 eager reference, forward and backward.
+
+The kernel tests (``test_kernel_*``) run on the GPU where there is one. Without one they run under
+Triton's CPU interpreter, which must be switched on (``TRITON_INTERPRET=1``) before triton is first
+imported: :func:`test_kernels_under_cpu_interpreter` reruns them in a pytest subprocess with that
+variable, so it never leaks into the other tests. Shapes are tiny because the interpreter executes
+every tile op in numpy.
+"""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from graphormer_urpe.nn import fused_attention
+from graphormer_urpe.nn.fused_attention import eager_urpe_attention, urpe_attention
+
+ON_CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if ON_CUDA else "cpu"
+KERNELS_RUN_HERE = ON_CUDA or fused_attention.TRITON_INTERPRETED
+
+
+@pytest.fixture
+def fused():
+    """The module whose kernels run in this process (GPU, or the CPU interpreter)."""
+    pytest.importorskip("triton")
+    if not KERNELS_RUN_HERE:
+        pytest.skip("no GPU: run by test_kernels_under_cpu_interpreter in a subprocess")
+    return fused_attention
+
+
+def test_kernels_under_cpu_interpreter():
+    pytest.importorskip("triton")
+    if KERNELS_RUN_HERE:
+        pytest.skip("the kernel tests run directly in this process")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "test_kernel_"],
+        cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    summary = result.stdout.strip().splitlines()[-1]
+    assert "passed" in summary and "skipped" not in summary, summary
+
+
+def _inputs(batch, heads, len_q, len_k, head_dim, bias_shape, scale_shape, padded, seed=0):
+    """Random float64 q, k, v, B, C and a padding mask that leaves every row some keys."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, len_q, head_dim, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(batch, heads, len_k, head_dim, generator=gen, dtype=torch.float64) for _ in range(2))
+    bias = None if bias_shape is None else 2 * torch.randn(*bias_shape, generator=gen, dtype=torch.float64)
+    # URPE's C starts at 1 and stays near it; a wider range still exercises the gradient.
+    scale = None if scale_shape is None else 0.5 + torch.rand(*scale_shape, generator=gen, dtype=torch.float64)
+    mask = None
+    if padded:
+        lengths = torch.randint(1, len_k + 1, (batch,), generator=gen)
+        lengths[0] = len_k
+        mask = torch.arange(len_k)[None, :] >= lengths[:, None]
+    return (q, k, v, bias, scale), mask
+
+
+def _out_and_grads(fn, tensors, mask, grad_out):
+    leaves = [None if t is None else t.detach().clone().requires_grad_() for t in tensors]
+    out = fn(*leaves, key_padding_mask=mask)
+    present = [t for t in leaves if t is not None]
+    grads = torch.autograd.grad(out, present, grad_out)
+    return [out, *grads]
+
+
+def _max_err(result, reference):
+    return (result.double().cpu() - reference).abs().max().item()
+
+
+SHAPE_CASES = {
+    # name: (B, H, Lq, Lk, d, bias shape, scale shape, padded)
+    "graph_padded": (2, 2, 21, 21, 8, "BH", "BH", True),  # L not a multiple of the 16-wide tiles
+    "broadcast_tables": (2, 3, 17, 17, 16, "1H", "B1", True),
+    "sequence_tables": (3, 2, 19, 19, 8, "1H", "1H", False),  # [1, H, L, L] as the sequence model
+    "bias_only": (1, 2, 33, 33, 4, "BH", None, True),  # three key tiles, d padded to 16
+    "no_tables": (2, 1, 9, 9, 8, None, None, True),
+    "cross_lengths": (2, 2, 7, 20, 8, "BH", "11", True),
+}
+
+
+def _table_shape(kind, batch, heads, len_q, len_k):
+    if kind is None:
+        return None
+    return ({"B": batch, "1": 1}[kind[0]], {"H": heads, "1": 1}[kind[1]], len_q, len_k)
+
+
+@pytest.mark.parametrize("case", SHAPE_CASES, ids=list(SHAPE_CASES))
+def test_kernel_matches_float64_reference_fp32(fused, case):
+    batch, heads, len_q, len_k, head_dim, bias_kind, scale_kind, padded = SHAPE_CASES[case]
+    tensors, mask = _inputs(
+        batch, heads, len_q, len_k, head_dim,
+        _table_shape(bias_kind, batch, heads, len_q, len_k),
+        _table_shape(scale_kind, batch, heads, len_q, len_k), padded,
+    )
+    grad_out = torch.randn(batch, heads, len_q, head_dim, dtype=torch.float64)
+    expected = _out_and_grads(eager_urpe_attention, tensors, mask, grad_out)
+    on_device = [None if t is None else t.float().to(DEVICE) for t in tensors]
+    got = _out_and_grads(
+        fused.fused_urpe_attention, on_device, None if mask is None else mask.to(DEVICE),
+        grad_out.float().to(DEVICE),
+    )
+    names = ["out", "dq", "dk", "dv"] + ["dB"] * (bias_kind is not None) + ["dC"] * (scale_kind is not None)
+    assert len(got) == len(expected) == len(names)
+    for name, result, reference in zip(names, got, expected):
+        assert result.shape == reference.shape, name
+        assert result.dtype == torch.float32, name
+        tolerance = 2e-5 * (1 + reference.abs().max().item())
+        assert _max_err(result, reference) < tolerance, name
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_kernel_low_precision_as_accurate_as_float32_core(fused, dtype):
+    """16-bit q, k, v, B, C: errors (against float64 on the same rounded inputs) stay within one
+    unit of the dtype's precision of the largest value, the bar the float32-core eager path sets."""
+    tensors, mask = _inputs(2, 2, 33, 33, 8, (2, 2, 33, 33), (1, 2, 33, 33), padded=True, seed=1)
+    tensors = [t.to(dtype) for t in tensors]
+    grad_out = torch.randn(2, 2, 33, 8, dtype=torch.float64).to(dtype)
+    expected = _out_and_grads(eager_urpe_attention, [t.double() for t in tensors], mask, grad_out.double())
+    got = _out_and_grads(
+        fused.fused_urpe_attention, [t.to(DEVICE) for t in tensors], mask.to(DEVICE), grad_out.to(DEVICE)
+    )
+    eps = torch.finfo(dtype).eps
+    for name, result, reference in zip(["out", "dq", "dk", "dv", "dB", "dC"], got, expected):
+        assert result.dtype == dtype, name
+        assert _max_err(result, reference) < eps * reference.abs().max().item(), name
+
+
+def test_kernel_mixed_dtypes_and_strided_inputs(fused):
+    """As URPEAttention calls it: q, k, v strided views of one packed projection, tables in
+    float32 while q, k, v are bf16 (autocast); the output is a [B, L, H, d]-major view."""
+    batch, heads, length, head_dim = 2, 2, 18, 8
+    gen = torch.Generator().manual_seed(2)
+    packed = torch.randn(batch, length, 3, heads, head_dim, generator=gen).to(torch.bfloat16)
+    q, k, v = packed.permute(2, 0, 3, 1, 4).unbind(0)
+    bias = torch.randn(batch, heads, length, length, generator=gen)
+    scale = 0.9 + 0.2 * torch.rand(1, heads, length, length, generator=gen)
+    mask = torch.zeros(batch, length, dtype=torch.bool)
+    mask[1, 11:] = True
+    grad_out = torch.randn(batch, heads, length, head_dim, generator=gen).to(torch.bfloat16)
+    expected = _out_and_grads(
+        eager_urpe_attention, [t.double() for t in (q, k, v, bias, scale)], mask, grad_out.double()
+    )
+    got = _out_and_grads(
+        fused.fused_urpe_attention, [t.to(DEVICE) for t in (q, k, v, bias, scale)], mask.to(DEVICE),
+        grad_out.to(DEVICE),
+    )
+    assert got[0].transpose(1, 2).is_contiguous()
+    # bf16 results are rounded to bf16; the float32 table gradients carry the ~16-bit precision
+    # of P ⊙ C split into two bf16 MMA operands (one bf16 operand would give ~2^-8).
+    tolerances = {torch.bfloat16: torch.finfo(torch.bfloat16).eps, torch.float32: 2.0 ** -14}
+    dtypes = [torch.bfloat16] * 4 + [torch.float32] * 2
+    for name, result, reference, dtype in zip(["out", "dq", "dk", "dv", "dB", "dC"], got, expected, dtypes):
+        assert result.dtype == dtype, name
+        assert _max_err(result, reference) < tolerances[dtype] * (1 + reference.abs().max().item()), name
+
+
+def test_kernel_without_table_grads_and_all_padding_row(fused):
+    """Tables that need no gradient get none; a batch element whose keys are all padding yields
+    zeros (the eager softmax gives NaN) and finite gradients, leaving the other rows exact."""
+    tensors, _ = _inputs(2, 2, 12, 12, 8, (2, 2, 12, 12), (2, 2, 12, 12), padded=False, seed=3)
+    mask = torch.zeros(2, 12, dtype=torch.bool)
+    mask[1] = True
+    q, k, v, bias, scale = [t.float().to(DEVICE) for t in tensors]
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = fused.fused_urpe_attention(q, k, v, bias, scale, mask.to(DEVICE))
+    out.sum().backward()
+    assert bias.grad is None and scale.grad is None
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    for grad in (q.grad, k.grad, v.grad):
+        assert torch.isfinite(grad).all()
+        assert torch.equal(grad[1], torch.zeros_like(grad[1]))
+    reference = eager_urpe_attention(*[t[:1].double() for t in tensors], mask[:1])
+    assert _max_err(out[:1].detach(), reference) < 1e-5
+
+
+def test_backward_formulas_match_autograd():
+    """The closed-form gradients the kernels implement (docs/fused_attention.md), in float64,
+    against autograd through the eager reference; independent of triton."""
+    (q, k, v, bias, scale), mask = _inputs(2, 2, 10, 10, 4, (2, 2, 10, 10), (2, 2, 10, 10), padded=True, seed=4)
+    grad_out = torch.randn(2, 2, 10, 4, dtype=torch.float64)
+    expected = _out_and_grads(eager_urpe_attention, (q, k, v, bias, scale), mask, grad_out)[1:]
+
+    sm_scale = q.shape[-1] ** -0.5
+    s = (q @ k.transpose(-1, -2) * sm_scale + bias).masked_fill(mask[:, None, None, :], -math.inf)
+    p = torch.softmax(s, dim=-1)
+    out = (p * scale) @ v
+    do_vt = grad_out @ v.transpose(-1, -2)
+    dp = scale * do_vt
+    delta = (grad_out * out).sum(-1, keepdim=True)  # = rowsum(dp ⊙ p)
+    torch.testing.assert_close(delta, (dp * p).sum(-1, keepdim=True))
+    ds = p * (dp - delta)
+    derived = [ds @ k * sm_scale, ds.transpose(-1, -2) @ q * sm_scale, (p * scale).transpose(-1, -2) @ grad_out,
+               ds, p * do_vt]
+    for result, reference in zip(derived, expected):
+        torch.testing.assert_close(result, reference)
+
+
+def test_dispatcher_uses_eager_on_cpu():
+    tensors, mask = _inputs(2, 2, 6, 6, 4, (1, 2, 6, 6), (2, 2, 6, 6), padded=True, seed=5)
+    q, k, v, bias, scale = [t.float() for t in tensors]
+    expected = eager_urpe_attention(q, k, v, bias, scale, mask)
+    assert torch.equal(urpe_attention(q, k, v, bias, scale, mask), expected)
+    assert torch.equal(urpe_attention(q, k, v, bias, scale, mask, impl="eager"), expected)
+    torch.manual_seed(0)
+    dropped = urpe_attention(q, k, v, bias, scale, mask, dropout_p=0.5, training=True)
+    torch.manual_seed(0)
+    assert torch.equal(dropped, eager_urpe_attention(q, k, v, bias, scale, mask, 0.5, True))
+    assert not torch.equal(dropped, expected)
+
+
+def test_eager_reference_is_urpe_attention_core():
+    """The eager branch is the same math as URPEAttention (projections aside)."""
+    from graphormer_urpe.nn.attention import URPEAttention
+
+    torch.manual_seed(6)
+    batch, length, heads, width = 2, 7, 2, 8
+    layer = URPEAttention(width, heads).eval()
+    x = torch.randn(batch, length, width)
+    bias = torch.randn(batch, heads, length, length)
+    scale = 1 + 0.1 * torch.randn(1, heads, length, length)
+    mask = torch.zeros(batch, length, dtype=torch.bool)
+    mask[1, 5:] = True
+    qkv = layer.in_proj(x).view(batch, length, 3, heads, width // heads)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    out = urpe_attention(q, k, v, bias, scale, mask).transpose(1, 2).reshape(batch, length, width)
+    torch.testing.assert_close(layer.out_proj(out), layer(x, bias, scale, mask))
+
+
+def test_bad_input_raises_value_error():
+    q = torch.randn(2, 2, 5, 4)
+    with pytest.raises(ValueError, match="impl"):
+        urpe_attention(q, q, q, impl="flash")
+    with pytest.raises(ValueError, match="attn_bias"):
+        urpe_attention(q, q, q, attn_bias=torch.randn(2, 2, 5, 4))
+    with pytest.raises(ValueError, match="attn_scale"):
+        urpe_attention(q, q, q, attn_scale=torch.randn(3, 2, 5, 5))
+    with pytest.raises(ValueError, match="key_padding_mask"):
+        urpe_attention(q, q, q, key_padding_mask=torch.zeros(2, 5))
+    with pytest.raises(ValueError, match="dtype"):
+        urpe_attention(q, q, q.double())
+    with pytest.raises(ValueError, match="\\[B, H, L, d\\]"):
+        urpe_attention(q[0], q[0], q[0])
+    with pytest.raises(ValueError, match="dropout"):
+        urpe_attention(q, q, q, dropout_p=0.1, training=True, impl="triton")
+
+
+@pytest.mark.skipif(ON_CUDA, reason="checks the CPU refusal of the compiled kernels")
+def test_triton_impl_refuses_cpu_tensors_when_compiled():
+    pytest.importorskip("triton")
+    if fused_attention.TRITON_INTERPRETED:
+        pytest.skip("TRITON_INTERPRET=1 was set for the whole session")
+    q = torch.randn(1, 1, 4, 4)
+    with pytest.raises(ValueError, match="CUDA"):
+        urpe_attention(q, q, q, impl="triton")
+
+
+@pytest.mark.skipif(not ON_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_gpu_graph_sized_batch(dtype):
+    """Graph-model sizes (PCQM4Mv2: up to ~50 nodes + graph token; d = 32) with the production
+    64x64 tiles, against float64 on the same rounded inputs; impl='auto' picks the kernel."""
+    batch, heads, length, head_dim = 8, 8, 131, 32
+    tensors, mask = _inputs(batch, heads, length, length, head_dim, (batch, heads, length, length),
+                            (batch, heads, length, length), padded=True, seed=7)
+    tensors = [t.to(dtype) for t in tensors]
+    grad_out = torch.randn(batch, heads, length, head_dim, dtype=torch.float64).to(dtype)
+    expected = _out_and_grads(eager_urpe_attention, [t.double() for t in tensors], mask, grad_out.double())
+    got = _out_and_grads(lambda *a, **kw: urpe_attention(*a, **kw, impl="auto"),
+                         [t.cuda() for t in tensors], mask.cuda(), grad_out.cuda())
+    eps = torch.finfo(dtype).eps if dtype != torch.float32 else 1e-5
+    for name, result, reference in zip(["out", "dq", "dk", "dv", "dB", "dC"], got, expected):
+        assert _max_err(result, reference) < eps * (1 + reference.abs().max().item()), name
