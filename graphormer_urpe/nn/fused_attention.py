@@ -26,9 +26,11 @@ MMAs (``P ⊙ C`` and ``dS``) are split into two 16-bit parts, so they keep ~16 
 eager path computes in float32; a single bf16 operand would round a C near 1 to steps of 2^-7),
 and the forward keeps an unrounded float32 copy of ``O`` for ``rowsum(dO ⊙ O)``.
 
-The fused path has no attention dropout: :func:`urpe_attention` with ``impl="auto"`` uses the
-eager path whenever dropout is active (``training`` and ``dropout_p > 0``) or the tensors are
-not on CUDA. A query row whose keys are all padding gives ``0`` here (the eager softmax gives
+Dropout (on ``P ⊙ C``, as in the eager path) multiplies by ``M = keep / (1 - p)`` drawn from
+Philox at each entry's flat index, regenerated in the backward rather than stored; with it
+``O = (P ⊙ C ⊙ M) V``, ``dV = (P ⊙ C ⊙ M)^T dO`` and ``M`` multiplies ``dO V^T`` before the
+formulas above. :func:`urpe_attention` with ``impl="auto"`` uses the fused path for CUDA tensors
+and the eager one otherwise. A query row whose keys are all padding gives ``0`` here (the eager softmax gives
 NaN); Graphormer never produces one, since the graph token at index 0 is never padding.
 """
 from __future__ import annotations
@@ -165,6 +167,26 @@ if triton is not None:
         return out
 
     @triton.jit
+    def _dropout_scale(seed, dropout_p, pid_bh, offs_m, offs_n, len_q, len_k):
+        """``keep / (1 - p)`` per (query, key) tile entry. The Philox stream is indexed by the
+        entry's flat position in ``[B·H, Lq, Lk]``, so the forward and both backward kernels (and
+        :func:`dropout_keep_scale`) regenerate the same mask whatever their tiling."""
+        rows = pid_bh.to(tl.int64) * len_q + offs_m
+        keep = tl.rand(seed, rows[:, None] * len_k + offs_n[None, :]) >= dropout_p
+        return tl.where(keep, 1.0 / (1.0 - dropout_p), 0.0)
+
+    @triton.jit(do_not_specialize=["seed"])
+    def _dropout_scale_kernel(Out, seed, dropout_p, len_q, len_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        pid_m = tl.program_id(0)
+        pid_bh = tl.program_id(1)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        for start_n in range(0, len_k, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            keep_scale = _dropout_scale(seed, dropout_p, pid_bh, offs_m, offs_n, len_q, len_k)
+            offsets = (pid_bh.to(tl.int64) * len_q + offs_m)[:, None] * len_k + offs_n[None, :]
+            tl.store(Out + offsets, keep_scale, mask=(offs_m < len_q)[:, None] & (offs_n < len_k)[None, :])
+
+    @triton.jit
     def _scores_tile(
         q, k, Bias, bias_base, stride_bm, stride_bn, offs_m, offs_n, tile_valid, sm_scale,
         HAS_BIAS: tl.constexpr, INPUT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
@@ -188,7 +210,7 @@ if triton is not None:
             valid = valid & (padding == 0)
         return valid
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["seed"])
     def _urpe_fwd_kernel(
         Q, K, V, Bias, Scale, Mask, Out, OutF32, Lse,
         stride_qb, stride_qh, stride_qm, stride_qd,
@@ -198,8 +220,8 @@ if triton is not None:
         stride_cb, stride_ch, stride_cm, stride_cn,
         stride_mb, stride_mn,
         stride_ob, stride_oh, stride_om, stride_od,
-        num_heads, len_q, len_k, head_dim, sm_scale,
-        HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_MASK: tl.constexpr,
+        num_heads, len_q, len_k, head_dim, sm_scale, dropout_p, seed,
+        HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr,
         STORE_OUT_F32: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
         INPUT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, SPLIT: tl.constexpr,
@@ -247,6 +269,8 @@ if triton is not None:
                     mask=tile_valid, other=0.0,
                 )
                 p = p * scale.to(tl.float32)
+            if DROPOUT:
+                p = p * _dropout_scale(seed, dropout_p, pid_bh, offs_m, offs_n, len_q, len_k)
             v = tl.load(
                 V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
                 mask=(offs_n < len_k)[:, None] & d_valid[None, :], other=0.0,
@@ -268,7 +292,7 @@ if triton is not None:
         lse = tl.where(empty_row, float("inf"), m_i + tl.log(tl.where(empty_row, 1.0, l_i)))
         tl.store(Lse + pid_bh * len_q + offs_m, lse, mask=row_valid)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["seed"])
     def _urpe_bwd_dkdv_kernel(
         Q, K, V, Bias, Scale, Mask, DO, Lse, Delta, DK, DV, DBias, DScale,
         stride_qb, stride_qh, stride_qm, stride_qd,
@@ -280,8 +304,8 @@ if triton is not None:
         stride_dob, stride_doh, stride_dom, stride_dod,
         stride_dkb, stride_dkh, stride_dkn, stride_dkd,
         stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-        num_heads, len_q, len_k, head_dim, sm_scale,
-        HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_MASK: tl.constexpr,
+        num_heads, len_q, len_k, head_dim, sm_scale, dropout_p, seed,
+        HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr,
         STORE_DBIAS: tl.constexpr, STORE_DSCALE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
         INPUT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, SPLIT: tl.constexpr,
@@ -331,17 +355,20 @@ if triton is not None:
             s = _scores_tile(q, k, Bias, bias_base, stride_bm, stride_bn, offs_m, offs_n, tile_valid,
                              sm_scale, HAS_BIAS, INPUT_PRECISION, DOT_UPCAST)
             p = tl.where(tile_valid, tl.exp(s - lse[:, None]), 0.0)
-            do_vt = _dot(do, tl.trans(v), INPUT_PRECISION, DOT_UPCAST)  # dO V^T, [M, N]
+            d_pc = _dot(do, tl.trans(v), INPUT_PRECISION, DOT_UPCAST)  # dO V^T: ∂L/∂(P ⊙ C), [M, N]
+            a = p
+            if DROPOUT:
+                keep_scale = _dropout_scale(seed, dropout_p, pid_bh, offs_m, offs_n, len_q, len_k)
+                a = a * keep_scale
+                d_pc = d_pc * keep_scale
+            dp = d_pc
             if HAS_SCALE:
                 scale = tl.load(
                     Scale + scale_base + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn,
                     mask=tile_valid, other=0.0,
                 ).to(tl.float32)
-                a = p * scale
-                dp = do_vt * scale
-            else:
-                a = p
-                dp = do_vt
+                a = a * scale
+                dp = dp * scale
             dv += _dot_f32_lhs(tl.trans(a), do, INPUT_PRECISION, DOT_UPCAST, SPLIT)
             ds = p * (dp - delta[:, None])
             dk += _dot_f32_lhs(tl.trans(ds), q, INPUT_PRECISION, DOT_UPCAST, SPLIT)
@@ -350,7 +377,7 @@ if triton is not None:
             if STORE_DBIAS:
                 tl.store(DBias + grad_offs, ds.to(DBias.dtype.element_ty), mask=grad_store)
             if STORE_DSCALE:
-                tl.store(DScale + grad_offs, (p * do_vt).to(DScale.dtype.element_ty), mask=grad_store)
+                tl.store(DScale + grad_offs, (p * d_pc).to(DScale.dtype.element_ty), mask=grad_store)
         dk *= sm_scale
         tl.store(
             DK + b * stride_dkb + h * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd,
@@ -361,7 +388,7 @@ if triton is not None:
             dv.to(DV.dtype.element_ty), mask=kv_valid,
         )
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["seed"])
     def _urpe_bwd_dq_kernel(
         Q, K, V, Bias, Scale, Mask, DO, Lse, Delta, DQ,
         stride_qb, stride_qh, stride_qm, stride_qd,
@@ -372,8 +399,8 @@ if triton is not None:
         stride_mb, stride_mn,
         stride_dob, stride_doh, stride_dom, stride_dod,
         stride_dqb, stride_dqh, stride_dqm, stride_dqd,
-        num_heads, len_q, len_k, head_dim, sm_scale,
-        HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_MASK: tl.constexpr,
+        num_heads, len_q, len_k, head_dim, sm_scale, dropout_p, seed,
+        HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
         INPUT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, SPLIT: tl.constexpr,
     ):
@@ -417,6 +444,8 @@ if triton is not None:
                              sm_scale, HAS_BIAS, INPUT_PRECISION, DOT_UPCAST)
             p = tl.where(tile_valid, tl.exp(s - lse[:, None]), 0.0)
             dp = _dot(do, tl.trans(v), INPUT_PRECISION, DOT_UPCAST)
+            if DROPOUT:
+                dp = dp * _dropout_scale(seed, dropout_p, pid_bh, offs_m, offs_n, len_q, len_k)
             if HAS_SCALE:
                 scale = tl.load(
                     Scale + scale_base + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn,
@@ -462,7 +491,7 @@ def _table_strides(table: Tensor | None, shape: tuple[int, int, int, int]) -> tu
 
 class _FusedURPEAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, attn_bias, attn_scale, key_padding_mask, config):
+    def forward(ctx, q, k, v, attn_bias, attn_scale, key_padding_mask, dropout_p, seed, config):
         batch, heads, len_q, head_dim = q.shape
         len_k = k.shape[2]
         table_shape = (batch, heads, len_q, len_k)
@@ -479,12 +508,12 @@ class _FusedURPEAttention(torch.autograd.Function):
             *_table_strides(attn_bias, table_shape), *_table_strides(attn_scale, table_shape),
             *(mask.stride() if mask is not None else (0, 0)),
             *out.stride(),
-            heads, len_q, len_k, head_dim, head_dim ** -0.5,
-            HAS_BIAS=attn_bias is not None, HAS_SCALE=attn_scale is not None,
-            HAS_MASK=mask is not None, STORE_OUT_F32=out_f32 is not out, **_dot_flags(q.dtype), **config,
+            heads, len_q, len_k, head_dim, head_dim ** -0.5, dropout_p, seed,
+            HAS_BIAS=attn_bias is not None, HAS_SCALE=attn_scale is not None, HAS_MASK=mask is not None,
+            DROPOUT=dropout_p > 0, STORE_OUT_F32=out_f32 is not out, **_dot_flags(q.dtype), **config,
         )
         ctx.save_for_backward(q, k, v, attn_bias, attn_scale, mask, out_f32, lse)
-        ctx.config = config
+        ctx.dropout_p, ctx.seed, ctx.config = dropout_p, seed, config
         return out
 
     @staticmethod
@@ -494,7 +523,7 @@ class _FusedURPEAttention(torch.autograd.Function):
         batch, heads, len_q, head_dim = q.shape
         len_k = k.shape[2]
         table_shape = (batch, heads, len_q, len_k)
-        # rowsum(dP ⊙ P) = rowsum(dO ⊙ O), since O = (P ⊙ C) V.
+        # rowsum(dP ⊙ P) = rowsum(dO ⊙ O), since O = (P ⊙ C ⊙ M) V (M: the dropout multiplier).
         delta = (grad_out.float() * out_f32).sum(-1).reshape(batch * heads, len_q).contiguous()
 
         def dense_grad(table: Tensor | None, needed: bool) -> Tensor | None:
@@ -515,9 +544,9 @@ class _FusedURPEAttention(torch.autograd.Function):
         )
         flags = dict(
             HAS_BIAS=attn_bias is not None, HAS_SCALE=attn_scale is not None, HAS_MASK=mask is not None,
-            **_dot_flags(q.dtype), **config,
+            DROPOUT=ctx.dropout_p > 0, **_dot_flags(q.dtype), **config,
         )
-        sizes = (heads, len_q, len_k, head_dim, head_dim ** -0.5)
+        sizes = (heads, len_q, len_k, head_dim, head_dim ** -0.5, ctx.dropout_p, ctx.seed)
         _urpe_bwd_dkdv_kernel[(triton.cdiv(len_k, config["BLOCK_N"]), batch * heads)](
             q, k, v, attn_bias, attn_scale, mask, grad_out, lse, delta, dk, dv, d_bias, d_scale,
             *common, *dk.stride(), *dv.stride(), *sizes,
@@ -531,7 +560,7 @@ class _FusedURPEAttention(torch.autograd.Function):
             d_bias = d_bias.sum_to_size(attn_bias.shape).to(attn_bias.dtype)
         if d_scale is not None:
             d_scale = d_scale.sum_to_size(attn_scale.shape).to(attn_scale.dtype)
-        return dq, dk, dv, d_bias, d_scale, None, None
+        return dq, dk, dv, d_bias, d_scale, None, None, None, None
 
 
 def fused_urpe_attention(
@@ -541,11 +570,13 @@ def fused_urpe_attention(
     attn_bias: Tensor | None = None,
     attn_scale: Tensor | None = None,
     key_padding_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    seed: int | None = None,
 ) -> Tensor:
-    r"""URPE attention ``(softmax(q k^T / sqrt(d) + B) ⊙ C) v`` with fused Triton kernels.
+    r"""URPE attention ``dropout(softmax(q k^T / sqrt(d) + B) ⊙ C) v`` with fused Triton kernels.
 
     Differentiable in ``q``, ``k``, ``v``, ``attn_bias`` and ``attn_scale`` (gradients of
-    broadcast tables are summed over the broadcast dims). No dropout. Inputs may be strided views.
+    broadcast tables are summed over the broadcast dims). Inputs may be strided views.
 
     Args:
         q: ``[B, H, Lq, d]``; ``k``, ``v``: ``[B, H, Lk, d]``; float32, bfloat16 or float16,
@@ -553,6 +584,9 @@ def fused_urpe_attention(
         attn_bias: ``B``, ``[B, H, Lq, Lk]`` or size 1 in the batch / head dims; None means 0.
         attn_scale: ``C``, same shapes as ``attn_bias``; None means 1.
         key_padding_mask: bool ``[B, Lk]``, True at padding keys.
+        dropout_p: dropout on ``P ⊙ C`` (pass 0 in evaluation). The mask is never stored: every
+            kernel regenerates it from ``seed`` (see :func:`dropout_keep_scale`).
+        seed: Philox seed of the dropout mask; None draws one from torch's default generator.
 
     Returns:
         ``[B, H, Lq, d]`` in q's dtype, a view of ``[B, Lq, H, d]`` storage.
@@ -567,9 +601,36 @@ def fused_urpe_attention(
         )
     if q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"fused_urpe_attention supports float32, bfloat16, float16; got {q.dtype}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"fused_urpe_attention needs 0 <= dropout_p < 1; got {dropout_p}")
+    if seed is None:
+        seed = _draw_seed() if dropout_p > 0 else 0
     return _FusedURPEAttention.apply(
-        q, k, v, attn_bias, attn_scale, key_padding_mask, _launch_config(q.shape[-1])
+        q, k, v, attn_bias, attn_scale, key_padding_mask, float(dropout_p), int(seed),
+        _launch_config(q.shape[-1]),
     )
+
+
+def _draw_seed() -> int:
+    """A Philox seed from torch's default generator, so ``torch.manual_seed`` reproduces runs."""
+    return int(torch.randint(0, 2**31 - 1, (), dtype=torch.int64).item())
+
+
+def dropout_keep_scale(
+    shape: tuple[int, int, int, int], dropout_p: float, seed: int, device: torch.device | str
+) -> Tensor:
+    """The float32 ``[B, H, Lq, Lk]`` multiplier ``keep / (1 - p)`` that the fused kernels apply
+    to ``P ⊙ C`` for this ``seed``: eager attention with ``attn_scale = C * dropout_keep_scale(...)``
+    reproduces a fused dropout run (tests, debugging)."""
+    if triton is None:
+        raise ValueError("dropout_keep_scale needs triton")
+    batch, heads, len_q, len_k = shape
+    out = torch.empty(shape, dtype=torch.float32, device=device)
+    config = _launch_config(16)
+    grid = (triton.cdiv(len_q, config["BLOCK_M"]), batch * heads)
+    _dropout_scale_kernel[grid](out, seed, float(dropout_p), len_q, len_k,
+                                BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"])
+    return out
 
 
 def urpe_attention(
@@ -583,23 +644,22 @@ def urpe_attention(
     training: bool = False,
     impl: AttentionImpl = "auto",
 ) -> Tensor:
-    """URPE attention through the eager or the fused path.
+    """URPE attention through the eager or the fused path; dropout only when ``training``.
 
-    ``impl="auto"`` takes the fused Triton path for CUDA tensors when triton is importable and no
-    dropout is active (``dropout_p == 0`` or not ``training``), else the eager path;
-    ``"triton"`` insists on the fused path (``ValueError`` where it cannot run) and ``"eager"``
-    always uses :func:`eager_urpe_attention`. Shapes as in :func:`fused_urpe_attention`.
+    ``impl="auto"`` takes the fused Triton path for CUDA tensors when triton is importable, else
+    the eager path; ``"triton"`` insists on the fused path (``ValueError`` where it cannot run)
+    and ``"eager"`` always uses :func:`eager_urpe_attention`. The two paths draw different
+    dropout masks. Shapes as in :func:`fused_urpe_attention`.
     """
     if impl not in ("auto", "eager", "triton"):
         raise ValueError(f"impl must be 'auto', 'eager' or 'triton'; got {impl!r}")
-    dropout_active = training and dropout_p > 0
-    if impl == "triton" and dropout_active:
-        raise ValueError(
-            f"impl='triton' has no attention dropout (dropout_p={dropout_p} in training); use 'auto' or 'eager'"
-        )
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1]; got {dropout_p}")
     _check_inputs(q, k, v, attn_bias, attn_scale, key_padding_mask)
+    effective_p = dropout_p if training else 0.0
     if impl == "auto":
-        impl = "triton" if triton is not None and q.is_cuda and not dropout_active else "eager"
+        # p = 1 drops everything; only the eager path represents that (1 / (1 - p) is infinite).
+        impl = "triton" if triton is not None and q.is_cuda and effective_p < 1 else "eager"
     if impl == "triton":
-        return fused_urpe_attention(q, k, v, attn_bias, attn_scale, key_padding_mask)
+        return fused_urpe_attention(q, k, v, attn_bias, attn_scale, key_padding_mask, effective_p)
     return eager_urpe_attention(q, k, v, attn_bias, attn_scale, key_padding_mask, dropout_p, training)

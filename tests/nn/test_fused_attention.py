@@ -182,6 +182,33 @@ def test_kernel_without_table_grads_and_all_padding_row(fused):
     assert _max_err(out[:1].detach(), reference) < 1e-5
 
 
+def test_kernel_dropout_matches_eager_with_the_same_mask(fused):
+    """Fused dropout equals eager attention whose C is multiplied by the kernels' own mask, forward
+    and backward (so the backward regenerates the forward's mask), with a broadcast C."""
+    batch, heads, length, dropout_p, seed = 2, 2, 21, 0.3, 1234
+    tensors, mask = _inputs(batch, heads, length, length, 8, (batch, heads, length, length),
+                            (1, heads, length, length), padded=True, seed=8)
+    keep_scale = fused.dropout_keep_scale((batch, heads, length, length), dropout_p, seed, DEVICE).cpu()
+    torch.testing.assert_close(keep_scale.unique(), torch.tensor([0.0, 1 / (1 - dropout_p)]))
+    assert abs((keep_scale == 0).float().mean().item() - dropout_p) < 0.05
+    other_seed = fused.dropout_keep_scale((batch, heads, length, length), dropout_p, seed + 1, DEVICE).cpu()
+    assert not torch.equal(keep_scale, other_seed)
+
+    grad_out = torch.randn(batch, heads, length, 8, dtype=torch.float64)
+
+    def dropped_reference(q, k, v, bias, scale, key_padding_mask):
+        return eager_urpe_attention(q, k, v, bias, scale * keep_scale.double(), key_padding_mask)
+
+    def fused_dropout(*args, key_padding_mask):
+        return fused.fused_urpe_attention(*args, key_padding_mask, dropout_p=dropout_p, seed=seed)
+
+    expected = _out_and_grads(dropped_reference, tensors, mask, grad_out)
+    got = _out_and_grads(fused_dropout, [t.float().to(DEVICE) for t in tensors], mask.to(DEVICE),
+                         grad_out.float().to(DEVICE))
+    for name, result, reference in zip(["out", "dq", "dk", "dv", "dB", "dC"], got, expected):
+        assert _max_err(result, reference) < 2e-5 * (1 + reference.abs().max().item()), name
+
+
 def test_backward_formulas_match_autograd():
     """The closed-form gradients the kernels implement (docs/fused_attention.md), in float64,
     against autograd through the eager reference; independent of triton."""
@@ -249,8 +276,8 @@ def test_bad_input_raises_value_error():
         urpe_attention(q, q, q.double())
     with pytest.raises(ValueError, match="\\[B, H, L, d\\]"):
         urpe_attention(q[0], q[0], q[0])
-    with pytest.raises(ValueError, match="dropout"):
-        urpe_attention(q, q, q, dropout_p=0.1, training=True, impl="triton")
+    with pytest.raises(ValueError, match="dropout_p"):
+        urpe_attention(q, q, q, dropout_p=1.5, training=True)
 
 
 @pytest.mark.skipif(ON_CUDA, reason="checks the CPU refusal of the compiled kernels")
@@ -279,3 +306,18 @@ def test_gpu_graph_sized_batch(dtype):
     eps = torch.finfo(dtype).eps if dtype != torch.float32 else 1e-5
     for name, result, reference in zip(["out", "dq", "dk", "dv", "dB", "dC"], got, expected):
         assert _max_err(result, reference) < eps * (1 + reference.abs().max().item()), name
+
+
+@pytest.mark.skipif(not ON_CUDA, reason="needs a CUDA GPU")
+def test_gpu_auto_uses_fused_dropout_in_training():
+    """impl='auto' in training takes the fused path, dropout included: its result is the fused
+    kernel's for the seed drawn from torch's generator, not the eager one's."""
+    tensors, mask = _inputs(2, 4, 40, 40, 16, (2, 4, 40, 40), (2, 4, 40, 40), padded=True, seed=9)
+    q, k, v, bias, scale = [t.float().cuda() for t in tensors]
+    torch.manual_seed(0)
+    auto = urpe_attention(q, k, v, bias, scale, mask.cuda(), dropout_p=0.2, training=True)
+    torch.manual_seed(0)
+    fused_run = fused_attention.fused_urpe_attention(q, k, v, bias, scale, mask.cuda(), dropout_p=0.2)
+    assert torch.equal(auto, fused_run)
+    evaluation = urpe_attention(q, k, v, bias, scale, mask.cuda(), dropout_p=0.2, training=False)
+    assert not torch.equal(auto, evaluation)
