@@ -1,0 +1,197 @@
+"""ZINC (Benchmarking GNNs) through PyG's own ``torch_geometric.datasets.ZINC``, built offline.
+
+PyG's ``ZINC`` downloads ``molecules.zip`` (``{train,val,test}.pickle``) plus the subset
+``{train,val,test}.index`` files into ``<root>/raw`` and processes them itself. Where that archive
+cannot be fetched, :func:`build_zinc_raw` writes the same raw files from a source directory (the
+project's ``shared/data/zinc``: JT-VAE SMILES in the same order, labels, subset index files, the
+exact official subset val/test graphs), and PyG's unchanged ``process()`` takes it from there.
+
+Raw pickle format (what PyG's ``process()`` reads), one dict per molecule::
+
+    atom_type                 uint8 [n]      atom-token id (atom_dict.json order)
+    bond_type                 uint8 [n, n]   symmetric adjacency, 0 none, 1/2/3 single/double/triple
+    logP_SA_cycle_normalized  float32 [1]    the regression target
+
+PyG turns ``bond_type`` into ``edge_index = bond_type.nonzero().T`` (both directions, row-major
+order) and ``edge_attr = bond_type[edge_index]``.
+
+Molecules are rebuilt from SMILES with the ``"zinc"`` featurizer (:mod:`.featurize`; checked by
+the tests against all 2,000 exact subset graphs).
+The subset's val/test molecules are the EXACT official graphs and labels, placed at their subset
+positions in the val/test pickles; all other molecules are rebuilt (atom order and Kekulé
+pattern may differ from the official graph, labels differ by ~0.005 on average).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+import pickle
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from graphormer_urpe.data.featurize import ZINC_ATOM_TOKENS, parallel_map, smiles_to_zinc_dense
+
+log = logging.getLogger(__name__)
+
+#: Environment variable naming the offline source directory (see module docstring).
+ZINC_SOURCE_ENV = "GRAPHORMER_URPE_ZINC_SOURCE"
+SPLITS = ("train", "val", "test")
+_SOURCE_SPLIT = {"train": "train", "val": "valid", "test": "test"}  # JT-VAE file names
+_RAW_FILES = [f"{s}.pickle" for s in SPLITS] + [f"{s}.index" for s in SPLITS]
+
+
+def _dense_chunk(smiles: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+    from rdkit import RDLogger
+
+    RDLogger.DisableLog("rdApp.*")
+    return [smiles_to_zinc_dense(s) for s in smiles]
+
+
+def zinc_graphs_from_smiles(smiles: Sequence[str], num_workers: int | None = None,
+                            chunk_size: int = 2000, desc: str = "ZINC SMILES -> graphs",
+                            ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """:func:`~.featurize.smiles_to_zinc_dense` over many SMILES in ``num_workers`` processes
+    (default: all cores), in order, with a tqdm progress bar."""
+    chunks = [list(smiles[i:i + chunk_size]) for i in range(0, len(smiles), chunk_size)]
+    out: list[tuple[np.ndarray, np.ndarray]] = []
+    for part in parallel_map(_dense_chunk, chunks, num_workers, desc, [len(c) for c in chunks]):
+        out.extend(part)
+    return out
+
+
+def resolve_zinc_source(source_dir: str | os.PathLike | None = None) -> Path | None:
+    """The offline source directory: ``source_dir``, else ``$GRAPHORMER_URPE_ZINC_SOURCE``, else
+    None (PyG downloads). Raises ``ValueError`` when the named directory lacks a source file."""
+    chosen = source_dir if source_dir is not None else os.environ.get(ZINC_SOURCE_ENV) or None
+    if chosen is None:
+        return None
+    path = Path(chosen)
+    needed = ["atom_dict.json"] + [f"jtvae_{_SOURCE_SPLIT[s]}.{ext}" for s in SPLITS for ext in ("smi.gz", "y.gz")]
+    needed += [f"subset_{s}.index" for s in SPLITS] + ["subset_val_graphs.npz", "subset_test_graphs.npz"]
+    missing = [name for name in needed if not (path / name).is_file()]
+    if missing:
+        raise ValueError(f"ZINC source directory {path} lacks {', '.join(missing)}")
+    return path
+
+
+def _read_lines(path: Path) -> list[str]:
+    with gzip.open(path, "rt") as f:
+        return [line.strip() for line in f if line.strip()]
+
+
+def _read_index(path: Path) -> np.ndarray:
+    return np.array([int(v) for v in path.read_text().strip().split(",")], dtype=np.int64)
+
+
+def _exact_graphs(npz_path: Path) -> list[tuple[np.ndarray, np.ndarray, float]]:
+    """The official subset graphs of one split as ``(atom_type, bond_type, y)``."""
+    d = np.load(npz_path)
+    out = []
+    for g in range(len(d["y"])):
+        n0, n1 = d["node_ptr"][g], d["node_ptr"][g + 1]
+        e0, e1 = d["edge_ptr"][g], d["edge_ptr"][g + 1]
+        bond_type = np.zeros((n1 - n0, n1 - n0), dtype=np.uint8)
+        src, dst = d["edge_index"][:, e0:e1]
+        bond_type[src, dst] = d["edge_attr"][e0:e1]
+        out.append((d["x"][n0:n1].astype(np.uint8), bond_type, float(d["y"][g])))
+    return out
+
+
+class _PickledAsTensor:
+    """Pickles as ``torch.from_numpy(array)``: unpickles into a real tensor ~10x faster than
+    torch's own tensor pickling (which round-trips every storage through ``torch.load``)."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def __reduce__(self):
+        return torch.from_numpy, (self.array,)
+
+
+def build_zinc_raw(raw_dir: str | os.PathLike, source_dir: str | os.PathLike,
+                   num_workers: int | None = None) -> None:
+    """Write PyG's ZINC raw files (``{train,val,test}.pickle`` and ``.index``) into ``raw_dir``
+    from an offline source directory. Needs RDKit. The files appear atomically: they are written
+    into a temporary sibling directory that is renamed to ``raw_dir`` at the end."""
+    source = resolve_zinc_source(source_dir)
+    raw_dir = Path(raw_dir)
+    vocabulary = json.loads((source / "atom_dict.json").read_text())["idx2word"]
+    if tuple(vocabulary) != ZINC_ATOM_TOKENS:
+        raise ValueError(f"{source / 'atom_dict.json'} lists atom tokens {vocabulary}, "
+                         f"not the ZINC vocabulary {list(ZINC_ATOM_TOKENS)}")
+    raw_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{raw_dir.name}.tmp-", dir=raw_dir.parent))
+    tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the raw dir should not be
+    try:
+        for split in SPLITS:
+            smiles = _read_lines(source / f"jtvae_{_SOURCE_SPLIT[split]}.smi.gz")
+            labels = np.array(_read_lines(source / f"jtvae_{_SOURCE_SPLIT[split]}.y.gz"), dtype=np.float32)
+            if len(smiles) != len(labels):
+                raise ValueError(f"{source}: {len(smiles)} {split} SMILES but {len(labels)} labels")
+            subset_index = _read_index(source / f"subset_{split}.index")
+            exact = {}
+            if split != "train":
+                exact_graphs = _exact_graphs(source / f"subset_{split}_graphs.npz")
+                if len(exact_graphs) != len(subset_index):
+                    raise ValueError(f"subset_{split}_graphs.npz has {len(exact_graphs)} graphs, "
+                                     f"subset_{split}.index {len(subset_index)}")
+                exact = dict(zip(subset_index.tolist(), exact_graphs))
+            rebuild = [i for i in range(len(smiles)) if i not in exact]
+            graphs = dict(zip(rebuild, zinc_graphs_from_smiles(
+                [smiles[i] for i in rebuild], num_workers, desc=f"ZINC {split}: SMILES -> graphs")))
+            mols = []
+            for i in range(len(smiles)):
+                atom_type, bond_type, y = exact[i] if i in exact else (*graphs[i], labels[i])
+                mols.append({
+                    "atom_type": _PickledAsTensor(atom_type),
+                    "bond_type": _PickledAsTensor(bond_type),
+                    "logP_SA_cycle_normalized": _PickledAsTensor(np.array([y], dtype=np.float32)),
+                })
+            with open(tmp / f"{split}.pickle", "wb") as f:
+                pickle.dump(mols, f, protocol=pickle.HIGHEST_PROTOCOL)
+            # PyG reads `f.read()[:-1]`: the trailing newline is required.
+            (tmp / f"{split}.index").write_text(",".join(map(str, subset_index.tolist())) + "\n")
+        for name in _RAW_FILES:
+            with open(tmp / name, "rb") as f:
+                os.fsync(f.fileno())
+        try:
+            os.replace(tmp, raw_dir)  # atomic; fails if another process finished first
+        except OSError:
+            if not all((raw_dir / name).is_file() for name in _RAW_FILES):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def load_zinc(root: str | os.PathLike = "data/ZINC", subset: bool = True, split: str = "train",
+              source_dir: str | os.PathLike | None = None, num_workers: int | None = None,
+              force_reload: bool = False):
+    """``torch_geometric.datasets.ZINC(root, subset, split)``, building its raw files offline
+    first when they are missing and a source directory is given (argument or
+    ``$GRAPHORMER_URPE_ZINC_SOURCE``); with neither, PyG downloads them as usual."""
+    from torch_geometric.datasets import ZINC
+
+    if split not in SPLITS:
+        raise ValueError(f"ZINC split must be one of {SPLITS}, got {split!r}")
+    raw_dir = Path(root) / "raw"
+    if not all((raw_dir / name).is_file() for name in _RAW_FILES):
+        source = resolve_zinc_source(source_dir)
+        if source is not None:
+            log.info("building ZINC raw files in %s from %s", raw_dir, source)
+            build_zinc_raw(raw_dir, source, num_workers)
+    return ZINC(str(root), subset=subset, split=split, force_reload=force_reload)

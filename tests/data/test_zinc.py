@@ -1,0 +1,94 @@
+"""ZINC through PyG's unchanged ``ZINC`` class, with raw files rebuilt offline from SMILES."""
+from __future__ import annotations
+
+import gzip
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from graphormer_urpe.data.featurize import ZINC_ATOM_TOKENS, smiles_to_zinc_dense
+from graphormer_urpe.data.zinc import ZINC_SOURCE_ENV, load_zinc, resolve_zinc_source
+
+
+def _lines(path):
+    with gzip.open(path, "rt") as f:
+        return [line.strip() for line in f if line.strip()]
+
+
+def _index(path):
+    return [int(v) for v in path.read_text().strip().split(",")]
+
+
+@pytest.mark.parametrize("subset, sizes", [(True, (10_000, 1_000, 1_000)), (False, (220_011, 24_445, 5_000))])
+def test_split_sizes(zinc_root, subset, sizes):
+    assert tuple(len(load_zinc(zinc_root, subset=subset, split=s)) for s in ("train", "val", "test")) == sizes
+
+
+@pytest.mark.parametrize("split", ["val", "test"])
+def test_subset_val_test_are_the_exact_official_graphs(zinc_root, zinc_source, split):
+    official = np.load(zinc_source / f"subset_{split}_graphs.npz")
+    dataset = load_zinc(zinc_root, subset=True, split=split)
+    data, slices = dataset._data, dataset.slices
+    assert np.array_equal(data.x.numpy().reshape(-1), official["x"])
+    assert np.array_equal(data.edge_index.numpy(), official["edge_index"])
+    assert np.array_equal(data.edge_attr.numpy(), official["edge_attr"])
+    assert data.y.dtype.is_floating_point and np.array_equal(data.y.numpy(), official["y"])
+    assert np.array_equal(slices["x"].numpy(), official["node_ptr"])
+    assert np.array_equal(slices["edge_index"].numpy(), official["edge_ptr"])
+
+
+def test_rebuilt_train_graphs_carry_the_source_labels_and_smiles_graphs(zinc_root, zinc_source):
+    dataset = load_zinc(zinc_root, subset=True, split="train")
+    positions = _index(zinc_source / "subset_train.index")
+    smiles = _lines(zinc_source / "jtvae_train.smi.gz")
+    labels = np.array(_lines(zinc_source / "jtvae_train.y.gz"), dtype=np.float32)
+    for g in (0, 1, 4321, 9999):
+        atom_type, bond_type = smiles_to_zinc_dense(smiles[positions[g]])
+        graph = dataset[g]
+        assert graph.y.item() == labels[positions[g]]
+        assert np.array_equal(graph.x.numpy().reshape(-1), atom_type)
+        assert np.array_equal(graph.edge_index.numpy(), np.stack(np.nonzero(bond_type)))
+
+
+@pytest.mark.parametrize("split", ["val", "test"])
+def test_smiles_rebuild_agrees_with_all_exact_graphs(zinc_source, split):
+    """Node count, edge count, atom-token multiset and bond-type counts of every rebuilt subset
+    graph equal the official graph's."""
+    official = np.load(zinc_source / f"subset_{split}_graphs.npz")
+    smiles = _lines(zinc_source / f"jtvae_{'valid' if split == 'val' else split}.smi.gz")
+    node_ptr, edge_ptr = official["node_ptr"], official["edge_ptr"]
+    mismatches = []
+    for g, position in enumerate(_index(zinc_source / f"subset_{split}.index")):
+        atom_type, bond_type = smiles_to_zinc_dense(smiles[position])
+        exact_atoms = official["x"][node_ptr[g]:node_ptr[g + 1]]
+        exact_bonds = official["edge_attr"][edge_ptr[g]:edge_ptr[g + 1]]
+        rebuilt_bonds = bond_type[bond_type > 0]
+        if (len(atom_type) != len(exact_atoms) or len(rebuilt_bonds) != len(exact_bonds)
+                or Counter(atom_type.tolist()) != Counter(exact_atoms.tolist())
+                or Counter(rebuilt_bonds.tolist()) != Counter(exact_bonds.tolist())):
+            mismatches.append(g)
+    assert len(node_ptr) - 1 == 1000 and mismatches == []
+
+
+def test_vocabulary_matches_the_source(zinc_source):
+    import json
+
+    assert tuple(json.loads((zinc_source / "atom_dict.json").read_text())["idx2word"]) == ZINC_ATOM_TOKENS
+
+
+def test_source_resolution(zinc_source, tmp_path, monkeypatch):
+    monkeypatch.delenv(ZINC_SOURCE_ENV, raising=False)
+    assert resolve_zinc_source(None) is None  # PyG downloads
+    monkeypatch.setenv(ZINC_SOURCE_ENV, str(zinc_source))
+    assert resolve_zinc_source(None) == zinc_source
+    assert resolve_zinc_source(zinc_source) == zinc_source  # the argument wins over the variable
+    with pytest.raises(ValueError, match="lacks .*jtvae_train.smi.gz"):
+        resolve_zinc_source(tmp_path)
+
+
+def test_unknown_split_and_bad_smiles():
+    with pytest.raises(ValueError, match="split"):
+        load_zinc("unused", split="valid")
+    with pytest.raises(ValueError, match="cannot parse"):
+        smiles_to_zinc_dense("C1CC")
