@@ -32,9 +32,9 @@ This is the private core; :mod:`graphormer_urpe.algos` is the public API.
 import numpy as np
 
 from cython.parallel cimport parallel, prange
-from libc.stdint cimport int16_t, int32_t, int64_t
+from libc.stdint cimport int16_t, int32_t, int64_t, uint64_t
 from libc.stdlib cimport free, malloc
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 
 # int16 outputs hold node distances and local edge ids, with -1 kept as padding.
 MAX_GRAPH_SIZE = 32767
@@ -183,15 +183,21 @@ cdef int _validate(const int64_t* node_ptr, const int64_t* edge_ptr, int64_t num
 
 
 cdef void _encode_graph(int32_t n, int32_t e, const int64_t* src, const int64_t* dst, int32_t K,
-                        int32_t* ptr, int32_t* adj, int32_t* queue,
+                        int32_t* ptr, int32_t* adj, int32_t* queue, int32_t* via,
                         int16_t* spd, int16_t* path, int16_t* degree) noexcept nogil:
     """All-pairs BFS of one graph into its output blocks (``spd [n, n]``, ``path [n, n, K]``).
 
-    The path row of ``v`` is written when ``v`` is discovered from ``u``: ``u``'s row is final by
-    then (BFS order), so ``path(s, v) = path(s, u)`` (its -1 padding included) plus the edge
-    ``u -> v`` at hop ``spd(s, v) - 1`` if that hop is ``< K``.
+    Per source ``s``: a BFS that only records the visiting order (``queue``) and the local id of
+    the edge that discovered each node (``via``), then the path rows by DP in that order, where
+    the parent's row is final: ``path(s, v) = path(s, u)`` (its -1 padding included) plus the
+    edge ``u -> v`` at hop ``spd(s, v) - 1`` if that hop is ``< K``. Copying in a second pass
+    (rather than at discovery) keeps the BFS loop short and reads rows whose stores have
+    retired; the copy moves 8-byte words (fixed-size ``memcpy`` compiles to one load and one
+    store) instead of a generic ``K``-loop.
     """
-    cdef int32_t s, u, v, t, pos, head, tail, du
+    cdef int32_t s, u, v, t, pos, head, tail, du, k, hop
+    cdef int32_t K4 = K - K % 4            # int16 entries copied as whole 8-byte words
+    cdef uint64_t word
     cdef int16_t* row
     cdef int16_t* prow
     cdef int16_t* pu
@@ -204,9 +210,6 @@ cdef void _encode_graph(int32_t n, int32_t e, const int64_t* src, const int64_t*
         prow = path + <int64_t> s * n * K
         memset(row, 0xFF, n * sizeof(int16_t))        # all UNREACHABLE (-1)
         row[s] = 0
-        pv = prow + <int64_t> s * K
-        for t in range(K):
-            pv[t] = -1
         queue[0] = s
         head = 0
         tail = 1
@@ -214,18 +217,29 @@ cdef void _encode_graph(int32_t n, int32_t e, const int64_t* src, const int64_t*
             u = queue[head]
             head += 1
             du = row[u] + 1
-            pu = prow + <int64_t> u * K
             for pos in range(ptr[u], ptr[u + 1]):
                 v = adj[2 * pos]
                 if row[v] < 0:
                     row[v] = <int16_t> du
                     queue[tail] = v
+                    via[tail] = adj[2 * pos + 1]
                     tail += 1
-                    pv = prow + <int64_t> v * K
-                    for t in range(K):
-                        pv[t] = pu[t]
-                    if du <= K:
-                        pv[du - 1] = <int16_t> adj[2 * pos + 1]
+        pv = prow + <int64_t> s * K
+        for t in range(K):
+            pv[t] = -1
+        for head in range(1, tail):
+            v = queue[head]
+            k = via[head]
+            pu = prow + src[k] * K                     # src[k] = u, the discovering node
+            pv = prow + <int64_t> v * K
+            for t in range(0, K4, 4):
+                memcpy(&word, pu + t, 8)
+                memcpy(pv + t, &word, 8)
+            for t in range(K4, K):
+                pv[t] = pu[t]
+            hop = row[v] - 1
+            if hop < K:
+                pv[hop] = <int16_t> k
         if tail < n:                                   # unreachable pairs: all -1
             for v in range(n):
                 if row[v] < 0:
@@ -361,20 +375,23 @@ def encode(node_ptr, edge_index, edge_ptr, max_hops, num_threads=1):
     cdef int32_t* ptr
     cdef int32_t* adj
     cdef int32_t* queue
+    cdef int32_t* via
     with nogil, parallel(num_threads=threads):
         ptr = <int32_t*> malloc((max_n + 1) * sizeof(int32_t))
         adj = <int32_t*> malloc((2 * max_e + 1) * sizeof(int32_t))
         queue = <int32_t*> malloc((max_n + 1) * sizeof(int32_t))
-        if ptr == NULL or adj == NULL or queue == NULL:
+        via = <int32_t*> malloc((max_n + 1) * sizeof(int32_t))
+        if ptr == NULL or adj == NULL or queue == NULL or via == NULL:
             failed_p[0] = 1
         for g in prange(num_graphs, schedule="dynamic", chunksize=16):
-            if ptr != NULL and adj != NULL and queue != NULL:
+            if ptr != NULL and adj != NULL and queue != NULL and via != NULL:
                 _encode_graph(<int32_t> (np_p[g + 1] - np_p[g]), <int32_t> (ep_p[g + 1] - ep_p[g]),
-                              src + ep_p[g], dst + ep_p[g], K, ptr, adj, queue,
+                              src + ep_p[g], dst + ep_p[g], K, ptr, adj, queue, via,
                               spd_p + pp_p[g], path_p + pp_p[g] * K, degree_p + np_p[g])
         free(ptr)
         free(adj)
         free(queue)
+        free(via)
     if failed:
         raise MemoryError("out of memory for the per-thread BFS scratch buffers")
     return spd, path_edges, degree, pair_ptr
