@@ -120,3 +120,37 @@ def test_flat_graphs_rejects_inconsistent_arrays(flat_and_raw):
     flat = flat_and_raw[0]
     with pytest.raises(ValueError, match="spd rows"):
         FlatGraphs(**{**flat.__dict__, "spd": flat.spd[:-1]})
+
+
+def test_collate_pyg_graphs_on_real_zinc(shared_data_dir):
+    """Encode + collate real ZINC test graphs: hop counts equal networkx's, path edges walk real
+    bonds from i towards j, features land in the shared id space."""
+    from torch_geometric.data import Data
+
+    from graphormer_urpe.data.collate import collate_pyg_graphs
+    from graphormer_urpe.data.featurize import ZINC_ATOM_FEATURE_DIMS, ZINC_BOND_FEATURE_DIMS
+
+    arrays = np.load(shared_data_dir / "zinc" / "subset_test_graphs.npz")
+    node_ptr, edge_ptr = arrays["node_ptr"], arrays["edge_ptr"]
+    graphs = [Data(x=torch.from_numpy(arrays["x"][node_ptr[g]:node_ptr[g + 1]]),
+                   edge_index=torch.from_numpy(arrays["edge_index"][:, edge_ptr[g]:edge_ptr[g + 1]]),
+                   edge_attr=torch.from_numpy(arrays["edge_attr"][edge_ptr[g]:edge_ptr[g + 1]]),
+                   y=torch.from_numpy(arrays["y"][g:g + 1])) for g in range(6)]
+    batch = collate_pyg_graphs(graphs, K, ZINC_ATOM_FEATURE_DIMS, ZINC_BOND_FEATURE_DIMS)
+    assert batch.x.shape[1] == max(d.num_nodes for d in graphs)
+    torch.testing.assert_close(batch.y[:, 0], torch.from_numpy(arrays["y"][:6]))
+    first_edge = 0
+    for b, d in enumerate(graphs):
+        n = d.num_nodes
+        assert np.array_equal(batch.x[b, :n, 0].numpy(), d.x.numpy() + 1)
+        graph = nx.Graph(d.edge_index.T.tolist())
+        spd = dict(nx.all_pairs_shortest_path_length(graph))
+        assert batch.spd[b, :n, :n].tolist() == [[spd[i][j] for j in range(n)] for i in range(n)]
+        edges = d.edge_index.numpy()
+        for i, j in [(0, n - 1), (n - 1, 0), (1, n // 2)]:
+            rows = batch.path_edges[b, i, j]
+            rows = rows[rows >= 0].numpy() - first_edge
+            assert len(rows) == min(spd[i][j], K) and edges[0, rows[0]] == i
+            assert all(edges[1, a] == edges[0, c] for a, c in zip(rows[:-1], rows[1:]))  # a walk
+            assert np.array_equal(batch.edge_attr[rows + first_edge, 0].numpy(), d.edge_attr.numpy()[rows] + 1)
+        first_edge += d.edge_index.shape[1]
