@@ -461,12 +461,29 @@ if triton is not None:
         )
 
 
-def _launch_config(head_dim: int) -> dict:
-    """Tile sizes and warps. Not autotuned: chosen for H100-class GPUs and head_dim <= 128."""
+def _launch_config(head_dim: int, dtype: torch.dtype) -> dict[str, dict]:
+    """Tiles and warps per kernel (``fwd``, ``dkdv``, ``dq``); not autotuned.
+
+    Chosen without a GPU from ptxas's register report for sm_90 (docs/fused_attention.md): the
+    largest tiles that compile without register spills for 16-bit inputs and head_dim <= 128.
+    float32 (IEEE dots run on FMA units, not tensor cores) gets smaller tiles and still spills a
+    little in the dK/dV kernel. The kernels are bound by reading B and C, so tiles smaller than
+    plain flash attention's cost little.
+    """
     block_d = max(16, triton.next_power_of_2(head_dim))
     if TRITON_INTERPRETED:  # the interpreter's cost is per op, so small tiles keep tests quick
-        return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=block_d, num_warps=1, num_stages=1)
-    return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_D=block_d, num_warps=4 if block_d <= 64 else 8, num_stages=2)
+        tile = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=block_d, num_warps=1, num_stages=1)
+        return {"fwd": tile, "dkdv": tile, "dq": tile}
+    if dtype == torch.float32:
+        query_tile, dkdv_query_tile, warps = 32, 16, 8
+    else:
+        query_tile, dkdv_query_tile, warps = 64, 32, 4 if block_d <= 64 else 8
+    common = dict(BLOCK_N=32, BLOCK_D=block_d, num_stages=2)
+    return {
+        "fwd": dict(BLOCK_M=query_tile, num_warps=warps, **common),
+        "dkdv": dict(BLOCK_M=dkdv_query_tile, num_warps=8, **common),
+        "dq": dict(BLOCK_M=query_tile, num_warps=warps, **common),
+    }
 
 
 def _input_precision(dtype: torch.dtype) -> str:
@@ -501,7 +518,7 @@ class _FusedURPEAttention(torch.autograd.Function):
             batch, heads, len_q, head_dim, dtype=torch.float32, device=q.device)
         lse = torch.empty(batch * heads, len_q, dtype=torch.float32, device=q.device)
         mask = None if key_padding_mask is None else key_padding_mask.contiguous().view(torch.uint8)
-        grid = (triton.cdiv(len_q, config["BLOCK_M"]), batch * heads)
+        grid = (triton.cdiv(len_q, config["fwd"]["BLOCK_M"]), batch * heads)
         _urpe_fwd_kernel[grid](
             q, k, v, attn_bias, attn_scale, mask, out, out_f32, lse,
             *q.stride(), *k.stride(), *v.stride(),
@@ -510,7 +527,7 @@ class _FusedURPEAttention(torch.autograd.Function):
             *out.stride(),
             heads, len_q, len_k, head_dim, head_dim ** -0.5, dropout_p, seed,
             HAS_BIAS=attn_bias is not None, HAS_SCALE=attn_scale is not None, HAS_MASK=mask is not None,
-            DROPOUT=dropout_p > 0, STORE_OUT_F32=out_f32 is not out, **_dot_flags(q.dtype), **config,
+            DROPOUT=dropout_p > 0, STORE_OUT_F32=out_f32 is not out, **_dot_flags(q.dtype), **config["fwd"],
         )
         ctx.save_for_backward(q, k, v, attn_bias, attn_scale, mask, out_f32, lse)
         ctx.dropout_p, ctx.seed, ctx.config = dropout_p, seed, config
@@ -544,17 +561,17 @@ class _FusedURPEAttention(torch.autograd.Function):
         )
         flags = dict(
             HAS_BIAS=attn_bias is not None, HAS_SCALE=attn_scale is not None, HAS_MASK=mask is not None,
-            DROPOUT=ctx.dropout_p > 0, **_dot_flags(q.dtype), **config,
+            DROPOUT=ctx.dropout_p > 0, **_dot_flags(q.dtype),
         )
         sizes = (heads, len_q, len_k, head_dim, head_dim ** -0.5, ctx.dropout_p, ctx.seed)
-        _urpe_bwd_dkdv_kernel[(triton.cdiv(len_k, config["BLOCK_N"]), batch * heads)](
+        _urpe_bwd_dkdv_kernel[(triton.cdiv(len_k, config["dkdv"]["BLOCK_N"]), batch * heads)](
             q, k, v, attn_bias, attn_scale, mask, grad_out, lse, delta, dk, dv, d_bias, d_scale,
             *common, *dk.stride(), *dv.stride(), *sizes,
-            STORE_DBIAS=d_bias is not None, STORE_DSCALE=d_scale is not None, **flags,
+            STORE_DBIAS=d_bias is not None, STORE_DSCALE=d_scale is not None, **flags, **config["dkdv"],
         )
-        _urpe_bwd_dq_kernel[(triton.cdiv(len_q, config["BLOCK_M"]), batch * heads)](
+        _urpe_bwd_dq_kernel[(triton.cdiv(len_q, config["dq"]["BLOCK_M"]), batch * heads)](
             q, k, v, attn_bias, attn_scale, mask, grad_out, lse, delta, dq,
-            *common, *dq.stride(), *sizes, **flags,
+            *common, *dq.stride(), *sizes, **flags, **config["dq"],
         )
         if d_bias is not None:
             d_bias = d_bias.sum_to_size(attn_bias.shape).to(attn_bias.dtype)
@@ -607,7 +624,7 @@ def fused_urpe_attention(
         seed = _draw_seed() if dropout_p > 0 else 0
     return _FusedURPEAttention.apply(
         q, k, v, attn_bias, attn_scale, key_padding_mask, float(dropout_p), int(seed),
-        _launch_config(q.shape[-1]),
+        _launch_config(q.shape[-1], q.dtype),
     )
 
 
@@ -626,10 +643,10 @@ def dropout_keep_scale(
         raise ValueError("dropout_keep_scale needs triton")
     batch, heads, len_q, len_k = shape
     out = torch.empty(shape, dtype=torch.float32, device=device)
-    config = _launch_config(16)
-    grid = (triton.cdiv(len_q, config["BLOCK_M"]), batch * heads)
+    tile = _launch_config(16, torch.bfloat16)["dkdv"]
+    grid = (triton.cdiv(len_q, tile["BLOCK_M"]), batch * heads)
     _dropout_scale_kernel[grid](out, seed, float(dropout_p), len_q, len_k,
-                                BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"])
+                                BLOCK_M=tile["BLOCK_M"], BLOCK_N=tile["BLOCK_N"])
     return out
 
 

@@ -209,6 +209,53 @@ def test_kernel_dropout_matches_eager_with_the_same_mask(fused):
         assert _max_err(result, reference) < 2e-5 * (1 + reference.abs().max().item()), name
 
 
+@pytest.mark.skipif(ON_CUDA, reason="on a GPU the kernel tests compile and run the kernels")
+def test_kernels_compile_for_hopper_without_gpu(monkeypatch, tmp_path):
+    """Triton's real backend (TTIR -> PTX -> cubin by ptxas) compiles the three kernels for sm_90
+    with every feature on (bf16, float32 tables, padding mask, dropout, table gradients), launches
+    captured instead of run: what the CPU interpreter cannot check."""
+    triton = pytest.importorskip("triton")
+    if fused_attention.TRITON_INTERPRETED:
+        pytest.skip("TRITON_INTERPRET=1 was set for the whole session")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")  # the GPU default; silences a notice
+    pointer_types = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.uint8: "*u8"}
+    compiled = {}
+
+    def compile_launch(kernel, args, kwargs):
+        options = {key: kwargs.pop(key) for key in ("num_warps", "num_stages")}
+        values = {**dict(zip(kernel.arg_names, args)), **kwargs}
+        constexpr_names = {kernel.arg_names[i] for i in kernel.constexprs}
+        signature, constants = {}, {}
+        for name, value in values.items():
+            if name in constexpr_names or value is None:
+                signature[name], constants[name] = "constexpr", value
+            elif isinstance(value, torch.Tensor):
+                signature[name] = pointer_types[value.dtype]
+            else:
+                signature[name] = "fp32" if isinstance(value, float) else "i32"
+        binary = triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", 90, 32),
+                                options=options)
+        compiled[kernel.__name__] = binary.asm["cubin"]
+
+    for name in ("_urpe_fwd_kernel", "_urpe_bwd_dkdv_kernel", "_urpe_bwd_dq_kernel"):
+        kernel = getattr(fused_attention, name)
+        monkeypatch.setattr(fused_attention, name, type("Capture", (), {
+            "__getitem__": lambda self, grid, kernel=kernel: lambda *a, **kw: compile_launch(kernel, a, dict(kw))
+        })())
+    q, k, v = (torch.randn(2, 2, 40, 32, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    bias, scale = (torch.randn(2, 2, 40, 40, requires_grad=True) for _ in range(2))
+    mask = torch.zeros(2, 40, dtype=torch.bool)
+    config = fused_attention._launch_config(32, torch.bfloat16)
+    out = fused_attention._FusedURPEAttention.apply(q, k, v, bias, scale, mask, 0.1, 7, config)
+    out.float().sum().backward()
+    assert sorted(compiled) == ["_urpe_bwd_dkdv_kernel", "_urpe_bwd_dq_kernel", "_urpe_fwd_kernel"]
+    assert all(len(cubin) > 0 for cubin in compiled.values())
+
+
 def test_backward_formulas_match_autograd():
     """The closed-form gradients the kernels implement (docs/fused_attention.md), in float64,
     against autograd through the eager reference; independent of triton."""
