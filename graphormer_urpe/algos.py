@@ -24,6 +24,8 @@ Example::
 """
 from __future__ import annotations
 
+import os
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +38,20 @@ UNREACHABLE: int = _encoding.UNREACHABLE
 MAX_GRAPH_SIZE: int = _encoding.MAX_GRAPH_SIZE
 #: Largest accepted ``max_hops``.
 MAX_HOPS_LIMIT: int = _encoding.MAX_HOPS_LIMIT
+
+# libgomp is not fork-safe: a process forked after an OpenMP thread team existed (e.g. a
+# DataLoader worker) deadlocks in its next multi-threaded region. Track both facts and run such
+# children single-threaded; the result does not depend on the thread count.
+_thread_team_started = False
+_forked_after_threads = False
+
+
+def _mark_fork_in_child() -> None:
+    global _forked_after_threads
+    _forked_after_threads = _forked_after_threads or _thread_team_started
+
+
+os.register_at_fork(after_in_child=_mark_fork_in_child)
 
 
 @dataclass(frozen=True)
@@ -89,13 +105,24 @@ def encode_graphs(node_ptr: np.ndarray, edge_index: np.ndarray, edge_ptr: np.nda
             graph g's edges with LOCAL node ids in ``[0, n_g)``, both directions present.
         edge_ptr: int64 ``[G + 1]``, starting at 0 and ending at ``E``.
         max_hops: ``K`` in ``[1, 255]``, hops kept per path.
-        num_threads: threads over graphs; the result is identical for any value.
+        num_threads: threads over graphs; the result is identical for any value. In a process
+            forked after this one used ``num_threads > 1`` it falls back to 1 (with a warning),
+            because libgomp deadlocks there.
 
     Raises:
         ValueError: malformed input (dtype, shape, pointers, node ids, sizes > 32767, asymmetric
             edge lists, ``max_hops``), naming the problem and the graph.
         TypeError: a non-array or non-integer argument.
     """
+    global _thread_team_started
+    if (isinstance(num_threads, (int, np.integer)) and not isinstance(num_threads, bool)
+            and num_threads > 1):
+        if _forked_after_threads:
+            warnings.warn("encode_graphs: forked after an OpenMP thread team existed; using "
+                          "num_threads=1 (libgomp would deadlock)", RuntimeWarning, stacklevel=2)
+            num_threads = 1
+        else:
+            _thread_team_started = True
     spd, path_edges, degree, pair_ptr = _encoding.encode(node_ptr, edge_index, edge_ptr,
                                                          max_hops, num_threads)
     return EncodedGraphs(spd=spd, path_edges=path_edges, degree=degree, pair_ptr=pair_ptr,

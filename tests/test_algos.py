@@ -254,6 +254,27 @@ def test_threads_give_identical_results(zinc_dir):
         np.testing.assert_array_equal(getattr(one, name), getattr(two, name), err_msg=name)
 
 
+def _encode_zinc_in_child(args):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        encoded = encode_graphs(*args, max_hops=5, num_threads=2)
+    return encoded.spd.tobytes(), [str(w.message) for w in caught]
+
+
+def test_forked_child_falls_back_to_one_thread_instead_of_deadlocking(zinc_dir):
+    # libgomp deadlocks in a child forked after the parent ran a thread team (DataLoader workers).
+    import multiprocessing
+
+    args = load_zinc(zinc_dir, "test")
+    parent = encode_graphs(*args, max_hops=5, num_threads=2)
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        spd_bytes, warnings_seen = pool.apply_async(_encode_zinc_in_child, (args,)).get(timeout=60)
+    assert spd_bytes == parent.spd.tobytes()
+    assert any("num_threads=1" in message for message in warnings_seen)
+
+
 # ----------------------------------------------------------------------------- bad input
 def _good():
     """Two graphs: 0 - 1 and the triangle 0 - 1 - 2."""
