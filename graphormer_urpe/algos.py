@@ -19,7 +19,7 @@ Example::
 
     >>> edge_index = np.array([[0, 1, 1, 2], [1, 0, 2, 1]])      # path graph 0 - 1 - 2
     >>> spd, path_edges = shortest_paths(3, edge_index, max_hops=2)
-    >>> spd[0, 2], path_edges[0, 2].tolist()
+    >>> int(spd[0, 2]), path_edges[0, 2].tolist()
     (2, [0, 2])
 """
 from __future__ import annotations
