@@ -30,7 +30,8 @@ Dropout (on ``P ⊙ C``, as in the eager path) multiplies by ``M = keep / (1 - p
 Philox at each entry's flat index, regenerated in the backward rather than stored; with it
 ``O = (P ⊙ C ⊙ M) V``, ``dV = (P ⊙ C ⊙ M)^T dO`` and ``M`` multiplies ``dO V^T`` before the
 formulas above. :func:`urpe_attention` with ``impl="auto"`` uses the fused path for CUDA tensors
-and the eager one otherwise. A query row whose keys are all padding gives ``0`` here (the eager softmax gives
+and the eager one (:func:`~graphormer_urpe.nn.attention.eager_attention`) otherwise; importing
+this module registers that choice as ``attention_impl="triton"`` of ``URPEAttention``. A query row whose keys are all padding gives ``0`` here (the eager softmax gives
 NaN); Graphormer never produces one, since the graph token at index 0 is never padding.
 """
 from __future__ import annotations
@@ -38,8 +39,9 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
+
+from graphormer_urpe.nn.attention import ATTENTION_IMPLS, eager_attention
 
 try:  # Triton is optional: without it only the eager path exists.
     import triton
@@ -54,38 +56,6 @@ except ImportError:  # pragma: no cover - exercised only where triton is missing
 TRITON_INTERPRETED: bool = triton is not None and bool(_triton_knobs.runtime.interpret)
 
 AttentionImpl = Literal["auto", "eager", "triton"]
-
-
-def eager_urpe_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    attn_bias: Tensor | None = None,
-    attn_scale: Tensor | None = None,
-    key_padding_mask: Tensor | None = None,
-    dropout_p: float = 0.0,
-    training: bool = False,
-) -> Tensor:
-    """Reference URPE attention ``dropout(softmax(q k^T / sqrt(d) + B) ⊙ C) v`` in plain torch.
-
-    The core of :class:`graphormer_urpe.nn.attention.URPEAttention`'s eager kernel: everything
-    runs in float32 (float64 stays float64), autocast off, and only the result is cast back to
-    v's dtype, because bf16 would round a C close to 1 (and ``P ⊙ C``) to steps of 2^-7.
-    Shapes as in :func:`fused_urpe_attention`; a query row whose keys are all padding gives NaN.
-    """
-    compute_dtype = torch.promote_types(q.dtype, torch.float32)
-    with torch.autocast(device_type=q.device.type, enabled=False):
-        scores = torch.matmul(q.to(compute_dtype), k.to(compute_dtype).transpose(-1, -2))
-        scores = scores * (q.shape[-1] ** -0.5)
-        if attn_bias is not None:
-            scores = scores + attn_bias.to(compute_dtype)
-        if key_padding_mask is not None:
-            scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        if attn_scale is not None:
-            probs = probs * attn_scale.to(compute_dtype)
-        out = torch.matmul(F.dropout(probs, dropout_p, training), v.to(compute_dtype))
-    return out.to(v.dtype)
 
 
 def _check_inputs(
@@ -665,8 +635,8 @@ def urpe_attention(
 
     ``impl="auto"`` takes the fused Triton path for CUDA tensors when triton is importable, else
     the eager path; ``"triton"`` insists on the fused path (``ValueError`` where it cannot run)
-    and ``"eager"`` always uses :func:`eager_urpe_attention`. The two paths draw different
-    dropout masks. Shapes as in :func:`fused_urpe_attention`.
+    and ``"eager"`` always uses :func:`~graphormer_urpe.nn.attention.eager_attention` (float32
+    core). The two paths draw different dropout masks. Shapes as in :func:`fused_urpe_attention`.
     """
     if impl not in ("auto", "eager", "triton"):
         raise ValueError(f"impl must be 'auto', 'eager' or 'triton'; got {impl!r}")
@@ -679,4 +649,27 @@ def urpe_attention(
         impl = "triton" if triton is not None and q.is_cuda and effective_p < 1 else "eager"
     if impl == "triton":
         return fused_urpe_attention(q, k, v, attn_bias, attn_scale, key_padding_mask, effective_p)
-    return eager_urpe_attention(q, k, v, attn_bias, attn_scale, key_padding_mask, dropout_p, training)
+    out, _ = eager_attention(q, k, v, attn_bias, attn_scale, key_padding_mask, effective_p, False)
+    return out
+
+
+def fused_attention_kernel(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn_bias: Tensor | None,
+    attn_scale: Tensor | None,
+    key_padding_mask: Tensor | None,
+    dropout_p: float,
+    need_weights: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """``ATTENTION_IMPLS["triton"]``: :func:`urpe_attention` with ``impl="auto"`` in the registry's
+    kernel signature (``dropout_p`` is already 0 outside training). ``need_weights`` goes to the
+    eager kernel, since the fused one never forms the probabilities."""
+    if need_weights:
+        return eager_attention(q, k, v, attn_bias, attn_scale, key_padding_mask, dropout_p, True)
+    out = urpe_attention(q, k, v, attn_bias, attn_scale, key_padding_mask, dropout_p, training=True)
+    return out, None
+
+
+ATTENTION_IMPLS["triton"] = fused_attention_kernel

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from graphormer_urpe.nn import fused_attention
-from graphormer_urpe.nn.fused_attention import eager_urpe_attention, urpe_attention
+from graphormer_urpe.nn.attention import ATTENTION_IMPLS, URPEAttention, eager_attention
+from graphormer_urpe.nn.fused_attention import urpe_attention
 
 ON_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if ON_CUDA else "cpu"
@@ -46,6 +47,17 @@ def test_kernels_under_cpu_interpreter():
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     summary = result.stdout.strip().splitlines()[-1]
     assert "passed" in summary and "skipped" not in summary, summary
+
+
+def _reference(q, k, v, attn_bias=None, attn_scale=None, key_padding_mask=None):
+    """URPE attention in plain torch ops, in the inputs' dtype (float64 here): the oracle."""
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if attn_bias is not None:
+        scores = scores + attn_bias
+    if key_padding_mask is not None:
+        scores = scores.masked_fill(key_padding_mask[:, None, None, :], -math.inf)
+    probs = torch.softmax(scores, dim=-1)
+    return (probs if attn_scale is None else probs * attn_scale) @ v
 
 
 def _inputs(batch, heads, len_q, len_k, head_dim, bias_shape, scale_shape, padded, seed=0):
@@ -102,7 +114,7 @@ def test_kernel_matches_float64_reference_fp32(fused, case):
         _table_shape(scale_kind, batch, heads, len_q, len_k), padded,
     )
     grad_out = torch.randn(batch, heads, len_q, head_dim, dtype=torch.float64)
-    expected = _out_and_grads(eager_urpe_attention, tensors, mask, grad_out)
+    expected = _out_and_grads(_reference, tensors, mask, grad_out)
     on_device = [None if t is None else t.float().to(DEVICE) for t in tensors]
     got = _out_and_grads(
         fused.fused_urpe_attention, on_device, None if mask is None else mask.to(DEVICE),
@@ -124,7 +136,7 @@ def test_kernel_low_precision_as_accurate_as_float32_core(fused, dtype):
     tensors, mask = _inputs(2, 2, 33, 33, 8, (2, 2, 33, 33), (1, 2, 33, 33), padded=True, seed=1)
     tensors = [t.to(dtype) for t in tensors]
     grad_out = torch.randn(2, 2, 33, 8, dtype=torch.float64).to(dtype)
-    expected = _out_and_grads(eager_urpe_attention, [t.double() for t in tensors], mask, grad_out.double())
+    expected = _out_and_grads(_reference, [t.double() for t in tensors], mask, grad_out.double())
     got = _out_and_grads(
         fused.fused_urpe_attention, [t.to(DEVICE) for t in tensors], mask.to(DEVICE), grad_out.to(DEVICE)
     )
@@ -147,7 +159,7 @@ def test_kernel_mixed_dtypes_and_strided_inputs(fused):
     mask[1, 11:] = True
     grad_out = torch.randn(batch, heads, length, head_dim, generator=gen).to(torch.bfloat16)
     expected = _out_and_grads(
-        eager_urpe_attention, [t.double() for t in (q, k, v, bias, scale)], mask, grad_out.double()
+        _reference, [t.double() for t in (q, k, v, bias, scale)], mask, grad_out.double()
     )
     got = _out_and_grads(
         fused.fused_urpe_attention, [t.to(DEVICE) for t in (q, k, v, bias, scale)], mask.to(DEVICE),
@@ -178,7 +190,7 @@ def test_kernel_without_table_grads_and_all_padding_row(fused):
     for grad in (q.grad, k.grad, v.grad):
         assert torch.isfinite(grad).all()
         assert torch.equal(grad[1], torch.zeros_like(grad[1]))
-    reference = eager_urpe_attention(*[t[:1].double() for t in tensors], mask[:1])
+    reference = _reference(*[t[:1].double() for t in tensors], mask[:1])
     assert _max_err(out[:1].detach(), reference) < 1e-5
 
 
@@ -197,7 +209,7 @@ def test_kernel_dropout_matches_eager_with_the_same_mask(fused):
     grad_out = torch.randn(batch, heads, length, 8, dtype=torch.float64)
 
     def dropped_reference(q, k, v, bias, scale, key_padding_mask):
-        return eager_urpe_attention(q, k, v, bias, scale * keep_scale.double(), key_padding_mask)
+        return _reference(q, k, v, bias, scale * keep_scale.double(), key_padding_mask)
 
     def fused_dropout(*args, key_padding_mask):
         return fused.fused_urpe_attention(*args, key_padding_mask, dropout_p=dropout_p, seed=seed)
@@ -261,7 +273,7 @@ def test_backward_formulas_match_autograd():
     against autograd through the eager reference; independent of triton."""
     (q, k, v, bias, scale), mask = _inputs(2, 2, 10, 10, 4, (2, 2, 10, 10), (2, 2, 10, 10), padded=True, seed=4)
     grad_out = torch.randn(2, 2, 10, 4, dtype=torch.float64)
-    expected = _out_and_grads(eager_urpe_attention, (q, k, v, bias, scale), mask, grad_out)[1:]
+    expected = _out_and_grads(_reference, (q, k, v, bias, scale), mask, grad_out)[1:]
 
     sm_scale = q.shape[-1] ** -0.5
     s = (q @ k.transpose(-1, -2) * sm_scale + bias).masked_fill(mask[:, None, None, :], -math.inf)
@@ -281,32 +293,35 @@ def test_backward_formulas_match_autograd():
 def test_dispatcher_uses_eager_on_cpu():
     tensors, mask = _inputs(2, 2, 6, 6, 4, (1, 2, 6, 6), (2, 2, 6, 6), padded=True, seed=5)
     q, k, v, bias, scale = [t.float() for t in tensors]
-    expected = eager_urpe_attention(q, k, v, bias, scale, mask)
+    expected, _ = eager_attention(q, k, v, bias, scale, mask, 0.0, False)
     assert torch.equal(urpe_attention(q, k, v, bias, scale, mask), expected)
     assert torch.equal(urpe_attention(q, k, v, bias, scale, mask, impl="eager"), expected)
+    assert torch.equal(urpe_attention(q, k, v, bias, scale, mask, dropout_p=0.5, training=False), expected)
     torch.manual_seed(0)
     dropped = urpe_attention(q, k, v, bias, scale, mask, dropout_p=0.5, training=True)
     torch.manual_seed(0)
-    assert torch.equal(dropped, eager_urpe_attention(q, k, v, bias, scale, mask, 0.5, True))
+    assert torch.equal(dropped, eager_attention(q, k, v, bias, scale, mask, 0.5, False)[0])
     assert not torch.equal(dropped, expected)
 
 
-def test_eager_reference_is_urpe_attention_core():
-    """The eager branch is the same math as URPEAttention (projections aside)."""
-    from graphormer_urpe.nn.attention import URPEAttention
-
+def test_registered_as_attention_impl():
+    """URPEAttention(attention_impl="triton") is the eager layer, bit for bit, where the fused
+    kernels cannot run (CPU), and hands need_weights to the eager kernel."""
+    assert ATTENTION_IMPLS["triton"] is fused_attention.fused_attention_kernel
     torch.manual_seed(6)
     batch, length, heads, width = 2, 7, 2, 8
-    layer = URPEAttention(width, heads).eval()
+    eager_layer = URPEAttention(width, heads, dropout=0.1, attention_impl="eager").eval()
+    fused_layer = URPEAttention(width, heads, dropout=0.1, attention_impl="triton").eval()
+    fused_layer.load_state_dict(eager_layer.state_dict())
     x = torch.randn(batch, length, width)
     bias = torch.randn(batch, heads, length, length)
     scale = 1 + 0.1 * torch.randn(1, heads, length, length)
     mask = torch.zeros(batch, length, dtype=torch.bool)
     mask[1, 5:] = True
-    qkv = layer.in_proj(x).view(batch, length, 3, heads, width // heads)
-    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
-    out = urpe_attention(q, k, v, bias, scale, mask).transpose(1, 2).reshape(batch, length, width)
-    torch.testing.assert_close(layer.out_proj(out), layer(x, bias, scale, mask))
+    out, probs = fused_layer(x, bias, scale, mask, need_weights=True)
+    expected_out, expected_probs = eager_layer(x, bias, scale, mask, need_weights=True)
+    assert torch.equal(out, expected_out) and torch.equal(probs, expected_probs)
+    assert torch.equal(fused_layer(x, bias, scale, mask), expected_out)
 
 
 def test_bad_input_raises_value_error():
@@ -347,7 +362,7 @@ def test_gpu_graph_sized_batch(dtype):
                             (batch, heads, length, length), padded=True, seed=7)
     tensors = [t.to(dtype) for t in tensors]
     grad_out = torch.randn(batch, heads, length, head_dim, dtype=torch.float64).to(dtype)
-    expected = _out_and_grads(eager_urpe_attention, [t.double() for t in tensors], mask, grad_out.double())
+    expected = _out_and_grads(_reference, [t.double() for t in tensors], mask, grad_out.double())
     got = _out_and_grads(lambda *a, **kw: urpe_attention(*a, **kw, impl="auto"),
                          [t.cuda() for t in tensors], mask.cuda(), grad_out.cuda())
     eps = torch.finfo(dtype).eps if dtype != torch.float32 else 1e-5
