@@ -1,1 +1,30 @@
-"""Datasets, encoding cache, collation and DataModules."""
+"""Datasets, encoding cache, collation and DataModules.
+
+The DataModules (and everything that imports Lightning, PyG or RDKit) load on first access, so
+``import graphormer_urpe.data`` stays cheap.
+"""
+from __future__ import annotations
+
+import importlib
+
+from graphormer_urpe.data.batch import GraphBatch
+
+_LAZY = {
+    "GraphDataModule": "datamodule",
+    "ZINCDataModule": "datamodule",
+    "PCQM4Mv2DataModule": "datamodule",
+    "CSVDataModule": "datamodule",
+    "EncodedGraphDataset": "datamodule",
+    "FlatGraphs": "collate",
+    "collate_pyg_graphs": "collate",
+    "featurizer_spec": "featurize",
+    "num_embeddings": "features",
+}
+
+__all__ = ["GraphBatch", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"graphormer_urpe.data.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
