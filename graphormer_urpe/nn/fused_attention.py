@@ -29,10 +29,13 @@ and the forward keeps an unrounded float32 copy of ``O`` for ``rowsum(dO ⊙ O)`
 Dropout (on ``P ⊙ C``, as in the eager path) multiplies by ``M = keep / (1 - p)`` drawn from
 Philox at each entry's flat index, regenerated in the backward rather than stored; with it
 ``O = (P ⊙ C ⊙ M) V``, ``dV = (P ⊙ C ⊙ M)^T dO`` and ``M`` multiplies ``dO V^T`` before the
-formulas above. :func:`urpe_attention` with ``impl="auto"`` uses the fused path for CUDA tensors
-and the eager one (:func:`~graphormer_urpe.nn.attention.eager_attention`) otherwise; importing
-this module registers that choice as ``attention_impl="triton"`` of ``URPEAttention``. A query row whose keys are all padding gives ``0`` here (the eager softmax gives
-NaN); Graphormer never produces one, since the graph token at index 0 is never padding.
+formulas above.
+
+:func:`urpe_attention` with ``impl="auto"`` uses the fused path for CUDA tensors and the eager
+one (:func:`~graphormer_urpe.nn.attention.eager_attention`) otherwise; importing this module
+registers that choice as ``URPEAttention(attention_impl="triton")``. A query row whose keys are
+all padding gives ``0`` here (the eager softmax gives NaN); Graphormer never produces one, since
+the graph token at index 0 is never padding.
 """
 from __future__ import annotations
 
@@ -504,6 +507,7 @@ class _FusedURPEAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         q, k, v, attn_bias, attn_scale, mask, out_f32, lse = ctx.saved_tensors
         config = ctx.config
