@@ -39,6 +39,7 @@ the graph token at index 0 is never padding.
 """
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 import torch
@@ -49,14 +50,23 @@ from graphormer_urpe.nn.attention import ATTENTION_IMPLS, eager_attention
 try:  # Triton is optional: without it only the eager path exists.
     import triton
     import triton.language as tl
-    from triton import knobs as _triton_knobs
 except ImportError:  # pragma: no cover - exercised only where triton is missing
     triton = None
     tl = None
 
+
+def _triton_interprets() -> bool:
+    """Whether ``@triton.jit`` builds interpreted kernels now (``TRITON_INTERPRET=1``)."""
+    try:
+        from triton import knobs  # triton >= 3.4
+    except ImportError:
+        return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return bool(knobs.runtime.interpret)
+
+
 #: True when this module's kernels were built by Triton's CPU interpreter (``TRITON_INTERPRET=1``
 #: at import time); they then run on CPU tensors, which is how the tests check them without a GPU.
-TRITON_INTERPRETED: bool = triton is not None and bool(_triton_knobs.runtime.interpret)
+TRITON_INTERPRETED: bool = triton is not None and _triton_interprets()
 
 AttentionImpl = Literal["auto", "eager", "triton"]
 
