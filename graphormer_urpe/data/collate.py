@@ -95,10 +95,13 @@ def _ragged_positions(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return owner, local
 
 
-def collate(graphs: FlatGraphs, indices: Sequence[int] | np.ndarray) -> GraphBatch:
+def collate(graphs: FlatGraphs, indices: Sequence[int] | np.ndarray, y: np.ndarray | None = None,
+            positions: np.ndarray | None = None) -> GraphBatch:
     """Gather graphs ``indices`` (``B`` of them, any order, repeats allowed) into a padded batch.
 
     ``N`` = the largest node count among them; see :class:`GraphBatch` for shapes and padding.
+    ``y [B, T]`` and ``positions [B]`` override ``graphs.y[indices]`` and ``GraphBatch.index``
+    (default: ``indices``) when several data rows share one stored graph (deduplicated SMILES).
     """
     index = np.asarray(indices, dtype=np.int64).reshape(-1)
     if index.size and (index.min() < 0 or index.max() >= len(graphs)):
@@ -149,9 +152,9 @@ def collate(graphs: FlatGraphs, indices: Sequence[int] | np.ndarray) -> GraphBat
         spd=torch.from_numpy(spd),
         edge_attr=torch.from_numpy(edge_attr),
         path_edges=torch.from_numpy(path_edges),
-        y=torch.from_numpy(np.ascontiguousarray(graphs.y[index], dtype=np.float32)),
+        y=torch.from_numpy(np.ascontiguousarray(graphs.y[index] if y is None else y, dtype=np.float32)),
         num_nodes=torch.from_numpy(n.astype(np.int32)),
-        index=torch.from_numpy(index.copy()),
+        index=torch.from_numpy(np.array(index if positions is None else positions, dtype=np.int64)),
     )
 
 

@@ -70,23 +70,58 @@ def flat_graphs_from_pyg(dataset, cache_dir: str | os.PathLike, max_hops: int,
     )
 
 
-class EncodedGraphDataset(Dataset):
-    """Graphs ``indices`` (default: all) of a :class:`FlatGraphs`; item ``i`` is graph
-    ``indices[i]``. ``__getitems__`` collates a whole batch at once; ``GraphBatch.index`` holds the
-    graphs' positions in the split (not in this dataset), so predictions map back to the split."""
+def encode_smiles_store(arrays: dict[str, np.ndarray], cache_dir: str | os.PathLike, max_hops: int,
+                        featurizer: str, num_threads: int = 1) -> FlatGraphs:
+    """:class:`FlatGraphs` of the distinct molecules of a featurized SMILES table
+    (:func:`~.featurize.cached_smiles_graphs`); targets live per row, so the store's ``y`` is NaN."""
+    spec = featurizer_spec(featurizer)
+    num_graphs = len(arrays["node_ptr"]) - 1
+    return encode_flat_cached(
+        arrays["x"], arrays["node_ptr"], arrays["edge_index"], arrays["edge_attr"], arrays["edge_ptr"],
+        np.full((num_graphs, 1), np.nan, np.float32), cache_dir=cache_dir, max_hops=max_hops,
+        atom_feature_dims=spec.atom_feature_dims, bond_feature_dims=spec.bond_feature_dims,
+        num_threads=num_threads)
 
-    def __init__(self, graphs: FlatGraphs, indices: np.ndarray | None = None) -> None:
+
+class EncodedGraphDataset(Dataset):
+    """The items of one split over a :class:`FlatGraphs` store.
+
+    Item ``i`` is stored graph ``graph_ids[i]`` (default ``i``) with targets ``y[i]`` (default
+    that graph's) and position ``positions[i]`` in its split (default ``i``; what
+    ``GraphBatch.index`` reports, so predictions map back to split order even after filtering).
+    Several items may share one stored graph (deduplicated SMILES). ``__getitems__`` collates a
+    whole batch in one call.
+    """
+
+    def __init__(self, graphs: FlatGraphs, graph_ids: np.ndarray | None = None,
+                 y: np.ndarray | None = None, positions: np.ndarray | None = None) -> None:
         self.graphs = graphs
-        self.indices = np.arange(len(graphs)) if indices is None else np.asarray(indices, dtype=np.int64)
+        self.graph_ids = np.arange(len(graphs)) if graph_ids is None else np.asarray(graph_ids, dtype=np.int64)
+        self.y = (np.asarray(graphs.y[self.graph_ids], dtype=np.float32) if y is None
+                  else np.asarray(y, dtype=np.float32).reshape(len(self.graph_ids), -1))
+        self.positions = np.arange(len(self.graph_ids)) if positions is None else np.asarray(positions, dtype=np.int64)
+        if not len(self.y) == len(self.positions) == len(self.graph_ids):
+            raise ValueError(f"graph_ids, y and positions differ in length: "
+                             f"{len(self.graph_ids)}, {len(self.y)}, {len(self.positions)}")
 
     def __len__(self) -> int:
-        return len(self.indices)
+        return len(self.graph_ids)
 
-    def __getitem__(self, position: int) -> GraphBatch:
-        return self.__getitems__([position])
+    @property
+    def num_nodes(self) -> np.ndarray:
+        """``[len(self)]`` node count of every item."""
+        return self.graphs.num_nodes[self.graph_ids]
 
-    def __getitems__(self, positions: Sequence[int]) -> GraphBatch:
-        return collate(self.graphs, self.indices[np.asarray(positions, dtype=np.int64)])
+    def subset(self, items: np.ndarray) -> "EncodedGraphDataset":
+        """The items ``items`` (keeping their split positions)."""
+        return EncodedGraphDataset(self.graphs, self.graph_ids[items], self.y[items], self.positions[items])
+
+    def __getitem__(self, item: int) -> GraphBatch:
+        return self.__getitems__([item])
+
+    def __getitems__(self, items: Sequence[int]) -> GraphBatch:
+        items = np.asarray(items, dtype=np.int64)
+        return collate(self.graphs, self.graph_ids[items], self.y[items], self.positions[items])
 
 
 def _already_collated(batch: GraphBatch) -> GraphBatch:
@@ -122,8 +157,8 @@ class GraphDataModule(pl.LightningDataModule):
 
     Subclasses set :attr:`featurizer` (the feature vocabularies follow from it) and implement
     :meth:`build` (one-off work: downloads, featurization, encoding caches) and
-    :meth:`load_split` (``"train" | "val" | "test" | "predict"`` -> :class:`FlatGraphs`, cheap once
-    built), and :attr:`num_targets`.
+    :meth:`load_split` (``"train" | "val" | "test" | "predict"`` -> :class:`EncodedGraphDataset`,
+    cheap once built), and :attr:`num_targets`.
 
     Args:
         max_hops: ``K``, path edges kept per node pair (the model's multi-hop edge encoding).
@@ -153,7 +188,7 @@ class GraphDataModule(pl.LightningDataModule):
         self.seed = int(seed)
         self.pin_memory = bool(pin_memory)
         self.encode_threads = int(encode_threads)
-        self.splits: dict[str, FlatGraphs] = {}
+        self.splits: dict[str, EncodedGraphDataset] = {}
 
     # Facts linked into the model ---------------------------------------------------------------
     @property
@@ -183,7 +218,7 @@ class GraphDataModule(pl.LightningDataModule):
         """Make every split loadable (idempotent; cheap when already done)."""
         raise NotImplementedError
 
-    def load_split(self, split: str) -> FlatGraphs:
+    def load_split(self, split: str) -> EncodedGraphDataset:
         raise NotImplementedError
 
     # Lightning hooks -----------------------------------------------------------------------------
@@ -194,18 +229,19 @@ class GraphDataModule(pl.LightningDataModule):
         for split in STAGE_SPLITS.get(stage, ("train", "val", "test")):
             self._split(split)
 
-    def _split(self, split: str) -> FlatGraphs:
+    def _split(self, split: str) -> EncodedGraphDataset:
         if split not in self.splits:
             self.splits[split] = self.load_split(split)
         return self.splits[split]
 
     def train_dataset(self) -> EncodedGraphDataset:
-        graphs = self._split("train")
-        keep = np.flatnonzero(graphs.num_nodes <= self.max_nodes)
-        if len(keep) < len(graphs):
+        dataset = self._split("train")
+        keep = np.flatnonzero(dataset.num_nodes <= self.max_nodes)
+        if len(keep) < len(dataset):
             log.warning("dropped %d of %d training graphs with more than max_nodes=%d nodes",
-                        len(graphs) - len(keep), len(graphs), self.max_nodes)
-        return EncodedGraphDataset(graphs, keep)
+                        len(dataset) - len(keep), len(dataset), self.max_nodes)
+            dataset = dataset.subset(keep)
+        return dataset
 
     def _loader(self, dataset: EncodedGraphDataset, batch_size: int, sampler: Sampler | None) -> DataLoader:
         return DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=False,
@@ -217,13 +253,13 @@ class GraphDataModule(pl.LightningDataModule):
         return self._loader(dataset, self.batch_size, SeededShuffleSampler(len(dataset), self.seed))
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(EncodedGraphDataset(self._split("val")), self.eval_batch_size, None)
+        return self._loader(self._split("val"), self.eval_batch_size, None)
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader(EncodedGraphDataset(self._split("test")), self.eval_batch_size, None)
+        return self._loader(self._split("test"), self.eval_batch_size, None)
 
     def predict_dataloader(self) -> DataLoader:
-        return self._loader(EncodedGraphDataset(self._split("predict")), self.eval_batch_size, None)
+        return self._loader(self._split("predict"), self.eval_batch_size, None)
 
 
 def encodings_dir(base: str | os.PathLike, split: str, max_hops: int) -> Path:
@@ -263,12 +299,158 @@ class ZINCDataModule(GraphDataModule):
         for split in ("train", "val", "test"):
             self.load_split(split)
 
-    def load_split(self, split: str) -> FlatGraphs:
+    def load_split(self, split: str) -> EncodedGraphDataset:
         from graphormer_urpe.data.zinc import load_zinc
 
         split = self.predict_split if split == "predict" else split
         dataset = load_zinc(self.root, subset=self.subset, split=split, source_dir=self.source_dir,
                             num_workers=self.build_workers)
-        return flat_graphs_from_pyg(dataset, encodings_dir(dataset.processed_dir, split, self.max_hops),
-                                    self.max_hops, self.atom_feature_dims, self.bond_feature_dims,
-                                    self.encode_threads)
+        return EncodedGraphDataset(flat_graphs_from_pyg(
+            dataset, encodings_dir(dataset.processed_dir, split, self.max_hops), self.max_hops,
+            self.atom_feature_dims, self.bond_feature_dims, self.encode_threads))
+
+
+class PCQM4Mv2DataModule(GraphDataModule):
+    """PCQM4Mv2 from the official OGB-LSC layout under ``root`` (see :mod:`.pcqm4mv2`): HOMO-LUMO
+    gap regression on ``ogb`` features. Stages map to OGB splits: fit -> train / valid,
+    test -> ``test_split`` (default valid: the test sets have no public labels), predict ->
+    ``predict_split`` (default test-dev; ``GraphBatch.index`` = position in that split, the order
+    of OGB's submission file). ``download=True`` fetches OGB's archive when the layout is missing.
+    """
+
+    featurizer = "ogb"
+
+    def __init__(self, root: str = "data", max_hops: int = 5, batch_size: int = 256, num_workers: int = 0,
+                 max_nodes: int = 128, seed: int = 0, eval_batch_size: int | None = None,
+                 pin_memory: bool = False, encode_threads: int = 1, test_split: str = "valid",
+                 predict_split: str = "test-dev", build_workers: int | None = None, download: bool = False) -> None:
+        super().__init__(max_hops=max_hops, batch_size=batch_size, num_workers=num_workers,
+                         max_nodes=max_nodes, seed=seed, eval_batch_size=eval_batch_size,
+                         pin_memory=pin_memory, encode_threads=encode_threads)
+        from graphormer_urpe.data.pcqm4mv2 import SPLITS
+
+        for name, value in (("test_split", test_split), ("predict_split", predict_split)):
+            if value not in SPLITS:
+                raise ValueError(f"{name} must be one of {SPLITS}, got {value!r}")
+        self.root = Path(root)
+        self.split_names = {"train": "train", "val": "valid", "test": test_split, "predict": predict_split}
+        self.build_workers = build_workers
+        self.download = bool(download)
+        self._store: tuple | None = None
+
+    @property
+    def num_targets(self) -> int:
+        return 1
+
+    def build(self) -> None:
+        self.store()
+
+    def store(self) -> tuple[FlatGraphs, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        """``(distinct molecules, graph_of_row [R], y [R, 1], split_dict)``, built once."""
+        if self._store is None:
+            from graphormer_urpe.data import pcqm4mv2
+            from graphormer_urpe.data.featurize import cached_smiles_graphs, file_fingerprint
+
+            folder = pcqm4mv2.pcqm4mv2_folder(self.root)
+            table = folder / "raw" / "data.csv.gz"
+            if not table.is_file():
+                if not self.download:
+                    raise ValueError(f"PCQM4Mv2 table {table} is missing (expected the OGB-LSC layout; "
+                                     "download=True fetches it)")
+                pcqm4mv2.download_pcqm4mv2(self.root)
+            splits = pcqm4mv2.read_split_dict(self.root)
+            work = folder / "processed_graphormer_urpe"
+            arrays = cached_smiles_graphs(work / "graphs", file_fingerprint(table),
+                                          lambda: pcqm4mv2.read_pcqm4mv2_table(self.root), self.featurizer,
+                                          self.build_workers)
+            rejected = np.flatnonzero(arrays["graph_of_row"] < 0)
+            if len(rejected):
+                raise ValueError(f"{table}: RDKit rejects the SMILES of rows {rejected[:10].tolist()}")
+            graphs = encode_smiles_store(arrays, encodings_dir(work, "molecules", self.max_hops),
+                                         self.max_hops, self.featurizer, self.encode_threads)
+            self._store = (graphs, np.asarray(arrays["graph_of_row"]), np.asarray(arrays["y"]), splits)
+        return self._store
+
+    def load_split(self, split: str) -> EncodedGraphDataset:
+        graphs, graph_of_row, y, splits = self.store()
+        rows = splits[self.split_names[split]]
+        return EncodedGraphDataset(graphs, graph_of_row[rows], y[rows])
+
+
+class CSVDataModule(GraphDataModule):
+    """A molecule property CSV (see :mod:`.csv`): ``smiles_column`` + ``target_columns``
+    (default: every other column), ``task`` regression or (binary) classification, ``split``
+    random or scaffold with ``split_fractions``. Featurized (``ogb``) and encoded once into
+    ``cache_root`` (default ``data/csv``), keyed by the file's content. Prediction serves the
+    test split."""
+
+    featurizer = "ogb"
+
+    def __init__(self, path: str, smiles_column: str = "smiles", target_columns: list[str] | None = None,
+                 task: str = "regression", split: str = "random",
+                 split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1), cache_root: str = "data/csv",
+                 max_hops: int = 5, batch_size: int = 32, num_workers: int = 0, max_nodes: int = 128,
+                 seed: int = 0, eval_batch_size: int | None = None, pin_memory: bool = False,
+                 encode_threads: int = 1, build_workers: int | None = None) -> None:
+        super().__init__(max_hops=max_hops, batch_size=batch_size, num_workers=num_workers,
+                         max_nodes=max_nodes, seed=seed, eval_batch_size=eval_batch_size,
+                         pin_memory=pin_memory, encode_threads=encode_threads)
+        from graphormer_urpe.data import csv as property_csv
+
+        if task not in property_csv.TASKS:
+            raise ValueError(f"task must be one of {property_csv.TASKS}, got {task!r}")
+        if split not in ("random", "scaffold"):
+            raise ValueError(f"split must be 'random' or 'scaffold', got {split!r}")
+        self.path = Path(path)
+        self.smiles_column = smiles_column
+        self.split = split
+        self.split_fractions = property_csv.check_fractions(split_fractions)
+        self.cache_root = Path(cache_root)
+        self.build_workers = build_workers
+        self.task = task
+        if target_columns is None:  # every column but the SMILES: read the header only
+            _, _, target_columns = property_csv.read_property_csv(self.path, smiles_column)
+        self.target_columns = list(target_columns)
+        self._store: tuple | None = None
+
+    @property
+    def num_targets(self) -> int:
+        return len(self.target_columns)
+
+    def build(self) -> None:
+        self.store()
+
+    def store(self) -> tuple[FlatGraphs, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        if self._store is None:
+            from graphormer_urpe.data import csv as property_csv
+            from graphormer_urpe.data.featurize import cached_smiles_graphs, file_fingerprint
+
+            smiles, y, _ = property_csv.read_property_csv(self.path, self.smiles_column, self.target_columns)
+            if self.task == "classification":
+                known = y[~np.isnan(y)]
+                if not np.isin(known, (0.0, 1.0)).all():
+                    raise ValueError(f"{self.path}: classification targets must be 0, 1 or empty")
+            source = {**file_fingerprint(self.path), "smiles_column": self.smiles_column,
+                      "target_columns": self.target_columns}
+            work = self.cache_root / f"{self.path.stem}-{source['blake2b'][:12]}"
+            arrays = cached_smiles_graphs(work / "graphs", source, lambda: (smiles, y), self.featurizer,
+                                          self.build_workers)
+            graph_of_row = np.asarray(arrays["graph_of_row"])
+            valid = np.flatnonzero(graph_of_row >= 0)
+            property_csv.warn_rejected_rows(self.path, np.flatnonzero(graph_of_row < 0), len(graph_of_row))
+            if len(valid) == 0:
+                raise ValueError(f"{self.path}: no row has a SMILES that RDKit accepts")
+            if self.split == "random":
+                parts = property_csv.random_split(len(valid), self.split_fractions, self.seed)
+            else:
+                parts = property_csv.scaffold_split([smiles[r] for r in valid], self.split_fractions)
+            splits = {name: valid[rows] for name, rows in parts.items()}
+            graphs = encode_smiles_store(arrays, encodings_dir(work, "molecules", self.max_hops),
+                                         self.max_hops, self.featurizer, self.encode_threads)
+            self._store = (graphs, graph_of_row, np.asarray(arrays["y"]), splits)
+        return self._store
+
+    def load_split(self, split: str) -> EncodedGraphDataset:
+        graphs, graph_of_row, y, splits = self.store()
+        rows = splits["test" if split == "predict" else split]
+        return EncodedGraphDataset(graphs, graph_of_row[rows], y[rows])

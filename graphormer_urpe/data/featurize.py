@@ -218,3 +218,65 @@ def featurize_smiles(smiles: Sequence[str], featurizer: str, num_workers: int | 
         edge_index=np.concatenate(edge_index, axis=1), edge_attr=np.concatenate(edge_attr),
         edge_ptr=np.concatenate([[0], np.cumsum(e)]).astype(np.int64), rejected=np.concatenate(rejected),
     )
+
+
+def featurize_unique(smiles: Sequence[str], featurizer: str, num_workers: int | None = None,
+                     desc: str | None = None) -> tuple[RawGraphs, np.ndarray]:
+    """Featurize every DISTINCT SMILES once.
+
+    Returns the graphs of the distinct accepted SMILES (first-occurrence order) and
+    ``graph_of_row [R]`` int64: the graph of each input row, ``-1`` where RDKit rejected it.
+    """
+    import pandas as pd
+
+    codes, distinct = pd.factorize(pd.Series(list(smiles), dtype=object), use_na_sentinel=True)
+    graphs = featurize_smiles(list(distinct), featurizer, num_workers, desc=desc)
+    accepted = np.ones(len(distinct), dtype=bool)
+    accepted[graphs.rejected] = False
+    graph_of_distinct = np.where(accepted, np.cumsum(accepted) - 1, -1)
+    graph_of_row = np.where(codes >= 0, graph_of_distinct[np.maximum(codes, 0)], -1).astype(np.int64)
+    return graphs, graph_of_row
+
+
+def file_fingerprint(path: str | os.PathLike) -> dict:
+    """Name, size and BLAKE2 hash of a source file (what a featurized cache depends on)."""
+    import hashlib
+
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return {"name": os.path.basename(path), "size": os.path.getsize(path), "blake2b": digest.hexdigest()}
+
+
+def cached_smiles_graphs(directory: str | os.PathLike, source_fingerprint: dict,
+                         read_table: Callable[[], tuple[Sequence[str], np.ndarray]], featurizer: str,
+                         num_workers: int | None = None) -> dict[str, np.ndarray]:
+    """A SMILES table featurized once and kept in the cache entry ``directory`` (:mod:`.cache`).
+
+    ``read_table() -> (smiles [R], y [R, T])`` is called only when the entry is missing or stale
+    (keyed by ``source_fingerprint``, the featurizer and the RDKit/OGB versions). Arrays (memory-
+    mapped): the distinct accepted molecules' ``x`` uint8 ``[N, F]``, ``node_ptr``, ``edge_index``
+    int16 ``[2, E]`` (local ids), ``edge_attr`` uint8 ``[E, Fe]``, ``edge_ptr``; per row
+    ``graph_of_row`` int64 ``[R]`` (-1 = rejected by RDKit) and ``y`` float32 ``[R, T]``.
+    """
+    import ogb
+    import rdkit
+
+    from graphormer_urpe.data.cache import load_arrays, save_arrays
+
+    fingerprint = {"kind": "featurized smiles", "featurizer": featurizer, "source": source_fingerprint,
+                   "rdkit": rdkit.__version__, "ogb": ogb.__version__}
+    arrays = load_arrays(directory, fingerprint)
+    if arrays is not None:
+        return arrays
+    smiles, y = read_table()
+    y = np.asarray(y, dtype=np.float32).reshape(len(smiles), -1)
+    graphs, graph_of_row = featurize_unique(smiles, featurizer, num_workers)
+    if len(graphs) and np.diff(graphs.node_ptr).max() > np.iinfo(np.int16).max:
+        raise ValueError(f"a molecule has more than {np.iinfo(np.int16).max} atoms")
+    save_arrays(directory, {
+        "x": graphs.x, "node_ptr": graphs.node_ptr, "edge_index": graphs.edge_index.astype(np.int16),
+        "edge_attr": graphs.edge_attr, "edge_ptr": graphs.edge_ptr, "graph_of_row": graph_of_row, "y": y,
+    }, fingerprint)
+    return load_arrays(directory, fingerprint)
