@@ -1,8 +1,7 @@
 """Neural-network modules: URPE attention, Graphormer encodings and backbones."""
 
-from graphormer_urpe.nn.attention import URPEAttention
-
-__all__ = ["URPEAttention"]
+from graphormer_urpe.nn.attention import ATTENTION_IMPLS, URPEAttention, attention_kernel
 from graphormer_urpe.nn.graphormer import PRESETS, Graphormer, count_parameters
 
-__all__ += ["Graphormer", "PRESETS", "count_parameters"]
+__all__ = ["ATTENTION_IMPLS", "URPEAttention", "attention_kernel", "Graphormer", "PRESETS",
+           "count_parameters"]

@@ -20,6 +20,7 @@ in :data:`ATTENTION_IMPLS` under a new name and is tested against ``"eager"``.
 """
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable
 
@@ -103,6 +104,21 @@ def sdpa_attention(
 
 #: Attention kernels by name; ``"eager"`` is the reference every other kernel is tested against.
 ATTENTION_IMPLS: dict[str, AttentionKernel] = {"eager": eager_attention, "sdpa": sdpa_attention}
+#: Kernels in their own module (heavy or optional imports) that register themselves on import.
+_SELF_REGISTERING_IMPLS = {"triton": "graphormer_urpe.nn.fused_attention"}
+
+
+def attention_kernel(name: str) -> AttentionKernel:
+    """The kernel registered as ``name``, importing a self-registering one on first use."""
+    if name not in ATTENTION_IMPLS and name in _SELF_REGISTERING_IMPLS:
+        try:
+            importlib.import_module(_SELF_REGISTERING_IMPLS[name])
+        except ImportError as exc:
+            raise ValueError(f"attention_impl={name!r} is unavailable: {exc}") from exc
+    if name not in ATTENTION_IMPLS:
+        raise ValueError(f"unknown attention_impl {name!r}; choose one of "
+                         f"{sorted({*ATTENTION_IMPLS, *_SELF_REGISTERING_IMPLS})}")
+    return ATTENTION_IMPLS[name]
 
 
 class URPEAttention(nn.Module):
@@ -126,9 +142,7 @@ class URPEAttention(nn.Module):
         super().__init__()
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
-        if attention_impl not in ATTENTION_IMPLS:
-            raise ValueError(f"unknown attention_impl {attention_impl!r}; "
-                             f"choose one of {sorted(ATTENTION_IMPLS)}")
+        attention_kernel(attention_impl)  # fail at construction, not at the first batch
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
@@ -156,7 +170,7 @@ class URPEAttention(nn.Module):
         batch, length, _ = x.shape
         qkv = self.in_proj(x).view(batch, length, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, L, d]
-        kernel = ATTENTION_IMPLS[self.attention_impl]
+        kernel = attention_kernel(self.attention_impl)
         dropout_p = self.dropout.p if self.training else 0.0
         out, probs = kernel(q, k, v, attn_bias, attn_scale, key_padding_mask, dropout_p,
                             need_weights)
