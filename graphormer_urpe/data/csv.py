@@ -23,24 +23,35 @@ SPLIT_NAMES = ("train", "val", "test")
 TASKS = ("regression", "classification")
 
 
+def resolve_columns(path: str | os.PathLike, smiles_column: str = "smiles",
+                    target_columns: Sequence[str] | None = None) -> list[str]:
+    """The target columns (``None`` = every column but the SMILES), checked against the file's
+    header; ``ValueError`` naming the file for a missing file or column."""
+    import pandas as pd
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"CSV file {path} does not exist")
+    columns = list(pd.read_csv(path, nrows=0).columns)
+    if smiles_column not in columns:
+        raise ValueError(f"{path} has no SMILES column {smiles_column!r} (columns: {columns})")
+    targets = [c for c in columns if c != smiles_column] if target_columns is None else list(target_columns)
+    if not targets:
+        raise ValueError(f"{path}: no target columns")
+    missing = [c for c in targets if c not in columns]
+    if missing:
+        raise ValueError(f"{path} has no target column(s) {missing} (columns: {columns})")
+    return targets
+
+
 def read_property_csv(path: str | os.PathLike, smiles_column: str = "smiles",
                       target_columns: Sequence[str] | None = None) -> tuple[list[str], np.ndarray, list[str]]:
     """``(smiles [R], y [R, T] float32, target_columns)``; ``target_columns`` None = every other
     column. Raises ``ValueError`` naming the file for a missing or non-numeric column."""
     import pandas as pd
 
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"CSV file {path} does not exist")
+    targets = resolve_columns(path, smiles_column, target_columns)
     table = pd.read_csv(path)
-    if smiles_column not in table.columns:
-        raise ValueError(f"{path} has no SMILES column {smiles_column!r} (columns: {list(table.columns)})")
-    targets = [c for c in table.columns if c != smiles_column] if target_columns is None else list(target_columns)
-    if not targets:
-        raise ValueError(f"{path}: no target columns")
-    missing = [c for c in targets if c not in table.columns]
-    if missing:
-        raise ValueError(f"{path} has no target column(s) {missing} (columns: {list(table.columns)})")
     try:
         y = table[targets].apply(pd.to_numeric, errors="raise").to_numpy(dtype=np.float32)
     except (ValueError, TypeError) as err:

@@ -408,9 +408,7 @@ class CSVDataModule(GraphDataModule):
         self.cache_root = Path(cache_root)
         self.build_workers = build_workers
         self.task = task
-        if target_columns is None:  # every column but the SMILES: read the header only
-            _, _, target_columns = property_csv.read_property_csv(self.path, smiles_column)
-        self.target_columns = list(target_columns)
+        self.target_columns = property_csv.resolve_columns(self.path, smiles_column, target_columns)
         self._store: tuple | None = None
 
     @property
