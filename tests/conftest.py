@@ -1,7 +1,11 @@
 """Fixtures shared by the whole test suite (keep this file small)."""
+import hashlib
 from pathlib import Path
 
 import pytest
+
+import graphormer_urpe.data.featurize as featurize_module
+import graphormer_urpe.data.zinc as zinc_module
 
 #: The project's offline data, beside the checkout (``<repo>/../shared/data``); read-only, never
 #: copied into the repository.
@@ -34,3 +38,34 @@ def data_build_cache(request) -> Path:
     """A directory kept across test sessions (under ``.pytest_cache``) for datasets that take long
     to build; callers key subdirectories by everything that affects the build."""
     return Path(request.config.cache.mkdir("graphormer_urpe_datasets"))
+
+
+def _fingerprint(*paths: Path) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes() if path.suffix == ".py" else str(path.stat().st_size).encode())
+    return digest.hexdigest()[:16]
+
+
+@pytest.fixture(scope="session")
+def zinc_source(shared_data_dir) -> Path:
+    return shared_data_dir / "zinc"
+
+
+@pytest.fixture(scope="session")
+def zinc_root(zinc_source, data_build_cache) -> Path:
+    """A ZINC root whose raw files were built by :func:`build_zinc_raw` from the shared source,
+    keyed by the building code and the source files, so a change rebuilds it."""
+    key = _fingerprint(Path(zinc_module.__file__), Path(featurize_module.__file__),
+                       *sorted(zinc_source.iterdir()))
+    root = data_build_cache / f"zinc-{key}"
+    zinc_module.load_zinc(root, subset=True, split="train", source_dir=zinc_source)
+    return root
+
+
+@pytest.fixture
+def zinc_data_root(zinc_root, tmp_path):
+    """A ``root`` whose ``ZINC`` is the session's built ZINC (read-mostly; encodings cached there)."""
+    (tmp_path / "ZINC").symlink_to(zinc_root, target_is_directory=True)
+    return tmp_path

@@ -88,6 +88,14 @@ class GraphormerModule(pl.LightningModule):
         self.log("train/loss", loss, prog_bar=True, batch_size=batch.num_graphs)
         return loss
 
+    def on_train_epoch_start(self) -> None:
+        # The training order is a function of (seed, epoch). Lightning's own set_epoch call passes
+        # its count of processed epochs, which runs one ahead after resuming from an end-of-epoch
+        # checkpoint; the epoch number itself keeps a resumed run on the uninterrupted run's order.
+        sampler = getattr(self.trainer.train_dataloader, "sampler", None)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(self.current_epoch)
+
     def _evaluate(self, batch: GraphBatch, stage: str) -> None:
         pred = self(batch).float()
         known = ~torch.isnan(batch.y)

@@ -14,13 +14,6 @@ from graphormer_urpe.data.featurize import ZINC_ATOM_FEATURE_DIMS, ZINC_BOND_FEA
 from graphormer_urpe.data.zinc import load_zinc
 
 
-@pytest.fixture
-def zinc_data_root(zinc_root, tmp_path):
-    """A ``root`` whose ``ZINC`` is the session's built ZINC (read-mostly; encodings cached there)."""
-    (tmp_path / "ZINC").symlink_to(zinc_root, target_is_directory=True)
-    return tmp_path
-
-
 def test_facts_linked_into_the_model():
     dm = ZINCDataModule(root="unused", max_hops=3)
     assert (dm.num_atom_embeddings, dm.num_bond_embeddings, dm.num_targets, dm.max_hops) == (29, 5, 1, 3)
