@@ -29,7 +29,7 @@ class CheckpointError(ValueError):
 
 @dataclass
 class InputRow:
-    smiles: str
+    smiles: str  #: as given (echoed to the output); parsed without surrounding white space
     error: str = ""
 
 
@@ -48,8 +48,8 @@ def read_smiles(path: str | Path) -> list[InputRow]:
             if "smiles" not in header:
                 raise ValueError(f"{path}: CSV header {header} has no 'smiles' column")
             column = header.index("smiles")
-            return [InputRow(row[column].strip() if column < len(row) else "") for row in reader]
-        return [InputRow(line.strip()) for line in handle.read().splitlines()]
+            return [InputRow(row[column] if column < len(row) else "") for row in reader]
+        return [InputRow(line) for line in handle.read().splitlines()]
 
 
 def load_module(ckpt: str | Path, map_location: str = "cpu"):
@@ -60,7 +60,8 @@ def load_module(ckpt: str | Path, map_location: str = "cpu"):
     if not ckpt.is_file():
         raise CheckpointError(f"checkpoint {ckpt} does not exist")
     try:
-        checkpoint = torch.load(ckpt, map_location=map_location, weights_only=False)
+        # weights_only: a checkpoint is data, never code to run (our hparams are plain values).
+        checkpoint = torch.load(ckpt, map_location=map_location, weights_only=True)
     except Exception as exc:  # truncated zip, not a torch file, ...
         raise CheckpointError(f"checkpoint {ckpt} cannot be read ({type(exc).__name__}: {exc})") from exc
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint \
@@ -91,11 +92,11 @@ def predict_smiles(module, rows: list[InputRow], max_nodes: int = 512,
     out = np.full((len(rows), module.hparams.num_targets), np.nan, dtype=np.float32)
     graphs, positions = [], []
     for position, row in enumerate(rows):
-        if not row.smiles:
+        if not row.smiles.strip():
             row.error = "empty SMILES"
             continue
         try:
-            graph = spec.from_smiles(row.smiles)
+            graph = spec.from_smiles(row.smiles.strip())
         except ValueError as exc:
             row.error = str(exc)
             continue
