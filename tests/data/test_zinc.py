@@ -20,7 +20,10 @@ def _index(path):
     return [int(v) for v in path.read_text().strip().split(",")]
 
 
-@pytest.mark.parametrize("subset, sizes", [(True, (10_000, 1_000, 1_000)), (False, (220_011, 24_445, 5_000))])
+@pytest.mark.parametrize("subset, sizes", [
+    (True, (10_000, 1_000, 1_000)),
+    pytest.param(False, (220_011, 24_445, 5_000), marks=pytest.mark.slow),  # PyG processes 250k graphs once
+])
 def test_split_sizes(zinc_root, subset, sizes):
     assert tuple(len(load_zinc(zinc_root, subset=subset, split=s)) for s in ("train", "val", "test")) == sizes
 
