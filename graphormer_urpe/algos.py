@@ -34,6 +34,9 @@ from graphormer_urpe import _encoding
 
 #: The ``spd`` value of a pair in different components.
 UNREACHABLE: int = _encoding.UNREACHABLE
+#: Bump whenever the encoder's output for the same input changes (path choice, dtypes, layout):
+#: encoding caches are keyed by it.
+ENCODER_VERSION: str = "1"
 #: Largest node or edge count of one graph (the outputs are int16).
 MAX_GRAPH_SIZE: int = _encoding.MAX_GRAPH_SIZE
 #: Largest accepted ``max_hops``.
