@@ -26,6 +26,7 @@ def main(argv: list[str]) -> None:
     from graphormer_urpe.training.cli import build_cli
 
     started = time.perf_counter()
+    sys.argv = sys.argv[:1]  # the arguments travel as `args`; LightningCLI must not read them twice
     cli = build_cli(["--config", "configs/zinc.yaml", "--config", "configs/quickstart.yaml",
                      *argv], run=False)
     trainer, model, data = cli.trainer, cli.model, cli.datamodule
@@ -40,7 +41,7 @@ def main(argv: list[str]) -> None:
     print(f"validation MAE    {val['val/mae']:.4f}")
     print(f"test MAE          {test['test/mae']:.4f}")
     print(f"best checkpoint   {best}")
-    print(f"last checkpoint   {trainer.checkpoint_callback.last_model_path}")
+    print(f"last checkpoint   {Path(trainer.checkpoint_callback.dirpath) / 'last.ckpt'}")
     print(f"wall time         {minutes:.1f} min")
 
 

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from graphormer_urpe.data.batch import GraphBatch
-from graphormer_urpe.nn.attention import ATTENTION_IMPLS, URPEAttention
+from graphormer_urpe.nn.attention import URPEAttention, attention_kernel
 from graphormer_urpe.nn.encodings import (
     AtomEncoder,
     DegreeEncoder,
@@ -113,9 +113,7 @@ class Graphormer(nn.Module):
         super().__init__()
         if attention not in ATTENTION_KINDS:
             raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {attention!r}")
-        if attention_impl not in ATTENTION_IMPLS:
-            raise ValueError(f"unknown attention_impl {attention_impl!r}; "
-                             f"choose one of {sorted(ATTENTION_IMPLS)}")
+        attention_kernel(attention_impl)  # ValueError naming the choices when unknown
         if attention == "urpe" and attention_impl == "sdpa":
             raise ValueError("attention='urpe' needs a kernel that applies C after the softmax; "
                              "attention_impl='sdpa' cannot (use 'eager')")
