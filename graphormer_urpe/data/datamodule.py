@@ -8,6 +8,9 @@ batch, no per-graph Python work), padded to the largest graph of the batch.
 Training order is a pure function of ``(seed, epoch)`` (:class:`SeededShuffleSampler`), so a
 resumed run sees the same order. Graphs with more than ``max_nodes`` nodes are dropped from
 TRAINING only (the count is logged); validation, test and prediction serve every graph.
+
+``device_resident=True`` swaps each ``DataLoader`` for a :class:`~.resident.ResidentLoader`: the
+split on the trainer's device, batches gathered there, same items, order and batches.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from graphormer_urpe.data.cache import cached_encodings
 from graphormer_urpe.data.collate import FlatGraphs, collate
 from graphormer_urpe.data.features import num_embeddings, to_shared_ids
 from graphormer_urpe.data.featurize import featurizer_spec
+from graphormer_urpe.data.resident import ResidentLoader, ResidentSplit, TensorGraphs
 
 log = logging.getLogger(__name__)
 
@@ -147,9 +151,12 @@ class SeededShuffleSampler(Sampler[int]):
     def __len__(self) -> int:
         return self.num_items
 
+    def permutation(self) -> np.ndarray:
+        """This epoch's order, ``[num_items]`` int64 (what iterating yields)."""
+        return np.random.default_rng([self.seed, self.epoch]).permutation(self.num_items)
+
     def __iter__(self) -> Iterator[int]:
-        rng = np.random.default_rng([self.seed, self.epoch])
-        return iter(rng.permutation(self.num_items).tolist())
+        return iter(self.permutation().tolist())
 
 
 class GraphDataModule(pl.LightningDataModule):
@@ -167,6 +174,9 @@ class GraphDataModule(pl.LightningDataModule):
         max_nodes: training graphs with more nodes are dropped (logged); evaluation keeps all.
         seed: training order seed (with the epoch).
         encode_threads: threads for computing encodings (once per split; cached afterwards).
+        device_resident: keep each split on the trainer's device (``trainer.strategy.root_device``,
+            CPU outside a trainer) and gather batches there (:mod:`.resident`); the loaders are
+            then :class:`~.resident.ResidentLoader` objects (``num_workers``/``pin_memory`` unused).
     """
 
     featurizer: str = ""
@@ -175,7 +185,7 @@ class GraphDataModule(pl.LightningDataModule):
 
     def __init__(self, max_hops: int = 5, batch_size: int = 128, num_workers: int = 0,
                  max_nodes: int = 128, seed: int = 0, eval_batch_size: int | None = None,
-                 pin_memory: bool = False, encode_threads: int = 1) -> None:
+                 pin_memory: bool = False, encode_threads: int = 1, device_resident: bool = False) -> None:
         super().__init__()
         for name, value in (("max_hops", max_hops), ("batch_size", batch_size), ("max_nodes", max_nodes)):
             if int(value) < 1:
@@ -188,7 +198,10 @@ class GraphDataModule(pl.LightningDataModule):
         self.seed = int(seed)
         self.pin_memory = bool(pin_memory)
         self.encode_threads = int(encode_threads)
+        self.device_resident = bool(device_resident)
         self.splits: dict[str, EncodedGraphDataset] = {}
+        # (host store, its device copy): splits sharing one store (PCQM4Mv2, CSV) share the copy
+        self._resident_graphs: list[tuple[FlatGraphs, TensorGraphs]] = []
 
     # Facts linked into the model ---------------------------------------------------------------
     @property
@@ -243,22 +256,42 @@ class GraphDataModule(pl.LightningDataModule):
             dataset = dataset.subset(keep)
         return dataset
 
-    def _loader(self, dataset: EncodedGraphDataset, batch_size: int, sampler: Sampler | None) -> DataLoader:
+    def resident_device(self) -> torch.device:
+        """Where device-resident splits live: the trainer's root device, else CPU."""
+        trainer = getattr(self, "trainer", None)
+        return trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+
+    def _resident_loader(self, dataset: EncodedGraphDataset, batch_size: int,
+                         sampler: SeededShuffleSampler | None) -> ResidentLoader:
+        device = self.resident_device()
+        graphs = next((on_device for host, on_device in self._resident_graphs
+                       if host is dataset.graphs and on_device.device == device), None)
+        if graphs is None:
+            graphs = TensorGraphs.from_flat(dataset.graphs, device)
+            self._resident_graphs.append((dataset.graphs, graphs))
+        trainer = getattr(self, "trainer", None)
+        rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        return ResidentLoader(ResidentSplit(dataset, graphs), batch_size, sampler, rank, world_size)
+
+    def _loader(self, dataset: EncodedGraphDataset, batch_size: int,
+                sampler: Sampler | None) -> DataLoader | ResidentLoader:
+        if self.device_resident:
+            return self._resident_loader(dataset, batch_size, sampler)
         return DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=False,
                           collate_fn=_already_collated, num_workers=self.num_workers,
                           pin_memory=self.pin_memory, persistent_workers=self.num_workers > 0)
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> DataLoader | ResidentLoader:
         dataset = self.train_dataset()
         return self._loader(dataset, self.batch_size, SeededShuffleSampler(len(dataset), self.seed))
 
-    def val_dataloader(self) -> DataLoader:
+    def val_dataloader(self) -> DataLoader | ResidentLoader:
         return self._loader(self._split("val"), self.eval_batch_size, None)
 
-    def test_dataloader(self) -> DataLoader:
+    def test_dataloader(self) -> DataLoader | ResidentLoader:
         return self._loader(self._split("test"), self.eval_batch_size, None)
 
-    def predict_dataloader(self) -> DataLoader:
+    def predict_dataloader(self) -> DataLoader | ResidentLoader:
         return self._loader(self._split("predict"), self.eval_batch_size, None)
 
 
@@ -277,10 +310,12 @@ class ZINCDataModule(GraphDataModule):
     def __init__(self, root: str = "data", subset: bool = True, source_dir: str | None = None,
                  max_hops: int = 5, batch_size: int = 128, num_workers: int = 0, max_nodes: int = 128,
                  seed: int = 0, eval_batch_size: int | None = None, pin_memory: bool = False,
-                 encode_threads: int = 1, predict_split: str = "test", build_workers: int | None = None) -> None:
+                 encode_threads: int = 1, predict_split: str = "test", build_workers: int | None = None,
+                 device_resident: bool = False) -> None:
         super().__init__(max_hops=max_hops, batch_size=batch_size, num_workers=num_workers,
                          max_nodes=max_nodes, seed=seed, eval_batch_size=eval_batch_size,
-                         pin_memory=pin_memory, encode_threads=encode_threads)
+                         pin_memory=pin_memory, encode_threads=encode_threads,
+                         device_resident=device_resident)
         from graphormer_urpe.data.zinc import SPLITS
 
         if predict_split not in SPLITS:
@@ -323,10 +358,12 @@ class PCQM4Mv2DataModule(GraphDataModule):
     def __init__(self, root: str = "data", max_hops: int = 5, batch_size: int = 256, num_workers: int = 0,
                  max_nodes: int = 128, seed: int = 0, eval_batch_size: int | None = None,
                  pin_memory: bool = False, encode_threads: int = 1, test_split: str = "valid",
-                 predict_split: str = "test-dev", build_workers: int | None = None, download: bool = False) -> None:
+                 predict_split: str = "test-dev", build_workers: int | None = None, download: bool = False,
+                 device_resident: bool = False) -> None:
         super().__init__(max_hops=max_hops, batch_size=batch_size, num_workers=num_workers,
                          max_nodes=max_nodes, seed=seed, eval_batch_size=eval_batch_size,
-                         pin_memory=pin_memory, encode_threads=encode_threads)
+                         pin_memory=pin_memory, encode_threads=encode_threads,
+                         device_resident=device_resident)
         from graphormer_urpe.data.pcqm4mv2 import SPLITS
 
         for name, value in (("test_split", test_split), ("predict_split", predict_split)):
@@ -391,10 +428,12 @@ class CSVDataModule(GraphDataModule):
                  split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1), cache_root: str = "data/csv",
                  max_hops: int = 5, batch_size: int = 32, num_workers: int = 0, max_nodes: int = 128,
                  seed: int = 0, eval_batch_size: int | None = None, pin_memory: bool = False,
-                 encode_threads: int = 1, build_workers: int | None = None) -> None:
+                 encode_threads: int = 1, build_workers: int | None = None,
+                 device_resident: bool = False) -> None:
         super().__init__(max_hops=max_hops, batch_size=batch_size, num_workers=num_workers,
                          max_nodes=max_nodes, seed=seed, eval_batch_size=eval_batch_size,
-                         pin_memory=pin_memory, encode_threads=encode_threads)
+                         pin_memory=pin_memory, encode_threads=encode_threads,
+                         device_resident=device_resident)
         from graphormer_urpe.data import csv as property_csv
 
         if task not in property_csv.TASKS:

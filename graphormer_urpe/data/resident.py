@@ -1,0 +1,270 @@
+r"""Device-resident data: a whole split's encoded graphs on one device, batches gathered there.
+
+With ``GraphDataModule(device_resident=True)`` the loaders are :class:`ResidentLoader` objects: each
+split's :class:`~.collate.FlatGraphs` is copied once to the trainer's device (GPU memory for a
+GPU run) and every batch is gathered there by :func:`gather_batch`, a fully vectorised torch
+version of :func:`~.collate.collate`. A training step then costs no Python per graph, no
+``DataLoader`` worker and no host-to-device copy of the batch; only ``B`` int64 item ids per step
+are sliced from the epoch order that is moved to the device once per epoch.
+
+Ragged arithmetic of :func:`gather_batch` for graphs ``index [B]`` with node counts ``n_b``,
+edge counts ``m_b`` and ``N = max_b n_b``:
+
+.. math::
+    \text{node } (b, i):& \quad \text{src } = \text{node\_ptr}[g_b] + i, \quad
+        \text{dst } = b N + i, \qquad 0 \le i < n_b \\
+    \text{edge } (b, e):& \quad \text{src } = \text{edge\_ptr}[g_b] + e, \quad
+        \text{dst } = o_b + e, \quad o_b = \textstyle\sum_{b' < b} m_{b'} \\
+    \text{pair } (b, i, j):& \quad \text{src } = \text{pair\_ptr}[g_b] + i n_b + j, \quad
+        \text{dst } = b N^2 + i N + j
+
+with each element's owner ``b`` and local position from ``repeat_interleave`` / ``cumsum``
+(:func:`ragged_positions`). Path edges (stored as local edge ids) get ``+ o_b``; ``-1`` stays
+``-1``, the all-zero last row of ``edge_attr``.
+
+Two implementations, one contract: the numpy :func:`~.collate.collate` stays the CPU
+``DataLoader`` path because its per-graph block copies of the pair arrays run ~2x faster on one
+core than these element-wise gathers (measured on ZINC-12k, batch 128, see ``docs/gpu.md``) and
+read memory-mapped storage without copying it; ``tests/data/test_resident.py`` asserts both give
+identical batches on real ZINC.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from graphormer_urpe.data.batch import GraphBatch
+from graphormer_urpe.data.collate import UNREACHABLE, FlatGraphs
+
+if TYPE_CHECKING:
+    from graphormer_urpe.data.datamodule import EncodedGraphDataset, SeededShuffleSampler
+
+
+def _as_tensor(array: np.ndarray, device: torch.device) -> Tensor:
+    """A numpy array (possibly a read-only memory map) as a tensor on ``device``, dtype kept."""
+    with warnings.catch_warnings():  # read-only maps: torch warns about writes we never make
+        warnings.simplefilter("ignore", UserWarning)
+        tensor = torch.from_numpy(np.asarray(array))
+    return tensor.to(device, copy=device.type == "cpu")  # a CPU copy detaches from the map
+
+
+@dataclass(frozen=True)
+class TensorGraphs:
+    """:class:`~.collate.FlatGraphs` as torch tensors on one device (same fields, same compact
+    dtypes; see there for shapes)."""
+
+    x: Tensor
+    node_ptr: Tensor
+    edge_attr: Tensor
+    edge_ptr: Tensor
+    y: Tensor
+    spd: Tensor
+    path_edges: Tensor
+    degree: Tensor
+    pair_ptr: Tensor
+
+    @classmethod
+    def from_flat(cls, graphs: FlatGraphs, device: torch.device | str = "cpu") -> "TensorGraphs":
+        device = torch.device(device)
+        return cls(**{f.name: _as_tensor(getattr(graphs, f.name), device) for f in fields(cls)})
+
+    @property
+    def device(self) -> torch.device:
+        return self.x.device
+
+    @property
+    def max_hops(self) -> int:
+        return int(self.path_edges.shape[1])
+
+    def __len__(self) -> int:
+        return len(self.node_ptr) - 1
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """Host-side sizes of one batch, so the device gather needs no device-to-host sync."""
+
+    num_graphs: int
+    max_nodes: int  # N
+    total_nodes: int  # sum n_b
+    total_edges: int  # sum m_b
+    total_pairs: int  # sum n_b^2
+
+    @classmethod
+    def of(cls, num_nodes: np.ndarray | Tensor, num_edges: np.ndarray | Tensor) -> "BatchShape":
+        """From the batch's node counts ``[B]`` and edge counts ``[B]`` (host arrays are free;
+        device tensors cost a sync)."""
+        n, m = (np.asarray(c.cpu() if isinstance(c, Tensor) else c, dtype=np.int64)
+                for c in (num_nodes, num_edges))
+        if len(n) == 0:
+            return cls(0, 0, 0, 0, 0)
+        return cls(len(n), int(n.max()), int(n.sum()), int(m.sum()), int((n * n).sum()))
+
+
+def ragged_positions(counts: Tensor, total: int) -> tuple[Tensor, Tensor]:
+    """For ragged rows of lengths ``counts [B]`` (``total`` = their sum, given so no sync is
+    needed): ``(owner, local)``, each ``[total]`` int64, the row of each element and its position
+    inside that row."""
+    owner = torch.repeat_interleave(torch.arange(len(counts), device=counts.device), counts,
+                                    output_size=total)
+    starts = torch.cumsum(counts, 0) - counts
+    local = torch.arange(total, device=counts.device) - starts.index_select(0, owner)
+    return owner, local
+
+
+def gather_batch(graphs: TensorGraphs, index: Tensor, y: Tensor | None = None,
+                 positions: Tensor | None = None, shape: BatchShape | None = None) -> GraphBatch:
+    """Gather graphs ``index [B]`` (int64, on ``graphs.device``) into a padded batch, on that device.
+
+    The torch twin of :func:`~.collate.collate` (same :class:`GraphBatch`, bit for bit).
+    ``y [B, T]`` / ``positions [B]`` override ``graphs.y[index]`` / ``GraphBatch.index``
+    (default: ``index``). ``shape`` (from host-side counts, :meth:`BatchShape.of`) avoids the
+    one device-to-host sync that sizing the outputs otherwise needs.
+    """
+    device = graphs.device
+    index = index.to(device=device, dtype=torch.int64)
+    node_start = graphs.node_ptr.index_select(0, index)
+    n = graphs.node_ptr.index_select(0, index + 1) - node_start
+    edge_start = graphs.edge_ptr.index_select(0, index)
+    m = graphs.edge_ptr.index_select(0, index + 1) - edge_start
+    if shape is None:
+        shape = BatchShape.of(n, m)
+    b, big_n, k = shape.num_graphs, shape.max_nodes, graphs.max_hops
+    if b != len(index):
+        raise ValueError(f"shape is for {b} graphs but index has {len(index)}")
+
+    # Nodes: destination b * N + local in a [B * N] grid.
+    node_owner, node_local = ragged_positions(n, shape.total_nodes)
+    node_src = node_start.index_select(0, node_owner) + node_local
+    node_dst = node_owner * big_n + node_local
+    x = torch.zeros((b * big_n, graphs.x.shape[1]), dtype=torch.int32, device=device)
+    x.index_copy_(0, node_dst, graphs.x.index_select(0, node_src).to(torch.int32))
+    degree = torch.zeros(b * big_n, dtype=torch.int16, device=device)
+    degree.index_copy_(0, node_dst, graphs.degree.index_select(0, node_src))
+    node_mask = torch.zeros(b * big_n, dtype=torch.bool, device=device)
+    node_mask.index_fill_(0, node_dst, True)
+
+    # Edges: concatenated, plus the all-zero row that path edge -1 resolves to.
+    edge_owner, edge_local = ragged_positions(m, shape.total_edges)
+    edge_attr = torch.zeros((shape.total_edges + 1, graphs.edge_attr.shape[1]), dtype=torch.int32,
+                            device=device)
+    edge_attr[:-1] = graphs.edge_attr.index_select(0, edge_start.index_select(0, edge_owner) + edge_local)
+    edge_offset = (torch.cumsum(m, 0) - m).to(torch.int32)  # first batch row of each graph's edges
+
+    # Node pairs: local pair p = i * n_b + j of graph b goes to b * N^2 + i * N + j.
+    pair_owner, pair_local = ragged_positions(n * n, shape.total_pairs)
+    pair_src = graphs.pair_ptr.index_select(0, index).index_select(0, pair_owner) + pair_local
+    owner_n = n.index_select(0, pair_owner)
+    row = torch.div(pair_local, owner_n, rounding_mode="floor")
+    pair_dst = pair_owner * (big_n * big_n) + row * big_n + (pair_local - row * owner_n)
+    spd = torch.full((b * big_n * big_n,), UNREACHABLE, dtype=torch.int16, device=device)
+    spd.index_copy_(0, pair_dst, graphs.spd.index_select(0, pair_src))
+    local_path = graphs.path_edges.index_select(0, pair_src).to(torch.int32)
+    # local -> batch edge row; -1 stays -1 (x >> 31 is -1 iff x < 0, so the mask is 0 there)
+    local_path += edge_offset.index_select(0, pair_owner)[:, None] & ~(local_path >> 31)
+    path_edges = torch.full((b * big_n * big_n, k), -1, dtype=torch.int32, device=device)
+    path_edges.index_copy_(0, pair_dst, local_path)
+
+    return GraphBatch(
+        x=x.view(b, big_n, -1),
+        node_mask=node_mask.view(b, big_n),
+        degree=degree.view(b, big_n),
+        spd=spd.view(b, big_n, big_n),
+        edge_attr=edge_attr,
+        path_edges=path_edges.view(b, big_n, big_n, k),
+        y=(graphs.y.index_select(0, index) if y is None else y).to(torch.float32),
+        num_nodes=n.to(torch.int32),
+        index=index if positions is None else positions.to(torch.int64),
+    )
+
+
+class ResidentSplit:
+    """The items of one split (an :class:`~.datamodule.EncodedGraphDataset`) on a device.
+
+    Item ids, targets and positions live on the device next to the graphs; node and edge
+    counts per item stay on the host as well, to size each batch without a sync.
+    ``graphs`` may be shared by several splits (PCQM4Mv2 and CSV stores hold all molecules).
+    """
+
+    def __init__(self, dataset: "EncodedGraphDataset", graphs: TensorGraphs) -> None:
+        device = graphs.device
+        self.graphs = graphs
+        self.graph_ids = torch.as_tensor(dataset.graph_ids, dtype=torch.int64).to(device)
+        self.y = torch.as_tensor(dataset.y, dtype=torch.float32).to(device)
+        self.positions = torch.as_tensor(dataset.positions, dtype=torch.int64).to(device)
+        host = dataset.graphs
+        self.num_nodes = np.diff(host.node_ptr)[dataset.graph_ids]
+        self.num_edges = np.diff(host.edge_ptr)[dataset.graph_ids]
+
+    @property
+    def device(self) -> torch.device:
+        return self.graphs.device
+
+    def __len__(self) -> int:
+        return len(self.num_nodes)
+
+    def batch(self, items: np.ndarray, items_on_device: Tensor | None = None) -> GraphBatch:
+        """The batch of items ``items [B]`` (host ints); ``items_on_device`` is the same ids
+        already on the device (saves a host-to-device copy)."""
+        items = np.asarray(items, dtype=np.int64)
+        if items_on_device is None:
+            items_on_device = torch.from_numpy(items).to(self.device, non_blocking=True)
+        shape = BatchShape.of(self.num_nodes[items], self.num_edges[items])
+        return gather_batch(self.graphs, self.graph_ids.index_select(0, items_on_device),
+                            self.y.index_select(0, items_on_device),
+                            self.positions.index_select(0, items_on_device), shape)
+
+
+class ResidentLoader:
+    """A ``DataLoader`` stand-in over a :class:`ResidentSplit`: yields batches (:class:`GraphBatch`)
+    already on the split's device, ``batch_size`` items each (the last one may be smaller).
+
+    Order: ``sampler`` (a :class:`~.datamodule.SeededShuffleSampler`, whose ``(seed, epoch)``
+    rule it uses; Lightning and :class:`~graphormer_urpe.training.module.GraphormerModule` call
+    ``loader.sampler.set_epoch``), else the split's order. The order is drawn when iteration
+    starts, so ``set_epoch`` before the first batch counts. With ``world_size > 1`` (DDP) each rank
+    takes every ``world_size``-th item of the order, padded by wrapping around to a multiple of
+    ``world_size``, as ``torch.utils.data.DistributedSampler`` does.
+    """
+
+    def __init__(self, split: ResidentSplit, batch_size: int, sampler: "SeededShuffleSampler | None" = None,
+                 rank: int = 0, world_size: int = 1) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must lie in [0, world_size={world_size}), got {rank}")
+        if sampler is not None and len(sampler) != len(split):
+            raise ValueError(f"sampler covers {len(sampler)} items but the split has {len(split)}")
+        self.split = split
+        self.batch_size = int(batch_size)
+        self.sampler = sampler
+        self.rank = int(rank)
+        self.world_size = int(world_size)
+
+    def _num_items(self) -> int:
+        return math.ceil(len(self.split) / self.world_size)
+
+    def __len__(self) -> int:
+        return math.ceil(self._num_items() / self.batch_size)
+
+    def order(self) -> np.ndarray:
+        """This rank's item ids for the current epoch, ``[ceil(len / world_size)]`` int64."""
+        order = (self.sampler.permutation() if self.sampler is not None
+                 else np.arange(len(self.split), dtype=np.int64))
+        if self.world_size > 1:
+            order = np.resize(order, self._num_items() * self.world_size)[self.rank::self.world_size]
+        return order
+
+    def __iter__(self) -> Iterator[GraphBatch]:
+        order = self.order()
+        order_on_device = torch.from_numpy(order).to(self.split.device)
+        for start in range(0, len(order), self.batch_size):
+            stop = start + self.batch_size
+            yield self.split.batch(order[start:stop], order_on_device[start:stop])

@@ -1,0 +1,138 @@
+"""Device-resident data: the torch gather equals the numpy collation, and resident loaders serve
+exactly the DataLoader's batches (same items, order, padding, dtypes) on real ZINC and PCQM4Mv2."""
+from __future__ import annotations
+
+import math
+from dataclasses import fields
+
+import numpy as np
+import pytest
+import torch
+
+from graphormer_urpe.data.batch import GraphBatch
+from graphormer_urpe.data.collate import collate
+from graphormer_urpe.data.datamodule import PCQM4Mv2DataModule, SeededShuffleSampler, ZINCDataModule
+from graphormer_urpe.data.pcqm4mv2 import write_pcqm4mv2_root
+from graphormer_urpe.data.resident import (
+    BatchShape, ResidentLoader, ResidentSplit, TensorGraphs, gather_batch,
+)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The gathers are many small ops: on the shared 2-core machine, OpenMP threads competing
+    with other jobs make each op ~50x slower than one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def assert_same_batch(expected: GraphBatch, actual: GraphBatch) -> None:
+    for field in fields(GraphBatch):
+        a, b = getattr(expected, field.name), getattr(actual, field.name)
+        assert a.dtype == b.dtype, f"{field.name}: {a.dtype} != {b.dtype}"
+        if a.dtype == torch.float32:  # bit patterns: NaN targets (unlabelled rows) compare equal
+            a, b = a.view(torch.int32), b.view(torch.int32)
+        assert torch.equal(a, b), field.name
+
+
+def assert_same_loaders(expected, actual) -> int:
+    """Every batch equal, bit for bit; returns the number of batches."""
+    assert len(expected) == len(actual)
+    count = 0
+    for a, b in zip(expected, actual, strict=True):
+        assert_same_batch(a, b)
+        count += 1
+    return count
+
+
+def test_gather_batch_equals_numpy_collate_on_real_zinc(zinc_data_root):
+    dm = ZINCDataModule(root=str(zinc_data_root))
+    graphs = dm.train_dataset().graphs
+    on_cpu = TensorGraphs.from_flat(graphs)
+    rng = np.random.default_rng(0)
+    for size in (1, 7, 128, 300):
+        index = rng.integers(0, len(graphs), size)  # any order, repeats allowed
+        expected = collate(graphs, index)
+        assert_same_batch(expected, gather_batch(on_cpu, torch.from_numpy(index)))
+        n, m = np.diff(graphs.node_ptr)[index], np.diff(graphs.edge_ptr)[index]
+        assert_same_batch(expected, gather_batch(on_cpu, torch.from_numpy(index), shape=BatchShape.of(n, m)))
+    # overridden targets and positions (rows sharing a stored graph)
+    index = np.array([5, 5, 9000, 17])
+    y = rng.normal(size=(4, 1)).astype(np.float32)
+    positions = np.array([3, 2, 1, 0])
+    assert_same_batch(collate(graphs, index, y, positions),
+                      gather_batch(on_cpu, torch.from_numpy(index), torch.from_numpy(y), torch.from_numpy(positions)))
+
+
+def test_gather_batch_rejects_a_shape_for_another_batch(zinc_data_root):
+    graphs = TensorGraphs.from_flat(ZINCDataModule(root=str(zinc_data_root)).train_dataset().graphs)
+    with pytest.raises(ValueError, match="shape is for 2 graphs but index has 3"):
+        gather_batch(graphs, torch.tensor([0, 1, 2]), shape=BatchShape.of(np.array([5, 6]), np.array([8, 8])))
+
+
+def test_resident_loaders_serve_the_dataloader_batches(zinc_data_root, caplog):
+    def module(resident: bool) -> ZINCDataModule:
+        dm = ZINCDataModule(root=str(zinc_data_root), batch_size=500, eval_batch_size=300, seed=4,
+                            max_nodes=30, device_resident=resident)
+        dm.setup("fit")
+        dm.setup("test")
+        return dm
+
+    loaders, resident = module(False), module(True)
+    train, resident_train = loaders.train_dataloader(), resident.train_dataloader()
+    assert isinstance(resident_train, ResidentLoader) and resident_train.split.device == torch.device("cpu")
+    dropped = int((loaders.splits["train"].num_nodes > 30).sum())
+    assert dropped > 0 and len(resident_train.split) == 10_000 - dropped  # max_nodes drops the same graphs
+    for epoch in (0, 3):  # the order is (seed, epoch), set through the sampler as Lightning does
+        train.sampler.set_epoch(epoch)
+        resident_train.sampler.set_epoch(epoch)
+        assert assert_same_loaders(train, resident_train) == len(train) == math.ceil(len(resident_train.split) / 500)
+    assert assert_same_loaders(loaders.val_dataloader(), resident.val_dataloader()) == 4
+    assert assert_same_loaders(loaders.test_dataloader(), resident.test_dataloader()) == 4
+    # one device copy per store, however often Lightning asks for loaders
+    resident.train_dataloader()
+    assert len(resident._resident_graphs) == 3
+
+
+def test_resident_pcqm4mv2_rows_sharing_molecules(shared_data_dir, tmp_path):
+    """PCQM4Mv2 stores each distinct molecule once; rows (with their own targets and positions)
+    point into the store. 2,400 training rows cycle through 1,999 molecules."""
+    write_pcqm4mv2_root(tmp_path, shared_data_dir / "pcqm4mv2" / "pcqm4mv2_first2k_3d.csv.gz",
+                        split_sizes={"train": 2400, "valid": 200, "test-dev": 50, "test-challenge": 50})
+    loaders, resident = (PCQM4Mv2DataModule(root=str(tmp_path), batch_size=256, eval_batch_size=64,
+                                            device_resident=flag) for flag in (False, True))
+    for dm in (loaders, resident):
+        dm.setup("fit")
+        dm.setup("predict")
+    train = loaders.splits["train"]
+    assert len(np.unique(train.graph_ids)) < len(train)
+    assert assert_same_loaders(loaders.train_dataloader(), resident.train_dataloader()) == 10
+    assert assert_same_loaders(loaders.predict_dataloader(), resident.predict_dataloader()) == 1
+    assert len(resident._resident_graphs) == 1  # all splits share the one store
+
+
+def test_ranks_split_the_order_like_a_distributed_sampler(zinc_data_root):
+    dataset = ZINCDataModule(root=str(zinc_data_root)).load_split("val")  # 1,000 graphs
+    split = ResidentSplit(dataset, TensorGraphs.from_flat(dataset.graphs))
+    sampler = SeededShuffleSampler(len(split), seed=1)
+    ranks = [ResidentLoader(split, 64, sampler, rank, 3) for rank in range(3)]
+    orders = [loader.order() for loader in ranks]
+    assert [len(o) for o in orders] == [334] * 3 and [len(loader) for loader in ranks] == [6] * 3
+    assert set(np.concatenate(orders).tolist()) == set(range(1000))  # 2 items repeat to fill rank 2
+    # rank r serves items r, r + 3, ... of the epoch's order
+    np.testing.assert_array_equal(np.stack(orders, 1).reshape(-1)[:1000], sampler.permutation())
+    served = torch.cat([b.index for b in ranks[1]])
+    assert served.tolist() == orders[1].tolist()
+
+
+def test_bad_loader_arguments(zinc_data_root):
+    dataset = ZINCDataModule(root=str(zinc_data_root)).load_split("val")
+    split = ResidentSplit(dataset, TensorGraphs.from_flat(dataset.graphs))
+    with pytest.raises(ValueError, match="batch_size"):
+        ResidentLoader(split, 0)
+    with pytest.raises(ValueError, match="rank"):
+        ResidentLoader(split, 8, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="sampler covers 10 items but the split has 1000"):
+        ResidentLoader(split, 8, SeededShuffleSampler(10))
