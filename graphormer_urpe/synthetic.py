@@ -19,8 +19,8 @@ solves them.
 Run the grid (``task x vocab x scheme x seed``) with ``python -m graphormer_urpe.synthetic``
 (``--help`` lists the options). Each finished cell is written to ``<run-dir>/<cell>.json``
 (metrics) and ``<run-dir>/<cell>.pt`` (weights, for ``scripts/plot_urpe.py``) before the next
-starts, so a killed grid resumes where it stopped; a cell is retrained only when its settings
-changed. The table goes to ``docs/synthetic.md`` (between the ``results`` markers) and
+starts, so a killed grid resumes where it stopped. The cell name ends in a fingerprint of its
+settings (:meth:`TrainConfig.fingerprint`): changed settings train new cells beside the old. The table goes to ``docs/synthetic.md`` (between the ``results`` markers) and
 ``docs/results/synthetic.{json,csv}``, and is printed.
 """
 from __future__ import annotations
@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -36,7 +37,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -108,12 +109,12 @@ def make_batch(task: str, batch_size: int, length: int, vocab_size: int,
 # --------------------------------------------------------------------------------------------
 # Training one cell
 # --------------------------------------------------------------------------------------------
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
-    """Settings of one training run (one grid cell); the defaults are the grid's defaults.
+    """Settings of one training run (one grid cell).
 
     The paper's setting is 3 layers and length 128; width, batch and steps are sized for a
-    2-core CPU box.
+    2-core CPU box. :data:`TASK_OVERRIDES` holds the per-task departures from these defaults.
     """
 
     length: int = 128
@@ -122,11 +123,12 @@ class TrainConfig:
     num_layers: int = 3
     ffn_dim: int = 128
     batch_size: int = 32
-    steps: int = 400
-    lr: float = 1e-3
-    # URPE/RPE tables are few parameters that see every example; a larger step lets them move
-    # as fast as the weights do (multiplier on ``lr``).
-    table_lr_multiplier: float = 1.0
+    steps: int = 300
+    lr: float = 3e-3
+    # Adam moves every parameter by about ``lr`` per step whatever its gradient, so in a short
+    # run a B/C table entry can travel at most ``lr * steps`` from its init; the tables (a few
+    # hundred numbers per layer, RPE's and URPE's alike) get this multiple of ``lr``.
+    table_lr_multiplier: float = 10.0
     warmup_steps: int = 40
     weight_decay: float = 0.0
     grad_clip: float = 1.0
@@ -142,9 +144,34 @@ class TrainConfig:
             elif value <= 0:
                 raise ValueError(f"{f.name}={value} must be positive")
 
+    def fingerprint(self) -> str:
+        """Short hash of every setting: cells trained differently get different files."""
+        text = json.dumps(asdict(self), sort_keys=True)
+        return hashlib.sha1(text.encode()).hexdigest()[:8]
+
+
+#: Per-task departures from the :class:`TrainConfig` defaults. ETP must learn to copy one of
+#: ``V`` tokens through attention; at length 128 even APE stays on the loss plateau
+#: ``ln(V + 1)`` for 800 steps, at length 32 it leaves it within a few hundred (measurements in
+#: docs/synthetic.md), so the default grid runs ETP at length 32, for longer.
+TASK_OVERRIDES: dict[str, dict] = {"pi": {}, "etp": {"length": 32, "steps": 1500}}
+
+
+def task_config(task: str, **overrides) -> TrainConfig:
+    """The default settings of ``task`` with ``overrides`` (fields of :class:`TrainConfig`;
+    None values are ignored) applied on top."""
+    _check_task(task)
+    unknown = set(overrides) - {f.name for f in dataclasses.fields(TrainConfig)}
+    if unknown:
+        raise ValueError(f"unknown TrainConfig fields {sorted(unknown)}")
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return TrainConfig(**{**TASK_OVERRIDES[task], **given})
+
 
 @dataclass
 class CellResult:
+    """What one trained cell measured (stored as ``<cell>.json``)."""
+
     task: str
     vocab_size: int
     scheme: str
@@ -153,6 +180,7 @@ class CellResult:
     final_loss: float  # mean training loss over the last 10% of steps
     seconds: float
     config: dict = field(default_factory=dict)
+    position_accuracy: list = field(default_factory=list)  # per position, None = not scored
 
 
 def _scored(model: SequenceTransformer, tokens: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
@@ -191,18 +219,24 @@ def _lr_factor(step: int, config: TrainConfig) -> float:
 
 @torch.no_grad()
 def evaluate(model: SequenceTransformer, task: str, vocab_size: int, config: TrainConfig,
-             seed: int) -> float:
-    """Token accuracy over the scored positions of ``eval_batches`` held-out batches."""
+             seed: int) -> tuple[float, list[float | None]]:
+    """Token accuracy over the scored positions of ``eval_batches`` held-out batches, overall
+    and per position (None where a position is never scored, e.g. ETP after the EOS)."""
     model.eval()
     generator = torch.Generator().manual_seed(seed + EVAL_SEED_OFFSET)
-    correct = total = 0
+    correct = torch.zeros(config.length)
+    total = torch.zeros(config.length)
     for _ in range(config.eval_batches):
         tokens, targets = make_batch(task, config.batch_size, config.length, vocab_size, generator)
         logits, scored = _scored(model, tokens, targets)
-        correct += int((logits.argmax(-1) == scored).sum())
-        total += scored.numel()
+        keep = targets != IGNORE_INDEX
+        hits = torch.zeros(targets.shape)
+        hits[keep] = (logits.argmax(-1) == scored).float()
+        correct += hits.sum(0)
+        total += keep.sum(0)
     model.train()
-    return correct / total
+    per_position = [None if t == 0 else round(float(c / t), 4) for c, t in zip(correct, total)]
+    return float(correct.sum() / total.sum()), per_position
 
 
 def train_cell(task: str, vocab_size: int, scheme: str, seed: int, config: TrainConfig,
@@ -235,19 +269,21 @@ def train_cell(task: str, vocab_size: int, scheme: str, seed: int, config: Train
         if step % 10 == 0:
             bar.set_postfix(loss=f"{losses[-1]:.3f}")
     bar.close()
-    accuracy = evaluate(model, task, vocab_size, config, seed)
+    accuracy, position_accuracy = evaluate(model, task, vocab_size, config, seed)
     tail = losses[-max(1, len(losses) // 10):]
     result = CellResult(task=task, vocab_size=vocab_size, scheme=scheme, seed=seed,
                         accuracy=accuracy, final_loss=sum(tail) / len(tail),
-                        seconds=time.perf_counter() - start, config=asdict(config))
+                        seconds=time.perf_counter() - start, config=asdict(config),
+                        position_accuracy=position_accuracy)
     return result, model, losses
 
 
 # --------------------------------------------------------------------------------------------
 # The grid
 # --------------------------------------------------------------------------------------------
-def cell_name(task: str, vocab_size: int, scheme: str, seed: int) -> str:
-    return f"{task}-v{vocab_size}-{scheme}-s{seed}"
+def cell_name(task: str, vocab_size: int, scheme: str, seed: int, config: TrainConfig) -> str:
+    """``<task>-L<length>-v<vocab>-<scheme>-s<seed>-<fingerprint>``."""
+    return f"{task}-L{config.length}-v{vocab_size}-{scheme}-s{seed}-{config.fingerprint()}"
 
 
 def _write_atomic(path: Path, write) -> None:
@@ -269,23 +305,27 @@ def load_cell(run_dir: Path, name: str, config: TrainConfig) -> CellResult | Non
 
 
 def run_grid(tasks: Sequence[str], vocab_sizes: Sequence[int], schemes: Sequence[str],
-             seeds: Sequence[int], config: TrainConfig, run_dir: Path,
+             seeds: Sequence[int], config: TrainConfig | Mapping[str, TrainConfig], run_dir: Path,
              progress: bool = True) -> list[CellResult]:
     """Train every missing cell of ``tasks x vocab_sizes x schemes x seeds``; returns all results.
 
-    Each cell's metrics (``<name>.json``) and weights (``<name>.pt``: ``state_dict``, the
-    constructor arguments and the result) are saved as soon as it finishes.
+    ``config`` is one :class:`TrainConfig` for all tasks or one per task. Each cell's metrics
+    (``<name>.json``) and weights (``<name>.pt``: ``state_dict``, the cell's settings and the
+    result) are saved as soon as it finishes; a cell whose JSON exists is loaded, not retrained.
+    The name carries a fingerprint of the settings, so changed settings train new cells.
     """
     for task in tasks:
         _check_task(task)
     for scheme in schemes:
         if scheme not in POSITION_SCHEMES:
             raise ValueError(f"scheme={scheme!r} is not one of {POSITION_SCHEMES}")
+    configs = {t: config if isinstance(config, TrainConfig) else config[t] for t in tasks}
     run_dir.mkdir(parents=True, exist_ok=True)
     cells = [(t, v, s, seed) for t in tasks for v in vocab_sizes for s in schemes for seed in seeds]
     results = []
     for index, (task, vocab, scheme, seed) in enumerate(cells, 1):
-        name = cell_name(task, vocab, scheme, seed)
+        config = configs[task]
+        name = cell_name(task, vocab, scheme, seed, config)
         result = load_cell(run_dir, name, config)
         if result is not None:
             status = "cached"
@@ -310,9 +350,11 @@ def summarize(results: Iterable[CellResult]) -> list[dict]:
     """One row per (task, vocab, scheme): accuracy per seed and their mean."""
     rows: dict[tuple, dict] = {}
     for r in results:
-        row = rows.setdefault((r.task, r.vocab_size, r.scheme),
-                              {"task": r.task, "vocab_size": r.vocab_size, "scheme": r.scheme,
-                               "seeds": [], "accuracies": []})
+        length = r.config["length"]
+        row = rows.setdefault((r.task, length, r.vocab_size, r.scheme),
+                              {"task": r.task, "length": length, "vocab_size": r.vocab_size,
+                               "scheme": r.scheme, "steps": r.config["steps"], "seeds": [],
+                               "accuracies": []})
         row["seeds"].append(r.seed)
         row["accuracies"].append(r.accuracy)
     for row in rows.values():
@@ -322,12 +364,12 @@ def summarize(results: Iterable[CellResult]) -> list[dict]:
 
 def markdown_table(rows: Sequence[dict]) -> str:
     """Token accuracy (%) per task, vocabulary and scheme, with each seed and the mean."""
-    lines = ["| task | vocab | scheme | accuracy per seed (%) | mean (%) |",
-             "|---|---:|---|---|---:|"]
+    lines = ["| task | length | vocab | scheme | steps | accuracy per seed (%) | mean (%) |",
+             "|---|---:|---:|---|---:|---|---:|"]
     for row in rows:
         per_seed = ", ".join(f"s{s}: {100 * a:.1f}" for s, a in zip(row["seeds"], row["accuracies"]))
-        lines.append(f"| {TASK_NAMES[row['task']]} | {row['vocab_size']:,} | {row['scheme']} | "
-                     f"{per_seed} | **{100 * row['mean']:.1f}** |")
+        lines.append(f"| {TASK_NAMES[row['task']]} | {row['length']} | {row['vocab_size']:,} | "
+                     f"{row['scheme']} | {row['steps']} | {per_seed} | **{100 * row['mean']:.1f}** |")
     return "\n".join(lines)
 
 
@@ -347,11 +389,12 @@ def write_reports(results: Sequence[CellResult], results_dir: Path | None,
         def write_csv(p: Path) -> None:
             with p.open("w", newline="") as fh:
                 writer = csv.writer(fh)
-                writer.writerow(["task", "vocab_size", "scheme", "seed", "accuracy", "final_loss",
-                                 "seconds"])
+                writer.writerow(["task", "length", "vocab_size", "scheme", "seed", "steps",
+                                 "accuracy", "final_loss", "seconds"])
                 for r in results:
-                    writer.writerow([r.task, r.vocab_size, r.scheme, r.seed, f"{r.accuracy:.6f}",
-                                     f"{r.final_loss:.6f}", f"{r.seconds:.1f}"])
+                    writer.writerow([r.task, r.config["length"], r.vocab_size, r.scheme, r.seed,
+                                     r.config["steps"], f"{r.accuracy:.6f}", f"{r.final_loss:.6f}",
+                                     f"{r.seconds:.1f}"])
 
         _write_atomic(results_dir / "synthetic.csv", write_csv)
     if markdown is not None:
@@ -387,17 +430,20 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--markdown", type=Path, default=Path("docs/synthetic.md"),
                         help="markdown file whose results block is rewritten ('' to skip)")
     parser.add_argument("--no-progress", action="store_true")
-    defaults = TrainConfig()
+    training = parser.add_argument_group(
+        "training", "override a TrainConfig field for every task (default: the task's own value, "
+        f"TrainConfig defaults + TASK_OVERRIDES = {TASK_OVERRIDES})")
     for f in dataclasses.fields(TrainConfig):
-        parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(getattr(defaults, f.name)),
-                            default=getattr(defaults, f.name))
+        training.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=None,
+                              help=f"TrainConfig default: {f.default}")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> list[CellResult]:
     args = _parser().parse_args(argv)
-    config = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
-    results = run_grid(args.tasks, args.vocab_sizes, args.schemes, args.seeds, config,
+    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)}
+    configs = {task: task_config(task, **overrides) for task in args.tasks}
+    results = run_grid(args.tasks, args.vocab_sizes, args.schemes, args.seeds, configs,
                        args.run_dir, progress=not args.no_progress)
     command = "graphormer-urpe-synthetic " + " ".join(sys.argv[1:] if argv is None else argv)
     table = write_reports(results, args.results_dir if str(args.results_dir) not in ("", ".") else None,

@@ -1,4 +1,5 @@
 """Synthetic tasks: targets, training, the resumable grid, reports and the URPE plots."""
+import dataclasses
 import importlib.util
 import json
 from pathlib import Path
@@ -8,8 +9,9 @@ import torch
 
 from graphormer_urpe import synthetic
 from graphormer_urpe.synthetic import (IGNORE_INDEX, RESULTS_BEGIN, RESULTS_END, TrainConfig,
-                                       even_token_targets, make_batch, num_classes,
-                                       position_identification_targets, run_grid, train_cell)
+                                       cell_name, even_token_targets, make_batch, num_classes,
+                                       position_identification_targets, run_grid, task_config,
+                                       train_cell)
 
 REPO = Path(__file__).resolve().parents[1]
 # Small enough that a cell trains in about a second on the 2-core box.
@@ -78,8 +80,10 @@ def _forbid_training(monkeypatch):
 def test_grid_resumes_without_retraining_finished_cells(tmp_path, monkeypatch):
     grid = dict(tasks=["pi"], vocab_sizes=[30], schemes=["rpe", "urpe"], seeds=[0])
     first = run_grid(**grid, config=TINY, run_dir=tmp_path, progress=False)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "pi-v30-rpe-s0.json", "pi-v30-rpe-s0.pt", "pi-v30-urpe-s0.json", "pi-v30-urpe-s0.pt"]
+    names = [cell_name("pi", 30, scheme, 0, TINY) for scheme in ("rpe", "urpe")]
+    assert names[0].startswith("pi-L16-v30-rpe-s0-")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        f"{n}.{ext}" for n in names for ext in ("json", "pt"))
 
     with monkeypatch.context() as m:
         _forbid_training(m)
@@ -87,7 +91,7 @@ def test_grid_resumes_without_retraining_finished_cells(tmp_path, monkeypatch):
     assert again == first
 
     # A grid killed after its first cell: only the missing cell is trained.
-    (tmp_path / "pi-v30-urpe-s0.json").unlink()
+    (tmp_path / f"{names[1]}.json").unlink()
     trained = []
     real = synthetic.train_cell
     monkeypatch.setattr(synthetic, "train_cell",
@@ -95,11 +99,22 @@ def test_grid_resumes_without_retraining_finished_cells(tmp_path, monkeypatch):
     resumed = run_grid(**grid, config=TINY, run_dir=tmp_path, progress=False)
     assert trained == [("pi", 30, "urpe", 0)]
     assert resumed[0] == first[0]
-    # Changed settings invalidate the stored cells.
+    # Changed settings train a new cell beside the old one.
     trained.clear()
-    run_grid(**{**grid, "schemes": ["rpe"]}, config=TrainConfig(**{**TINY.__dict__, "steps": 5}),
-             run_dir=tmp_path, progress=False)
+    shorter = dataclasses.replace(TINY, steps=5)
+    run_grid(**{**grid, "schemes": ["rpe"]}, config=shorter, run_dir=tmp_path, progress=False)
     assert trained == [("pi", 30, "rpe", 0)]
+    assert (tmp_path / f"{cell_name('pi', 30, 'rpe', 0, shorter)}.json").exists()
+
+
+def test_task_configs_apply_overrides_on_top_of_task_defaults():
+    assert task_config("etp").length == synthetic.TASK_OVERRIDES["etp"]["length"]
+    assert task_config("pi").length == TrainConfig().length
+    assert task_config("etp", steps=7, lr=None).steps == 7  # None = keep the task's value
+    with pytest.raises(ValueError, match="unknown"):
+        task_config("pi", epochs=3)
+    assert TrainConfig().fingerprint() == task_config("pi").fingerprint()
+    assert TrainConfig().fingerprint() != dataclasses.replace(TrainConfig(), lr=1e-4).fingerprint()
 
 
 def test_main_writes_json_csv_and_markdown_block(tmp_path, capsys):
@@ -115,12 +130,64 @@ def test_main_writes_json_csv_and_markdown_block(tmp_path, capsys):
     assert len(results) == 4
     text = markdown.read_text()
     assert text.startswith("# Title\n\nProse before.") and text.endswith("Prose after.\n")
-    assert "old" not in text and "| Even Token Prediction | 40 | rpe | s0: " in text
+    assert "old" not in text and "| Even Token Prediction | 16 | 40 | rpe | 10 | s0: " in text
     payload = json.loads((tmp_path / "results" / "synthetic.json").read_text())
     assert [row["scheme"] for row in payload["summary"]] == ["ape", "rpe"]
+    per_position = payload["cells"][0]["position_accuracy"]  # ETP, length 16: 8 tokens + EOS
+    assert len(per_position) == 16 and per_position[9:] == [None] * 7
+    assert all(0 <= a <= 1 for a in per_position[:9])
     for row in payload["summary"]:
         assert row["seeds"] == [0, 1]
         assert row["mean"] == pytest.approx(sum(row["accuracies"]) / 2)
     csv_lines = (tmp_path / "results" / "synthetic.csv").read_text().splitlines()
-    assert csv_lines[0].startswith("task,vocab_size,scheme,seed,accuracy") and len(csv_lines) == 5
+    assert csv_lines[0].startswith("task,length,vocab_size,scheme,seed,steps,accuracy")
+    assert len(csv_lines) == 5
     assert "| Even Token Prediction |" in capsys.readouterr().out
+
+
+def _plot_module():
+    spec = importlib.util.spec_from_file_location("plot_urpe", REPO / "scripts" / "plot_urpe.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_plot_script_renders_a_trained_sequence_model(tmp_path):
+    plot = _plot_module()
+    brief = dataclasses.replace(TINY, steps=5)  # moves the tables off their init
+    run_grid(["pi"], [30], ["urpe"], [0], brief, tmp_path / "runs", progress=False)
+    name = cell_name("pi", 30, "urpe", 0, brief)
+    checkpoint = tmp_path / "runs" / f"{name}.pt"
+    paths = plot.main([str(checkpoint), "--out", str(tmp_path / "figs"), "--max-offset", "8"])
+    assert sorted(p.name for p in paths) == [f"{name}-B.png", f"{name}-C.png", f"{name}-offsets.png"]
+    for path in paths:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5_000
+    # The pictures show the trained model's tables, laid out as Toeplitz matrices.
+    state = torch.load(checkpoint, weights_only=True)["state_dict"]
+    tables = plot.sequence_tables(state)
+    assert torch.equal(torch.from_numpy(tables["scale"][1]), state["layers.1.scale.table"])
+    matrix = plot.toeplitz(tables["scale"][0, 1], 5)
+    assert matrix[3, 1] == state["layers.0.scale.table"][1, (1 - 3) + TINY.length - 1]
+
+
+def test_plot_script_renders_graph_urpe_tables_from_a_lightning_style_checkpoint(tmp_path):
+    from graphormer_urpe.nn.graphormer import Graphormer
+
+    plot = _plot_module()
+    model = Graphormer(num_atom_embeddings=10, num_bond_embeddings=4, num_layers=3, hidden_dim=16,
+                       ffn_dim=16, num_heads=4, max_spd=6)
+    with torch.no_grad():  # stand in for training: C varies with distance, layer and head
+        for scale in model.urpe_scales:
+            scale.weight.add_(torch.randn(scale.weight.shape))
+    checkpoint = {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+                  "epoch": 3, "hyper_parameters": {}}
+    torch.save(checkpoint, tmp_path / "graph.ckpt")
+    spatial, scales = plot.graph_tables(checkpoint["state_dict"])
+    assert scales.shape == (3, 6 + 3, 4) and spatial.shape == (6 + 2, 4)
+    assert torch.equal(torch.from_numpy(scales[2]), model.urpe_scales[2].weight.detach())
+    paths = plot.main([str(tmp_path / "graph.ckpt"), "--out", str(tmp_path)])
+    assert [p.name for p in paths] == ["graph-spd.png"] and paths[0].stat().st_size > 5_000
+    rpe_only = {k: v for k, v in checkpoint["state_dict"].items() if "urpe_scales" not in k}
+    torch.save(rpe_only, tmp_path / "rpe.ckpt")
+    with pytest.raises(ValueError, match="neither"):
+        plot.main([str(tmp_path / "rpe.ckpt"), "--out", str(tmp_path)])

@@ -1,0 +1,254 @@
+r"""Render learned URPE tables (the paper's Figure 2) to PNG.
+
+Two kinds of checkpoint are understood:
+
+* a sequence model from the synthetic grid (``runs/synthetic/<cell>.pt``, written by
+  ``python -m graphormer_urpe.synthetic``): the per-layer, per-head tables of the bias ``B``
+  (``layers.<l>.bias.table``) and the URPE scale ``C`` (``layers.<l>.scale.table``), indexed
+  by the offset ``j - i``. Writes ``<stem>-B.png`` and ``<stem>-C.png`` (the Toeplitz matrices
+  ``T_ij = table[j - i]``, layers x heads) and ``<stem>-offsets.png`` (the tables as curves
+  over the offset, one line per head).
+* a graph model (a Lightning checkpoint of :class:`graphormer_urpe.training.module` or any dict
+  with a ``state_dict`` / a bare state_dict holding a :class:`~graphormer_urpe.nn.graphormer.Graphormer`):
+  ``spatial_bias.embedding.weight`` (B over shortest-path distance, ``[max_spd + 2, H]``) and
+  ``urpe_scales.<l>.weight`` (C over SPD per layer, ``[max_spd + 3, H]``). Writes
+  ``<stem>-spd.png``: curves of B and of each layer's C over SPD, one line per head, with the
+  "unreachable" and graph-token slots as separate points at the right.
+
+Usage::
+
+    python scripts/plot_urpe.py runs/synthetic/pi-v1000-urpe-s0.pt --out docs/figures
+    python scripts/plot_urpe.py lightning_logs/version_0/checkpoints/last.ckpt --out docs/figures
+"""
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display on the training boxes
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.colors import TwoSlopeNorm  # noqa: E402
+
+SEQUENCE_TABLE = re.compile(r"(?:^|\.)layers\.(\d+)\.(bias|scale)\.table$")
+GRAPH_SCALE = re.compile(r"(?:^|\.)urpe_scales\.(\d+)\.weight$")
+GRAPH_SPATIAL = re.compile(r"(?:^|\.)spatial_bias\.embedding\.weight$")
+# The neutral value of each table: B adds, C multiplies.
+CENTER = {"bias": 0.0, "scale": 1.0}
+SYMBOL = {"bias": "B", "scale": "C"}
+
+
+def load_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """``(state_dict, metadata)`` of a synthetic-grid ``.pt``, a Lightning ``.ckpt`` or a bare
+    state_dict. Lightning checkpoints hold more than tensors, hence ``weights_only=False``: only
+    open checkpoints you trust."""
+    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    if not isinstance(checkpoint, Mapping):
+        raise ValueError(f"{path} holds a {type(checkpoint).__name__}, not a checkpoint dict")
+    if "state_dict" in checkpoint:
+        meta = {k: v for k, v in checkpoint.items() if k != "state_dict"}
+        return dict(checkpoint["state_dict"]), meta
+    return dict(checkpoint), {}
+
+
+# --------------------------------------------------------------------------------------------
+# Sequence models
+# --------------------------------------------------------------------------------------------
+def sequence_tables(state_dict: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """``{"bias": [layers, H, 2M-1], "scale": ...}`` from a :class:`SequenceTransformer`
+    state_dict (only the kinds present)."""
+    found: dict[str, dict[int, np.ndarray]] = {}
+    for key, value in state_dict.items():
+        match = SEQUENCE_TABLE.search(key)
+        if match:
+            found.setdefault(match.group(2), {})[int(match.group(1))] = value.float().numpy()
+    return {kind: np.stack([layers[i] for i in sorted(layers)]) for kind, layers in found.items()}
+
+
+def toeplitz(table: np.ndarray, length: int) -> np.ndarray:
+    """``T[i, j] = table[j - i + M - 1]`` for ``i, j < length`` (``table`` is ``[2M - 1]``)."""
+    max_len = (table.shape[-1] + 1) // 2
+    if not 0 < length <= max_len:
+        raise ValueError(f"length {length} is outside [1, {max_len}]")
+    pos = np.arange(length)
+    return table[pos[None, :] - pos[:, None] + max_len - 1]
+
+
+def _norm(values: np.ndarray, center: float) -> TwoSlopeNorm:
+    """A diverging colour scale centred on the table's neutral value, symmetric around it."""
+    spread = max(float(np.abs(values - center).max()), 1e-6)
+    return TwoSlopeNorm(vcenter=center, vmin=center - spread, vmax=center + spread)
+
+
+def plot_toeplitz(tables: np.ndarray, kind: str, path: Path, length: int | None = None,
+                  title: str = "") -> Path:
+    """Heatmaps of the Toeplitz matrices, one row per layer and one column per head."""
+    num_layers, num_heads, width = tables.shape
+    length = length or (width + 1) // 2
+    matrices = np.stack([[toeplitz(tables[l, h], length) for h in range(num_heads)]
+                         for l in range(num_layers)])
+    norm = _norm(matrices, CENTER[kind])
+    fig, axes = plt.subplots(num_layers, num_heads, figsize=(2.2 * num_heads + 1, 2.2 * num_layers),
+                             squeeze=False, constrained_layout=True)
+    for l in range(num_layers):
+        for h in range(num_heads):
+            ax = axes[l, h]
+            image = ax.imshow(matrices[l, h], cmap="RdBu_r", norm=norm, interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if l == 0:
+                ax.set_title(f"head {h}", fontsize=9)
+            if h == 0:
+                ax.set_ylabel(f"layer {l}\nquery i", fontsize=9)
+            if l == num_layers - 1:
+                ax.set_xlabel("key j", fontsize=9)
+    fig.colorbar(image, ax=axes, shrink=0.8, label=f"{SYMBOL[kind]}[i, j]")
+    fig.suptitle(f"{title}{SYMBOL[kind]} = table[j - i] ({length} x {length})")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_offset_curves(tables: Mapping[str, np.ndarray], path: Path, max_offset: int | None = None,
+                       title: str = "") -> Path:
+    """Each table as a curve over the offset ``j - i``: rows = layers, columns = B, C."""
+    kinds = [k for k in ("bias", "scale") if k in tables]
+    num_layers, num_heads, width = tables[kinds[0]].shape
+    max_len = (width + 1) // 2
+    max_offset = min(max_offset or max_len - 1, max_len - 1)
+    offsets = np.arange(-max_offset, max_offset + 1)
+    columns = offsets + max_len - 1
+    fig, axes = plt.subplots(num_layers, len(kinds), figsize=(5 * len(kinds), 2.3 * num_layers),
+                             squeeze=False, sharex=True, constrained_layout=True)
+    for c, kind in enumerate(kinds):
+        for l in range(num_layers):
+            ax = axes[l, c]
+            for h in range(num_heads):
+                ax.plot(offsets, tables[kind][l, h, columns], lw=1, label=f"head {h}")
+            ax.axhline(CENTER[kind], color="grey", lw=0.5, ls="--")
+            ax.set_ylabel(f"layer {l}: {SYMBOL[kind]}")
+            if l == num_layers - 1:
+                ax.set_xlabel("offset j - i")
+    axes[0, 0].legend(fontsize=7, ncol=2)
+    fig.suptitle(f"{title}tables over the relative offset")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_sequence(state_dict: Mapping[str, torch.Tensor], out_dir: Path, stem: str,
+                  length: int | None = None, max_offset: int | None = None,
+                  title: str = "") -> list[Path]:
+    tables = sequence_tables(state_dict)
+    if not tables:
+        raise ValueError("no relative-position tables (layers.<l>.bias/scale.table) in the "
+                         "state_dict: was the model trained with position 'rpe' or 'urpe'?")
+    paths = [plot_toeplitz(values, kind, out_dir / f"{stem}-{SYMBOL[kind]}.png", length, title)
+             for kind, values in tables.items()]
+    paths.append(plot_offset_curves(tables, out_dir / f"{stem}-offsets.png", max_offset, title))
+    return paths
+
+
+# --------------------------------------------------------------------------------------------
+# Graph models
+# --------------------------------------------------------------------------------------------
+def graph_tables(state_dict: Mapping[str, torch.Tensor]) -> tuple[np.ndarray | None, np.ndarray]:
+    """``(B [max_spd + 2, H] or None, C [layers, max_spd + 3, H])`` from a Graphormer state_dict
+    (a Lightning one has the ``model.`` prefix; any prefix is accepted)."""
+    scales: dict[int, np.ndarray] = {}
+    spatial = None
+    for key, value in state_dict.items():
+        if (match := GRAPH_SCALE.search(key)):
+            scales[int(match.group(1))] = value.float().numpy()
+        elif GRAPH_SPATIAL.search(key):
+            spatial = value.float().numpy()
+    if not scales:
+        raise ValueError("no URPE scale tables (urpe_scales.<l>.weight) in the state_dict: "
+                         "was the graph model trained with attention='urpe'?")
+    return spatial, np.stack([scales[i] for i in sorted(scales)])
+
+
+def plot_graph(state_dict: Mapping[str, torch.Tensor], out_dir: Path, stem: str,
+               max_spd: int | None = None, title: str = "") -> list[Path]:
+    """Curves over SPD per head: one panel for B (shared by the layers) and one per layer's C."""
+    spatial, scales = graph_tables(state_dict)
+    table_spd = scales.shape[1] - 3  # C rows: distances 0..max_spd, unreachable, graph token
+    shown = min(max_spd if max_spd is not None else table_spd, table_spd)
+    panels = ([("B (spatial bias)", spatial, ["unreach."])] if spatial is not None else []) + [
+        (f"C, layer {l}" if len(scales) > 1 else "C (all layers)", scales[l],
+         ["unreach.", "graph tok."]) for l in range(len(scales))]
+    ncols = min(4, len(panels))
+    nrows = -(-len(panels) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 2.6 * nrows), squeeze=False,
+                             constrained_layout=True)
+    distances = np.arange(shown + 1)
+    for ax, (name, table, extras) in zip(axes.flat, panels):
+        num_heads = table.shape[1]
+        colors = plt.cm.viridis(np.linspace(0, 1, num_heads))
+        special_x = shown + 2 + np.arange(len(extras))
+        for h in range(num_heads):
+            ax.plot(distances, table[: shown + 1, h], color=colors[h], lw=1)
+            ax.scatter(special_x, table[table_spd + 1: table_spd + 1 + len(extras), h],
+                       color=colors[h], s=8)
+        ax.axhline(1.0 if name.startswith("C") else 0.0, color="grey", lw=0.5, ls="--")
+        ax.set_title(name, fontsize=9)
+        ax.set_xticks(list(range(0, shown + 1, max(1, shown // 5))) + list(special_x))
+        ax.set_xticklabels([str(t) for t in range(0, shown + 1, max(1, shown // 5))] + extras,
+                           fontsize=7, rotation=45)
+        ax.set_xlabel("shortest-path distance", fontsize=8)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.suptitle(f"{title}URPE over SPD ({scales.shape[2]} heads, one line each)")
+    path = out_dir / f"{stem}-spd.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
+
+
+# --------------------------------------------------------------------------------------------
+def plot_checkpoint(path: Path, out_dir: Path, length: int | None = None,
+                    max_offset: int | None = None, max_spd: int | None = None) -> list[Path]:
+    """Detect the model kind from the parameter names and write its figures; returns the PNGs."""
+    state_dict, meta = load_state_dict(path)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = path.stem
+    if any(SEQUENCE_TABLE.search(k) for k in state_dict):
+        title = ""
+        if "task" in meta:
+            result = meta.get("result", {})
+            title = (f"{meta['task']} V={meta['vocab_size']} {meta['scheme']} seed={meta['seed']}"
+                     f" (acc {100 * result.get('accuracy', float('nan')):.1f}%): ")
+        return plot_sequence(state_dict, out_dir, stem, length, max_offset, title)
+    if any(GRAPH_SCALE.search(k) for k in state_dict):
+        return plot_graph(state_dict, out_dir, stem, max_spd)
+    raise ValueError(f"{path}: found neither sequence tables (layers.<l>.scale.table) nor graph "
+                     "URPE scales (urpe_scales.<l>.weight)")
+
+
+def main(argv: Sequence[str] | None = None) -> list[Path]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("checkpoints", nargs="+", type=Path)
+    parser.add_argument("--out", type=Path, default=Path("docs/figures"))
+    parser.add_argument("--length", type=int, default=None,
+                        help="sequence: size of the Toeplitz matrices drawn (default: max_len)")
+    parser.add_argument("--max-offset", type=int, default=None,
+                        help="sequence: offsets shown in the curves (default: all)")
+    parser.add_argument("--max-spd", type=int, default=None,
+                        help="graph: largest distance on the x axis (default: the table's)")
+    args = parser.parse_args(argv)
+    paths = []
+    for checkpoint in args.checkpoints:
+        paths += plot_checkpoint(checkpoint, args.out, args.length, args.max_offset, args.max_spd)
+    for path in paths:
+        print(path)
+    return paths
+
+
+if __name__ == "__main__":
+    main()
