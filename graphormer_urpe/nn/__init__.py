@@ -5,3 +5,4 @@ from graphormer_urpe.nn.graphormer import PRESETS, Graphormer, count_parameters
 
 __all__ = ["ATTENTION_IMPLS", "URPEAttention", "attention_kernel", "Graphormer", "PRESETS",
            "count_parameters"]
+from graphormer_urpe.nn.sequence import POSITION_SCHEMES, SequenceTransformer  # noqa: E402,F401
