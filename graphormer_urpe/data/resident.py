@@ -245,6 +245,7 @@ class ResidentLoader:
         self.split = split
         self.batch_size = int(batch_size)
         self.sampler = sampler
+        self.batch_sampler = None  # Lightning looks for either, as on a DataLoader
         self.rank = int(rank)
         self.world_size = int(world_size)
 

@@ -34,6 +34,10 @@ class GraphormerModule(pl.LightningModule):
         backbone: overrides of the preset's backbone arguments (e.g. ``attention: rpe``).
         lr, end_lr, warmup_steps, total_steps, power: Graphormer's schedule.
         weight_decay, betas, eps: AdamW.
+        compile: run the backbone through ``torch.compile(dynamic=True)`` (batches vary in
+            ``N``, ``E`` and ``B``, so shapes are symbolic from the start instead of recompiling
+            per size). The backbone is compiled in place (``nn.Module.compile``), so parameter
+            names and checkpoints are the same with and without it.
     """
 
     def __init__(
@@ -54,6 +58,7 @@ class GraphormerModule(pl.LightningModule):
         weight_decay: float = 0.01,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
+        compile: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -65,6 +70,8 @@ class GraphormerModule(pl.LightningModule):
             max_hops=max_hops,
             **(backbone or {}),
         )
+        if compile:
+            self.model.compile(dynamic=True)
         self.task = task
         metric_name = "mae" if task == "regression" else "auroc"
         for stage in ("val", "test"):
