@@ -62,8 +62,8 @@ def test_gather_batch_equals_numpy_collate_on_real_zinc(zinc_data_root):
     index = np.array([5, 5, 9000, 17])
     y = rng.normal(size=(4, 1)).astype(np.float32)
     positions = np.array([3, 2, 1, 0])
-    assert_same_batch(collate(graphs, index, y, positions),
-                      gather_batch(on_cpu, torch.from_numpy(index), torch.from_numpy(y), torch.from_numpy(positions)))
+    gathered = gather_batch(on_cpu, torch.from_numpy(index), torch.from_numpy(y), torch.from_numpy(positions))
+    assert_same_batch(collate(graphs, index, y, positions), gathered)
 
 
 def test_gather_batch_rejects_a_shape_for_another_batch(zinc_data_root):
@@ -88,7 +88,8 @@ def test_resident_loaders_serve_the_dataloader_batches(zinc_data_root, caplog):
     for epoch in (0, 3):  # the order is (seed, epoch), set through the sampler as Lightning does
         train.sampler.set_epoch(epoch)
         resident_train.sampler.set_epoch(epoch)
-        assert assert_same_loaders(train, resident_train) == len(train) == math.ceil(len(resident_train.split) / 500)
+        batches = assert_same_loaders(train, resident_train)
+        assert batches == len(train) == math.ceil(len(resident_train.split) / 500)
     assert assert_same_loaders(loaders.val_dataloader(), resident.val_dataloader()) == 4
     assert assert_same_loaders(loaders.test_dataloader(), resident.test_dataloader()) == 4
     # one device copy per store, however often Lightning asks for loaders

@@ -1,0 +1,288 @@
+"""Training throughput: steps/s and graphs/s of the real training loop, eager vs the fast path.
+
+For each preset (ZINC-12k train graphs with ``slim``; PCQM4Mv2 molecules with ``base``), each
+attention (``urpe``, ``rpe``: plain Graphormer) and each path:
+
+* ``eager``: ``DataLoader`` (numpy collation on the host, ``--num-workers`` processes), float32,
+  no compile, the reference attention kernel (``attention_impl="eager"``);
+* ``fast``: device-resident data (``device_resident=True``), ``compile=True``
+  (``torch.compile(dynamic=True)``), ``--fast-precision`` (default ``bf16-mixed``) and, on CUDA,
+  the fused Triton attention (``attention_impl="triton"``),
+
+it runs ``--warmup`` + ``--steps`` optimizer steps of a Lightning ``Trainer`` (AdamW, gradient
+clipping 5.0, as in the configs; no validation, logging or checkpoints) and times only the last
+``--steps`` (``torch.cuda.synchronize()`` at both ends on GPU; the warmup covers compilation).
+The URPE/RPE time ratio per preset and path is the cost of URPE (target on GPU: <= 1.05).
+
+Data: ZINC-12k from ``--zinc-root`` (built from ``--shared``/zinc when missing, as
+``ZINCDataModule(source_dir=...)`` does); PCQM4Mv2 from an OGB-format root written by
+``write_pcqm4mv2_root`` from the 1,999 real molecules in ``--shared``/pcqm4mv2 (the real size
+distribution). A "data only" table times one epoch of batches of each loader kind.
+
+Prints tables, then one JSON line (device, torch version, date, every row, the ratios).
+``--device cpu`` (automatic without CUDA) uses small step counts and batches so it runs in
+minutes on a laptop-class CPU; the numbers then say nothing about GPU speed.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+PRESET_DATA = {"zinc": "slim", "pcqm4mv2": "base"}  # benchmark name -> backbone preset
+#: (warmup, steps, ZINC batch, PCQM4Mv2 batch) per device kind; GPU batches are the configs'.
+DEFAULTS = {"cuda": (30, 200, 64, 256), "cpu": (3, 10, 32, 8)}
+
+
+def device_name(device: str) -> str:
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
+                 platform.processor())
+    return f"{model}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}"
+
+
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def make_step_timer(device: str, warmup: int, steps: int):
+    from lightning.pytorch.callbacks import Callback
+
+    class StepTimer(Callback):
+        """Wall time and graphs of optimizer steps ``warmup + 1 .. warmup + steps``."""
+
+        def __init__(self) -> None:
+            self.run_start = time.perf_counter()
+            self.start = self.end = None
+            self.graphs = 0
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            if trainer.global_step == warmup and self.start is None:
+                synchronize(device)
+                self.start = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            if self.start is not None and self.end is None:
+                self.graphs += batch.num_graphs
+                if trainer.global_step == warmup + steps:
+                    synchronize(device)
+                    self.end = time.perf_counter()
+
+    return StepTimer()
+
+
+def datamodule(name: str, args, batch_size: int, resident: bool):
+    from graphormer_urpe.data.datamodule import PCQM4Mv2DataModule, ZINCDataModule
+
+    common = {"batch_size": batch_size, "device_resident": resident,
+              "num_workers": 0 if resident else args.num_workers, "pin_memory": args.device == "cuda"}
+    if name == "zinc":
+        return ZINCDataModule(root=str(args.zinc_root), subset=True, source_dir=str(args.shared / "zinc"),
+                              build_workers=args.build_workers, **common)
+    return PCQM4Mv2DataModule(root=str(args.pcqm_root), build_workers=args.build_workers, **common)
+
+
+def run_training(name: str, attention: str, path: str, args) -> dict:
+    import lightning.pytorch as pl
+
+    from graphormer_urpe.training.module import GraphormerModule
+
+    fast = path == "fast"
+    batch_size = args.zinc_batch if name == "zinc" else args.pcqm_batch
+    dm = datamodule(name, args, batch_size, resident=fast)
+    dm.prepare_data()
+    impl = "triton" if fast and args.device == "cuda" else "eager"
+    precision = args.fast_precision if fast else "32-true"
+    pl.seed_everything(0, verbose=False)
+    module = GraphormerModule(
+        num_atom_embeddings=dm.num_atom_embeddings, num_bond_embeddings=dm.num_bond_embeddings,
+        num_targets=dm.num_targets, max_hops=dm.max_hops, featurizer=dm.featurizer,
+        preset=PRESET_DATA[name], backbone={"attention": attention, "attention_impl": impl},
+        warmup_steps=10, total_steps=10 * (args.warmup + args.steps), compile=fast)
+    timer = make_step_timer(args.device, args.warmup, args.steps)
+    trainer = pl.Trainer(
+        accelerator=args.device, devices=1, max_steps=args.warmup + args.steps, max_epochs=-1,
+        precision=precision, gradient_clip_val=5.0, limit_val_batches=0, num_sanity_val_steps=0,
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[timer])
+    if args.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    trainer.fit(module, datamodule=dm)
+    if timer.end is None:
+        raise RuntimeError(f"{name}/{attention}/{path}: training stopped before "
+                           f"{args.warmup + args.steps} steps")
+    seconds = timer.end - timer.start
+    row = {
+        "preset": f"{name}/{PRESET_DATA[name]}", "attention": attention, "path": path,
+        "attention_impl": impl, "precision": precision, "compile": fast, "device_resident": fast,
+        "batch_size": batch_size, "warmup_steps": args.warmup, "steps": args.steps,
+        "warmup_s": round(timer.start - timer.run_start, 2), "seconds": round(seconds, 4),
+        "ms_per_step": round(1000 * seconds / args.steps, 3),
+        "steps_per_s": round(args.steps / seconds, 3), "graphs_per_s": round(timer.graphs / seconds, 1),
+    }
+    if args.device == "cuda":
+        row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    if fast:
+        torch._dynamo.reset()  # the next run compiles its own model from scratch
+    return row
+
+
+def run_data_only(name: str, args) -> list[dict]:
+    """One epoch of training batches, on the device, per loader kind (no model)."""
+    from graphormer_urpe.data.datamodule import SeededShuffleSampler
+    from graphormer_urpe.data.resident import ResidentLoader, ResidentSplit, TensorGraphs
+
+    rows = []
+    batch_size = args.zinc_batch if name == "zinc" else args.pcqm_batch
+    for resident in (False, True):
+        dm = datamodule(name, args, batch_size, resident=False)
+        dm.setup("fit")
+        loader = dm.train_dataloader()
+        if resident:  # what a Trainer's train_dataloader() builds, on the benchmark's device
+            dataset = dm.train_dataset()
+            on_device = TensorGraphs.from_flat(dataset.graphs, args.device)
+            loader = ResidentLoader(ResidentSplit(dataset, on_device), batch_size,
+                                    SeededShuffleSampler(len(dataset), dm.seed))
+        for epoch in range(2):  # epoch 0 warms caches (and CUDA); epoch 1 is timed
+            loader.sampler.set_epoch(epoch)
+            synchronize(args.device)
+            start = time.perf_counter()
+            graphs = sum(batch.to(args.device, non_blocking=True).num_graphs for batch in loader)
+            synchronize(args.device)
+            seconds = time.perf_counter() - start
+        kind = "resident" if resident else f"DataLoader(num_workers={args.num_workers})"
+        rows.append({"preset": name, "loader": kind, "batch_size": batch_size, "batches": len(loader),
+                     "graphs_per_s": round(graphs / seconds, 1)})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--presets", default="zinc,pcqm4mv2", help="comma-separated: zinc, pcqm4mv2")
+    parser.add_argument("--attention", default="urpe,rpe", help="comma-separated: urpe, rpe")
+    parser.add_argument("--paths", default="eager,fast", help="comma-separated: eager, fast")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps (compilation happens here)")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps")
+    parser.add_argument("--zinc-batch", type=int, default=None)
+    parser.add_argument("--pcqm-batch", type=int, default=None)
+    parser.add_argument("--num-workers", type=int, default=None,
+                        help="DataLoader processes of the eager path (default: 0 on CPU, 6 on CUDA)")
+    parser.add_argument("--fast-precision", default="bf16-mixed", help="Lightning precision of the fast path")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 on CPU)")
+    parser.add_argument("--shared", type=Path,
+                        default=Path(os.environ.get("GRAPHORMER_URPE_SHARED_DATA", REPO.parent / "shared" / "data")))
+    parser.add_argument("--zinc-root", type=Path, default=Path("data"),
+                        help="ZINCDataModule root (ZINC is built there from --shared/zinc when missing)")
+    parser.add_argument("--pcqm-root", type=Path, default=None,
+                        help="where to write the PCQM4Mv2 fixture (default: a temporary directory)")
+    parser.add_argument("--build-workers", type=int, default=None)
+    parser.add_argument("--skip-data-only", action="store_true")
+    args = parser.parse_args(argv)
+
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda but CUDA is not available")
+    warmup, steps, zinc_batch, pcqm_batch = DEFAULTS[args.device]
+    args.warmup = warmup if args.warmup is None else args.warmup
+    args.steps = steps if args.steps is None else args.steps
+    args.zinc_batch = args.zinc_batch or zinc_batch
+    args.pcqm_batch = args.pcqm_batch or pcqm_batch
+    if args.num_workers is None:
+        args.num_workers = 6 if args.device == "cuda" else 0
+    threads = args.threads or (1 if args.device == "cpu" else None)
+    if threads:
+        torch.set_num_threads(threads)
+    if args.warmup < 1 or args.steps < 1:
+        parser.error("--warmup and --steps must be >= 1")
+    presets = [p for p in args.presets.split(",") if p]
+    attentions = [a for a in args.attention.split(",") if a]
+    paths = [p for p in args.paths.split(",") if p]
+    for values, allowed, flag in ((presets, PRESET_DATA, "--presets"), (attentions, ("urpe", "rpe"), "--attention"),
+                                  (paths, ("eager", "fast"), "--paths")):
+        if not values or set(values) - set(allowed):
+            parser.error(f"{flag} takes a comma-separated subset of {list(allowed)}")
+
+    logging.getLogger("lightning").setLevel(logging.ERROR)
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", module="lightning")
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+
+    temporary = args.pcqm_root is None
+    if temporary:
+        args.pcqm_root = Path(tempfile.mkdtemp(prefix="bench_train-pcqm-"))
+    results: dict = {
+        "device": device_name(args.device), "device_kind": args.device, "torch": torch.__version__,
+        "date": datetime.date.today().isoformat(), "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "warmup_steps": args.warmup, "steps": args.steps, "training": [], "data_only": [],
+    }
+    try:
+        if "pcqm4mv2" in presets:
+            from graphormer_urpe.data.pcqm4mv2 import pcqm4mv2_folder, write_pcqm4mv2_root
+
+            if not (pcqm4mv2_folder(args.pcqm_root) / "raw" / "data.csv.gz").is_file():
+                write_pcqm4mv2_root(args.pcqm_root, args.shared / "pcqm4mv2" / "pcqm4mv2_first2k_3d.csv.gz")
+        for name in presets:
+            if not args.skip_data_only:
+                results["data_only"] += run_data_only(name, args)
+            for path in paths:
+                for attention in attentions:
+                    row = run_training(name, attention, path, args)
+                    results["training"].append(row)
+                    print(f"  {row['preset']:14s} {attention:5s} {path:5s} {row['ms_per_step']:10.2f} ms/step "
+                          f"(warmup {row['warmup_s']} s)", flush=True)
+    finally:
+        if temporary:
+            shutil.rmtree(args.pcqm_root, ignore_errors=True)
+
+    ratios = {}
+    for row in results["training"]:
+        if row["attention"] == "urpe":
+            rpe = next((r for r in results["training"] if r["attention"] == "rpe"
+                        and (r["preset"], r["path"]) == (row["preset"], row["path"])), None)
+            if rpe is not None:
+                ratios[f"{row['preset']}/{row['path']}"] = round(row["ms_per_step"] / rpe["ms_per_step"], 3)
+    results["urpe_over_rpe_time"] = ratios
+
+    print(f"\n{results['device']} | torch {results['torch']} | {results['date']} | "
+          f"{args.warmup} warmup + {args.steps} timed steps")
+    header = (f"{'preset':15s} {'attention':9s} {'path':5s} {'impl':6s} {'precision':10s} {'batch':>5s} "
+              f"{'ms/step':>9s} {'steps/s':>8s} {'graphs/s':>9s}")
+    print(header + ("  peak GiB" if args.device == "cuda" else ""))
+    for row in results["training"]:
+        line = (f"{row['preset']:15s} {row['attention']:9s} {row['path']:5s} {row['attention_impl']:6s} "
+                f"{row['precision']:10s} {row['batch_size']:5d} {row['ms_per_step']:9.2f} "
+                f"{row['steps_per_s']:8.2f} {row['graphs_per_s']:9.1f}")
+        print(line + (f"  {row['peak_memory_gib']:8.2f}" if "peak_memory_gib" in row else ""))
+    for key, ratio in ratios.items():
+        flag = "ok" if ratio <= 1.05 else "above 1.05"
+        print(f"URPE / RPE time, {key}: {ratio:.3f} ({flag})")
+    if results["data_only"]:
+        print(f"\n{'data only (one epoch of training batches on the device)':60s}")
+        for row in results["data_only"]:
+            print(f"{row['preset']:10s} {row['loader']:28s} batch {row['batch_size']:4d} "
+                  f"{row['graphs_per_s']:10.1f} graphs/s")
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
