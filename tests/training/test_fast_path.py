@@ -48,8 +48,9 @@ def fit(run_dir: Path, data_root: Path, max_steps: int, *extra: str):
 
 
 def test_resident_training_resumes_and_equals_dataloader_training(zinc_data_root, tmp_path):
-    """4 resident steps, resumed from last.ckpt to 7 (crossing two epoch starts), give the weights
-    of 7 uninterrupted DataLoader steps: same batches in the same (seed, epoch) order."""
+    """4 resident steps (last.ckpt is written at the end of epoch 0, step 3), resumed from
+    last.ckpt to 7 (two epoch starts, each drawing its order from (seed, epoch)), give the weights
+    of 7 uninterrupted DataLoader steps: the same batches in the same order."""
     resident = ("--data.init_args.device_resident", "true")
     first = fit(tmp_path / "resident", zinc_data_root, 4, *resident)
     assert isinstance(first.trainer.train_dataloader, ResidentLoader)
