@@ -70,6 +70,7 @@ def load_module(ckpt: str | Path, map_location: str = "cpu"):
     hparams = dict(checkpoint["hyper_parameters"])
     hparams.pop("_instantiator", None)
     hparams.pop("_class_path", None)
+    hparams["compile"] = False  # inference needs no compile warm-up, whatever training used
     try:
         module = GraphormerModule(**hparams)
         module.load_state_dict(checkpoint["state_dict"])

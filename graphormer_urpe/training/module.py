@@ -144,7 +144,8 @@ class GraphormerModule(pl.LightningModule):
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
         optimizer = torch.optim.AdamW(self.parameters(), lr=hp.lr, betas=tuple(hp.betas),
-                                      eps=hp.eps, weight_decay=hp.weight_decay)
+                                      eps=hp.eps, weight_decay=hp.weight_decay,
+                                      fused=self.device.type == "cuda")
         scheduler = warmup_polynomial_decay(optimizer, hp.warmup_steps, hp.total_steps,
                                             hp.end_lr, hp.power)
         return {"optimizer": optimizer,
