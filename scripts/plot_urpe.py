@@ -187,12 +187,12 @@ def plot_graph(state_dict: Mapping[str, torch.Tensor], out_dir: Path, stem: str,
     fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 2.6 * nrows), squeeze=False,
                              constrained_layout=True)
     distances = np.arange(shown + 1)
-    for ax, (name, table, extras) in zip(axes.flat, panels):
+    for index, (ax, (name, table, extras)) in enumerate(zip(axes.flat, panels)):
         num_heads = table.shape[1]
         colors = plt.cm.viridis(np.linspace(0, 1, num_heads))
         special_x = shown + 2 + np.arange(len(extras))
         for h in range(num_heads):
-            ax.plot(distances, table[: shown + 1, h], color=colors[h], lw=1)
+            ax.plot(distances, table[: shown + 1, h], color=colors[h], lw=1, label=f"head {h}")
             ax.scatter(special_x, table[table_spd + 1: table_spd + 1 + len(extras), h],
                        color=colors[h], s=8)
         ax.axhline(1.0 if name.startswith("C") else 0.0, color="grey", lw=0.5, ls="--")
@@ -201,6 +201,8 @@ def plot_graph(state_dict: Mapping[str, torch.Tensor], out_dir: Path, stem: str,
         ax.set_xticklabels([str(t) for t in range(0, shown + 1, max(1, shown // 5))] + extras,
                            fontsize=7, rotation=45)
         ax.set_xlabel("shortest-path distance", fontsize=8)
+        if index == 0 and num_heads <= 8:
+            ax.legend(fontsize=6, ncol=2)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     fig.suptitle(f"{title}URPE over SPD ({scales.shape[2]} heads, one line each)")
