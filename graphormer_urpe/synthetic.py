@@ -28,10 +28,12 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import datetime
 import hashlib
 import json
 import math
 import os
+import platform
 import statistics
 import sys
 import time
@@ -241,11 +243,21 @@ def evaluate(model: SequenceTransformer, task: str, vocab_size: int, config: Tra
 
 def train_cell(task: str, vocab_size: int, scheme: str, seed: int, config: TrainConfig,
                progress: bool = True) -> tuple[CellResult, SequenceTransformer, list[float]]:
-    """Train one model from scratch; returns its result, the model and the loss per step."""
+    """Train one model from scratch (with ``config.threads`` torch threads, restored after);
+    returns its result, the model and the loss per step."""
     _check_task(task)
     if scheme not in POSITION_SCHEMES:
         raise ValueError(f"scheme={scheme!r} is not one of {POSITION_SCHEMES}")
+    threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
+    try:
+        return _train(task, vocab_size, scheme, seed, config, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(task: str, vocab_size: int, scheme: str, seed: int, config: TrainConfig,
+           progress: bool) -> tuple[CellResult, SequenceTransformer, list[float]]:
     torch.manual_seed(seed)
     model = build_model(task, vocab_size, scheme, config)
     optimizer = _optimizer(model, config)
@@ -373,6 +385,12 @@ def markdown_table(rows: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
+def _machine(results: Sequence[CellResult]) -> str:
+    threads = sorted({r.config.get("threads") for r in results}, key=str)
+    return (f"{os.cpu_count()}-core {platform.machine()} CPU, torch {torch.__version__}, "
+            f"{'/'.join(map(str, threads))} thread(s) per run")
+
+
 def write_reports(results: Sequence[CellResult], results_dir: Path | None,
                   markdown: Path | None, command: str) -> str:
     """Write ``synthetic.json``/``.csv`` to ``results_dir`` and the table into ``markdown``
@@ -398,7 +416,8 @@ def write_reports(results: Sequence[CellResult], results_dir: Path | None,
 
         _write_atomic(results_dir / "synthetic.csv", write_csv)
     if markdown is not None:
-        block = f"{RESULTS_BEGIN}\nCommand: `{command}`\n\n{table}\n{RESULTS_END}"
+        block = (f"{RESULTS_BEGIN}\nCommand: `{command}`; machine: {_machine(results)}; "
+                 f"written {datetime.date.today().isoformat()}.\n\n{table}\n{RESULTS_END}")
         text = markdown.read_text() if markdown.exists() else "# Synthetic tasks\n"
         if RESULTS_BEGIN in text and RESULTS_END in text:
             head, rest = text.split(RESULTS_BEGIN, 1)
