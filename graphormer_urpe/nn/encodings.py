@@ -24,6 +24,8 @@ C exactly one (so a fresh URPE model computes exactly what plain RPE attention c
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -254,3 +256,16 @@ class URPEScale(nn.Module):
 
     def forward(self, slots: Tensor) -> Tensor:
         return F.embedding(slots, self.weight).permute(0, 3, 1, 2)
+
+    @staticmethod
+    def lookup_many(scales: Sequence["URPEScale"], slots: Tensor) -> list[Tensor]:
+        """``[scale(slots) for scale in scales]`` as ONE lookup of the concatenated tables: the
+        slots are the same for every layer, and an embedding's backward costs per index, so one
+        ``L * H``-wide lookup is much cheaper than ``L`` narrow ones (slim on CPU: the 12
+        separate backwards took ~20 ms of a ~175 ms step). Values are identical (a gather)."""
+        table = torch.cat([scale.weight for scale in scales], dim=1).t()  # [L * H, S]
+        b, n, m = slots.shape
+        # Gathering along the table's last dim gives [L * H, B, N+1, N+1] with contiguous
+        # [N+1, N+1] blocks, so the products with the probabilities need no layout copies.
+        gathered = table.index_select(1, slots.reshape(-1)).view(len(scales), -1, b, n, m)
+        return list(gathered.transpose(1, 2).unbind(0))

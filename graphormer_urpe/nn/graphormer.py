@@ -215,10 +215,9 @@ class Graphormer(nn.Module):
         if self.urpe_scales is None:
             return attn_bias, [None] * len(self.layers)
         scale_slots = URPEScale.slots(slots, self.max_spd)
-        scales = [scale(scale_slots) for scale in self.urpe_scales]
-        if len(scales) == 1:
-            scales = scales * len(self.layers)
-        return attn_bias, scales
+        if len(self.urpe_scales) == 1:
+            return attn_bias, [self.urpe_scales[0](scale_slots)] * len(self.layers)
+        return attn_bias, URPEScale.lookup_many(self.urpe_scales, scale_slots)
 
     def forward(self, batch: GraphBatch) -> Tensor:
         self._check_batch(batch)

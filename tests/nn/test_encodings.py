@@ -104,3 +104,22 @@ def test_bad_sizes_raise_value_error():
         EdgePathBias(5, H, max_hops=0)
     with pytest.raises(ValueError, match="max_spd"):
         URPEScale(max_spd=0, num_heads=H)
+
+
+def test_lookup_many_equals_each_layers_lookup_with_gradients(batch):
+    torch.manual_seed(0)
+    scales = [URPEScale(max_spd=4, num_heads=H) for _ in range(3)]
+    for scale in scales:
+        torch.nn.init.normal_(scale.weight)
+    slots = URPEScale.slots(distance_slots(batch.spd, 4), 4)
+    together = URPEScale.lookup_many(scales, slots)
+    separate = [scale(slots) for scale in scales]
+    for a, b in zip(together, separate):
+        assert torch.equal(a, b)
+    upstream = [torch.randn_like(t) for t in separate]
+    grads_together = torch.autograd.grad(sum((t * u).sum() for t, u in zip(together, upstream)),
+                                         [s.weight for s in scales])
+    grads_separate = torch.autograd.grad(sum((t * u).sum() for t, u in zip(separate, upstream)),
+                                         [s.weight for s in scales])
+    for a, b in zip(grads_together, grads_separate):
+        torch.testing.assert_close(a, b)
