@@ -21,10 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from graphormer_urpe.algos import UNREACHABLE, encode_graphs  # padded pairs: UNREACHABLE too
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.data.features import to_shared_ids
-
-UNREACHABLE = -1  # same value as graphormer_urpe.algos.UNREACHABLE; padding uses it too
 
 
 @dataclass(frozen=True)
@@ -180,8 +179,6 @@ def encode_flat(
         edge_attr: ``[sum E, Fe]`` (or ``[sum E]``) raw bond feature values.
         y: ``[G, T]`` (or ``[G]``) targets.
     """
-    from graphormer_urpe.algos import encode_graphs  # compiled core; imported only when encoding
-
     node_ptr = np.ascontiguousarray(node_ptr, dtype=np.int64)
     edge_ptr = np.ascontiguousarray(edge_ptr, dtype=np.int64)
     enc = encode_graphs(node_ptr, np.ascontiguousarray(edge_index, dtype=np.int64), edge_ptr,
