@@ -26,7 +26,7 @@ def esol_run(shared_data_dir, tmp_path_factory):
         "--trainer.default_root_dir", str(work / "run"),
         "--trainer.max_steps", "3", "--trainer.limit_val_batches", "1",
         "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-        "--model.backbone", json.dumps(TINY_BACKBONE),
+        "--model.backbone", json.dumps(TINY_BACKBONE), "--model.warmup_steps", "1",
         "--data.init_args.path", str(shared_data_dir / "moleculenet" / "esol.csv"),
         "--data.init_args.cache_root", str(work / "cache"),
     ])

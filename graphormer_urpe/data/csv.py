@@ -1,15 +1,17 @@
 """Molecule property tables: a CSV with a SMILES column and one or more target columns.
 
-Targets are regression values or binary labels (0/1; empty = unknown -> NaN). Molecules are
-featurized like PCQM4Mv2 (``"ogb"`` featurizer). Rows whose SMILES RDKit rejects are skipped with
-ONE warning giving their count and first line numbers; a file with no valid row is an error.
+Targets (empty = unknown -> NaN) are regression values, binary / multi-label 0/1 labels
+(``classification``) or one column of class ids ``0 .. K-1`` (``multiclass``). Molecules are
+featurized like PCQM4Mv2 (``"ogb"`` featurizer). Rows whose SMILES RDKit rejects, and rows with
+an infinite target (``inf``, or a value beyond float32's range), are skipped, each kind with ONE
+warning giving their count and first line numbers; a file with no valid row, or a target column
+with no usable value, is an error.
 Splits: ``random`` (seeded) or ``scaffold`` (Bemis-Murcko scaffolds, RDKit ``MurckoScaffold``:
 molecules sharing a scaffold stay in one split, largest scaffold groups fill train first, as in
 DeepChem/chemprop).
 """
 from __future__ import annotations
 
-import logging
 import os
 import warnings
 from collections.abc import Sequence
@@ -17,10 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-log = logging.getLogger(__name__)
-
 SPLIT_NAMES = ("train", "val", "test")
-TASKS = ("regression", "classification")
+TASKS = ("regression", "classification", "multiclass")
 
 
 def resolve_columns(path: str | os.PathLike, smiles_column: str = "smiles",
@@ -53,23 +53,47 @@ def read_property_csv(path: str | os.PathLike, smiles_column: str = "smiles",
     targets = resolve_columns(path, smiles_column, target_columns)
     table = pd.read_csv(path)
     try:
-        y = table[targets].apply(pd.to_numeric, errors="raise").to_numpy(dtype=np.float32)
+        values = table[targets].apply(pd.to_numeric, errors="raise").to_numpy(dtype=np.float64)
     except (ValueError, TypeError) as err:
         raise ValueError(f"{path}: target columns {targets} must be numeric ({err})") from None
+    with np.errstate(over="ignore"):  # beyond float32's range -> inf, rejected by the caller
+        y = values.astype(np.float32)
     smiles = ["" if not isinstance(s, str) else s.strip() for s in table[smiles_column]]
     return smiles, y.reshape(len(smiles), len(targets)), targets
 
 
-def warn_rejected_rows(path: str | os.PathLike, rejected_rows: np.ndarray, total: int, shown: int = 10) -> None:
-    """One warning for all rows whose SMILES RDKit rejected (file line numbers: row + 2)."""
+def nonfinite_target_rows(y: np.ndarray) -> np.ndarray:
+    """Rows of ``y [R, T]`` with an infinite target (NaN is an unknown label, not an error)."""
+    return np.flatnonzero(np.isinf(y).any(axis=1))
+
+
+def check_targets(path: str | os.PathLike, y: np.ndarray, target_columns: Sequence[str],
+                  task: str) -> None:
+    """``ValueError`` naming the file and column for a target column with no known value among
+    the usable rows ``y``, or labels that do not fit ``task``."""
+    empty = [c for c, column in zip(target_columns, y.T) if not np.isfinite(column).any()]
+    if empty:
+        raise ValueError(f"{path}: target column(s) {empty} have no usable value")
+    known = y[np.isfinite(y)]
+    if task == "classification" and not np.isin(known, (0.0, 1.0)).all():
+        raise ValueError(f"{path}: classification targets must be 0, 1 or empty")
+    if task == "multiclass":
+        if y.shape[1] != 1:
+            raise ValueError(f"{path}: multiclass needs one target column of class ids, got "
+                             f"{list(target_columns)}")
+        if not (np.all(known == np.round(known)) and known.min() >= 0):
+            raise ValueError(f"{path}: multiclass targets must be class ids 0, 1, 2, ... or empty")
+
+
+def warn_rejected_rows(path: str | os.PathLike, rejected_rows: np.ndarray, total: int,
+                       reason: str = "whose SMILES RDKit rejects", shown: int = 10) -> None:
+    """One warning for all rejected rows (file line numbers: row + 2)."""
     if len(rejected_rows) == 0:
         return
     lines = ", ".join(str(int(r) + 2) for r in rejected_rows[:shown])
     more = ", ..." if len(rejected_rows) > shown else ""
-    message = (f"{path}: skipped {len(rejected_rows)} of {total} rows whose SMILES RDKit rejects "
-               f"(lines {lines}{more})")
-    log.warning(message)
-    warnings.warn(message, stacklevel=2)
+    warnings.warn(f"{path}: skipped {len(rejected_rows)} of {total} rows {reason} "
+                  f"(lines {lines}{more})", stacklevel=2)
 
 
 def random_split(num_rows: int, fractions: Sequence[float], seed: int = 0) -> dict[str, np.ndarray]:

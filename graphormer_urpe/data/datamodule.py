@@ -416,10 +416,11 @@ class PCQM4Mv2DataModule(GraphDataModule):
 
 class CSVDataModule(GraphDataModule):
     """A molecule property CSV (see :mod:`.csv`): ``smiles_column`` + ``target_columns``
-    (default: every other column), ``task`` regression or (binary) classification, ``split``
-    random or scaffold with ``split_fractions``. Featurized (``ogb``) and encoded once into
-    ``cache_root`` (default ``data/csv``), keyed by the file's content. Prediction serves the
-    test split."""
+    (default: every other column), ``task`` ``regression``, ``classification`` (binary or
+    multi-label 0/1 columns) or ``multiclass`` (one column of class ids; ``num_targets`` is the
+    number of classes, the largest id + 1), ``split`` random or scaffold with
+    ``split_fractions``. Featurized (``ogb``) and encoded once into ``cache_root`` (default
+    ``data/csv``), keyed by the file's content. Prediction serves the test split."""
 
     featurizer = "ogb"
 
@@ -449,10 +450,16 @@ class CSVDataModule(GraphDataModule):
         self.task = task
         self.target_columns = property_csv.resolve_columns(self.path, smiles_column, target_columns)
         self._store: tuple | None = None
+        self._num_classes = None
+        if task == "multiclass":  # the model's width is needed before the data is built
+            _, y, _ = property_csv.read_property_csv(self.path, smiles_column, self.target_columns)
+            usable = np.delete(y, property_csv.nonfinite_target_rows(y), axis=0)
+            property_csv.check_targets(self.path, usable, self.target_columns, task)
+            self._num_classes = max(int(np.nanmax(usable)) + 1, 2)
 
     @property
     def num_targets(self) -> int:
-        return len(self.target_columns)
+        return self._num_classes or len(self.target_columns)
 
     def build(self) -> None:
         self.store()
@@ -463,20 +470,23 @@ class CSVDataModule(GraphDataModule):
             from graphormer_urpe.data.featurize import cached_smiles_graphs, file_fingerprint
 
             smiles, y, _ = property_csv.read_property_csv(self.path, self.smiles_column, self.target_columns)
-            if self.task == "classification":
-                known = y[~np.isnan(y)]
-                if not np.isin(known, (0.0, 1.0)).all():
-                    raise ValueError(f"{self.path}: classification targets must be 0, 1 or empty")
             source = {**file_fingerprint(self.path), "smiles_column": self.smiles_column,
                       "target_columns": self.target_columns}
             work = self.cache_root / f"{self.path.stem}-{source['blake2b'][:12]}"
             arrays = cached_smiles_graphs(work / "graphs", source, lambda: (smiles, y), self.featurizer,
                                           self.build_workers)
             graph_of_row = np.asarray(arrays["graph_of_row"])
-            valid = np.flatnonzero(graph_of_row >= 0)
-            property_csv.warn_rejected_rows(self.path, np.flatnonzero(graph_of_row < 0), len(graph_of_row))
+            bad_targets = property_csv.nonfinite_target_rows(y)
+            property_csv.warn_rejected_rows(self.path, np.flatnonzero(graph_of_row < 0), len(y))
+            property_csv.warn_rejected_rows(self.path, bad_targets, len(y),
+                                            "with an infinite or out-of-range target")
+            usable = graph_of_row >= 0
+            usable[bad_targets] = False
+            valid = np.flatnonzero(usable)
             if len(valid) == 0:
-                raise ValueError(f"{self.path}: no row has a SMILES that RDKit accepts")
+                raise ValueError(f"{self.path}: no row has a SMILES that RDKit accepts and "
+                                 "finite targets")
+            property_csv.check_targets(self.path, y[valid], self.target_columns, self.task)
             if self.split == "random":
                 parts = property_csv.random_split(len(valid), self.split_fractions, self.seed)
             else:
@@ -491,3 +501,11 @@ class CSVDataModule(GraphDataModule):
         graphs, graph_of_row, y, splits = self.store()
         rows = splits["test" if split == "predict" else split]
         return EncodedGraphDataset(graphs, graph_of_row[rows], y[rows])
+
+    def predict_smiles(self) -> list[str]:
+        """The SMILES of the predict split's items, in order (as in the file)."""
+        from graphormer_urpe.data import csv as property_csv
+
+        smiles, _, _ = property_csv.read_property_csv(self.path, self.smiles_column,
+                                                      self.target_columns)
+        return [smiles[row] for row in self.store()[3]["test"]]

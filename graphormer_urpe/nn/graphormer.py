@@ -13,13 +13,16 @@ Graphormer) and ``C^{(l)}`` the URPE scale table indexed by SPD (one per layer, 
 all layers with ``share_urpe_scale``). ``attention`` selects the variant: ``"urpe"`` (B and C),
 ``"rpe"`` (B only: plain Graphormer) or ``"none"`` (neither: a plain transformer over atoms).
 
-Defaults are Graphormer-slim on ZINC (``PRESETS["slim"]``); see ``docs/model.md`` for where every
+Defaults are Graphormer-slim on ZINC (``PRESETS["slim"]``, a :class:`GraphormerConfig`); see
+``docs/model.md`` for where every
 value and every parameter-count difference to the papers comes from.
 """
 from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
 import torch
@@ -175,7 +178,7 @@ class Graphormer(nn.Module):
         missing = [a for a in ("num_atom_embeddings", "num_bond_embeddings") if a not in overrides]
         if missing:
             raise ValueError(f"from_preset needs the data's vocabulary sizes: pass {missing}")
-        return cls(**{**PRESETS[name], **overrides})
+        return cls(**{**PRESETS[name].as_dict(), **overrides})
 
     def urpe_scale_tables(self) -> Tensor:
         """The effective URPE scale ``C`` of every layer, float32 ``[num_layers, max_spd + 3, H]``
@@ -246,24 +249,81 @@ class Graphormer(nn.Module):
         return self.head(self.final_norm(h[:, 0]))
 
 
-def _signature_defaults(cls: type) -> dict[str, Any]:
-    return {name: p.default for name, p in inspect.signature(cls).parameters.items()
-            if p.default is not inspect.Parameter.empty}
+@dataclass(frozen=True)
+class GraphormerConfig:
+    """The backbone's architecture: the :class:`Graphormer` arguments that are not facts of the
+    data (vocabulary sizes, ``num_targets`` and ``max_hops`` come from the data). A field left
+    ``None`` keeps the preset's value, so partial overrides compose in any order
+    (``--model.backbone '{"num_layers": 4}'``, ``--model.backbone.attention rpe``, a config
+    overlay that sets one key).
+
+    Args:
+        num_layers: transformer layers.
+        hidden_dim: width of the token representations.
+        ffn_dim: hidden width of each feed-forward block.
+        num_heads: attention heads.
+        attention: ``urpe`` (B and C), ``rpe`` (B only: plain Graphormer) or ``none``.
+        share_urpe_scale: one C table for all layers instead of one per layer.
+        dropout: on the embeddings and on each residual branch.
+        attention_dropout: on the attention probabilities.
+        activation_dropout: after the FFN's GELU.
+        max_degree: larger degrees share the last degree embedding.
+        max_spd: larger shortest-path distances share the last B and C entries.
+        attention_impl: attention kernel (``eager``, ``sdpa``, or a registered fused kernel
+            such as ``triton``).
+    """
+
+    num_layers: int | None = None
+    hidden_dim: int | None = None
+    ffn_dim: int | None = None
+    num_heads: int | None = None
+    attention: AttentionKind | None = None
+    share_urpe_scale: bool | None = None
+    dropout: float | None = None
+    attention_dropout: float | None = None
+    activation_dropout: float | None = None
+    max_degree: int | None = None
+    max_spd: int | None = None
+    attention_impl: str | None = None
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> "GraphormerConfig":
+        """From a plain dict (a checkpoint's hyperparameters); unknown keys raise a ValueError
+        naming the valid ones."""
+        valid = [f.name for f in fields(cls)]
+        unknown = sorted(set(values) - set(valid))
+        if unknown:
+            raise ValueError(f"unknown backbone keys {unknown}; valid keys: {valid}")
+        return cls(**values)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields that are set (not ``None``)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) is not None}
+
+    def over(self, base: "GraphormerConfig") -> "GraphormerConfig":
+        """``base`` with this config's set fields replacing its own."""
+        return replace(base, **self.as_dict())
 
 
-#: Architecture presets. ``slim`` is the code defaults (Graphormer-slim, ZINC); ``base`` is
-#: Graphormer-base as trained on PCQM4Mv2 (Graphormer's ``graphormer_base`` architecture and
+def _preset(**values: Any) -> GraphormerConfig:
+    """A complete config: ``Graphormer``'s own defaults (Graphormer-slim) with ``values``."""
+    defaults = {name: p.default for name, p in inspect.signature(Graphormer).parameters.items()
+                if name in {f.name for f in fields(GraphormerConfig)}}
+    return GraphormerConfig(**{**defaults, **values})
+
+
+#: Architecture presets, complete :class:`GraphormerConfig` instances. ``slim`` is the code
+#: defaults (Graphormer-slim, ZINC). ``small`` is Graphormer-small (Graphormer v1's PCQM4M model:
+#: 6 x 512, 32 heads, FFN 512) with ``base``'s dropouts and tables. ``base`` is Graphormer-base as
+#: trained on PCQM4Mv2 (Graphormer's ``graphormer_base`` architecture and
 #: ``examples/property_prediction/pcqv2.sh``: 12 x 768, 32 heads, FFN 768, dropout 0.0,
-#: attention 0.1, activation 0.1, 5 hops, 512-row degree and spatial tables).
-PRESETS: dict[str, dict[str, Any]] = {
-    "slim": _signature_defaults(Graphormer),
-}
-PRESETS["base"] = {
-    **PRESETS["slim"],
-    "num_layers": 12, "hidden_dim": 768, "ffn_dim": 768, "num_heads": 32,
-    "dropout": 0.0, "attention_dropout": 0.1, "activation_dropout": 0.1,
-    "max_degree": 510, "max_spd": 510, "max_hops": 5,
-}
+#: attention 0.1, activation 0.1, 512-row degree and spatial tables).
+PRESETS: dict[str, GraphormerConfig] = {"slim": _preset()}
+PRESETS["base"] = _preset(num_layers=12, hidden_dim=768, ffn_dim=768, num_heads=32, dropout=0.0,
+                          attention_dropout=0.1, activation_dropout=0.1, max_degree=510,
+                          max_spd=510)
+PRESETS["small"] = replace(PRESETS["base"], num_layers=6, hidden_dim=512, ffn_dim=512)
 
 
 def count_parameters(model: nn.Module, trainable_only: bool = True) -> int:

@@ -3,24 +3,75 @@
 Facts that belong to the data (vocabulary sizes, number of targets, ``max_hops``, the task and
 the featurizer) are linked from the instantiated DataModule into the model, so a config names
 each of them once. A run's outputs all go under ``trainer.default_root_dir``: TensorBoard and
-CSV logs, and ``checkpoints/`` with the best model by validation metric plus ``last.ckpt``
-(resume a killed run with ``--ckpt_path last``).
+CSV logs, ``checkpoints/`` with the best model by the task's validation metric
+(``epoch=…-step=…-val_mae=….ckpt``) plus ``last.ckpt`` (resume a killed run with
+``--ckpt_path last``), and for ``predict`` the predictions (``predictions.csv``, or
+``--prediction_writer.output``).
+
+The backbone is typed (:class:`~graphormer_urpe.nn.graphormer.GraphormerConfig`), so partial
+overrides merge in any order: ``--model.backbone '{"num_layers": 4}'``,
+``--model.backbone.attention rpe`` or a config overlay that sets one key.
 """
 from __future__ import annotations
 
+import importlib
+import logging
 import os
+import sys
+from pathlib import Path
 
 import lightning.pytorch as pl
+import numpy as np
+import torch
 from jsonargparse import Namespace
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import BasePredictionWriter, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities.rank_zero import rank_zero_module
 
-from graphormer_urpe.training.module import GraphormerModule
+from graphormer_urpe.training.module import TASK_METRICS, GraphormerModule
 
 #: DataModule attributes that the model takes as init arguments of the same name.
 LINKED_DATA_FACTS = ("num_atom_embeddings", "num_bond_embeddings", "num_targets", "max_hops",
                      "task", "featurizer")
 DEFAULT_RUN_DIR = "runs/default"
+PREDICTIONS_FILE = "predictions.csv"
+
+
+class PredictionWriter(BasePredictionWriter):
+    """Writes ``predict``'s outputs to a CSV with the columns of ``graphormer-urpe-predict``
+    (``row, smiles, prediction[_k]..., error``), in the order of the predict split.
+
+    Args:
+        output: the CSV (default: ``<trainer.default_root_dir>/predictions.csv``).
+    """
+
+    def __init__(self, output: str | None = None) -> None:
+        super().__init__(write_interval="epoch")
+        self.output = output
+
+    def write_on_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           predictions, batch_indices) -> None:
+        from graphormer_urpe.predict import InputRow, write_predictions
+
+        outputs = [o for per_loader in _per_dataloader(predictions) for o in per_loader]
+        if not outputs:
+            return
+        index = torch.cat([o["index"] for o in outputs]).cpu().numpy()
+        values = torch.cat([o["prediction"] for o in outputs]).float().cpu().numpy()
+        values = values[np.argsort(index, kind="stable")]
+        smiles_of = getattr(trainer.datamodule, "predict_smiles", None)
+        smiles = smiles_of() if smiles_of is not None else None
+        rows = [InputRow(smiles[i] if smiles is not None else "") for i in range(len(values))]
+        path = Path(self.output or os.path.join(trainer.default_root_dir, PREDICTIONS_FILE))
+        write_predictions(path, rows, values)
+        logging.getLogger(__name__).info("wrote %d predictions to %s", len(rows), path)
+
+
+def _per_dataloader(predictions) -> list[list]:
+    """Lightning returns a flat list for one predict loader and a list of lists for several."""
+    if predictions and isinstance(predictions[0], list):
+        return predictions
+    return [predictions]
 
 
 class GraphormerCLI(LightningCLI):
@@ -28,22 +79,25 @@ class GraphormerCLI(LightningCLI):
         for name in LINKED_DATA_FACTS:
             parser.link_arguments(f"data.{name}", f"model.{name}", apply_on="instantiate")
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
-        parser.set_defaults({
-            "checkpoint.monitor": "val/mae",
-            "checkpoint.mode": "min",
-            "checkpoint.save_last": True,
-            "checkpoint.filename": "best-{step}-{val/mae:.4f}",
-            "checkpoint.auto_insert_metric_name": False,
-        })
+        # monitor / mode / filename left unset follow the task (before_instantiate_classes).
+        parser.set_defaults({"checkpoint.save_last": True,
+                             "checkpoint.auto_insert_metric_name": False})
         parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
         parser.set_defaults({"lr_monitor.logging_interval": "step"})
+        parser.add_lightning_class_args(PredictionWriter, "prediction_writer")
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         run_dir = config.trainer.default_root_dir or DEFAULT_RUN_DIR
         config.trainer.default_root_dir = run_dir
-        if config.checkpoint.dirpath is None:
-            config.checkpoint.dirpath = os.path.join(run_dir, "checkpoints")
+        checkpoint = config.checkpoint
+        if checkpoint.dirpath is None:
+            checkpoint.dirpath = os.path.join(run_dir, "checkpoints")
+        if checkpoint.monitor is None:
+            metric, mode = TASK_METRICS[_data_task(config.data)]
+            checkpoint.monitor, checkpoint.mode = f"val/{metric}", mode
+            if checkpoint.filename is None:
+                checkpoint.filename = f"epoch={{epoch}}-step={{step}}-val_{metric}={{val/{metric}:.4f}}"
         if config.trainer.logger in (None, True):
             config.trainer.logger = [
                 Namespace(class_path=f"lightning.pytorch.loggers.{cls}",
@@ -52,7 +106,34 @@ class GraphormerCLI(LightningCLI):
             ]
 
 
+def _data_task(data: Namespace) -> str:
+    """The task the configured DataModule will link into the model: its ``task`` init
+    argument, else its class's ``task`` attribute."""
+    task = (data.get("init_args") or Namespace()).get("task")
+    if task is None and data.get("class_path"):
+        module, _, name = data.class_path.rpartition(".")
+        task = getattr(getattr(importlib.import_module(module), name), "task", None)
+    return task or "regression"
+
+
+class _DropLightningTips(logging.Filter):
+    """Lightning's advertisements for its cloud products ("💡 Tip: ...") are not run output."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip")
+
+
+def configure_logging() -> None:
+    """This package's INFO messages (dataset builds: "encoding N graphs", rejected rows,
+    schedule warnings) on stderr; Lightning keeps its own handler; no Lightning tips."""
+    logging.basicConfig(format="%(message)s")  # no-op where the application configured logging
+    logging.getLogger("graphormer_urpe").setLevel(logging.INFO)
+    if not any(isinstance(f, _DropLightningTips) for f in rank_zero_module.log.filters):
+        rank_zero_module.log.addFilter(_DropLightningTips())
+
+
 def build_cli(args: list[str] | None = None, run: bool = True) -> GraphormerCLI:
+    configure_logging()
     return GraphormerCLI(
         GraphormerModule,
         pl.LightningDataModule,
@@ -63,9 +144,14 @@ def build_cli(args: list[str] | None = None, run: bool = True) -> GraphormerCLI:
     )
 
 
-def main(args: list[str] | None = None) -> None:
-    build_cli(args)
+def main(args: list[str] | None = None) -> int:
+    try:
+        build_cli(args)
+    except FloatingPointError as exc:  # a diverged run: say why, without a traceback
+        print(f"graphormer-urpe: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

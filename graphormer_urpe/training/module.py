@@ -6,22 +6,34 @@ plain values, so a checkpoint rebuilds the model without the config that trained
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torchmetrics import MeanAbsoluteError, MetricCollection
-from torchmetrics.classification import MultilabelAUROC
+from torchmetrics import MeanAbsoluteError, Metric, MetricCollection
+from torchmetrics.classification import BinaryAUROC, MulticlassAccuracy, MultilabelAUROC
 
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.nn.encodings import EdgePathBias, GraphToken, URPEScale, VirtualDistanceBias
-from graphormer_urpe.nn.graphormer import Graphormer
+from graphormer_urpe.nn.graphormer import PRESETS, Graphormer, GraphormerConfig
 from graphormer_urpe.training.schedule import warmup_polynomial_decay
 
-Task = Literal["regression", "classification"]
+log = logging.getLogger(__name__)
+
+#: ``regression``: L1 loss, MAE. ``classification``: binary or multi-label 0/1 targets, one
+#: logit each, BCE, ROC-AUC. ``multiclass``: one integer class per graph, ``num_targets``
+#: logits, cross-entropy, accuracy.
+Task = Literal["regression", "classification", "multiclass"]
+#: The validation metric of each task (logged as ``val/<name>``) and whether higher is better;
+#: the CLI's checkpoint callback monitors it.
+TASK_METRICS: dict[str, tuple[str, str]] = {
+    "regression": ("mae", "min"), "classification": ("auroc", "max"),
+    "multiclass": ("accuracy", "max")}
 #: Kinds of parameter, one AdamW param group each (see :func:`parameter_groups`).
 ParameterKind = Literal["weight", "embedding", "bias", "layernorm", "urpe_scale"]
 PARAMETER_KINDS: tuple[str, ...] = ParameterKind.__args__
@@ -88,17 +100,34 @@ def compile_backbone(model: Graphormer) -> None:
         model.edge_bias.compile(dynamic=True)
 
 
+def task_metric(task: str, num_targets: int) -> Metric:
+    """The validation / test metric of ``task`` (:data:`TASK_METRICS`); label ``-1`` = unknown."""
+    if task == "regression":
+        return MeanAbsoluteError()
+    if task == "multiclass":
+        return MulticlassAccuracy(num_classes=num_targets, average="micro", ignore_index=-1)
+    if num_targets == 1:
+        return BinaryAUROC(ignore_index=-1)
+    return MultilabelAUROC(num_labels=num_targets, ignore_index=-1)
+
+
 class GraphormerModule(pl.LightningModule):
-    """Graph-level regression (L1 loss, MAE) or binary classification (BCE, ROC-AUC).
+    """Graph-level regression (L1 loss, MAE), binary / multi-label classification (BCE,
+    ROC-AUC) or multi-class classification (cross-entropy, accuracy); see :data:`Task`.
 
     Args:
         num_atom_embeddings, num_bond_embeddings, num_targets, max_hops, task, featurizer:
             facts of the data; the CLI links them from the DataModule. ``featurizer`` names how
             SMILES become graphs (``zinc`` or ``ogb``), so inference can redo it from the
             checkpoint alone.
-        preset: backbone preset (``slim`` for ZINC, ``base`` for PCQM4Mv2).
-        backbone: overrides of the preset's backbone arguments (e.g. ``attention: rpe``).
-        lr, end_lr, warmup_steps, total_steps, power: Graphormer's schedule.
+            For ``multiclass``, ``num_targets`` is the number of classes.
+        preset: backbone preset, a name in :data:`~graphormer_urpe.nn.graphormer.PRESETS`
+            (``slim`` for ZINC, ``small`` / ``base`` for PCQM4Mv2).
+        backbone: the fields of the preset to replace (:class:`GraphormerConfig`, e.g.
+            ``attention: rpe``); unset fields keep the preset's value. The checkpoint stores the
+            complete resolved backbone, so it rebuilds the same model even if a preset changes.
+        lr, end_lr, warmup_steps, total_steps, power: Graphormer's schedule. ``total_steps``
+            None: the trainer's step budget (``trainer.max_steps``, or epochs x batches).
         weight_decay, betas, eps: AdamW.
         no_weight_decay: parameter kinds exempt from weight decay (:data:`ParameterKind`);
             by default every kind decays, as in Graphormer (:func:`parameter_groups`).
@@ -115,11 +144,11 @@ class GraphormerModule(pl.LightningModule):
         task: Task = "regression",
         featurizer: str = "zinc",
         preset: str = "slim",
-        backbone: dict[str, Any] | None = None,
+        backbone: GraphormerConfig = GraphormerConfig(),
         lr: float = 2e-4,
         end_lr: float = 1e-9,
         warmup_steps: int = 60_000,
-        total_steps: int = 400_000,
+        total_steps: int | None = None,
         power: float = 1.0,
         weight_decay: float = 0.01,
         betas: tuple[float, float] = (0.9, 0.999),
@@ -128,24 +157,29 @@ class GraphormerModule(pl.LightningModule):
         compile: bool = False,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters()
-        self.model = Graphormer.from_preset(
-            preset,
-            num_atom_embeddings=num_atom_embeddings,
-            num_bond_embeddings=num_bond_embeddings,
-            num_targets=num_targets,
-            max_hops=max_hops,
-            **(backbone or {}),
-        )
+        if preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+        if task not in TASK_METRICS:
+            raise ValueError(f"task must be one of {list(TASK_METRICS)}, got {task!r}")
+        if task == "multiclass" and num_targets < 2:
+            raise ValueError(f"multiclass needs num_targets = number of classes >= 2, "
+                             f"got {num_targets}")
+        if isinstance(backbone, Mapping):  # a checkpoint's hyperparameters
+            backbone = GraphormerConfig.from_dict(backbone)
+        resolved = backbone.over(PRESETS[preset])
+        self.save_hyperparameters(ignore=["backbone"])
+        # Plain values only (checkpoints load with weights_only=True), and complete.
+        self.hparams["backbone"] = resolved.as_dict()
+        self.model = Graphormer(num_atom_embeddings=num_atom_embeddings,
+                                num_bond_embeddings=num_bond_embeddings, num_targets=num_targets,
+                                max_hops=max_hops, **resolved.as_dict())
         if compile:
             compile_backbone(self.model)
         self.task = task
-        metric_name = "mae" if task == "regression" else "auroc"
+        metric_name = TASK_METRICS[task][0]
         for stage in ("val", "test"):
-            metric = (MeanAbsoluteError() if task == "regression"
-                      else MultilabelAUROC(num_labels=num_targets, ignore_index=-1))
-            setattr(self, f"{stage}_metrics", MetricCollection({metric_name: metric},
-                                                               prefix=f"{stage}/"))
+            setattr(self, f"{stage}_metrics", MetricCollection(
+                {metric_name: task_metric(task, num_targets)}, prefix=f"{stage}/"))
 
     def forward(self, batch: GraphBatch) -> Tensor:
         """Raw model outputs ``[B, num_targets]`` (logits for classification)."""
@@ -155,10 +189,19 @@ class GraphormerModule(pl.LightningModule):
         known = ~torch.isnan(y)  # PCQM4Mv2 test sets and multi-task CSVs have missing labels
         if self.task == "regression":
             return F.l1_loss(pred[known].float(), y[known])
+        if self.task == "multiclass":
+            known = known[:, 0]
+            return F.cross_entropy(pred[known].float(), y[known, 0].long())
         return F.binary_cross_entropy_with_logits(pred[known].float(), y[known])
 
     def training_step(self, batch: GraphBatch, batch_idx: int) -> Tensor:
         loss = self._loss(self(batch), batch.y)
+        if not torch.isfinite(loss):
+            # Stop before the optimizer applies it; Lightning saves no checkpoint of this step.
+            raise FloatingPointError(
+                f"training loss is {loss.item()} at step {self.global_step} (epoch "
+                f"{self.current_epoch}, batch {batch_idx}): check the targets for huge values "
+                "and lower the learning rate; the last good checkpoint is untouched")
         self.log("train/loss", loss, prog_bar=True, batch_size=batch.num_graphs)
         return loss
 
@@ -176,8 +219,12 @@ class GraphormerModule(pl.LightningModule):
         metrics = getattr(self, f"{stage}_metrics")
         if self.task == "regression":
             metrics.update(pred[known], batch.y[known])
+        elif self.task == "multiclass":
+            metrics.update(pred, torch.where(known[:, 0], batch.y[:, 0], -1).long())
         else:
-            metrics.update(torch.sigmoid(pred), torch.where(known, batch.y, -1).long())
+            labels = torch.where(known, batch.y, -1).long()
+            metrics.update(*((torch.sigmoid(pred), labels) if pred.shape[1] > 1
+                             else (torch.sigmoid(pred[:, 0]), labels[:, 0])))
         self.log(f"{stage}/loss", self._loss(pred, batch.y), batch_size=batch.num_graphs,
                  sync_dist=True)
         self.log_dict(metrics, batch_size=batch.num_graphs, prog_bar=True)
@@ -189,10 +236,31 @@ class GraphormerModule(pl.LightningModule):
         self._evaluate(batch, "test")
 
     def predict_step(self, batch: GraphBatch, batch_idx: int) -> dict[str, Tensor]:
+        """Predictions ``[B, num_targets]``: values, probabilities per label
+        (``classification``) or per class (``multiclass``)."""
         pred = self(batch).float()
         if self.task == "classification":
             pred = torch.sigmoid(pred)
+        elif self.task == "multiclass":
+            pred = torch.softmax(pred, dim=-1)
         return {"index": batch.index, "prediction": pred}
+
+    def schedule_steps(self) -> int:
+        """``total_steps`` of the schedule: the given one, else the trainer's step budget; warns
+        when the two disagree (the lr would not reach ``end_lr``, or stay there for long)."""
+        given = self.hparams.total_steps
+        trainer = self._trainer
+        budget = trainer.estimated_stepping_batches if trainer is not None else math.inf
+        if given is None:
+            if not math.isfinite(budget):
+                raise ValueError("the schedule needs a length: set model.total_steps or "
+                                 "trainer.max_steps (or trainer.max_epochs)")
+            return int(budget)
+        if math.isfinite(budget) and int(budget) != given:
+            log.warning("the learning-rate schedule decays over model.total_steps=%d but the "
+                        "trainer stops after %d steps (trainer.max_steps / max_epochs); leave "
+                        "total_steps unset to follow the trainer", given, int(budget))
+        return given
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
@@ -200,7 +268,13 @@ class GraphormerModule(pl.LightningModule):
         optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas), eps=hp.eps,
                                       weight_decay=hp.weight_decay,
                                       fused=self.device.type == "cuda")
-        scheduler = warmup_polynomial_decay(optimizer, hp.warmup_steps, hp.total_steps,
-                                            hp.end_lr, hp.power)
+        total_steps = self.schedule_steps()
+        if total_steps <= hp.warmup_steps:
+            raise ValueError(f"warmup_steps ({hp.warmup_steps}) must be below the schedule's "
+                             f"total steps ({total_steps}"
+                             f"{'' if hp.total_steps else ', from the trainer'}): lower "
+                             "model.warmup_steps")
+        scheduler = warmup_polynomial_decay(optimizer, hp.warmup_steps, total_steps, hp.end_lr,
+                                            hp.power)
         return {"optimizer": optimizer,
                 "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from graphormer_urpe.data.batch import GraphBatch
-from graphormer_urpe.nn import PRESETS, Graphormer, count_parameters
+from graphormer_urpe.nn import PRESETS, Graphormer, GraphormerConfig, count_parameters
 
 SMALL = dict(num_layers=3, hidden_dim=32, ffn_dim=32, num_heads=4)
 
@@ -221,10 +221,21 @@ def test_presets_and_code_defaults():
     model = Graphormer(num_atom_embeddings=29, num_bond_embeddings=5)
     slim = Graphormer.from_preset("slim", num_atom_embeddings=29, num_bond_embeddings=5)
     assert count_parameters(model) == count_parameters(slim)
-    assert (PRESETS["slim"]["num_layers"], PRESETS["slim"]["hidden_dim"],
-            PRESETS["slim"]["ffn_dim"], PRESETS["slim"]["num_heads"]) == (12, 80, 80, 8)
-    assert (PRESETS["base"]["num_layers"], PRESETS["base"]["hidden_dim"],
-            PRESETS["base"]["ffn_dim"], PRESETS["base"]["num_heads"]) == (12, 768, 768, 32)
+    sizes = {name: (p.num_layers, p.hidden_dim, p.ffn_dim, p.num_heads)
+             for name, p in PRESETS.items()}
+    assert sizes == {"slim": (12, 80, 80, 8), "small": (6, 512, 512, 32),
+                     "base": (12, 768, 768, 32)}
+    for preset in PRESETS.values():  # every preset is complete: nothing left to a default
+        assert None not in dataclasses.astuple(preset)
+    assert (PRESETS["small"].dropout, PRESETS["small"].attention_dropout,
+            PRESETS["small"].activation_dropout) == (0.0, 0.1, 0.1)
+
+
+def test_backbone_config_merges_partial_overrides_and_names_valid_keys():
+    config = GraphormerConfig(num_layers=4).over(GraphormerConfig(attention="rpe").over(PRESETS["slim"]))
+    assert (config.num_layers, config.attention, config.hidden_dim) == (4, "rpe", 80)
+    with pytest.raises(ValueError, match=r"unknown backbone keys \['layers'\]; valid keys: \['num_layers'"):
+        GraphormerConfig.from_dict({"layers": 4})
 
 
 def _graphormer_v1_count(atoms, bonds, degree_rows, spatial_rows, hop_rows, layers, d, ffn,
@@ -250,7 +261,7 @@ def test_parameter_counts_against_graphormer_v1(capsys):
             Graphormer.from_preset("slim", **zinc, attention=att, share_urpe_scale=share))
         for att, share in [("rpe", False), ("urpe", False), ("urpe", True), ("none", False)]
     }
-    c_rows = PRESETS["slim"]["max_spd"] + 3
+    c_rows = PRESETS["slim"].max_spd + 3
     assert counts["slim/urpe"] - counts["slim/rpe"] == 12 * 8 * c_rows
     assert counts["slim/urpe/shared"] - counts["slim/rpe"] == 8 * c_rows
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -52,7 +53,8 @@ def test_fit_writes_logs_and_checkpoints_and_links_data_facts(zinc_data_root, tm
     assert (hparams.num_atom_embeddings, hparams.num_bond_embeddings, hparams.num_targets,
             hparams.max_hops, hparams.featurizer) == (29, 5, 1, 5, "zinc")
     checkpoints = {p.name for p in (run_dir / "checkpoints").iterdir()}
-    assert "last.ckpt" in checkpoints and any(n.startswith("best-") for n in checkpoints)
+    assert "last.ckpt" in checkpoints
+    assert any(n.startswith("epoch=0-step=3-val_mae=") for n in checkpoints), checkpoints
     metrics = next((run_dir / "csv").rglob("metrics.csv")).read_text()
     assert "val/mae" in metrics and "train/loss" in metrics
     assert any((run_dir / "tensorboard").rglob("events.out.tfevents.*"))
@@ -112,3 +114,26 @@ def test_weight_decay_pulls_urpe_scale_toward_one_not_zero(zinc_data_root, tmp_p
     groups = checkpoint["optimizer_states"][0]["param_groups"]
     assert {g["name"]: g["weight_decay"] for g in groups} == {
         "weight": 0.5, "embedding": 0.5, "bias": 0.5, "layernorm": 0.5, "urpe_scale": 0.5}
+
+
+def test_schedule_follows_trainer_max_steps(zinc_data_root, tmp_path, caplog):
+    args = [a for a in zinc_args(tmp_path / "run", zinc_data_root) if a != "--model.total_steps"]
+    args.remove("20")
+    cli = build_cli(["fit", *args, "--trainer.max_steps", "8", "--trainer.limit_train_batches",
+                     "10"])
+    scheduler = cli.trainer.lr_scheduler_configs[0].scheduler
+    assert cli.trainer.global_step == 8
+    lrs = [scheduler.lr_lambdas[0](step) for step in (4, 8)]
+    assert lrs[0] == 1.0 and lrs[1] == pytest.approx(1e-9 / 2e-4)  # peak at warmup, end at 8
+    with caplog.at_level(logging.WARNING):
+        build_cli(["fit", *args, "--trainer.max_steps", "3", "--model.total_steps", "20",
+                   "--trainer.default_root_dir", str(tmp_path / "other")])
+    assert "decays over model.total_steps=20 but the trainer stops after 3 steps" in caplog.text
+
+
+def test_warmup_longer_than_the_trainer_budget_is_a_clear_error(zinc_data_root, tmp_path):
+    args = [a for a in zinc_args(tmp_path / "run", zinc_data_root) if a != "--model.total_steps"]
+    args.remove("20")
+    with pytest.raises(ValueError, match=r"warmup_steps \(60\) must be below the schedule's "
+                                         r"total steps \(5, from the trainer\)"):
+        build_cli(["fit", *args, "--trainer.max_steps", "5", "--model.warmup_steps", "60"])

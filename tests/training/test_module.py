@@ -10,7 +10,8 @@ TINY = {"num_layers": 2, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2}
 
 
 def _module(**kwargs) -> GraphormerModule:
-    return GraphormerModule(num_atom_embeddings=29, num_bond_embeddings=5, backbone=TINY, **kwargs)
+    return GraphormerModule(num_atom_embeddings=29, num_bond_embeddings=5, backbone=TINY,
+                            **{"warmup_steps": 10, "total_steps": 100, **kwargs})
 
 
 def test_every_parameter_is_in_exactly_one_named_group():
