@@ -6,7 +6,8 @@ serves whole batches through ``__getitems__`` (one vectorised :func:`~.collate.c
 batch, no per-graph Python work), padded to the largest graph of the batch.
 
 Training order is a pure function of ``(seed, epoch)`` (:class:`SeededShuffleSampler`), so a
-resumed run sees the same order. Graphs with more than ``max_nodes`` nodes are dropped from
+resumed run sees the same order, and a run resumed inside an epoch continues that epoch's order
+where the checkpoint left it. Graphs with more than ``max_nodes`` nodes are dropped from
 TRAINING only (the count is logged); validation, test and prediction serve every graph.
 
 ``device_resident=True`` swaps each ``DataLoader`` for a :class:`~.resident.ResidentLoader`: the
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -134,15 +135,25 @@ def _already_collated(batch: GraphBatch) -> GraphBatch:
 
 
 class SeededShuffleSampler(Sampler[int]):
-    """A random permutation of ``range(num_items)`` that depends only on ``(seed, epoch)``.
+    """A random permutation of ``range(num_items)`` that depends only on ``(seed, epoch)``,
+    resumable inside an epoch.
 
     Lightning calls :meth:`set_epoch` at every epoch start, so a run resumed at epoch ``e``
-    replays the order of an uninterrupted run.
+    replays the order of an uninterrupted run. ``batches_done`` (a callable) tells how many
+    batches of ``batch_size`` items of the current epoch were already trained when iteration
+    starts: 0 at an epoch's start, ``k`` when the run resumes from a checkpoint saved after the
+    epoch's ``k``-th batch (a validation checkpoint inside the epoch, ``last.ckpt`` of a killed
+    run). Iteration then yields the rest of the epoch's order, so the resumed run trains on
+    exactly the batches the uninterrupted run would. ``len()`` stays the whole epoch (the
+    trainer counts batches from ``k``).
     """
 
-    def __init__(self, num_items: int, seed: int = 0) -> None:
+    def __init__(self, num_items: int, seed: int = 0, batch_size: int = 1,
+                 batches_done: Callable[[], int] | None = None) -> None:
         self.num_items = int(num_items)
         self.seed = int(seed)
+        self.batch_size = int(batch_size)
+        self.batches_done = batches_done or (lambda: 0)
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -152,11 +163,11 @@ class SeededShuffleSampler(Sampler[int]):
         return self.num_items
 
     def permutation(self) -> np.ndarray:
-        """This epoch's order, ``[num_items]`` int64 (what iterating yields)."""
+        """This epoch's whole order, ``[num_items]`` int64."""
         return np.random.default_rng([self.seed, self.epoch]).permutation(self.num_items)
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self.permutation().tolist())
+        return iter(self.permutation()[self.batches_done() * self.batch_size:].tolist())
 
 
 class GraphDataModule(pl.LightningDataModule):
@@ -281,9 +292,18 @@ class GraphDataModule(pl.LightningDataModule):
                           collate_fn=_already_collated, num_workers=self.num_workers,
                           pin_memory=self.pin_memory, persistent_workers=self.num_workers > 0)
 
+    def batches_done(self) -> int:
+        """Batches of the current training epoch already trained (the attached trainer's count,
+        restored from a checkpoint when resuming; 0 at an epoch's start or without a trainer)."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return 0
+        return int(trainer.fit_loop.epoch_loop.batch_progress.current.ready)
+
     def train_dataloader(self) -> DataLoader | ResidentLoader:
         dataset = self.train_dataset()
-        return self._loader(dataset, self.batch_size, SeededShuffleSampler(len(dataset), self.seed))
+        sampler = SeededShuffleSampler(len(dataset), self.seed, self.batch_size, self.batches_done)
+        return self._loader(dataset, self.batch_size, sampler)
 
     def val_dataloader(self) -> DataLoader | ResidentLoader:
         return self._loader(self._split("val"), self.eval_batch_size, None)

@@ -231,7 +231,8 @@ class ResidentLoader:
     ``loader.sampler.set_epoch``), else the split's order. The order is drawn when iteration
     starts, so ``set_epoch`` before the first batch counts. With ``world_size > 1`` (DDP) each rank
     takes every ``world_size``-th item of the order, padded by wrapping around to a multiple of
-    ``world_size``, as ``torch.utils.data.DistributedSampler`` does.
+    ``world_size``, as ``torch.utils.data.DistributedSampler`` does. Iteration starts after the
+    sampler's ``batches_done()`` batches (a run resumed inside an epoch).
     """
 
     def __init__(self, split: ResidentSplit, batch_size: int, sampler: "SeededShuffleSampler | None" = None,
@@ -266,6 +267,8 @@ class ResidentLoader:
     def __iter__(self) -> Iterator[GraphBatch]:
         order = self.order()
         order_on_device = torch.from_numpy(order).to(self.split.device)
-        for start in range(0, len(order), self.batch_size):
+        # Resuming inside an epoch: this rank's batches already trained are skipped.
+        first = self.sampler.batches_done() * self.batch_size if self.sampler is not None else 0
+        for start in range(first, len(order), self.batch_size):
             stop = start + self.batch_size
             yield self.split.batch(order[start:stop], order_on_device[start:stop])

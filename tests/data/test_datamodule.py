@@ -62,6 +62,15 @@ def test_training_order_is_a_function_of_seed_and_epoch(zinc_data_root):
     assert sorted(sampler) == list(range(100))
 
 
+def test_sampler_resumed_inside_an_epoch_yields_the_rest_of_its_order():
+    done = [0]
+    sampler = SeededShuffleSampler(100, seed=3, batch_size=16, batches_done=lambda: done[0])
+    sampler.set_epoch(2)
+    whole = list(sampler)
+    done[0] = 3
+    assert list(sampler) == whole[48:] and len(sampler) == 100
+
+
 def test_max_nodes_drops_only_training_graphs(zinc_data_root, caplog):
     dm = ZINCDataModule(root=str(zinc_data_root), max_nodes=20, batch_size=1000, eval_batch_size=1000)
     dm.setup("fit")

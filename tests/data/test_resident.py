@@ -126,6 +126,9 @@ def test_ranks_split_the_order_like_a_distributed_sampler(zinc_data_root):
     np.testing.assert_array_equal(np.stack(orders, 1).reshape(-1)[:1000], sampler.permutation())
     served = torch.cat([b.index for b in ranks[1]])
     assert served.tolist() == orders[1].tolist()
+    # Resumed after 2 batches of the epoch: each rank continues its own order.
+    sampler.batches_done = lambda: 2
+    assert torch.cat([b.index for b in ranks[1]]).tolist() == orders[1][128:].tolist()
 
 
 def test_bad_loader_arguments(zinc_data_root):

@@ -75,6 +75,26 @@ def test_killed_run_resumes_with_same_steps_schedule_and_data_order(zinc_data_ro
                                    msg=lambda m: f"{name}: {m}")
 
 
+@pytest.mark.parametrize("resident", [False, True])
+def test_resume_from_a_validation_checkpoint_inside_an_epoch_is_exact(zinc_data_root, tmp_path,
+                                                                      resident):
+    """Epochs of 5 batches, validation (and a checkpoint) every 2: resuming from the one saved
+    after step 7 (epoch 1, 2 of its 5 batches done) trains on exactly the remaining batches, so
+    step 12 equals the uninterrupted run's bit for bit (DataLoader and device-resident data)."""
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    mid_epoch = ["--trainer.max_steps", "12", "--trainer.limit_train_batches", "5",
+                 "--trainer.val_check_interval", "2", "--checkpoint.save_top_k", "-1",
+                 "--data.init_args.device_resident", str(resident).lower()]
+    build_cli(["fit", *zinc_args(straight, zinc_data_root, *mid_epoch)])
+    [checkpoint] = (straight / "checkpoints").glob("epoch=1-step=7-*.ckpt")
+    build_cli(["fit", *zinc_args(resumed, zinc_data_root, *mid_epoch, "--ckpt_path",
+                                 str(checkpoint))])
+    reference, result = last_checkpoint(straight), last_checkpoint(resumed)
+    assert result["global_step"] == reference["global_step"] == 12
+    for name, value in reference["state_dict"].items():
+        assert torch.equal(result["state_dict"][name], value), name
+
+
 def test_test_subcommand_reports_mae_from_a_checkpoint(zinc_data_root, tmp_path):
     run_dir = tmp_path / "run"
     build_cli(["fit", *zinc_args(run_dir, zinc_data_root, "--trainer.max_steps", "2")])
