@@ -458,7 +458,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> list[CellResult]:
+def run(argv: Sequence[str] | None = None) -> list[CellResult]:
+    """Train the grid given by the command line ``argv``, write the reports, return the cells."""
     args = _parser().parse_args(argv)
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)}
     configs = {task: task_config(task, **overrides) for task in args.tasks}
@@ -472,5 +473,11 @@ def main(argv: Sequence[str] | None = None) -> list[CellResult]:
     return results
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    """``graphormer-urpe-synthetic``: exit status 0 after a successful grid."""
+    run(argv)
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

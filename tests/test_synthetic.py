@@ -2,6 +2,8 @@
 import dataclasses
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -126,7 +128,7 @@ def test_main_writes_json_csv_and_markdown_block(tmp_path, capsys):
     for name, value in TINY.__dict__.items():
         argv += [f"--{name.replace('_', '-')}", str(value)]
     argv[argv.index("--steps") + 1] = "10"
-    results = synthetic.main(argv)
+    results = synthetic.run(argv)
     assert len(results) == 4
     text = markdown.read_text()
     assert text.startswith("# Title\n\nProse before.") and text.endswith("Prose after.\n")
@@ -143,6 +145,19 @@ def test_main_writes_json_csv_and_markdown_block(tmp_path, capsys):
     assert csv_lines[0].startswith("task,length,vocab_size,scheme,seed,steps,accuracy")
     assert len(csv_lines) == 5
     assert "| Even Token Prediction |" in capsys.readouterr().out
+
+
+def test_console_script_exits_zero_after_a_successful_grid(tmp_path):
+    script = Path(sys.executable).with_name("graphormer-urpe-synthetic")
+    argv = [str(script), "--tasks", "pi", "--vocab-sizes", "40", "--schemes", "urpe", "--seeds", "0",
+            "--run-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results"),
+            "--markdown", "", "--no-progress"]
+    for name, value in TINY.__dict__.items():
+        argv += [f"--{name.replace('_', '-')}", str(value)]
+    argv[argv.index("--steps") + 1] = "2"
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "| urpe |" in result.stdout
 
 
 def _plot_module():

@@ -204,3 +204,17 @@ def test_each_config_names_its_own_run_directory():
     quick = build_cli(["--config", str(REPO / "configs" / "zinc.yaml"),
                        "--config", str(REPO / "configs" / "quickstart.yaml")], run=False)
     assert quick.trainer.default_root_dir.rstrip("/").endswith("runs/zinc_quickstart")
+
+
+def test_console_script_logs_dataset_builds_without_lightning_tips(esol_table, tmp_path):
+    import subprocess
+    import sys
+
+    path = _write(esol_table.rename(columns={ESOL_TARGET: "y"}), tmp_path / "t.csv")
+    script = Path(sys.executable).with_name("graphormer-urpe")
+    result = subprocess.run([str(script), "fit", *csv_args(path, tmp_path / "run")],
+                            capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert "encoding 120 graphs (max_hops=5)" in output
+    assert "Tip:" not in output
