@@ -82,16 +82,11 @@ class Graphormer(nn.Module):
             (:func:`graphormer_urpe.data.features.num_embeddings`; ZINC: 29).
         num_bond_embeddings: bond id table size incl. padding id 0 (ZINC: 5).
         num_targets: outputs per graph.
-        num_layers, hidden_dim, ffn_dim, num_heads: transformer size.
-        attention: ``"urpe"`` (B and C), ``"rpe"`` (B only) or ``"none"`` (no B, no C).
-        share_urpe_scale: one C table for all layers instead of one per layer.
-        dropout: on the embeddings and on each residual branch.
-        attention_dropout: on the attention probabilities.
-        activation_dropout: after the FFN's GELU.
-        max_degree: larger degrees share the last degree embedding.
-        max_spd: larger shortest-path distances share the last B and C entries.
         max_hops: hops of each shortest path used by the edge encoding.
-        attention_impl: attention kernel (:data:`~graphormer_urpe.nn.attention.ATTENTION_IMPLS`).
+        num_layers, hidden_dim, ffn_dim, num_heads, attention, share_urpe_scale, dropout,
+            attention_dropout, activation_dropout, max_degree, max_spd, attention_impl: the
+            architecture, documented on :class:`GraphormerConfig` (attention kernels:
+            :data:`~graphormer_urpe.nn.attention.ATTENTION_IMPLS`).
     """
 
     def __init__(
