@@ -206,15 +206,18 @@ def test_each_config_names_its_own_run_directory():
     assert quick.trainer.default_root_dir.rstrip("/").endswith("runs/zinc_quickstart")
 
 
-def test_console_script_logs_dataset_builds_without_lightning_tips(esol_table, tmp_path):
+def test_console_script_logs_builds_once_without_lightning_tips(esol_table, tmp_path):
     import subprocess
     import sys
 
-    path = _write(esol_table.rename(columns={ESOL_TARGET: "y"}), tmp_path / "t.csv")
+    table = esol_table.rename(columns={ESOL_TARGET: "y"})
+    table.loc[5, "smiles"] = "not a molecule"
+    path = _write(table, tmp_path / "t.csv")
     script = Path(sys.executable).with_name("graphormer-urpe")
     result = subprocess.run([str(script), "fit", *csv_args(path, tmp_path / "run")],
                             capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     output = result.stdout + result.stderr
-    assert "encoding 120 graphs (max_hops=5)" in output
+    assert "encoding 119 graphs (max_hops=5)" in output
+    assert output.count("skipped 1 of 120 rows whose SMILES RDKit rejects (lines 7)") == 1
     assert "Tip:" not in output
