@@ -1,4 +1,5 @@
-"""PCQM4Mv2 in the OGB-LSC layout: fixture builder, equality with OGB's own dataset, DataModule."""
+"""PCQM4Mv2 in the OGB-LSC layout: fixture builder and DataModule (equality with OGB's own dataset:
+test_pcqm4m.py, for both versions)."""
 from __future__ import annotations
 
 import builtins
@@ -52,40 +53,6 @@ def test_fixture_root_has_the_official_layout(pcqm_root):
     assert "[H]" not in smiles[0] and "|" not in smiles[0]  # hydrogens and coordinates removed
     for split in SPLITS:
         assert np.isnan(gap[splits[split]]).all() == (split.startswith("test"))
-
-
-def test_featurization_equals_ogbs_own_dataset(pcqm_root):
-    dataset, ogb_splits = ogb_pcqm4mv2_dataset(pcqm_root)
-    # The numpy allow-list lasted only for the call (PyG registers its own classes on import).
-    assert np.ndarray not in torch.serialization.get_safe_globals()
-    dm = PCQM4Mv2DataModule(root=str(pcqm_root), build_workers=2)
-    graphs, graph_of_row, y, splits = dm.store()
-    for split in SPLITS:
-        assert np.array_equal(ogb_splits[split].numpy(), splits[split])
-    ogb, slices = dataset._data, dataset.slices
-    assert len(dataset) == len(graph_of_row) == 1999
-    node_ptr, edge_ptr = slices["x"].numpy(), slices["edge_index"].numpy()
-    # Raw OGB feature values: undo the shared-id offsets of the stored graphs.
-    from graphormer_urpe.data.features import feature_offsets
-
-    atom_offsets, bond_offsets = feature_offsets(OGB_ATOM_FEATURE_DIMS), feature_offsets(OGB_BOND_FEATURE_DIMS)
-    for row in range(1999):
-        g = graph_of_row[row]
-        n0, n1 = graphs.node_ptr[g], graphs.node_ptr[g + 1]
-        e0, e1 = graphs.edge_ptr[g], graphs.edge_ptr[g + 1]
-        assert np.array_equal(graphs.x[n0:n1] - atom_offsets, ogb.x[node_ptr[row]:node_ptr[row + 1]].numpy())
-        assert np.array_equal(graphs.edge_attr[e0:e1] - bond_offsets,
-                              ogb.edge_attr[edge_ptr[row]:edge_ptr[row + 1]].numpy())
-    # Edges: the featurized cache entry the DataModule built (loaded, never recomputed here).
-    from graphormer_urpe.data.featurize import cached_smiles_graphs, file_fingerprint
-
-    table = pcqm_root / "pcqm4m-v2" / "raw" / "data.csv.gz"
-    cached = cached_smiles_graphs(pcqm_root / "pcqm4m-v2" / "processed_graphormer_urpe" / "graphs",
-                                  file_fingerprint(table), lambda: pytest.fail("cache missed"), "ogb")
-    assert np.array_equal(graph_of_row, np.arange(1999))  # the 1,999 molecules are distinct
-    assert np.array_equal(cached["edge_index"].astype(np.int64), ogb.edge_index.numpy())
-    assert np.array_equal(cached["node_ptr"], node_ptr) and np.array_equal(cached["edge_ptr"], edge_ptr)
-    np.testing.assert_array_equal(y[:, 0], ogb.y.numpy())  # NaN == NaN for the test sets
 
 
 def test_datamodule_serves_ogb_splits(pcqm_root):

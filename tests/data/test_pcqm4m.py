@@ -1,0 +1,144 @@
+"""The OGB-LSC layouts shared by PCQM4M (v1) and PCQM4Mv2: equality with OGB's own datasets on real
+molecules, the v1 DataModule, and the checks on split dicts."""
+from __future__ import annotations
+
+import builtins
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from graphormer_urpe.data.datamodule import PCQM4MDataModule, PCQM4Mv2DataModule
+from graphormer_urpe.data.features import feature_offsets
+from graphormer_urpe.data.featurize import (
+    OGB_ATOM_FEATURE_DIMS, OGB_BOND_FEATURE_DIMS, cached_smiles_graphs, file_fingerprint,
+)
+from graphormer_urpe.data.ogb_lsc import (
+    PCQM4M, PCQM4MV2, RAW_TABLE, RELEASE_MARKER, SPLIT_FILE, ogb_dataset, read_split_dict, read_table,
+    require_layout, write_root,
+)
+
+DATAMODULES = {"PCQM4M": PCQM4MDataModule, "PCQM4Mv2": PCQM4Mv2DataModule}
+
+
+@pytest.fixture(scope="module")
+def pcqm_source(shared_data_dir):
+    return shared_data_dir / "pcqm4mv2" / "pcqm4mv2_first2k_3d.csv.gz"
+
+
+@pytest.fixture(scope="module")
+def v1_root(pcqm_source, tmp_path_factory):
+    """A PCQM4M (v1) root of the 1,999 real molecules, split 1,599 / 200 / 200."""
+    root = tmp_path_factory.mktemp("pcqm4m")
+    write_root(root, pcqm_source, PCQM4M)
+    return root
+
+
+@pytest.fixture(autouse=True)
+def no_stdin(monkeypatch):
+    """OGB must never ask anything."""
+    def refuse(*args):
+        raise AssertionError(f"input() was called: {args}")
+
+    monkeypatch.setattr(builtins, "input", refuse)
+
+
+def test_layouts_have_the_official_names_and_sizes():
+    assert PCQM4M.folder == "pcqm4m_kddcup2021" and PCQM4MV2.folder == "pcqm4m-v2"
+    assert dict(PCQM4M.split_sizes) == {"train": 3_045_360, "valid": 380_670, "test": 377_423}
+    assert PCQM4M.test_splits == ("test",) and PCQM4MV2.test_splits == ("test-dev", "test-challenge")
+    assert PCQM4MV2.num_molecules == 3_746_620
+    import ogb.lsc
+
+    for layout in (PCQM4M, PCQM4MV2):
+        assert hasattr(ogb.lsc, layout.ogb_dataset) and hasattr(ogb.lsc, layout.ogb_evaluator)
+
+
+@pytest.mark.parametrize("layout", [PCQM4M, PCQM4MV2], ids=lambda layout: layout.name)
+def test_featurization_equals_ogbs_own_dataset(layout, pcqm_source, tmp_path):
+    write_root(tmp_path, pcqm_source, layout)
+    dataset, ogb_splits = ogb_dataset(tmp_path, layout)
+    # The numpy allow-list lasted only for the call (PyG registers its own classes on import).
+    assert np.ndarray not in torch.serialization.get_safe_globals()
+    graphs, graph_of_row, y, splits = DATAMODULES[layout.name](root=str(tmp_path), build_workers=2).store()
+    assert list(splits) == list(layout.splits)
+    for split in layout.splits:
+        assert np.array_equal(ogb_splits[split].numpy(), splits[split])
+    ogb, slices = dataset._data, dataset.slices
+    assert len(dataset) == len(graph_of_row) == 1999
+    node_ptr, edge_ptr = slices["x"].numpy(), slices["edge_index"].numpy()
+    # Raw OGB feature values: undo the shared-id offsets of the stored graphs.
+    atom_offsets, bond_offsets = feature_offsets(OGB_ATOM_FEATURE_DIMS), feature_offsets(OGB_BOND_FEATURE_DIMS)
+    for row in range(1999):
+        g = graph_of_row[row]
+        n0, n1 = graphs.node_ptr[g], graphs.node_ptr[g + 1]
+        e0, e1 = graphs.edge_ptr[g], graphs.edge_ptr[g + 1]
+        assert np.array_equal(graphs.x[n0:n1] - atom_offsets, ogb.x[node_ptr[row]:node_ptr[row + 1]].numpy())
+        assert np.array_equal(graphs.edge_attr[e0:e1] - bond_offsets,
+                              ogb.edge_attr[edge_ptr[row]:edge_ptr[row + 1]].numpy())
+    # Edges: the featurized cache entry the DataModule built (loaded, never recomputed here).
+    folder = layout.path(tmp_path)
+    cached = cached_smiles_graphs(folder / "processed_graphormer_urpe" / "graphs",
+                                  file_fingerprint(folder / RAW_TABLE), lambda: pytest.fail("cache missed"), "ogb")
+    assert np.array_equal(graph_of_row, np.arange(1999))  # the 1,999 molecules are distinct
+    assert np.array_equal(cached["edge_index"].astype(np.int64), ogb.edge_index.numpy())
+    assert np.array_equal(cached["node_ptr"], node_ptr) and np.array_equal(cached["edge_ptr"], edge_ptr)
+    np.testing.assert_array_equal(y[:, 0], ogb.y.numpy())  # NaN == NaN for the test sets
+
+
+def test_v1_datamodule_serves_ogb_splits(v1_root):
+    dm = PCQM4MDataModule(root=str(v1_root), eval_batch_size=64)
+    assert (dm.num_atom_embeddings, dm.num_bond_embeddings, dm.num_targets) == (175, 14, 1)
+    assert dm.split_names == {"train": "train", "val": "valid", "test": "valid", "predict": "test"}
+    dm.setup("fit")
+    _, gaps = read_table(v1_root, PCQM4M)
+    splits = read_split_dict(v1_root, PCQM4M)
+    assert {k: len(v) for k, v in splits.items()} == {"train": 1599, "valid": 200, "test": 200}
+    val = list(dm.val_dataloader())
+    assert torch.cat([b.index for b in val]).tolist() == list(range(200))
+    np.testing.assert_array_equal(torch.cat([b.y for b in val])[:, 0].numpy(), gaps[splits["valid"]])
+    predict = list(dm.predict_dataloader())
+    assert sum(len(b) for b in predict) == 200 and all(torch.isnan(b.y).all() for b in predict)
+    with pytest.raises(ValueError, match="predict_split must be one of .*'test'.* for PCQM4M"):
+        PCQM4MDataModule(root=str(v1_root), predict_split="test-dev")
+
+
+def _bad_split_dicts(splits: dict[str, np.ndarray], num_rows: int) -> dict[str, tuple[dict, str]]:
+    train, valid, test = splits["train"], splits["valid"], splits["test"]
+    return {
+        "negative": ({**splits, "test": np.r_[test[:-1], -1]}, r"'test' has rows outside \[0, 1999\).*-1"),
+        "past the end": ({**splits, "valid": np.r_[valid, num_rows]}, r"'valid' has rows outside.*1999"),
+        "overlap": ({**splits, "test": np.r_[test, train[:3]]}, r"splits 'train' and 'test' share 3 rows"),
+        "repeated": ({**splits, "train": np.r_[train, train[:1]]}, r"'train' repeats rows"),
+        "unlabelled valid": ({**splits, "valid": np.r_[valid, test[:2]], "test": test[2:]},
+                             r"'valid' has 2 rows without a finite homolumogap"),
+        "missing split": ({"train": train, "valid": valid}, r"lacks splits \['test'\]"),
+        "not indices": ({**splits, "train": train.astype(np.float32)}, r"'train' must be a 1-D array of integer"),
+    }
+
+
+def test_split_dict_is_checked_before_anything_is_served(v1_root, tmp_path):
+    """Rows that would wrap around, overlap another split or lack a label are refused by name."""
+    splits = read_split_dict(v1_root, PCQM4M)
+    for problem, (bad, message) in _bad_split_dicts(splits, 1999).items():
+        root = tmp_path / problem.replace(" ", "_")
+        shutil.copytree(v1_root, root)  # with the featurized molecules: only the split dict differs
+        torch.save(bad, PCQM4M.path(root) / SPLIT_FILE)
+        with pytest.raises(ValueError, match=message):
+            PCQM4MDataModule(root=str(root)).prepare_data()
+
+
+def test_missing_files_are_named_and_ogb_never_prompts(v1_root, tmp_path):
+    with pytest.raises(ValueError, match="not a directory"):
+        require_layout(tmp_path / "nowhere", PCQM4M)
+    (tmp_path / "pcqm4m_kddcup2021").mkdir()
+    with pytest.raises(ValueError, match=r"PCQM4M file\(s\) missing: .*data.csv.gz, .*split_dict.pt"):
+        require_layout(tmp_path, PCQM4M)
+    with pytest.raises(ValueError, match=RELEASE_MARKER):
+        ogb_dataset(tmp_path, PCQM4M)
+    with pytest.raises(ValueError, match="split file"):
+        read_split_dict(tmp_path, PCQM4M)
+    with pytest.raises(ValueError, match="download=True"):
+        PCQM4MDataModule(root=str(tmp_path)).prepare_data()
+    assert require_layout(v1_root, PCQM4M) == v1_root / "pcqm4m_kddcup2021"
