@@ -250,6 +250,11 @@ PRESETS["base"] = {
     "dropout": 0.0, "attention_dropout": 0.1, "activation_dropout": 0.1,
     "max_degree": 510, "max_spd": 510, "max_hops": 5,
 }
+PRESETS["small"] = {
+    **PRESETS["base"],
+    "num_layers": 6, "hidden_dim": 512, "ffn_dim": 512, "num_heads": 32,
+    "dropout": 0.1, "attention_dropout": 0.1, "activation_dropout": 0.0,
+}
 
 
 def count_parameters(model: nn.Module, trainable_only: bool = True) -> int:
