@@ -146,10 +146,7 @@ def test_main_writes_json_csv_and_markdown_block(tmp_path, capsys):
 
 
 def _plot_module():
-    spec = importlib.util.spec_from_file_location("plot_urpe", REPO / "scripts" / "plot_urpe.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("graphormer_urpe.plot")
 
 
 def test_plot_script_renders_a_trained_sequence_model(tmp_path):
