@@ -81,6 +81,22 @@ def test_pcqm4m_config_trains_through_the_cli(fitted_v1):
     assert (hparams["lr"], hparams["warmup_steps"], hparams["total_steps"]) == (2e-4, 60_000, 1_000_000)
 
 
+@pytest.mark.parametrize("overlay, attention, parameters, run_dir", [
+    ([], "urpe", 9_942_177, "runs/pcqm4m_urpe"),
+    (["--config", str(REPO / "configs" / "rpe.yaml"), "--trainer.default_root_dir", "runs/pcqm4m_rpe"],
+     "rpe", 9_843_681, "runs/pcqm4m_rpe"),
+])
+def test_pcqm4m_config_is_graphormer_small_and_rpe_yaml_is_its_ablation(overlay, attention, parameters, run_dir):
+    from graphormer_urpe.nn.graphormer import count_parameters
+    from graphormer_urpe.training.cli import build_cli
+
+    cli = build_cli(["--config", str(REPO / "configs" / "pcqm4m.yaml"), *overlay], run=False)
+    assert type(cli.datamodule).__name__ == "PCQM4MDataModule" and cli.datamodule.batch_size == 256
+    assert cli.model.model.attention == attention and len(cli.model.model.layers) == 6
+    assert count_parameters(cli.model.model) == parameters  # the full small preset (docs/model.md)
+    assert cli.config.trainer.default_root_dir == run_dir
+
+
 @pytest.mark.slow
 def test_pcqm4m_submission(fitted_v1):
     work, ckpt = fitted_v1
