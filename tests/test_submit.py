@@ -162,6 +162,7 @@ REFUSALS = {
     "negative test rows": r"'test' has rows outside \[0, 379023\).*-5",
     "test overlaps train": "splits 'train' and 'test' share 3 rows",
     "short test set": "'test' has 377,422 rows; the official PCQM4M test set has 377,423",
+    "damaged table": r"data.csv.gz cannot be read as an OGB-LSC table .*\((BadGzipFile|EOFError|OSError)",
 }
 
 
@@ -178,8 +179,12 @@ def test_refusals_are_one_line_exit_2_and_write_nothing(fitted_v1, tmp_path, cap
         root = tmp_path
     else:
         root = tmp_path / "root"
-        shutil.copytree(work / "root", root)  # featurized molecules included: only the split dict differs
-        _bad_split_dict(root, problem)
+        shutil.copytree(work / "root", root)  # featurized molecules included: only one file differs
+        if problem == "damaged table":
+            table = PCQM4M.path(root) / RAW_TABLE
+            table.write_bytes(table.read_bytes()[:5000])  # a truncated download
+        else:
+            _bad_split_dict(root, problem)
     out_dir = tmp_path / "out"
     status = submit.main(["--dataset", "pcqm4m", "--ckpt", str(ckpt), "--root", str(root),
                           "--out-dir", str(out_dir), "--batch-size", "4096"])

@@ -210,8 +210,9 @@ def read_table(root: str | os.PathLike, layout: LSCLayout) -> tuple[list[str], n
     path = layout.path(root) / RAW_TABLE
     try:
         table = pd.read_csv(path, usecols=["smiles", "homolumogap"])
-    except ValueError as exc:  # a missing column
-        raise ValueError(f"{path}: {exc} (an OGB-LSC table has columns idx, smiles, homolumogap)") from exc
+    except (ValueError, OSError, EOFError) as exc:  # a missing column, a damaged gzip stream
+        raise ValueError(f"{path} cannot be read as an OGB-LSC table with columns idx, smiles, homolumogap "
+                         f"({type(exc).__name__}: {exc})") from exc
     return table["smiles"].tolist(), table["homolumogap"].to_numpy(dtype=np.float32)
 
 
