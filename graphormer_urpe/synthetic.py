@@ -18,7 +18,7 @@ solves them.
 
 Run the grid (``task x vocab x scheme x seed``) with ``python -m graphormer_urpe.synthetic``
 (``--help`` lists the options). Each finished cell is written to ``<run-dir>/<cell>.json``
-(metrics) and ``<run-dir>/<cell>.pt`` (weights, for ``scripts/plot_urpe.py``) before the next
+(metrics) and ``<run-dir>/<cell>.pt`` (weights, for ``graphormer-urpe-plot``) before the next
 starts, so a killed grid resumes where it stopped. The cell name ends in a fingerprint of its
 settings (:meth:`TrainConfig.fingerprint`): changed settings train new cells beside the old. The table goes to ``docs/synthetic.md`` (between the ``results`` markers) and
 ``docs/results/synthetic.{json,csv}``, and is printed.

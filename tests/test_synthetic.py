@@ -161,10 +161,7 @@ def test_console_script_exits_zero_after_a_successful_grid(tmp_path):
 
 
 def _plot_module():
-    spec = importlib.util.spec_from_file_location("plot_urpe", REPO / "scripts" / "plot_urpe.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("graphormer_urpe.plot")
 
 
 def test_plot_script_renders_a_trained_sequence_model(tmp_path):

@@ -12,6 +12,8 @@ from graphormer_urpe.data.batch import GraphBatch
 _LAZY = {
     "GraphDataModule": "datamodule",
     "ZINCDataModule": "datamodule",
+    "OGBLSCDataModule": "datamodule",
+    "PCQM4MDataModule": "datamodule",
     "PCQM4Mv2DataModule": "datamodule",
     "CSVDataModule": "datamodule",
     "EncodedGraphDataset": "datamodule",

@@ -1,6 +1,6 @@
 """Lightning DataModules over encoded graphs: a base class and the batching machinery.
 
-Every data family (ZINC, PCQM4Mv2, CSV) turns its splits into :class:`~.collate.FlatGraphs`
+Every data family (ZINC, PCQM4M / PCQM4Mv2, CSV) turns its splits into :class:`~.collate.FlatGraphs`
 (features as shared ids + cached encodings, memory-mapped); :class:`EncodedGraphDataset` then
 serves whole batches through ``__getitems__`` (one vectorised :func:`~.collate.collate` call per
 batch, no per-graph Python work), padded to the largest graph of the batch.
@@ -30,6 +30,7 @@ from graphormer_urpe.data.cache import cached_encodings
 from graphormer_urpe.data.collate import FlatGraphs, collate
 from graphormer_urpe.data.features import num_embeddings, to_shared_ids
 from graphormer_urpe.data.featurize import featurizer_spec
+from graphormer_urpe.data.ogb_lsc import PCQM4M, PCQM4MV2, LSCLayout
 from graphormer_urpe.data.resident import ResidentLoader, ResidentSplit, TensorGraphs
 
 log = logging.getLogger(__name__)
@@ -211,7 +212,7 @@ class GraphDataModule(pl.LightningDataModule):
         self.encode_threads = int(encode_threads)
         self.device_resident = bool(device_resident)
         self.splits: dict[str, EncodedGraphDataset] = {}
-        # (host store, its device copy): splits sharing one store (PCQM4Mv2, CSV) share the copy
+        # (host store, its device copy): splits sharing one store (OGB-LSC, CSV) share the copy
         self._resident_graphs: list[tuple[FlatGraphs, TensorGraphs]] = []
 
     # Facts linked into the model ---------------------------------------------------------------
@@ -365,30 +366,33 @@ class ZINCDataModule(GraphDataModule):
             self.atom_feature_dims, self.bond_feature_dims, self.encode_threads))
 
 
-class PCQM4Mv2DataModule(GraphDataModule):
-    """PCQM4Mv2 from the official OGB-LSC layout under ``root`` (see :mod:`.pcqm4mv2`): HOMO-LUMO
-    gap regression on ``ogb`` features. Stages map to OGB splits: fit -> train / valid,
-    test -> ``test_split`` (default valid: the test sets have no public labels), predict ->
-    ``predict_split`` (default test-dev; ``GraphBatch.index`` = position in that split, the order
-    of OGB's submission file). ``download=True`` fetches OGB's archive when the layout is missing.
+class OGBLSCDataModule(GraphDataModule):
+    """An OGB-LSC PCQM4M version (:attr:`layout`, see :mod:`.ogb_lsc`) from its official layout
+    under ``root``: HOMO-LUMO gap regression on ``ogb`` features. Stages map to OGB splits:
+    fit -> train / valid, test -> ``test_split`` (default valid: the test sets have no public
+    labels), predict -> ``predict_split`` (default: the first test set; ``GraphBatch.index`` =
+    position in that split, the order of OGB's submission file). ``download=True`` fetches OGB's
+    archive when the layout is missing. The split dict is checked against the table (rows in
+    range, disjoint, labelled where they must be) before anything is served.
     """
 
     featurizer = "ogb"
+    layout: LSCLayout
 
     def __init__(self, root: str = "data", max_hops: int = 5, batch_size: int = 256, num_workers: int = 0,
                  max_nodes: int = 128, seed: int = 0, eval_batch_size: int | None = None,
                  pin_memory: bool = False, encode_threads: int = 1, test_split: str = "valid",
-                 predict_split: str = "test-dev", build_workers: int | None = None, download: bool = False,
+                 predict_split: str | None = None, build_workers: int | None = None, download: bool = False,
                  device_resident: bool = False) -> None:
         super().__init__(max_hops=max_hops, batch_size=batch_size, num_workers=num_workers,
                          max_nodes=max_nodes, seed=seed, eval_batch_size=eval_batch_size,
                          pin_memory=pin_memory, encode_threads=encode_threads,
                          device_resident=device_resident)
-        from graphormer_urpe.data.pcqm4mv2 import SPLITS
-
+        splits = self.layout.splits
+        predict_split = predict_split or self.layout.test_splits[0]
         for name, value in (("test_split", test_split), ("predict_split", predict_split)):
-            if value not in SPLITS:
-                raise ValueError(f"{name} must be one of {SPLITS}, got {value!r}")
+            if value not in splits:
+                raise ValueError(f"{name} must be one of {splits} for {self.layout.name}, got {value!r}")
         self.root = Path(root)
         self.split_names = {"train": "train", "val": "valid", "test": test_split, "predict": predict_split}
         self.build_workers = build_workers
@@ -405,33 +409,58 @@ class PCQM4Mv2DataModule(GraphDataModule):
     def store(self) -> tuple[FlatGraphs, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
         """``(distinct molecules, graph_of_row [R], y [R, 1], split_dict)``, built once."""
         if self._store is None:
-            from graphormer_urpe.data import pcqm4mv2
+            from graphormer_urpe.data import ogb_lsc
             from graphormer_urpe.data.featurize import cached_smiles_graphs, file_fingerprint
 
-            folder = pcqm4mv2.pcqm4mv2_folder(self.root)
-            table = folder / "raw" / "data.csv.gz"
+            folder = self.layout.path(self.root)
+            table = folder / ogb_lsc.RAW_TABLE
             if not table.is_file():
                 if not self.download:
-                    raise ValueError(f"PCQM4Mv2 table {table} is missing (expected the OGB-LSC layout; "
-                                     "download=True fetches it)")
-                pcqm4mv2.download_pcqm4mv2(self.root)
-            splits = pcqm4mv2.read_split_dict(self.root)
+                    raise ValueError(f"{self.layout.name} table {table} is missing (expected the OGB-LSC "
+                                     "layout; download=True fetches it)")
+                ogb_lsc.download(self.root, self.layout)
+            splits = ogb_lsc.read_split_dict(self.root, self.layout)
             work = folder / "processed_graphormer_urpe"
             arrays = cached_smiles_graphs(work / "graphs", file_fingerprint(table),
-                                          lambda: pcqm4mv2.read_pcqm4mv2_table(self.root), self.featurizer,
+                                          lambda: ogb_lsc.read_table(self.root, self.layout), self.featurizer,
                                           self.build_workers)
-            rejected = np.flatnonzero(arrays["graph_of_row"] < 0)
+            graph_of_row, y = np.asarray(arrays["graph_of_row"]), np.asarray(arrays["y"])
+            rejected = np.flatnonzero(graph_of_row < 0)
             if len(rejected):
                 raise ValueError(f"{table}: RDKit rejects the SMILES of rows {rejected[:10].tolist()}")
+            ogb_lsc.check_split_dict(splits, len(graph_of_row), y.reshape(len(graph_of_row), -1)[:, 0],
+                                     folder / ogb_lsc.SPLIT_FILE, self.layout)
             graphs = encode_smiles_store(arrays, encodings_dir(work, "molecules", self.max_hops),
                                          self.max_hops, self.featurizer, self.encode_threads)
-            self._store = (graphs, np.asarray(arrays["graph_of_row"]), np.asarray(arrays["y"]), splits)
+            self._store = (graphs, graph_of_row, y, splits)
         return self._store
 
-    def load_split(self, split: str) -> EncodedGraphDataset:
+    def ogb_split(self, name: str) -> EncodedGraphDataset:
+        """The rows of OGB split ``name`` (e.g. ``"test-dev"``) in split order."""
         graphs, graph_of_row, y, splits = self.store()
-        rows = splits[self.split_names[split]]
+        rows = splits[name]
         return EncodedGraphDataset(graphs, graph_of_row[rows], y[rows])
+
+    def ogb_split_loader(self, name: str) -> DataLoader | ResidentLoader:
+        """Evaluation loader (``eval_batch_size``, split order) over OGB split ``name``."""
+        return self._loader(self.ogb_split(name), self.eval_batch_size, None)
+
+    def load_split(self, split: str) -> EncodedGraphDataset:
+        return self.ogb_split(self.split_names[split])
+
+
+class PCQM4MDataModule(OGBLSCDataModule):
+    """PCQM4M (OGB-LSC 2021, v1): ``<root>/pcqm4m_kddcup2021/`` with splits train / valid / test
+    (3,045,360 / 380,670 / 377,423); prediction serves ``test`` by default."""
+
+    layout = PCQM4M
+
+
+class PCQM4Mv2DataModule(OGBLSCDataModule):
+    """PCQM4Mv2: ``<root>/pcqm4m-v2/`` with splits train / valid / test-dev / test-challenge
+    (3,378,606 / 73,545 / 147,037 / 147,432); prediction serves ``test-dev`` by default."""
+
+    layout = PCQM4MV2
 
 
 class CSVDataModule(GraphDataModule):

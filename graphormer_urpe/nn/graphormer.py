@@ -310,15 +310,17 @@ def _preset(**values: Any) -> GraphormerConfig:
 
 #: Architecture presets, complete :class:`GraphormerConfig` instances. ``slim`` is the code
 #: defaults (Graphormer-slim, ZINC). ``small`` is Graphormer-small (Graphormer v1's PCQM4M model:
-#: 6 x 512, 32 heads, FFN 512) with ``base``'s dropouts and tables. ``base`` is Graphormer-base as
+#: 6 x 512, 32 heads, FFN 512) with ``base``'s tables. ``base`` is Graphormer-base as
 #: trained on PCQM4Mv2 (Graphormer's ``graphormer_base`` architecture and
 #: ``examples/property_prediction/pcqv2.sh``: 12 x 768, 32 heads, FFN 768, dropout 0.0,
-#: attention 0.1, activation 0.1, 512-row degree and spatial tables).
+#: attention 0.1, activation 0.1, 512-row degree and spatial tables). ``small``'s dropouts are
+#: Graphormer v1's PCQM4M-LSC recipe: input and residual 0.1, attention 0.1, none inside the FFN.
 PRESETS: dict[str, GraphormerConfig] = {"slim": _preset()}
 PRESETS["base"] = _preset(num_layers=12, hidden_dim=768, ffn_dim=768, num_heads=32, dropout=0.0,
                           attention_dropout=0.1, activation_dropout=0.1, max_degree=510,
                           max_spd=510)
-PRESETS["small"] = replace(PRESETS["base"], num_layers=6, hidden_dim=512, ffn_dim=512)
+PRESETS["small"] = replace(PRESETS["base"], num_layers=6, hidden_dim=512, ffn_dim=512,
+                           dropout=0.1, attention_dropout=0.1, activation_dropout=0.0)
 
 
 def count_parameters(model: nn.Module, trainable_only: bool = True) -> int:

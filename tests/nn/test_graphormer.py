@@ -228,7 +228,7 @@ def test_presets_and_code_defaults():
     for preset in PRESETS.values():  # every preset is complete: nothing left to a default
         assert None not in dataclasses.astuple(preset)
     assert (PRESETS["small"].dropout, PRESETS["small"].attention_dropout,
-            PRESETS["small"].activation_dropout) == (0.0, 0.1, 0.1)
+            PRESETS["small"].activation_dropout) == (0.1, 0.1, 0.0)
 
 
 def test_backbone_config_merges_partial_overrides_and_names_valid_keys():

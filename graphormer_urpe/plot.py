@@ -17,8 +17,10 @@ Two kinds of checkpoint are understood:
 
 Usage::
 
-    python scripts/plot_urpe.py runs/synthetic/pi-v1000-urpe-s0.pt --out docs/figures
-    python scripts/plot_urpe.py lightning_logs/version_0/checkpoints/last.ckpt --out docs/figures
+    graphormer-urpe-plot runs/synthetic/pi-v1000-urpe-s0.pt --out docs/figures
+    graphormer-urpe-plot lightning_logs/version_0/checkpoints/last.ckpt --out docs/figures
+
+(matplotlib is an optional dependency: ``pip install 'graphormer-urpe[plot]'``.)
 """
 from __future__ import annotations
 
@@ -27,7 +29,10 @@ import re
 from pathlib import Path
 from typing import Mapping, Sequence
 
-import matplotlib
+try:
+    import matplotlib
+except ModuleNotFoundError as exc:  # the optional ``plot`` extra
+    raise SystemExit("graphormer-urpe-plot needs matplotlib: pip install 'graphormer-urpe[plot]'") from exc
 
 matplotlib.use("Agg")  # files only; no display on the training boxes
 import matplotlib.pyplot as plt  # noqa: E402
@@ -249,6 +254,12 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     for path in paths:
         print(path)
     return paths
+
+
+def console_main() -> int:
+    """``graphormer-urpe-plot``: :func:`main` with an exit status."""
+    main()
+    return 0
 
 
 if __name__ == "__main__":

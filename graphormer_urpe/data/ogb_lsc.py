@@ -1,0 +1,272 @@
+"""OGB-LSC PCQM4M (v1, KDD Cup 2021) and PCQM4Mv2 in their official layouts, featurized like OGB's
+own datasets.
+
+Layout (what OGB's archives unpack to; :class:`LSCLayout` holds each version's names)::
+
+    <root>/<folder>/raw/data.csv.gz      columns idx, smiles, homolumogap (NaN in test sets)
+    <root>/<folder>/split_dict.pt        int64 row indices per split (numpy arrays, torch.save)
+    <root>/<folder>/RELEASE_v1.txt       OGB's version marker
+
+=========  ======================  ==============================================================
+version    ``<folder>``            splits (official sizes)
+=========  ======================  ==============================================================
+PCQM4M     ``pcqm4m_kddcup2021``   train 3,045,360 / valid 380,670 / test 377,423
+PCQM4Mv2   ``pcqm4m-v2``           train 3,378,606 / valid 73,545 / test-dev 147,037 /
+                                   test-challenge 147,432
+=========  ======================  ==============================================================
+
+Molecules are featurized with ``ogb.utils.smiles2graph`` (the ``"ogb"`` featurizer) in worker
+processes, each distinct SMILES once, giving exactly the graphs of ``ogb.lsc.PygPCQM4MDataset``
+/ ``PygPCQM4Mv2Dataset`` (checked by the tests), and kept with their encodings under
+``<root>/<folder>/processed_graphormer_urpe/``.
+
+OGB calls ``torch.load`` without ``weights_only`` (torch >= 2.6 defaults to True, which rejects
+the numpy arrays of ``split_dict.pt``) and asks ``input()`` when a folder lacks its release
+marker. :func:`allow_numpy_arrays` admits exactly numpy's array reconstruction for the duration
+of a ``with`` block (``weights_only`` stays on, nothing global changes afterwards), and
+:func:`ogb_dataset` refuses, with a ``ValueError``, any folder that would make OGB prompt.
+"""
+from __future__ import annotations
+
+import contextlib
+import gzip
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+RELEASE_MARKER = "RELEASE_v1.txt"
+RAW_TABLE = Path("raw") / "data.csv.gz"
+SPLIT_FILE = "split_dict.pt"
+
+
+@dataclass(frozen=True)
+class LSCLayout:
+    """One OGB-LSC PCQM4M version: its folder, splits with their official sizes (in file order;
+    the splits after ``valid`` are the unlabelled test sets), OGB's download and class names."""
+
+    name: str
+    folder: str
+    split_sizes: Mapping[str, int]
+    url: str
+    ogb_dataset: str  #: the class in ``ogb.lsc`` (its PyG dataset)
+    ogb_evaluator: str  #: the class in ``ogb.lsc``
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        return tuple(self.split_sizes)
+
+    @property
+    def test_splits(self) -> tuple[str, ...]:
+        return self.splits[2:]
+
+    @property
+    def num_molecules(self) -> int:
+        return sum(self.split_sizes.values())
+
+    def path(self, root: str | os.PathLike) -> Path:
+        """``<root>/<folder>``."""
+        return Path(root) / self.folder
+
+
+PCQM4M = LSCLayout(
+    name="PCQM4M", folder="pcqm4m_kddcup2021",
+    split_sizes={"train": 3_045_360, "valid": 380_670, "test": 377_423},
+    url="https://dgl-data.s3-accelerate.amazonaws.com/dataset/OGB-LSC/pcqm4m_kddcup2021.zip",
+    ogb_dataset="PygPCQM4MDataset", ogb_evaluator="PCQM4MEvaluator")
+PCQM4MV2 = LSCLayout(
+    name="PCQM4Mv2", folder="pcqm4m-v2",
+    split_sizes={"train": 3_378_606, "valid": 73_545, "test-dev": 147_037, "test-challenge": 147_432},
+    url="https://dgl-data.s3-accelerate.amazonaws.com/dataset/OGB-LSC/pcqm4m-v2.zip",
+    ogb_dataset="PygPCQM4Mv2Dataset", ogb_evaluator="PCQM4Mv2Evaluator")
+#: ``graphormer-urpe-submit --dataset`` names.
+LAYOUTS = {"pcqm4m": PCQM4M, "pcqm4mv2": PCQM4MV2}
+
+
+def _numpy_array_globals() -> list:
+    dtype_classes = [type(np.dtype(t)) for t in ("int64", "int32", "float32", "float64", "bool")]
+    core = getattr(np, "_core", None) or np.core
+    return [core.multiarray._reconstruct, np.ndarray, np.dtype, *dtype_classes]
+
+
+def _pyg_data_globals() -> list:
+    from torch_geometric.data.data import Data, DataEdgeAttr, DataTensorAttr
+    from torch_geometric.data.storage import GlobalStorage
+
+    return [Data, DataEdgeAttr, DataTensorAttr, GlobalStorage]
+
+
+@contextlib.contextmanager
+def allow_numpy_arrays(pyg_data: bool = False) -> Iterator[None]:
+    """Within the block, ``torch.load(weights_only=True)`` (the default) also accepts plain numpy
+    arrays, as in OGB's ``split_dict.pt`` (and, with ``pyg_data``, PyG's ``Data`` containers, as in
+    OGB's processed file); the allow-list is restored on exit."""
+    allowed = _numpy_array_globals() + (_pyg_data_globals() if pyg_data else [])
+    with torch.serialization.safe_globals(allowed):
+        yield
+
+
+def _layout_hint(layout: LSCLayout) -> str:
+    return (f"expected the OGB-LSC {layout.name} layout <root>/{layout.folder}/{RAW_TABLE.as_posix()} "
+            f"+ <root>/{layout.folder}/{SPLIT_FILE}")
+
+
+def require_layout(root: str | os.PathLike, layout: LSCLayout) -> Path:
+    """``<root>/<folder>``, or a one-line ``ValueError`` naming what is missing."""
+    folder = layout.path(root)
+    if not Path(root).is_dir():
+        raise ValueError(f"--root {root} is not a directory ({_layout_hint(layout)})")
+    missing = [str(folder / name) for name in (RAW_TABLE, SPLIT_FILE) if not (folder / name).is_file()]
+    if missing:
+        raise ValueError(f"{layout.name} file(s) missing: {', '.join(missing)} ({_layout_hint(layout)})")
+    return folder
+
+
+def read_split_dict(root: str | os.PathLike, layout: LSCLayout) -> dict[str, np.ndarray]:
+    """``split_dict.pt`` as int64 numpy arrays, loaded with ``weights_only=True``."""
+    path = layout.path(root) / SPLIT_FILE
+    if not path.is_file():
+        raise ValueError(f"{layout.name} split file {path} is missing ({_layout_hint(layout)})")
+    try:
+        with allow_numpy_arrays():
+            raw = torch.load(path, weights_only=True)
+    except Exception as exc:
+        raise ValueError(f"{path} cannot be read ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{path} holds a {type(raw).__name__}, not a dict of splits")
+    missing = [s for s in layout.splits if s not in raw]
+    if missing:
+        raise ValueError(f"{path} lacks splits {missing} (a {layout.name} split dict has {list(layout.splits)})")
+    splits = {}
+    for split in layout.splits:
+        rows = np.asarray(raw[split])
+        if rows.ndim != 1 or not (np.issubdtype(rows.dtype, np.integer) or rows.size == 0):
+            raise ValueError(f"{path}: split {split!r} must be a 1-D array of integer row indices, "
+                             f"got dtype {rows.dtype} and shape {rows.shape}")
+        splits[split] = rows.astype(np.int64)
+    return splits
+
+
+def check_split_dict(splits: Mapping[str, np.ndarray], num_rows: int, labels: np.ndarray,
+                     where: str | os.PathLike, layout: LSCLayout) -> None:
+    """Refuse, with a ``ValueError`` naming the split and rows, a split dict whose rows are
+    negative (they would wrap around), past the table's ``num_rows``, repeated, or shared by two
+    splits, or whose train / valid rows lack a finite label (``labels [num_rows]``)."""
+    owner = np.full(num_rows, -1, dtype=np.int64)
+    for index, split in enumerate(layout.splits):
+        rows = splits[split]
+        bad = rows[(rows < 0) | (rows >= num_rows)]
+        if len(bad):
+            raise ValueError(f"{where}: split {split!r} has rows outside [0, {num_rows}) of the table, "
+                             f"e.g. {bad[:5].tolist()}")
+        repeated = np.flatnonzero(np.bincount(rows, minlength=num_rows) > 1)
+        if len(repeated):
+            raise ValueError(f"{where}: split {split!r} repeats rows, e.g. {repeated[:5].tolist()}")
+        taken = owner[rows]
+        if (taken >= 0).any():
+            other = layout.splits[int(taken[taken >= 0][0])]
+            shared = rows[taken >= 0]
+            raise ValueError(f"{where}: splits {other!r} and {split!r} share {len(shared)} rows, "
+                             f"e.g. {shared[:5].tolist()}")
+        owner[rows] = index
+        if split not in layout.test_splits:
+            unlabelled = rows[~np.isfinite(labels[rows])]
+            if len(unlabelled):
+                raise ValueError(f"{where}: split {split!r} has {len(unlabelled)} rows without a finite "
+                                 f"homolumogap, e.g. {unlabelled[:5].tolist()}")
+
+
+def ogb_dataset(root: str | os.PathLike, layout: LSCLayout):
+    """OGB's own PyG dataset (``PygPCQM4MDataset`` / ``PygPCQM4Mv2Dataset``) at ``root`` and its
+    split dict, never prompting: a folder that would make OGB ask (missing release marker or raw
+    file) is a ``ValueError`` instead."""
+    import ogb.lsc
+
+    folder = layout.path(root)
+    if not (folder / RELEASE_MARKER).is_file() or not (folder / RAW_TABLE).is_file():
+        raise ValueError(f"{folder} is not a complete {layout.name} folder (needs {RELEASE_MARKER} and "
+                         f"{RAW_TABLE.as_posix()}); OGB would ask on stdin to update or download it")
+    with allow_numpy_arrays(pyg_data=True):
+        dataset = getattr(ogb.lsc, layout.ogb_dataset)(root=str(root))
+        return dataset, dataset.get_idx_split()
+
+
+def download(root: str | os.PathLike, layout: LSCLayout) -> None:
+    """Fetch and unpack OGB's archive into ``root`` (needs internet; no prompt)."""
+    from ogb.utils.url import download_url, extract_zip
+
+    path = download_url(layout.url, str(root))
+    extract_zip(path, str(root))
+    os.unlink(path)
+
+
+def read_table(root: str | os.PathLike, layout: LSCLayout) -> tuple[list[str], np.ndarray]:
+    """SMILES ``[R]`` and HOMO-LUMO gaps ``[R]`` float32 (NaN in the test sets) of data.csv.gz."""
+    import pandas as pd
+
+    path = layout.path(root) / RAW_TABLE
+    try:
+        table = pd.read_csv(path, usecols=["smiles", "homolumogap"])
+    except (ValueError, OSError, EOFError) as exc:  # a missing column, a damaged gzip stream
+        raise ValueError(f"{path} cannot be read as an OGB-LSC table with columns idx, smiles, homolumogap "
+                         f"({type(exc).__name__}: {exc})") from exc
+    return table["smiles"].tolist(), table["homolumogap"].to_numpy(dtype=np.float32)
+
+
+def write_root(root: str | os.PathLike, source_csv: str | os.PathLike, layout: LSCLayout,
+               split_sizes: Mapping[str, int] | None = None, seed: int = 0) -> Path:
+    """Write an OGB-format root of ``layout`` from real molecules (a test / submission fixture).
+
+    ``source_csv`` (e.g. ``shared/data/pcqm4mv2/pcqm4mv2_first2k_3d.csv.gz``) holds explicit-H
+    CXSMILES with 3D coordinates (column ``smiles``) and the gap (``homo``); hydrogens are removed
+    and plain SMILES written. Without ``split_sizes`` every molecule appears once, 80 % train,
+    10 % valid and the rest shared equally by the test splits, at random (``seed``); with
+    ``split_sizes`` (every split of the layout) the splits are consecutive row blocks of those
+    sizes whose molecules cycle through the source, so e.g. the official test sizes cost only the
+    distinct molecules' featurization. Test rows get NaN gaps, as in the official files.
+    Returns ``<root>/<folder>``.
+    """
+    import pandas as pd
+    from rdkit import Chem, RDLogger
+
+    RDLogger.DisableLog("rdApp.*")
+    source = pd.read_csv(source_csv)
+    smiles, gaps = [], []
+    for line, (cxsmiles, gap) in enumerate(zip(source["smiles"], source["homo"]), start=2):
+        mol = Chem.MolFromSmiles(cxsmiles)
+        if mol is None:
+            raise ValueError(f"{source_csv}: line {line}: RDKit cannot parse the SMILES")
+        smiles.append(Chem.MolToSmiles(Chem.RemoveHs(mol)))
+        gaps.append(gap)
+    num_molecules = len(smiles)
+    splits = layout.splits
+    if split_sizes is None:
+        order = np.random.default_rng(seed).permutation(num_molecules)
+        test_share = 0.1 / len(layout.test_splits)
+        fractions = [0.8, 0.1] + [test_share] * (len(layout.test_splits) - 1)
+        bounds = np.round(np.cumsum(fractions) * num_molecules).astype(int)
+        rows = dict(zip(splits, np.split(order, bounds)))
+        molecule_of_row = np.arange(num_molecules)
+    else:
+        if set(split_sizes) != set(splits) or min(split_sizes.values()) < 0:
+            raise ValueError(f"split_sizes needs non-negative sizes for exactly {splits}, got {dict(split_sizes)}")
+        ends = np.cumsum([split_sizes[s] for s in splits])
+        rows = dict(zip(splits, np.split(np.arange(ends[-1]), ends[:-1])))
+        molecule_of_row = np.arange(ends[-1]) % num_molecules
+    gap_of_row = np.asarray(gaps, dtype=np.float64)[molecule_of_row]
+    for split in layout.test_splits:
+        gap_of_row[rows[split]] = np.nan
+
+    folder = layout.path(root)
+    (folder / "raw").mkdir(parents=True, exist_ok=True)
+    table = pd.DataFrame({"idx": np.arange(len(molecule_of_row)),
+                          "smiles": np.asarray(smiles, dtype=object)[molecule_of_row],
+                          "homolumogap": gap_of_row})
+    with gzip.open(folder / RAW_TABLE, "wt", compresslevel=1) as f:
+        table.to_csv(f, index=False)
+    torch.save({s: np.asarray(rows[s], dtype=np.int64) for s in splits}, folder / SPLIT_FILE)
+    (folder / RELEASE_MARKER).write_text(f"{layout.name} fixture in the OGB-LSC layout (graphormer_urpe)\n")
+    return folder

@@ -1,0 +1,160 @@
+"""``graphormer-urpe-submit``: an OGB-LSC PCQM4M / PCQM4Mv2 submission from a Lightning checkpoint.
+
+    graphormer-urpe-submit --dataset pcqm4m --ckpt runs/pcqm4m_urpe/checkpoints/last.ckpt \\
+        --root DIR --out-dir submission/
+
+``--root DIR`` holds the OGB-LSC layout of the version (``DIR/pcqm4m_kddcup2021`` or
+``DIR/pcqm4m-v2``, see :mod:`graphormer_urpe.data.ogb_lsc`). Checks the split dict (rows in
+range and non-negative, splits disjoint, train / valid labelled, the test sets of their official
+sizes), computes the valid MAE with OGB's evaluator (``PCQM4MEvaluator`` / ``PCQM4Mv2Evaluator``;
+a non-finite MAE is refused), predicts every test set and checks counts and finiteness, and only
+then writes the files with the evaluator's ``save_test_submission``:
+
+=========  ===============================================================================
+pcqm4m     ``y_pred_pcqm4m.npz`` (test, 377,423 predictions)
+pcqm4mv2   ``y_pred_pcqm4m-v2_test-dev.npz`` (147,037), ``y_pred_pcqm4m-v2_test-challenge.npz``
+           (147,432)
+=========  ===============================================================================
+
+Anything refused is one line on stderr and exit status 2, with nothing written. A final JSON
+line on stdout summarises a successful run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from graphormer_urpe.data.ogb_lsc import LAYOUTS, LSCLayout, require_layout
+from graphormer_urpe.predict import load_module
+
+PROG = "graphormer-urpe-submit"
+
+
+class SubmissionError(ValueError):
+    """Input that cannot give a valid submission (exit status 2)."""
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    parser.add_argument("--dataset", required=True, choices=sorted(LAYOUTS),
+                        help="pcqm4m: OGB-LSC 2021 (v1); pcqm4mv2: PCQM4Mv2")
+    parser.add_argument("--ckpt", required=True, help="Lightning checkpoint of an 'ogb'-featurized model")
+    parser.add_argument("--root", required=True, help="directory holding the version's OGB-LSC folder")
+    parser.add_argument("--out-dir", required=True, type=Path)
+    parser.add_argument("--batch-size", type=_positive, default=1024)
+    parser.add_argument("--accelerator", default="auto")
+    parser.add_argument("--precision", default="32-true")
+    return parser.parse_args(argv)
+
+
+def predict_split(module, data, split: str, trainer) -> tuple[np.ndarray, np.ndarray]:
+    """Predictions ``[R]`` float32 for the rows of OGB split ``split`` in split order, and their
+    labels ``[R]`` (NaN in the test sets)."""
+    import torch
+
+    outputs = trainer.predict(module, dataloaders=data.ogb_split_loader(split))
+    index = torch.cat([o["index"] for o in outputs]).numpy()
+    pred = torch.cat([o["prediction"] for o in outputs]).squeeze(-1).float().numpy()
+    order = np.argsort(index, kind="stable")
+    if not np.array_equal(index[order], np.arange(len(index))):
+        raise RuntimeError(f"{split}: predictions do not cover each row exactly once")
+    labels = data.ogb_split(split).y.reshape(-1)
+    return pred[order], np.asarray(labels, dtype=np.float32)
+
+
+def check_test_sizes(splits: dict[str, np.ndarray], layout: LSCLayout) -> None:
+    """The test sets must have OGB's official sizes (its evaluator and leaderboard expect them)."""
+    for split in layout.test_splits:
+        expected = layout.split_sizes[split]
+        if len(splits[split]) != expected:
+            raise SubmissionError(f"split {split!r} has {len(splits[split]):,} rows; the official "
+                                  f"{layout.name} {split} set has {expected:,}")
+
+
+def submit(args: argparse.Namespace) -> dict:
+    """Validate, predict and write; returns the summary. Raises :class:`SubmissionError` /
+    ``ValueError`` (e.g. ``predict.CheckpointError``) for refused input."""
+    import lightning.pytorch as pl
+    import ogb.lsc
+
+    from graphormer_urpe.data.datamodule import PCQM4MDataModule, PCQM4Mv2DataModule
+
+    layout = LAYOUTS[args.dataset]
+    require_layout(args.root, layout)
+    module = load_module(args.ckpt)
+    if module.hparams.featurizer != "ogb" or module.hparams.num_targets != 1:
+        raise SubmissionError(f"{args.ckpt} was trained with featurizer {module.hparams.featurizer!r} and "
+                              f"{module.hparams.num_targets} targets; {layout.name} needs an 'ogb'-featurized "
+                              "single-target model")
+    if args.out_dir.exists() and not args.out_dir.is_dir():
+        raise SubmissionError(f"--out-dir {args.out_dir} exists and is not a directory")
+
+    started = time.perf_counter()
+    data_class = next(c for c in (PCQM4MDataModule, PCQM4Mv2DataModule) if c.layout is layout)
+    data = data_class(root=args.root, max_hops=module.hparams.max_hops, eval_batch_size=args.batch_size)
+    _, _, _, splits = data.store()  # checks the split dict against the table
+    check_test_sizes(splits, layout)
+    for split in ("train", "valid"):
+        if len(splits[split]) != layout.split_sizes[split]:
+            print(f"note: {split} has {len(splits[split]):,} rows (official {layout.name}: "
+                  f"{layout.split_sizes[split]:,})", file=sys.stderr)
+
+    trainer = pl.Trainer(accelerator=args.accelerator, devices=1, precision=args.precision, logger=False,
+                         enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False)
+    evaluator = getattr(ogb.lsc, layout.ogb_evaluator)()
+    valid_pred, valid_true = predict_split(module, data, "valid", trainer)
+    valid_mae = float(evaluator.eval({"y_pred": valid_pred, "y_true": valid_true})["mae"])
+    if not math.isfinite(valid_mae):
+        raise SubmissionError(f"valid MAE is {valid_mae}: {int((~np.isfinite(valid_pred)).sum()):,} of "
+                              f"{len(valid_pred):,} valid predictions are not finite (a damaged or diverged model)")
+    print(f"valid MAE ({len(valid_pred):,} molecules): {valid_mae:.4f}")
+
+    test_preds = {}
+    for split in layout.test_splits:
+        pred, _ = predict_split(module, data, split, trainer)
+        if len(pred) != layout.split_sizes[split]:
+            raise SubmissionError(f"{split} has {len(pred):,} predictions, OGB expects {layout.split_sizes[split]:,}")
+        if not np.isfinite(pred).all():
+            raise SubmissionError(f"{split} has {int((~np.isfinite(pred)).sum()):,} non-finite predictions")
+        test_preds[split] = pred
+
+    summary = {"dataset": args.dataset, "ckpt": str(args.ckpt), "valid_mae": valid_mae,
+               "valid_count": len(valid_pred)}
+    for split, pred in test_preds.items():  # written only once every split passed
+        if layout.test_splits == ("test",):
+            evaluator.save_test_submission({"y_pred": pred}, dir_path=str(args.out_dir))
+        else:
+            evaluator.save_test_submission({"y_pred": pred}, dir_path=str(args.out_dir), mode=split)
+        summary[f"{split}_count"] = len(pred)
+        print(f"{split}: {len(pred):,} predictions written to {args.out_dir}")
+    summary["files"] = sorted(p.name for p in args.out_dir.glob("y_pred_*.npz"))
+    summary["seconds"] = round(time.perf_counter() - started, 1)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        summary = submit(args)
+    except ValueError as exc:  # SubmissionError, CheckpointError, the data layer's input errors
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

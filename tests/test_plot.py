@@ -1,0 +1,24 @@
+"""``graphormer-urpe-plot``, the installed command (the figures themselves: test_synthetic.py)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from graphormer_urpe.nn.graphormer import Graphormer
+
+PLOT = Path(sys.executable).with_name("graphormer-urpe-plot")
+
+
+def test_installed_command_writes_the_figure_and_exits_0(tmp_path):
+    model = Graphormer(num_atom_embeddings=10, num_bond_embeddings=4, num_layers=2, hidden_dim=16,
+                       ffn_dim=16, num_heads=2, max_spd=6)
+    torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}}, tmp_path / "g.ckpt")
+    assert PLOT.is_file(), f"{PLOT} is not installed (pip install -e .)"
+    result = subprocess.run([str(PLOT), str(tmp_path / "g.ckpt"), "--out", str(tmp_path / "figs")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == [str(tmp_path / "figs" / "g-spd.png")]
+    assert (tmp_path / "figs" / "g-spd.png").read_bytes()[:4] == b"\x89PNG"
