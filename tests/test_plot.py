@@ -7,15 +7,17 @@ from pathlib import Path
 
 import torch
 
-from graphormer_urpe.nn.graphormer import Graphormer
+from graphormer_urpe.training.module import GraphormerModule
 
 PLOT = Path(sys.executable).with_name("graphormer-urpe-plot")
 
 
 def test_installed_command_writes_the_figure_and_exits_0(tmp_path):
-    model = Graphormer(num_atom_embeddings=10, num_bond_embeddings=4, num_layers=2, hidden_dim=16,
-                       ffn_dim=16, num_heads=2, max_spd=6)
-    torch.save({"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}}, tmp_path / "g.ckpt")
+    hparams = {"num_atom_embeddings": 10, "num_bond_embeddings": 4,
+               "backbone": {"num_layers": 2, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2,
+                            "max_spd": 6}}
+    torch.save({"state_dict": GraphormerModule(**hparams).state_dict(), "hyper_parameters": hparams},
+               tmp_path / "g.ckpt")
     assert PLOT.is_file(), f"{PLOT} is not installed (pip install -e .)"
     result = subprocess.run([str(PLOT), str(tmp_path / "g.ckpt"), "--out", str(tmp_path / "figs")],
                             capture_output=True, text=True, timeout=300)
