@@ -52,6 +52,8 @@ class GraphormerModule(pl.LightningModule):
         weight_decay, betas, eps: AdamW.
         compile: compile the backbone with ``torch.compile(dynamic=True)``, region by region
             (:func:`compile_backbone`).
+        target_names: the targets' names (the CSV DataModule's ``target_columns``), recorded so
+            predictions can be labelled from the checkpoint alone; ``None`` = unnamed.
     """
 
     def __init__(
@@ -73,6 +75,7 @@ class GraphormerModule(pl.LightningModule):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         compile: bool = False,
+        target_names: list[str] | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
