@@ -44,9 +44,9 @@ import torch
 
 log = logging.getLogger(__name__)
 
-#: Padded node pairs ``B * (N + 1)^2`` per batch (graph token included). Measured peak memory of
-#: the slim model on CPU is ~0.6 KB per pair (README, Inference).
-DEFAULT_MAX_PAIRS = 1 << 19
+#: Padded node pairs ``B * (N + 1)^2`` per batch (graph token included): about one molecule at
+#: the default ``--max-nodes``. The slim model's peak memory grows by ~0.55 KB per pair (README).
+DEFAULT_MAX_PAIRS = 1 << 18
 DEFAULT_BATCH_SIZE = 1024
 DEFAULT_CHUNK_ROWS = 4096
 #: Molecules used to check that a loaded model predicts at all.
@@ -379,8 +379,8 @@ def predict_chunk(module, chunk: RawChunk, num_rows: int, max_pairs: int, batch_
     return out
 
 
-def _finish_rows(rows: list[InputRow], chunk: RawChunk, predictions: np.ndarray) -> None:
-    for position, reason in chunk.errors:
+def _finish_rows(rows: list[InputRow], errors: list[tuple[int, str]], predictions: np.ndarray) -> None:
+    for position, reason in errors:
         rows[position].error = rows[position].error or reason
     for position in np.flatnonzero(~np.isfinite(predictions).all(axis=1)):
         rows[position].error = rows[position].error or "prediction is not finite"
@@ -389,7 +389,7 @@ def _finish_rows(rows: list[InputRow], chunk: RawChunk, predictions: np.ndarray)
 def _predict_rows(module, rows: list[InputRow], max_nodes: int, max_pairs: int, batch_size: int) -> np.ndarray:
     chunk = featurize_chunk((module.hparams.featurizer, max_nodes, [r.smiles for r in rows]))
     predictions = predict_chunk(module, chunk, len(rows), max_pairs, batch_size)
-    _finish_rows(rows, chunk, predictions)
+    _finish_rows(rows, chunk.errors, predictions)
     return predictions
 
 
@@ -410,38 +410,64 @@ def _chunks(rows: Iterable[InputRow], size: int) -> Iterator[list[InputRow]]:
         yield chunk
 
 
+#: The model a worker process predicts with (``None``: the worker only featurizes).
+_worker_module = None
+
+
+def _init_worker(module) -> None:
+    global _worker_module
+    # One torch thread per process: processes scale over cores without OpenMP teams contending
+    # (and a team in a forked child of a multi-threaded parent would deadlock in libgomp).
+    torch.set_num_threads(1)
+    _worker_module = module
+
+
+def _chunk_job(job: tuple[str, int, int, int, list[str]]) -> tuple[RawChunk | np.ndarray, list[tuple[int, str]]]:
+    """In a worker: ``(featurizer, max_nodes, max_pairs, batch_size, smiles)`` -> (predictions
+    ``[rows, T]`` when the worker holds the model, else the featurized chunk; the row errors)."""
+    featurizer, max_nodes, max_pairs, batch_size, smiles = job
+    chunk = featurize_chunk((featurizer, max_nodes, smiles))
+    if _worker_module is None:
+        return chunk, chunk.errors
+    return predict_chunk(_worker_module, chunk, len(smiles), max_pairs, batch_size), chunk.errors
+
+
 def stream_predictions(module, rows: Iterable[InputRow], table: PredictionTable, *, max_nodes: int,
                        max_pairs: int, batch_size: int, chunk_rows: int, workers: int, progress=None) -> None:
-    """Featurizes ``rows`` chunk by chunk in ``workers`` processes (0: in this one), predicts and
-    writes each chunk in input order; at most ``2 * workers + 1`` chunks are in memory."""
-    featurizer = module.hparams.featurizer
+    """Predicts ``rows`` chunk by chunk and writes each chunk in input order.
 
-    def job(chunk: list[InputRow]) -> tuple[str, int, list[str]]:
-        return featurizer, max_nodes, [r.smiles for r in chunk]
+    ``workers = 0``: everything in this process. Otherwise ``workers`` forked processes
+    featurize the chunks and, when the model is on the CPU, also predict them with one torch
+    thread each (on an accelerator this process predicts). At most ``2 * workers + 1`` chunks
+    are in memory.
+    """
+    settings = (module.hparams.featurizer, max_nodes, max_pairs, batch_size)
 
-    def finish(chunk: list[InputRow], featurized: RawChunk) -> None:
-        predictions = predict_chunk(module, featurized, len(chunk), max_pairs, batch_size)
-        _finish_rows(chunk, featurized, predictions)
+    def finish(chunk: list[InputRow], result: RawChunk | np.ndarray, errors: list[tuple[int, str]]) -> None:
+        predictions = (predict_chunk(module, result, len(chunk), max_pairs, batch_size)
+                       if isinstance(result, RawChunk) else result)
+        _finish_rows(chunk, errors, predictions)
         table.write(chunk, predictions)
         if progress is not None:
             progress.update(len(chunk))
 
     if workers == 0:
         for chunk in _chunks(rows, chunk_rows):
-            finish(chunk, featurize_chunk(job(chunk)))
+            featurized = featurize_chunk((settings[0], max_nodes, [r.smiles for r in chunk]))
+            finish(chunk, featurized, featurized.errors)
         return
-    # fork: workers need only RDKit/numpy; they never run OpenMP, so the parent's threads are safe.
+    on_cpu = next(module.parameters()).device.type == "cpu"
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    with multiprocessing.get_context(method).Pool(workers) as pool:
+    with multiprocessing.get_context(method).Pool(workers, _init_worker, (module if on_cpu else None,)) as pool:
         pending: deque = deque()
         for chunk in _chunks(rows, chunk_rows):
-            pending.append((chunk, pool.apply_async(featurize_chunk, (job(chunk),))))
+            pending.append((chunk, pool.apply_async(_chunk_job, ((*settings, [r.smiles for r in chunk]),))))
             if len(pending) > 2 * workers:
                 chunk, result = pending.popleft()
-                finish(chunk, result.get())
+                finish(chunk, *result.get())
         while pending:
             chunk, result = pending.popleft()
-            finish(chunk, result.get())
+            finish(chunk, *result.get())
 
 
 # ---------------------------------------------------------------------------------- CLI
@@ -459,12 +485,17 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _available_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="graphormer-urpe-predict", description=__doc__.split("\n")[0],
-        epilog="Peak memory is bounded by --max-pairs padded node pairs per batch (or one molecule of "
-               "--max-nodes atoms, if larger): about 0.6 KB per pair for the slim model on CPU, so "
-               f"~{DEFAULT_MAX_PAIRS * 0.6 / 1024 ** 2:.1f} GB at the default; lower --max-pairs "
+        epilog="Peak memory: a batch holds at most max(--max-pairs, (--max-nodes + 1)^2) padded node "
+               "pairs; each predicting process (each worker on the CPU) needs ~0.55 KB per pair for the "
+               f"slim model (~{DEFAULT_MAX_PAIRS * 0.55 / 1024:.0f} MB at the defaults) on top of ~0.6 GB "
+               "of libraries and model, whatever the input's length. Lower --max-pairs and --max-nodes "
                "for bigger models or smaller machines.")
     parser.add_argument("--ckpt", required=True, help="Lightning checkpoint (.ckpt) of any config")
     parser.add_argument("--input", required=True,
@@ -477,9 +508,10 @@ def build_parser() -> argparse.ArgumentParser:
                              f"(default {DEFAULT_MAX_PAIRS})")
     parser.add_argument("--batch-size", type=_positive_int, default=DEFAULT_BATCH_SIZE,
                         help=f"most molecules per batch (default {DEFAULT_BATCH_SIZE})")
-    parser.add_argument("--workers", type=_non_negative_int, default=min(2, os.cpu_count() or 1),
-                        help="featurization processes; 0 = featurize in this process (default: "
-                             "min(2, CPU cores))")
+    parser.add_argument("--workers", type=_non_negative_int, default=_available_cores(),
+                        help="processes that featurize and, on the CPU, predict with one torch thread "
+                             "each; 0 = all in this process with torch's threads (default: the CPU "
+                             "cores available)")
     parser.add_argument("--chunk-rows", type=_positive_int, default=DEFAULT_CHUNK_ROWS,
                         help="rows read, sorted by size and batched together (default "
                              f"{DEFAULT_CHUNK_ROWS})")
