@@ -17,11 +17,11 @@ never leaves a truncated table nor destroys a previous one; an output that is th
 that cannot be written, is refused before any work. A checkpoint is verified before use: zip
 CRCs, finite weights, hyperparameters that build this version's model (exit 2 otherwise).
 
-Memory and speed: the input is streamed in chunks of ``--chunk-rows`` rows, featurized by
-``--workers`` processes; within a chunk molecules are sorted by size and batched so a batch
-holds at most ``--max-pairs`` padded node pairs ``B * (N + 1)^2`` (and ``--batch-size``
-molecules), so peak memory is bounded by the larger of ``--max-pairs`` and ``(max_nodes + 1)^2``
-whatever the input.
+Memory and speed: the input is streamed in chunks of ``--chunk-rows`` rows; ``--workers``
+processes featurize them and, on the CPU, predict them with one torch thread each. Within a
+chunk molecules are sorted by size and batched so a batch holds at most ``--max-pairs`` padded
+node pairs ``B * (N + 1)^2`` (and ``--batch-size`` molecules), so peak memory is bounded by the
+larger of ``--max-pairs`` and ``(max_nodes + 1)^2`` whatever the input's length.
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_PAIRS = 1 << 18
 DEFAULT_BATCH_SIZE = 1024
 DEFAULT_CHUNK_ROWS = 4096
-#: Molecules used to check that a loaded model predicts at all.
+#: A molecule every featurizer accepts: a loaded model must predict it (hand-edited checkpoints).
 _PROBE_SMILES = "CCO"
 
 
@@ -272,8 +272,7 @@ def load_module(ckpt: str | Path, map_location: str = "cpu"):
         module = GraphormerModule(**hparams)
         module.load_state_dict(checkpoint["state_dict"])
         module.eval()
-        _predict_rows(module, [InputRow(_PROBE_SMILES)], max_nodes=8, max_pairs=DEFAULT_MAX_PAIRS,
-                      batch_size=1)
+        predict_smiles(module, [InputRow(_PROBE_SMILES)], max_nodes=8, batch_size=1)
     except Exception as exc:  # noqa: BLE001 - hand-edited hyperparameters fail in many ways
         raise CheckpointError(f"checkpoint {ckpt} does not match this version's GraphormerModule "
                               f"({type(exc).__name__}: {exc})") from None
@@ -386,17 +385,14 @@ def _finish_rows(rows: list[InputRow], errors: list[tuple[int, str]], prediction
         rows[position].error = rows[position].error or "prediction is not finite"
 
 
-def _predict_rows(module, rows: list[InputRow], max_nodes: int, max_pairs: int, batch_size: int) -> np.ndarray:
+def predict_smiles(module, rows: list[InputRow], max_nodes: int = 512, max_pairs: int = DEFAULT_MAX_PAIRS,
+                   batch_size: int = DEFAULT_BATCH_SIZE) -> np.ndarray:
+    """``[len(rows), num_targets]`` predictions in this process; NaN (with ``row.error`` set)
+    where impossible."""
     chunk = featurize_chunk((module.hparams.featurizer, max_nodes, [r.smiles for r in rows]))
     predictions = predict_chunk(module, chunk, len(rows), max_pairs, batch_size)
     _finish_rows(rows, chunk.errors, predictions)
     return predictions
-
-
-def predict_smiles(module, rows: list[InputRow], max_nodes: int = 512, max_pairs: int = DEFAULT_MAX_PAIRS,
-                   batch_size: int = DEFAULT_BATCH_SIZE) -> np.ndarray:
-    """``[len(rows), num_targets]`` predictions; NaN (with ``row.error`` set) where impossible."""
-    return _predict_rows(module, rows, max_nodes, max_pairs, batch_size)
 
 
 def _chunks(rows: Iterable[InputRow], size: int) -> Iterator[list[InputRow]]:
