@@ -42,19 +42,34 @@ MAX_GRAPH_SIZE: int = _encoding.MAX_GRAPH_SIZE
 #: Largest accepted ``max_hops``.
 MAX_HOPS_LIMIT: int = _encoding.MAX_HOPS_LIMIT
 
-# libgomp is not fork-safe: a process forked after an OpenMP thread team existed (e.g. a
-# DataLoader worker) deadlocks in its next multi-threaded region. Track both facts and run such
-# children single-threaded; the result does not depend on the thread count.
-_thread_team_started = False
+# libgomp is not fork-safe: a child forked while the parent had an OpenMP thread team (its own
+# encoder call with num_threads > 1, or any torch/numpy op: torch shares this libgomp) deadlocks in
+# its next multi-threaded region. A team is a set of live threads, so a parent with only one
+# native thread at fork time is safe; anything else (or a platform where threads cannot be
+# counted) makes the child run single-threaded. The result does not depend on the thread count.
 _forked_after_threads = False
+_threads_at_fork: int | None = None
+
+
+def _native_thread_count() -> int | None:
+    """Live OS threads of this process (OpenMP pools included); ``None`` where unknown."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return None
+
+
+def _count_threads_before_fork() -> None:
+    global _threads_at_fork
+    _threads_at_fork = _native_thread_count()
 
 
 def _mark_fork_in_child() -> None:
     global _forked_after_threads
-    _forked_after_threads = _forked_after_threads or _thread_team_started
+    _forked_after_threads = _forked_after_threads or _threads_at_fork != 1
 
 
-os.register_at_fork(after_in_child=_mark_fork_in_child)
+os.register_at_fork(before=_count_threads_before_fork, after_in_child=_mark_fork_in_child)
 
 
 @dataclass(frozen=True)
@@ -109,23 +124,20 @@ def encode_graphs(node_ptr: np.ndarray, edge_index: np.ndarray, edge_ptr: np.nda
         edge_ptr: int64 ``[G + 1]``, starting at 0 and ending at ``E``.
         max_hops: ``K`` in ``[1, 255]``, hops kept per path.
         num_threads: threads over graphs; the result is identical for any value. In a process
-            forked after this one used ``num_threads > 1`` it falls back to 1 (with a warning),
-            because libgomp deadlocks there.
+            forked from a multi-threaded one (e.g. after any torch op, or after this function ran
+            with ``num_threads > 1``) it falls back to 1 (with a warning), because libgomp
+            deadlocks there.
 
     Raises:
         ValueError: malformed input (dtype, shape, pointers, node ids, sizes > 32767, asymmetric
             edge lists, ``max_hops``), naming the problem and the graph.
         TypeError: a non-array or non-integer argument.
     """
-    global _thread_team_started
     if (isinstance(num_threads, (int, np.integer)) and not isinstance(num_threads, bool)
-            and num_threads > 1):
-        if _forked_after_threads:
-            warnings.warn("encode_graphs: forked after an OpenMP thread team existed; using "
-                          "num_threads=1 (libgomp would deadlock)", RuntimeWarning, stacklevel=2)
-            num_threads = 1
-        else:
-            _thread_team_started = True
+            and num_threads > 1 and _forked_after_threads):
+        warnings.warn("encode_graphs: this process was forked from a multi-threaded one; using "
+                      "num_threads=1 (libgomp would deadlock)", RuntimeWarning, stacklevel=2)
+        num_threads = 1
     spd, path_edges, degree, pair_ptr = _encoding.encode(node_ptr, edge_index, edge_ptr,
                                                          max_hops, num_threads)
     return EncodedGraphs(spd=spd, path_edges=path_edges, degree=degree, pair_ptr=pair_ptr,

@@ -275,6 +275,49 @@ def test_forked_child_falls_back_to_one_thread_instead_of_deadlocking(zinc_dir):
     assert any("num_threads=1" in message for message in warnings_seen)
 
 
+_FORK_AFTER_TORCH = """
+import os, sys
+import numpy as np
+import torch
+from graphormer_urpe.algos import encode_graphs
+
+args = [np.load(sys.argv[1])[k] for k in ("node_ptr", "edge_index", "edge_ptr")]
+torch.set_num_threads(2)
+a = torch.randn(256, 256)
+(a @ a).sum()  # torch's OpenMP team now exists in this (parent) process; the encoder never ran
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(read)
+    spd = encode_graphs(*args, max_hops=5, num_threads=2).spd
+    os.write(write, spd.tobytes())
+    os._exit(0)
+os.close(write)
+chunks = iter(lambda: os.read(read, 1 << 20), b"")
+child_spd = b"".join(chunks)
+os.waitpid(pid, 0)
+assert child_spd == encode_graphs(*args, max_hops=5, num_threads=1).spd.tobytes(), "child differs"
+print("child ok")
+"""
+
+
+def test_child_forked_after_a_torch_op_does_not_deadlock(zinc_dir, tmp_path):
+    # torch shares the encoder's libgomp: its thread team in the parent deadlocked the child's
+    # first multi-threaded encode_graphs (a subprocess, so a hang fails here instead of hanging).
+    import subprocess
+    import sys
+
+    node_ptr, edge_index, edge_ptr = load_zinc(zinc_dir, "test")
+    np.savez(tmp_path / "zinc.npz", node_ptr=node_ptr, edge_index=edge_index, edge_ptr=edge_ptr)
+    try:
+        done = subprocess.run([sys.executable, "-c", _FORK_AFTER_TORCH, str(tmp_path / "zinc.npz")],
+                              capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("a child forked after a torch op deadlocked in encode_graphs(num_threads=2)")
+    assert done.returncode == 0 and "child ok" in done.stdout, done.stderr
+    assert "num_threads=1" in done.stderr
+
+
 # ----------------------------------------------------------------------------- bad input
 def _good():
     """Two graphs: 0 - 1 and the triangle 0 - 1 - 2."""

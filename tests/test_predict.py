@@ -1,20 +1,27 @@
-"""graphormer-urpe-predict: a checkpoint trained through the CLI on the real ESOL CSV predicts
-SMILES exactly as the data pipeline does, keeps input order, and reports bad rows and files."""
+"""graphormer-urpe-predict: checkpoints trained through the CLI on the real ESOL CSV and on ZINC
+predict SMILES exactly as the data pipeline does, keep input order and the input's columns,
+refuse damaged checkpoints and dangerous outputs, and report bad rows."""
 from __future__ import annotations
 
 import csv
 import json
+import os
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+import graphormer_urpe.predict as predict
 from graphormer_urpe.predict import main as predict_main
 from graphormer_urpe.training.cli import build_cli
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_BACKBONE = {"num_layers": 2, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2}
+ESOL_TARGET = "measured log solubility in mols per litre"
 
 
 @pytest.fixture(scope="module")
@@ -33,16 +40,50 @@ def esol_run(shared_data_dir, tmp_path_factory):
     return cli, work / "run" / "checkpoints" / "last.ckpt"
 
 
+@pytest.fixture(scope="module")
+def zinc_ckpt(zinc_root, tmp_path_factory) -> Path:
+    """A tiny URPE model fitted for 2 steps on ZINC-12k (the ``zinc`` featurizer) by the CLI."""
+    work = tmp_path_factory.mktemp("zinc")
+    (work / "data").mkdir()
+    (work / "data" / "ZINC").symlink_to(zinc_root, target_is_directory=True)
+    build_cli([
+        "fit", "--config", str(REPO / "configs" / "zinc.yaml"),
+        "--trainer.default_root_dir", str(work / "run"), "--trainer.precision", "32-true",
+        "--trainer.max_steps", "2", "--trainer.limit_val_batches", "1",
+        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+        "--model.backbone", json.dumps(TINY_BACKBONE), "--data.init_args.root", str(work / "data"),
+    ])
+    return work / "run" / "checkpoints" / "last.ckpt"
+
+
+@pytest.fixture(scope="module")
+def zinc_smiles(zinc_source) -> list[str]:
+    import gzip
+
+    with gzip.open(zinc_source / "jtvae_test.smi.gz", "rt") as handle:
+        return [line.strip() for line in handle][:300]
+
+
 def read_output(path: Path) -> list[dict[str, str]]:
     with open(path, newline="") as handle:
         return list(csv.DictReader(handle))
 
 
-def test_predictions_match_the_data_pipeline_and_keep_input_order(esol_run, tmp_path):
+def read_csv_column(path: Path, column: str) -> list[str]:
+    with open(path, newline="") as handle:
+        return [row[column] for row in csv.DictReader(handle)]
+
+
+def run(ckpt: Path, source: Path, output: Path, *extra: str) -> int:
+    return predict_main(["--ckpt", str(ckpt), "--input", str(source), "--output", str(output),
+                         "--quiet", *extra])
+
+
+def test_predictions_match_the_data_pipeline_and_keep_input_order_and_columns(esol_run, tmp_path):
     cli, ckpt = esol_run
     data = cli.datamodule
     test_rows = data.store()[3]["test"]
-    smiles = [s for s in read_csv_column(data.path, "smiles")]
+    smiles = read_csv_column(data.path, "smiles")
     expected = torch.cat([out["prediction"] for out in cli.trainer.predict(
         cli.model, datamodule=data, ckpt_path=str(ckpt))]).squeeze(1).numpy()
 
@@ -51,67 +92,314 @@ def test_predictions_match_the_data_pipeline_and_keep_input_order(esol_run, tmp_
     source = tmp_path / "in.csv"
     with open(source, "w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["name", "SMILES"])
-        writer.writerows([[f"m{i}", s] for i, s in enumerate(mixed)])
-    assert predict_main(["--ckpt", str(ckpt), "--input", str(source),
-                         "--output", str(tmp_path / "out.csv")]) == 0
+        writer.writerow(["name", "SMILES", "error"])
+        writer.writerows([[f"m{i}", s, f"note {i}"] for i, s in enumerate(mixed)])
+    # chunks of 7 rows and batches of at most 3 molecules: order must survive both
+    assert run(ckpt, source, tmp_path / "out.csv", "--chunk-rows", "7", "--batch-size", "3") == 0
 
     rows = read_output(tmp_path / "out.csv")
-    assert [r["smiles"] for r in rows] == mixed
+    prediction = f"prediction_{ESOL_TARGET}"  # named by the checkpoint's target column
+    assert list(rows[0]) == ["row", "name", "SMILES", "input_error", prediction, "error"]
+    assert [r["SMILES"] for r in rows] == mixed
+    assert [r["name"] for r in rows] == [f"m{i}" for i in range(len(mixed))]
+    assert [r["input_error"] for r in rows] == [f"note {i}" for i in range(len(mixed))]
     assert [int(r["row"]) for r in rows] == list(range(1, len(mixed) + 1))
     for bad in (0, 2, 3):
-        assert rows[bad]["prediction"] == "" and rows[bad]["error"]
+        assert rows[bad][prediction] == "" and rows[bad]["error"]
     assert "cannot parse" in rows[0]["error"] and rows[2]["error"] == "empty SMILES"
-    got = np.array([float(r["prediction"]) for i, r in enumerate(rows) if i not in (0, 2, 3)])
+    got = np.array([float(r[prediction]) for i, r in enumerate(rows) if i not in (0, 2, 3)])
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
 
 
-def read_csv_column(path: Path, column: str) -> list[str]:
-    with open(path, newline="") as handle:
-        return [row[column] for row in csv.DictReader(handle)]
+def test_plain_smiles_file_of_any_extension_with_bom_and_crlf(esol_run, tmp_path):
+    _, ckpt = esol_run
+    for name in ("in.smi", "in.csv", "in.txt"):
+        source = tmp_path / name
+        source.write_bytes("\ufeffCCO\r\nCCCCCCCCCCCCCCCCCCCC\r\nc1ccccc1\r\n".encode())
+        assert run(ckpt, source, tmp_path / "out.csv", "--max-nodes", "10") == 0
+        raw = (tmp_path / "out.csv").read_bytes()
+        assert b"\r" not in raw and not raw.startswith(b"\xef\xbb\xbf")
+        rows = read_output(tmp_path / "out.csv")
+        assert [r["smiles"] for r in rows] == ["CCO", "CCCCCCCCCCCCCCCCCCCC", "c1ccccc1"], name
+        assert rows[0][f"prediction_{ESOL_TARGET}"] and rows[2][f"prediction_{ESOL_TARGET}"]
+        assert "20 atoms, more than max_nodes=10" in rows[1]["error"]
 
 
-def test_plain_smiles_file_and_too_large_molecules(esol_run, tmp_path):
+def test_csv_with_bom_keeps_its_smiles_column(esol_run, tmp_path):
+    _, ckpt = esol_run
+    source = tmp_path / "in.csv"
+    source.write_bytes("\ufeffsmiles,id\nCCO,a\nc1ccccc1,b\n".encode())
+    assert run(ckpt, source, tmp_path / "out.csv") == 0
+    rows = read_output(tmp_path / "out.csv")
+    assert [(r["smiles"], r["id"], r["error"]) for r in rows] == [("CCO", "a", ""), ("c1ccccc1", "b", "")]
+
+
+def test_smiles_with_white_space_inside_are_error_rows(esol_run, tmp_path):
+    # RDKit reads only up to the first white space: these would have been predicted as CCO.
+    _, ckpt = esol_run
+    source = tmp_path / "in.csv"
+    with open(source, "w", newline="") as handle:
+        csv.writer(handle).writerows([["smiles"], ["CCO extra words"], ["CC\nO"], ["CCO"], ["CCO\tx"]])
+    assert run(ckpt, source, tmp_path / "out.csv") == 0
+    rows = read_output(tmp_path / "out.csv")
+    assert [r["smiles"] for r in rows] == ["CCO extra words", "CC\nO", "CCO", "CCO\tx"]
+    for bad in (0, 1, 3):
+        assert rows[bad][f"prediction_{ESOL_TARGET}"] == "" and "white space" in rows[bad]["error"]
+    assert rows[2][f"prediction_{ESOL_TARGET}"] and not rows[2]["error"]
+
+
+def test_charge_outside_the_zinc_vocabulary_is_an_error_row(zinc_ckpt, zinc_smiles, tmp_path):
+    source = tmp_path / "in.smi"
+    source.write_text("\n".join(["C[S-2]", "C[S-]", "C[N+2]", *zinc_smiles[:20]]) + "\n")
+    assert run(zinc_ckpt, source, tmp_path / "out.csv") == 0
+    rows = read_output(tmp_path / "out.csv")
+    assert rows[0]["prediction"] == "" and "'S -2'" in rows[0]["error"]
+    assert rows[1]["prediction"] and not rows[1]["error"]  # a single charge is in the vocabulary
+    assert rows[2]["prediction"] == "" and "'N +2'" in rows[2]["error"]
+    assert all(r["prediction"] and not r["error"] for r in rows[3:])
+
+
+@pytest.mark.parametrize("value", ["-1", "0"])
+def test_non_positive_batch_size_is_a_usage_error(esol_run, tmp_path, capsys, value):
     _, ckpt = esol_run
     source = tmp_path / "in.smi"
-    source.write_text("CCO\nCCCCCCCCCCCCCCCCCCCC\nc1ccccc1\n")
-    assert predict_main(["--ckpt", str(ckpt), "--input", str(source), "--output",
-                         str(tmp_path / "out.csv"), "--max-nodes", "10"]) == 0
-    rows = read_output(tmp_path / "out.csv")
-    assert [r["smiles"] for r in rows] == ["CCO", "CCCCCCCCCCCCCCCCCCCC", "c1ccccc1"]
-    assert rows[0]["prediction"] and rows[2]["prediction"]
-    assert rows[1]["prediction"] == "" and "20 atoms, more than max_nodes=10" in rows[1]["error"]
+    source.write_text("CCO\n")
+    with pytest.raises(SystemExit) as exit_info:
+        run(ckpt, source, tmp_path / "out.csv", "--batch-size", value)
+    assert exit_info.value.code == 2 and "positive integer" in capsys.readouterr().err
+    assert not (tmp_path / "out.csv").exists()
 
 
-@pytest.mark.parametrize("problem", ["missing", "corrupt", "truncated", "incompatible", "foreign"])
+# ------------------------------------------------------------------------------- data loss
+@pytest.mark.parametrize("spelling", ["same", "dotted", "symlink", "hardlink"])
+def test_output_that_is_the_input_is_refused(esol_run, tmp_path, capsys, spelling):
+    _, ckpt = esol_run
+    (tmp_path / "sub").mkdir()
+    source = tmp_path / "in.csv"
+    content = "id,smiles\na,CCO\n"
+    source.write_text(content)
+    output = {"same": source, "dotted": tmp_path / "sub" / ".." / "in.csv",
+              "symlink": tmp_path / "link.csv", "hardlink": tmp_path / "hard.csv"}[spelling]
+    if spelling == "symlink":
+        output.symlink_to(source)
+    elif spelling == "hardlink":
+        os.link(source, output)
+    assert run(ckpt, source, output) == 2
+    assert "is the input file" in capsys.readouterr().err
+    assert source.read_text() == content
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_unwritable_output_fails_before_any_work(tmp_path, capsys):
+    source = tmp_path / "in.smi"
+    source.write_text("CCO\n")
+    (tmp_path / "file").write_text("")
+    # The checkpoint does not even exist: the output is checked first.
+    assert run(tmp_path / "missing.ckpt", source, tmp_path / "file" / "out.csv") == 2
+    assert "file" in capsys.readouterr().err
+
+
+def test_failure_mid_write_keeps_the_previous_output(esol_run, tmp_path, monkeypatch, capsys):
+    _, ckpt = esol_run
+    source = tmp_path / "in.smi"
+    source.write_text("CCO\nCCN\nCCC\nCCCl\n")
+    output = tmp_path / "out.csv"
+    output.write_text("previous results\n")
+    real_write = predict.PredictionTable.write
+    calls = []
+
+    def write_then_fill_the_disk(self, rows, predictions):
+        calls.append(len(rows))
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        real_write(self, rows, predictions)
+
+    monkeypatch.setattr(predict.PredictionTable, "write", write_then_fill_the_disk)
+    assert run(ckpt, source, output, "--chunk-rows", "2", "--workers", "0") == 1
+    assert "No space left" in capsys.readouterr().err
+    assert output.read_text() == "previous results\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.smi", "out.csv"]  # no temporary left
+
+
+def test_new_output_gets_ordinary_permissions(esol_run, tmp_path):
+    _, ckpt = esol_run
+    source = tmp_path / "in.smi"
+    source.write_text("CCO\n")
+    umask = os.umask(0o022)
+    try:
+        assert run(ckpt, source, tmp_path / "out.csv") == 0
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "out.csv").stat().st_mode & 0o777 == 0o644
+
+
+# ------------------------------------------------------------------------------ checkpoints
+def _overwrite_entry_bytes(ckpt: Path, bad: Path) -> None:
+    """A copy of ``ckpt`` with bytes of its largest tensor entry changed in place (CRC stale)."""
+    data = bytearray(ckpt.read_bytes())
+    with zipfile.ZipFile(ckpt) as archive:
+        info = max((i for i in archive.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    # local header: 30 bytes + name + extra, then the stored (uncompressed) bytes
+    name_len = int.from_bytes(data[info.header_offset + 26:info.header_offset + 28], "little")
+    extra_len = int.from_bytes(data[info.header_offset + 28:info.header_offset + 30], "little")
+    start = info.header_offset + 30 + name_len + extra_len
+    data[start:start + 8] = np.array([1.5, -2.5], dtype=np.float32).tobytes()
+    bad.write_bytes(bytes(data))
+
+
+PROBLEMS = {
+    "missing": "does not exist",
+    "corrupt": "cannot be read",
+    "truncated": "cannot be read",
+    "crc": "fails the CRC check",
+    "nan": "non-finite weights",
+    "incompatible": "does not match",
+    "edited heads": "does not match",
+    "edited featurizer": "does not match",
+    "edited task": "does not match",
+    "edited max_hops": "does not match",
+    "foreign": "not a Lightning checkpoint",
+    "code": "other than tensors and plain values",
+}
+
+
+@pytest.mark.parametrize("problem", list(PROBLEMS))
 def test_bad_checkpoints_get_a_clear_error(esol_run, tmp_path, capsys, problem):
     _, ckpt = esol_run
     bad = tmp_path / "bad.ckpt"
-    if problem == "corrupt":
+    checkpoint = torch.load(ckpt, weights_only=False)
+    hparams = checkpoint["hyper_parameters"]
+    if problem == "missing":
+        pass
+    elif problem == "corrupt":
         bad.write_bytes(b"definitely not a checkpoint")
     elif problem == "truncated":
         bad.write_bytes(ckpt.read_bytes()[:4096])
-    elif problem == "incompatible":  # weights of another architecture under these hyperparameters
-        checkpoint = torch.load(ckpt, weights_only=False)
-        checkpoint["hyper_parameters"]["backbone"] = {**TINY_BACKBONE, "hidden_dim": 32}
-        torch.save(checkpoint, bad)
+    elif problem == "crc":
+        _overwrite_entry_bytes(ckpt, bad)
     elif problem == "foreign":
         torch.save({"weights": torch.zeros(3)}, bad)
+    elif problem == "code":
+        torch.save({"state_dict": {}, "hyper_parameters": {}, "x": zipfile.ZipInfo("a")}, bad)
+    else:
+        if problem == "nan":
+            name = next(k for k, v in checkpoint["state_dict"].items() if v.is_floating_point())
+            checkpoint["state_dict"][name].view(-1)[0] = float("nan")
+        elif problem == "incompatible":  # weights of another architecture under these hyperparameters
+            hparams["backbone"] = {**TINY_BACKBONE, "hidden_dim": 32}
+        elif problem == "edited heads":  # 16 is not divisible by 3
+            hparams["backbone"] = {**TINY_BACKBONE, "num_heads": 3}
+        elif problem == "edited featurizer":
+            hparams["featurizer"] = "zinc"
+        elif problem == "edited task":
+            hparams["task"] = "ranking"
+        elif problem == "edited max_hops":
+            hparams["max_hops"] = "five"
+        torch.save(checkpoint, bad)
     source = tmp_path / "in.smi"
     source.write_text("CCO\n")
-    code = predict_main(["--ckpt", str(bad), "--input", str(source), "--output", str(tmp_path / "o.csv")])
+    code = run(bad, source, tmp_path / "o.csv")
     assert code == 2
     message = capsys.readouterr().err
-    assert str(bad) in message
-    assert {"missing": "does not exist", "corrupt": "cannot be read", "truncated": "cannot be read",
-            "incompatible": "does not match", "foreign": "not a Lightning checkpoint"}[problem] in message
+    assert str(bad) in message and PROBLEMS[problem] in message
+    assert "weights_only" not in message and "Traceback" not in message
     assert not (tmp_path / "o.csv").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
 def test_csv_without_smiles_column_is_an_error(esol_run, tmp_path, capsys):
     _, ckpt = esol_run
     source = tmp_path / "in.csv"
     source.write_text("name,formula\nethanol,C2H6O\n")
-    assert predict_main(["--ckpt", str(ckpt), "--input", str(source), "--output",
-                         str(tmp_path / "o.csv")]) == 2
+    assert run(ckpt, source, tmp_path / "o.csv") == 2
     assert "no 'smiles' column" in capsys.readouterr().err
+    assert not (tmp_path / "o.csv").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_cuda_is_a_clear_error(esol_run, tmp_path, capsys):
+    _, ckpt = esol_run
+    source = tmp_path / "in.smi"
+    source.write_text("CCO\n")
+    assert run(ckpt, source, tmp_path / "o.csv", "--device", "cuda") == 2
+    assert "CUDA is not available" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------- memory and speed
+def test_batches_respect_the_pair_budget_and_give_the_same_predictions(zinc_ckpt, zinc_smiles,
+                                                                        tmp_path, monkeypatch):
+    source = tmp_path / "in.smi"
+    source.write_text("\n".join(zinc_smiles) + "\n")
+    assert run(zinc_ckpt, source, tmp_path / "default.csv") == 0
+    shapes = []
+    from graphormer_urpe.training.module import GraphormerModule
+
+    forward = GraphormerModule.forward
+
+    def recording_forward(self, batch):
+        shapes.append((batch.num_graphs, int(batch.num_nodes.max())))
+        return forward(self, batch)
+
+    monkeypatch.setattr(GraphormerModule, "forward", recording_forward)
+    budget = 20_000
+    assert run(zinc_ckpt, source, tmp_path / "budget.csv", "--max-pairs", str(budget), "--workers", "0") == 0
+    shapes = shapes[1:]  # the first forward is the load-time check of the model
+    assert sum(b for b, _ in shapes) == len(zinc_smiles)
+    assert all(b * (n + 1) ** 2 <= budget for b, n in shapes), max(b * (n + 1) ** 2 for b, n in shapes)
+    assert len(shapes) >= 5  # without the budget: one batch (300 rows < --batch-size, one chunk)
+    default, budgeted = read_output(tmp_path / "default.csv"), read_output(tmp_path / "budget.csv")
+    assert [r["smiles"] for r in budgeted] == zinc_smiles
+    np.testing.assert_allclose([float(r["prediction"]) for r in budgeted],
+                               [float(r["prediction"]) for r in default], rtol=1e-5, atol=1e-6)
+
+
+def test_a_molecule_larger_than_the_budget_is_predicted_alone(zinc_ckpt, zinc_smiles, tmp_path):
+    source = tmp_path / "in.smi"
+    source.write_text("\n".join(zinc_smiles[:5]) + "\n")
+    assert run(zinc_ckpt, source, tmp_path / "out.csv", "--max-pairs", "1") == 0
+    assert all(r["prediction"] for r in read_output(tmp_path / "out.csv"))
+
+
+def test_input_is_streamed_in_bounded_chunks(zinc_ckpt, zinc_smiles):
+    module = predict.load_module(zinc_ckpt)
+    read = []
+
+    def rows():
+        for i in range(10 ** 9):  # practically endless: must never be read to the end
+            read.append(i)
+            yield predict.InputRow(zinc_smiles[i % len(zinc_smiles)])
+
+    class Enough(Exception):
+        pass
+
+    class StopAfterTwoChunks(predict.PredictionTable):
+        def __init__(self):
+            self.chunks_read_at_write = []
+
+        def write(self, chunk, predictions):
+            assert np.isfinite(predictions).all()
+            self.chunks_read_at_write.append(len(read))
+            if len(self.chunks_read_at_write) == 2:
+                raise Enough
+
+    table = StopAfterTwoChunks()
+    with pytest.raises(Enough):
+        predict.stream_predictions(module, rows(), table, max_nodes=512, max_pairs=1 << 16,
+                                   batch_size=64, chunk_rows=50, workers=1)
+    # one worker: at most 2 chunks ahead of the one being written
+    assert table.chunks_read_at_write[0] <= 50 * 4
+
+
+def test_installed_command_shows_progress(esol_run, tmp_path):
+    _, ckpt = esol_run
+    source = tmp_path / "in.smi"
+    source.write_text("CCO\nc1ccccc1\n")
+    done = subprocess.run([str(Path(sys.executable).parent / "graphormer-urpe-predict"), "--ckpt", str(ckpt),
+                           "--input", str(source), "--output", str(tmp_path / "out.csv")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "2/2" in done.stderr and "mol/s" in done.stderr
+    assert len(read_output(tmp_path / "out.csv")) == 2
+    helped = subprocess.run([str(Path(sys.executable).parent / "graphormer-urpe-predict"), "--help"],
+                            capture_output=True, text=True, timeout=300)
+    assert "--max-pairs" in helped.stdout and "Peak memory" in helped.stdout

@@ -37,26 +37,47 @@ OGB_ATOM_FEATURE_DIMS: tuple[int, ...] = (119, 5, 12, 12, 10, 6, 6, 2, 2)
 OGB_BOND_FEATURE_DIMS: tuple[int, ...] = (5, 6, 2)
 
 
+def clean_smiles(smiles: str) -> str:
+    """``smiles`` without surrounding white space; ``ValueError`` if white space is left inside.
+
+    RDKit reads a SMILES up to its first white space and silently drops the rest, so
+    ``"CCO extra words"`` or a line break inside a field would be predicted as ``CCO``. The one
+    exception is a CXSMILES extension, ``"<smiles> |...|"``, which RDKit reads as a whole.
+    """
+    if not isinstance(smiles, str):
+        raise ValueError(f"SMILES must be a string, got {type(smiles).__name__}")
+    stripped = smiles.strip()
+    core, _, extension = stripped.partition(" ")
+    if any(c.isspace() for c in core) or (
+            extension and not (len(extension) > 1 and extension[0] == extension[-1] == "|")):
+        raise ValueError(f"SMILES {smiles!r} contains white space (RDKit would read only "
+                         f"{stripped.split()[0]!r})")
+    return stripped
+
+
 def _parse(smiles: str):
     from rdkit import Chem
 
-    mol = Chem.MolFromSmiles(smiles) if isinstance(smiles, str) and smiles.strip() else None
+    smiles = clean_smiles(smiles)
+    mol = Chem.MolFromSmiles(smiles) if smiles else None
     if mol is None:
         raise ValueError(f"RDKit cannot parse SMILES {smiles!r}")
     return mol
 
 
 def zinc_atom_token(atom) -> str:
-    """The ZINC atom token of an RDKit atom, e.g. ``"C"``, ``"C H1"``, ``"N H3 +"``, ``"O -"``."""
+    """The ZINC atom token of an RDKit atom, e.g. ``"C"``, ``"C H1"``, ``"N H3 +"``, ``"O -"``.
+
+    Charges of magnitude 2 or more give tokens like ``"S -2"``, outside the vocabulary (never
+    aliased to the single charge; no ZINC molecule has one).
+    """
     token = atom.GetSymbol()
     charge = atom.GetFormalCharge()
     hydrogens = atom.GetNumExplicitHs()
     if hydrogens and not (atom.GetIsAromatic() and charge == 0):
         token += f" H{hydrogens}"
-    if charge > 0:
-        token += " +"
-    elif charge < 0:
-        token += " -"
+    if charge:
+        token += (" +" if charge > 0 else " -") + (str(abs(charge)) if abs(charge) > 1 else "")
     return token
 
 
@@ -88,7 +109,7 @@ def smiles_to_ogb_graph(smiles: str) -> tuple[np.ndarray, np.ndarray, np.ndarray
     from ogb.utils import smiles2graph
 
     _parse(smiles)  # smiles2graph fails with an AttributeError on what RDKit rejects
-    graph = smiles2graph(smiles)
+    graph = smiles2graph(clean_smiles(smiles))
     return graph["node_feat"], graph["edge_index"], graph["edge_feat"]
 
 

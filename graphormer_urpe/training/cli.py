@@ -78,6 +78,8 @@ class GraphormerCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         for name in LINKED_DATA_FACTS:
             parser.link_arguments(f"data.{name}", f"model.{name}", apply_on="instantiate")
+        parser.link_arguments("data", "model.target_names", apply_on="instantiate",
+                              compute_fn=lambda data: getattr(data, "target_columns", None))
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         # monitor / mode / filename left unset follow the task (before_instantiate_classes).
         parser.set_defaults({"checkpoint.save_last": True,

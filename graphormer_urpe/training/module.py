@@ -133,6 +133,8 @@ class GraphormerModule(pl.LightningModule):
             by default every kind decays, as in Graphormer (:func:`parameter_groups`).
         compile: compile the backbone with ``torch.compile(dynamic=True)``, region by region
             (:func:`compile_backbone`).
+        target_names: the targets' names (the CSV DataModule's ``target_columns``), recorded so
+            predictions can be labelled from the checkpoint alone; ``None`` = unnamed.
     """
 
     def __init__(
@@ -155,6 +157,7 @@ class GraphormerModule(pl.LightningModule):
         eps: float = 1e-8,
         no_weight_decay: list[ParameterKind] | None = None,
         compile: bool = False,
+        target_names: list[str] | None = None,
     ) -> None:
         super().__init__()
         if preset not in PRESETS:
