@@ -39,7 +39,7 @@ PREDICTIONS_FILE = "predictions.csv"
 
 class PredictionWriter(BasePredictionWriter):
     """Writes ``predict``'s outputs to a CSV with the columns of ``graphormer-urpe-predict``
-    (``row, smiles, prediction[_k]..., error``), in the order of the predict split.
+    (``row, smiles, prediction_<target>..., error``), in the order of the predict split.
 
     Args:
         output: the CSV (default: ``<trainer.default_root_dir>/predictions.csv``).
@@ -51,7 +51,7 @@ class PredictionWriter(BasePredictionWriter):
 
     def write_on_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            predictions, batch_indices) -> None:
-        from graphormer_urpe.predict import InputRow, write_predictions
+        from graphormer_urpe.predict import InputRow, target_names, write_predictions
 
         outputs = [o for per_loader in _per_dataloader(predictions) for o in per_loader]
         if not outputs:
@@ -63,7 +63,7 @@ class PredictionWriter(BasePredictionWriter):
         smiles = smiles_of() if smiles_of is not None else None
         rows = [InputRow(smiles[i] if smiles is not None else "") for i in range(len(values))]
         path = Path(self.output or os.path.join(trainer.default_root_dir, PREDICTIONS_FILE))
-        write_predictions(path, rows, values)
+        write_predictions(path, rows, values, target_names(pl_module))
         logging.getLogger(__name__).info("wrote %d predictions to %s", len(rows), path)
 
 

@@ -135,12 +135,12 @@ def test_predict_writes_predictions_in_input_order(esol_table, tmp_path):
     cli = build_cli(["predict", *csv_args(path, run_dir, "--ckpt_path", ckpt)])
     written = pd.read_csv(run_dir / "predictions.csv", keep_default_na=False)
     test_rows = cli.datamodule.store()[3]["test"]
-    assert list(written.columns) == ["row", "smiles", "prediction", "error"]
+    assert list(written.columns) == ["row", "smiles", "prediction_y", "error"]
     assert written["smiles"].tolist() == [table["smiles"][r].strip() for r in test_rows]
     # The same numbers as graphormer-urpe-predict computes from the checkpoint alone.
     from graphormer_urpe.predict import InputRow, predict_smiles
     expected = predict_smiles(load_module(ckpt), [InputRow(s) for s in written["smiles"]])
-    np.testing.assert_allclose(written["prediction"].to_numpy(), expected[:, 0], rtol=1e-4,
+    np.testing.assert_allclose(written["prediction_y"].to_numpy(), expected[:, 0], rtol=1e-4,
                                atol=1e-5)
     chosen = tmp_path / "elsewhere" / "out.csv"
     build_cli(["predict", *csv_args(path, run_dir, "--ckpt_path", ckpt,
