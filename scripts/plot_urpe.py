@@ -8,12 +8,12 @@ Two kinds of checkpoint are understood:
   by the offset ``j - i``. Writes ``<stem>-B.png`` and ``<stem>-C.png`` (the Toeplitz matrices
   ``T_ij = table[j - i]``, layers x heads) and ``<stem>-offsets.png`` (the tables as curves
   over the offset, one line per head).
-* a graph model (a Lightning checkpoint of :class:`graphormer_urpe.training.module` or any dict
-  with a ``state_dict`` / a bare state_dict holding a :class:`~graphormer_urpe.nn.graphormer.Graphormer`):
-  ``spatial_bias.embedding.weight`` (B over shortest-path distance, ``[max_spd + 2, H]``) and
-  ``urpe_scales.<l>.weight`` (C over SPD per layer, ``[max_spd + 3, H]``). Writes
-  ``<stem>-spd.png``: curves of B and of each layer's C over SPD, one line per head, with the
-  "unreachable" and graph-token slots as separate points at the right.
+* a graph model (a Lightning checkpoint of :class:`~graphormer_urpe.training.module.GraphormerModule`,
+  rebuilt from its hyperparameters): B over shortest-path distance (the spatial bias table,
+  ``[max_spd + 2, H]``) and each layer's effective C over SPD
+  (:meth:`~graphormer_urpe.nn.graphormer.Graphormer.urpe_scale_tables`, ``[max_spd + 3, H]``).
+  Writes ``<stem>-spd.png``: curves of B and of each layer's C over SPD, one line per head, with
+  the "unreachable" and graph-token slots as separate points at the right.
 
 Usage::
 
@@ -36,8 +36,6 @@ import torch  # noqa: E402
 from matplotlib.colors import TwoSlopeNorm  # noqa: E402
 
 SEQUENCE_TABLE = re.compile(r"(?:^|\.)layers\.(\d+)\.(bias|scale)\.table$")
-GRAPH_SCALE = re.compile(r"(?:^|\.)urpe_scales\.(\d+)\.weight$")
-GRAPH_SPATIAL = re.compile(r"(?:^|\.)spatial_bias\.embedding\.weight$")
 # The neutral value of each table: B adds, C multiplies.
 CENTER = {"bias": 0.0, "scale": 1.0}
 SYMBOL = {"bias": "B", "scale": "C"}
@@ -157,29 +155,30 @@ def plot_sequence(state_dict: Mapping[str, torch.Tensor], out_dir: Path, stem: s
 # --------------------------------------------------------------------------------------------
 # Graph models
 # --------------------------------------------------------------------------------------------
-def graph_tables(state_dict: Mapping[str, torch.Tensor]) -> tuple[np.ndarray | None, np.ndarray]:
-    """``(B [max_spd + 2, H] or None, C [layers, max_spd + 3, H])`` from a Graphormer state_dict
-    (a Lightning one has the ``model.`` prefix; any prefix is accepted)."""
-    scales: dict[int, np.ndarray] = {}
-    spatial = None
-    for key, value in state_dict.items():
-        if (match := GRAPH_SCALE.search(key)):
-            scales[int(match.group(1))] = value.float().numpy()
-        elif GRAPH_SPATIAL.search(key):
-            spatial = value.float().numpy()
-    if not scales:
-        raise ValueError("no URPE scale tables (urpe_scales.<l>.weight) in the state_dict: "
-                         "was the graph model trained with attention='urpe'?")
-    return spatial, np.stack([scales[i] for i in sorted(scales)])
+def graph_tables(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """``(B [max_spd + 2, H], C [layers, max_spd + 3, H])`` of a URPE Graphormer, from a
+    Lightning checkpoint of :class:`~graphormer_urpe.training.module.GraphormerModule` (the model
+    is rebuilt from its hyperparameters; C is :meth:`Graphormer.urpe_scale_tables`). With a
+    shared C, only one table is returned."""
+    from graphormer_urpe.predict import load_module
+
+    model = load_module(path).model
+    if model.attention != "urpe":
+        raise ValueError(f"the graph model was trained with attention={model.attention!r}: it has "
+                         "no URPE scale C (train with attention 'urpe')")
+    scales = model.urpe_scale_tables().numpy()
+    if len(model.urpe_scales) == 1:
+        scales = scales[:1]
+    return model.spatial_bias.embedding.weight.detach().float().numpy(), scales
 
 
-def plot_graph(state_dict: Mapping[str, torch.Tensor], out_dir: Path, stem: str,
+def plot_graph(path: Path, out_dir: Path, stem: str,
                max_spd: int | None = None, title: str = "") -> list[Path]:
     """Curves over SPD per head: one panel for B (shared by the layers) and one per layer's C."""
-    spatial, scales = graph_tables(state_dict)
+    spatial, scales = graph_tables(path)
     table_spd = scales.shape[1] - 3  # C rows: distances 0..max_spd, unreachable, graph token
     shown = min(max_spd if max_spd is not None else table_spd, table_spd)
-    panels = ([("B (spatial bias)", spatial, ["unreach."])] if spatial is not None else []) + [
+    panels = [("B (spatial bias)", spatial, ["unreach."])] + [
         (f"C, layer {l}" if len(scales) > 1 else "C (all layers)", scales[l],
          ["unreach.", "graph tok."]) for l in range(len(scales))]
     ncols = min(4, len(panels))
@@ -215,7 +214,7 @@ def plot_graph(state_dict: Mapping[str, torch.Tensor], out_dir: Path, stem: str,
 # --------------------------------------------------------------------------------------------
 def plot_checkpoint(path: Path, out_dir: Path, length: int | None = None,
                     max_offset: int | None = None, max_spd: int | None = None) -> list[Path]:
-    """Detect the model kind from the parameter names and write its figures; returns the PNGs."""
+    """Write the figures of a sequence-model or graph-model checkpoint; returns the PNGs."""
     state_dict, meta = load_state_dict(path)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = path.stem
@@ -226,10 +225,10 @@ def plot_checkpoint(path: Path, out_dir: Path, length: int | None = None,
             title = (f"{meta['task']} V={meta['vocab_size']} {meta['scheme']} seed={meta['seed']}"
                      f" (acc {100 * result.get('accuracy', float('nan')):.1f}%): ")
         return plot_sequence(state_dict, out_dir, stem, length, max_offset, title)
-    if any(GRAPH_SCALE.search(k) for k in state_dict):
-        return plot_graph(state_dict, out_dir, stem, max_spd)
-    raise ValueError(f"{path}: found neither sequence tables (layers.<l>.scale.table) nor graph "
-                     "URPE scales (urpe_scales.<l>.weight)")
+    if "hyper_parameters" in meta:
+        return plot_graph(path, out_dir, stem, max_spd)
+    raise ValueError(f"{path}: found neither sequence tables (layers.<l>.scale.table) nor a "
+                     "Lightning checkpoint of a graph model (hyper_parameters and state_dict)")
 
 
 def main(argv: Sequence[str] | None = None) -> list[Path]:

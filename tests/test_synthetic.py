@@ -170,24 +170,30 @@ def test_plot_script_renders_a_trained_sequence_model(tmp_path):
     assert matrix[3, 1] == state["layers.0.scale.table"][1, (1 - 3) + TINY.length - 1]
 
 
-def test_plot_script_renders_graph_urpe_tables_from_a_lightning_style_checkpoint(tmp_path):
-    from graphormer_urpe.nn.graphormer import Graphormer
+def test_plot_script_renders_graph_urpe_tables_from_a_lightning_checkpoint(tmp_path):
+    from graphormer_urpe.training.module import GraphormerModule
 
     plot = _plot_module()
-    model = Graphormer(num_atom_embeddings=10, num_bond_embeddings=4, num_layers=3, hidden_dim=16,
-                       ffn_dim=16, num_heads=4, max_spd=6)
+    hparams = {"num_atom_embeddings": 10, "num_bond_embeddings": 4,
+               "backbone": {"num_layers": 3, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 4,
+                            "max_spd": 6}}
+    module = GraphormerModule(**hparams)
+    model = module.model
     with torch.no_grad():  # stand in for training: C varies with distance, layer and head
         for scale in model.urpe_scales:
-            scale.weight.add_(torch.randn(scale.weight.shape))
-    checkpoint = {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
-                  "epoch": 3, "hyper_parameters": {}}
+            scale.delta.add_(torch.randn(scale.delta.shape))
+    checkpoint = {"state_dict": module.state_dict(), "epoch": 3, "hyper_parameters": hparams}
     torch.save(checkpoint, tmp_path / "graph.ckpt")
-    spatial, scales = plot.graph_tables(checkpoint["state_dict"])
+    spatial, scales = plot.graph_tables(tmp_path / "graph.ckpt")
     assert scales.shape == (3, 6 + 3, 4) and spatial.shape == (6 + 2, 4)
-    assert torch.equal(torch.from_numpy(scales[2]), model.urpe_scales[2].weight.detach())
+    assert torch.equal(torch.from_numpy(scales[2]), 1 + model.urpe_scales[2].delta.detach())
     paths = plot.main([str(tmp_path / "graph.ckpt"), "--out", str(tmp_path)])
     assert [p.name for p in paths] == ["graph-spd.png"] and paths[0].stat().st_size > 5_000
-    rpe_only = {k: v for k, v in checkpoint["state_dict"].items() if "urpe_scales" not in k}
-    torch.save(rpe_only, tmp_path / "rpe.ckpt")
-    with pytest.raises(ValueError, match="neither"):
+    rpe = {"num_atom_embeddings": 10, "num_bond_embeddings": 4, "backbone": {"attention": "rpe"}}
+    torch.save({"state_dict": GraphormerModule(**rpe).state_dict(), "hyper_parameters": rpe},
+               tmp_path / "rpe.ckpt")
+    with pytest.raises(ValueError, match="no URPE scale"):
         plot.main([str(tmp_path / "rpe.ckpt"), "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="neither"):
+        torch.save(module.model.state_dict(), tmp_path / "bare.pt")
+        plot.main([str(tmp_path / "bare.pt"), "--out", str(tmp_path)])

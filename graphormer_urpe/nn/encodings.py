@@ -20,7 +20,8 @@ the graph token. Padded pairs also carry ``spd = -1``; their values are never se
 attention masks padded keys and padded query rows are never read out.
 
 Initialisation follows Graphormer v1: embeddings ``N(0, 0.02)`` with padding rows kept at zero,
-C exactly one (so a fresh URPE model computes exactly what plain RPE attention computes).
+C exactly one (so a fresh URPE model computes exactly what plain RPE attention computes);
+C is stored as ``C - 1`` so that weight decay pulls it toward 1 (see :class:`URPEScale`).
 """
 from __future__ import annotations
 
@@ -231,9 +232,15 @@ class URPEScale(nn.Module):
 
     One entry per head for each distance ``0 .. max_spd`` (longer ones share the last), one for
     "unreachable" and one for every pair involving the graph token (see :func:`distance_slots`):
-    ``max_spd + 3`` rows. Initialised to 1, where URPE attention equals RPE attention exactly.
-    A plain parameter rather than ``nn.Embedding``, so generic embedding initialisers leave it
-    alone.
+    ``max_spd + 3`` rows.
+
+    Parametrised as ``C = 1 + delta`` with ``delta`` initialised to 0: C starts at 1, where URPE
+    attention equals RPE attention exactly, and weight decay (which pulls a parameter toward 0)
+    pulls C toward its neutral value 1 instead of toward 0, which would scale attention down.
+    This matters for slots the training data never reaches (distances above the training
+    maximum): their gradient is zero, so decay alone moves them. ``delta`` is a plain parameter
+    rather than ``nn.Embedding``, so generic embedding initialisers leave it alone. Checkpoints
+    that stored C itself (``weight``) load as ``delta = weight - 1``.
 
     Shapes: slots ``[B, N+1, N+1]`` (from :meth:`slots`) -> ``[B, H, N+1, N+1]``.
     """
@@ -242,11 +249,20 @@ class URPEScale(nn.Module):
         super().__init__()
         _check_positive(max_spd=max_spd, num_heads=num_heads)
         self.max_spd = max_spd
-        self.weight = nn.Parameter(torch.empty(max_spd + 3, num_heads))
+        self.delta = nn.Parameter(torch.empty(max_spd + 3, num_heads))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        nn.init.ones_(self.weight)
+        nn.init.zeros_(self.delta)
+
+    def table(self) -> Tensor:
+        """The effective C, ``[max_spd + 3, H]`` (row = slot)."""
+        return 1.0 + self.delta
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        if prefix + "weight" in state_dict and prefix + "delta" not in state_dict:
+            state_dict[prefix + "delta"] = state_dict.pop(prefix + "weight") - 1.0
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @staticmethod
     def slots(node_slots: Tensor, max_spd: int) -> Tensor:
@@ -255,7 +271,7 @@ class URPEScale(nn.Module):
         return F.pad(node_slots, (1, 0, 1, 0), value=max_spd + 2)
 
     def forward(self, slots: Tensor) -> Tensor:
-        return F.embedding(slots, self.weight).permute(0, 3, 1, 2)
+        return F.embedding(slots, self.table()).permute(0, 3, 1, 2)
 
     @staticmethod
     def lookup_many(scales: Sequence["URPEScale"], slots: Tensor) -> list[Tensor]:
@@ -263,7 +279,7 @@ class URPEScale(nn.Module):
         slots are the same for every layer, and an embedding's backward costs per index, so one
         ``L * H``-wide lookup is much cheaper than ``L`` narrow ones (slim on CPU: the 12
         separate backwards took ~20 ms of a ~175 ms step). Values are identical (a gather)."""
-        table = torch.cat([scale.weight for scale in scales], dim=1).t()  # [L * H, S]
+        table = 1.0 + torch.cat([scale.delta for scale in scales], dim=1).t()  # [L * H, S]
         b, n, m = slots.shape
         # Gathering along the table's last dim gives [L * H, B, N+1, N+1] with contiguous
         # [N+1, N+1] blocks, so the products with the probabilities need no layout copies.

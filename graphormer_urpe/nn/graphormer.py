@@ -150,7 +150,8 @@ class Graphormer(nn.Module):
 
     def reset_parameters(self) -> None:
         """Graphormer v1's init: every linear layer ``N(0, 0.02 / sqrt(num_layers))`` with zero
-        bias; embeddings ``N(0, 0.02)`` with zero padding rows; C = 1; LayerNorm (1, 0)."""
+        bias; embeddings ``N(0, 0.02)`` with zero padding rows; C = 1 (``delta = 0``);
+        LayerNorm (1, 0)."""
         std = 0.02 / math.sqrt(len(self.layers))
         for module in self.modules():
             if isinstance(module, nn.Linear):
@@ -175,6 +176,19 @@ class Graphormer(nn.Module):
         if missing:
             raise ValueError(f"from_preset needs the data's vocabulary sizes: pass {missing}")
         return cls(**{**PRESETS[name], **overrides})
+
+    def urpe_scale_tables(self) -> Tensor:
+        """The effective URPE scale ``C`` of every layer, float32 ``[num_layers, max_spd + 3, H]``
+        (a detached copy), rows in the slot layout of
+        :func:`~graphormer_urpe.nn.encodings.distance_slots`: row ``d`` is distance ``d``
+        (``max_spd`` also serves longer ones), ``max_spd + 1`` unreachable, ``max_spd + 2`` the
+        graph token's row and column. With ``share_urpe_scale`` every layer shows the shared
+        table; ``"rpe"`` and ``"none"`` attention have ``C = 1`` everywhere."""
+        num_layers, num_slots = len(self.layers), self.max_spd + 3
+        if self.urpe_scales is None:
+            return torch.ones(num_layers, num_slots, self.num_heads)
+        tables = torch.stack([scale.table().detach().float() for scale in self.urpe_scales])
+        return tables.expand(num_layers, -1, -1).clone() if len(tables) == 1 else tables.clone()
 
     def _check_batch(self, batch: GraphBatch) -> None:
         b, n = batch.node_mask.shape

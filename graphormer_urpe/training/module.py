@@ -6,6 +6,7 @@ plain values, so a checkpoint rebuilds the model without the config that trained
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -16,10 +17,59 @@ from torchmetrics import MeanAbsoluteError, MetricCollection
 from torchmetrics.classification import MultilabelAUROC
 
 from graphormer_urpe.data.batch import GraphBatch
+from graphormer_urpe.nn.encodings import EdgePathBias, GraphToken, URPEScale, VirtualDistanceBias
 from graphormer_urpe.nn.graphormer import Graphormer
 from graphormer_urpe.training.schedule import warmup_polynomial_decay
 
 Task = Literal["regression", "classification"]
+#: Kinds of parameter, one AdamW param group each (see :func:`parameter_groups`).
+ParameterKind = Literal["weight", "embedding", "bias", "layernorm", "urpe_scale"]
+PARAMETER_KINDS: tuple[str, ...] = ParameterKind.__args__
+
+
+def parameter_kind(module: torch.nn.Module, name: str) -> str:
+    """The kind of ``module``'s own parameter ``name``: ``weight`` (linear maps, the edge
+    encoding's per-hop matrices), ``embedding`` (lookup tables and learned tokens: atom, degree,
+    bond, spatial bias, graph token, virtual distance), ``bias`` (linear biases), ``layernorm``
+    (LayerNorm scale and shift) or ``urpe_scale`` (URPE's ``delta = C - 1``)."""
+    if isinstance(module, URPEScale):
+        return "urpe_scale"
+    if isinstance(module, torch.nn.LayerNorm):
+        return "layernorm"
+    if isinstance(module, (torch.nn.Embedding, GraphToken, VirtualDistanceBias)):
+        return "embedding"
+    if isinstance(module, torch.nn.Linear) and name == "bias":
+        return "bias"
+    if isinstance(module, (torch.nn.Linear, EdgePathBias)):
+        return "weight"
+    raise TypeError(f"no weight-decay kind for parameter {name!r} of {type(module).__name__}; "
+                    "add its module to parameter_kind")
+
+
+def parameter_groups(model: torch.nn.Module, weight_decay: float,
+                     no_weight_decay: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """AdamW param groups, one per :data:`ParameterKind` present, named by the kind (the
+    ``lr-AdamW/<kind>`` curves of the learning-rate monitor).
+
+    Every kind decays by ``weight_decay`` unless listed in ``no_weight_decay``. The default
+    follows Graphormer's fairseq recipe, which decays every parameter (LayerNorm, biases and
+    embeddings included), with one change that keeps decay neutral: C is stored as
+    ``delta = C - 1`` (:class:`~graphormer_urpe.nn.encodings.URPEScale`), so decay pulls C
+    toward 1 (no rescaling) rather than toward 0. Embeddings and biases decay toward 0, their
+    neutral value. See ``docs/model.md``.
+    """
+    unknown = sorted(set(no_weight_decay) - set(PARAMETER_KINDS))
+    if unknown:
+        raise ValueError(f"unknown parameter kinds {unknown} in no_weight_decay; "
+                         f"choose from {list(PARAMETER_KINDS)}")
+    params: dict[str, list[torch.nn.Parameter]] = {kind: [] for kind in PARAMETER_KINDS}
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if param.requires_grad:
+                params[parameter_kind(module, name)].append(param)
+    return [{"params": group, "name": kind,
+             "weight_decay": 0.0 if kind in no_weight_decay else weight_decay}
+            for kind, group in params.items() if group]
 
 
 def compile_backbone(model: Graphormer) -> None:
@@ -50,6 +100,8 @@ class GraphormerModule(pl.LightningModule):
         backbone: overrides of the preset's backbone arguments (e.g. ``attention: rpe``).
         lr, end_lr, warmup_steps, total_steps, power: Graphormer's schedule.
         weight_decay, betas, eps: AdamW.
+        no_weight_decay: parameter kinds exempt from weight decay (:data:`ParameterKind`);
+            by default every kind decays, as in Graphormer (:func:`parameter_groups`).
         compile: compile the backbone with ``torch.compile(dynamic=True)``, region by region
             (:func:`compile_backbone`).
     """
@@ -72,6 +124,7 @@ class GraphormerModule(pl.LightningModule):
         weight_decay: float = 0.01,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
+        no_weight_decay: list[ParameterKind] | None = None,
         compile: bool = False,
     ) -> None:
         super().__init__()
@@ -143,8 +196,9 @@ class GraphormerModule(pl.LightningModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
-        optimizer = torch.optim.AdamW(self.parameters(), lr=hp.lr, betas=tuple(hp.betas),
-                                      eps=hp.eps, weight_decay=hp.weight_decay,
+        groups = parameter_groups(self, hp.weight_decay, hp.get("no_weight_decay") or ())
+        optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas), eps=hp.eps,
+                                      weight_decay=hp.weight_decay,
                                       fused=self.device.type == "cuda")
         scheduler = warmup_polynomial_decay(optimizer, hp.warmup_steps, hp.total_steps,
                                             hp.end_lr, hp.power)

@@ -87,16 +87,16 @@ def test_node_encodings_zero_at_padding_and_clamp_degrees(batch):
 
 def test_urpe_scale_starts_at_one_with_a_graph_token_slot(batch):
     scale = URPEScale(max_spd=4, num_heads=H)
-    assert torch.equal(scale.weight, torch.ones(7, H))
+    assert torch.equal(scale.table(), torch.ones(7, H)) and torch.equal(scale.delta, torch.zeros(7, H))
     slots = URPEScale.slots(distance_slots(batch.spd, 4), 4)
     n = batch.node_mask.shape[1]
     assert slots.shape == (batch.num_graphs, n + 1, n + 1)
     assert (slots[:, 0, :] == 6).all() and (slots[:, :, 0] == 6).all()
     with torch.no_grad():
-        scale.weight.copy_(torch.arange(7 * H, dtype=torch.float).view(7, H))
+        scale.delta.copy_(torch.arange(7 * H, dtype=torch.float).view(7, H))
     c = scale(slots)
     g, i, j = 1, 2, 3
-    torch.testing.assert_close(c[g, :, i + 1, j + 1], scale.weight[slots[g, i + 1, j + 1]])
+    torch.testing.assert_close(c[g, :, i + 1, j + 1], 1 + scale.delta[slots[g, i + 1, j + 1]])
 
 
 def test_bad_sizes_raise_value_error():
@@ -110,7 +110,7 @@ def test_lookup_many_equals_each_layers_lookup_with_gradients(batch):
     torch.manual_seed(0)
     scales = [URPEScale(max_spd=4, num_heads=H) for _ in range(3)]
     for scale in scales:
-        torch.nn.init.normal_(scale.weight)
+        torch.nn.init.normal_(scale.delta)
     slots = URPEScale.slots(distance_slots(batch.spd, 4), 4)
     together = URPEScale.lookup_many(scales, slots)
     separate = [scale(slots) for scale in scales]
@@ -118,8 +118,8 @@ def test_lookup_many_equals_each_layers_lookup_with_gradients(batch):
         assert torch.equal(a, b)
     upstream = [torch.randn_like(t) for t in separate]
     grads_together = torch.autograd.grad(sum((t * u).sum() for t, u in zip(together, upstream)),
-                                         [s.weight for s in scales])
+                                         [s.delta for s in scales])
     grads_separate = torch.autograd.grad(sum((t * u).sum() for t, u in zip(separate, upstream)),
-                                         [s.weight for s in scales])
+                                         [s.delta for s in scales])
     for a, b in zip(grads_together, grads_separate):
         torch.testing.assert_close(a, b)

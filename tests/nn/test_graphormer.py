@@ -23,7 +23,7 @@ def _randomise_scales(model: Graphormer, seed: int = 1) -> None:
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for scale in model.urpe_scales:
-            scale.weight.copy_(0.5 + torch.rand(scale.weight.shape, generator=gen))
+            scale.delta.copy_(torch.rand(scale.delta.shape, generator=gen) - 0.5)
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +47,38 @@ def test_urpe_with_unit_scale_is_exactly_rpe(zinc_vocab, batch, train):
     _randomise_scales(urpe)
     torch.manual_seed(7)
     assert not torch.allclose(urpe(batch), out_rpe, atol=1e-4), "C must reach the output"
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_urpe_scale_tables_are_the_effective_c_in_distance_slot_layout(zinc_vocab, batch, share):
+    model = _model(zinc_vocab, share_urpe_scale=share, max_spd=6)
+    tables = model.urpe_scale_tables()
+    assert tables.dtype == torch.float32 and tables.shape == (SMALL["num_layers"], 6 + 3, 4)
+    assert torch.equal(tables, torch.ones_like(tables))  # a fresh model: C = 1
+    _randomise_scales(model)
+    tables = model.urpe_scale_tables()
+    # Row d of the table is what attention between two nodes at distance d is scaled by.
+    _, scales = model.attention_inputs(batch)
+    spd = batch.spd.long()
+    g, i, j = torch.nonzero((spd >= 0) & (spd <= 6))[-1].tolist()
+    for layer, scale in enumerate(scales):
+        torch.testing.assert_close(scale[g, :, i + 1, j + 1], tables[layer, spd[g, i, j]],
+                                   rtol=0, atol=0)
+        torch.testing.assert_close(scale[g, :, 0, j + 1], tables[layer, 6 + 2], rtol=0, atol=0)
+    assert share == bool(torch.equal(tables[0], tables[1]))
+    rpe = _model(zinc_vocab, attention="rpe", max_spd=6).urpe_scale_tables()
+    assert torch.equal(rpe, torch.ones(SMALL["num_layers"], 9, 4))
+
+
+def test_checkpoint_storing_c_itself_loads_as_delta(zinc_vocab, batch):
+    """State dicts from before C was stored as C - 1 (``urpe_scales.<l>.weight``) still load."""
+    model = _model(zinc_vocab)
+    _randomise_scales(model)
+    old_style = {(k[:-len("delta")] + "weight" if k.endswith(".delta") else k):
+                 (v + 1 if k.endswith(".delta") else v) for k, v in model.state_dict().items()}
+    loaded = _model(zinc_vocab, seed=5)
+    loaded.load_state_dict(old_style)
+    torch.testing.assert_close(loaded.urpe_scale_tables(), model.urpe_scale_tables())
 
 
 def _permute_nodes(batch: GraphBatch, perm: torch.Tensor, edge_perm: torch.Tensor) -> GraphBatch:
@@ -139,7 +171,7 @@ def test_gradient_reaches_every_urpe_scale(zinc_vocab, batch, share):
     assert len(model.urpe_scales) == (1 if share else SMALL["num_layers"])
     torch.nn.functional.l1_loss(model(batch), batch.y).backward()
     for scale in model.urpe_scales:
-        assert scale.weight.grad is not None and scale.weight.grad.abs().sum() > 0
+        assert scale.delta.grad is not None and scale.delta.grad.abs().sum() > 0
     no_grad = [n for n, p in model.named_parameters() if p.grad is None]
     assert not no_grad, f"parameters outside the graph: {no_grad}"
 
@@ -153,8 +185,8 @@ def test_bf16_autocast_forward_and_backward(zinc_vocab, batch):
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out.float(), reference, rtol=0.05, atol=0.05)
     out.float().sum().backward()
-    assert model.urpe_scales[0].weight.grad.dtype == torch.float32
-    assert model.urpe_scales[0].weight.grad.abs().sum() > 0
+    assert model.urpe_scales[0].delta.grad.dtype == torch.float32
+    assert model.urpe_scales[0].delta.grad.abs().sum() > 0
 
 
 def test_sdpa_kernel_matches_eager_for_rpe(zinc_vocab, batch):

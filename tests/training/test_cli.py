@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from graphormer_urpe.training.cli import build_cli
+from graphormer_urpe.predict import load_module
 
 REPO = Path(__file__).resolve().parents[2]
 #: A small backbone without dropout, so two runs with the same data order give the same weights.
@@ -95,3 +96,19 @@ def test_ddp_two_cpu_processes(zinc_data_root, tmp_path):
     assert "MEMBER: 2/2" in result.stdout + result.stderr
     checkpoint = last_checkpoint(run_dir)
     assert checkpoint["global_step"] == 3
+
+
+def test_weight_decay_pulls_urpe_scale_toward_one_not_zero(zinc_data_root, tmp_path):
+    """Slots the data never reaches (distance 38: longer than any ZINC molecule's paths) get no
+    gradient, so only weight decay moves them; it must leave C at its neutral 1."""
+    run_dir = tmp_path / "run"
+    build_cli(["fit", *zinc_args(run_dir, zinc_data_root, "--trainer.max_steps", "3",
+                                 "--model.weight_decay", "0.5", "--model.lr", "0.01")])
+    checkpoint = last_checkpoint(run_dir)
+    tables = load_module(run_dir / "checkpoints" / "last.ckpt").model.urpe_scale_tables()  # [layers, slots, heads]
+    assert torch.equal(tables[:, 38], torch.ones_like(tables[:, 38]))
+    assert not torch.equal(tables[:, 1], torch.ones_like(tables[:, 1])), "used slots train"
+    # Every kind of parameter decays, as in Graphormer's recipe, each in its own named group.
+    groups = checkpoint["optimizer_states"][0]["param_groups"]
+    assert {g["name"]: g["weight_decay"] for g in groups} == {
+        "weight": 0.5, "embedding": 0.5, "bias": 0.5, "layernorm": 0.5, "urpe_scale": 0.5}

@@ -1,0 +1,52 @@
+"""GraphormerModule's optimizer: one AdamW param group per kind of parameter."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from graphormer_urpe.training.module import PARAMETER_KINDS, GraphormerModule, parameter_groups
+
+TINY = {"num_layers": 2, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2}
+
+
+def _module(**kwargs) -> GraphormerModule:
+    return GraphormerModule(num_atom_embeddings=29, num_bond_embeddings=5, backbone=TINY, **kwargs)
+
+
+def test_every_parameter_is_in_exactly_one_named_group():
+    module = _module()
+    groups = parameter_groups(module, 0.01)
+    assert [g["name"] for g in groups] == list(PARAMETER_KINDS)
+    ids = [id(p) for g in groups for p in g["params"]]
+    assert sorted(ids) == sorted(id(p) for p in module.parameters())
+    kinds = {g["name"]: {id(p) for p in g["params"]} for g in groups}
+    model = module.model
+    assert id(model.urpe_scales[0].delta) in kinds["urpe_scale"]
+    assert id(model.final_norm.weight) in kinds["layernorm"]
+    assert id(model.head.bias) in kinds["bias"] and id(model.head.weight) in kinds["weight"]
+    assert id(model.edge_bias.hop_weight) in kinds["weight"]
+    for table in (model.atom_encoder.embedding.weight, model.graph_token.weight,
+                  model.virtual_distance.weight, model.spatial_bias.embedding.weight):
+        assert id(table) in kinds["embedding"]
+
+
+def test_no_weight_decay_exempts_kinds_and_rejects_unknown_ones():
+    optimizer = _module(weight_decay=0.1,
+                        no_weight_decay=["layernorm", "bias"]).configure_optimizers()["optimizer"]
+    assert {g["name"]: g["weight_decay"] for g in optimizer.param_groups} == {
+        "weight": 0.1, "embedding": 0.1, "bias": 0.0, "layernorm": 0.0, "urpe_scale": 0.1}
+    with pytest.raises(ValueError, match="unknown parameter kinds.*'norm'.*choose from"):
+        parameter_groups(_module(), 0.1, ["norm"])
+
+
+def test_decay_alone_keeps_c_at_one():
+    """A step with no gradient on C: the decay of ``delta = C - 1`` leaves C exactly 1."""
+    module = _module(lr=0.1, weight_decay=1.0, warmup_steps=0, total_steps=10)
+    optimizer = module.configure_optimizers()["optimizer"]
+    for param in module.parameters():
+        param.grad = torch.zeros_like(param)
+    for _ in range(3):
+        optimizer.step()
+    tables = module.model.urpe_scale_tables()
+    assert torch.equal(tables, torch.ones_like(tables))
+    assert module.model.final_norm.weight.max() < 1  # fairseq's recipe: LayerNorm decays too
