@@ -46,6 +46,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
+
 #: What each arm changes in the recipe's ``model.backbone`` (merged into it; everything else in
 #: the backbone, e.g. a smaller model, stays as the recipe has it).
 ARMS: dict[str, dict[str, Any]] = {
@@ -282,16 +284,18 @@ class Grid:
             for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
                 self.child_env[var] = str(args.threads_per_job)
         self.recipe_backbone: dict[str, Any] = {}  # set by resolve_recipe()
-        self._results_lock = threading.Lock()
+        self._results_lock, self._log_lock = threading.Lock(), threading.Lock()
 
     def log(self, message: str) -> None:
-        print(f"[{now()}] {message}", flush=True)
+        with self._log_lock:  # one line per message from the parallel runs
+            print(f"[{now()}] {message}", flush=True)
 
     def resolve_recipe(self, prepare_data: bool) -> None:
         """Parse the recipe once: its ``model.backbone`` (the arms are merged into it) and, when
         runs remain, its data built here before parallel runs would race to build it."""
         from graphormer_urpe.training.cli import build_cli
 
+        sys.argv = sys.argv[:1]  # the recipe travels as `args`; LightningCLI must not read ours
         cli = build_cli([*self.recipe_args, "--trainer.logger", "false",
                          "--trainer.default_root_dir", str(self.dir)], run=False)
         self.recipe_backbone = dict(cli.config.model.backbone or {})
@@ -406,6 +410,65 @@ def write_table(results: Path, table: Path) -> str:
 
 
 # --------------------------------------------------------------------------------------------
+# What the best URPE run learned, next to RPE
+# --------------------------------------------------------------------------------------------
+def plot_learned_tables(entries: Sequence[dict], runs_dir: Path, out_dir: Path,
+                        max_spd: int = 20) -> Path:
+    """``<out_dir>/<recipe>-tables.png``: over shortest-path distance, one line per head, the
+    spatial bias B of the URPE run with the lowest validation MAE and of the RPE run with the
+    same seed (same y axis), then that URPE run's scale C of every layer. Checkpoints are the
+    runs' best validation ones."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from graphormer_urpe.predict import load_module
+
+    urpe = min((e for e in entries if e["attention"] == "urpe"), key=lambda e: e["val_mae"],
+               default=None)
+    if urpe is None:
+        raise ValueError("no finished urpe run to plot")
+    recipe, seed = urpe["recipe"], urpe["seed"]
+    rpe = next((e for e in entries if e["attention"] == BASELINE and e["seed"] == seed
+                and e["recipe"] == recipe), None)
+    models = {arm: load_module(best_checkpoint(runs_dir / recipe / f"{arm}-s{seed}")[0]).model
+              for arm in ["urpe"] + ([BASELINE] if rpe else [])}
+    spatial = {arm: m.spatial_bias.embedding.weight.detach().float().numpy()
+               for arm, m in models.items()}
+    scales = models["urpe"].urpe_scale_tables().numpy()
+    shown = min(max_spd, scales.shape[1] - 3)
+    panels = [(f"B, {arm} (val {e['val_mae']:.3f}, test {e['test_mae']:.3f})", spatial[arm], 0.0)
+              for arm, e in (("urpe", urpe), (BASELINE, rpe)) if e is not None]
+    panels += [(f"C, urpe layer {layer}", table, 1.0) for layer, table in enumerate(scales)]
+    ncols = 4
+    fig, axes = plt.subplots(-(-len(panels) // ncols), ncols, figsize=(3.6 * ncols, 2.5 * -(-len(panels) // ncols)),
+                             squeeze=False, constrained_layout=True)
+    distances = np.arange(shown + 1)
+    b_range = [min(t[: shown + 1].min() for t in spatial.values()),
+               max(t[: shown + 1].max() for t in spatial.values())]
+    for ax, (title, table, neutral) in zip(axes.flat, panels):
+        colors = plt.cm.viridis(np.linspace(0, 1, table.shape[1]))
+        for head in range(table.shape[1]):
+            ax.plot(distances, table[: shown + 1, head], color=colors[head], lw=1, label=f"head {head}")
+        ax.axhline(neutral, color="grey", lw=0.5, ls="--")
+        if title.startswith("B"):
+            ax.set_ylim(b_range[0] - 0.05, b_range[1] + 0.05)
+        ax.set_title(title, fontsize=8)
+        ax.set_xlabel("shortest-path distance", fontsize=7)
+        ax.tick_params(labelsize=7)
+    axes.flat[0].legend(fontsize=5, ncol=2)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.suptitle(f"{recipe}, seed {seed}: best-validation checkpoints, one line per head")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{recipe}-tables.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# --------------------------------------------------------------------------------------------
 def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(
         prog="python -m graphormer_urpe.ablation", description=__doc__.split("\n\n")[0],
@@ -429,6 +492,9 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
                         help="OMP/MKL threads of each run (CPU); default: torch's choice")
     parser.add_argument("--table-only", action="store_true",
                         help="only rewrite the table from the results file")
+    parser.add_argument("--figures", type=Path, default=None, metavar="DIR",
+                        help="after the grid, plot B and C of the best-validation URPE run and "
+                             "B of RPE with the same seed to DIR/<name>-tables.png")
     args, overrides = parser.parse_known_args(argv)
     args.config = args.config or ["configs/zinc.yaml"]
     if args.jobs < 1:
@@ -444,11 +510,15 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     args, overrides = parse_args(argv)
     if args.table_only:
+        results = read_json(args.results, [])
         print(write_table(args.results, args.table or args.results.with_suffix(".md")))
-        return read_json(args.results, [])
-    grid = Grid(args, overrides)
-    results = grid.run()
-    print(write_table(grid.results, grid.table))
+    else:
+        grid = Grid(args, overrides)
+        results = grid.run()
+        print(write_table(grid.results, grid.table))
+    if args.figures:
+        chosen = [e for e in results if args.name in (None, e.get("recipe"))]
+        print(plot_learned_tables(chosen, args.runs_dir, args.figures))
     return results
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from graphormer_urpe.ablation import format_table, merge_results, read_json
+from graphormer_urpe.ablation import format_table, main, merge_results, read_json
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_BACKBONE = {"num_layers": 2, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2}
@@ -101,6 +101,13 @@ def test_killed_grid_resumes_merges_results_and_writes_the_table(zinc_data_root,
     diff = runs["urpe"]["test_mae"] - runs["rpe"]["test_mae"]
     assert "### `tiny`" in table and "### `other`" in table
     assert f"| 0 | {runs['urpe']['val_mae'] - runs['rpe']['val_mae']:+.4f} | {diff:+.4f} |" in table
+
+    # The learned tables of the best-validation URPE run next to RPE's B, from the results.
+    figures = tmp_path / "figures"
+    main(["--table-only", "--name", "tiny", "--runs-dir", str(tmp_path / "runs"),
+          "--results", str(results), "--figures", str(figures)])
+    png = figures / "tiny-tables.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
     # A third invocation finds both runs finished and runs nothing.
     again = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
