@@ -18,11 +18,14 @@ Results are merged into a JSON list (default ``docs/results/zinc_ablation.json``
 +- sample std per arm and the per-seed paired difference ``arm - rpe``.
 
     python -m graphormer_urpe.ablation --config configs/zinc.yaml --name zinc-400k \\
-        --seeds 0 1 2 --jobs 1                       # the paper-length ablation (one GPU)
-    python -m graphormer_urpe.ablation --config configs/zinc.yaml --name cpu-1570 \\
-        --jobs 2 --threads-per-job 1 --trainer.precision 32-true --trainer.max_steps 1570 \\
-        --model.warmup_steps 157 --model.total_steps 1570   # any LightningCLI override
-    python -m graphormer_urpe.ablation --table-only  # rewrite the table from the JSON
+        --seeds 0 1 2 --jobs 1 --figures docs/figures   # the paper's 400k steps (one GPU)
+    python -m graphormer_urpe.ablation --config configs/zinc.yaml --name cpu-slim-1256 \\
+        --jobs 2 --threads-per-job 1 --trainer.precision 32-true --trainer.max_steps 1256 \\
+        --model.warmup_steps 126 --model.total_steps 1256   # a CPU budget: 8 epochs
+    python -m graphormer_urpe.ablation --table-only     # rewrite the table from the JSON
+
+Several GPUs: one invocation per GPU (``CUDA_VISIBLE_DEVICES=i``, its own ``--seeds``) with the
+same ``--name`` and ``--results``; the results file is merged under a lock (build the data first, e.g. with one finished run).
 
 Arguments this runner does not know are passed to every ``fit`` and ``test`` unchanged.
 Run it again with the same arguments to continue a killed grid.
@@ -32,6 +35,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime as dt
+import fcntl
 import hashlib
 import json
 import os
@@ -125,14 +129,19 @@ def result_key(entry: dict) -> tuple:
 
 def merge_results(path: Path, new: Sequence[dict]) -> list[dict]:
     """Merge ``new`` into the result list at ``path``: an entry replaces the one with the same
-    ``(recipe, attention, seed)``, all others are kept; sorted by that key."""
-    entries = read_json(path, [])
-    if not isinstance(entries, list):
-        raise ValueError(f"{path}: expected a JSON list of runs, found {type(entries).__name__}")
-    merged = {result_key(entry): entry for entry in entries}
-    merged.update({result_key(entry): entry for entry in new})
-    ordered = sorted(merged.values(), key=lambda e: (str(e.get("recipe")), e["attention"], e["seed"]))
-    write_json(path, ordered)
+    ``(recipe, attention, seed)``, all others are kept; sorted by that key. An exclusive lock on
+    ``<path>.lock`` lets several grids (e.g. one per GPU) share one results file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        entries = read_json(path, [])
+        if not isinstance(entries, list):
+            raise ValueError(f"{path}: expected a JSON list of runs, found {type(entries).__name__}")
+        merged = {result_key(entry): entry for entry in entries}
+        merged.update({result_key(entry): entry for entry in new})
+        ordered = sorted(merged.values(),
+                         key=lambda e: (str(e.get("recipe")), e["attention"], e["seed"]))
+        write_json(path, ordered)
     return ordered
 
 
@@ -507,7 +516,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
     return args, overrides
 
 
-def main(argv: Sequence[str] | None = None) -> list[dict]:
+def main(argv: Sequence[str] | None = None) -> None:
+    """The command (returns None: a console script exits with main()'s value)."""
     args, overrides = parse_args(argv)
     if args.table_only:
         results = read_json(args.results, [])
@@ -519,7 +529,6 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     if args.figures:
         chosen = [e for e in results if args.name in (None, e.get("recipe"))]
         print(plot_learned_tables(chosen, args.runs_dir, args.figures))
-    return results
 
 
 if __name__ == "__main__":
