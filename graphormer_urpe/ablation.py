@@ -422,11 +422,11 @@ def write_table(results: Path, table: Path) -> str:
 # What the best URPE run learned, next to RPE
 # --------------------------------------------------------------------------------------------
 def plot_learned_tables(entries: Sequence[dict], runs_dir: Path, out_dir: Path,
-                        max_spd: int = 20) -> Path:
+                        max_spd: int = 21) -> Path:
     """``<out_dir>/<recipe>-tables.png``: over shortest-path distance, one line per head, the
     spatial bias B of the URPE run with the lowest validation MAE and of the RPE run with the
-    same seed (same y axis), then that URPE run's scale C of every layer. Checkpoints are the
-    runs' best validation ones."""
+    same seed (same y axis), then that URPE run's scale C of every layer, for distances up to
+    ``max_spd`` (ZINC-12k's largest). Checkpoints are the runs' best validation ones."""
     import matplotlib
 
     matplotlib.use("Agg")
