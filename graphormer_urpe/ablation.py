@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import datetime as dt
 import fcntl
 import hashlib
@@ -307,7 +308,7 @@ class Grid:
         sys.argv = sys.argv[:1]  # the recipe travels as `args`; LightningCLI must not read ours
         cli = build_cli([*self.recipe_args, "--trainer.logger", "false",
                          "--trainer.default_root_dir", str(self.dir)], run=False)
-        self.recipe_backbone = dict(cli.config.model.backbone or {})
+        self.recipe_backbone = backbone_overrides(cli.config.model.backbone)
         if prepare_data:
             cli.datamodule.prepare_data()
 
@@ -338,6 +339,18 @@ class Grid:
             raise SystemExit(f"{len(errors)} of {len(self.runs)} runs failed:\n"
                              + "\n".join(str(e) for e in errors))
         return results
+
+
+def backbone_overrides(backbone: Any) -> dict[str, Any]:
+    """The recipe's ``model.backbone`` as a plain dict of the keys it sets: a dict, or a typed
+    config (a parsed namespace or a dataclass with ``as_dict``) whose unset fields are None."""
+    if backbone is None:
+        return {}
+    if hasattr(backbone, "as_dict"):
+        backbone = backbone.as_dict()
+    elif dataclasses.is_dataclass(backbone):
+        backbone = dataclasses.asdict(backbone)
+    return {key: value for key, value in dict(backbone).items() if value is not None}
 
 
 def default_name(recipe_args: Sequence[str]) -> str:

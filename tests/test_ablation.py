@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from graphormer_urpe.ablation import format_table, main, merge_results, read_json
+from graphormer_urpe.ablation import (backbone_overrides, best_checkpoint, format_table, main,
+                                      merge_results, read_json)
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_BACKBONE = {"num_layers": 2, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2}
@@ -87,11 +88,11 @@ def test_killed_grid_resumes_merges_results_and_writes_the_table(zinc_data_root,
         assert entry["seed"] == 0 and entry["steps"] == STEPS and 0 < entry["best_step"] <= STEPS
         assert 0 < entry["val_mae"] < 10 and 0 < entry["test_mae"] < 10 and entry["wall_s"] > 0
         assert entry["commit"] and "CPU" in entry["device"]
-        record = run_record(tmp_path, arm)
-        best = torch.load(next((tmp_path / "runs" / "tiny" / f"{arm}-s0" / "checkpoints").glob(
-            f"best-{entry['best_step']}-*.ckpt")), map_location="cpu", weights_only=False)
+        path, val_mae, best_step, _ = best_checkpoint(tmp_path / "runs" / "tiny" / f"{arm}-s0")
+        assert (val_mae, best_step) == (pytest.approx(entry["val_mae"], abs=1e-6), entry["best_step"])
+        best = torch.load(path, map_location="cpu", weights_only=False)
         scales = [k for k in best["state_dict"] if "urpe_scales" in k]
-        assert bool(scales) == (arm == "urpe"), record["cli_args"]
+        assert bool(scales) == (arm == "urpe"), run_record(tmp_path, arm)["cli_args"]
     # The best checkpoint is chosen on validation MAE: no logged val/mae is lower.
     metrics = (tmp_path / "runs" / "tiny" / "rpe-s0" / "csv").rglob("metrics.csv")
     logged = [float(v) for path in metrics for v in _column(path, "val/mae")]
@@ -169,3 +170,13 @@ def test_table_means_sample_std_and_paired_differences():
     assert "| 0 | -0.0500 | -0.1000 |" in table and "| 1 | +0.1000 | +0.1000 |" in table
     assert "| mean ± std | +0.0250 ± 0.1061 | +0.0000 ± 0.1414 |" in table
     assert "urpe has the lower test MAE in 1 of 2 seeds." in table
+
+
+def test_backbone_overrides_from_a_dict_or_a_typed_config():
+    from jsonargparse import Namespace
+
+    assert backbone_overrides(None) == {}
+    assert backbone_overrides({"attention": "urpe", "num_layers": 2}) == {"attention": "urpe",
+                                                                          "num_layers": 2}
+    # a typed backbone parses to a namespace whose unset fields are None
+    assert backbone_overrides(Namespace(num_layers=4, attention=None)) == {"num_layers": 4}
