@@ -1,0 +1,548 @@
+"""``graphormer-urpe-ablation``: the seeded URPE-vs-RPE ablation on one recipe, resumable.
+
+A grid of arms (``urpe``: B and C; ``rpe``: plain Graphormer, B only; ``urpe-shared``: one C for
+all layers) x seeds is trained with the training CLI (``graphormer-urpe fit``), one subprocess
+per run, on the same recipe (config files plus LightningCLI overrides). Every run:
+
+* lives in ``<runs-dir>/<name>/<arm>-s<seed>/`` with its logs, checkpoints and ``ablation_run.json``
+  (its arguments, commit, attempts and result);
+* takes ``seed`` both as ``seed_everything`` (initialisation, dropout) and as the training-order
+  seed of the DataModule;
+* resumes from its ``checkpoints/last.ckpt`` when the grid was killed, and is not redone once it
+  has a result;
+* is selected on validation MAE only (the CLI's best ``val/mae`` checkpoint) and that checkpoint
+  is evaluated on the test split (``graphormer-urpe test``).
+
+Results are merged into a JSON list (default ``docs/results/zinc_ablation.json``; one entry per
+``(recipe, attention, seed)``, a rerun replaces its entry) and summarised in a markdown table: mean
++- sample std per arm and the per-seed paired difference ``arm - rpe``.
+
+    graphormer-urpe-ablation --config configs/zinc.yaml --name zinc-400k \\
+        --seeds 0 1 2 --jobs 1 --figures docs/figures   # the paper's 400k steps (one GPU)
+    graphormer-urpe-ablation --config configs/zinc.yaml --name cpu-slim-1256 \\
+        --jobs 2 --threads-per-job 1 --trainer.precision 32-true --trainer.max_steps 1256 \\
+        --model.warmup_steps 126 --model.total_steps 1256   # a CPU budget: 8 epochs
+    graphormer-urpe-ablation --table-only     # rewrite the table from the JSON
+
+Several GPUs: one invocation per GPU (``CUDA_VISIBLE_DEVICES=i``, its own ``--seeds``) with the
+same ``--name`` and ``--results``; the results file is merged under a lock (build the data first, e.g. with one finished run).
+
+Arguments this runner does not know are passed to every ``fit`` and ``test`` unchanged.
+Run it again with the same arguments to continue a killed grid.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import datetime as dt
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+#: What each arm changes in the recipe's ``model.backbone`` (merged into it; everything else in
+#: the backbone, e.g. a smaller model, stays as the recipe has it).
+ARMS: dict[str, dict[str, Any]] = {
+    "urpe": {"attention": "urpe", "share_urpe_scale": False},
+    "rpe": {"attention": "rpe"},
+    "urpe-shared": {"attention": "urpe", "share_urpe_scale": True},
+}
+BASELINE = "rpe"
+RUN_RECORD = "ablation_run.json"
+#: Seconds between updates of a running attempt's wall time in its run record.
+HEARTBEAT_S = 15.0
+DEFAULT_RESULTS = Path("docs/results/zinc_ablation.json")
+
+
+# --------------------------------------------------------------------------------------------
+# Facts about the machine and the code
+# --------------------------------------------------------------------------------------------
+def code_commit() -> str:
+    """HEAD of the checkout this package is imported from, ``+dirty`` with uncommitted changes
+    to tracked files; ``unknown`` outside git."""
+    repo = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain",
+                                "--untracked-files=no"], capture_output=True, text=True,
+                               check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+def describe_device(jobs: int, threads_per_job: int | None) -> str:
+    """What a run trains on, in words: the GPU name, or the CPU model, cores and threads."""
+    import torch
+
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(0)}, {jobs} run(s) at a time"
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    threads = f"{threads_per_job} thread(s)" if threads_per_job else "default threads"
+    return f"CPU {cpu} ({os.cpu_count()} cores), {jobs} run(s) at a time, {threads} each"
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+# --------------------------------------------------------------------------------------------
+# JSON files written atomically
+# --------------------------------------------------------------------------------------------
+def read_json(path: Path, default: Any) -> Any:
+    if not path.exists():
+        return default
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not valid JSON ({error}); fix or remove it") from None
+
+
+def write_json(path: Path, value: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def result_key(entry: dict) -> tuple:
+    return entry.get("recipe"), entry["attention"], entry["seed"]
+
+
+def merge_results(path: Path, new: Sequence[dict]) -> list[dict]:
+    """Merge ``new`` into the result list at ``path``: an entry replaces the one with the same
+    ``(recipe, attention, seed)``, all others are kept; sorted by that key. An exclusive lock on
+    ``<path>.lock`` lets several grids (e.g. one per GPU) share one results file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        entries = read_json(path, [])
+        if not isinstance(entries, list):
+            raise ValueError(f"{path}: expected a JSON list of runs, found {type(entries).__name__}")
+        merged = {result_key(entry): entry for entry in entries}
+        merged.update({result_key(entry): entry for entry in new})
+        ordered = sorted(merged.values(),
+                         key=lambda e: (str(e.get("recipe")), e["attention"], e["seed"]))
+        write_json(path, ordered)
+    return ordered
+
+
+# --------------------------------------------------------------------------------------------
+# One run: fit (resumed from last.ckpt), then test the best validation checkpoint
+# --------------------------------------------------------------------------------------------
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """Linux: the training subprocess gets SIGKILL when the runner dies, so a killed grid
+    leaves no orphan writing into a run directory that the next invocation resumes."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def best_checkpoint(run_dir: Path) -> tuple[Path, float, int, int]:
+    """``(best path, its val MAE, its step, last step)`` from the ModelCheckpoint state that
+    ``last.ckpt`` carries (the CLI's checkpoint callback monitors ``val/mae``)."""
+    import torch
+
+    last = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    states = [state for key, state in last.get("callbacks", {}).items()
+              if key.startswith("ModelCheckpoint") and state.get("monitor") == "val/mae"]
+    if not states or not states[0].get("best_model_path"):
+        raise RuntimeError(f"{run_dir}: last.ckpt has no best val/mae checkpoint (was validation "
+                           "run? the budget must cover at least one validation)")
+    path = Path(states[0]["best_model_path"])
+    best = torch.load(path, map_location="cpu", weights_only=False)
+    return path, float(states[0]["best_model_score"]), int(best["global_step"]), int(last["global_step"])
+
+
+def read_metric(metrics_csv: Path, name: str) -> float:
+    with open(metrics_csv, newline="") as handle:
+        values = [row[name] for row in csv.DictReader(handle) if row.get(name)]
+    if not values:
+        raise RuntimeError(f"{metrics_csv}: no {name} logged")
+    return float(values[-1])
+
+
+class Run:
+    """One ``(arm, seed)`` of the grid and its run directory."""
+
+    def __init__(self, grid: "Grid", arm: str, seed: int) -> None:
+        self.grid, self.arm, self.seed = grid, arm, seed
+        self.dir = grid.dir / f"{arm}-s{seed}"
+        self.record_path = self.dir / RUN_RECORD
+
+    @property
+    def cli_args(self) -> list[str]:
+        """The recipe, the arm's backbone (after the recipe: LightningCLI replaces a dict
+        argument rather than merging it) and the seed."""
+        backbone = {**self.grid.recipe_backbone, **ARMS[self.arm]}
+        return [*self.grid.recipe_args, "--model.backbone", json.dumps(backbone),
+                "--seed_everything", str(self.seed), "--data.init_args.seed", str(self.seed),
+                "--trainer.default_root_dir", str(self.dir)]
+
+    @property
+    def label(self) -> str:
+        return f"{self.grid.name}/{self.arm}-s{self.seed}"
+
+    def load_record(self) -> dict:
+        record = read_json(self.record_path, None)
+        if record is None:
+            return {"cli_args": self.cli_args, "commit": self.grid.commit, "attempts": []}
+        if record["cli_args"] != self.cli_args:
+            raise ValueError(f"{self.dir} was started with other arguments:\n  {record['cli_args']}"
+                             f"\nnow:\n  {self.cli_args}\nchoose another --name or remove it")
+        return record
+
+    def _subprocess(self, stage: str, args: list[str], record: dict) -> None:
+        """``graphormer-urpe <stage> args`` with its output appended to ``<stage>.log``; the
+        attempt's wall time is kept up to date in the run record (a kill loses < HEARTBEAT_S)."""
+        command = [sys.executable, "-m", "graphormer_urpe.training.cli", stage, *args]
+        attempt = {"stage": stage, "started": now(), "commit": self.grid.commit, "wall_s": 0.0,
+                   "returncode": None}
+        record["attempts"].append(attempt)
+        write_json(self.record_path, record)
+        start = time.perf_counter()
+        with open(self.dir / f"{stage}.log", "a") as log:
+            log.write(f"\n# {now()} {' '.join(command)}\n")
+            log.flush()
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                       env=self.grid.child_env, preexec_fn=_die_with_parent)
+            while True:
+                try:
+                    returncode = process.wait(timeout=HEARTBEAT_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    attempt["wall_s"] = round(time.perf_counter() - start, 1)
+                    write_json(self.record_path, record)
+        attempt.update(wall_s=round(time.perf_counter() - start, 1), returncode=returncode)
+        write_json(self.record_path, record)
+        if returncode != 0:
+            raise RuntimeError(f"{self.label}: {stage} failed (exit {returncode}); see "
+                               f"{self.dir / (stage + '.log')}")
+
+    def execute(self) -> dict:
+        """Fit (or resume), test, and return the result entry; a finished run returns its
+        stored result without running anything."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        record = self.load_record()
+        if "result" in record:
+            return record["result"]
+        last = self.dir / "checkpoints" / "last.ckpt"
+        if not record.get("fit_done"):
+            resume = ["--ckpt_path", str(last)] if last.exists() else []
+            self.grid.log(f"{self.label}: fit" + (" (resuming from last.ckpt)" if resume else ""))
+            self._subprocess("fit", [*self.cli_args, *resume], record)
+            record["fit_done"] = True
+            write_json(self.record_path, record)
+        best, val_mae, best_step, steps = best_checkpoint(self.dir)
+        test_logger = json.dumps({"class_path": "lightning.pytorch.loggers.CSVLogger",
+                                  "init_args": {"save_dir": str(self.dir), "name": "test",
+                                                "version": best.stem}})
+        self.grid.log(f"{self.label}: test {best.name}")
+        self._subprocess("test", [*self.cli_args, "--trainer.logger", test_logger,
+                                  "--ckpt_path", str(best)], record)
+        test_mae = read_metric(self.dir / "test" / best.stem / "metrics.csv", "test/mae")
+        commits = sorted({a["commit"] for a in record["attempts"]})
+        record["result"] = {
+            "recipe": self.grid.name, "attention": self.arm, "seed": self.seed, "steps": steps,
+            "best_step": best_step, "val_mae": round(val_mae, 6), "test_mae": round(test_mae, 6),
+            "wall_s": round(sum(a["wall_s"] for a in record["attempts"]), 1),
+            "device": self.grid.device, "commit": commits[0] if len(commits) == 1 else commits,
+            "budget": self.grid.budget, "finished": now(),
+        }
+        write_json(self.record_path, record)
+        return record["result"]
+
+
+# --------------------------------------------------------------------------------------------
+# The grid
+# --------------------------------------------------------------------------------------------
+class Grid:
+    def __init__(self, args: argparse.Namespace, overrides: list[str]) -> None:
+        self.recipe_args = [a for config in args.config for a in ("--config", config)] + overrides
+        self.name = args.name or default_name(self.recipe_args)
+        self.dir = args.runs_dir / self.name
+        self.results, self.table = args.results, args.table or args.results.with_suffix(".md")
+        self.runs = [Run(self, arm, seed) for seed in args.seeds for arm in args.arms]
+        self.jobs = args.jobs
+        self.commit = code_commit()
+        self.device = describe_device(args.jobs, args.threads_per_job)
+        self.budget = " ".join(self.recipe_args)
+        self.child_env = dict(os.environ)
+        if args.threads_per_job:
+            for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+                self.child_env[var] = str(args.threads_per_job)
+        self.recipe_backbone: dict[str, Any] = {}  # set by resolve_recipe()
+        self._results_lock, self._log_lock = threading.Lock(), threading.Lock()
+
+    def log(self, message: str) -> None:
+        with self._log_lock:  # one line per message from the parallel runs
+            print(f"[{now()}] {message}", flush=True)
+
+    def resolve_recipe(self, prepare_data: bool) -> None:
+        """Parse the recipe once: its ``model.backbone`` (the arms are merged into it) and, when
+        runs remain, its data built here before parallel runs would race to build it."""
+        from graphormer_urpe.training.cli import build_cli
+
+        sys.argv = sys.argv[:1]  # the recipe travels as `args`; LightningCLI must not read ours
+        cli = build_cli([*self.recipe_args, "--trainer.logger", "false",
+                         "--trainer.default_root_dir", str(self.dir)], run=False)
+        self.recipe_backbone = backbone_overrides(cli.config.model.backbone)
+        if prepare_data:
+            cli.datamodule.prepare_data()
+
+    def _finish(self, run: Run) -> dict:
+        result = run.execute()
+        with self._results_lock:
+            merge_results(self.results, [result])
+            write_table(self.results, self.table)
+        self.log(f"{run.label}: val MAE {result['val_mae']:.4f}, test MAE {result['test_mae']:.4f}"
+                 f" ({result['steps']} steps, {result['wall_s'] / 60:.1f} min)")
+        return result
+
+    def run(self) -> list[dict]:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.log(f"grid {self.name}: {len(self.runs)} runs, {self.jobs} at a time, "
+                 f"commit {self.commit}")
+        self.resolve_recipe(any("result" not in read_json(r.record_path, {}) for r in self.runs))
+        with ThreadPoolExecutor(max_workers=self.jobs) as pool:
+            futures = [pool.submit(self._finish, run) for run in self.runs]
+            results, errors = [], []
+            for future in futures:
+                try:
+                    results.append(future.result())
+                except Exception as error:  # the other runs go on; report them all at the end
+                    errors.append(error)
+                    self.log(f"error: {error}")
+        if errors:
+            raise SystemExit(f"{len(errors)} of {len(self.runs)} runs failed:\n"
+                             + "\n".join(str(e) for e in errors))
+        return results
+
+
+def backbone_overrides(backbone: Any) -> dict[str, Any]:
+    """The recipe's ``model.backbone`` as a plain dict of the keys it sets: a dict, or a typed
+    config (a parsed namespace or a dataclass with ``as_dict``) whose unset fields are None."""
+    if backbone is None:
+        return {}
+    if hasattr(backbone, "as_dict"):
+        backbone = backbone.as_dict()
+    elif dataclasses.is_dataclass(backbone):
+        backbone = dataclasses.asdict(backbone)
+    return {key: value for key, value in dict(backbone).items() if value is not None}
+
+
+def default_name(recipe_args: Sequence[str]) -> str:
+    """``<config stems>-<hash of all recipe arguments>``: one name per distinct recipe."""
+    stems = [Path(a).stem for prev, a in zip(recipe_args, recipe_args[1:]) if prev == "--config"]
+    digest = hashlib.sha256("\0".join(recipe_args).encode()).hexdigest()[:8]
+    return "+".join(stems or ["recipe"]) + f"-{digest}"
+
+
+# --------------------------------------------------------------------------------------------
+# The table
+# --------------------------------------------------------------------------------------------
+def mean_std(values: Sequence[float]) -> str:
+    if not values:
+        return "—"
+    if len(values) == 1:
+        return f"{values[0]:.4f}"
+    return f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}"
+
+
+def _signed(value: float) -> str:
+    return f"{value:+.4f}"
+
+
+def recipe_table(entries: Sequence[dict]) -> list[str]:
+    """Markdown lines for one recipe's runs: per-arm mean ± sample std, and per-seed paired
+    differences ``arm - rpe`` (negative: the arm has the lower error)."""
+    arms = sorted({e["attention"] for e in entries}, key=lambda a: (a != "urpe", a != BASELINE, a))
+    by_arm = {arm: {e["seed"]: e for e in entries if e["attention"] == arm} for arm in arms}
+    lines = ["| attention | runs | seeds | steps | val MAE | test MAE | wall (min, mean) |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for arm in arms:
+        runs = list(by_arm[arm].values())
+        steps = sorted({e["steps"] for e in runs})
+        lines.append(
+            f"| {arm} | {len(runs)} | {', '.join(str(s) for s in sorted(by_arm[arm]))} "
+            f"| {', '.join(f'{s:,}' for s in steps)} | {mean_std([e['val_mae'] for e in runs])} "
+            f"| {mean_std([e['test_mae'] for e in runs])} "
+            f"| {statistics.mean(e['wall_s'] for e in runs) / 60:.1f} |")
+    for arm in arms:
+        if arm == BASELINE or BASELINE not in by_arm:
+            continue
+        seeds = sorted(set(by_arm[arm]) & set(by_arm[BASELINE]))
+        if not seeds:
+            continue
+        lines += ["", f"Paired by seed, {arm} − {BASELINE} (negative: {arm} has the lower MAE):", "",
+                  "| seed | val MAE diff | test MAE diff |", "| --- | --- | --- |"]
+        diffs = {m: [by_arm[arm][s][m] - by_arm[BASELINE][s][m] for s in seeds]
+                 for m in ("val_mae", "test_mae")}
+        for i, seed in enumerate(seeds):
+            lines.append(f"| {seed} | {_signed(diffs['val_mae'][i])} | {_signed(diffs['test_mae'][i])} |")
+        summary = {m: (_signed(statistics.mean(v)) + (f" ± {statistics.stdev(v):.4f}" if len(v) > 1 else ""))
+                   for m, v in diffs.items()}
+        wins = sum(d < 0 for d in diffs["test_mae"])
+        lines.append(f"| mean ± std | {summary['val_mae']} | {summary['test_mae']} |")
+        lines += ["", f"{arm} has the lower test MAE in {wins} of {len(seeds)} seeds."]
+    return lines
+
+
+def format_table(entries: Sequence[dict]) -> str:
+    """The whole table: one section per recipe, with the device and commits that ran it."""
+    out = ["<!-- written by graphormer-urpe-ablation; do not edit -->"]
+    for recipe in sorted({str(e.get("recipe")) for e in entries}):
+        runs = [e for e in entries if str(e.get("recipe")) == recipe]
+        commits = sorted({c for e in runs for c in ([e["commit"]] if isinstance(e["commit"], str)
+                                                     else e["commit"])})
+        out += ["", f"### `{recipe}`", "",
+                f"Recipe: `{runs[0].get('budget', '')}`  ",
+                f"Device: {'; '.join(sorted({e['device'] for e in runs}))}  ",
+                f"Commit: {', '.join(commits)}", "", *recipe_table(runs)]
+    return "\n".join(out) + "\n"
+
+
+def write_table(results: Path, table: Path) -> str:
+    text = format_table(read_json(results, []))
+    table.parent.mkdir(parents=True, exist_ok=True)
+    table.write_text(text)
+    return text
+
+
+# --------------------------------------------------------------------------------------------
+# What the best URPE run learned, next to RPE
+# --------------------------------------------------------------------------------------------
+def plot_learned_tables(entries: Sequence[dict], runs_dir: Path, out_dir: Path,
+                        max_spd: int = 21) -> Path:
+    """``<out_dir>/<recipe>-tables.png``: over shortest-path distance, one line per head, the
+    spatial bias B of the URPE run with the lowest validation MAE and of the RPE run with the
+    same seed (same y axis), then that URPE run's scale C of every layer, for distances up to
+    ``max_spd`` (ZINC-12k's largest). Checkpoints are the runs' best validation ones."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from graphormer_urpe.predict import load_module
+
+    urpe = min((e for e in entries if e["attention"] == "urpe"), key=lambda e: e["val_mae"],
+               default=None)
+    if urpe is None:
+        raise ValueError("no finished urpe run to plot")
+    recipe, seed = urpe["recipe"], urpe["seed"]
+    rpe = next((e for e in entries if e["attention"] == BASELINE and e["seed"] == seed
+                and e["recipe"] == recipe), None)
+    models = {arm: load_module(best_checkpoint(runs_dir / recipe / f"{arm}-s{seed}")[0]).model
+              for arm in ["urpe"] + ([BASELINE] if rpe else [])}
+    spatial = {arm: m.spatial_bias.embedding.weight.detach().float().numpy()
+               for arm, m in models.items()}
+    scales = models["urpe"].urpe_scale_tables().numpy()
+    shown = min(max_spd, scales.shape[1] - 3)
+    panels = [(f"B, {arm} (val {e['val_mae']:.3f}, test {e['test_mae']:.3f})", spatial[arm], 0.0)
+              for arm, e in (("urpe", urpe), (BASELINE, rpe)) if e is not None]
+    panels += [(f"C, urpe layer {layer}", table, 1.0) for layer, table in enumerate(scales)]
+    ncols = 4
+    fig, axes = plt.subplots(-(-len(panels) // ncols), ncols, figsize=(3.6 * ncols, 2.5 * -(-len(panels) // ncols)),
+                             squeeze=False, constrained_layout=True)
+    distances = np.arange(shown + 1)
+    b_range = [min(t[: shown + 1].min() for t in spatial.values()),
+               max(t[: shown + 1].max() for t in spatial.values())]
+    for ax, (title, table, neutral) in zip(axes.flat, panels):
+        colors = plt.cm.viridis(np.linspace(0, 1, table.shape[1]))
+        for head in range(table.shape[1]):
+            ax.plot(distances, table[: shown + 1, head], color=colors[head], lw=1, label=f"head {head}")
+        ax.axhline(neutral, color="grey", lw=0.5, ls="--")
+        if title.startswith("B"):
+            ax.set_ylim(b_range[0] - 0.05, b_range[1] + 0.05)
+        ax.set_title(title, fontsize=8)
+        ax.set_xlabel("shortest-path distance", fontsize=7)
+        ax.tick_params(labelsize=7)
+    axes.flat[0].legend(fontsize=5, ncol=2)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.suptitle(f"{recipe}, seed {seed}: best-validation checkpoints, one line per head")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{recipe}-tables.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(
+        prog="graphormer-urpe-ablation", description=__doc__.split("\n\n")[0],
+        allow_abbrev=False,  # "--seed" must not pass for "--seeds"
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog="Other arguments (e.g. --trainer.max_steps 1570) go to every fit and test.")
+    parser.add_argument("--config", action="append", default=None,
+                        help="recipe config file, repeatable, in order (default: configs/zinc.yaml)")
+    parser.add_argument("--arms", nargs="+", choices=sorted(ARMS), default=["urpe", "rpe"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--name", default=None,
+                        help="recipe name: run directory and the results' 'recipe' field "
+                             "(default: config stems + a hash of the recipe arguments)")
+    parser.add_argument("--runs-dir", type=Path, default=Path("runs/ablation"))
+    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS,
+                        help="JSON list of runs, merged into")
+    parser.add_argument("--table", type=Path, default=None,
+                        help="markdown table (default: the results path with .md)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time")
+    parser.add_argument("--threads-per-job", type=int, default=None,
+                        help="OMP/MKL threads of each run (CPU); default: torch's choice")
+    parser.add_argument("--table-only", action="store_true",
+                        help="only rewrite the table from the results file")
+    parser.add_argument("--figures", type=Path, default=None, metavar="DIR",
+                        help="after the grid, plot B and C of the best-validation URPE run and "
+                             "B of RPE with the same seed to DIR/<name>-tables.png")
+    args, overrides = parser.parse_known_args(argv)
+    args.config = args.config or ["configs/zinc.yaml"]
+    if args.jobs < 1:
+        parser.error("--jobs must be >= 1")
+    stray = [a for a in overrides if a.startswith("--") and not a.startswith(
+        ("--trainer.", "--model.", "--data.", "--checkpoint.", "--lr_monitor."))]
+    if stray:
+        parser.error(f"unknown arguments {stray}: only LightningCLI overrides (--trainer.*, "
+                     "--model.*, --data.*, --checkpoint.*) are passed through")
+    return args, overrides
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """The command (returns None: a console script exits with main()'s value)."""
+    args, overrides = parse_args(argv)
+    if args.table_only:
+        results = read_json(args.results, [])
+        print(write_table(args.results, args.table or args.results.with_suffix(".md")))
+    else:
+        grid = Grid(args, overrides)
+        results = grid.run()
+        print(write_table(grid.results, grid.table))
+    if args.figures:
+        chosen = [e for e in results if args.name in (None, e.get("recipe"))]
+        print(plot_learned_tables(chosen, args.runs_dir, args.figures))
+
+
+if __name__ == "__main__":
+    main()

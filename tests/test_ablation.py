@@ -1,0 +1,182 @@
+"""The ablation runner through its command on the real ZINC-12k (tiny budget): a killed grid
+resumes from last.ckpt, finished runs are not redone, results merge into the JSON list, and the
+table holds the per-arm means and the paired differences."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from graphormer_urpe.ablation import (backbone_overrides, best_checkpoint, format_table, main,
+                                      merge_results, read_json)
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_BACKBONE = {"num_layers": 2, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2}
+STEPS = 40  # 20 epochs of 2 batches, each validated: long enough to be killed part-way
+
+
+def runner_command(tmp_path: Path, data_root: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "graphormer_urpe.ablation",
+        "--config", str(REPO / "configs" / "zinc.yaml"), "--name", "tiny",
+        "--arms", "urpe", "rpe", "--seeds", "0",
+        "--runs-dir", str(tmp_path / "runs"), "--results", str(tmp_path / "results.json"),
+        "--threads-per-job", "1",
+        "--trainer.precision", "32-true", "--trainer.max_steps", str(STEPS),
+        "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "2",
+        "--trainer.limit_test_batches", "2", "--trainer.enable_progress_bar", "false",
+        "--trainer.enable_model_summary", "false", "--trainer.log_every_n_steps", "1",
+        "--model.backbone", json.dumps(TINY_BACKBONE), "--model.warmup_steps", "4",
+        "--model.total_steps", str(STEPS), "--data.init_args.root", str(data_root),
+        "--data.init_args.batch_size", "16", *extra,
+    ]
+
+
+def run_record(tmp_path: Path, arm: str) -> dict:
+    return json.loads((tmp_path / "runs" / "tiny" / f"{arm}-s0" / "ablation_run.json").read_text())
+
+
+@pytest.mark.slow
+def test_killed_grid_resumes_merges_results_and_writes_the_table(zinc_data_root, tmp_path):
+    results = tmp_path / "results.json"
+    other = {"recipe": "other", "attention": "urpe", "seed": 0, "steps": 1, "val_mae": 1.0,
+             "test_mae": 1.0, "wall_s": 1.0, "device": "x", "commit": "c"}
+    results.write_text(json.dumps([other]))
+    command = runner_command(tmp_path, zinc_data_root)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+    # Kill the whole grid as soon as the first run has a last.ckpt.
+    last = tmp_path / "runs" / "tiny" / "urpe-s0" / "checkpoints" / "last.ckpt"
+    grid = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not last.exists() and grid.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(grid.pid, signal.SIGKILL)
+    grid.wait()
+    assert last.exists(), grid.stdout.read().decode()[-3000:]
+    killed = run_record(tmp_path, "urpe")
+    assert "result" not in killed and not killed.get("fit_done")
+    steps_at_kill = torch.load(last, map_location="cpu", weights_only=False)["global_step"]
+    assert 0 < steps_at_kill < STEPS
+
+    # Run again: the killed run resumes, the other one runs, both are tested.
+    finished = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    assert "urpe-s0: fit (resuming from last.ckpt)" in finished.stdout
+    urpe = run_record(tmp_path, "urpe")
+    fits = [a for a in urpe["attempts"] if a["stage"] == "fit"]
+    assert len(fits) == 2 and fits[0]["returncode"] is None and fits[1]["returncode"] == 0
+    assert "Restoring states from the checkpoint path" in (last.parents[1] / "fit.log").read_text()
+    args = urpe["cli_args"]  # the arm's backbone comes last and keeps the recipe's sizes
+    last_backbone = len(args) - 1 - args[::-1].index("--model.backbone")
+    assert json.loads(args[last_backbone + 1]) == {**TINY_BACKBONE, "attention": "urpe",
+                                                   "share_urpe_scale": False}
+
+    entries = read_json(results, [])
+    assert other in entries and len(entries) == 3
+    runs = {e["attention"]: e for e in entries if e["recipe"] == "tiny"}
+    assert set(runs) == {"urpe", "rpe"}
+    for arm, entry in runs.items():
+        assert entry["seed"] == 0 and entry["steps"] == STEPS and 0 < entry["best_step"] <= STEPS
+        assert 0 < entry["val_mae"] < 10 and 0 < entry["test_mae"] < 10 and entry["wall_s"] > 0
+        assert entry["commit"] and "CPU" in entry["device"]
+        path, val_mae, best_step, _ = best_checkpoint(tmp_path / "runs" / "tiny" / f"{arm}-s0")
+        assert (val_mae, best_step) == (pytest.approx(entry["val_mae"], abs=1e-6), entry["best_step"])
+        best = torch.load(path, map_location="cpu", weights_only=False)
+        scales = [k for k in best["state_dict"] if "urpe_scales" in k]
+        assert bool(scales) == (arm == "urpe"), run_record(tmp_path, arm)["cli_args"]
+    # The best checkpoint is chosen on validation MAE: no logged val/mae is lower.
+    metrics = (tmp_path / "runs" / "tiny" / "rpe-s0" / "csv").rglob("metrics.csv")
+    logged = [float(v) for path in metrics for v in _column(path, "val/mae")]
+    assert min(logged) == pytest.approx(runs["rpe"]["val_mae"], abs=1e-6)
+
+    table = (tmp_path / "results.md").read_text()
+    diff = runs["urpe"]["test_mae"] - runs["rpe"]["test_mae"]
+    assert "### `tiny`" in table and "### `other`" in table
+    assert f"| 0 | {runs['urpe']['val_mae'] - runs['rpe']['val_mae']:+.4f} | {diff:+.4f} |" in table
+
+    # The learned tables of the best-validation URPE run next to RPE's B, from the results.
+    figures = tmp_path / "figures"
+    main(["--table-only", "--name", "tiny", "--runs-dir", str(tmp_path / "runs"),
+          "--results", str(results), "--figures", str(figures)])
+    png = figures / "tiny-tables.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+    # A third invocation finds both runs finished and runs nothing.
+    again = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert ": fit" not in again.stdout and ": test" not in again.stdout
+    assert run_record(tmp_path, "urpe")["attempts"] == urpe["attempts"]
+    assert read_json(results, []) == entries
+
+
+def _column(metrics_csv: Path, name: str) -> list[str]:
+    import csv
+
+    with open(metrics_csv, newline="") as handle:
+        return [row[name] for row in csv.DictReader(handle) if row.get(name)]
+
+
+def test_changed_recipe_under_the_same_name_is_refused(zinc_data_root, tmp_path):
+    from graphormer_urpe.ablation import Grid, parse_args
+
+    args, overrides = parse_args(["--name", "n", "--runs-dir", str(tmp_path), "--seeds", "0",
+                                  "--arms", "rpe", "--trainer.max_steps", "5"])
+    run = Grid(args, overrides).runs[0]
+    run.dir.mkdir(parents=True)
+    (run.record_path).write_text(json.dumps({"cli_args": ["--trainer.max_steps", "4"],
+                                             "attempts": []}))
+    with pytest.raises(ValueError, match="started with other arguments"):
+        run.load_record()
+
+
+def test_unknown_runner_argument_is_an_error(capsys):
+    from graphormer_urpe.ablation import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--seed", "3"])
+    assert "only LightningCLI overrides" in capsys.readouterr().err
+
+
+def test_merge_replaces_the_same_run_and_keeps_the_rest(tmp_path):
+    path = tmp_path / "r.json"
+    base = {"recipe": "a", "seed": 0, "steps": 10, "val_mae": 0.5, "test_mae": 0.5,
+            "wall_s": 1.0, "device": "cpu", "commit": "c"}
+    merge_results(path, [{**base, "attention": "urpe"}, {**base, "attention": "rpe"}])
+    merged = merge_results(path, [{**base, "attention": "urpe", "test_mae": 0.4},
+                                  {**base, "attention": "urpe", "seed": 1}])
+    assert [(e["attention"], e["seed"], e["test_mae"]) for e in merged] == [
+        ("rpe", 0, 0.5), ("urpe", 0, 0.4), ("urpe", 1, 0.5)]
+
+
+def test_table_means_sample_std_and_paired_differences():
+    def entry(arm, seed, val, test):
+        return {"recipe": "r", "attention": arm, "seed": seed, "steps": 100, "val_mae": val,
+                "test_mae": test, "wall_s": 60.0, "device": "cpu", "commit": "c", "budget": "b"}
+
+    entries = [entry("urpe", 0, 0.50, 0.40), entry("urpe", 1, 0.60, 0.60),
+               entry("rpe", 0, 0.55, 0.50), entry("rpe", 1, 0.50, 0.50)]
+    table = format_table(entries)
+    assert "| urpe | 2 | 0, 1 | 100 | 0.5500 ± 0.0707 | 0.5000 ± 0.1414 | 1.0 |" in table
+    assert "| rpe | 2 | 0, 1 | 100 | 0.5250 ± 0.0354 | 0.5000 ± 0.0000 | 1.0 |" in table
+    assert "| 0 | -0.0500 | -0.1000 |" in table and "| 1 | +0.1000 | +0.1000 |" in table
+    assert "| mean ± std | +0.0250 ± 0.1061 | +0.0000 ± 0.1414 |" in table
+    assert "urpe has the lower test MAE in 1 of 2 seeds." in table
+
+
+def test_backbone_overrides_from_a_dict_or_a_typed_config():
+    from jsonargparse import Namespace
+
+    assert backbone_overrides(None) == {}
+    assert backbone_overrides({"attention": "urpe", "num_layers": 2}) == {"attention": "urpe",
+                                                                          "num_layers": 2}
+    # a typed backbone parses to a namespace whose unset fields are None
+    assert backbone_overrides(Namespace(num_layers=4, attention=None)) == {"num_layers": 4}
