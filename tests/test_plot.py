@@ -13,7 +13,7 @@ PLOT = Path(sys.executable).with_name("graphormer-urpe-plot")
 
 
 def test_installed_command_writes_the_figure_and_exits_0(tmp_path):
-    hparams = {"num_atom_embeddings": 10, "num_bond_embeddings": 4,
+    hparams = {"num_atom_embeddings": 29, "num_bond_embeddings": 5,
                "backbone": {"num_layers": 2, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2,
                             "max_spd": 6}}
     torch.save({"state_dict": GraphormerModule(**hparams).state_dict(), "hyper_parameters": hparams},

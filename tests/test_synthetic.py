@@ -186,7 +186,7 @@ def test_plot_script_renders_graph_urpe_tables_from_a_lightning_checkpoint(tmp_p
     from graphormer_urpe.training.module import GraphormerModule
 
     plot = _plot_module()
-    hparams = {"num_atom_embeddings": 10, "num_bond_embeddings": 4,
+    hparams = {"num_atom_embeddings": 29, "num_bond_embeddings": 5,
                "backbone": {"num_layers": 3, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 4,
                             "max_spd": 6}}
     module = GraphormerModule(**hparams)
@@ -201,7 +201,7 @@ def test_plot_script_renders_graph_urpe_tables_from_a_lightning_checkpoint(tmp_p
     assert torch.equal(torch.from_numpy(scales[2]), 1 + model.urpe_scales[2].delta.detach())
     paths = plot.main([str(tmp_path / "graph.ckpt"), "--out", str(tmp_path)])
     assert [p.name for p in paths] == ["graph-spd.png"] and paths[0].stat().st_size > 5_000
-    rpe = {"num_atom_embeddings": 10, "num_bond_embeddings": 4, "backbone": {"attention": "rpe"}}
+    rpe = {"num_atom_embeddings": 29, "num_bond_embeddings": 5, "backbone": {"attention": "rpe"}}
     torch.save({"state_dict": GraphormerModule(**rpe).state_dict(), "hyper_parameters": rpe},
                tmp_path / "rpe.ckpt")
     with pytest.raises(ValueError, match="no URPE scale"):
