@@ -51,7 +51,8 @@ def zinc_ckpt(zinc_root, tmp_path_factory) -> Path:
         "--trainer.default_root_dir", str(work / "run"), "--trainer.precision", "32-true",
         "--trainer.max_steps", "2", "--trainer.limit_val_batches", "1",
         "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-        "--model.backbone", json.dumps(TINY_BACKBONE), "--data.init_args.root", str(work / "data"),
+        "--model.backbone", json.dumps(TINY_BACKBONE), "--model.warmup_steps", "1",
+        "--data.init_args.root", str(work / "data"),
     ])
     return work / "run" / "checkpoints" / "last.ckpt"
 
