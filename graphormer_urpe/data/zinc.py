@@ -121,7 +121,8 @@ def build_zinc_raw(raw_dir: str | os.PathLike, source_dir: str | os.PathLike,
                    num_workers: int | None = None) -> None:
     """Write PyG's ZINC raw files (``{train,val,test}.pickle`` and ``.index``) into ``raw_dir``
     from an offline source directory. Needs RDKit. The files appear atomically: they are written
-    into a temporary sibling directory that is renamed to ``raw_dir`` at the end."""
+    into a temporary sibling directory that is renamed to ``raw_dir`` at the end; an incomplete
+    ``raw_dir`` (a file missing) is replaced whole. PyG's processed files are left as they are."""
     source = resolve_zinc_source(source_dir)
     raw_dir = Path(raw_dir)
     vocabulary = json.loads((source / "atom_dict.json").read_text())["idx2word"]
@@ -163,13 +164,22 @@ def build_zinc_raw(raw_dir: str | os.PathLike, source_dir: str | os.PathLike,
         for name in _RAW_FILES:
             with open(tmp / name, "rb") as f:
                 os.fsync(f.fileno())
+        if raw_dir.exists() and not _raw_complete(raw_dir):
+            # an incomplete raw dir (a file deleted): move it aside, os.replace needs an empty target
+            stale = Path(tempfile.mkdtemp(prefix=f".{raw_dir.name}.stale-", dir=raw_dir.parent))
+            os.replace(raw_dir, stale / "old")
+            shutil.rmtree(stale, ignore_errors=True)
         try:
             os.replace(tmp, raw_dir)  # atomic; fails if another process finished first
         except OSError:
-            if not all((raw_dir / name).is_file() for name in _RAW_FILES):
+            if not _raw_complete(raw_dir):
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _raw_complete(raw_dir: Path) -> bool:
+    return all((raw_dir / name).is_file() for name in _RAW_FILES)
 
 
 def _umask() -> int:
@@ -189,7 +199,7 @@ def load_zinc(root: str | os.PathLike = "data/ZINC", subset: bool = True, split:
     if split not in SPLITS:
         raise ValueError(f"ZINC split must be one of {SPLITS}, got {split!r}")
     raw_dir = Path(root) / "raw"
-    if not all((raw_dir / name).is_file() for name in _RAW_FILES):
+    if not _raw_complete(raw_dir):
         source = resolve_zinc_source(source_dir)
         if source is not None:
             log.info("building ZINC raw files in %s from %s", raw_dir, source)
