@@ -83,6 +83,11 @@ def _file_items(array: np.memmap, first: int, count: int) -> np.ndarray:
     return out
 
 
+def _bytes(array: np.ndarray) -> memoryview:
+    """The bytes of a C-contiguous array (also of an empty one)."""
+    return memoryview(array.reshape(-1)).cast("B")
+
+
 def _blocks(array: np.ndarray) -> Iterator[memoryview]:
     """The data bytes of ``array`` (C order) in blocks of at most :data:`BLOCK_BYTES`. A whole
     memory-mapped ``.npy`` is read with ordinary file reads, so hashing or copying it leaves the
@@ -101,7 +106,7 @@ def _blocks(array: np.ndarray) -> Iterator[memoryview]:
     flat = np.ascontiguousarray(array).reshape(-1)
     step = max(BLOCK_BYTES // max(flat.itemsize, 1), 1)
     for start in range(0, len(flat), step):
-        yield memoryview(flat[start:start + step]).cast("B")
+        yield _bytes(flat[start:start + step])
 
 
 def hash_arrays(*arrays: np.ndarray) -> str:
@@ -181,10 +186,10 @@ class ArrayWriter:
                 raise ValueError(f"{self.path.name}: expected a [{self.row_shape[0]}, k] block, got {block.shape}")
             rows = list(block)
         data = np.ascontiguousarray(rows[0], dtype=self.dtype)
-        self._file.write(memoryview(data).cast("B"))
-        self.digest.update(memoryview(data).cast("B"))
+        self._file.write(_bytes(data))
+        self.digest.update(_bytes(data))
         for part, row in zip(self._parts, rows[1:]):
-            part.write(memoryview(np.ascontiguousarray(row, dtype=self.dtype)).cast("B"))
+            part.write(_bytes(np.ascontiguousarray(row, dtype=self.dtype)))
         self.rows += len(data)
 
     def close(self) -> dict:
