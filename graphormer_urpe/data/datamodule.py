@@ -115,8 +115,8 @@ def encode_smiles_store(arrays: dict[str, np.ndarray], cache_dir: str | os.PathL
 
     encoded = cached_entry(cache_dir, fingerprint, build, expect=(*ENCODING_ARRAYS, *features))
     return FlatGraphs(
-        x=encoded["x"], node_ptr=np.asarray(arrays["node_ptr"]), edge_attr=encoded["edge_attr"],
-        edge_ptr=np.asarray(arrays["edge_ptr"]), y=y, spd=encoded["spd"], path_edges=encoded["path_edges"],
+        x=encoded["x"], node_ptr=arrays["node_ptr"], edge_attr=encoded["edge_attr"],
+        edge_ptr=arrays["edge_ptr"], y=y, spd=encoded["spd"], path_edges=encoded["path_edges"],
         degree=encoded["degree"], pair_ptr=encoded["pair_ptr"],
     )
 

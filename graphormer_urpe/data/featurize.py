@@ -8,9 +8,11 @@ Two featurizers, named so a checkpoint can redo featurization from its name alon
   aromatic atom (so ``[nH]`` is ``"N"``), then ``" +"`` / ``" -"`` for a charge.
 - ``"ogb"``: OGB's ``smiles2graph`` (9 atom columns, 3 bond columns), as used by PCQM4Mv2.
 
-Both give directed edges in both directions with LOCAL node ids. :func:`featurize_smiles` runs a
-featurizer over many SMILES in worker processes and returns flat arrays (compact dtypes) plus the
-positions of rejected SMILES, so a 3.7M-molecule set never materialises 3.7M Python objects.
+Both give directed edges in both directions with LOCAL node ids. :func:`iter_featurized` runs a
+featurizer over many SMILES in worker processes, chunk by chunk, as flat arrays (compact dtypes)
+plus the positions of rejected SMILES; :func:`cached_smiles_graphs` streams those chunks into a
+memory-mapped cache entry, so a 3.7M-molecule table never materialises its graphs in memory, and
+:func:`featurize_smiles` concatenates them for small inputs.
 """
 from __future__ import annotations
 

@@ -194,3 +194,38 @@ def test_concurrent_processes_build_an_entry_once(tmp_path):
         results = pool.starmap(_build_slowly, [(tmp_path / "e", tmp_path / "log")] * 2)
     assert results == [list(range(5))] * 2
     assert (tmp_path / "log").read_text() == "built\n"
+
+
+def test_streamed_smiles_store_equals_in_memory_and_stays_memory_mapped(shared_data_dir, tmp_path):
+    """The chunked build of a SMILES table (real ESOL, duplicated rows and a bad SMILES added)
+    gives the in-memory featurization and encodings, and every per-molecule array of the served
+    store is a memory map (training start copies nothing)."""
+    import pandas as pd
+
+    from graphormer_urpe.data.datamodule import encode_flat_cached, encode_smiles_store
+    from graphormer_urpe.data.featurize import cached_smiles_graphs, featurize_unique, featurizer_spec
+
+    table = pd.read_csv(shared_data_dir / "moleculenet" / "esol.csv")
+    smiles = table["smiles"].tolist()[:300]
+    smiles = smiles + smiles[:50] + ["not a smiles"]
+    y = np.arange(len(smiles), dtype=np.float32)
+    arrays = cached_smiles_graphs(tmp_path / "graphs", {"test": 1}, lambda: (smiles, y), "ogb",
+                                  num_workers=2, chunk_size=37)
+    graphs, graph_of_row = featurize_unique(smiles, "ogb", num_workers=1)
+    assert np.array_equal(arrays["graph_of_row"], graph_of_row) and graph_of_row[-1] == -1
+    for name in ("x", "node_ptr", "edge_attr", "edge_ptr"):
+        assert np.array_equal(arrays[name], getattr(graphs, name)), name
+    assert np.array_equal(arrays["edge_index"], graphs.edge_index) and arrays["edge_index"].dtype == np.int16
+    assert np.array_equal(arrays["y"][:, 0], y)
+
+    store = encode_smiles_store(arrays, tmp_path / "enc", 4, "ogb")
+    spec = featurizer_spec("ogb")
+    expected = encode_flat_cached(graphs.x, graphs.node_ptr, graphs.edge_index, graphs.edge_attr, graphs.edge_ptr,
+                                  np.zeros(len(graphs)), cache_dir=tmp_path / "direct", max_hops=4,
+                                  atom_feature_dims=spec.atom_feature_dims, bond_feature_dims=spec.bond_feature_dims)
+    for name in ("x", "node_ptr", "edge_attr", "edge_ptr", "spd", "path_edges", "degree", "pair_ptr"):
+        assert isinstance(getattr(store, name), np.memmap), name
+        assert np.array_equal(getattr(store, name), getattr(expected, name)), name
+    again = encode_smiles_store(cached_smiles_graphs(tmp_path / "graphs", {"test": 1}, lambda: 1 / 0, "ogb"),
+                                tmp_path / "enc", 4, "ogb")  # both entries load: nothing is rebuilt
+    assert np.array_equal(again.spd, store.spd)
