@@ -221,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
                 "cache_mib": sum(p.stat().st_size for p in (root / "pcqm4m-v2" / "processed_graphormer_urpe").rglob("*")
                                  if p.is_file()) / 2**20,
             })
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)  # progress, one line per size
             shutil.rmtree(root, ignore_errors=True)
     finally:
         if temporary:

@@ -16,7 +16,9 @@ memory-mapped cache entry, so a 3.7M-molecule table never materialises its graph
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import multiprocessing.pool
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -181,36 +183,50 @@ def _featurize_chunk(args: tuple[str, int, list[str]]) -> tuple:
     )
 
 
-def parallel_map(function: Callable, chunks: Iterable, num_workers: int | None, desc: str, sizes: list[int]):
-    """``map(function, chunks)`` over ``num_workers`` forked processes (default: all cores), in
-    order, with a tqdm bar counting ``sizes`` (items per chunk, one per chunk). ``chunks`` may be
-    a generator: the pool takes chunks from it only as fast as the workers pass them on."""
-    num_workers = min(num_workers or os.cpu_count() or 1, max(len(sizes), 1))
-    with tqdm(total=sum(sizes), desc=desc, unit="mol") as bar:
-        if num_workers <= 1:
-            for chunk, size in zip(chunks, sizes):
-                yield function(chunk)
-                bar.update(size)
-            return
-        # fork: workers need only RDKit/numpy and start in milliseconds (no re-import).
-        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-        with multiprocessing.get_context(method).Pool(num_workers) as pool:
-            for result, size in zip(pool.imap(function, chunks), sizes):
-                yield result
-                bar.update(size)
+@contextlib.contextmanager
+def worker_pool(num_workers: int | None) -> Iterator[multiprocessing.pool.Pool | None]:
+    """A pool of ``num_workers`` forked processes (default: all cores), or None for one. Fork it
+    BEFORE reading a large input: a worker forked later shares the parent's pages, which are then
+    duplicated as the parent keeps touching them (reference counts, garbage collection)."""
+    num_workers = num_workers or os.cpu_count() or 1
+    if num_workers <= 1:
+        yield None
+        return
+    # fork: workers need only RDKit/numpy and start in milliseconds (no re-import).
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    with multiprocessing.get_context(method).Pool(num_workers) as pool:
+        yield pool
+
+
+def parallel_map(function: Callable, chunks: Iterable, num_workers: int | None, desc: str, sizes: list[int],
+                 pool: multiprocessing.pool.Pool | None = None):
+    """``map(function, chunks)`` over ``pool`` or else ``num_workers`` forked processes (default:
+    all cores), in order, with a tqdm bar counting ``sizes`` (items per chunk, one per chunk).
+    ``chunks`` may be a generator: the pool takes chunks from it only as fast as the workers pass
+    them on."""
+    with tqdm(total=sum(sizes), desc=desc, unit="mol") as bar, contextlib.ExitStack() as stack:
+        if pool is None and len(sizes) > 1:
+            pool = stack.enter_context(worker_pool(min(num_workers or os.cpu_count() or 1, len(sizes))))
+        results = map(function, chunks) if pool is None else pool.imap(function, chunks)
+        for result, size in zip(results, sizes):
+            yield result
+            bar.update(size)
 
 
 def iter_featurized(smiles: Sequence[str], featurizer: str, num_workers: int | None = None,
-                    chunk_size: int = 1000, desc: str | None = None) -> Iterator[tuple]:
+                    chunk_size: int = 1000, desc: str | None = None,
+                    pool: multiprocessing.pool.Pool | None = None) -> Iterator[tuple]:
     """Featurize ``smiles`` in chunks of ``chunk_size`` over worker processes (default: all
     cores; tqdm progress), yielding per chunk, in order, ``(x, num_nodes, edge_index, edge_attr,
     num_edges, rejected positions)``. Chunks are sliced lazily, so at most a few chunks per worker
-    are in flight: memory does not grow with ``len(smiles)``."""
+    are in flight: memory does not grow with ``len(smiles)``. ``pool``: an open
+    :func:`worker_pool` to use instead."""
     featurizer_spec(name=featurizer)
     starts = range(0, len(smiles), chunk_size)
     chunks = ((featurizer, s, list(smiles[s:s + chunk_size])) for s in starts)
     sizes = [min(chunk_size, len(smiles) - s) for s in starts]
-    yield from parallel_map(_featurize_chunk, chunks, num_workers, desc or f"featurize ({featurizer})", sizes)
+    yield from parallel_map(_featurize_chunk, chunks, num_workers, desc or f"featurize ({featurizer})", sizes,
+                            pool)
 
 
 def featurize_smiles(smiles: Sequence[str], featurizer: str, num_workers: int | None = None,
@@ -299,32 +315,39 @@ def cached_smiles_graphs(directory: str | os.PathLike, source_fingerprint: dict,
 
     fingerprint = {"kind": "featurized smiles", "featurizer": featurizer, "source": source_fingerprint,
                    "rdkit": rdkit.__version__, "ogb": ogb.__version__}
-    spec = featurizer_spec(featurizer)
-    int16_max = np.iinfo(np.int16).max
 
     def build(writer) -> None:
-        smiles, y = read_table()
-        writer.write("y", np.asarray(y, dtype=np.float32).reshape(len(smiles), -1))
-        codes, distinct = _distinct(smiles)
-        del smiles, y
-        x = writer.array("x", np.uint8, (len(spec.atom_feature_dims),))
-        edge_index = writer.array("edge_index", np.int16, (2,), axis=1)
-        edge_attr = writer.array("edge_attr", np.uint8, (len(spec.bond_feature_dims),))
-        node_counts, edge_counts, rejected = [], [], []
-        for chunk_x, n, chunk_edges, chunk_attr, e, chunk_rejected in iter_featurized(
-                distinct, featurizer, num_workers, chunk_size):
-            if len(n) and n.max() > int16_max:
-                raise ValueError(f"a molecule has more than {int16_max} atoms")
-            x.append(chunk_x)
-            edge_index.append(chunk_edges)
-            edge_attr.append(chunk_attr)
-            node_counts.append(n.astype(np.int32))
-            edge_counts.append(e.astype(np.int32))
-            rejected.append(chunk_rejected)
-        for name, counts in (("node_ptr", node_counts), ("edge_ptr", edge_counts)):
-            counts = np.concatenate(counts) if counts else np.zeros(0, np.int32)
-            writer.write(name, np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]))
-        rejected = np.concatenate(rejected) if rejected else np.zeros(0, np.int64)
-        writer.write("graph_of_row", _rows_to_graphs(codes, len(distinct), rejected))
+        with worker_pool(num_workers) as pool:  # forked before the table exists (see worker_pool)
+            _stream_graphs(writer, read_table, featurizer, pool, chunk_size)
 
     return cached_entry(directory, fingerprint, build, expect=SMILES_GRAPH_ARRAYS)
+
+
+def _stream_graphs(writer, read_table: Callable[[], tuple[Sequence[str], np.ndarray]], featurizer: str,
+                   pool: multiprocessing.pool.Pool | None, chunk_size: int) -> None:
+    """The build of :func:`cached_smiles_graphs`: featurized chunks appended to ``writer``."""
+    spec = featurizer_spec(featurizer)
+    int16_max = np.iinfo(np.int16).max
+    smiles, y = read_table()
+    writer.write("y", np.asarray(y, dtype=np.float32).reshape(len(smiles), -1))
+    codes, distinct = _distinct(smiles)
+    del smiles, y
+    x = writer.array("x", np.uint8, (len(spec.atom_feature_dims),))
+    edge_index = writer.array("edge_index", np.int16, (2,), axis=1)
+    edge_attr = writer.array("edge_attr", np.uint8, (len(spec.bond_feature_dims),))
+    node_counts, edge_counts, rejected = [], [], []
+    for chunk_x, n, chunk_edges, chunk_attr, e, chunk_rejected in iter_featurized(
+            distinct, featurizer, chunk_size=chunk_size, pool=pool):
+        if len(n) and n.max() > int16_max:
+            raise ValueError(f"a molecule has more than {int16_max} atoms")
+        x.append(chunk_x)
+        edge_index.append(chunk_edges)
+        edge_attr.append(chunk_attr)
+        node_counts.append(n.astype(np.int32))
+        edge_counts.append(e.astype(np.int32))
+        rejected.append(chunk_rejected)
+    for name, counts in (("node_ptr", node_counts), ("edge_ptr", edge_counts)):
+        counts = np.concatenate(counts) if counts else np.zeros(0, np.int32)
+        writer.write(name, np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]))
+    rejected = np.concatenate(rejected) if rejected else np.zeros(0, np.int64)
+    writer.write("graph_of_row", _rows_to_graphs(codes, len(distinct), rejected))
