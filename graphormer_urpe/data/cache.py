@@ -153,6 +153,15 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def remove_dir(directory: Path) -> None:
+    """Remove ``directory`` by first renaming it aside (atomic), so that ``os.replace`` of a new
+    directory onto its path (which needs an empty or absent target) can follow, and no reader
+    sees a half-deleted one."""
+    stale = Path(tempfile.mkdtemp(prefix=f".{directory.name}.stale-", dir=directory.parent))
+    os.replace(directory, stale / "old")
+    shutil.rmtree(stale, ignore_errors=True)
+
+
 def _npy_header(dtype: np.dtype, shape: Sequence[int]) -> bytes:
     header = repr({"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
                    "shape": tuple(int(s) for s in shape)}).encode("latin1")
@@ -264,10 +273,8 @@ class EntryWriter:
             f.flush()
             os.fsync(f.fileno())
         _fsync_dir(self.tmp)
-        if self.directory.exists():  # a stale entry: move it aside first (os.replace needs an empty target)
-            stale = Path(tempfile.mkdtemp(prefix=f".{self.directory.name}.stale-", dir=self.directory.parent))
-            os.replace(self.directory, stale / "old")
-            shutil.rmtree(stale, ignore_errors=True)
+        if self.directory.exists():  # a stale entry
+            remove_dir(self.directory)
         os.replace(self.tmp, self.directory)
         _fsync_dir(self.directory.parent)
 

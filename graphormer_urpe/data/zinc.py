@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from graphormer_urpe.data.cache import remove_dir
 from graphormer_urpe.data.featurize import ZINC_ATOM_TOKENS, parallel_map, smiles_to_zinc_dense
 
 log = logging.getLogger(__name__)
@@ -164,11 +165,8 @@ def build_zinc_raw(raw_dir: str | os.PathLike, source_dir: str | os.PathLike,
         for name in _RAW_FILES:
             with open(tmp / name, "rb") as f:
                 os.fsync(f.fileno())
-        if raw_dir.exists() and not _raw_complete(raw_dir):
-            # an incomplete raw dir (a file deleted): move it aside, os.replace needs an empty target
-            stale = Path(tempfile.mkdtemp(prefix=f".{raw_dir.name}.stale-", dir=raw_dir.parent))
-            os.replace(raw_dir, stale / "old")
-            shutil.rmtree(stale, ignore_errors=True)
+        if raw_dir.exists() and not _raw_complete(raw_dir):  # a file deleted: replace the whole dir
+            remove_dir(raw_dir)
         try:
             os.replace(tmp, raw_dir)  # atomic; fails if another process finished first
         except OSError:
