@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.data.cache import cached_encodings
 from graphormer_urpe.data.collate import FlatGraphs, collate
-from graphormer_urpe.data.features import num_embeddings, to_shared_ids
+from graphormer_urpe.data.features import FEATURE_ID_DTYPE, num_embeddings, to_shared_ids
 from graphormer_urpe.data.featurize import featurizer_spec
 from graphormer_urpe.data.ogb_lsc import PCQM4M, PCQM4MV2, LSCLayout
 from graphormer_urpe.data.resident import ResidentLoader, ResidentSplit, TensorGraphs
@@ -79,14 +79,46 @@ def flat_graphs_from_pyg(dataset, cache_dir: str | os.PathLike, max_hops: int,
 def encode_smiles_store(arrays: dict[str, np.ndarray], cache_dir: str | os.PathLike, max_hops: int,
                         featurizer: str, num_threads: int = 1) -> FlatGraphs:
     """:class:`FlatGraphs` of the distinct molecules of a featurized SMILES table
-    (:func:`~.featurize.cached_smiles_graphs`); targets live per row, so the store's ``y`` is NaN."""
+    (:func:`~.featurize.cached_smiles_graphs`); targets live per row, so the store's ``y`` is NaN.
+
+    The shared feature ids and the encodings are streamed into ONE cache entry ``cache_dir``,
+    chunk by chunk (inputs read from the featurized entry's files), keyed by that entry's
+    recorded checksums: building or loading a store of any size keeps memory bounded, and the
+    returned arrays are all memory-mapped (only ``y``, 4 bytes per molecule, is in memory).
+    """
+    from graphormer_urpe.data.cache import (
+        BLOCK_BYTES, ENCODING_ARRAYS, CacheEntry, cached_entry, encoding_fingerprint, read_rows, write_encodings,
+    )
+
     spec = featurizer_spec(featurizer)
     num_graphs = len(arrays["node_ptr"]) - 1
-    return encode_flat_cached(
-        arrays["x"], arrays["node_ptr"], arrays["edge_index"], arrays["edge_attr"], arrays["edge_ptr"],
-        np.full((num_graphs, 1), np.nan, np.float32), cache_dir=cache_dir, max_hops=max_hops,
-        atom_feature_dims=spec.atom_feature_dims, bond_feature_dims=spec.bond_feature_dims,
-        num_threads=num_threads)
+    y = np.full((num_graphs, 1), np.nan, np.float32)
+    if not isinstance(arrays, CacheEntry):  # plain in-memory arrays
+        return encode_flat_cached(
+            arrays["x"], arrays["node_ptr"], arrays["edge_index"], arrays["edge_attr"], arrays["edge_ptr"], y,
+            cache_dir=cache_dir, max_hops=max_hops, atom_feature_dims=spec.atom_feature_dims,
+            bond_feature_dims=spec.bond_feature_dims, num_threads=num_threads)
+    features = {"x": spec.atom_feature_dims, "edge_attr": spec.bond_feature_dims}
+    source = {name: arrays.checksums[name] for name in ("node_ptr", "edge_ptr", "edge_index", *features)}
+    fingerprint = {**encoding_fingerprint(max_hops, source), "feature_dims": {k: list(v) for k, v in features.items()}}
+
+    def build(writer) -> None:
+        write_encodings(writer, arrays["node_ptr"], arrays["edge_index"], arrays["edge_ptr"], max_hops,
+                        num_threads, progress=True)
+        for name, dims in features.items():
+            raw = arrays[name]
+            ids = writer.array(name, FEATURE_ID_DTYPE, raw.shape[1:])
+            rows = max(BLOCK_BYTES // max(raw[:1].nbytes, 1), 1)
+            for start in range(0, len(raw), rows):
+                ids.append(to_shared_ids(read_rows(raw, start, min(start + rows, len(raw))), dims,
+                                         "atom" if name == "x" else "bond"))
+
+    encoded = cached_entry(cache_dir, fingerprint, build, expect=(*ENCODING_ARRAYS, *features))
+    return FlatGraphs(
+        x=encoded["x"], node_ptr=arrays["node_ptr"], edge_attr=encoded["edge_attr"],
+        edge_ptr=arrays["edge_ptr"], y=y, spd=encoded["spd"], path_edges=encoded["path_edges"],
+        degree=encoded["degree"], pair_ptr=encoded["pair_ptr"],
+    )
 
 
 class EncodedGraphDataset(Dataset):

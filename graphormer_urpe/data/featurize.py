@@ -8,15 +8,19 @@ Two featurizers, named so a checkpoint can redo featurization from its name alon
   aromatic atom (so ``[nH]`` is ``"N"``), then ``" +"`` / ``" -"`` for a charge.
 - ``"ogb"``: OGB's ``smiles2graph`` (9 atom columns, 3 bond columns), as used by PCQM4Mv2.
 
-Both give directed edges in both directions with LOCAL node ids. :func:`featurize_smiles` runs a
-featurizer over many SMILES in worker processes and returns flat arrays (compact dtypes) plus the
-positions of rejected SMILES, so a 3.7M-molecule set never materialises 3.7M Python objects.
+Both give directed edges in both directions with LOCAL node ids. :func:`iter_featurized` runs a
+featurizer over many SMILES in worker processes, chunk by chunk, as flat arrays (compact dtypes)
+plus the positions of rejected SMILES; :func:`cached_smiles_graphs` streams those chunks into a
+memory-mapped cache entry, so a 3.7M-molecule table never materialises its graphs in memory, and
+:func:`featurize_smiles` concatenates them for small inputs.
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import multiprocessing.pool
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -200,36 +204,60 @@ def _featurize_chunk(args: tuple[str, int, list[str]]) -> tuple:
     )
 
 
-def parallel_map(function: Callable, chunks: list, num_workers: int | None, desc: str, sizes: list[int]):
-    """``map(function, chunks)`` over ``num_workers`` forked processes (default: all cores), in
-    order, with a tqdm bar counting ``sizes`` (items per chunk)."""
-    num_workers = min(num_workers or os.cpu_count() or 1, max(len(chunks), 1))
-    with tqdm(total=sum(sizes), desc=desc, unit="mol") as bar:
-        if num_workers <= 1:
-            for chunk, size in zip(chunks, sizes):
-                yield function(chunk)
-                bar.update(size)
-            return
-        # fork: workers need only RDKit/numpy and start in milliseconds (no re-import).
-        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-        with multiprocessing.get_context(method).Pool(num_workers) as pool:
-            for result, size in zip(pool.imap(function, chunks), sizes):
-                yield result
-                bar.update(size)
+@contextlib.contextmanager
+def worker_pool(num_workers: int | None) -> Iterator[multiprocessing.pool.Pool | None]:
+    """A pool of ``num_workers`` forked processes (default: all cores), or None for one. Fork it
+    BEFORE reading a large input: a worker forked later shares the parent's pages, which are then
+    duplicated as the parent keeps touching them (reference counts, garbage collection)."""
+    num_workers = num_workers or os.cpu_count() or 1
+    if num_workers <= 1:
+        yield None
+        return
+    # fork: workers need only RDKit/numpy and start in milliseconds (no re-import).
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    with multiprocessing.get_context(method).Pool(num_workers) as pool:
+        yield pool
+
+
+def parallel_map(function: Callable, chunks: Iterable, num_workers: int | None, desc: str, sizes: list[int],
+                 pool: multiprocessing.pool.Pool | None = None):
+    """``map(function, chunks)`` over ``pool`` or else ``num_workers`` forked processes (default:
+    all cores), in order, with a tqdm bar counting ``sizes`` (items per chunk, one per chunk).
+    ``chunks`` may be a generator: the pool takes chunks from it only as fast as the workers pass
+    them on."""
+    with tqdm(total=sum(sizes), desc=desc, unit="mol") as bar, contextlib.ExitStack() as stack:
+        if pool is None and len(sizes) > 1:
+            pool = stack.enter_context(worker_pool(min(num_workers or os.cpu_count() or 1, len(sizes))))
+        results = map(function, chunks) if pool is None else pool.imap(function, chunks)
+        for result, size in zip(results, sizes):
+            yield result
+            bar.update(size)
+
+
+def iter_featurized(smiles: Sequence[str], featurizer: str, num_workers: int | None = None,
+                    chunk_size: int = 1000, desc: str | None = None,
+                    pool: multiprocessing.pool.Pool | None = None) -> Iterator[tuple]:
+    """Featurize ``smiles`` in chunks of ``chunk_size`` over worker processes (default: all
+    cores; tqdm progress), yielding per chunk, in order, ``(x, num_nodes, edge_index, edge_attr,
+    num_edges, rejected positions)``. Chunks are sliced lazily, so at most a few chunks per worker
+    are in flight: memory does not grow with ``len(smiles)``. ``pool``: an open
+    :func:`worker_pool` to use instead."""
+    featurizer_spec(name=featurizer)
+    starts = range(0, len(smiles), chunk_size)
+    chunks = ((featurizer, s, list(smiles[s:s + chunk_size])) for s in starts)
+    sizes = [min(chunk_size, len(smiles) - s) for s in starts]
+    yield from parallel_map(_featurize_chunk, chunks, num_workers, desc or f"featurize ({featurizer})", sizes,
+                            pool)
 
 
 def featurize_smiles(smiles: Sequence[str], featurizer: str, num_workers: int | None = None,
                      chunk_size: int = 1000, desc: str | None = None) -> RawGraphs:
-    """Featurize ``smiles`` with the named featurizer in worker processes (tqdm progress).
+    """Featurize ``smiles`` with the named featurizer in worker processes (tqdm progress), in
+    memory (:func:`cached_smiles_graphs` streams large tables to disk instead).
 
     SMILES that RDKit (or the featurizer) rejects are skipped and listed in ``rejected``.
     """
-    featurizer_spec(name=featurizer)
-    smiles = list(smiles)
-    starts = list(range(0, len(smiles), chunk_size))
-    chunks = [(featurizer, s, smiles[s:s + chunk_size]) for s in starts]
-    parts = list(parallel_map(_featurize_chunk, chunks, num_workers, desc or f"featurize ({featurizer})",
-                              [len(c[2]) for c in chunks]))
+    parts = list(iter_featurized(smiles, featurizer, num_workers, chunk_size, desc))
     if not parts:
         parts = [_featurize_chunk((featurizer, 0, []))]
     x, n, edge_index, edge_attr, e, rejected = (list(p) for p in zip(*parts))
@@ -241,6 +269,23 @@ def featurize_smiles(smiles: Sequence[str], featurizer: str, num_workers: int | 
     )
 
 
+def _rows_to_graphs(codes: np.ndarray, num_distinct: int, rejected: np.ndarray) -> np.ndarray:
+    """``graph_of_row [R]``: the graph of each row's distinct SMILES (``codes``, -1 = missing),
+    ``-1`` where the distinct SMILES was ``rejected``."""
+    accepted = np.ones(num_distinct, dtype=bool)
+    accepted[rejected] = False
+    graph_of_distinct = np.where(accepted, np.cumsum(accepted) - 1, -1)
+    return np.where(codes >= 0, graph_of_distinct[np.maximum(codes, 0)], -1).astype(np.int64)
+
+
+def _distinct(smiles: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """``(codes [R], distinct SMILES)`` in first-occurrence order (pandas' hash table)."""
+    import pandas as pd
+
+    codes, distinct = pd.factorize(pd.Series(smiles, dtype=object), use_na_sentinel=True)
+    return codes, np.asarray(distinct, dtype=object)
+
+
 def featurize_unique(smiles: Sequence[str], featurizer: str, num_workers: int | None = None,
                      desc: str | None = None) -> tuple[RawGraphs, np.ndarray]:
     """Featurize every DISTINCT SMILES once.
@@ -248,15 +293,9 @@ def featurize_unique(smiles: Sequence[str], featurizer: str, num_workers: int | 
     Returns the graphs of the distinct accepted SMILES (first-occurrence order) and
     ``graph_of_row [R]`` int64: the graph of each input row, ``-1`` where RDKit rejected it.
     """
-    import pandas as pd
-
-    codes, distinct = pd.factorize(pd.Series(list(smiles), dtype=object), use_na_sentinel=True)
-    graphs = featurize_smiles(list(distinct), featurizer, num_workers, desc=desc)
-    accepted = np.ones(len(distinct), dtype=bool)
-    accepted[graphs.rejected] = False
-    graph_of_distinct = np.where(accepted, np.cumsum(accepted) - 1, -1)
-    graph_of_row = np.where(codes >= 0, graph_of_distinct[np.maximum(codes, 0)], -1).astype(np.int64)
-    return graphs, graph_of_row
+    codes, distinct = _distinct(smiles)
+    graphs = featurize_smiles(distinct, featurizer, num_workers, desc=desc)
+    return graphs, _rows_to_graphs(codes, len(distinct), graphs.rejected)
 
 
 def file_fingerprint(path: str | os.PathLike) -> dict:
@@ -270,34 +309,66 @@ def file_fingerprint(path: str | os.PathLike) -> dict:
     return {"name": os.path.basename(path), "size": os.path.getsize(path), "blake2b": digest.hexdigest()}
 
 
+#: Arrays of a featurized SMILES table entry (:func:`cached_smiles_graphs`).
+SMILES_GRAPH_ARRAYS = ("x", "node_ptr", "edge_index", "edge_attr", "edge_ptr", "graph_of_row", "y")
+
+
 def cached_smiles_graphs(directory: str | os.PathLike, source_fingerprint: dict,
                          read_table: Callable[[], tuple[Sequence[str], np.ndarray]], featurizer: str,
-                         num_workers: int | None = None) -> dict[str, np.ndarray]:
+                         num_workers: int | None = None, chunk_size: int = 1000) -> dict[str, np.ndarray]:
     """A SMILES table featurized once and kept in the cache entry ``directory`` (:mod:`.cache`).
 
-    ``read_table() -> (smiles [R], y [R, T])`` is called only when the entry is missing or stale
-    (keyed by ``source_fingerprint``, the featurizer and the RDKit/OGB versions). Arrays (memory-
-    mapped): the distinct accepted molecules' ``x`` uint8 ``[N, F]``, ``node_ptr``, ``edge_index``
-    int16 ``[2, E]`` (local ids), ``edge_attr`` uint8 ``[E, Fe]``, ``edge_ptr``; per row
-    ``graph_of_row`` int64 ``[R]`` (-1 = rejected by RDKit) and ``y`` float32 ``[R, T]``.
+    ``read_table() -> (smiles [R], y [R, T])`` is called only when the entry is missing, stale
+    (keyed by ``source_fingerprint``, the featurizer and the RDKit/OGB versions) or damaged.
+    Arrays (memory-mapped): the distinct accepted molecules' ``x`` uint8 ``[N, F]``, ``node_ptr``,
+    ``edge_index`` int16 ``[2, E]`` (local ids), ``edge_attr`` uint8 ``[E, Fe]``, ``edge_ptr``;
+    per row ``graph_of_row`` int64 ``[R]`` (-1 = rejected by RDKit) and ``y`` float32 ``[R, T]``.
+
+    The build streams: chunks of ``chunk_size`` distinct SMILES are featurized by the workers
+    (default: all cores) and appended to the entry's files as they arrive. Besides the table
+    itself (the SMILES strings and ``y``), memory holds ``O(R)`` integers (distinct-SMILES codes,
+    ``graph_of_row``, one node and edge count per molecule) and a few chunks per worker.
     """
     import ogb
     import rdkit
 
-    from graphormer_urpe.data.cache import load_arrays, save_arrays
+    from graphormer_urpe.data.cache import cached_entry
 
     fingerprint = {"kind": "featurized smiles", "featurizer": featurizer, "source": source_fingerprint,
                    "rdkit": rdkit.__version__, "ogb": ogb.__version__}
-    arrays = load_arrays(directory, fingerprint)
-    if arrays is not None:
-        return arrays
+
+    def build(writer) -> None:
+        with worker_pool(num_workers) as pool:  # forked before the table exists (see worker_pool)
+            _stream_graphs(writer, read_table, featurizer, pool, chunk_size)
+
+    return cached_entry(directory, fingerprint, build, expect=SMILES_GRAPH_ARRAYS)
+
+
+def _stream_graphs(writer, read_table: Callable[[], tuple[Sequence[str], np.ndarray]], featurizer: str,
+                   pool: multiprocessing.pool.Pool | None, chunk_size: int) -> None:
+    """The build of :func:`cached_smiles_graphs`: featurized chunks appended to ``writer``."""
+    spec = featurizer_spec(featurizer)
+    int16_max = np.iinfo(np.int16).max
     smiles, y = read_table()
-    y = np.asarray(y, dtype=np.float32).reshape(len(smiles), -1)
-    graphs, graph_of_row = featurize_unique(smiles, featurizer, num_workers)
-    if len(graphs) and np.diff(graphs.node_ptr).max() > np.iinfo(np.int16).max:
-        raise ValueError(f"a molecule has more than {np.iinfo(np.int16).max} atoms")
-    save_arrays(directory, {
-        "x": graphs.x, "node_ptr": graphs.node_ptr, "edge_index": graphs.edge_index.astype(np.int16),
-        "edge_attr": graphs.edge_attr, "edge_ptr": graphs.edge_ptr, "graph_of_row": graph_of_row, "y": y,
-    }, fingerprint)
-    return load_arrays(directory, fingerprint)
+    writer.write("y", np.asarray(y, dtype=np.float32).reshape(len(smiles), -1))
+    codes, distinct = _distinct(smiles)
+    del smiles, y
+    x = writer.array("x", np.uint8, (len(spec.atom_feature_dims),))
+    edge_index = writer.array("edge_index", np.int16, (2,), axis=1)
+    edge_attr = writer.array("edge_attr", np.uint8, (len(spec.bond_feature_dims),))
+    node_counts, edge_counts, rejected = [], [], []
+    for chunk_x, n, chunk_edges, chunk_attr, e, chunk_rejected in iter_featurized(
+            distinct, featurizer, chunk_size=chunk_size, pool=pool):
+        if len(n) and n.max() > int16_max:
+            raise ValueError(f"a molecule has more than {int16_max} atoms")
+        x.append(chunk_x)
+        edge_index.append(chunk_edges)
+        edge_attr.append(chunk_attr)
+        node_counts.append(n.astype(np.int32))
+        edge_counts.append(e.astype(np.int32))
+        rejected.append(chunk_rejected)
+    for name, counts in (("node_ptr", node_counts), ("edge_ptr", edge_counts)):
+        counts = np.concatenate(counts) if counts else np.zeros(0, np.int32)
+        writer.write(name, np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]))
+    rejected = np.concatenate(rejected) if rejected else np.zeros(0, np.int64)
+    writer.write("graph_of_row", _rows_to_graphs(codes, len(distinct), rejected))

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from graphormer_urpe.data.cache import remove_dir
 from graphormer_urpe.data.featurize import ZINC_ATOM_TOKENS, parallel_map, smiles_to_zinc_dense
 
 log = logging.getLogger(__name__)
@@ -121,7 +122,8 @@ def build_zinc_raw(raw_dir: str | os.PathLike, source_dir: str | os.PathLike,
                    num_workers: int | None = None) -> None:
     """Write PyG's ZINC raw files (``{train,val,test}.pickle`` and ``.index``) into ``raw_dir``
     from an offline source directory. Needs RDKit. The files appear atomically: they are written
-    into a temporary sibling directory that is renamed to ``raw_dir`` at the end."""
+    into a temporary sibling directory that is renamed to ``raw_dir`` at the end; an incomplete
+    ``raw_dir`` (a file missing) is replaced whole. PyG's processed files are left as they are."""
     source = resolve_zinc_source(source_dir)
     raw_dir = Path(raw_dir)
     vocabulary = json.loads((source / "atom_dict.json").read_text())["idx2word"]
@@ -163,13 +165,19 @@ def build_zinc_raw(raw_dir: str | os.PathLike, source_dir: str | os.PathLike,
         for name in _RAW_FILES:
             with open(tmp / name, "rb") as f:
                 os.fsync(f.fileno())
+        if raw_dir.exists() and not _raw_complete(raw_dir):  # a file deleted: replace the whole dir
+            remove_dir(raw_dir)
         try:
             os.replace(tmp, raw_dir)  # atomic; fails if another process finished first
         except OSError:
-            if not all((raw_dir / name).is_file() for name in _RAW_FILES):
+            if not _raw_complete(raw_dir):
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _raw_complete(raw_dir: Path) -> bool:
+    return all((raw_dir / name).is_file() for name in _RAW_FILES)
 
 
 def _umask() -> int:
@@ -189,7 +197,7 @@ def load_zinc(root: str | os.PathLike = "data/ZINC", subset: bool = True, split:
     if split not in SPLITS:
         raise ValueError(f"ZINC split must be one of {SPLITS}, got {split!r}")
     raw_dir = Path(root) / "raw"
-    if not all((raw_dir / name).is_file() for name in _RAW_FILES):
+    if not _raw_complete(raw_dir):
         source = resolve_zinc_source(source_dir)
         if source is not None:
             log.info("building ZINC raw files in %s from %s", raw_dir, source)

@@ -61,19 +61,19 @@ def test_changed_parameters_or_input_invalidate(zinc_val, tmp_path, count_encode
 def test_interrupted_write_never_leaves_a_valid_entry(tmp_path, monkeypatch):
     arrays = {"a": np.arange(10, dtype=np.int16), "b": np.ones((3, 2), np.float32)}
     fingerprint = {"max_hops": 5}
-    real_save = np.save
+    real_append = cache.ArrayWriter.append
 
-    def dying_save(file, array, **kwargs):
-        if array.dtype == np.float32:
+    def dying_append(self, block):
+        if self.dtype == np.float32:
             raise KeyboardInterrupt  # the run is killed while writing the second array
-        real_save(file, array, **kwargs)
+        real_append(self, block)
 
-    monkeypatch.setattr(cache.np, "save", dying_save)
+    monkeypatch.setattr(cache.ArrayWriter, "append", dying_append)
     with pytest.raises(KeyboardInterrupt):
         save_arrays(tmp_path / "entry", arrays, fingerprint)
-    monkeypatch.setattr(cache.np, "save", real_save)
+    monkeypatch.setattr(cache.ArrayWriter, "append", real_append)
     assert load_arrays(tmp_path / "entry", fingerprint) is None
-    assert list(tmp_path.iterdir()) == []  # not even the temporary directory is left
+    assert [p.name for p in tmp_path.iterdir()] == []  # not even the temporary directory is left
 
     save_arrays(tmp_path / "entry", arrays, fingerprint)
     loaded = load_arrays(tmp_path / "entry", fingerprint)
@@ -86,6 +86,146 @@ def test_interrupted_write_never_leaves_a_valid_entry(tmp_path, monkeypatch):
     save_arrays(tmp_path / "entry", arrays, fingerprint)  # replaces the damaged entry
     assert load_arrays(tmp_path / "entry", fingerprint) is not None
     manifest = json.loads((tmp_path / "entry" / "manifest.json").read_text())
-    assert manifest["arrays"]["a"] == {"dtype": "<i2", "shape": [10]}
+    assert manifest["arrays"]["a"] == {"dtype": "<i2", "shape": [10],
+                                       "blake2b": cache.file_checksum(tmp_path / "entry" / "a.npy")}
     (tmp_path / "entry" / "manifest.json").write_text("{")
     assert load_arrays(tmp_path / "entry", fingerprint) is None
+
+
+def test_streamed_entry_equals_the_whole_arrays(tmp_path, monkeypatch):
+    """Rows appended block by block (and ``[2, M]`` columns) give the same ``.npy`` as one save."""
+    rng = np.random.default_rng(0)
+    rows, columns = rng.integers(0, 9, (1000, 3)).astype(np.uint8), rng.integers(-5, 5, (2, 777)).astype(np.int16)
+    with cache.EntryWriter(tmp_path / "e", {"v": 1}) as writer:
+        a, b = writer.array("rows", np.uint8, (3,)), writer.array("columns", np.int16, (2,), axis=1)
+        for start in range(0, 1000, 300):
+            a.append(rows[start:start + 300])
+        for start in range(0, 777, 100):
+            b.append(columns[:, start:start + 100])
+        writer.array("empty", np.int64).append(np.zeros(0, np.int64))
+        writer.commit()
+    loaded = load_arrays(tmp_path / "e", {"v": 1}, verify=True)
+    assert np.array_equal(loaded["rows"], rows) and np.array_equal(loaded["columns"], columns)
+    assert loaded["empty"].shape == (0,)
+    assert np.array_equal(np.load(tmp_path / "e" / "columns.npy"), columns)  # a plain .npy
+    assert [p.name for p in tmp_path.iterdir()] == ["e"]
+
+
+def test_chunked_encoding_equals_one_shot(zinc_val, tmp_path, monkeypatch):
+    node_ptr, edge_index, edge_ptr = zinc_val
+    monkeypatch.setattr(cache, "PAIRS_PER_CHUNK", 5_000)  # ~20 graphs a chunk, 1,000 graphs
+    assert len(cache.graph_chunks(node_ptr, 5_000)) > 20
+    chunked = cached_encodings(tmp_path / "k3", node_ptr, edge_index, edge_ptr, max_hops=3)
+    direct = algos.encode_graphs(node_ptr, edge_index, edge_ptr, 3)
+    assert np.array_equal(chunked["spd"], direct.spd) and np.array_equal(chunked["degree"], direct.degree)
+    assert np.array_equal(chunked["path_edges"], direct.path_edges.reshape(-1, 3))
+    assert np.array_equal(chunked["pair_ptr"], direct.pair_ptr)
+
+
+def _damage_manifest(entry, change):
+    manifest = json.loads((entry / "manifest.json").read_text())
+    (entry / "manifest.json").write_text(json.dumps(change(manifest)))
+
+
+DAMAGES = {
+    "arrays is empty": (lambda e: _damage_manifest(e, lambda m: {**m, "arrays": {}}), "'arrays' is {}"),
+    "dtype missing": (lambda e: _damage_manifest(e, lambda m: {**m, "arrays": {
+        **m["arrays"], "spd": {k: v for k, v in m["arrays"]["spd"].items() if k != "dtype"}}}), "record of 'spd'"),
+    "array not listed": (lambda e: _damage_manifest(e, lambda m: {**m, "arrays": {
+        k: v for k, v in m["arrays"].items() if k != "degree"}}), "['degree'] are not listed"),
+    "manifest is a list": (lambda e: _damage_manifest(e, lambda m: [m]), "is a list, not an object"),
+    "0-byte array": (lambda e: (e / "spd.npy").write_bytes(b""), "spd.npy: empty (0 bytes)"),
+    "truncated array": (lambda e: (e / "path_edges.npy").write_bytes((e / "path_edges.npy").read_bytes()[:-7]),
+                        "path_edges.npy: unreadable"),
+    "array deleted": (lambda e: (e / "degree.npy").unlink(), "degree.npy: missing"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_damaged_entry_is_rebuilt_naming_the_file(damage, zinc_val, tmp_path, count_encodes, caplog):
+    node_ptr, edge_index, edge_ptr = zinc_val
+    entry = tmp_path / "val-k3"
+    expected = cached_encodings(entry, node_ptr, edge_index, edge_ptr, max_hops=3)["spd"].copy()
+    damage_entry, message = DAMAGES[damage]
+    damage_entry(entry)
+    with caplog.at_level("WARNING", logger="graphormer_urpe.data.cache"):
+        rebuilt = cached_encodings(entry, node_ptr, edge_index, edge_ptr, max_hops=3)
+    assert count_encodes == [3, 3] and np.array_equal(rebuilt["spd"], expected)
+    assert f"cache entry {entry} is damaged, rebuilding it" in caplog.text and message in caplog.text
+    assert load_arrays(entry, json.loads((entry / "manifest.json").read_text())["fingerprint"], verify=True)
+
+
+def test_changed_bytes_are_caught_by_verification(zinc_val, tmp_path, count_encodes, caplog, monkeypatch):
+    """Random bytes written into an array with its header intact load unless verifying
+    (``verify=True`` or ``GRAPHORMER_URPE_VERIFY_CACHE=1``), which rebuilds the entry."""
+    node_ptr, edge_index, edge_ptr = zinc_val
+    entry = tmp_path / "val-k3"
+    expected = cached_encodings(entry, node_ptr, edge_index, edge_ptr, max_hops=3)["path_edges"].copy()
+    fingerprint = json.loads((entry / "manifest.json").read_text())["fingerprint"]
+    with open(entry / "path_edges.npy", "r+b") as f:
+        f.seek(-100, 2)
+        f.write(np.random.default_rng(0).integers(0, 256, 64, dtype=np.uint8).tobytes())
+    assert load_arrays(entry, fingerprint) is not None  # cheap checks only: shape and dtype still match
+    assert load_arrays(entry, fingerprint, verify=True) is None
+    assert "path_edges.npy: checksum mismatch" in caplog.text
+    monkeypatch.setenv(cache.VERIFY_ENV, "1")
+    rebuilt = cached_encodings(entry, node_ptr, edge_index, edge_ptr, max_hops=3)
+    assert count_encodes == [3, 3] and np.array_equal(rebuilt["path_edges"], expected)
+
+
+def _build_slowly(entry, log_path):
+    import time
+
+    def build(writer):
+        with open(log_path, "a") as f:
+            f.write("built\n")
+        time.sleep(0.5)
+        writer.write("a", np.arange(5))
+
+    return cache.cached_entry(entry, {"v": 1}, build)["a"].tolist()
+
+
+def test_concurrent_processes_build_an_entry_once(tmp_path):
+    """DDP ranks (or jobs) sharing a cache: one builds under the lock, the other waits and loads."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(2) as pool:
+        results = pool.starmap(_build_slowly, [(tmp_path / "e", tmp_path / "log")] * 2)
+    assert results == [list(range(5))] * 2
+    assert (tmp_path / "log").read_text() == "built\n"
+
+
+def test_streamed_smiles_store_equals_in_memory_and_stays_memory_mapped(shared_data_dir, tmp_path):
+    """The chunked build of a SMILES table (real ESOL, duplicated rows and a bad SMILES added)
+    gives the in-memory featurization and encodings, and every per-molecule array of the served
+    store is a memory map (training start copies nothing)."""
+    import pandas as pd
+
+    from graphormer_urpe.data.datamodule import encode_flat_cached, encode_smiles_store
+    from graphormer_urpe.data.featurize import cached_smiles_graphs, featurize_unique, featurizer_spec
+
+    table = pd.read_csv(shared_data_dir / "moleculenet" / "esol.csv")
+    smiles = table["smiles"].tolist()[:300]
+    smiles = smiles + smiles[:50] + ["not a smiles"]
+    y = np.arange(len(smiles), dtype=np.float32)
+    arrays = cached_smiles_graphs(tmp_path / "graphs", {"test": 1}, lambda: (smiles, y), "ogb",
+                                  num_workers=2, chunk_size=37)
+    graphs, graph_of_row = featurize_unique(smiles, "ogb", num_workers=1)
+    assert np.array_equal(arrays["graph_of_row"], graph_of_row) and graph_of_row[-1] == -1
+    for name in ("x", "node_ptr", "edge_attr", "edge_ptr"):
+        assert np.array_equal(arrays[name], getattr(graphs, name)), name
+    assert np.array_equal(arrays["edge_index"], graphs.edge_index) and arrays["edge_index"].dtype == np.int16
+    assert np.array_equal(arrays["y"][:, 0], y)
+
+    store = encode_smiles_store(arrays, tmp_path / "enc", 4, "ogb")
+    spec = featurizer_spec("ogb")
+    expected = encode_flat_cached(graphs.x, graphs.node_ptr, graphs.edge_index, graphs.edge_attr, graphs.edge_ptr,
+                                  np.zeros(len(graphs)), cache_dir=tmp_path / "direct", max_hops=4,
+                                  atom_feature_dims=spec.atom_feature_dims, bond_feature_dims=spec.bond_feature_dims)
+    for name in ("x", "node_ptr", "edge_attr", "edge_ptr", "spd", "path_edges", "degree", "pair_ptr"):
+        assert isinstance(getattr(store, name), np.memmap), name
+        assert np.array_equal(getattr(store, name), getattr(expected, name)), name
+    again = encode_smiles_store(cached_smiles_graphs(tmp_path / "graphs", {"test": 1}, lambda: 1 / 0, "ogb"),
+                                tmp_path / "enc", 4, "ogb")  # both entries load: nothing is rebuilt
+    assert np.array_equal(again.spd, store.spd)
