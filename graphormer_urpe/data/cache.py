@@ -441,6 +441,7 @@ def write_encodings(writer: EntryWriter, node_ptr: np.ndarray, edge_index: np.nd
 
     node_ptr = np.asarray(node_ptr, dtype=np.int64)
     edge_ptr = np.asarray(edge_ptr, dtype=np.int64)
+    log.info("encoding %d graphs (max_hops=%d) into %s", len(node_ptr) - 1, max_hops, writer.directory)
     spd = writer.array("spd", np.int16)
     path_edges = writer.array("path_edges", np.int16, (max_hops,))
     degree = writer.array("degree", np.int16)
@@ -484,4 +485,4 @@ def cached_encodings(directory: str | os.PathLike, node_ptr: np.ndarray, edge_in
     edge_ptr = np.ascontiguousarray(edge_ptr, dtype=np.int64)
     fingerprint = encoding_fingerprint(max_hops, graph_input_fingerprint(node_ptr, edge_index, edge_ptr))
     return cached_entry(directory, fingerprint, lambda writer: write_encodings(
-        writer, node_ptr, edge_index, edge_ptr, max_hops, num_threads), expect=ENCODING_ARRAYS)
+        writer, node_ptr, edge_index, edge_ptr, max_hops, num_threads, progress=True), expect=ENCODING_ARRAYS)
