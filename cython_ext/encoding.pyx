@@ -325,8 +325,10 @@ def encode(node_ptr, edge_index, edge_ptr, max_hops, num_threads=1):
     if edge_ptr.shape[0] != node_ptr.shape[0]:
         raise ValueError(f"node_ptr and edge_ptr must have the same length G + 1, got "
                          f"{node_ptr.shape[0]} and {edge_ptr.shape[0]}")
-    if edge_ptr[-1] != edge_index.shape[1]:
-        raise ValueError(f"edge_ptr[-1] = {edge_ptr[-1]} must equal the number of edge_index "
+    # No negative indices in this module: wraparound=False passes them through to the object.
+    cdef int64_t last_edge = edge_ptr[edge_ptr.shape[0] - 1]
+    if last_edge != edge_index.shape[1]:
+        raise ValueError(f"edge_ptr[-1] = {last_edge} must equal the number of edge_index "
                          f"columns, {edge_index.shape[1]}")
 
     cdef const int64_t[::1] node_ptr_v = node_ptr
@@ -353,10 +355,11 @@ def encode(node_ptr, edge_index, edge_ptr, max_hops, num_threads=1):
     np.cumsum(counts * counts, out=pair_ptr[1:])
     cdef int64_t max_n = int(counts.max()) if num_graphs > 0 else 0
     cdef int64_t max_e = int(np.diff(edge_ptr).max()) if num_graphs > 0 else 0
-    spd = np.empty(pair_ptr[-1], dtype=np.int16)
-    path_edges = np.empty(pair_ptr[-1] * K, dtype=np.int16)
-    degree = np.empty(node_ptr[-1], dtype=np.int16)
-    if pair_ptr[-1] == 0:
+    cdef int64_t num_pairs = pair_ptr[num_graphs]
+    spd = np.empty(num_pairs, dtype=np.int16)
+    path_edges = np.empty(num_pairs * K, dtype=np.int16)
+    degree = np.empty(node_ptr[num_graphs], dtype=np.int16)
+    if num_pairs == 0:
         return spd, path_edges, degree, pair_ptr
 
     cdef const int64_t[::1] pair_ptr_v = pair_ptr

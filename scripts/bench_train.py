@@ -1,6 +1,7 @@
 """Training throughput: steps/s and graphs/s of the real training loop, eager vs the fast path.
 
-For each preset (ZINC-12k train graphs with ``slim``; PCQM4Mv2 molecules with ``base``), each
+For each preset (ZINC-12k train graphs with ``slim``; PCQM4Mv2 molecules with ``base``, or with
+``small``, the paper's PCQM4M model, as ``pcqm4mv2-small``), each
 attention (``urpe``, ``rpe``: plain Graphormer) and each path:
 
 * ``eager``: ``DataLoader`` (numpy collation on the host, ``--num-workers`` processes), float32,
@@ -41,7 +42,8 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-PRESET_DATA = {"zinc": "slim", "pcqm4mv2": "base"}  # benchmark name -> backbone preset
+#: benchmark name -> (data set, backbone preset)
+PRESET_DATA = {"zinc": ("zinc", "slim"), "pcqm4mv2": ("pcqm4mv2", "base"), "pcqm4mv2-small": ("pcqm4mv2", "small")}
 #: (warmup, steps, ZINC batch, PCQM4Mv2 batch) per device kind; GPU batches are the configs'.
 DEFAULTS = {"cuda": (30, 200, 64, 256), "cpu": (3, 10, 32, 8)}
 
@@ -92,7 +94,7 @@ def datamodule(name: str, args, batch_size: int, resident: bool):
 
     common = {"batch_size": batch_size, "device_resident": resident,
               "num_workers": 0 if resident else args.num_workers, "pin_memory": args.device == "cuda"}
-    if name == "zinc":
+    if PRESET_DATA[name][0] == "zinc":
         return ZINCDataModule(root=str(args.zinc_root), subset=True, source_dir=str(args.shared / "zinc"),
                               build_workers=args.build_workers, **common)
     return PCQM4Mv2DataModule(root=str(args.pcqm_root), build_workers=args.build_workers, **common)
@@ -104,7 +106,7 @@ def run_training(name: str, attention: str, path: str, args) -> dict:
     from graphormer_urpe.training.module import GraphormerModule
 
     fast = path == "fast"
-    batch_size = args.zinc_batch if name == "zinc" else args.pcqm_batch
+    batch_size = args.zinc_batch if PRESET_DATA[name][0] == "zinc" else args.pcqm_batch
     dm = datamodule(name, args, batch_size, resident=fast)
     dm.prepare_data()
     impl = "triton" if fast and args.device == "cuda" else "eager"
@@ -113,7 +115,7 @@ def run_training(name: str, attention: str, path: str, args) -> dict:
     module = GraphormerModule(
         num_atom_embeddings=dm.num_atom_embeddings, num_bond_embeddings=dm.num_bond_embeddings,
         num_targets=dm.num_targets, max_hops=dm.max_hops, featurizer=dm.featurizer,
-        preset=PRESET_DATA[name], backbone={"attention": attention, "attention_impl": impl},
+        preset=PRESET_DATA[name][1], backbone={"attention": attention, "attention_impl": impl},
         warmup_steps=10, total_steps=10 * (args.warmup + args.steps), compile=fast)
     timer = make_step_timer(args.device, args.warmup, args.steps)
     trainer = pl.Trainer(
@@ -129,7 +131,7 @@ def run_training(name: str, attention: str, path: str, args) -> dict:
                            f"{args.warmup + args.steps} steps")
     seconds = timer.end - timer.start
     row = {
-        "preset": f"{name}/{PRESET_DATA[name]}", "attention": attention, "path": path,
+        "preset": "/".join(PRESET_DATA[name]), "attention": attention, "path": path,
         "attention_impl": impl, "precision": precision, "compile": fast, "device_resident": fast,
         "batch_size": batch_size, "warmup_steps": args.warmup, "steps": args.steps,
         "warmup_s": round(timer.start - timer.run_start, 2), "seconds": round(seconds, 4),
@@ -149,7 +151,7 @@ def run_data_only(name: str, args) -> list[dict]:
     from graphormer_urpe.data.resident import ResidentLoader, ResidentSplit, TensorGraphs
 
     rows = []
-    batch_size = args.zinc_batch if name == "zinc" else args.pcqm_batch
+    batch_size = args.zinc_batch if PRESET_DATA[name][0] == "zinc" else args.pcqm_batch
     for resident in (False, True):
         dm = datamodule(name, args, batch_size, resident=False)
         dm.setup("fit")
@@ -175,7 +177,7 @@ def run_data_only(name: str, args) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    parser.add_argument("--presets", default="zinc,pcqm4mv2", help="comma-separated: zinc, pcqm4mv2")
+    parser.add_argument("--presets", default="zinc,pcqm4mv2", help="comma-separated: " + ", ".join(PRESET_DATA))
     parser.add_argument("--attention", default="urpe,rpe", help="comma-separated: urpe, rpe")
     parser.add_argument("--paths", default="eager,fast", help="comma-separated: eager, fast")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps (compilation happens here)")
@@ -235,13 +237,13 @@ def main(argv: list[str] | None = None) -> int:
         "warmup_steps": args.warmup, "steps": args.steps, "training": [], "data_only": [],
     }
     try:
-        if "pcqm4mv2" in presets:
+        if any(PRESET_DATA[name][0] == "pcqm4mv2" for name in presets):
             from graphormer_urpe.data.pcqm4mv2 import pcqm4mv2_folder, write_pcqm4mv2_root
 
             if not (pcqm4mv2_folder(args.pcqm_root) / "raw" / "data.csv.gz").is_file():
                 write_pcqm4mv2_root(args.pcqm_root, args.shared / "pcqm4mv2" / "pcqm4mv2_first2k_3d.csv.gz")
         for name in presets:
-            if not args.skip_data_only:
+            if not args.skip_data_only and name in ("zinc", "pcqm4mv2"):
                 results["data_only"] += run_data_only(name, args)
             for path in paths:
                 for attention in attentions:

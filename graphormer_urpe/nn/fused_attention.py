@@ -564,6 +564,9 @@ class _FusedURPEAttention(torch.autograd.Function):
         return dq, dk, dv, d_bias, d_scale, None, None, None, None
 
 
+# Under torch.compile the fused kernels run as one opaque call (a graph break around them):
+# inductor cannot lower this autograd.Function (it rejects the bool -> uint8 mask view, on torch 2.11).
+@torch.compiler.disable
 def fused_urpe_attention(
     q: Tensor,
     k: Tensor,

@@ -268,9 +268,12 @@ class GraphormerModule(pl.LightningModule):
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
         groups = parameter_groups(self, hp.weight_decay, hp.get("no_weight_decay") or ())
+        # Lightning refuses gradient clipping under mixed precision with a fused optimizer (it
+        # would unscale inside its kernel), so the fused AdamW serves full-precision runs only.
+        mixed = self._trainer is not None and "mixed" in str(self._trainer.precision)
         optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas), eps=hp.eps,
                                       weight_decay=hp.weight_decay,
-                                      fused=self.device.type == "cuda")
+                                      fused=self.device.type == "cuda" and not mixed)
         total_steps = self.schedule_steps()
         if total_steps <= hp.warmup_steps:
             raise ValueError(f"warmup_steps ({hp.warmup_steps}) must be below the schedule's "
