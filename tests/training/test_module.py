@@ -51,3 +51,17 @@ def test_decay_alone_keeps_c_at_one():
     tables = module.model.urpe_scale_tables()
     assert torch.equal(tables, torch.ones_like(tables))
     assert module.model.final_norm.weight.max() < 1  # fairseq's recipe: LayerNorm decays too
+
+
+@pytest.mark.parametrize("precision, fused", [("32-true", True), ("bf16-mixed", False)])
+def test_fused_adamw_only_without_mixed_precision(precision, fused):
+    """On CUDA the fused AdamW is used, except under mixed precision, where Lightning refuses
+    gradient clipping with an optimizer that unscales inside its kernel."""
+    import lightning.pytorch as pl
+
+    module = _module()
+    module.trainer = pl.Trainer(accelerator="cpu", precision=precision, max_steps=100, logger=False,
+                                enable_checkpointing=False, enable_progress_bar=False)
+    module._device = torch.device("cuda", 0)  # what a CUDA run reports; AdamW(fused=True) also runs on CPU
+    optimizer = module.configure_optimizers()["optimizer"]
+    assert optimizer.defaults["fused"] is fused
