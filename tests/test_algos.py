@@ -491,3 +491,18 @@ def test_fuzz_garbage_only_raises_value_or_type_error(node_ptr, edge_index, edge
        num_nodes=st.integers(-2, 8))
 def test_fuzz_near_valid_only_raises_value_or_type_error(batch, max_hops, num_threads, num_nodes):
     _call_both(*batch, max_hops, num_threads, num_nodes)
+
+
+def test_encoder_source_has_no_negative_indices():
+    """The extension is compiled with ``wraparound=False``: there some Cython versions hand
+    ``a[-1]`` to numpy as a raw index, which raises IndexError, so the source
+    indexes from the front only."""
+    import io
+    import tokenize
+    from pathlib import Path
+
+    source = (Path(__file__).resolve().parents[1] / "cython_ext" / "encoding.pyx").read_text()
+    tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline)
+              if t.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT)]
+    negative = [a.start[0] for a, b in zip(tokens, tokens[1:]) if a.string == "[" and b.string == "-"]
+    assert negative == [], f"negative indices on lines {negative} of cython_ext/encoding.pyx"
