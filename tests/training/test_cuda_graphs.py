@@ -1,0 +1,177 @@
+"""The shape-stable, sync-free training step that CUDA graphs capture (``cuda_graphs``,
+``static_shapes``), checked on CPU: padding changes no loss or gradient, the loss has no
+data-dependent shape, the compiled edge encoding equals the eager one, the CLI and the benchmark
+run the option (on CPU without graphs)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from graphormer_urpe.data.batch import BatchPadding
+from graphormer_urpe.data.collate import collate
+from graphormer_urpe.data.datamodule import ZINCDataModule
+from graphormer_urpe.nn.encodings import EdgePathBias
+from graphormer_urpe.training.module import GraphormerModule
+
+from test_fast_path import fit
+
+REPO = Path(__file__).resolve().parents[2]
+NO_DROPOUT = {"dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def zinc_module(dm: ZINCDataModule, **kwargs) -> GraphormerModule:
+    return GraphormerModule(num_atom_embeddings=dm.num_atom_embeddings,
+                            num_bond_embeddings=dm.num_bond_embeddings, **kwargs)
+
+
+@pytest.mark.parametrize("attention", ["urpe", "rpe"])
+def test_padding_changes_neither_loss_nor_gradients(zinc_data_root, attention):
+    """Graphormer-slim on 32 real ZINC training graphs: the batch padded to the split's static
+    shape gives the unpadded batch's loss and every parameter's gradient."""
+    dm = ZINCDataModule(root=str(zinc_data_root))
+    dataset = dm.train_dataset()
+    padding = BatchPadding.covering(dataset.num_nodes, dataset.num_edges, 32)
+    index = np.random.default_rng(1).choice(len(dataset), 32, replace=False)
+    torch.manual_seed(0)
+    module = zinc_module(dm, backbone={"attention": attention, **NO_DROPOUT})
+    with torch.no_grad():  # C away from 1, so URPE's scale matters
+        for scale in module.model.urpe_scales or ():
+            scale.delta.normal_(std=0.3)
+    grads = []
+    for pad in (None, padding):
+        batch = collate(dataset.graphs, index, padding=pad)
+        module.zero_grad()
+        loss = module._loss(module(batch), batch.y)
+        loss.backward()
+        grads.append((loss.detach(), {n: p.grad.clone() for n, p in module.named_parameters()}))
+    (loss, expected), (padded_loss, padded) = grads
+    assert collate(dataset.graphs, index, padding=padding).x.shape[1] > collate(dataset.graphs, index).x.shape[1]
+    torch.testing.assert_close(padded_loss, loss, rtol=1e-6, atol=1e-6)
+    for name, grad in expected.items():
+        torch.testing.assert_close(padded[name], grad, rtol=1e-4, atol=1e-7, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("task, y", [
+    ("regression", [[0.5, float("nan")], [-1.0, 2.0], [float("nan"), float("nan")]]),
+    ("classification", [[1.0, float("nan")], [0.0, 1.0], [float("nan"), 0.0]]),
+    ("multiclass", [[2.0], [float("nan")], [0.0]]),
+])
+def test_loss_masks_unknown_labels_without_a_data_dependent_shape(task, y):
+    """The loss equals the boolean-indexed mean over known labels, its gradient is finite, and it
+    compiles as one graph (boolean indexing would break it: an output size read from the data,
+    i.e. a host sync)."""
+    y = torch.tensor(y)
+    module = GraphormerModule(num_atom_embeddings=29, num_bond_embeddings=5, task=task,
+                              num_targets=3 if task == "multiclass" else 2)
+    pred = torch.randn(3, 3 if task == "multiclass" else 2, requires_grad=True)
+    known = ~torch.isnan(y)
+    if task == "regression":
+        expected = F.l1_loss(pred[known], y[known])
+    elif task == "classification":
+        expected = F.binary_cross_entropy_with_logits(pred[known], y[known])
+    else:
+        expected = F.cross_entropy(pred[known[:, 0]], y[known[:, 0], 0].long())
+    loss = module._loss(pred, y)
+    torch.testing.assert_close(loss, expected)
+    (grad,) = torch.autograd.grad(loss, pred)
+    assert torch.isfinite(grad).all()
+    torch._dynamo.reset()
+    compiled = torch.compile(module._loss, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(pred, y), expected)
+
+
+def test_compiled_edge_encoding_gathers_like_embedding_bag(zinc_data_root):
+    """Under torch.compile EdgePathBias sums hops with a gather (capturable backward) instead of
+    embedding_bag: same values and gradients on real ZINC paths."""
+    batch = collate(ZINCDataModule(root=str(zinc_data_root)).train_dataset().graphs, np.arange(24))
+    torch.manual_seed(0)
+    bias = EdgePathBias(num_bond_embeddings=5, num_heads=4, max_hops=5)
+    table = torch.randn(5 * batch.edge_attr.shape[0], 4, requires_grad=True)
+    hops = batch.path_edges.reshape(-1, 5)
+    index = torch.where(hops >= 0, hops, 0) + torch.arange(5, dtype=hops.dtype) * batch.edge_attr.shape[0]
+    weights = (hops >= 0).float()
+    bag, gathered = bias.sum_hops_bag(table, index, weights), bias.sum_hops_gather(table, index, weights)
+    torch.testing.assert_close(gathered, bag)
+    grad = torch.randn_like(bag)
+    torch.testing.assert_close(*(torch.autograd.grad(out, table, grad)[0] for out in (gathered, bag)))
+    torch._dynamo.reset()
+    compiled = torch.compile(bias, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(batch.edge_attr, batch.path_edges),
+                               bias(batch.edge_attr, batch.path_edges), rtol=1e-5, atol=1e-7)
+
+
+def test_non_finite_loss_stops_training_and_options_are_checked():
+    module = GraphormerModule(num_atom_embeddings=29, num_bond_embeddings=5)
+    module._check_loss(torch.tensor(0.5))
+    with pytest.raises(FloatingPointError, match="training loss is nan at step 0"):
+        module._check_loss(torch.tensor(float("nan")), batch_idx=3)
+    with pytest.raises(ValueError, match="exclude each other"):
+        GraphormerModule(num_atom_embeddings=29, num_bond_embeddings=5, compile=True, cuda_graphs=True)
+
+
+def test_cuda_graphs_option_trains_on_cpu_without_graphs(zinc_data_root, tmp_path, caplog):
+    """The CLI with the CUDA-graph options on CPU: says that CUDA graphs need a GPU, trains with
+    batches of one shape, and checkpoints keep the plain parameter names."""
+    caplog.set_level(logging.INFO, logger="graphormer_urpe")
+    cli = fit(tmp_path / "run", zinc_data_root, 3, "--config", str(REPO / "configs" / "cuda_graphs.yaml"),
+              "--trainer.precision", "32-true")
+    assert cli.trainer.global_step == 3
+    assert "CUDA graphs need a GPU; training on cpu without them" in caplog.text
+    assert "training batches of 16 graphs padded to N=37" in caplog.text
+    assert cli.model.hparams.cuda_graphs and cli.datamodule.static_shapes
+    state = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert all(name.startswith(("model.", "val_metrics.", "test_metrics.")) for name in state)
+    assert torch.get_float32_matmul_precision() == "high"
+    torch.set_float32_matmul_precision("highest")
+
+
+def load_bench_train(monkeypatch):
+    spec = importlib.util.spec_from_file_location("bench_train", REPO / "scripts" / "bench_train.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_train", module)  # its dataclass looks itself up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_train_graphs_path_and_a_failing_row(zinc_data_root, shared_data_dir, monkeypatch, capsys):
+    """bench_train's graphs path runs on CPU; a row that raises is recorded with its error and
+    the next row still runs."""
+    bench = load_bench_train(monkeypatch)
+    run_training = bench.run_training
+
+    def eager_fails(name, attention, path, args):
+        if path == "eager":
+            raise RuntimeError("boom\nsecond line")
+        return run_training(name, attention, path, args)
+
+    monkeypatch.setattr(bench, "run_training", eager_fails)
+    assert bench.main(["--device", "cpu", "--presets", "zinc", "--attention", "urpe",
+                       "--paths", "eager,graphs,resident@32-true", "--warmup", "1", "--steps", "2",
+                       "--zinc-batch", "8", "--skip-data-only", "--zinc-root", str(zinc_data_root),
+                       "--shared", str(shared_data_dir)]) == 0
+    out = capsys.readouterr().out
+    rows = json.loads(out.strip().splitlines()[-1])["training"]
+    assert [row["path"] for row in rows] == ["eager", "graphs", "resident@32-true"]
+    assert rows[0]["error"] == "RuntimeError: boom"
+    assert "failed: RuntimeError: boom" in out
+    graphs = rows[1]
+    assert graphs["cuda_graphs"] and graphs["static_shapes"] and graphs["matmul_precision"] == "high"
+    assert graphs["attention_impl"] == "eager" and graphs["precision"] == "32-true" and graphs["ms_per_step"] > 0
+    assert rows[2]["ms_per_step"] > 0 and not rows[2]["compile"]
+    assert torch.get_float32_matmul_precision() == "highest"  # restored after the row
