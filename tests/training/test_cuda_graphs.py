@@ -126,6 +126,40 @@ def test_compiled_edge_encoding_gathers_like_embedding_bag(zinc_data_root):
                                bias(batch.edge_attr, batch.path_edges), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("attention", ["urpe", "rpe"])
+def test_backbone_traces_to_one_graph_that_inductor_lowers(zinc_data_root, monkeypatch, attention):
+    """What CUDA graphs capture: the whole backbone's forward and backward on a padded ZINC batch
+    trace to ONE graph (a graph break would split the capture), and every op of both is one that
+    inductor lowers itself (an ATen fallback such as embedding_bag's backward may sync), the
+    dropout's random numbers aside (inductor replaces them on GPUs)."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._inductor import lowering
+    from torch._inductor.decomposition import select_decomp_table
+
+    dm = ZINCDataModule(root=str(zinc_data_root))
+    dataset = dm.train_dataset()
+    batch = collate(dataset.graphs, np.arange(16),
+                    padding=BatchPadding.covering(dataset.num_nodes, dataset.num_edges, 16))
+    model = zinc_module(dm, backbone={"attention": attention, "num_layers": 2}).model
+    # On a GPU _check_batch checks shapes only; its CPU-only id check reads values (a sync).
+    monkeypatch.setattr(model, "_check_batch", lambda batch: None)
+    graphs, ops = [], set()
+
+    def record(graph_module, example_inputs):
+        graphs.append(graph_module)
+        ops.update(node.target for node in graph_module.graph.nodes if node.op == "call_function")
+        return make_boxed_func(graph_module.forward)
+
+    torch._dynamo.reset()
+    backend = aot_autograd(fw_compiler=record, bw_compiler=record, decompositions=select_decomp_table())
+    torch.compile(model.forward, backend=backend, dynamic=False, fullgraph=True)(batch).sum().backward()
+    assert len(graphs) == 2  # forward, backward
+    left_to_aten = {str(op) for op in ops if isinstance(op, torch._ops.OpOverload)
+                    and (op not in lowering.lowerings or op in lowering.fallbacks)}
+    assert left_to_aten <= {"aten.rand.default"}
+
+
 def test_non_finite_loss_stops_training_and_options_are_checked():
     module = GraphormerModule(num_atom_embeddings=29, num_bond_embeddings=5)
     module._check_loss(torch.tensor(0.5))
