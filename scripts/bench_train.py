@@ -142,6 +142,7 @@ def datamodule(name: str, args, batch_size: int, resident: bool, static_shapes: 
 
 def run_training(name: str, attention: str, path: str, args) -> dict:
     import lightning.pytorch as pl
+    from torch._dynamo.utils import counters
 
     from graphormer_urpe.training.module import GraphormerModule
 
@@ -166,6 +167,7 @@ def run_training(name: str, attention: str, path: str, args) -> dict:
         callbacks=[timer])
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
+    counters.clear()
     trainer.fit(module, datamodule=dm)
     if timer.end is None:
         raise RuntimeError(f"{name}/{attention}/{path}: training stopped before "
@@ -183,6 +185,10 @@ def run_training(name: str, attention: str, path: str, args) -> dict:
     }
     if args.device == "cuda":
         row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    if spec.compile or spec.cuda_graphs:  # what torch.compile made of it (0 graphs: not compiled)
+        row["compiled_graphs"] = counters["stats"]["unique_graphs"]
+        row["graph_breaks"] = sum(counters["graph_break"].values())
+        row["cudagraph_skips"] = counters["inductor"]["cudagraph_skips"]
     return row
 
 
@@ -316,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
                     results["training"].append(row)
                     outcome = (row["error"] if "error" in row else
                                f"{row['ms_per_step']:10.2f} ms/step (warmup {row['warmup_s']} s)")
+                    if "compiled_graphs" in row:
+                        outcome += (f" compiled graphs {row['compiled_graphs']}, graph breaks {row['graph_breaks']}, "
+                                    f"cudagraph skips {row['cudagraph_skips']}")
                     print(f"  {row['preset']:14s} {attention:5s} {path:8s} {outcome}", flush=True)
     finally:
         if temporary:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import logging
+import os
 import sys
 from pathlib import Path
 
@@ -20,8 +20,6 @@ from graphormer_urpe.data.collate import collate
 from graphormer_urpe.data.datamodule import ZINCDataModule
 from graphormer_urpe.nn.encodings import EdgePathBias
 from graphormer_urpe.training.module import GraphormerModule
-
-from test_fast_path import fit
 
 REPO = Path(__file__).resolve().parents[2]
 NO_DROPOUT = {"dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0}
@@ -169,20 +167,29 @@ def test_non_finite_loss_stops_training_and_options_are_checked():
         GraphormerModule(num_atom_embeddings=29, num_bond_embeddings=5, compile=True, cuda_graphs=True)
 
 
-def test_cuda_graphs_option_trains_on_cpu_without_graphs(zinc_data_root, tmp_path, caplog):
-    """The CLI with the CUDA-graph options on CPU: says that CUDA graphs need a GPU, trains with
-    batches of one shape, and checkpoints keep the plain parameter names."""
-    caplog.set_level(logging.INFO, logger="graphormer_urpe")
-    cli = fit(tmp_path / "run", zinc_data_root, 3, "--config", str(REPO / "configs" / "cuda_graphs.yaml"),
-              "--trainer.precision", "32-true")
-    assert cli.trainer.global_step == 3
-    assert "CUDA graphs need a GPU; training on cpu without them" in caplog.text
-    assert "training batches of 16 graphs padded to N=37" in caplog.text
-    assert cli.model.hparams.cuda_graphs and cli.datamodule.static_shapes
-    state = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
-    assert all(name.startswith(("model.", "val_metrics.", "test_metrics.")) for name in state)
-    assert torch.get_float32_matmul_precision() == "high"
-    torch.set_float32_matmul_precision("highest")
+def test_cuda_graphs_option_trains_on_cpu_without_graphs(zinc_data_root, tmp_path):
+    """`graphormer-urpe fit` with the CUDA-graph overlay after the fast one, 3 steps on real ZINC
+    on CPU: says that CUDA graphs need a GPU, trains with batches of one shape, and the
+    checkpoint keeps the plain parameter names."""
+    import subprocess
+
+    script = Path(sys.executable).with_name("graphormer-urpe")
+    result = subprocess.run(
+        [str(script), "fit", "--config", str(REPO / "configs" / "zinc.yaml"),
+         "--config", str(REPO / "configs" / "fast.yaml"), "--config", str(REPO / "configs" / "cuda_graphs.yaml"),
+         "--trainer.default_root_dir", str(tmp_path / "run"), "--trainer.max_steps", "3",
+         "--trainer.limit_val_batches", "2", "--trainer.enable_model_summary", "false",
+         "--model.backbone", json.dumps({"num_layers": 2, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2}),
+         "--model.warmup_steps", "1", "--data.init_args.root", str(zinc_data_root),
+         "--data.init_args.batch_size", "16"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert "cuda_graphs: CUDA graphs need a GPU; training on cpu without them" in output
+    assert "static_shapes: training batches of 16 graphs padded to N=37 nodes" in output
+    checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["global_step"] == 3 and checkpoint["hyper_parameters"]["cuda_graphs"]
+    assert all(name.startswith(("model.", "val_metrics.", "test_metrics.")) for name in checkpoint["state_dict"])
 
 
 def load_bench_train(monkeypatch):
@@ -217,7 +224,8 @@ def test_bench_train_graphs_path_and_a_failing_row(zinc_data_root, shared_data_d
     graphs = rows[1]
     assert graphs["cuda_graphs"] and graphs["static_shapes"] and graphs["matmul_precision"] == "high"
     assert graphs["attention_impl"] == "eager" and graphs["precision"] == "32-true" and graphs["ms_per_step"] > 0
-    assert rows[2]["ms_per_step"] > 0 and not rows[2]["compile"]
+    assert graphs["compiled_graphs"] == 0  # on CPU the captured path trains eagerly
+    assert rows[2]["ms_per_step"] > 0 and not rows[2]["compile"] and "compiled_graphs" not in rows[2]
     assert torch.get_float32_matmul_precision() == "highest"  # restored after the row
 
 
