@@ -14,12 +14,7 @@ from graphormer_urpe.data.resident import TensorGraphs, gather_batch
 from test_resident import assert_same_batch, assert_same_loaders
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_padded_batch_holds_the_unpadded_batch(zinc_data_root):

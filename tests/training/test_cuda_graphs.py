@@ -25,12 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 NO_DROPOUT = {"dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def zinc_module(dm: ZINCDataModule, **kwargs) -> GraphormerModule:
