@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
                     if "compiled_graphs" in row:
                         outcome += (f" compiled graphs {row['compiled_graphs']}, graph breaks {row['graph_breaks']}, "
                                     f"cudagraph skips {row['cudagraph_skips']}")
-                    print(f"  {row['preset']:14s} {attention:5s} {path:8s} {outcome}", flush=True)
+                    print(f"  {row['preset']:14s} {attention:5s} {path:12s} {outcome}", flush=True)
     finally:
         if temporary:
             shutil.rmtree(args.pcqm_root, ignore_errors=True)
@@ -342,14 +342,14 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\n{results['device']} | torch {results['torch']} | {results['date']} | "
           f"{args.warmup} warmup + {args.steps} timed steps")
-    header = (f"{'preset':15s} {'attention':9s} {'path':8s} {'impl':6s} {'precision':10s} {'batch':>5s} "
+    header = (f"{'preset':15s} {'attention':9s} {'path':12s} {'impl':6s} {'precision':10s} {'batch':>5s} "
               f"{'ms/step':>9s} {'steps/s':>8s} {'graphs/s':>9s}")
     print(header + ("  peak GiB" if args.device == "cuda" else ""))
     for row in results["training"]:
         if "error" in row:
-            print(f"{row['preset']:15s} {row['attention']:9s} {row['path']:8s} failed: {row['error']}")
+            print(f"{row['preset']:15s} {row['attention']:9s} {row['path']:12s} failed: {row['error']}")
             continue
-        line = (f"{row['preset']:15s} {row['attention']:9s} {row['path']:8s} {row['attention_impl']:6s} "
+        line = (f"{row['preset']:15s} {row['attention']:9s} {row['path']:12s} {row['attention_impl']:6s} "
                 f"{row['precision']:10s} {row['batch_size']:5d} {row['ms_per_step']:9.2f} "
                 f"{row['steps_per_s']:8.2f} {row['graphs_per_s']:9.1f}")
         print(line + (f"  {row['peak_memory_gib']:8.2f}" if "peak_memory_gib" in row else ""))
