@@ -2,18 +2,24 @@
 
 For each preset (ZINC-12k train graphs with ``slim``; PCQM4Mv2 molecules with ``base``, or with
 ``small``, the paper's PCQM4M model, as ``pcqm4mv2-small``), each
-attention (``urpe``, ``rpe``: plain Graphormer) and each path:
+attention (``urpe``, ``rpe``: plain Graphormer) and each path (:data:`PATHS`):
 
 * ``eager``: ``DataLoader`` (numpy collation on the host, ``--num-workers`` processes), float32,
   no compile, the reference attention kernel (``attention_impl="eager"``);
 * ``fast``: device-resident data (``device_resident=True``), ``compile=True``
   (``torch.compile(dynamic=True)``), ``--fast-precision`` (default ``bf16-mixed``) and, on CUDA,
-  the fused Triton attention (``attention_impl="triton"``),
+  the fused Triton attention (``attention_impl="triton"``);
+* ``resident``: device-resident data and, on CUDA, the Triton attention, float32, no compile;
+* ``graphs``: device-resident batches of one shape (``static_shapes=True``), the backbone
+  captured in CUDA graphs (``cuda_graphs=True``: ``torch.compile(mode="reduce-overhead")``,
+  eager attention, which inductor compiles), float32 with TF32 matmuls
+  (``matmul_precision="high"``); on CPU the same batches, trained eagerly,
 
 it runs ``--warmup`` + ``--steps`` optimizer steps of a Lightning ``Trainer`` (AdamW, gradient
 clipping 5.0, as in the configs; no validation, logging or checkpoints) and times only the last
 ``--steps`` (``torch.cuda.synchronize()`` at both ends on GPU; the warmup covers compilation).
 The URPE/RPE time ratio per preset and path is the cost of URPE (target on GPU: <= 1.05).
+A row that fails records its error (type and first line) and the benchmark goes on.
 
 Data: ZINC-12k from ``--zinc-root`` (built from ``--shared``/zinc when missing, as
 ``ZINCDataModule(source_dir=...)`` does); PCQM4Mv2 from an OGB-format root written by
@@ -37,6 +43,7 @@ import sys
 import tempfile
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -46,6 +53,39 @@ REPO = Path(__file__).resolve().parents[1]
 PRESET_DATA = {"zinc": ("zinc", "slim"), "pcqm4mv2": ("pcqm4mv2", "base"), "pcqm4mv2-small": ("pcqm4mv2", "small")}
 #: (warmup, steps, ZINC batch, PCQM4Mv2 batch) per device kind; GPU batches are the configs'.
 DEFAULTS = {"cuda": (30, 200, 64, 256), "cpu": (3, 10, 32, 8)}
+
+
+@dataclass(frozen=True)
+class TrainPath:
+    """How one benchmark row trains (``precision`` None: ``--fast-precision``)."""
+
+    resident: bool
+    compile: bool = False
+    precision: str | None = "32-true"
+    triton: bool = False  # the fused attention on CUDA (eager on CPU)
+    static_shapes: bool = False
+    cuda_graphs: bool = False
+    matmul_precision: str | None = None
+
+
+PATHS = {
+    "eager": TrainPath(resident=False),
+    "fast": TrainPath(resident=True, compile=True, precision=None, triton=True),
+    "resident": TrainPath(resident=True, triton=True),
+    "graphs": TrainPath(resident=True, static_shapes=True, cuda_graphs=True, matmul_precision="high"),
+}
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true")
+
+
+def path_spec(path: str) -> TrainPath:
+    """A ``--paths`` entry: a name of :data:`PATHS`, optionally with another Lightning precision
+    as ``NAME@PRECISION`` (e.g. ``fast@32-true``, ``graphs@bf16-mixed``)."""
+    name, _, precision = path.partition("@")
+    if name not in PATHS or (precision and precision not in PRECISIONS):
+        raise ValueError(f"unknown path {path!r}: use NAME or NAME@PRECISION with NAME in {list(PATHS)} "
+                         f"and PRECISION in {list(PRECISIONS)}")
+    spec = PATHS[name]
+    return TrainPath(**{**spec.__dict__, "precision": precision}) if precision else spec
 
 
 def device_name(device: str) -> str:
@@ -89,10 +129,10 @@ def make_step_timer(device: str, warmup: int, steps: int):
     return StepTimer()
 
 
-def datamodule(name: str, args, batch_size: int, resident: bool):
+def datamodule(name: str, args, batch_size: int, resident: bool, static_shapes: bool = False):
     from graphormer_urpe.data.datamodule import PCQM4Mv2DataModule, ZINCDataModule
 
-    common = {"batch_size": batch_size, "device_resident": resident,
+    common = {"batch_size": batch_size, "device_resident": resident, "static_shapes": static_shapes,
               "num_workers": 0 if resident else args.num_workers, "pin_memory": args.device == "cuda"}
     if PRESET_DATA[name][0] == "zinc":
         return ZINCDataModule(root=str(args.zinc_root), subset=True, source_dir=str(args.shared / "zinc"),
@@ -102,21 +142,23 @@ def datamodule(name: str, args, batch_size: int, resident: bool):
 
 def run_training(name: str, attention: str, path: str, args) -> dict:
     import lightning.pytorch as pl
+    from torch._dynamo.utils import counters
 
     from graphormer_urpe.training.module import GraphormerModule
 
-    fast = path == "fast"
+    spec = path_spec(path)
     batch_size = args.zinc_batch if PRESET_DATA[name][0] == "zinc" else args.pcqm_batch
-    dm = datamodule(name, args, batch_size, resident=fast)
+    dm = datamodule(name, args, batch_size, resident=spec.resident, static_shapes=spec.static_shapes)
     dm.prepare_data()
-    impl = "triton" if fast and args.device == "cuda" else "eager"
-    precision = args.fast_precision if fast else "32-true"
+    impl = "triton" if spec.triton and args.device == "cuda" else "eager"
+    precision = spec.precision or args.fast_precision
     pl.seed_everything(0, verbose=False)
     module = GraphormerModule(
         num_atom_embeddings=dm.num_atom_embeddings, num_bond_embeddings=dm.num_bond_embeddings,
         num_targets=dm.num_targets, max_hops=dm.max_hops, featurizer=dm.featurizer,
         preset=PRESET_DATA[name][1], backbone={"attention": attention, "attention_impl": impl},
-        warmup_steps=10, total_steps=10 * (args.warmup + args.steps), compile=fast)
+        warmup_steps=10, total_steps=10 * (args.warmup + args.steps), compile=spec.compile,
+        cuda_graphs=spec.cuda_graphs, matmul_precision=spec.matmul_precision)
     timer = make_step_timer(args.device, args.warmup, args.steps)
     trainer = pl.Trainer(
         accelerator=args.device, devices=1, max_steps=args.warmup + args.steps, max_epochs=-1,
@@ -125,6 +167,7 @@ def run_training(name: str, attention: str, path: str, args) -> dict:
         callbacks=[timer])
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
+    counters.clear()
     trainer.fit(module, datamodule=dm)
     if timer.end is None:
         raise RuntimeError(f"{name}/{attention}/{path}: training stopped before "
@@ -132,7 +175,9 @@ def run_training(name: str, attention: str, path: str, args) -> dict:
     seconds = timer.end - timer.start
     row = {
         "preset": "/".join(PRESET_DATA[name]), "attention": attention, "path": path,
-        "attention_impl": impl, "precision": precision, "compile": fast, "device_resident": fast,
+        "attention_impl": impl, "precision": precision, "compile": spec.compile,
+        "device_resident": spec.resident, "static_shapes": spec.static_shapes,
+        "cuda_graphs": spec.cuda_graphs, "matmul_precision": spec.matmul_precision or "highest",
         "batch_size": batch_size, "warmup_steps": args.warmup, "steps": args.steps,
         "warmup_s": round(timer.start - timer.run_start, 2), "seconds": round(seconds, 4),
         "ms_per_step": round(1000 * seconds / args.steps, 3),
@@ -140,9 +185,27 @@ def run_training(name: str, attention: str, path: str, args) -> dict:
     }
     if args.device == "cuda":
         row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-    if fast:
-        torch._dynamo.reset()  # the next run compiles its own model from scratch
+    if spec.compile or spec.cuda_graphs:  # what torch.compile made of it (0 graphs: not compiled)
+        row["compiled_graphs"] = counters["stats"]["unique_graphs"]
+        row["graph_breaks"] = sum(counters["graph_break"].values())
+        row["cudagraph_skips"] = counters["inductor"]["cudagraph_skips"]
     return row
+
+
+def run_row(name: str, attention: str, path: str, args) -> dict:
+    """:func:`run_training`, or a row with the error (type and first line) if it fails; either
+    way the next row starts clean (compiled code, matmul precision)."""
+    try:
+        return run_training(name, attention, path, args)
+    except Exception as error:  # noqa: BLE001 - one failing variant must not lose the others
+        first_line = (str(error).strip().splitlines() or [""])[0]
+        return {"preset": "/".join(PRESET_DATA[name]), "attention": attention, "path": path,
+                "error": f"{type(error).__name__}: {first_line}"[:300]}
+    finally:
+        torch._dynamo.reset()  # the next run compiles its own model from scratch
+        torch.set_float32_matmul_precision("highest")
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
 
 
 def run_data_only(name: str, args) -> list[dict]:
@@ -179,7 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--presets", default="zinc,pcqm4mv2", help="comma-separated: " + ", ".join(PRESET_DATA))
     parser.add_argument("--attention", default="urpe,rpe", help="comma-separated: urpe, rpe")
-    parser.add_argument("--paths", default="eager,fast", help="comma-separated: eager, fast")
+    parser.add_argument("--paths", default="eager,fast",
+                        help=f"comma-separated: {', '.join(PATHS)}; NAME@PRECISION runs a path at another "
+                             f"Lightning precision ({', '.join(PRECISIONS)}), e.g. fast@32-true")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps (compilation happens here)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps")
     parser.add_argument("--zinc-batch", type=int, default=None)
@@ -217,10 +282,16 @@ def main(argv: list[str] | None = None) -> int:
     presets = [p for p in args.presets.split(",") if p]
     attentions = [a for a in args.attention.split(",") if a]
     paths = [p for p in args.paths.split(",") if p]
-    for values, allowed, flag in ((presets, PRESET_DATA, "--presets"), (attentions, ("urpe", "rpe"), "--attention"),
-                                  (paths, ("eager", "fast"), "--paths")):
+    for values, allowed, flag in ((presets, PRESET_DATA, "--presets"), (attentions, ("urpe", "rpe"), "--attention")):
         if not values or set(values) - set(allowed):
             parser.error(f"{flag} takes a comma-separated subset of {list(allowed)}")
+    if not paths:
+        parser.error("--paths is empty")
+    for path in paths:
+        try:
+            path_spec(path)
+        except ValueError as error:
+            parser.error(str(error))
 
     logging.getLogger("lightning").setLevel(logging.ERROR)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -247,18 +318,23 @@ def main(argv: list[str] | None = None) -> int:
                 results["data_only"] += run_data_only(name, args)
             for path in paths:
                 for attention in attentions:
-                    row = run_training(name, attention, path, args)
+                    row = run_row(name, attention, path, args)
                     results["training"].append(row)
-                    print(f"  {row['preset']:14s} {attention:5s} {path:5s} {row['ms_per_step']:10.2f} ms/step "
-                          f"(warmup {row['warmup_s']} s)", flush=True)
+                    outcome = (row["error"] if "error" in row else
+                               f"{row['ms_per_step']:10.2f} ms/step (warmup {row['warmup_s']} s)")
+                    if "compiled_graphs" in row:
+                        outcome += (f" compiled graphs {row['compiled_graphs']}, graph breaks {row['graph_breaks']}, "
+                                    f"cudagraph skips {row['cudagraph_skips']}")
+                    print(f"  {row['preset']:14s} {attention:5s} {path:12s} {outcome}", flush=True)
     finally:
         if temporary:
             shutil.rmtree(args.pcqm_root, ignore_errors=True)
 
     ratios = {}
-    for row in results["training"]:
+    timed = [row for row in results["training"] if "error" not in row]
+    for row in timed:
         if row["attention"] == "urpe":
-            rpe = next((r for r in results["training"] if r["attention"] == "rpe"
+            rpe = next((r for r in timed if r["attention"] == "rpe"
                         and (r["preset"], r["path"]) == (row["preset"], row["path"])), None)
             if rpe is not None:
                 ratios[f"{row['preset']}/{row['path']}"] = round(row["ms_per_step"] / rpe["ms_per_step"], 3)
@@ -266,11 +342,14 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\n{results['device']} | torch {results['torch']} | {results['date']} | "
           f"{args.warmup} warmup + {args.steps} timed steps")
-    header = (f"{'preset':15s} {'attention':9s} {'path':5s} {'impl':6s} {'precision':10s} {'batch':>5s} "
+    header = (f"{'preset':15s} {'attention':9s} {'path':12s} {'impl':6s} {'precision':10s} {'batch':>5s} "
               f"{'ms/step':>9s} {'steps/s':>8s} {'graphs/s':>9s}")
     print(header + ("  peak GiB" if args.device == "cuda" else ""))
     for row in results["training"]:
-        line = (f"{row['preset']:15s} {row['attention']:9s} {row['path']:5s} {row['attention_impl']:6s} "
+        if "error" in row:
+            print(f"{row['preset']:15s} {row['attention']:9s} {row['path']:12s} failed: {row['error']}")
+            continue
+        line = (f"{row['preset']:15s} {row['attention']:9s} {row['path']:12s} {row['attention_impl']:6s} "
                 f"{row['precision']:10s} {row['batch_size']:5d} {row['ms_per_step']:9.2f} "
                 f"{row['steps_per_s']:8.2f} {row['graphs_per_s']:9.1f}")
         print(line + (f"  {row['peak_memory_gib']:8.2f}" if "peak_memory_gib" in row else ""))

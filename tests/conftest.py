@@ -73,3 +73,15 @@ def zinc_data_root(zinc_root, tmp_path):
     """A ``root`` whose ``ZINC`` is the session's built ZINC (read-mostly; encodings cached there)."""
     (tmp_path / "ZINC").symlink_to(zinc_root, target_is_directory=True)
     return tmp_path
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Many small ops: on a shared 2-core machine one torch thread is far faster than two
+    competing with other jobs (~50x for the resident gathers)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

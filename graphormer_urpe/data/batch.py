@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -55,3 +56,34 @@ class GraphBatch:
 
     def __len__(self) -> int:
         return self.num_graphs
+
+
+@dataclass(frozen=True)
+class BatchPadding:
+    """Fixed batch sizes for shape-stable training steps (CUDA graphs, static compilation).
+
+    Every batch is padded to ``N = num_nodes`` nodes per graph and ``E = num_edges`` edge rows
+    (``edge_attr`` then has ``E + 1`` rows). Padding is what :class:`GraphBatch` already uses for
+    graphs smaller than the batch's largest: masked nodes (``node_mask`` False, id 0), pairs
+    with ``spd = -1`` and no path edges, and all-zero ``edge_attr`` rows that no path points to;
+    so the padded batch gives the same loss and gradients as the unpadded one.
+    """
+
+    num_nodes: int
+    num_edges: int
+
+    @classmethod
+    def covering(cls, num_nodes: np.ndarray, num_edges: np.ndarray, batch_size: int) -> "BatchPadding":
+        """The smallest padding that fits any ``batch_size`` of the given graphs (node counts
+        ``[G]``, edge counts ``[G]``): the largest node count, and the sum of the
+        ``batch_size`` largest edge counts."""
+        if len(num_nodes) == 0:
+            raise ValueError("cannot size a padding for an empty split")
+        edges = np.sort(np.asarray(num_edges, dtype=np.int64))[::-1][:batch_size]
+        return cls(int(np.max(num_nodes)), int(edges.sum()))
+
+    def check(self, max_nodes: int, total_edges: int) -> None:
+        """ValueError unless a batch of ``max_nodes`` (N) and ``total_edges`` (E) fits."""
+        if max_nodes > self.num_nodes or total_edges > self.num_edges:
+            raise ValueError(f"a batch with N={max_nodes} nodes per graph and E={total_edges} edges "
+                             f"does not fit the padding N={self.num_nodes}, E={self.num_edges}")

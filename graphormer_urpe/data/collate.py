@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from graphormer_urpe.algos import UNREACHABLE, encode_graphs  # padded pairs: UNREACHABLE too
-from graphormer_urpe.data.batch import GraphBatch
+from graphormer_urpe.data.batch import BatchPadding, GraphBatch
 from graphormer_urpe.data.features import to_shared_ids
 
 
@@ -95,12 +95,13 @@ def _ragged_positions(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def collate(graphs: FlatGraphs, indices: Sequence[int] | np.ndarray, y: np.ndarray | None = None,
-            positions: np.ndarray | None = None) -> GraphBatch:
+            positions: np.ndarray | None = None, padding: BatchPadding | None = None) -> GraphBatch:
     """Gather graphs ``indices`` (``B`` of them, any order, repeats allowed) into a padded batch.
 
     ``N`` = the largest node count among them; see :class:`GraphBatch` for shapes and padding.
     ``y [B, T]`` and ``positions [B]`` override ``graphs.y[indices]`` and ``GraphBatch.index``
     (default: ``indices``) when several data rows share one stored graph (deduplicated SMILES).
+    ``padding`` fixes ``N`` and ``E`` instead (:class:`~.batch.BatchPadding`).
     """
     index = np.asarray(indices, dtype=np.int64).reshape(-1)
     if index.size and (index.min() < 0 or index.max() >= len(graphs)):
@@ -112,6 +113,12 @@ def collate(graphs: FlatGraphs, indices: Sequence[int] | np.ndarray, y: np.ndarr
     node_start = graphs.node_ptr[index]
     n = graphs.node_ptr[index + 1] - node_start
     big_n = int(n.max()) if b else 0
+    edge_start = graphs.edge_ptr[index]
+    m = graphs.edge_ptr[index + 1] - edge_start
+    edge_rows = int(m.sum())
+    if padding is not None:
+        padding.check(big_n, edge_rows)
+        big_n, edge_rows = padding.num_nodes, padding.num_edges
 
     # Nodes: destination b * N + local in a [B * N] grid.
     node_owner, node_local = _ragged_positions(n)
@@ -125,11 +132,9 @@ def collate(graphs: FlatGraphs, indices: Sequence[int] | np.ndarray, y: np.ndarr
     node_mask[node_dst] = True
 
     # Edges: concatenated, plus the all-zero row that path edge -1 resolves to.
-    edge_start = graphs.edge_ptr[index]
-    m = graphs.edge_ptr[index + 1] - edge_start
     edge_owner, edge_local = _ragged_positions(m)
-    edge_attr = np.zeros((m.sum() + 1, graphs.edge_attr.shape[1]), dtype=np.int32)
-    edge_attr[:-1] = graphs.edge_attr[edge_start[edge_owner] + edge_local]
+    edge_attr = np.zeros((edge_rows + 1, graphs.edge_attr.shape[1]), dtype=np.int32)
+    edge_attr[:edge_owner.size] = graphs.edge_attr[edge_start[edge_owner] + edge_local]
     edge_offset = np.cumsum(m) - m  # first batch row of each graph's edges
 
     # Node pairs: graph g's [n, n] (and [n, n, K]) block is contiguous in storage, so one slice

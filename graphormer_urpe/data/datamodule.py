@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from graphormer_urpe.data.batch import GraphBatch
+from graphormer_urpe.data.batch import BatchPadding, GraphBatch
 from graphormer_urpe.data.cache import cached_encodings
 from graphormer_urpe.data.collate import FlatGraphs, collate
 from graphormer_urpe.data.features import FEATURE_ID_DTYPE, num_embeddings, to_shared_ids
@@ -128,12 +128,14 @@ class EncodedGraphDataset(Dataset):
     that graph's) and position ``positions[i]`` in its split (default ``i``; what
     ``GraphBatch.index`` reports, so predictions map back to split order even after filtering).
     Several items may share one stored graph (deduplicated SMILES). ``__getitems__`` collates a
-    whole batch in one call.
+    whole batch in one call, padded to ``padding`` when given (:class:`~.batch.BatchPadding`).
     """
 
     def __init__(self, graphs: FlatGraphs, graph_ids: np.ndarray | None = None,
-                 y: np.ndarray | None = None, positions: np.ndarray | None = None) -> None:
+                 y: np.ndarray | None = None, positions: np.ndarray | None = None,
+                 padding: BatchPadding | None = None) -> None:
         self.graphs = graphs
+        self.padding = padding
         self.graph_ids = np.arange(len(graphs)) if graph_ids is None else np.asarray(graph_ids, dtype=np.int64)
         self.y = (np.asarray(graphs.y[self.graph_ids], dtype=np.float32) if y is None
                   else np.asarray(y, dtype=np.float32).reshape(len(self.graph_ids), -1))
@@ -150,16 +152,26 @@ class EncodedGraphDataset(Dataset):
         """``[len(self)]`` node count of every item."""
         return self.graphs.num_nodes[self.graph_ids]
 
+    @property
+    def num_edges(self) -> np.ndarray:
+        """``[len(self)]`` directed edge count of every item."""
+        return np.diff(self.graphs.edge_ptr)[self.graph_ids]
+
     def subset(self, items: np.ndarray) -> "EncodedGraphDataset":
         """The items ``items`` (keeping their split positions)."""
-        return EncodedGraphDataset(self.graphs, self.graph_ids[items], self.y[items], self.positions[items])
+        return EncodedGraphDataset(self.graphs, self.graph_ids[items], self.y[items], self.positions[items],
+                                   self.padding)
+
+    def padded(self, padding: BatchPadding | None) -> "EncodedGraphDataset":
+        """The same items, their batches padded to ``padding``."""
+        return EncodedGraphDataset(self.graphs, self.graph_ids, self.y, self.positions, padding)
 
     def __getitem__(self, item: int) -> GraphBatch:
         return self.__getitems__([item])
 
     def __getitems__(self, items: Sequence[int]) -> GraphBatch:
         items = np.asarray(items, dtype=np.int64)
-        return collate(self.graphs, self.graph_ids[items], self.y[items], self.positions[items])
+        return collate(self.graphs, self.graph_ids[items], self.y[items], self.positions[items], self.padding)
 
 
 def _already_collated(batch: GraphBatch) -> GraphBatch:
@@ -221,6 +233,12 @@ class GraphDataModule(pl.LightningDataModule):
         device_resident: keep each split on the trainer's device (``trainer.strategy.root_device``,
             CPU outside a trainer) and gather batches there (:mod:`.resident`); the loaders are
             then :class:`~.resident.ResidentLoader` objects (``num_workers``/``pin_memory`` unused).
+        static_shapes: every training batch has the same shape: ``batch_size`` graphs (the last,
+            smaller batch of each epoch is dropped), padded to the training split's largest node
+            count and to the most edges any ``batch_size`` of its graphs have
+            (:meth:`~.batch.BatchPadding.covering`). Needed to capture training steps in CUDA
+            graphs (``GraphormerModule(cuda_graphs=True)``); padding changes no loss or gradient.
+            Evaluation batches are not padded.
     """
 
     featurizer: str = ""
@@ -229,7 +247,8 @@ class GraphDataModule(pl.LightningDataModule):
 
     def __init__(self, max_hops: int = 5, batch_size: int = 128, num_workers: int = 0,
                  max_nodes: int = 128, seed: int = 0, eval_batch_size: int | None = None,
-                 pin_memory: bool = False, encode_threads: int = 1, device_resident: bool = False) -> None:
+                 pin_memory: bool = False, encode_threads: int = 1, device_resident: bool = False,
+                 static_shapes: bool = False) -> None:
         super().__init__()
         for name, value in (("max_hops", max_hops), ("batch_size", batch_size), ("max_nodes", max_nodes)):
             if int(value) < 1:
@@ -243,6 +262,7 @@ class GraphDataModule(pl.LightningDataModule):
         self.pin_memory = bool(pin_memory)
         self.encode_threads = int(encode_threads)
         self.device_resident = bool(device_resident)
+        self.static_shapes = bool(static_shapes)
         self.splits: dict[str, EncodedGraphDataset] = {}
         # (host store, its device copy): splits sharing one store (OGB-LSC, CSV) share the copy
         self._resident_graphs: list[tuple[FlatGraphs, TensorGraphs]] = []
@@ -306,7 +326,7 @@ class GraphDataModule(pl.LightningDataModule):
         return trainer.strategy.root_device if trainer is not None else torch.device("cpu")
 
     def _resident_loader(self, dataset: EncodedGraphDataset, batch_size: int,
-                         sampler: SeededShuffleSampler | None) -> ResidentLoader:
+                         sampler: SeededShuffleSampler | None, drop_last: bool) -> ResidentLoader:
         device = self.resident_device()
         graphs = next((on_device for host, on_device in self._resident_graphs
                        if host is dataset.graphs and on_device.device == device), None)
@@ -315,14 +335,15 @@ class GraphDataModule(pl.LightningDataModule):
             self._resident_graphs.append((dataset.graphs, graphs))
         trainer = getattr(self, "trainer", None)
         rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
-        return ResidentLoader(ResidentSplit(dataset, graphs), batch_size, sampler, rank, world_size)
+        return ResidentLoader(ResidentSplit(dataset, graphs), batch_size, sampler, rank, world_size,
+                              drop_last, dataset.padding)
 
-    def _loader(self, dataset: EncodedGraphDataset, batch_size: int,
-                sampler: Sampler | None) -> DataLoader | ResidentLoader:
+    def _loader(self, dataset: EncodedGraphDataset, batch_size: int, sampler: Sampler | None,
+                drop_last: bool = False) -> DataLoader | ResidentLoader:
         if self.device_resident:
-            return self._resident_loader(dataset, batch_size, sampler)
+            return self._resident_loader(dataset, batch_size, sampler, drop_last)
         return DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=False,
-                          collate_fn=_already_collated, num_workers=self.num_workers,
+                          collate_fn=_already_collated, num_workers=self.num_workers, drop_last=drop_last,
                           pin_memory=self.pin_memory, persistent_workers=self.num_workers > 0)
 
     def batches_done(self) -> int:
@@ -336,7 +357,15 @@ class GraphDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> DataLoader | ResidentLoader:
         dataset = self.train_dataset()
         sampler = SeededShuffleSampler(len(dataset), self.seed, self.batch_size, self.batches_done)
-        return self._loader(dataset, self.batch_size, sampler)
+        if not self.static_shapes:
+            return self._loader(dataset, self.batch_size, sampler)
+        if len(dataset) < self.batch_size:
+            raise ValueError(f"static_shapes drops incomplete batches, but the training split has only "
+                             f"{len(dataset)} graphs for batch_size={self.batch_size}")
+        padding = BatchPadding.covering(dataset.num_nodes, dataset.num_edges, self.batch_size)
+        log.info("static_shapes: training batches of %d graphs padded to N=%d nodes, E=%d edges",
+                 self.batch_size, padding.num_nodes, padding.num_edges)
+        return self._loader(dataset.padded(padding), self.batch_size, sampler, drop_last=True)
 
     def val_dataloader(self) -> DataLoader | ResidentLoader:
         return self._loader(self._split("val"), self.eval_batch_size, None)
@@ -364,11 +393,11 @@ class ZINCDataModule(GraphDataModule):
                  max_hops: int = 5, batch_size: int = 128, num_workers: int = 0, max_nodes: int = 128,
                  seed: int = 0, eval_batch_size: int | None = None, pin_memory: bool = False,
                  encode_threads: int = 1, predict_split: str = "test", build_workers: int | None = None,
-                 device_resident: bool = False) -> None:
+                 device_resident: bool = False, static_shapes: bool = False) -> None:
         super().__init__(max_hops=max_hops, batch_size=batch_size, num_workers=num_workers,
                          max_nodes=max_nodes, seed=seed, eval_batch_size=eval_batch_size,
                          pin_memory=pin_memory, encode_threads=encode_threads,
-                         device_resident=device_resident)
+                         device_resident=device_resident, static_shapes=static_shapes)
         from graphormer_urpe.data.zinc import SPLITS
 
         if predict_split not in SPLITS:
@@ -415,11 +444,11 @@ class OGBLSCDataModule(GraphDataModule):
                  max_nodes: int = 128, seed: int = 0, eval_batch_size: int | None = None,
                  pin_memory: bool = False, encode_threads: int = 1, test_split: str = "valid",
                  predict_split: str | None = None, build_workers: int | None = None, download: bool = False,
-                 device_resident: bool = False) -> None:
+                 device_resident: bool = False, static_shapes: bool = False) -> None:
         super().__init__(max_hops=max_hops, batch_size=batch_size, num_workers=num_workers,
                          max_nodes=max_nodes, seed=seed, eval_batch_size=eval_batch_size,
                          pin_memory=pin_memory, encode_threads=encode_threads,
-                         device_resident=device_resident)
+                         device_resident=device_resident, static_shapes=static_shapes)
         splits = self.layout.splits
         predict_split = predict_split or self.layout.test_splits[0]
         for name, value in (("test_split", test_split), ("predict_split", predict_split)):
@@ -511,11 +540,11 @@ class CSVDataModule(GraphDataModule):
                  max_hops: int = 5, batch_size: int = 32, num_workers: int = 0, max_nodes: int = 128,
                  seed: int = 0, eval_batch_size: int | None = None, pin_memory: bool = False,
                  encode_threads: int = 1, build_workers: int | None = None,
-                 device_resident: bool = False) -> None:
+                 device_resident: bool = False, static_shapes: bool = False) -> None:
         super().__init__(max_hops=max_hops, batch_size=batch_size, num_workers=num_workers,
                          max_nodes=max_nodes, seed=seed, eval_batch_size=eval_batch_size,
                          pin_memory=pin_memory, encode_threads=encode_threads,
-                         device_resident=device_resident)
+                         device_resident=device_resident, static_shapes=static_shapes)
         from graphormer_urpe.data import csv as property_csv
 
         if task not in property_csv.TASKS:

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from graphormer_urpe.data.batch import GraphBatch
+from graphormer_urpe.data.batch import BatchPadding, GraphBatch
 from graphormer_urpe.data.collate import UNREACHABLE, FlatGraphs
 
 if TYPE_CHECKING:
@@ -120,13 +120,15 @@ def ragged_positions(counts: Tensor, total: int) -> tuple[Tensor, Tensor]:
 
 
 def gather_batch(graphs: TensorGraphs, index: Tensor, y: Tensor | None = None,
-                 positions: Tensor | None = None, shape: BatchShape | None = None) -> GraphBatch:
+                 positions: Tensor | None = None, shape: BatchShape | None = None,
+                 padding: BatchPadding | None = None) -> GraphBatch:
     """Gather graphs ``index [B]`` (int64, on ``graphs.device``) into a padded batch, on that device.
 
     The torch twin of :func:`~.collate.collate` (same :class:`GraphBatch`, bit for bit).
     ``y [B, T]`` / ``positions [B]`` override ``graphs.y[index]`` / ``GraphBatch.index``
     (default: ``index``). ``shape`` (from host-side counts, :meth:`BatchShape.of`) avoids the
-    one device-to-host sync that sizing the outputs otherwise needs.
+    one device-to-host sync that sizing the outputs otherwise needs. ``padding`` fixes ``N`` and
+    ``E`` instead (:class:`~.batch.BatchPadding`).
     """
     device = graphs.device
     index = index.to(device=device, dtype=torch.int64)
@@ -139,6 +141,10 @@ def gather_batch(graphs: TensorGraphs, index: Tensor, y: Tensor | None = None,
     b, big_n, k = shape.num_graphs, shape.max_nodes, graphs.max_hops
     if b != len(index):
         raise ValueError(f"shape is for {b} graphs but index has {len(index)}")
+    edge_rows = shape.total_edges
+    if padding is not None:
+        padding.check(big_n, edge_rows)
+        big_n, edge_rows = padding.num_nodes, padding.num_edges
 
     # Nodes: destination b * N + local in a [B * N] grid.
     node_owner, node_local = ragged_positions(n, shape.total_nodes)
@@ -153,9 +159,8 @@ def gather_batch(graphs: TensorGraphs, index: Tensor, y: Tensor | None = None,
 
     # Edges: concatenated, plus the all-zero row that path edge -1 resolves to.
     edge_owner, edge_local = ragged_positions(m, shape.total_edges)
-    edge_attr = torch.zeros((shape.total_edges + 1, graphs.edge_attr.shape[1]), dtype=torch.int32,
-                            device=device)
-    edge_attr[:-1] = graphs.edge_attr.index_select(0, edge_start.index_select(0, edge_owner) + edge_local)
+    edge_attr = torch.zeros((edge_rows + 1, graphs.edge_attr.shape[1]), dtype=torch.int32, device=device)
+    edge_attr[:shape.total_edges] = graphs.edge_attr.index_select(0, edge_start.index_select(0, edge_owner) + edge_local)
     edge_offset = (torch.cumsum(m, 0) - m).to(torch.int32)  # first batch row of each graph's edges
 
     # Node pairs: local pair p = i * n_b + j of graph b goes to b * N^2 + i * N + j.
@@ -210,21 +215,24 @@ class ResidentSplit:
     def __len__(self) -> int:
         return len(self.num_nodes)
 
-    def batch(self, items: np.ndarray, items_on_device: Tensor | None = None) -> GraphBatch:
+    def batch(self, items: np.ndarray, items_on_device: Tensor | None = None,
+              padding: BatchPadding | None = None) -> GraphBatch:
         """The batch of items ``items [B]`` (host ints); ``items_on_device`` is the same ids
-        already on the device (saves a host-to-device copy)."""
+        already on the device (saves a host-to-device copy); ``padding``: fixed ``N`` and ``E``."""
         items = np.asarray(items, dtype=np.int64)
         if items_on_device is None:
             items_on_device = torch.from_numpy(items).to(self.device, non_blocking=True)
         shape = BatchShape.of(self.num_nodes[items], self.num_edges[items])
         return gather_batch(self.graphs, self.graph_ids.index_select(0, items_on_device),
                             self.y.index_select(0, items_on_device),
-                            self.positions.index_select(0, items_on_device), shape)
+                            self.positions.index_select(0, items_on_device), shape, padding)
 
 
 class ResidentLoader:
     """A ``DataLoader`` stand-in over a :class:`ResidentSplit`: yields batches (:class:`GraphBatch`)
-    already on the split's device, ``batch_size`` items each (the last one may be smaller).
+    already on the split's device, ``batch_size`` items each (the last one may be smaller, unless
+    ``drop_last``). ``padding`` pads every batch to fixed sizes (:class:`~.batch.BatchPadding`);
+    with ``drop_last`` all batches then have one shape.
 
     Order: ``sampler`` (a :class:`~.datamodule.SeededShuffleSampler`, whose ``(seed, epoch)``
     rule it uses; Lightning and :class:`~graphormer_urpe.training.module.GraphormerModule` call
@@ -236,7 +244,8 @@ class ResidentLoader:
     """
 
     def __init__(self, split: ResidentSplit, batch_size: int, sampler: "SeededShuffleSampler | None" = None,
-                 rank: int = 0, world_size: int = 1) -> None:
+                 rank: int = 0, world_size: int = 1, drop_last: bool = False,
+                 padding: BatchPadding | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if not 0 <= rank < world_size:
@@ -249,11 +258,15 @@ class ResidentLoader:
         self.batch_sampler = None  # Lightning looks for either, as on a DataLoader
         self.rank = int(rank)
         self.world_size = int(world_size)
+        self.drop_last = bool(drop_last)
+        self.padding = padding
 
     def _num_items(self) -> int:
         return math.ceil(len(self.split) / self.world_size)
 
     def __len__(self) -> int:
+        if self.drop_last:
+            return self._num_items() // self.batch_size
         return math.ceil(self._num_items() / self.batch_size)
 
     def order(self) -> np.ndarray:
@@ -269,6 +282,7 @@ class ResidentLoader:
         order_on_device = torch.from_numpy(order).to(self.split.device)
         # Resuming inside an epoch: this rank's batches already trained are skipped.
         first = self.sampler.batches_done() * self.batch_size if self.sampler is not None else 0
-        for start in range(first, len(order), self.batch_size):
+        end = len(self) * self.batch_size if self.drop_last else len(order)
+        for start in range(first, end, self.batch_size):
             stop = start + self.batch_size
-            yield self.split.batch(order[start:stop], order_on_device[start:stop])
+            yield self.split.batch(order[start:stop], order_on_device[start:stop], self.padding)

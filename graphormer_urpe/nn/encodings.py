@@ -188,7 +188,10 @@ class EdgePathBias(nn.Module):
 
     ``K = min(max_hops, path_edges.shape[-1])``. The per-hop tables ``w W_k`` are built once per
     batch (``[K, E+1, H]``) and summed along each path with :func:`F.embedding_bag`, so no
-    ``[B, N, N, K, H]`` tensor is materialised.
+    ``[B, N, N, K, H]`` tensor is materialised. Under ``torch.compile`` the sum is a plain gather
+    and reduction instead (:meth:`sum_hops_gather`), which inductor fuses into one kernel (again
+    nothing of size ``[B, N, N, K, H]``) and whose backward is a scatter-add that CUDA graphs can
+    capture: ``embedding_bag``'s CUDA backward reads a count back to the host.
 
     Shapes: edge_attr ``[E+1, Fe]`` int ids, path_edges ``[B, N, N, K]`` int rows of edge_attr
     (``-1`` = none) -> ``[B, H, N, N]``.
@@ -220,10 +223,22 @@ class EdgePathBias(nn.Module):
         # Row of hop k's table for each path edge; absent hops point anywhere valid, weight 0.
         index = torch.where(present, hops, 0) + torch.arange(k, device=hops.device,
                                                               dtype=hops.dtype) * num_rows
-        summed = F.embedding_bag(index, hop_tables.reshape(k * num_rows, -1), mode="sum",
-                                 per_sample_weights=present.to(hop_tables.dtype))
+        weights = present.to(hop_tables.dtype)
+        sum_hops = self.sum_hops_gather if torch.compiler.is_compiling() else self.sum_hops_bag
+        summed = sum_hops(hop_tables.reshape(k * num_rows, -1), index, weights)
         count = present.sum(dim=-1, keepdim=True).clamp_min(1)
         return (summed / count).view(batch, n, n, -1).permute(0, 3, 1, 2)
+
+    @staticmethod
+    def sum_hops_bag(table: Tensor, index: Tensor, weights: Tensor) -> Tensor:
+        """``sum_k weights[p, k] * table[index[p, k]]``: table ``[R, H]``, index and weights
+        ``[P, K]`` -> ``[P, H]``, with ``embedding_bag`` (eager: no ``[P, K, H]`` tensor)."""
+        return F.embedding_bag(index, table, mode="sum", per_sample_weights=weights)
+
+    @staticmethod
+    def sum_hops_gather(table: Tensor, index: Tensor, weights: Tensor) -> Tensor:
+        """:meth:`sum_hops_bag` as a gather and a reduction (fused under ``torch.compile``)."""
+        return (table[index] * weights.unsqueeze(-1)).sum(dim=1)
 
 
 class URPEScale(nn.Module):

@@ -100,6 +100,20 @@ def compile_backbone(model: Graphormer) -> None:
         model.edge_bias.compile(dynamic=True)
 
 
+def capture_backbone(model: Graphormer, device: torch.device):
+    """``model``'s forward compiled for CUDA graphs (``torch.compile(mode="reduce-overhead",
+    dynamic=False)``: one graph for the forward and one for the backward per batch shape), or
+    ``model``'s plain call, with a log line, where CUDA graphs are unavailable (not on a GPU).
+
+    Either is a function, not a submodule, so parameter names and checkpoints stay the same.
+    """
+    if device.type != "cuda":
+        log.warning("cuda_graphs: CUDA graphs need a GPU; training on %s without them", device)
+        return model.__call__
+    log.info("cuda_graphs: compiling the backbone for CUDA graphs (the first steps take a while)")
+    return torch.compile(model.forward, mode="reduce-overhead", dynamic=False)
+
+
 def task_metric(task: str, num_targets: int) -> Metric:
     """The validation / test metric of ``task`` (:data:`TASK_METRICS`); label ``-1`` = unknown."""
     if task == "regression":
@@ -133,6 +147,14 @@ class GraphormerModule(pl.LightningModule):
             by default every kind decays, as in Graphormer (:func:`parameter_groups`).
         compile: compile the backbone with ``torch.compile(dynamic=True)``, region by region
             (:func:`compile_backbone`).
+        cuda_graphs: on a GPU, capture each training step's forward and backward in CUDA
+            graphs: the whole backbone is compiled with ``torch.compile(mode="reduce-overhead",
+            dynamic=False)`` for training (validation, test and prediction stay eager). Needs
+            batches of one shape (``data.static_shapes``) and a kernel inductor can compile
+            (``attention_impl: eager``); exclusive with ``compile``. On CPU it logs that CUDA
+            graphs need a GPU and trains eagerly.
+        matmul_precision: ``torch.set_float32_matmul_precision`` at setup (``high``: TF32 matmuls
+            on GPUs that have them); ``None`` leaves the process setting alone.
         target_names: the targets' names (the CSV DataModule's ``target_columns``), recorded so
             predictions can be labelled from the checkpoint alone; ``None`` = unnamed.
     """
@@ -158,6 +180,8 @@ class GraphormerModule(pl.LightningModule):
         no_weight_decay: list[ParameterKind] | None = None,
         compile: bool = False,
         target_names: list[str] | None = None,
+        cuda_graphs: bool = False,
+        matmul_precision: Literal["highest", "high", "medium"] | None = None,
     ) -> None:
         super().__init__()
         if preset not in PRESETS:
@@ -167,6 +191,9 @@ class GraphormerModule(pl.LightningModule):
         if task == "multiclass" and num_targets < 2:
             raise ValueError(f"multiclass needs num_targets = number of classes >= 2, "
                              f"got {num_targets}")
+        if compile and cuda_graphs:
+            raise ValueError("compile (region-wise, dynamic shapes) and cuda_graphs (the whole "
+                             "backbone, static shapes) exclude each other: set one")
         if isinstance(backbone, Mapping):  # a checkpoint's hyperparameters
             backbone = GraphormerConfig.from_dict(backbone)
         resolved = backbone.over(PRESETS[preset])
@@ -178,6 +205,10 @@ class GraphormerModule(pl.LightningModule):
                                 max_hops=max_hops, **resolved.as_dict())
         if compile:
             compile_backbone(self.model)
+        # Training forward, built at the first training step (it depends on the device).
+        self._train_forward = None
+        self._train_shape: tuple | None = None
+        self._unchecked_loss: tuple[Tensor, int, int, int] | None = None
         self.task = task
         metric_name = TASK_METRICS[task][0]
         for stage in ("val", "test"):
@@ -189,24 +220,73 @@ class GraphormerModule(pl.LightningModule):
         return self.model(batch)
 
     def _loss(self, pred: Tensor, y: Tensor) -> Tensor:
-        known = ~torch.isnan(y)  # PCQM4Mv2 test sets and multi-task CSVs have missing labels
-        if self.task == "regression":
-            return F.l1_loss(pred[known].float(), y[known])
+        """Mean loss over the known labels (PCQM4Mv2 test sets and multi-task CSVs have missing
+        ones, NaN). Masking by multiplication rather than by boolean indexing keeps every shape
+        fixed, so the loss needs no device-to-host sync; unknown labels are replaced before the
+        loss so no NaN reaches the gradient."""
+        known = ~torch.isnan(y)
+        pred = pred.float()
         if self.task == "multiclass":
             known = known[:, 0]
-            return F.cross_entropy(pred[known].float(), y[known, 0].long())
-        return F.binary_cross_entropy_with_logits(pred[known].float(), y[known])
+            labels = torch.where(known, y[:, 0], 0).long()
+            losses = F.cross_entropy(pred, labels, reduction="none")
+        elif self.task == "regression":
+            losses = F.l1_loss(pred, torch.where(known, y, pred.detach()), reduction="none")
+        else:
+            losses = F.binary_cross_entropy_with_logits(pred, torch.where(known, y, 0), reduction="none")
+        return (losses * known).sum() / known.sum()
 
     def training_step(self, batch: GraphBatch, batch_idx: int) -> Tensor:
-        loss = self._loss(self(batch), batch.y)
-        if not torch.isfinite(loss):
-            # Stop before the optimizer applies it; Lightning saves no checkpoint of this step.
-            raise FloatingPointError(
-                f"training loss is {loss.item()} at step {self.global_step} (epoch "
-                f"{self.current_epoch}, batch {batch_idx}): check the targets for huge values "
-                "and lower the learning rate; the last good checkpoint is untouched")
+        loss = self._loss(self._training_forward(batch), batch.y)
+        self._check_loss(loss.detach(), batch_idx)
         self.log("train/loss", loss, prog_bar=True, batch_size=batch.num_graphs)
         return loss
+
+    def _check_loss(self, loss: Tensor | None, batch_idx: int = -1) -> None:
+        """FloatingPointError for a non-finite training loss. On CPU the loss of this step is
+        checked, before the optimizer applies it. On a GPU reading it would stall the host until
+        the forward finished, so each step checks the previous step's loss (computed by then),
+        and a checkpoint checks the last one (:meth:`on_save_checkpoint`): a diverged step is
+        applied, but never saved."""
+        pending = self._unchecked_loss
+        self._unchecked_loss = None
+        if loss is not None:
+            current = (loss, self.global_step, self.current_epoch, batch_idx)
+            if loss.device.type == "cpu":
+                pending = current
+            else:
+                self._unchecked_loss = current
+        if pending is None or bool(torch.isfinite(pending[0])):
+            return
+        value, step, epoch, batch = pending
+        raise FloatingPointError(
+            f"training loss is {value.item()} at step {step} (epoch {epoch}, batch {batch}): "
+            "check the targets for huge values and lower the learning rate; the last good "
+            "checkpoint is untouched")
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._check_loss(None)
+
+    def setup(self, stage: str) -> None:
+        if self.hparams.get("matmul_precision"):
+            torch.set_float32_matmul_precision(self.hparams.matmul_precision)
+
+    def _training_forward(self, batch: GraphBatch) -> Tensor:
+        """The backbone's forward for training: captured in CUDA graphs with ``cuda_graphs`` on
+        a GPU (:func:`capture_backbone`), else the plain (maybe region-compiled) backbone."""
+        if not self.hparams.get("cuda_graphs"):
+            return self.model(batch)
+        if self._train_forward is None:
+            self._train_forward = capture_backbone(self.model, self.device)
+        shape = tuple(getattr(batch, f).shape for f in ("x", "edge_attr", "path_edges"))
+        if self._train_shape is not None and shape != self._train_shape:
+            log.warning("cuda_graphs: a training batch changed shape (%s -> %s); every new shape "
+                        "compiles and records new graphs: set data static_shapes: true",
+                        self._train_shape, shape)
+        self._train_shape = shape
+        if self.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()  # the previous step's buffers may be reused
+        return self._train_forward(batch)
 
     def on_train_epoch_start(self) -> None:
         # The training order is a function of (seed, epoch). Lightning's own set_epoch call passes

@@ -18,14 +18,7 @@ from graphormer_urpe.data.resident import (
 )
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The gathers are many small ops: on the shared 2-core machine, OpenMP threads competing
-    with other jobs make each op ~50x slower than one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def assert_same_batch(expected: GraphBatch, actual: GraphBatch) -> None:

@@ -19,13 +19,7 @@ TINY_BACKBONE = {"attention": "urpe", "num_layers": 2, "hidden_dim": 16, "ffn_di
                  "dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Many small ops: on the shared 2-core machine one thread is far faster than two competing."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def fit(run_dir: Path, data_root: Path, max_steps: int, *extra: str):
