@@ -12,6 +12,7 @@ from graphormer_urpe.training.cli import build_cli
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = ["--config", str(REPO / "configs" / "zinc.yaml"),
            "--config", str(REPO / "configs" / "quickstart.yaml")]
+OVERLAY = yaml.safe_load((REPO / "configs" / "quickstart.yaml").read_text())
 
 
 def load_quickstart():
@@ -22,18 +23,17 @@ def load_quickstart():
 
 
 def test_quickstart_budget_is_steps_capped_by_time_and_the_schedule_ends_at_it():
-    overlay = yaml.safe_load((REPO / "configs" / "quickstart.yaml").read_text())
     cli = build_cli(CONFIGS, run=False)
     trainer, hparams = cli.trainer, cli.model.hparams
-    assert trainer.max_steps == overlay["trainer"]["max_steps"]
-    assert overlay["trainer"]["max_time"] == "00:00:07:00"
+    assert trainer.max_steps == OVERLAY["trainer"]["max_steps"]
+    assert OVERLAY["trainer"]["max_time"] == "00:00:07:00"
     # The lr decays to its end exactly at the step budget (total_steps unset follows max_steps),
     # so the result depends on the steps, not on the machine's load.
     assert hparams.total_steps in (None, trainer.max_steps)
     assert 0 < hparams.warmup_steps < trainer.max_steps / 10
     backbone = hparams.backbone  # the paper's model family: Graphormer with URPE attention
     assert backbone["attention"] == "urpe" and not backbone["share_urpe_scale"]
-    assert backbone == {**backbone, **overlay["model"]["backbone"]}
+    assert backbone == {**backbone, **OVERLAY["model"]["backbone"]}
 
 
 def test_quickstart_main_trains_and_reports_its_model_and_test_mae(
@@ -43,11 +43,12 @@ def test_quickstart_main_trains_and_reports_its_model_and_test_mae(
     run_dir = tmp_path / "run"
     load_quickstart().main([
         "--trainer.default_root_dir", str(run_dir), "--data.init_args.root", str(zinc_data_root),
-        "--trainer.max_steps", "3", "--model.warmup_steps", "1", "--trainer.limit_train_batches", "3",
+        "--trainer.max_steps", "3", "--model.warmup_steps", "1",
+        "--trainer.limit_train_batches", "3",
         "--trainer.limit_val_batches", "2", "--trainer.limit_test_batches", "2",
         "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"])
     out = capsys.readouterr().out
-    backbone = yaml.safe_load((REPO / "configs" / "quickstart.yaml").read_text())["model"]["backbone"]
+    backbone = OVERLAY["model"]["backbone"]
     assert (f"=== Graphormer + URPE, {backbone['num_layers']} layers x {backbone['hidden_dim']} "
             "dim, 8 heads on ZINC-12k") in out
     assert re.search(r"optimizer steps\s+3\n", out)
