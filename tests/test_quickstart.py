@@ -5,6 +5,7 @@ import importlib.util
 import re
 from pathlib import Path
 
+import torch
 import yaml
 
 from graphormer_urpe.training.cli import build_cli
@@ -40,13 +41,21 @@ def test_quickstart_main_trains_and_reports_its_model_and_test_mae(
         zinc_data_root, zinc_source, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GRAPHORMER_URPE_ZINC_SOURCE", str(zinc_source))
     monkeypatch.chdir(tmp_path)  # main() moves to the repository; this restores the cwd after
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     run_dir = tmp_path / "run"
-    load_quickstart().main([
-        "--trainer.default_root_dir", str(run_dir), "--data.init_args.root", str(zinc_data_root),
-        "--trainer.max_steps", "3", "--model.warmup_steps", "1",
-        "--trainer.limit_train_batches", "3",
-        "--trainer.limit_val_batches", "2", "--trainer.limit_test_batches", "2",
-        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"])
+    threads = torch.get_num_threads()
+    try:
+        load_quickstart().main([
+            "--trainer.default_root_dir", str(run_dir),
+            "--data.init_args.root", str(zinc_data_root),
+            "--trainer.max_steps", "3", "--model.warmup_steps", "1",
+            "--trainer.limit_train_batches", "3",
+            "--trainer.limit_val_batches", "2", "--trainer.limit_test_batches", "2",
+            "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"])
+        # Two threads on a shared 2-core CPU ran 7-12x slower (docs/quickstart.md).
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
     out = capsys.readouterr().out
     backbone = OVERLAY["model"]["backbone"]
     assert (f"=== Graphormer + URPE, {backbone['num_layers']} layers x {backbone['hidden_dim']} "
