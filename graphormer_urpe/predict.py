@@ -44,10 +44,14 @@ import torch
 
 log = logging.getLogger(__name__)
 
-#: Padded node pairs ``B * (N + 1)^2`` per batch (graph token included): about one molecule at
-#: the default ``--max-nodes``. The slim model's peak memory grows by ~0.55 KB per pair (README).
-DEFAULT_MAX_PAIRS = 1 << 18
+#: Padded node pairs ``B * (N + 1)^2`` per batch (graph token included): ~100 ZINC molecules;
+#: larger batches are slower on the CPU (their [B, H, N+1, N+1] tensors leave the caches). The
+#: slim model's peak memory grows by ~0.18 KB per pair (README).
+DEFAULT_MAX_PAIRS = 1 << 16
+#: Bytes per padded pair a predicting process needs for Graphormer-slim (measured, README).
+_SLIM_BYTES_PER_PAIR = 180
 DEFAULT_BATCH_SIZE = 1024
+DEFAULT_MAX_NODES = 512
 DEFAULT_CHUNK_ROWS = 4096
 #: A molecule every featurizer accepts: a loaded model must predict it (hand-edited checkpoints).
 _PROBE_SMILES = "CCO"
@@ -385,7 +389,8 @@ def _finish_rows(rows: list[InputRow], errors: list[tuple[int, str]], prediction
         rows[position].error = rows[position].error or "prediction is not finite"
 
 
-def predict_smiles(module, rows: list[InputRow], max_nodes: int = 512, max_pairs: int = DEFAULT_MAX_PAIRS,
+def predict_smiles(module, rows: list[InputRow], max_nodes: int = DEFAULT_MAX_NODES,
+                   max_pairs: int = DEFAULT_MAX_PAIRS,
                    batch_size: int = DEFAULT_BATCH_SIZE) -> np.ndarray:
     """``[len(rows), num_targets]`` predictions in this process; NaN (with ``row.error`` set)
     where impossible."""
@@ -489,16 +494,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="graphormer-urpe-predict", description=__doc__.split("\n")[0],
         epilog="Peak memory: a batch holds at most max(--max-pairs, (--max-nodes + 1)^2) padded node "
-               "pairs; each predicting process (each worker on the CPU) needs ~0.55 KB per pair for the "
-               f"slim model (~{DEFAULT_MAX_PAIRS * 0.55 / 1024:.0f} MB at the defaults) on top of ~0.6 GB "
+               "pairs; each predicting process (each worker on the CPU) needs "
+               f"~{_SLIM_BYTES_PER_PAIR / 1000:.2f} KB per pair for the slim model "
+               f"(~{max(DEFAULT_MAX_PAIRS, (DEFAULT_MAX_NODES + 1) ** 2) * _SLIM_BYTES_PER_PAIR / 1e6:.0f} MB "
+               "at the defaults) on top of ~0.6 GB "
                "of libraries and model, whatever the input's length. Lower --max-pairs and --max-nodes "
                "for bigger models or smaller machines.")
     parser.add_argument("--ckpt", required=True, help="Lightning checkpoint (.ckpt) of any config")
     parser.add_argument("--input", required=True,
                         help="CSV with a 'smiles' column (other columns are kept), or one SMILES a line")
     parser.add_argument("--output", required=True, help="CSV to write (never the input)")
-    parser.add_argument("--max-nodes", type=_positive_int, default=512,
-                        help="larger molecules get an error row instead of a prediction (default 512)")
+    parser.add_argument("--max-nodes", type=_positive_int, default=DEFAULT_MAX_NODES,
+                        help="larger molecules get an error row instead of a prediction (default "
+                             f"{DEFAULT_MAX_NODES})")
     parser.add_argument("--max-pairs", type=_positive_int, default=DEFAULT_MAX_PAIRS,
                         help="padded node pairs B*(N+1)^2 per batch: bounds peak memory "
                              f"(default {DEFAULT_MAX_PAIRS})")
