@@ -52,7 +52,7 @@ DEFAULT_MAX_PAIRS = 1 << 16
 _SLIM_BYTES_PER_PAIR = 180
 DEFAULT_BATCH_SIZE = 1024
 DEFAULT_MAX_NODES = 512
-DEFAULT_CHUNK_ROWS = 4096
+DEFAULT_CHUNK_ROWS = 1024
 #: A molecule every featurizer accepts: a loaded model must predict it (hand-edited checkpoints).
 _PROBE_SMILES = "CCO"
 
@@ -233,8 +233,10 @@ def _check_finite(ckpt: Path, state_dict: dict) -> None:
                               f"tensor(s): {', '.join(bad[:5])}")
 
 
-def load_module(ckpt: str | Path, map_location: str = "cpu"):
-    """The verified :class:`GraphormerModule` stored in a Lightning checkpoint, in eval mode.
+def load_module(ckpt: str | Path, map_location: str = "cpu", *, inference_only: bool = False):
+    """The verified :class:`GraphormerModule` stored in a Lightning checkpoint, in eval mode;
+    with ``inference_only`` its :class:`~graphormer_urpe.training.inference.InferenceModel`
+    instead (same ``model``, ``hparams`` and ``predict_step``; Lightning is not imported).
 
     Raises :class:`CheckpointError` for a missing file, a damaged archive (zip CRCs), content
     that is not plain data, non-finite weights, and hyperparameters or weights that do not build
@@ -242,7 +244,11 @@ def load_module(ckpt: str | Path, map_location: str = "cpu"):
     """
     from graphormer_urpe.data.features import num_embeddings
     from graphormer_urpe.data.featurize import featurizer_spec
-    from graphormer_urpe.training.module import GraphormerModule
+
+    if inference_only:
+        from graphormer_urpe.training.inference import InferenceModel as model_class
+    else:
+        from graphormer_urpe.training.module import GraphormerModule as model_class
 
     ckpt = Path(ckpt)
     if not ckpt.is_file():
@@ -273,7 +279,7 @@ def load_module(ckpt: str | Path, map_location: str = "cpu"):
             if hparams.get(f"num_{kind}_embeddings") != num_embeddings(dims):
                 raise ValueError(f"num_{kind}_embeddings={hparams.get(f'num_{kind}_embeddings')!r} but "
                                  f"featurizer {spec.name!r} needs {num_embeddings(dims)}")
-        module = GraphormerModule(**hparams)
+        module = model_class(**hparams)
         module.load_state_dict(checkpoint["state_dict"])
         module.eval()
         predict_smiles(module, [InputRow(_PROBE_SMILES)], max_nodes=8, batch_size=1)
@@ -559,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with output, open(source, newline="", encoding="utf-8-sig") as handle:
         try:
-            module = load_module(args.ckpt).to(device)
+            module = load_module(args.ckpt, inference_only=True).to(device)
             table_input = open_smiles(handle, source)
         except (CheckpointError, ValueError, UnicodeDecodeError) as exc:
             print(f"graphormer-urpe-predict: error: {exc}", file=sys.stderr)
