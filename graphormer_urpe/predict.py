@@ -18,7 +18,8 @@ that cannot be written, is refused before any work. A checkpoint is verified bef
 CRCs, finite weights, hyperparameters that build this version's model (exit 2 otherwise).
 
 Memory and speed: the input is streamed in chunks of ``--chunk-rows`` rows; ``--workers``
-processes featurize them and, on the CPU, predict them with one torch thread each. Within a
+processes featurize them and, on the CPU, predict them with one torch thread each (the model is
+loaded without Lightning, :class:`~graphormer_urpe.training.inference.InferenceModel`). Within a
 chunk molecules are sorted by size and batched so a batch holds at most ``--max-pairs`` padded
 node pairs ``B * (N + 1)^2`` (and ``--batch-size`` molecules), so peak memory is bounded by the
 larger of ``--max-pairs`` and ``(max_nodes + 1)^2`` whatever the input's length.
@@ -46,10 +47,10 @@ log = logging.getLogger(__name__)
 
 #: Padded node pairs ``B * (N + 1)^2`` per batch (graph token included): ~100 ZINC molecules;
 #: larger batches are slower on the CPU (their [B, H, N+1, N+1] tensors leave the caches). The
-#: slim model's peak memory grows by ~0.18 KB per pair (README).
+#: slim model's peak memory grows by ~0.2 KB per pair (README).
 DEFAULT_MAX_PAIRS = 1 << 16
 #: Bytes per padded pair a predicting process needs for Graphormer-slim (measured, README).
-_SLIM_BYTES_PER_PAIR = 180
+_SLIM_BYTES_PER_PAIR = 200
 DEFAULT_BATCH_SIZE = 1024
 DEFAULT_MAX_NODES = 512
 DEFAULT_CHUNK_ROWS = 1024
@@ -501,9 +502,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="graphormer-urpe-predict", description=__doc__.split("\n")[0],
         epilog="Peak memory: a batch holds at most max(--max-pairs, (--max-nodes + 1)^2) padded node "
                "pairs; each predicting process (each worker on the CPU) needs "
-               f"~{_SLIM_BYTES_PER_PAIR / 1000:.2f} KB per pair for the slim model "
+               f"~{_SLIM_BYTES_PER_PAIR / 1000:.1f} KB per pair for the slim model "
                f"(~{max(DEFAULT_MAX_PAIRS, (DEFAULT_MAX_NODES + 1) ** 2) * _SLIM_BYTES_PER_PAIR / 1e6:.0f} MB "
-               "at the defaults) on top of ~0.6 GB "
+               "at the defaults) on top of ~0.4 GB "
                "of libraries and model, whatever the input's length. Lower --max-pairs and --max-nodes "
                "for bigger models or smaller machines.")
     parser.add_argument("--ckpt", required=True, help="Lightning checkpoint (.ckpt) of any config")
