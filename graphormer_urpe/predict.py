@@ -18,7 +18,8 @@ that cannot be written, is refused before any work. A checkpoint is verified bef
 CRCs, finite weights, hyperparameters that build this version's model (exit 2 otherwise).
 
 Memory and speed: the input is streamed in chunks of ``--chunk-rows`` rows; ``--workers``
-processes featurize them and, on the CPU, predict them with one torch thread each. Within a
+processes featurize them and, on the CPU, predict them with one torch thread each (the model is
+loaded without Lightning, :class:`~graphormer_urpe.training.inference.InferenceModel`). Within a
 chunk molecules are sorted by size and batched so a batch holds at most ``--max-pairs`` padded
 node pairs ``B * (N + 1)^2`` (and ``--batch-size`` molecules), so peak memory is bounded by the
 larger of ``--max-pairs`` and ``(max_nodes + 1)^2`` whatever the input's length.
@@ -44,11 +45,15 @@ import torch
 
 log = logging.getLogger(__name__)
 
-#: Padded node pairs ``B * (N + 1)^2`` per batch (graph token included): about one molecule at
-#: the default ``--max-nodes``. The slim model's peak memory grows by ~0.55 KB per pair (README).
-DEFAULT_MAX_PAIRS = 1 << 18
+#: Padded node pairs ``B * (N + 1)^2`` per batch (graph token included): ~100 ZINC molecules;
+#: larger batches are slower on the CPU (their [B, H, N+1, N+1] tensors leave the caches). The
+#: slim model's peak memory grows by ~0.2 KB per pair (README).
+DEFAULT_MAX_PAIRS = 1 << 16
+#: Bytes per padded pair a predicting process needs for Graphormer-slim (measured, README).
+_SLIM_BYTES_PER_PAIR = 200
 DEFAULT_BATCH_SIZE = 1024
-DEFAULT_CHUNK_ROWS = 4096
+DEFAULT_MAX_NODES = 512
+DEFAULT_CHUNK_ROWS = 1024
 #: A molecule every featurizer accepts: a loaded model must predict it (hand-edited checkpoints).
 _PROBE_SMILES = "CCO"
 
@@ -229,8 +234,10 @@ def _check_finite(ckpt: Path, state_dict: dict) -> None:
                               f"tensor(s): {', '.join(bad[:5])}")
 
 
-def load_module(ckpt: str | Path, map_location: str = "cpu"):
-    """The verified :class:`GraphormerModule` stored in a Lightning checkpoint, in eval mode.
+def load_module(ckpt: str | Path, map_location: str = "cpu", *, inference_only: bool = False):
+    """The verified :class:`GraphormerModule` stored in a Lightning checkpoint, in eval mode;
+    with ``inference_only`` its :class:`~graphormer_urpe.training.inference.InferenceModel`
+    instead (same ``model``, ``hparams`` and ``predict_step``; Lightning is not imported).
 
     Raises :class:`CheckpointError` for a missing file, a damaged archive (zip CRCs), content
     that is not plain data, non-finite weights, and hyperparameters or weights that do not build
@@ -238,7 +245,11 @@ def load_module(ckpt: str | Path, map_location: str = "cpu"):
     """
     from graphormer_urpe.data.features import num_embeddings
     from graphormer_urpe.data.featurize import featurizer_spec
-    from graphormer_urpe.training.module import GraphormerModule
+
+    if inference_only:
+        from graphormer_urpe.training.inference import InferenceModel as model_class
+    else:
+        from graphormer_urpe.training.module import GraphormerModule as model_class
 
     ckpt = Path(ckpt)
     if not ckpt.is_file():
@@ -269,7 +280,7 @@ def load_module(ckpt: str | Path, map_location: str = "cpu"):
             if hparams.get(f"num_{kind}_embeddings") != num_embeddings(dims):
                 raise ValueError(f"num_{kind}_embeddings={hparams.get(f'num_{kind}_embeddings')!r} but "
                                  f"featurizer {spec.name!r} needs {num_embeddings(dims)}")
-        module = GraphormerModule(**hparams)
+        module = model_class(**hparams)
         module.load_state_dict(checkpoint["state_dict"])
         module.eval()
         predict_smiles(module, [InputRow(_PROBE_SMILES)], max_nodes=8, batch_size=1)
@@ -385,7 +396,8 @@ def _finish_rows(rows: list[InputRow], errors: list[tuple[int, str]], prediction
         rows[position].error = rows[position].error or "prediction is not finite"
 
 
-def predict_smiles(module, rows: list[InputRow], max_nodes: int = 512, max_pairs: int = DEFAULT_MAX_PAIRS,
+def predict_smiles(module, rows: list[InputRow], max_nodes: int = DEFAULT_MAX_NODES,
+                   max_pairs: int = DEFAULT_MAX_PAIRS,
                    batch_size: int = DEFAULT_BATCH_SIZE) -> np.ndarray:
     """``[len(rows), num_targets]`` predictions in this process; NaN (with ``row.error`` set)
     where impossible."""
@@ -489,16 +501,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="graphormer-urpe-predict", description=__doc__.split("\n")[0],
         epilog="Peak memory: a batch holds at most max(--max-pairs, (--max-nodes + 1)^2) padded node "
-               "pairs; each predicting process (each worker on the CPU) needs ~0.55 KB per pair for the "
-               f"slim model (~{DEFAULT_MAX_PAIRS * 0.55 / 1024:.0f} MB at the defaults) on top of ~0.6 GB "
+               "pairs; each predicting process (each worker on the CPU) needs "
+               f"~{_SLIM_BYTES_PER_PAIR / 1000:.1f} KB per pair for the slim model "
+               f"(~{max(DEFAULT_MAX_PAIRS, (DEFAULT_MAX_NODES + 1) ** 2) * _SLIM_BYTES_PER_PAIR / 1e6:.0f} MB "
+               "at the defaults) on top of ~0.4 GB "
                "of libraries and model, whatever the input's length. Lower --max-pairs and --max-nodes "
                "for bigger models or smaller machines.")
     parser.add_argument("--ckpt", required=True, help="Lightning checkpoint (.ckpt) of any config")
     parser.add_argument("--input", required=True,
                         help="CSV with a 'smiles' column (other columns are kept), or one SMILES a line")
     parser.add_argument("--output", required=True, help="CSV to write (never the input)")
-    parser.add_argument("--max-nodes", type=_positive_int, default=512,
-                        help="larger molecules get an error row instead of a prediction (default 512)")
+    parser.add_argument("--max-nodes", type=_positive_int, default=DEFAULT_MAX_NODES,
+                        help="larger molecules get an error row instead of a prediction (default "
+                             f"{DEFAULT_MAX_NODES})")
     parser.add_argument("--max-pairs", type=_positive_int, default=DEFAULT_MAX_PAIRS,
                         help="padded node pairs B*(N+1)^2 per batch: bounds peak memory "
                              f"(default {DEFAULT_MAX_PAIRS})")
@@ -551,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with output, open(source, newline="", encoding="utf-8-sig") as handle:
         try:
-            module = load_module(args.ckpt).to(device)
+            module = load_module(args.ckpt, inference_only=True).to(device)
             table_input = open_smiles(handle, source)
         except (CheckpointError, ValueError, UnicodeDecodeError) as exc:
             print(f"graphormer-urpe-predict: error: {exc}", file=sys.stderr)

@@ -8,7 +8,8 @@ verification, featurization, prediction, atomic write) on the first ``--rows`` S
 training list (``../shared/data/zinc`` or ``--zinc``). Without ``--ckpt`` it saves an untrained
 slim ZINC model (speed does not depend on the weights). Prints a table and a final JSON line:
 molecules/s over the whole command and after startup (a 3-molecule run's time subtracted), the
-largest process's peak RSS, and the settings.
+largest process's peak RSS, the CPU seconds of all its processes (less sensitive than wall time
+to other jobs sharing the machine), and the settings.
 """
 from __future__ import annotations
 
@@ -43,8 +44,9 @@ def slim_zinc_checkpoint(path: Path) -> Path:
     return path
 
 
-def timed_run(command: list[str]) -> tuple[float, int]:
-    """Wall seconds and peak RSS (KiB, the largest process of the run) of ``command``."""
+def timed_run(command: list[str]) -> tuple[float, int, float]:
+    """Wall seconds, peak RSS (KiB, the largest process of the run) and CPU seconds (user +
+    system, its worker processes included) of ``command``."""
     start = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(process.pid, 0)  # rusage of this run alone
@@ -54,7 +56,7 @@ def timed_run(command: list[str]) -> tuple[float, int]:
         raise SystemExit(f"{' '.join(command)} failed (exit {process.returncode}):\n"
                          f"{process.stderr.read().decode()}")
     process.stderr.close()
-    return wall, usage.ru_maxrss
+    return wall, usage.ru_maxrss, usage.ru_utime + usage.ru_stime
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -78,24 +80,25 @@ def main(argv: list[str] | None = None) -> None:
 
         results = []
         print(f"{'workers':>7} {'rows':>7} {'wall s':>8} {'startup s':>9} {'mol/s':>7} "
-              f"{'mol/s after startup':>19} {'peak RSS MiB':>12}")
+              f"{'mol/s after startup':>19} {'peak RSS MiB':>12} {'CPU s':>6}")
         for workers in args.workers:
             for _ in range(args.repeats):
                 base = [command, "--ckpt", str(ckpt), "--output", str(tmp / "out.csv"), "--quiet",
                         "--workers", str(workers), "--device", "cpu"]
-                startup, _ = timed_run([*base, "--input", str(tmp / "tiny.smi")])
-                wall, rss = timed_run([*base, "--input", str(tmp / "in.smi")])
+                startup, _, _ = timed_run([*base, "--input", str(tmp / "tiny.smi")])
+                wall, rss, cpu = timed_run([*base, "--input", str(tmp / "in.smi")])
                 row = {"workers": workers, "rows": len(smiles), "wall_s": round(wall, 2),
                        "startup_s": round(startup, 2), "mol_per_s": round(len(smiles) / wall, 1),
                        "mol_per_s_after_startup": round(len(smiles) / max(wall - startup, 1e-9), 1),
-                       "peak_rss_mib": round(rss / 1024, 1)}
+                       "peak_rss_mib": round(rss / 1024, 1), "cpu_s": round(cpu, 2)}
                 results.append(row)
                 print(f"{workers:>7} {row['rows']:>7} {wall:>8.2f} {startup:>9.2f} {row['mol_per_s']:>7.1f} "
-                      f"{row['mol_per_s_after_startup']:>19.1f} {row['peak_rss_mib']:>12.1f}", flush=True)
+                      f"{row['mol_per_s_after_startup']:>19.1f} {row['peak_rss_mib']:>12.1f} {cpu:>6.1f}",
+                      flush=True)
     best = max(results, key=lambda r: r["mol_per_s"])
     print(json.dumps({"molecules_per_s": best["mol_per_s"],
                       "molecules_per_s_after_startup": best["mol_per_s_after_startup"],
-                      "peak_rss_mib": best["peak_rss_mib"], "best_workers": best["workers"],
+                      "peak_rss_mib": best["peak_rss_mib"], "cpu_s": best["cpu_s"], "best_workers": best["workers"],
                       "rows": len(smiles), "checkpoint": str(args.ckpt or "untrained slim ZINC (URPE)"),
                       "cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
                       "load_average_1min": round(os.getloadavg()[0], 2), "python": platform.python_version(),

@@ -333,15 +333,15 @@ def test_batches_respect_the_pair_budget_and_give_the_same_predictions(zinc_ckpt
     source.write_text("\n".join(zinc_smiles) + "\n")
     assert run(zinc_ckpt, source, tmp_path / "default.csv") == 0
     shapes = []
-    from graphormer_urpe.training.module import GraphormerModule
+    from graphormer_urpe.training.inference import InferenceModel
 
-    forward = GraphormerModule.forward
+    forward = InferenceModel.forward
 
     def recording_forward(self, batch):
         shapes.append((batch.num_graphs, int(batch.num_nodes.max())))
         return forward(self, batch)
 
-    monkeypatch.setattr(GraphormerModule, "forward", recording_forward)
+    monkeypatch.setattr(InferenceModel, "forward", recording_forward)
     budget = 20_000
     assert run(zinc_ckpt, source, tmp_path / "budget.csv", "--max-pairs", str(budget), "--workers", "0") == 0
     shapes = shapes[1:]  # the first forward is the load-time check of the model

@@ -58,14 +58,21 @@ def eager_attention(
     """
     with torch.autocast(device_type=q.device.type, enabled=False):
         q, k, v_core = q.float(), k.float(), v.float()
-        scores = torch.matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
-        if attn_bias is not None:
-            scores = scores + attn_bias.float()
-        if key_padding_mask is not None:
-            scores = scores.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+        batch, heads, len_q, head_dim = q.shape
+        len_k = k.shape[-2]
+        q3, k3 = q.reshape(-1, len_q, head_dim), k.reshape(-1, len_k, head_dim)
+        if attn_bias is None:
+            scores = torch.bmm(q3, k3.transpose(1, 2)).mul_(head_dim ** -0.5)
+        else:  # B + QK^T / sqrt(d) in one pass (a broadcast B, e.g. [1, H, L, L], is expanded)
+            bias = attn_bias.float().expand(batch, heads, len_q, len_k).reshape(-1, len_q, len_k)
+            scores = torch.baddbmm(bias, q3, k3.transpose(1, 2), alpha=head_dim ** -0.5)
+        scores = scores.view(batch, heads, len_q, len_k)
+        if key_padding_mask is not None:  # in place: the score product's backward needs q and k only
+            scores.masked_fill_(key_padding_mask[:, None, None, :], float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         if attn_scale is not None:
-            probs = probs * attn_scale.float()
+            # Without autograd the probabilities are scaled in place (no [B, H, L, L] copy).
+            probs = probs * attn_scale.float() if torch.is_grad_enabled() else probs.mul_(attn_scale.float())
         out = torch.matmul(F.dropout(probs, dropout_p) if dropout_p > 0 else probs, v_core)
     return out.to(v.dtype), (probs if need_weights else None)
 

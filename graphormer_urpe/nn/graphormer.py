@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
@@ -43,6 +43,8 @@ from graphormer_urpe.nn.encodings import (
 
 AttentionKind = Literal["urpe", "rpe", "none"]
 ATTENTION_KINDS = ("urpe", "rpe", "none")
+#: Kernels for which ``-inf`` in ``attn_bias`` masks a key exactly as ``key_padding_mask`` does.
+_KERNELS_WITH_ADDITIVE_MASK = ("eager", "sdpa")
 
 
 class GraphormerLayer(nn.Module):
@@ -125,6 +127,7 @@ class Graphormer(nn.Module):
         self.attention = attention
         self.max_spd = max_spd
         self.num_heads = num_heads
+        self.attention_impl = attention_impl
 
         self.atom_encoder = AtomEncoder(num_atom_embeddings, hidden_dim)
         self.degree_encoder = DegreeEncoder(max_degree, hidden_dim)
@@ -215,10 +218,11 @@ class Graphormer(nn.Module):
             raise ValueError(f"bond ids span [{e_lo}, {e_hi}] but num_bond_embeddings="
                              f"{self.num_bond_embeddings}")
 
-    def attention_inputs(self, batch: GraphBatch) -> tuple[Tensor | None, list[Tensor | None]]:
+    def attention_inputs(self, batch: GraphBatch) -> tuple[Tensor | None, Iterable[Tensor | None]]:
         """``B`` ``[B, H, N+1, N+1]`` (None for ``"none"``) and the ``C`` each layer uses
         (``[B, H, N+1, N+1]``, the same tensor for every layer when shared; None unless
-        ``"urpe"``)."""
+        ``"urpe"``), in layer order: a list, or without autograd a generator that looks each
+        layer's C up when it is reached."""
         if self.attention == "none":
             return None, [None] * len(self.layers)
         slots = distance_slots(batch.spd, self.max_spd)  # [B, N, N]
@@ -229,6 +233,11 @@ class Graphormer(nn.Module):
         scale_slots = URPEScale.slots(slots, self.max_spd)
         if len(self.urpe_scales) == 1:
             return attn_bias, [self.urpe_scales[0](scale_slots)] * len(self.layers)
+        if not torch.is_grad_enabled():
+            # Inference: each layer's C is looked up when the layer runs, so one [B, H, N+1, N+1]
+            # table is alive instead of L (allocating those costs more than the lookups on CPU).
+            return attn_bias, (URPEScale.lookup_many([scale], scale_slots)[0]
+                               for scale in self.urpe_scales)
         return attn_bias, URPEScale.lookup_many(self.urpe_scales, scale_slots)
 
     def forward(self, batch: GraphBatch) -> Tensor:
@@ -239,6 +248,10 @@ class Graphormer(nn.Module):
         token_is_real = torch.zeros_like(node_mask[:, :1])
         key_padding_mask = torch.cat([token_is_real, ~node_mask], dim=1)  # [B, N+1]
         attn_bias, scales = self.attention_inputs(batch)
+        if attn_bias is not None and self.attention_impl in _KERNELS_WITH_ADDITIVE_MASK:
+            # Padded keys as -inf in the bias every layer shares: masked once, not once per layer.
+            attn_bias = attn_bias.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))
+            key_padding_mask = None
         for layer, attn_scale in zip(self.layers, scales):
             h = layer(h, attn_bias, attn_scale, key_padding_mask)
         return self.head(self.final_norm(h[:, 0]))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -20,7 +20,8 @@ from torchmetrics.classification import BinaryAUROC, MulticlassAccuracy, Multila
 
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.nn.encodings import EdgePathBias, GraphToken, URPEScale, VirtualDistanceBias
-from graphormer_urpe.nn.graphormer import PRESETS, Graphormer, GraphormerConfig
+from graphormer_urpe.nn.graphormer import Graphormer, GraphormerConfig
+from graphormer_urpe.training.inference import TASKS, build_backbone, task_predictions
 from graphormer_urpe.training.schedule import warmup_polynomial_decay
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ Task = Literal["regression", "classification", "multiclass"]
 TASK_METRICS: dict[str, tuple[str, str]] = {
     "regression": ("mae", "min"), "classification": ("auroc", "max"),
     "multiclass": ("accuracy", "max")}
+assert tuple(TASK_METRICS) == TASKS
 #: Kinds of parameter, one AdamW param group each (see :func:`parameter_groups`).
 ParameterKind = Literal["weight", "embedding", "bias", "layernorm", "urpe_scale"]
 PARAMETER_KINDS: tuple[str, ...] = ParameterKind.__args__
@@ -184,25 +186,14 @@ class GraphormerModule(pl.LightningModule):
         matmul_precision: Literal["highest", "high", "medium"] | None = None,
     ) -> None:
         super().__init__()
-        if preset not in PRESETS:
-            raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
-        if task not in TASK_METRICS:
-            raise ValueError(f"task must be one of {list(TASK_METRICS)}, got {task!r}")
-        if task == "multiclass" and num_targets < 2:
-            raise ValueError(f"multiclass needs num_targets = number of classes >= 2, "
-                             f"got {num_targets}")
         if compile and cuda_graphs:
             raise ValueError("compile (region-wise, dynamic shapes) and cuda_graphs (the whole "
                              "backbone, static shapes) exclude each other: set one")
-        if isinstance(backbone, Mapping):  # a checkpoint's hyperparameters
-            backbone = GraphormerConfig.from_dict(backbone)
-        resolved = backbone.over(PRESETS[preset])
+        self.model, resolved = build_backbone(num_atom_embeddings, num_bond_embeddings, num_targets,
+                                              max_hops, task, preset, backbone)
         self.save_hyperparameters(ignore=["backbone"])
         # Plain values only (checkpoints load with weights_only=True), and complete.
         self.hparams["backbone"] = resolved.as_dict()
-        self.model = Graphormer(num_atom_embeddings=num_atom_embeddings,
-                                num_bond_embeddings=num_bond_embeddings, num_targets=num_targets,
-                                max_hops=max_hops, **resolved.as_dict())
         if compile:
             compile_backbone(self.model)
         # Training forward, built at the first training step (it depends on the device).
@@ -321,12 +312,7 @@ class GraphormerModule(pl.LightningModule):
     def predict_step(self, batch: GraphBatch, batch_idx: int) -> dict[str, Tensor]:
         """Predictions ``[B, num_targets]``: values, probabilities per label
         (``classification``) or per class (``multiclass``)."""
-        pred = self(batch).float()
-        if self.task == "classification":
-            pred = torch.sigmoid(pred)
-        elif self.task == "multiclass":
-            pred = torch.softmax(pred, dim=-1)
-        return {"index": batch.index, "prediction": pred}
+        return {"index": batch.index, "prediction": task_predictions(self.task, self(batch))}
 
     def schedule_steps(self) -> int:
         """``total_steps`` of the schedule: the given one, else the trainer's step budget; warns

@@ -50,6 +50,41 @@ def test_weights_are_scaled_probabilities():
     torch.testing.assert_close(scaled, plain * scale)
 
 
+def _written_out_attention(q, k, v, bias, scale, mask):
+    """``(softmax(q k^T / sqrt(d) + B, padded keys -inf) ⊙ C) v``, op by op as in the paper."""
+    scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    if bias is not None:
+        scores = scores + bias
+    if mask is not None:
+        scores = scores.masked_fill(mask[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    if scale is not None:
+        probs = probs * scale
+    return probs @ v, probs
+
+
+@pytest.mark.parametrize("autograd", [True, False])
+@pytest.mark.parametrize("bias_shape, with_scale, with_mask", [
+    ((3, H, L, L), True, True), ((1, H, L, L), True, False), (None, True, True), ((3, H, L, L), False, True)])
+def test_eager_kernel_is_the_written_out_formula(autograd, bias_shape, with_scale, with_mask):
+    """The eager kernel's fused score product and in-place steps (inference) change nothing."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(3, H, L, D // H, generator=gen) for _ in range(3))
+    bias = None if bias_shape is None else torch.randn(bias_shape, generator=gen)
+    scale = torch.rand(3, H, L, L, generator=gen) + 0.5 if with_scale else None
+    mask = torch.zeros(3, L, dtype=torch.bool) if with_mask else None
+    if with_mask:
+        mask[0, 4:] = True
+        mask[2, 1:] = True
+    expected_out, expected_probs = _written_out_attention(q, k, v, bias, scale, mask)
+    with torch.set_grad_enabled(autograd):
+        out, probs = eager_attention(q, k, v, bias, scale, mask, 0.0, True)
+    torch.testing.assert_close(out, expected_out, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(probs, expected_probs, rtol=1e-6, atol=1e-6)
+    if scale is not None:
+        assert torch.equal(scale, scale.clone()), "the caller's C is never modified"
+
+
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_sdpa_kernel_matches_eager_reference(with_bias):
     eager = _attention(attention_impl="eager")

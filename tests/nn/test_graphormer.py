@@ -165,6 +165,47 @@ def test_prediction_does_not_depend_on_batch_padding(zinc_vocab, zinc_graphs, zi
     torch.testing.assert_close(in_batch[1:2], alone, rtol=0, atol=1e-5)
 
 
+def _written_out_forward(model: Graphormer, batch: GraphBatch) -> torch.Tensor:
+    """Graphormer's forward with every layer's attention written out op by op, C looked up per
+    layer from :meth:`Graphormer.urpe_scale_tables` and the padding mask applied in each layer."""
+    from graphormer_urpe.nn.encodings import distance_slots
+
+    nodes = model.atom_encoder(batch.x) + model.degree_encoder(batch.degree, batch.node_mask)
+    h = model.graph_token(nodes)
+    mask = torch.cat([torch.zeros_like(batch.node_mask[:, :1]), ~batch.node_mask], dim=1)
+    slots = distance_slots(batch.spd, model.max_spd).long()
+    node_bias = model.spatial_bias(slots) + model.edge_bias(batch.edge_attr, batch.path_edges)
+    bias = model.virtual_distance(node_bias)
+    scale_slots = torch.nn.functional.pad(slots, (1, 0, 1, 0), value=model.max_spd + 2)
+    for layer, table in zip(model.layers, model.urpe_scale_tables()):
+        attn, (b, n1, d) = layer.attn, h.shape
+        q, k, v = attn.in_proj(layer.attn_norm(h)).view(b, n1, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4)
+        scores = q @ k.transpose(-1, -2) / attn.head_dim ** 0.5 + bias
+        scores = scores.masked_fill(mask[:, None, None], float("-inf"))
+        probs = torch.softmax(scores, -1) * table[scale_slots].permute(0, 3, 1, 2)
+        h = h + attn.out_proj((probs @ v).transpose(1, 2).reshape(b, n1, d))
+        h = h + layer.ffn(layer.ffn_norm(h))
+    return model.head(model.final_norm(h[:, 0]))
+
+
+@pytest.mark.parametrize("share", [False, True])
+@pytest.mark.parametrize("mode", ["autograd", "no_grad", "inference_mode"])
+def test_forward_is_the_written_out_model_on_zinc(zinc_vocab, zinc_graphs, zinc_collate, share, mode):
+    """The inference shortcuts (padding masked once in B, each layer's C looked up when reached,
+    in-place steps) give the written-out model's predictions on 64 real ZINC molecules."""
+    model = _model(zinc_vocab, share_urpe_scale=share).eval()
+    _randomise_scales(model)
+    batch = zinc_collate(zinc_graphs)
+    assert not batch.node_mask.all(), "the batch must contain padding"
+    with torch.no_grad():
+        expected = _written_out_forward(model, batch)
+    context = {"autograd": torch.enable_grad, "no_grad": torch.no_grad,
+               "inference_mode": torch.inference_mode}[mode]
+    with context():
+        out = model(batch)
+    torch.testing.assert_close(out.detach(), expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("share", [False, True])
 def test_gradient_reaches_every_urpe_scale(zinc_vocab, batch, share):
     model = _model(zinc_vocab, share_urpe_scale=share)

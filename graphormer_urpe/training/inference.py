@@ -1,0 +1,96 @@
+"""A trained model for prediction only: a checkpoint's backbone and output transform, no Lightning.
+
+:class:`~graphormer_urpe.training.module.GraphormerModule` builds its backbone and turns outputs
+into predictions with the functions here, so both give the same predictions from the same
+weights; prediction alone (``graphormer-urpe-predict``) uses :class:`InferenceModel`, which
+loads a Lightning checkpoint's ``state_dict`` and ``hyper_parameters`` as they are without
+importing Lightning (several seconds of every start).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from graphormer_urpe.data.batch import GraphBatch
+from graphormer_urpe.nn.graphormer import PRESETS, Graphormer, GraphormerConfig
+
+#: ``regression``: values. ``classification``: binary or multi-label 0/1 targets, one logit
+#: each. ``multiclass``: one integer class per graph, ``num_targets`` logits.
+TASKS = ("regression", "classification", "multiclass")
+#: Hyperparameters of ``GraphormerModule`` that only training uses.
+TRAINING_HPARAMS = frozenset({"lr", "end_lr", "warmup_steps", "total_steps", "power", "weight_decay",
+                              "betas", "eps", "no_weight_decay", "compile", "cuda_graphs",
+                              "matmul_precision"})
+
+
+def build_backbone(num_atom_embeddings: int, num_bond_embeddings: int, num_targets: int, max_hops: int,
+                   task: str, preset: str,
+                   backbone: GraphormerConfig | Mapping[str, Any]) -> tuple[Graphormer, GraphormerConfig]:
+    """The :class:`Graphormer` of these hyperparameters and its complete config (``backbone``'s
+    fields over the preset's); ValueError for an unknown preset or task."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {list(TASKS)}, got {task!r}")
+    if task == "multiclass" and num_targets < 2:
+        raise ValueError(f"multiclass needs num_targets = number of classes >= 2, got {num_targets}")
+    if isinstance(backbone, Mapping):  # a checkpoint's hyperparameters
+        backbone = GraphormerConfig.from_dict(backbone)
+    resolved = backbone.over(PRESETS[preset])
+    model = Graphormer(num_atom_embeddings=num_atom_embeddings, num_bond_embeddings=num_bond_embeddings,
+                       num_targets=num_targets, max_hops=max_hops, **resolved.as_dict())
+    return model, resolved
+
+
+def task_predictions(task: str, outputs: Tensor) -> Tensor:
+    """Raw outputs ``[B, T]`` -> float32 predictions: values (``regression``), probabilities
+    per label (``classification``) or per class (``multiclass``)."""
+    pred = outputs.float()
+    if task == "classification":
+        return torch.sigmoid(pred)
+    if task == "multiclass":
+        return torch.softmax(pred, dim=-1)
+    return pred
+
+
+class HParams(dict):
+    """Hyperparameters read as ``hparams.name`` or ``hparams["name"]``."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+class InferenceModel(nn.Module):
+    """The backbone (``model``) and ``predict_step`` of a ``GraphormerModule``, built from its
+    checkpoint's hyperparameters (training-only ones are accepted and ignored; any other unknown
+    one is a TypeError) and loading its ``state_dict`` unchanged."""
+
+    def __init__(self, num_atom_embeddings: int, num_bond_embeddings: int, num_targets: int = 1,
+                 max_hops: int = 5, task: str = "regression", featurizer: str = "zinc",
+                 preset: str = "slim", backbone: GraphormerConfig | Mapping[str, Any] = GraphormerConfig(),
+                 target_names: list[str] | None = None, **training: Any) -> None:
+        super().__init__()
+        unknown = sorted(set(training) - TRAINING_HPARAMS)
+        if unknown:
+            raise TypeError(f"unexpected hyperparameters {unknown}")
+        self.model, resolved = build_backbone(num_atom_embeddings, num_bond_embeddings, num_targets,
+                                              max_hops, task, preset, backbone)
+        self.task = task
+        self.hparams = HParams(num_atom_embeddings=num_atom_embeddings,
+                               num_bond_embeddings=num_bond_embeddings, num_targets=num_targets,
+                               max_hops=max_hops, task=task, featurizer=featurizer, preset=preset,
+                               backbone=resolved.as_dict(), target_names=target_names, **training)
+
+    def forward(self, batch: GraphBatch) -> Tensor:
+        """Raw model outputs ``[B, num_targets]`` (logits for classification)."""
+        return self.model(batch)
+
+    def predict_step(self, batch: GraphBatch, batch_idx: int = 0) -> dict[str, Tensor]:
+        """As ``GraphormerModule.predict_step``: ``index`` and ``prediction`` (:func:`task_predictions`)."""
+        return {"index": batch.index, "prediction": task_predictions(self.task, self(batch))}
