@@ -129,6 +129,11 @@ def make_step_timer(device: str, warmup: int, steps: int):
     return StepTimer()
 
 
+def batch_size_of(name: str, args) -> int:
+    """The batch size of preset ``name``: ``--zinc-batch`` or ``--pcqm-batch`` by its data set."""
+    return args.zinc_batch if PRESET_DATA[name][0] == "zinc" else args.pcqm_batch
+
+
 def datamodule(name: str, args, batch_size: int, resident: bool, static_shapes: bool = False):
     from graphormer_urpe.data.datamodule import PCQM4Mv2DataModule, ZINCDataModule
 
@@ -147,7 +152,7 @@ def run_training(name: str, attention: str, path: str, args) -> dict:
     from graphormer_urpe.training.module import GraphormerModule
 
     spec = path_spec(path)
-    batch_size = args.zinc_batch if PRESET_DATA[name][0] == "zinc" else args.pcqm_batch
+    batch_size = batch_size_of(name, args)
     dm = datamodule(name, args, batch_size, resident=spec.resident, static_shapes=spec.static_shapes)
     dm.prepare_data()
     impl = "triton" if spec.triton and args.device == "cuda" else "eager"
@@ -214,7 +219,7 @@ def run_data_only(name: str, args) -> list[dict]:
     from graphormer_urpe.data.resident import ResidentLoader, ResidentSplit, TensorGraphs
 
     rows = []
-    batch_size = args.zinc_batch if PRESET_DATA[name][0] == "zinc" else args.pcqm_batch
+    batch_size = batch_size_of(name, args)
     for resident in (False, True):
         dm = datamodule(name, args, batch_size, resident=False)
         dm.setup("fit")

@@ -81,6 +81,11 @@ class FlatGraphs:
         """``[G]`` int64 node counts."""
         return np.diff(self.node_ptr)
 
+    @property
+    def num_edges(self) -> np.ndarray:
+        """``[G]`` int64 directed edge counts."""
+        return np.diff(self.edge_ptr)
+
     def __len__(self) -> int:
         return len(self.node_ptr) - 1
 

@@ -155,7 +155,7 @@ class EncodedGraphDataset(Dataset):
     @property
     def num_edges(self) -> np.ndarray:
         """``[len(self)]`` directed edge count of every item."""
-        return np.diff(self.graphs.edge_ptr)[self.graph_ids]
+        return self.graphs.num_edges[self.graph_ids]
 
     def subset(self, items: np.ndarray) -> "EncodedGraphDataset":
         """The items ``items`` (keeping their split positions)."""
@@ -336,7 +336,7 @@ class GraphDataModule(pl.LightningDataModule):
         trainer = getattr(self, "trainer", None)
         rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
         return ResidentLoader(ResidentSplit(dataset, graphs), batch_size, sampler, rank, world_size,
-                              drop_last, dataset.padding)
+                              drop_last)
 
     def _loader(self, dataset: EncodedGraphDataset, batch_size: int, sampler: Sampler | None,
                 drop_last: bool = False) -> DataLoader | ResidentLoader:

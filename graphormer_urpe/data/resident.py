@@ -204,9 +204,9 @@ class ResidentSplit:
         self.graph_ids = torch.as_tensor(dataset.graph_ids, dtype=torch.int64).to(device)
         self.y = torch.as_tensor(dataset.y, dtype=torch.float32).to(device)
         self.positions = torch.as_tensor(dataset.positions, dtype=torch.int64).to(device)
-        host = dataset.graphs
-        self.num_nodes = np.diff(host.node_ptr)[dataset.graph_ids]
-        self.num_edges = np.diff(host.edge_ptr)[dataset.graph_ids]
+        self.num_nodes = dataset.num_nodes
+        self.num_edges = dataset.num_edges
+        self.padding = dataset.padding  # as the dataset's own batches (``__getitems__``)
 
     @property
     def device(self) -> torch.device:
@@ -215,24 +215,23 @@ class ResidentSplit:
     def __len__(self) -> int:
         return len(self.num_nodes)
 
-    def batch(self, items: np.ndarray, items_on_device: Tensor | None = None,
-              padding: BatchPadding | None = None) -> GraphBatch:
-        """The batch of items ``items [B]`` (host ints); ``items_on_device`` is the same ids
-        already on the device (saves a host-to-device copy); ``padding``: fixed ``N`` and ``E``."""
+    def batch(self, items: np.ndarray, items_on_device: Tensor | None = None) -> GraphBatch:
+        """The batch of items ``items [B]`` (host ints), padded as the dataset's batches are;
+        ``items_on_device`` is the same ids already on the device (saves a host-to-device copy)."""
         items = np.asarray(items, dtype=np.int64)
         if items_on_device is None:
             items_on_device = torch.from_numpy(items).to(self.device, non_blocking=True)
         shape = BatchShape.of(self.num_nodes[items], self.num_edges[items])
         return gather_batch(self.graphs, self.graph_ids.index_select(0, items_on_device),
                             self.y.index_select(0, items_on_device),
-                            self.positions.index_select(0, items_on_device), shape, padding)
+                            self.positions.index_select(0, items_on_device), shape, self.padding)
 
 
 class ResidentLoader:
     """A ``DataLoader`` stand-in over a :class:`ResidentSplit`: yields batches (:class:`GraphBatch`)
     already on the split's device, ``batch_size`` items each (the last one may be smaller, unless
-    ``drop_last``). ``padding`` pads every batch to fixed sizes (:class:`~.batch.BatchPadding`);
-    with ``drop_last`` all batches then have one shape.
+    ``drop_last``). Batches are padded as the split's dataset pads them
+    (:class:`~.batch.BatchPadding`); with a padding and ``drop_last`` all have one shape.
 
     Order: ``sampler`` (a :class:`~.datamodule.SeededShuffleSampler`, whose ``(seed, epoch)``
     rule it uses; Lightning and :class:`~graphormer_urpe.training.module.GraphormerModule` call
@@ -244,8 +243,7 @@ class ResidentLoader:
     """
 
     def __init__(self, split: ResidentSplit, batch_size: int, sampler: "SeededShuffleSampler | None" = None,
-                 rank: int = 0, world_size: int = 1, drop_last: bool = False,
-                 padding: BatchPadding | None = None) -> None:
+                 rank: int = 0, world_size: int = 1, drop_last: bool = False) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if not 0 <= rank < world_size:
@@ -259,7 +257,6 @@ class ResidentLoader:
         self.rank = int(rank)
         self.world_size = int(world_size)
         self.drop_last = bool(drop_last)
-        self.padding = padding
 
     def _num_items(self) -> int:
         return math.ceil(len(self.split) / self.world_size)
@@ -285,4 +282,4 @@ class ResidentLoader:
         end = len(self) * self.batch_size if self.drop_last else len(order)
         for start in range(first, end, self.batch_size):
             stop = start + self.batch_size
-            yield self.split.batch(order[start:stop], order_on_device[start:stop], self.padding)
+            yield self.split.batch(order[start:stop], order_on_device[start:stop])
