@@ -191,14 +191,29 @@ class SeededShuffleSampler(Sampler[int]):
     run). Iteration then yields the rest of the epoch's order, so the resumed run trains on
     exactly the batches the uninterrupted run would. ``len()`` stays the whole epoch (the
     trainer counts batches from ``k``).
+
+    With ``sizes`` (``[num_items]``, e.g. node counts) and ``bucket_batches = w > 0``, batches hold
+    graphs of similar size: the random order is cut into windows of ``w * batch_size`` items, each
+    window is sorted by size (stable), cut into batches, and the full batches are shuffled again
+    (the one incomplete batch, if any, stays last). Every item is still seen once per epoch, but a
+    batch padded to its largest graph wastes less: with ``w = 16`` a ZINC batch of 64 has about
+    half the node pairs of a random one.
     """
 
     def __init__(self, num_items: int, seed: int = 0, batch_size: int = 1,
-                 batches_done: Callable[[], int] | None = None) -> None:
+                 batches_done: Callable[[], int] | None = None, sizes: np.ndarray | None = None,
+                 bucket_batches: int = 0) -> None:
         self.num_items = int(num_items)
         self.seed = int(seed)
         self.batch_size = int(batch_size)
         self.batches_done = batches_done or (lambda: 0)
+        self.bucket_batches = int(bucket_batches)
+        if self.bucket_batches < 0:
+            raise ValueError(f"bucket_batches must be >= 0, got {bucket_batches}")
+        if self.bucket_batches and (sizes is None or len(sizes) != self.num_items):
+            raise ValueError(f"bucket_batches needs the size of each of the {self.num_items} items, "
+                             f"got {None if sizes is None else len(sizes)}")
+        self.sizes = None if sizes is None else np.asarray(sizes)
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -209,7 +224,18 @@ class SeededShuffleSampler(Sampler[int]):
 
     def permutation(self) -> np.ndarray:
         """This epoch's whole order, ``[num_items]`` int64."""
-        return np.random.default_rng([self.seed, self.epoch]).permutation(self.num_items)
+        rng = np.random.default_rng([self.seed, self.epoch])
+        order = rng.permutation(self.num_items)
+        if not self.bucket_batches:
+            return order
+        window = self.bucket_batches * self.batch_size
+        for start in range(0, self.num_items, window):
+            part = order[start:start + window]
+            order[start:start + window] = part[np.argsort(self.sizes[part], kind="stable")]
+        num_full = self.num_items // self.batch_size
+        batches = order[:num_full * self.batch_size].reshape(num_full, self.batch_size)
+        return np.concatenate([batches[rng.permutation(num_full)].reshape(-1),
+                               order[num_full * self.batch_size:]])
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.permutation()[self.batches_done() * self.batch_size:].tolist())
@@ -239,6 +265,10 @@ class GraphDataModule(pl.LightningDataModule):
             (:meth:`~.batch.BatchPadding.covering`). Needed to capture training steps in CUDA
             graphs (``GraphormerModule(cuda_graphs=True)``); padding changes no loss or gradient.
             Evaluation batches are not padded.
+        bucket_batches: train on batches of similar-sized graphs, sorted by node count within
+            windows of this many batches of the shuffled order (:class:`SeededShuffleSampler`);
+            0 (default) for a plain shuffle. Less padding, so faster steps where the step's cost
+            grows with the padded node count (a CPU: ~1.7x for ZINC at 16).
     """
 
     featurizer: str = ""
@@ -248,7 +278,7 @@ class GraphDataModule(pl.LightningDataModule):
     def __init__(self, max_hops: int = 5, batch_size: int = 128, num_workers: int = 0,
                  max_nodes: int = 128, seed: int = 0, eval_batch_size: int | None = None,
                  pin_memory: bool = False, encode_threads: int = 1, device_resident: bool = False,
-                 static_shapes: bool = False) -> None:
+                 static_shapes: bool = False, bucket_batches: int = 0) -> None:
         super().__init__()
         for name, value in (("max_hops", max_hops), ("batch_size", batch_size), ("max_nodes", max_nodes)):
             if int(value) < 1:
@@ -263,6 +293,7 @@ class GraphDataModule(pl.LightningDataModule):
         self.encode_threads = int(encode_threads)
         self.device_resident = bool(device_resident)
         self.static_shapes = bool(static_shapes)
+        self.bucket_batches = int(bucket_batches)
         self.splits: dict[str, EncodedGraphDataset] = {}
         # (host store, its device copy): splits sharing one store (OGB-LSC, CSV) share the copy
         self._resident_graphs: list[tuple[FlatGraphs, TensorGraphs]] = []
@@ -356,7 +387,8 @@ class GraphDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader | ResidentLoader:
         dataset = self.train_dataset()
-        sampler = SeededShuffleSampler(len(dataset), self.seed, self.batch_size, self.batches_done)
+        sampler = SeededShuffleSampler(len(dataset), self.seed, self.batch_size, self.batches_done,
+                                       dataset.num_nodes, self.bucket_batches)
         if not self.static_shapes:
             return self._loader(dataset, self.batch_size, sampler)
         if len(dataset) < self.batch_size:
@@ -393,11 +425,13 @@ class ZINCDataModule(GraphDataModule):
                  max_hops: int = 5, batch_size: int = 128, num_workers: int = 0, max_nodes: int = 128,
                  seed: int = 0, eval_batch_size: int | None = None, pin_memory: bool = False,
                  encode_threads: int = 1, predict_split: str = "test", build_workers: int | None = None,
-                 device_resident: bool = False, static_shapes: bool = False) -> None:
+                 device_resident: bool = False, static_shapes: bool = False,
+                 bucket_batches: int = 0) -> None:
         super().__init__(max_hops=max_hops, batch_size=batch_size, num_workers=num_workers,
                          max_nodes=max_nodes, seed=seed, eval_batch_size=eval_batch_size,
                          pin_memory=pin_memory, encode_threads=encode_threads,
-                         device_resident=device_resident, static_shapes=static_shapes)
+                         device_resident=device_resident, static_shapes=static_shapes,
+                         bucket_batches=bucket_batches)
         from graphormer_urpe.data.zinc import SPLITS
 
         if predict_split not in SPLITS:
@@ -444,11 +478,13 @@ class OGBLSCDataModule(GraphDataModule):
                  max_nodes: int = 128, seed: int = 0, eval_batch_size: int | None = None,
                  pin_memory: bool = False, encode_threads: int = 1, test_split: str = "valid",
                  predict_split: str | None = None, build_workers: int | None = None, download: bool = False,
-                 device_resident: bool = False, static_shapes: bool = False) -> None:
+                 device_resident: bool = False, static_shapes: bool = False,
+                 bucket_batches: int = 0) -> None:
         super().__init__(max_hops=max_hops, batch_size=batch_size, num_workers=num_workers,
                          max_nodes=max_nodes, seed=seed, eval_batch_size=eval_batch_size,
                          pin_memory=pin_memory, encode_threads=encode_threads,
-                         device_resident=device_resident, static_shapes=static_shapes)
+                         device_resident=device_resident, static_shapes=static_shapes,
+                         bucket_batches=bucket_batches)
         splits = self.layout.splits
         predict_split = predict_split or self.layout.test_splits[0]
         for name, value in (("test_split", test_split), ("predict_split", predict_split)):
@@ -540,11 +576,13 @@ class CSVDataModule(GraphDataModule):
                  max_hops: int = 5, batch_size: int = 32, num_workers: int = 0, max_nodes: int = 128,
                  seed: int = 0, eval_batch_size: int | None = None, pin_memory: bool = False,
                  encode_threads: int = 1, build_workers: int | None = None,
-                 device_resident: bool = False, static_shapes: bool = False) -> None:
+                 device_resident: bool = False, static_shapes: bool = False,
+                 bucket_batches: int = 0) -> None:
         super().__init__(max_hops=max_hops, batch_size=batch_size, num_workers=num_workers,
                          max_nodes=max_nodes, seed=seed, eval_batch_size=eval_batch_size,
                          pin_memory=pin_memory, encode_threads=encode_threads,
-                         device_resident=device_resident, static_shapes=static_shapes)
+                         device_resident=device_resident, static_shapes=static_shapes,
+                         bucket_batches=bucket_batches)
         from graphormer_urpe.data import csv as property_csv
 
         if task not in property_csv.TASKS:
