@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from graphormer_urpe.data.batch import GraphBatch
-from graphormer_urpe.data.collate import collate_pyg_graphs
-from graphormer_urpe.data.datamodule import SeededShuffleSampler, ZINCDataModule
+from graphormer_urpe.data.datamodule import ZINCDataModule
+from graphormer_urpe.data.encode import collate_pyg_graphs
 from graphormer_urpe.data.featurize import ZINC_ATOM_FEATURE_DIMS, ZINC_BOND_FEATURE_DIMS
 from graphormer_urpe.data.zinc import load_zinc
 
@@ -58,17 +58,6 @@ def test_training_order_is_a_function_of_seed_and_epoch(zinc_data_root):
     assert first_batch(0, 0) == first_batch(0, 0)
     assert first_batch(0, 1) != first_batch(0, 0)
     assert first_batch(1, 0) != first_batch(0, 0)
-    sampler = SeededShuffleSampler(100, seed=3)
-    assert sorted(sampler) == list(range(100))
-
-
-def test_sampler_resumed_inside_an_epoch_yields_the_rest_of_its_order():
-    done = [0]
-    sampler = SeededShuffleSampler(100, seed=3, batch_size=16, batches_done=lambda: done[0])
-    sampler.set_epoch(2)
-    whole = list(sampler)
-    done[0] = 3
-    assert list(sampler) == whole[48:] and len(sampler) == 100
 
 
 def test_max_nodes_drops_only_training_graphs(zinc_data_root, caplog):
