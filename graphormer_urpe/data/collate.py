@@ -8,10 +8,12 @@ rows ``node_ptr[g]:node_ptr[g+1]``, edge rows ``edge_ptr[g]:edge_ptr[g+1]`` and 
 the ``O(n^2)`` pair arrays, so a ``DataLoader`` builds a whole batch in one ``__getitems__`` call
 (> 40,000 ZINC graphs/s on one core).
 
-Path edges are stored as LOCAL edge ids (relative to ``edge_ptr[g]``, as the encoder returns
-them); collation turns them into rows of the batch's ``edge_attr`` by adding the number of edges
-of the graphs before ``b`` in the batch. ``-1`` stays ``-1``, which indexes the all-zero last row
-of ``edge_attr``, so ``edge_attr[path_edges]`` needs no masking.
+The node and node-pair encodings are gathered as their entries in :data:`~.encodings.ENCODINGS`
+say (dtype, padding value). Path edges are stored as LOCAL edge ids (relative to
+``edge_ptr[g]``, as the encoder returns them); collation turns them into rows of the batch's
+``edge_attr`` by adding the number of edges of the graphs before ``b`` in the batch. ``-1``
+stays ``-1``, which indexes the all-zero last row of ``edge_attr``, so
+``edge_attr[path_edges]`` needs no masking.
 """
 from __future__ import annotations
 
