@@ -20,7 +20,7 @@ _LAZY = {
     "EncodedGraphDataset": "dataset",
     "SeededShuffleSampler": "dataset",
     "FlatGraphs": "collate",
-    "ENCODINGS": "encodings",
+    "ENCODINGS": "encoding_registry",
     "collate_pyg_graphs": "encode",
     "featurizer_spec": "featurize",
     "num_embeddings": "features",

@@ -32,7 +32,7 @@ class GraphBatch:
         num_nodes: ``[B]`` int32 node counts.
         index: ``[B]`` int64 position of each graph in its dataset (for prediction order).
 
-    ``degree``, ``spd`` and ``path_edges`` are the encodings of :data:`~.encodings.ENCODINGS`
+    ``degree``, ``spd`` and ``path_edges`` are the encodings of :data:`~.encoding_registry.ENCODINGS`
     (their dtypes and padding values are declared there).
     """
 

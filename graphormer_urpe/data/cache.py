@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 import graphormer_urpe
-from graphormer_urpe.data.encodings import ENCODING_ARRAYS, ENCODINGS, stored_encodings
+from graphormer_urpe.data.encoding_registry import ENCODING_ARRAYS, ENCODINGS, stored_encodings
 
 log = logging.getLogger(__name__)
 
@@ -433,7 +433,7 @@ def graph_chunks(node_ptr: np.ndarray, pairs_per_chunk: int = PAIRS_PER_CHUNK) -
 
 def write_encodings(writer: EntryWriter, node_ptr: np.ndarray, edge_index: np.ndarray, edge_ptr: np.ndarray,
                     max_hops: int, num_threads: int = 1, progress: bool = False) -> None:
-    """Stream every encoding of :data:`~.encodings.ENCODINGS` and ``pair_ptr`` of the graphs into
+    """Stream every encoding of :data:`~.encoding_registry.ENCODINGS` and ``pair_ptr`` of the graphs into
     ``writer``, encoding :func:`graph_chunks` one at a time (inputs read with :func:`read_rows`)."""
     from tqdm import tqdm
 
@@ -476,7 +476,7 @@ def encoding_fingerprint(max_hops: int, input_fingerprint: dict) -> dict:
 
 def cached_encodings(directory: str | os.PathLike, node_ptr: np.ndarray, edge_index: np.ndarray,
                      edge_ptr: np.ndarray, max_hops: int, num_threads: int = 1) -> dict[str, np.ndarray]:
-    """Every :data:`~.encodings.ENCODING_ARRAYS` array of the graphs (``spd [P]``,
+    """Every :data:`~.encoding_registry.ENCODING_ARRAYS` array of the graphs (``spd [P]``,
     ``path_edges [P, K]``, ``degree [N]``, ``pair_ptr [G + 1]``),
     from the cache entry ``directory`` or computed chunk by chunk with ``encode_graphs`` and
     streamed there."""

@@ -8,7 +8,7 @@ rows ``node_ptr[g]:node_ptr[g+1]``, edge rows ``edge_ptr[g]:edge_ptr[g+1]`` and 
 the ``O(n^2)`` pair arrays, so a ``DataLoader`` builds a whole batch in one ``__getitems__`` call
 (> 40,000 ZINC graphs/s on one core).
 
-The node and node-pair encodings are gathered as their entries in :data:`~.encodings.ENCODINGS`
+The node and node-pair encodings are gathered as their entries in :data:`~.encoding_registry.ENCODINGS`
 say (dtype, padding value). Path edges are stored as LOCAL edge ids (relative to
 ``edge_ptr[g]``, as the encoder returns them); collation turns them into rows of the batch's
 ``edge_attr`` by adding the number of edges of the graphs before ``b`` in the batch. ``-1``
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from graphormer_urpe.data.batch import BatchPadding, GraphBatch
-from graphormer_urpe.data.encodings import ENCODINGS, NODE_ENCODINGS, PAIR_ENCODINGS
+from graphormer_urpe.data.encoding_registry import ENCODINGS, NODE_ENCODINGS, PAIR_ENCODINGS
 
 
 A = TypeVar("A")
@@ -43,7 +43,7 @@ class GraphArrays(Generic[A]):
             encoder saw them (path edge ids refer to these rows).
         edge_ptr: ``[G + 1]`` int64.
         y: ``[G, T]`` float32 targets (NaN = unknown).
-        spd, path_edges, degree: the encodings of :data:`~.encodings.ENCODINGS` (there: layout,
+        spd, path_edges, degree: the encodings of :data:`~.encoding_registry.ENCODINGS` (there: layout,
             dtypes): ``spd [sum n^2]`` shortest-path hops (``-1`` = unreachable),
             ``path_edges [sum n^2, K]`` local edge ids along one shortest path (``-1`` pad),
             ``degree [sum n]`` out-degree.

@@ -1,5 +1,5 @@
 """Raw graphs -> :class:`~.collate.FlatGraphs`: shared feature ids plus the encodings of
-:data:`~.encodings.ENCODINGS`, computed once and cached (or, for a few graphs, in memory).
+:data:`~.encoding_registry.ENCODINGS`, computed once and cached (or, for a few graphs, in memory).
 
 Every source takes one road: :func:`encode_flat` for raw flat arrays (PyG's collated storage
 through :func:`flat_graphs_from_pyg`, a featurized chunk at prediction time) and
@@ -22,7 +22,7 @@ from graphormer_urpe.data.cache import (
     BLOCK_BYTES, CacheEntry, cached_encodings, cached_entry, encoding_fingerprint, read_rows, write_encodings,
 )
 from graphormer_urpe.data.collate import FlatGraphs, collate
-from graphormer_urpe.data.encodings import ENCODING_ARRAYS, ENCODINGS, stored_encodings
+from graphormer_urpe.data.encoding_registry import ENCODING_ARRAYS, ENCODINGS, stored_encodings
 from graphormer_urpe.data.features import FEATURE_ID_DTYPE, to_shared_ids
 from graphormer_urpe.data.featurize import featurizer_spec
 
@@ -35,7 +35,7 @@ def encodings_dir(base: str | os.PathLike, split: str, max_hops: int) -> Path:
 def _flat_graphs(x_ids: np.ndarray, node_ptr: np.ndarray, edge_attr_ids: np.ndarray, edge_ptr: np.ndarray,
                  y: np.ndarray, encoded: Mapping[str, np.ndarray]) -> FlatGraphs:
     """:class:`FlatGraphs` of shared feature ids, targets and stored encodings (``encoded``:
-    every :data:`~.encodings.ENCODING_ARRAYS` name)."""
+    every :data:`~.encoding_registry.ENCODING_ARRAYS` name)."""
     return FlatGraphs(x=x_ids, node_ptr=node_ptr, edge_attr=edge_attr_ids, edge_ptr=edge_ptr,
                       y=np.asarray(y, dtype=np.float32).reshape(len(node_ptr) - 1, -1),
                       pair_ptr=encoded["pair_ptr"], **{e.name: encoded[e.name] for e in ENCODINGS})

@@ -43,7 +43,7 @@ from torch import Tensor
 from graphormer_urpe.data.batch import BatchPadding, GraphBatch
 from graphormer_urpe.data.collate import FlatGraphs, GraphArrays
 from graphormer_urpe.data.dataset import EncodedGraphDataset, SeededShuffleSampler
-from graphormer_urpe.data.encodings import NODE_ENCODINGS, PAIR_ENCODINGS
+from graphormer_urpe.data.encoding_registry import NODE_ENCODINGS, PAIR_ENCODINGS
 
 
 

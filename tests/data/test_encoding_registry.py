@@ -11,7 +11,7 @@ import torch
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.data.collate import FlatGraphs, collate
 from graphormer_urpe.data.datamodule import ZINCDataModule
-from graphormer_urpe.data.encodings import ENCODING_ARRAYS, ENCODINGS, Encoding
+from graphormer_urpe.data.encoding_registry import ENCODING_ARRAYS, ENCODINGS, Encoding
 from graphormer_urpe.data.resident import TensorGraphs, gather_batch
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -25,7 +25,8 @@ def expected_values(graphs: FlatGraphs, enc: Encoding, index: np.ndarray) -> lis
     edges_before, out = 0, []
     for g in index:
         n = int(graphs.num_nodes[g])
-        values = np.asarray(stored[ptr[g]:ptr[g + 1]], dtype=np.int64).reshape(*(n,) * (1 + (enc.per == "pair")), *shape)
+        lead = (n, n) if enc.per == "pair" else (n,)
+        values = np.asarray(stored[ptr[g]:ptr[g + 1]], dtype=np.int64).reshape(*lead, *shape)
         if enc.edge_ids:
             values = np.where(values >= 0, values + edges_before, values)
         out.append(values)
