@@ -2,15 +2,19 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 from graphormer_urpe.data.batch import GraphBatch
-from graphormer_urpe.data.collate import collate_pyg_graphs
-from graphormer_urpe.data.datamodule import SeededShuffleSampler, ZINCDataModule
-from graphormer_urpe.data.featurize import ZINC_ATOM_FEATURE_DIMS, ZINC_BOND_FEATURE_DIMS
+from graphormer_urpe.data.datamodule import SMILESTableDataModule, ZINCDataModule
+from graphormer_urpe.data.encode import collate_pyg_graphs
+from graphormer_urpe.data.featurize import ZINC_ATOM_FEATURE_DIMS, ZINC_BOND_FEATURE_DIMS, file_fingerprint
+
+ESOL_TARGET = "measured log solubility in mols per litre"
 from graphormer_urpe.data.zinc import load_zinc
 
 
@@ -58,17 +62,6 @@ def test_training_order_is_a_function_of_seed_and_epoch(zinc_data_root):
     assert first_batch(0, 0) == first_batch(0, 0)
     assert first_batch(0, 1) != first_batch(0, 0)
     assert first_batch(1, 0) != first_batch(0, 0)
-    sampler = SeededShuffleSampler(100, seed=3)
-    assert sorted(sampler) == list(range(100))
-
-
-def test_sampler_resumed_inside_an_epoch_yields_the_rest_of_its_order():
-    done = [0]
-    sampler = SeededShuffleSampler(100, seed=3, batch_size=16, batches_done=lambda: done[0])
-    sampler.set_epoch(2)
-    whole = list(sampler)
-    done[0] = 3
-    assert list(sampler) == whole[48:] and len(sampler) == 100
 
 
 def test_max_nodes_drops_only_training_graphs(zinc_data_root, caplog):
@@ -91,3 +84,45 @@ def test_worker_processes_give_the_same_batches(zinc_data_root):
     for a, b in zip(dm.val_dataloader(), reference.val_dataloader()):
         assert torch.equal(a.path_edges, b.path_edges) and torch.equal(a.index, b.index)
     assert np.array_equal(dm.splits["val"].y, reference.splits["val"].y)
+
+
+class EveryOtherRow(SMILESTableDataModule):
+    """The new-dataset example of docs/data.md on real ESOL: a source and a row split, nothing else."""
+
+    def __init__(self, path: str, cache_root: str, batch_size: int = 64, **kwargs) -> None:
+        super().__init__(batch_size=batch_size, **kwargs)
+        self.path, self.cache_root = Path(path), Path(cache_root)
+        self.reads = 0
+
+    @property
+    def num_targets(self) -> int:
+        return 1
+
+    def read(self):
+        self.reads += 1
+        table = pd.read_csv(self.path)
+        return table["smiles"].tolist(), table[ESOL_TARGET].to_numpy(np.float32)
+
+    def table_source(self):
+        return self.cache_root, file_fingerprint(self.path), self.read
+
+    def split_rows(self, graph_of_row, y):
+        rows = np.flatnonzero(graph_of_row >= 0)
+        return {"train": rows[0::2], "val": rows[1::2], "test": rows[1::2]}
+
+
+def test_a_smiles_table_needs_only_its_source_and_splits(shared_data_dir, tmp_path):
+    esol = shared_data_dir / "moleculenet" / "esol.csv"
+    dm = EveryOtherRow(str(esol), str(tmp_path), max_hops=3, seed=2, build_workers=2, eval_batch_size=2000)
+    assert (dm.batch_size, dm.max_hops, dm.seed, dm.featurizer, dm.num_atom_embeddings) == (64, 3, 2, "ogb", 175)
+    dm.setup("fit")
+    table = pd.read_csv(esol)
+    val = next(iter(dm.val_dataloader()))
+    assert val.index.tolist() == list(range(len(table) // 2))
+    np.testing.assert_array_equal(val.y[:, 0].numpy(), table[ESOL_TARGET].to_numpy(np.float32)[1::2])
+    assert val.path_edges.shape[-1] == 3 and dm.reads == 1
+    train = [b for b in dm.train_dataloader()]
+    assert sum(len(b) for b in train) == (len(table) + 1) // 2 and len(train[0]) == 64
+    again = EveryOtherRow(str(esol), str(tmp_path), max_hops=3)
+    again.setup("fit")  # featurized molecules and encodings load from the cache
+    assert again.reads == 0 and len(again.val_dataloader().dataset) == len(table) // 2
