@@ -43,6 +43,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from graphormer_urpe.cores import usable_cores
+
 log = logging.getLogger(__name__)
 
 #: Padded node pairs ``B * (N + 1)^2`` per batch (graph token included): ~100 ZINC molecules;
@@ -368,7 +370,8 @@ def size_batches(num_nodes: np.ndarray, max_pairs: int, batch_size: int) -> Iter
 
 def predict_chunk(module, chunk: RawChunk, num_rows: int, max_pairs: int, batch_size: int) -> np.ndarray:
     """``[num_rows, T]`` predictions of one featurized chunk (NaN for its rejected rows)."""
-    from graphormer_urpe.data.collate import collate, encode_flat
+    from graphormer_urpe.data.collate import collate
+    from graphormer_urpe.data.encode import encode_flat
     from graphormer_urpe.data.featurize import featurizer_spec
 
     hp = module.hparams
@@ -493,10 +496,6 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
-def _available_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="graphormer-urpe-predict", description=__doc__.split("\n")[0],
@@ -519,7 +518,7 @@ def build_parser() -> argparse.ArgumentParser:
                              f"(default {DEFAULT_MAX_PAIRS})")
     parser.add_argument("--batch-size", type=_positive_int, default=DEFAULT_BATCH_SIZE,
                         help=f"most molecules per batch (default {DEFAULT_BATCH_SIZE})")
-    parser.add_argument("--workers", type=_non_negative_int, default=_available_cores(),
+    parser.add_argument("--workers", type=_non_negative_int, default=usable_cores(),
                         help="processes that featurize and, on the CPU, predict with one torch thread "
                              "each; 0 = all in this process with torch's threads (default: the CPU "
                              "cores available)")

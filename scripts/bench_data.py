@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from graphormer_urpe.cores import usable_cores
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -37,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
                         type=Path, help="the offline data directory")
     parser.add_argument("--root", type=Path, default=None,
                         help="data root to build into (default: a temporary directory, removed afterwards)")
-    parser.add_argument("--workers", type=int, default=os.cpu_count(), help="featurization processes")
+    parser.add_argument("--workers", type=int, default=usable_cores(), help="featurization processes")
     parser.add_argument("--max-hops", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--skip-zinc-full", action="store_true")

@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from graphormer_urpe.cores import usable_cores
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -100,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
                       "molecules_per_s_after_startup": best["mol_per_s_after_startup"],
                       "peak_rss_mib": best["peak_rss_mib"], "cpu_s": best["cpu_s"], "best_workers": best["workers"],
                       "rows": len(smiles), "checkpoint": str(args.ckpt or "untrained slim ZINC (URPE)"),
-                      "cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+                      "cpu_cores": usable_cores(),
                       "load_average_1min": round(os.getloadavg()[0], 2), "python": platform.python_version(),
                       "runs": results}))
 

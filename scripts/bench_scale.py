@@ -41,6 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
+from graphormer_urpe.cores import usable_cores
+
 REPO = Path(__file__).resolve().parents[1]
 FULL_PCQM4MV2 = 3_746_620
 
@@ -189,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shared", type=Path, default=Path(os.environ.get(
         "GRAPHORMER_URPE_SHARED_DATA", REPO.parent / "shared" / "data")), help="the offline data directory")
     parser.add_argument("--sizes", type=int, nargs="+", default=[50_000, 220_000, 1_000_000])
-    parser.add_argument("--workers", type=int, default=os.cpu_count(), help="build processes / encode threads")
+    parser.add_argument("--workers", type=int, default=usable_cores(), help="build processes / encode threads")
     parser.add_argument("--root", type=Path, default=None, help="work directory (default: a temporary one)")
     parser.add_argument("--child", nargs=2, metavar=("KIND", "ROOT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

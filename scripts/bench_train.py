@@ -223,7 +223,7 @@ def run_row(name: str, attention: str, path: str, args) -> dict:
 
 def run_data_only(name: str, args) -> list[dict]:
     """One epoch of training batches, on the device, per loader kind (no model)."""
-    from graphormer_urpe.data.datamodule import SeededShuffleSampler
+    from graphormer_urpe.data.dataset import SeededShuffleSampler
     from graphormer_urpe.data.resident import ResidentLoader, ResidentSplit, TensorGraphs
 
     rows = []

@@ -31,6 +31,9 @@ class GraphBatch:
         y: ``[B, T]`` float32 targets (NaN where unknown, e.g. PCQM4Mv2 test sets).
         num_nodes: ``[B]`` int32 node counts.
         index: ``[B]`` int64 position of each graph in its dataset (for prediction order).
+
+    ``degree``, ``spd`` and ``path_edges`` are the encodings of :data:`~.encoding_registry.ENCODINGS`
+    (their dtypes and padding values are declared there).
     """
 
     x: Tensor

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 import graphormer_urpe
+from graphormer_urpe.data.encoding_registry import ENCODING_ARRAYS, ENCODINGS, stored_encodings
 
 log = logging.getLogger(__name__)
 
@@ -413,7 +414,6 @@ def cached_entry(directory: str | os.PathLike, fingerprint: dict[str, Any], buil
     return arrays
 
 
-ENCODING_ARRAYS = ("spd", "path_edges", "degree", "pair_ptr")
 #: Node pairs encoded per step of a streaming build (bounds its memory: ~2 * (1 + K) bytes each).
 PAIRS_PER_CHUNK = 1 << 22
 
@@ -433,8 +433,8 @@ def graph_chunks(node_ptr: np.ndarray, pairs_per_chunk: int = PAIRS_PER_CHUNK) -
 
 def write_encodings(writer: EntryWriter, node_ptr: np.ndarray, edge_index: np.ndarray, edge_ptr: np.ndarray,
                     max_hops: int, num_threads: int = 1, progress: bool = False) -> None:
-    """Stream ``spd``, ``path_edges``, ``degree`` and ``pair_ptr`` of the graphs into ``writer``,
-    encoding :func:`graph_chunks` one at a time (inputs read with :func:`read_rows`)."""
+    """Stream every encoding of :data:`~.encoding_registry.ENCODINGS` and ``pair_ptr`` of the graphs into
+    ``writer``, encoding :func:`graph_chunks` one at a time (inputs read with :func:`read_rows`)."""
     from tqdm import tqdm
 
     from graphormer_urpe.algos import encode_graphs
@@ -442,9 +442,7 @@ def write_encodings(writer: EntryWriter, node_ptr: np.ndarray, edge_index: np.nd
     node_ptr = np.asarray(node_ptr, dtype=np.int64)
     edge_ptr = np.asarray(edge_ptr, dtype=np.int64)
     log.info("encoding %d graphs (max_hops=%d) into %s", len(node_ptr) - 1, max_hops, writer.directory)
-    spd = writer.array("spd", np.int16)
-    path_edges = writer.array("path_edges", np.int16, (max_hops,))
-    degree = writer.array("degree", np.int16)
+    arrays = {e.name: writer.array(e.name, e.dtype, e.row_shape(max_hops)) for e in ENCODINGS}
     pair_ptr = writer.array("pair_ptr", np.int64)
     pair_ptr.append(np.zeros(1, np.int64))
     pairs_before = 0
@@ -453,13 +451,13 @@ def write_encodings(writer: EntryWriter, node_ptr: np.ndarray, edge_index: np.nd
         for g0, g1 in chunks:
             e0, e1 = int(edge_ptr[g0]), int(edge_ptr[g1])
             edges = _edge_columns(edge_index, e0, e1)
-            encoded = encode_graphs(node_ptr[g0:g1 + 1] - node_ptr[g0], edges, edge_ptr[g0:g1 + 1] - e0,
-                                    max_hops, num_threads=num_threads)
-            spd.append(encoded.spd)
-            path_edges.append(encoded.path_edges.reshape(-1, max_hops))
-            degree.append(encoded.degree)
-            pair_ptr.append(encoded.pair_ptr[1:] + pairs_before)
-            pairs_before += int(encoded.pair_ptr[-1])
+            encoded = stored_encodings(encode_graphs(node_ptr[g0:g1 + 1] - node_ptr[g0], edges,
+                                                     edge_ptr[g0:g1 + 1] - e0, max_hops, num_threads=num_threads),
+                                       max_hops)
+            for name, writer_of in arrays.items():
+                writer_of.append(encoded[name])
+            pair_ptr.append(encoded["pair_ptr"][1:] + pairs_before)
+            pairs_before += int(encoded["pair_ptr"][-1])
             bar.update(g1 - g0)
 
 
@@ -478,7 +476,8 @@ def encoding_fingerprint(max_hops: int, input_fingerprint: dict) -> dict:
 
 def cached_encodings(directory: str | os.PathLike, node_ptr: np.ndarray, edge_index: np.ndarray,
                      edge_ptr: np.ndarray, max_hops: int, num_threads: int = 1) -> dict[str, np.ndarray]:
-    """``spd [P]``, ``path_edges [P, K]``, ``degree [N]``, ``pair_ptr [G + 1]`` of the graphs,
+    """Every :data:`~.encoding_registry.ENCODING_ARRAYS` array of the graphs (``spd [P]``,
+    ``path_edges [P, K]``, ``degree [N]``, ``pair_ptr [G + 1]``),
     from the cache entry ``directory`` or computed chunk by chunk with ``encode_graphs`` and
     streamed there."""
     node_ptr = np.ascontiguousarray(node_ptr, dtype=np.int64)

@@ -8,27 +8,33 @@ rows ``node_ptr[g]:node_ptr[g+1]``, edge rows ``edge_ptr[g]:edge_ptr[g+1]`` and 
 the ``O(n^2)`` pair arrays, so a ``DataLoader`` builds a whole batch in one ``__getitems__`` call
 (> 40,000 ZINC graphs/s on one core).
 
-Path edges are stored as LOCAL edge ids (relative to ``edge_ptr[g]``, as the encoder returns
-them); collation turns them into rows of the batch's ``edge_attr`` by adding the number of edges
-of the graphs before ``b`` in the batch. ``-1`` stays ``-1``, which indexes the all-zero last row
-of ``edge_attr``, so ``edge_attr[path_edges]`` needs no masking.
+The node and node-pair encodings are gathered as their entries in :data:`~.encoding_registry.ENCODINGS`
+say (dtype, padding value). Path edges are stored as LOCAL edge ids (relative to
+``edge_ptr[g]``, as the encoder returns them); collation turns them into rows of the batch's
+``edge_attr`` by adding the number of edges of the graphs before ``b`` in the batch. ``-1``
+stays ``-1``, which indexes the all-zero last row of ``edge_attr``, so
+``edge_attr[path_edges]`` needs no masking.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import numpy as np
 import torch
 
-from graphormer_urpe.algos import UNREACHABLE, encode_graphs  # padded pairs: UNREACHABLE too
 from graphormer_urpe.data.batch import BatchPadding, GraphBatch
-from graphormer_urpe.data.features import to_shared_ids
+from graphormer_urpe.data.encoding_registry import ENCODINGS, NODE_ENCODINGS, PAIR_ENCODINGS
+
+
+A = TypeVar("A")
 
 
 @dataclass(frozen=True)
-class FlatGraphs:
-    """``G`` featurized and encoded graphs as flat arrays (numpy, possibly memory-mapped).
+class GraphArrays(Generic[A]):
+    """``G`` featurized and encoded graphs as flat arrays; the fields of :class:`FlatGraphs`
+    (numpy, possibly memory-mapped) and :class:`~.resident.TensorGraphs` (torch, on a device).
 
     Attributes:
         x: ``[sum n, F]`` int16 shared atom ids (0 = padding, see :mod:`.features`).
@@ -37,44 +43,57 @@ class FlatGraphs:
             encoder saw them (path edge ids refer to these rows).
         edge_ptr: ``[G + 1]`` int64.
         y: ``[G, T]`` float32 targets (NaN = unknown).
-        spd: ``[sum n^2]`` int16 shortest-path hops, ``-1`` = unreachable.
-        path_edges: ``[sum n^2, K]`` int16 local edge ids along one shortest path, ``-1`` pad.
-        degree: ``[sum n]`` int16 out-degree.
+        spd, path_edges, degree: the encodings of :data:`~.encoding_registry.ENCODINGS` (there: layout,
+            dtypes): ``spd [sum n^2]`` shortest-path hops (``-1`` = unreachable),
+            ``path_edges [sum n^2, K]`` local edge ids along one shortest path (``-1`` pad),
+            ``degree [sum n]`` out-degree.
         pair_ptr: ``[G + 1]`` int64, ``pair_ptr[g + 1] - pair_ptr[g] = n_g^2``.
     """
 
-    x: np.ndarray
-    node_ptr: np.ndarray
-    edge_attr: np.ndarray
-    edge_ptr: np.ndarray
-    y: np.ndarray
-    spd: np.ndarray
-    path_edges: np.ndarray
-    degree: np.ndarray
-    pair_ptr: np.ndarray
+    x: A
+    node_ptr: A
+    edge_attr: A
+    edge_ptr: A
+    y: A
+    spd: A
+    path_edges: A
+    degree: A
+    pair_ptr: A
+
+    @property
+    def max_hops(self) -> int:
+        """``K``: hops stored per node pair."""
+        return int(getattr(self, _PER_HOP.name).shape[1])
+
+    def __len__(self) -> int:
+        return len(self.node_ptr) - 1
+
+
+_PER_HOP = next(e for e in ENCODINGS if e.per_hop)
+
+
+@dataclass(frozen=True)
+class FlatGraphs(GraphArrays[np.ndarray]):
+    """``G`` featurized and encoded graphs as flat numpy arrays (possibly memory-mapped), see
+    :class:`GraphArrays`; the arrays' row counts are checked against the pointers."""
 
     def __post_init__(self) -> None:
         g = len(self.node_ptr) - 1
         n = np.diff(self.node_ptr)
+        rows = {"node": self.node_ptr[-1], "pair": self.pair_ptr[-1]}
         checks = {
             "edge_ptr": len(self.edge_ptr) == g + 1,
             "pair_ptr": len(self.pair_ptr) == g + 1,
             "y rows": self.y.ndim == 2 and self.y.shape[0] == g,
             "x rows": self.x.ndim == 2 and self.x.shape[0] == self.node_ptr[-1],
-            "degree rows": self.degree.shape == (self.node_ptr[-1],),
             "edge_attr rows": self.edge_attr.ndim == 2 and self.edge_attr.shape[0] == self.edge_ptr[-1],
-            "spd rows": self.spd.shape == (self.pair_ptr[-1],),
-            "path_edges rows": self.path_edges.ndim == 2 and self.path_edges.shape[0] == self.pair_ptr[-1],
+            **{f"{e.name} rows": getattr(self, e.name).ndim == 1 + e.per_hop
+               and getattr(self, e.name).shape[0] == rows[e.per] for e in ENCODINGS},
             "pair_ptr = cumsum(n^2)": g == 0 or np.array_equal(np.diff(self.pair_ptr), n * n),
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise ValueError(f"inconsistent FlatGraphs arrays: {', '.join(bad)}")
-
-    @property
-    def max_hops(self) -> int:
-        """``K``: path edges stored per node pair."""
-        return int(self.path_edges.shape[1])
 
     @property
     def num_nodes(self) -> np.ndarray:
@@ -85,9 +104,6 @@ class FlatGraphs:
     def num_edges(self) -> np.ndarray:
         """``[G]`` int64 directed edge counts."""
         return np.diff(self.edge_ptr)
-
-    def __len__(self) -> int:
-        return len(self.node_ptr) - 1
 
 
 def _ragged_positions(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -131,108 +147,39 @@ def collate(graphs: FlatGraphs, indices: Sequence[int] | np.ndarray, y: np.ndarr
     node_dst = node_owner * big_n + node_local
     x = np.zeros((b * big_n, graphs.x.shape[1]), dtype=np.int32)
     x[node_dst] = graphs.x[node_src]
-    degree = np.zeros(b * big_n, dtype=np.int16)
-    degree[node_dst] = graphs.degree[node_src]
     node_mask = np.zeros(b * big_n, dtype=bool)
     node_mask[node_dst] = True
+    encoded = {}
+    for enc in NODE_ENCODINGS:
+        values = np.full((b * big_n, *enc.row_shape(k)), enc.fill, dtype=enc.batch_dtype)
+        values[node_dst] = getattr(graphs, enc.name)[node_src]
+        encoded[enc.name] = values.reshape(b, big_n, *enc.row_shape(k))
 
     # Edges: concatenated, plus the all-zero row that path edge -1 resolves to.
     edge_owner, edge_local = _ragged_positions(m)
     edge_attr = np.zeros((edge_rows + 1, graphs.edge_attr.shape[1]), dtype=np.int32)
     edge_attr[:edge_owner.size] = graphs.edge_attr[edge_start[edge_owner] + edge_local]
-    edge_offset = np.cumsum(m) - m  # first batch row of each graph's edges
+    edge_offset = (np.cumsum(m) - m).tolist()  # first batch row of each graph's edges
 
-    # Node pairs: graph g's [n, n] (and [n, n, K]) block is contiguous in storage, so one slice
-    # copy per graph is ~3x faster than a fancy-index gather of all pairs (measured on ZINC).
-    spd = np.full((b, big_n, big_n), UNREACHABLE, dtype=np.int16)
-    path_edges = np.full((b, big_n, big_n, k), -1, dtype=np.int32)
-    pair_start = graphs.pair_ptr[index].tolist()
-    for row, (size, start, offset) in enumerate(zip(n.tolist(), pair_start, edge_offset.tolist())):
-        end = start + size * size
-        spd[row, :size, :size] = graphs.spd[start:end].reshape(size, size)
-        block = path_edges[row, :size, :size]
-        block[...] = graphs.path_edges[start:end].reshape(size, size, k)
-        block += offset & ~(block >> 31)  # local -> batch edge row; -1 stays -1 (x >> 31 = -1 iff x < 0)
+    # Node pairs: graph g's [n, n, *S] block is contiguous in storage, so one slice copy per
+    # graph is ~3x faster than a fancy-index gather of all pairs (measured on ZINC).
+    sizes, pair_start = n.tolist(), graphs.pair_ptr[index].tolist()
+    for enc in PAIR_ENCODINGS:
+        stored, row_shape = getattr(graphs, enc.name), enc.row_shape(k)
+        values = np.full((b, big_n, big_n, *row_shape), enc.fill, dtype=enc.batch_dtype)
+        for row, (size, start) in enumerate(zip(sizes, pair_start)):
+            block = values[row, :size, :size]
+            block[...] = stored[start:start + size * size].reshape(size, size, *row_shape)
+            if enc.edge_ids:  # local -> batch edge row; -1 stays -1 (x >> 31 = -1 iff x < 0)
+                block += edge_offset[row] & ~(block >> 31)
+        encoded[enc.name] = values
 
     return GraphBatch(
         x=torch.from_numpy(x.reshape(b, big_n, graphs.x.shape[1])),
         node_mask=torch.from_numpy(node_mask.reshape(b, big_n)),
-        degree=torch.from_numpy(degree.reshape(b, big_n)),
-        spd=torch.from_numpy(spd),
+        **{name: torch.from_numpy(values) for name, values in encoded.items()},
         edge_attr=torch.from_numpy(edge_attr),
-        path_edges=torch.from_numpy(path_edges),
         y=torch.from_numpy(np.ascontiguousarray(graphs.y[index] if y is None else y, dtype=np.float32)),
         num_nodes=torch.from_numpy(n.astype(np.int32)),
         index=torch.from_numpy(np.array(index if positions is None else positions, dtype=np.int64)),
     )
-
-
-def encode_flat(
-    x: np.ndarray,
-    node_ptr: np.ndarray,
-    edge_index: np.ndarray,
-    edge_attr: np.ndarray,
-    edge_ptr: np.ndarray,
-    y: np.ndarray,
-    *,
-    max_hops: int,
-    atom_feature_dims: Sequence[int],
-    bond_feature_dims: Sequence[int],
-    num_threads: int = 1,
-) -> FlatGraphs:
-    """Featurize (shared ids) and encode raw flat graphs.
-
-    Args:
-        x: ``[sum n, F]`` (or ``[sum n]``) raw atom feature values, column c in ``[0, dims[c])``.
-        node_ptr, edge_ptr: ``[G + 1]`` offsets.
-        edge_index: ``[2, sum E]`` directed edges, LOCAL node ids per graph.
-        edge_attr: ``[sum E, Fe]`` (or ``[sum E]``) raw bond feature values.
-        y: ``[G, T]`` (or ``[G]``) targets.
-    """
-    node_ptr = np.ascontiguousarray(node_ptr, dtype=np.int64)
-    edge_ptr = np.ascontiguousarray(edge_ptr, dtype=np.int64)
-    enc = encode_graphs(node_ptr, np.ascontiguousarray(edge_index, dtype=np.int64), edge_ptr,
-                        max_hops, num_threads=num_threads)
-    y = np.asarray(y, dtype=np.float32)
-    return FlatGraphs(
-        x=to_shared_ids(x, atom_feature_dims, "atom"),
-        node_ptr=node_ptr,
-        edge_attr=to_shared_ids(edge_attr, bond_feature_dims, "bond"),
-        edge_ptr=edge_ptr,
-        y=y.reshape(len(node_ptr) - 1, -1),
-        spd=np.asarray(enc.spd, dtype=np.int16),
-        path_edges=np.asarray(enc.path_edges, dtype=np.int16).reshape(-1, max_hops),
-        degree=np.asarray(enc.degree, dtype=np.int16),
-        pair_ptr=np.asarray(enc.pair_ptr, dtype=np.int64),
-    )
-
-
-def collate_pyg_graphs(
-    data_list: Sequence,
-    max_hops: int,
-    atom_feature_dims: Sequence[int],
-    bond_feature_dims: Sequence[int],
-) -> GraphBatch:
-    """Encode and collate a few ``torch_geometric.data.Data`` graphs (tests, inference).
-
-    Each ``Data`` needs ``x`` (``[n, F]`` or ``[n]`` raw values), ``edge_index`` (``[2, E]``),
-    ``edge_attr`` (``[E, Fe]`` or ``[E]``) and optionally ``y`` (``T`` values; missing -> NaN).
-    """
-    if len(data_list) == 0:
-        raise ValueError("collate_pyg_graphs needs at least one graph")
-    n = np.array([int(d.num_nodes) for d in data_list], dtype=np.int64)
-    e = np.array([int(d.edge_index.shape[1]) for d in data_list], dtype=np.int64)
-    num_bond_cols = len(bond_feature_dims)
-    ys = [None if getattr(d, "y", None) is None else d.y.reshape(-1).numpy() for d in data_list]
-    num_targets = max((len(v) for v in ys if v is not None), default=1)
-    y = np.stack([np.full(num_targets, np.nan, np.float32) if v is None else v for v in ys])
-    flat = encode_flat(
-        x=np.concatenate([d.x.numpy().reshape(int(d.num_nodes), -1) for d in data_list]),
-        node_ptr=np.concatenate([[0], np.cumsum(n)]),
-        edge_index=np.concatenate([d.edge_index.numpy() for d in data_list], axis=1),
-        edge_attr=np.concatenate([d.edge_attr.numpy().reshape(-1, num_bond_cols) for d in data_list]),
-        edge_ptr=np.concatenate([[0], np.cumsum(e)]),
-        y=y, max_hops=max_hops,
-        atom_feature_dims=atom_feature_dims, bond_feature_dims=bond_feature_dims,
-    )
-    return collate(flat, np.arange(len(data_list)))

@@ -1,34 +1,36 @@
-"""Lightning DataModules over encoded graphs: a base class and the batching machinery.
+"""Lightning DataModules over encoded graphs: a base class, one for SMILES tables, one per dataset.
 
 Every data family (ZINC, PCQM4M / PCQM4Mv2, CSV) turns its splits into :class:`~.collate.FlatGraphs`
-(features as shared ids + cached encodings, memory-mapped); :class:`EncodedGraphDataset` then
-serves whole batches through ``__getitems__`` (one vectorised :func:`~.collate.collate` call per
-batch, no per-graph Python work), padded to the largest graph of the batch.
-
-Training order is a pure function of ``(seed, epoch)`` (:class:`SeededShuffleSampler`), so a
-resumed run sees the same order, and a run resumed inside an epoch continues that epoch's order
-where the checkpoint left it. Graphs with more than ``max_nodes`` nodes are dropped from
-TRAINING only (the count is logged); validation, test and prediction serve every graph.
+(features as shared ids + cached encodings, memory-mapped, :mod:`.encode`); each split is an
+:class:`~.dataset.EncodedGraphDataset` that collates whole batches, in the seeded order of
+:class:`~.dataset.SeededShuffleSampler` for training. Graphs with more than ``max_nodes`` nodes are
+dropped from TRAINING only (the count is logged); validation, test and prediction serve every graph.
 
 ``device_resident=True`` swaps each ``DataLoader`` for a :class:`~.resident.ResidentLoader`: the
 split on the trainer's device, batches gathered there, same items, order and batches.
+
+Adding a dataset: a table of SMILES with targets subclasses :class:`SMILESTableDataModule`
+(:meth:`~SMILESTableDataModule.table_source`, :meth:`~SMILESTableDataModule.split_rows`,
+:attr:`~GraphDataModule.num_targets`); anything else subclasses :class:`GraphDataModule`
+(:meth:`~GraphDataModule.build`, :meth:`~GraphDataModule.load_split`).
 """
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Sampler
 
+from graphormer_urpe.cores import usable_cores
 from graphormer_urpe.data.batch import BatchPadding, GraphBatch
-from graphormer_urpe.data.cache import cached_encodings
-from graphormer_urpe.data.collate import FlatGraphs, collate
-from graphormer_urpe.data.features import FEATURE_ID_DTYPE, num_embeddings, to_shared_ids
+from graphormer_urpe.data.collate import FlatGraphs
+from graphormer_urpe.data.dataset import EncodedGraphDataset, SeededShuffleSampler
+from graphormer_urpe.data.encode import encode_smiles_store, encodings_dir, flat_graphs_from_pyg
+from graphormer_urpe.data.features import num_embeddings
 from graphormer_urpe.data.featurize import featurizer_spec
 from graphormer_urpe.data.ogb_lsc import PCQM4M, PCQM4MV2, LSCLayout
 from graphormer_urpe.data.resident import ResidentLoader, ResidentSplit, TensorGraphs
@@ -38,207 +40,9 @@ log = logging.getLogger(__name__)
 STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",)}
 
 
-def encode_flat_cached(
-    x: np.ndarray, node_ptr: np.ndarray, edge_index: np.ndarray, edge_attr: np.ndarray,
-    edge_ptr: np.ndarray, y: np.ndarray, *, cache_dir: str | os.PathLike, max_hops: int,
-    atom_feature_dims: Sequence[int], bond_feature_dims: Sequence[int], num_threads: int = 1,
-) -> FlatGraphs:
-    """:class:`FlatGraphs` of raw flat graphs, with encodings from (or stored into) ``cache_dir``.
-
-    ``x [sum n, F]``/``edge_attr [sum E, Fe]`` raw feature values (1-D for one column),
-    ``edge_index [2, sum E]`` LOCAL node ids, ``y [G, T]`` or ``[G]``.
-    """
-    node_ptr = np.asarray(node_ptr, dtype=np.int64)
-    encodings = cached_encodings(cache_dir, node_ptr, edge_index, edge_ptr, max_hops, num_threads)
-    return FlatGraphs(
-        x=to_shared_ids(x, atom_feature_dims, "atom"),
-        node_ptr=node_ptr,
-        edge_attr=to_shared_ids(edge_attr, bond_feature_dims, "bond"),
-        edge_ptr=np.asarray(edge_ptr, dtype=np.int64),
-        y=np.asarray(y, dtype=np.float32).reshape(len(node_ptr) - 1, -1),
-        spd=encodings["spd"], path_edges=encodings["path_edges"], degree=encodings["degree"],
-        pair_ptr=encodings["pair_ptr"],
-    )
-
-
-def flat_graphs_from_pyg(dataset, cache_dir: str | os.PathLike, max_hops: int,
-                         atom_feature_dims: Sequence[int], bond_feature_dims: Sequence[int],
-                         num_threads: int = 1) -> FlatGraphs:
-    """:class:`FlatGraphs` of a PyG ``InMemoryDataset`` straight from its collated storage
-    (``_data`` + ``slices``: node ids are already local per graph), no per-graph loop."""
-    data, slices = dataset._data, dataset.slices
-    if slices is None:  # a dataset of one graph
-        slices = {"x": torch.tensor([0, data.num_nodes]), "edge_index": torch.tensor([0, data.edge_index.shape[1]])}
-    return encode_flat_cached(
-        data.x.numpy(), slices["x"].numpy(), data.edge_index.numpy(), data.edge_attr.numpy(),
-        slices["edge_index"].numpy(), data.y.numpy(), cache_dir=cache_dir, max_hops=max_hops,
-        atom_feature_dims=atom_feature_dims, bond_feature_dims=bond_feature_dims, num_threads=num_threads,
-    )
-
-
-def encode_smiles_store(arrays: dict[str, np.ndarray], cache_dir: str | os.PathLike, max_hops: int,
-                        featurizer: str, num_threads: int = 1) -> FlatGraphs:
-    """:class:`FlatGraphs` of the distinct molecules of a featurized SMILES table
-    (:func:`~.featurize.cached_smiles_graphs`); targets live per row, so the store's ``y`` is NaN.
-
-    The shared feature ids and the encodings are streamed into ONE cache entry ``cache_dir``,
-    chunk by chunk (inputs read from the featurized entry's files), keyed by that entry's
-    recorded checksums: building or loading a store of any size keeps memory bounded, and the
-    returned arrays are all memory-mapped (only ``y``, 4 bytes per molecule, is in memory).
-    """
-    from graphormer_urpe.data.cache import (
-        BLOCK_BYTES, ENCODING_ARRAYS, CacheEntry, cached_entry, encoding_fingerprint, read_rows, write_encodings,
-    )
-
-    spec = featurizer_spec(featurizer)
-    num_graphs = len(arrays["node_ptr"]) - 1
-    y = np.full((num_graphs, 1), np.nan, np.float32)
-    if not isinstance(arrays, CacheEntry):  # plain in-memory arrays
-        return encode_flat_cached(
-            arrays["x"], arrays["node_ptr"], arrays["edge_index"], arrays["edge_attr"], arrays["edge_ptr"], y,
-            cache_dir=cache_dir, max_hops=max_hops, atom_feature_dims=spec.atom_feature_dims,
-            bond_feature_dims=spec.bond_feature_dims, num_threads=num_threads)
-    features = {"x": spec.atom_feature_dims, "edge_attr": spec.bond_feature_dims}
-    source = {name: arrays.checksums[name] for name in ("node_ptr", "edge_ptr", "edge_index", *features)}
-    fingerprint = {**encoding_fingerprint(max_hops, source), "feature_dims": {k: list(v) for k, v in features.items()}}
-
-    def build(writer) -> None:
-        write_encodings(writer, arrays["node_ptr"], arrays["edge_index"], arrays["edge_ptr"], max_hops,
-                        num_threads, progress=True)
-        for name, dims in features.items():
-            raw = arrays[name]
-            ids = writer.array(name, FEATURE_ID_DTYPE, raw.shape[1:])
-            rows = max(BLOCK_BYTES // max(raw[:1].nbytes, 1), 1)
-            for start in range(0, len(raw), rows):
-                ids.append(to_shared_ids(read_rows(raw, start, min(start + rows, len(raw))), dims,
-                                         "atom" if name == "x" else "bond"))
-
-    encoded = cached_entry(cache_dir, fingerprint, build, expect=(*ENCODING_ARRAYS, *features))
-    return FlatGraphs(
-        x=encoded["x"], node_ptr=arrays["node_ptr"], edge_attr=encoded["edge_attr"],
-        edge_ptr=arrays["edge_ptr"], y=y, spd=encoded["spd"], path_edges=encoded["path_edges"],
-        degree=encoded["degree"], pair_ptr=encoded["pair_ptr"],
-    )
-
-
-class EncodedGraphDataset(Dataset):
-    """The items of one split over a :class:`FlatGraphs` store.
-
-    Item ``i`` is stored graph ``graph_ids[i]`` (default ``i``) with targets ``y[i]`` (default
-    that graph's) and position ``positions[i]`` in its split (default ``i``; what
-    ``GraphBatch.index`` reports, so predictions map back to split order even after filtering).
-    Several items may share one stored graph (deduplicated SMILES). ``__getitems__`` collates a
-    whole batch in one call, padded to ``padding`` when given (:class:`~.batch.BatchPadding`).
-    """
-
-    def __init__(self, graphs: FlatGraphs, graph_ids: np.ndarray | None = None,
-                 y: np.ndarray | None = None, positions: np.ndarray | None = None,
-                 padding: BatchPadding | None = None) -> None:
-        self.graphs = graphs
-        self.padding = padding
-        self.graph_ids = np.arange(len(graphs)) if graph_ids is None else np.asarray(graph_ids, dtype=np.int64)
-        self.y = (np.asarray(graphs.y[self.graph_ids], dtype=np.float32) if y is None
-                  else np.asarray(y, dtype=np.float32).reshape(len(self.graph_ids), -1))
-        self.positions = np.arange(len(self.graph_ids)) if positions is None else np.asarray(positions, dtype=np.int64)
-        if not len(self.y) == len(self.positions) == len(self.graph_ids):
-            raise ValueError(f"graph_ids, y and positions differ in length: "
-                             f"{len(self.graph_ids)}, {len(self.y)}, {len(self.positions)}")
-
-    def __len__(self) -> int:
-        return len(self.graph_ids)
-
-    @property
-    def num_nodes(self) -> np.ndarray:
-        """``[len(self)]`` node count of every item."""
-        return self.graphs.num_nodes[self.graph_ids]
-
-    @property
-    def num_edges(self) -> np.ndarray:
-        """``[len(self)]`` directed edge count of every item."""
-        return self.graphs.num_edges[self.graph_ids]
-
-    def subset(self, items: np.ndarray) -> "EncodedGraphDataset":
-        """The items ``items`` (keeping their split positions)."""
-        return EncodedGraphDataset(self.graphs, self.graph_ids[items], self.y[items], self.positions[items],
-                                   self.padding)
-
-    def padded(self, padding: BatchPadding | None) -> "EncodedGraphDataset":
-        """The same items, their batches padded to ``padding``."""
-        return EncodedGraphDataset(self.graphs, self.graph_ids, self.y, self.positions, padding)
-
-    def __getitem__(self, item: int) -> GraphBatch:
-        return self.__getitems__([item])
-
-    def __getitems__(self, items: Sequence[int]) -> GraphBatch:
-        items = np.asarray(items, dtype=np.int64)
-        return collate(self.graphs, self.graph_ids[items], self.y[items], self.positions[items], self.padding)
-
-
 def _already_collated(batch: GraphBatch) -> GraphBatch:
-    """DataLoader ``collate_fn``: ``__getitems__`` has already built the batch."""
+    """DataLoader ``collate_fn``: ``EncodedGraphDataset.__getitems__`` has already built the batch."""
     return batch
-
-
-class SeededShuffleSampler(Sampler[int]):
-    """A random permutation of ``range(num_items)`` that depends only on ``(seed, epoch)``,
-    resumable inside an epoch.
-
-    Lightning calls :meth:`set_epoch` at every epoch start, so a run resumed at epoch ``e``
-    replays the order of an uninterrupted run. ``batches_done`` (a callable) tells how many
-    batches of ``batch_size`` items of the current epoch were already trained when iteration
-    starts: 0 at an epoch's start, ``k`` when the run resumes from a checkpoint saved after the
-    epoch's ``k``-th batch (a validation checkpoint inside the epoch, ``last.ckpt`` of a killed
-    run). Iteration then yields the rest of the epoch's order, so the resumed run trains on
-    exactly the batches the uninterrupted run would. ``len()`` stays the whole epoch (the
-    trainer counts batches from ``k``).
-
-    With ``sizes`` (``[num_items]``, e.g. node counts) and ``bucket_batches = w > 0``, batches hold
-    graphs of similar size: the random order is cut into windows of ``w * batch_size`` items, each
-    window is sorted by size (stable), cut into batches, and the full batches are shuffled again
-    (the one incomplete batch, if any, stays last). Every item is still seen once per epoch, but a
-    batch padded to its largest graph wastes less: with ``w = 16`` a ZINC batch of 64 has about
-    half the node pairs of a random one.
-    """
-
-    def __init__(self, num_items: int, seed: int = 0, batch_size: int = 1,
-                 batches_done: Callable[[], int] | None = None, sizes: np.ndarray | None = None,
-                 bucket_batches: int = 0) -> None:
-        self.num_items = int(num_items)
-        self.seed = int(seed)
-        self.batch_size = int(batch_size)
-        self.batches_done = batches_done or (lambda: 0)
-        self.bucket_batches = int(bucket_batches)
-        if self.bucket_batches < 0:
-            raise ValueError(f"bucket_batches must be >= 0, got {bucket_batches}")
-        if self.bucket_batches and (sizes is None or len(sizes) != self.num_items):
-            raise ValueError(f"bucket_batches needs the size of each of the {self.num_items} items, "
-                             f"got {None if sizes is None else len(sizes)}")
-        self.sizes = None if sizes is None else np.asarray(sizes)
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
-
-    def __len__(self) -> int:
-        return self.num_items
-
-    def permutation(self) -> np.ndarray:
-        """This epoch's whole order, ``[num_items]`` int64."""
-        rng = np.random.default_rng([self.seed, self.epoch])
-        order = rng.permutation(self.num_items)
-        if not self.bucket_batches:
-            return order
-        window = self.bucket_batches * self.batch_size
-        for start in range(0, self.num_items, window):
-            part = order[start:start + window]
-            order[start:start + window] = part[np.argsort(self.sizes[part], kind="stable")]
-        num_full = self.num_items // self.batch_size
-        batches = order[:num_full * self.batch_size].reshape(num_full, self.batch_size)
-        return np.concatenate([batches[rng.permutation(num_full)].reshape(-1),
-                               order[num_full * self.batch_size:]])
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.permutation()[self.batches_done() * self.batch_size:].tolist())
 
 
 class GraphDataModule(pl.LightningDataModule):
@@ -249,13 +53,18 @@ class GraphDataModule(pl.LightningDataModule):
     :meth:`load_split` (``"train" | "val" | "test" | "predict"`` -> :class:`EncodedGraphDataset`,
     cheap once built), and :attr:`num_targets`.
 
+    Subclasses take these arguments through ``**kwargs`` (LightningCLI and ``--help`` list them
+    with the subclass's own) and restate only those whose default differs.
+
     Args:
         max_hops: ``K``, path edges kept per node pair (the model's multi-hop edge encoding).
         batch_size: graphs per training batch; ``eval_batch_size`` (default: the same) for the rest.
         num_workers, pin_memory: ``DataLoader`` options.
         max_nodes: training graphs with more nodes are dropped (logged); evaluation keeps all.
         seed: training order seed (with the epoch).
-        encode_threads: threads for computing encodings (once per split; cached afterwards).
+        encode_threads: threads for computing encodings (once per split; cached afterwards);
+            default: every usable core (:func:`graphormer_urpe.cores.usable_cores`).
+        build_workers: processes featurizing SMILES (default: every usable core).
         device_resident: keep each split on the trainer's device (``trainer.strategy.root_device``,
             CPU outside a trainer) and gather batches there (:mod:`.resident`); the loaders are
             then :class:`~.resident.ResidentLoader` objects (``num_workers``/``pin_memory`` unused).
@@ -277,8 +86,9 @@ class GraphDataModule(pl.LightningDataModule):
 
     def __init__(self, max_hops: int = 5, batch_size: int = 128, num_workers: int = 0,
                  max_nodes: int = 128, seed: int = 0, eval_batch_size: int | None = None,
-                 pin_memory: bool = False, encode_threads: int = 1, device_resident: bool = False,
-                 static_shapes: bool = False, bucket_batches: int = 0) -> None:
+                 pin_memory: bool = False, encode_threads: int | None = None, build_workers: int | None = None,
+                 device_resident: bool = False, static_shapes: bool = False,
+                 bucket_batches: int = 0) -> None:
         super().__init__()
         for name, value in (("max_hops", max_hops), ("batch_size", batch_size), ("max_nodes", max_nodes)):
             if int(value) < 1:
@@ -290,7 +100,8 @@ class GraphDataModule(pl.LightningDataModule):
         self.max_nodes = int(max_nodes)
         self.seed = int(seed)
         self.pin_memory = bool(pin_memory)
-        self.encode_threads = int(encode_threads)
+        self.encode_threads = usable_cores() if encode_threads is None else int(encode_threads)
+        self.build_workers = build_workers
         self.device_resident = bool(device_resident)
         self.static_shapes = bool(static_shapes)
         self.bucket_batches = int(bucket_batches)
@@ -409,29 +220,17 @@ class GraphDataModule(pl.LightningDataModule):
         return self._loader(self._split("predict"), self.eval_batch_size, None)
 
 
-def encodings_dir(base: str | os.PathLike, split: str, max_hops: int) -> Path:
-    """Where a split's encoding cache lives, next to its processed files."""
-    return Path(base) / "encodings" / f"{split}-k{max_hops}"
-
-
 class ZINCDataModule(GraphDataModule):
     """ZINC (subset: 10,000 / 1,000 / 1,000; full: 220,011 / 24,445 / 5,000) via PyG's ``ZINC``
     under ``<root>/ZINC``, built offline from ``source_dir`` / ``$GRAPHORMER_URPE_ZINC_SOURCE`` when
-    its raw files are missing (see :mod:`.zinc`). Prediction serves ``predict_split``."""
+    its raw files are missing (see :mod:`.zinc`). Prediction serves ``predict_split``. Other
+    arguments: :class:`GraphDataModule`'s."""
 
     featurizer = "zinc"
 
     def __init__(self, root: str = "data", subset: bool = True, source_dir: str | None = None,
-                 max_hops: int = 5, batch_size: int = 128, num_workers: int = 0, max_nodes: int = 128,
-                 seed: int = 0, eval_batch_size: int | None = None, pin_memory: bool = False,
-                 encode_threads: int = 1, predict_split: str = "test", build_workers: int | None = None,
-                 device_resident: bool = False, static_shapes: bool = False,
-                 bucket_batches: int = 0) -> None:
-        super().__init__(max_hops=max_hops, batch_size=batch_size, num_workers=num_workers,
-                         max_nodes=max_nodes, seed=seed, eval_batch_size=eval_batch_size,
-                         pin_memory=pin_memory, encode_threads=encode_threads,
-                         device_resident=device_resident, static_shapes=static_shapes,
-                         bucket_batches=bucket_batches)
+                 predict_split: str = "test", **kwargs) -> None:
+        super().__init__(**kwargs)
         from graphormer_urpe.data.zinc import SPLITS
 
         if predict_split not in SPLITS:
@@ -440,7 +239,6 @@ class ZINCDataModule(GraphDataModule):
         self.subset = bool(subset)
         self.source_dir = source_dir
         self.predict_split = predict_split
-        self.build_workers = build_workers
 
     @property
     def num_targets(self) -> int:
@@ -461,30 +259,86 @@ class ZINCDataModule(GraphDataModule):
             self.atom_feature_dims, self.bond_feature_dims, self.encode_threads))
 
 
-class OGBLSCDataModule(GraphDataModule):
+#: ``(molecules, graph_of_row [R], y [R, T], {table split: rows})`` of a SMILES table.
+TableStore = tuple[FlatGraphs, np.ndarray, np.ndarray, dict[str, np.ndarray]]
+
+
+class SMILESTableDataModule(GraphDataModule):
+    """A table of molecules, one SMILES and its targets per row: each DISTINCT SMILES is
+    featurized (:attr:`featurizer`, ``build_workers`` processes) and encoded once, into cache
+    entries under the table's work directory (``graphs/``, ``encodings/molecules-k<K>/``, all
+    memory-mapped); splits are row sets of the table, so several rows may share one molecule.
+
+    Subclasses implement :meth:`table_source`, :meth:`split_rows` and :attr:`num_targets`, and
+    may set :attr:`split_names` (which table split each stage's split serves). Arguments:
+    :class:`GraphDataModule`'s.
+    """
+
+    featurizer = "ogb"
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        #: The table split each of ``"train" | "val" | "test" | "predict"`` serves.
+        self.split_names = {"train": "train", "val": "val", "test": "test", "predict": "test"}
+        self._store: TableStore | None = None
+
+    # Subclass hooks ------------------------------------------------------------------------------
+    def table_source(self) -> tuple[Path, dict, Callable[[], tuple[Sequence[str], np.ndarray]]]:
+        """``(work_dir, source, read)``: where the table's caches live, what its featurized rows
+        depend on (e.g. the source file's :func:`~.featurize.file_fingerprint`; a change rebuilds
+        them) and ``read() -> (smiles [R], y [R, T])``, called only to (re)build. Checks that the
+        source exists (fetching it if the dataset downloads)."""
+        raise NotImplementedError
+
+    def split_rows(self, graph_of_row: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
+        """``{table split: rows}`` given ``graph_of_row [R]`` (-1 where RDKit rejected the SMILES)
+        and ``y [R, T]``; refuses (``ValueError``) or warns about rows that cannot be served."""
+        raise NotImplementedError
+
+    # Built once ----------------------------------------------------------------------------------
+    def build(self) -> None:
+        self.store()
+
+    def store(self) -> TableStore:
+        """``(distinct molecules, graph_of_row [R], y [R, T], {table split: rows})``, built once."""
+        if self._store is None:
+            from graphormer_urpe.data.featurize import cached_smiles_graphs
+
+            work_dir, source, read = self.table_source()
+            arrays = cached_smiles_graphs(work_dir / "graphs", source, read, self.featurizer, self.build_workers)
+            graph_of_row, y = np.asarray(arrays["graph_of_row"]), np.asarray(arrays["y"])
+            splits = self.split_rows(graph_of_row, y)
+            graphs = encode_smiles_store(arrays, encodings_dir(work_dir, "molecules", self.max_hops),
+                                         self.max_hops, self.featurizer, self.encode_threads)
+            self._store = (graphs, graph_of_row, y, splits)
+        return self._store
+
+    def table_split(self, name: str) -> EncodedGraphDataset:
+        """The rows of table split ``name`` in split order."""
+        graphs, graph_of_row, y, splits = self.store()
+        rows = splits[name]
+        return EncodedGraphDataset(graphs, graph_of_row[rows], y[rows])
+
+    def load_split(self, split: str) -> EncodedGraphDataset:
+        return self.table_split(self.split_names[split])
+
+
+class OGBLSCDataModule(SMILESTableDataModule):
     """An OGB-LSC PCQM4M version (:attr:`layout`, see :mod:`.ogb_lsc`) from its official layout
     under ``root``: HOMO-LUMO gap regression on ``ogb`` features. Stages map to OGB splits:
     fit -> train / valid, test -> ``test_split`` (default valid: the test sets have no public
     labels), predict -> ``predict_split`` (default: the first test set; ``GraphBatch.index`` =
     position in that split, the order of OGB's submission file). ``download=True`` fetches OGB's
     archive when the layout is missing. The split dict is checked against the table (rows in
-    range, disjoint, labelled where they must be) before anything is served.
+    range, disjoint, labelled where they must be) before anything is served. Other arguments:
+    :class:`GraphDataModule`'s.
     """
 
-    featurizer = "ogb"
     layout: LSCLayout
 
-    def __init__(self, root: str = "data", max_hops: int = 5, batch_size: int = 256, num_workers: int = 0,
-                 max_nodes: int = 128, seed: int = 0, eval_batch_size: int | None = None,
-                 pin_memory: bool = False, encode_threads: int = 1, test_split: str = "valid",
-                 predict_split: str | None = None, build_workers: int | None = None, download: bool = False,
-                 device_resident: bool = False, static_shapes: bool = False,
-                 bucket_batches: int = 0) -> None:
-        super().__init__(max_hops=max_hops, batch_size=batch_size, num_workers=num_workers,
-                         max_nodes=max_nodes, seed=seed, eval_batch_size=eval_batch_size,
-                         pin_memory=pin_memory, encode_threads=encode_threads,
-                         device_resident=device_resident, static_shapes=static_shapes,
-                         bucket_batches=bucket_batches)
+    def __init__(self, root: str = "data", test_split: str = "valid", predict_split: str | None = None,
+                 download: bool = False, batch_size: int = 256, **kwargs) -> None:
+        super().__init__(batch_size=batch_size, **kwargs)
         splits = self.layout.splits
         predict_split = predict_split or self.layout.test_splits[0]
         for name, value in (("test_split", test_split), ("predict_split", predict_split)):
@@ -492,58 +346,47 @@ class OGBLSCDataModule(GraphDataModule):
                 raise ValueError(f"{name} must be one of {splits} for {self.layout.name}, got {value!r}")
         self.root = Path(root)
         self.split_names = {"train": "train", "val": "valid", "test": test_split, "predict": predict_split}
-        self.build_workers = build_workers
         self.download = bool(download)
-        self._store: tuple | None = None
 
     @property
     def num_targets(self) -> int:
         return 1
 
-    def build(self) -> None:
-        self.store()
+    def table_source(self) -> tuple[Path, dict, Callable[[], tuple[Sequence[str], np.ndarray]]]:
+        from graphormer_urpe.data import ogb_lsc
+        from graphormer_urpe.data.featurize import file_fingerprint
 
-    def store(self) -> tuple[FlatGraphs, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
-        """``(distinct molecules, graph_of_row [R], y [R, 1], split_dict)``, built once."""
-        if self._store is None:
-            from graphormer_urpe.data import ogb_lsc
-            from graphormer_urpe.data.featurize import cached_smiles_graphs, file_fingerprint
+        folder = self.layout.path(self.root)
+        table = folder / ogb_lsc.RAW_TABLE
+        if not table.is_file():
+            if not self.download:
+                raise ValueError(f"{self.layout.name} table {table} is missing (expected the OGB-LSC "
+                                 "layout; download=True fetches it)")
+            ogb_lsc.download(self.root, self.layout)
+        ogb_lsc.require_layout(self.root, self.layout)  # the split dict too, before featurizing
+        return (folder / "processed_graphormer_urpe", file_fingerprint(table),
+                lambda: ogb_lsc.read_table(self.root, self.layout))
 
-            folder = self.layout.path(self.root)
-            table = folder / ogb_lsc.RAW_TABLE
-            if not table.is_file():
-                if not self.download:
-                    raise ValueError(f"{self.layout.name} table {table} is missing (expected the OGB-LSC "
-                                     "layout; download=True fetches it)")
-                ogb_lsc.download(self.root, self.layout)
-            splits = ogb_lsc.read_split_dict(self.root, self.layout)
-            work = folder / "processed_graphormer_urpe"
-            arrays = cached_smiles_graphs(work / "graphs", file_fingerprint(table),
-                                          lambda: ogb_lsc.read_table(self.root, self.layout), self.featurizer,
-                                          self.build_workers)
-            graph_of_row, y = np.asarray(arrays["graph_of_row"]), np.asarray(arrays["y"])
-            rejected = np.flatnonzero(graph_of_row < 0)
-            if len(rejected):
-                raise ValueError(f"{table}: RDKit rejects the SMILES of rows {rejected[:10].tolist()}")
-            ogb_lsc.check_split_dict(splits, len(graph_of_row), y.reshape(len(graph_of_row), -1)[:, 0],
-                                     folder / ogb_lsc.SPLIT_FILE, self.layout)
-            graphs = encode_smiles_store(arrays, encodings_dir(work, "molecules", self.max_hops),
-                                         self.max_hops, self.featurizer, self.encode_threads)
-            self._store = (graphs, graph_of_row, y, splits)
-        return self._store
+    def split_rows(self, graph_of_row: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
+        from graphormer_urpe.data import ogb_lsc
+
+        folder = self.layout.path(self.root)
+        rejected = np.flatnonzero(graph_of_row < 0)
+        if len(rejected):
+            raise ValueError(f"{folder / ogb_lsc.RAW_TABLE}: RDKit rejects the SMILES of rows "
+                             f"{rejected[:10].tolist()}")
+        splits = ogb_lsc.read_split_dict(self.root, self.layout)
+        ogb_lsc.check_split_dict(splits, len(graph_of_row), y.reshape(len(graph_of_row), -1)[:, 0],
+                                 folder / ogb_lsc.SPLIT_FILE, self.layout)
+        return splits
 
     def ogb_split(self, name: str) -> EncodedGraphDataset:
         """The rows of OGB split ``name`` (e.g. ``"test-dev"``) in split order."""
-        graphs, graph_of_row, y, splits = self.store()
-        rows = splits[name]
-        return EncodedGraphDataset(graphs, graph_of_row[rows], y[rows])
+        return self.table_split(name)
 
     def ogb_split_loader(self, name: str) -> DataLoader | ResidentLoader:
         """Evaluation loader (``eval_batch_size``, split order) over OGB split ``name``."""
         return self._loader(self.ogb_split(name), self.eval_batch_size, None)
-
-    def load_split(self, split: str) -> EncodedGraphDataset:
-        return self.ogb_split(self.split_names[split])
 
 
 class PCQM4MDataModule(OGBLSCDataModule):
@@ -560,29 +403,20 @@ class PCQM4Mv2DataModule(OGBLSCDataModule):
     layout = PCQM4MV2
 
 
-class CSVDataModule(GraphDataModule):
+class CSVDataModule(SMILESTableDataModule):
     """A molecule property CSV (see :mod:`.csv`): ``smiles_column`` + ``target_columns``
     (default: every other column), ``task`` ``regression``, ``classification`` (binary or
     multi-label 0/1 columns) or ``multiclass`` (one column of class ids; ``num_targets`` is the
     number of classes, the largest id + 1), ``split`` random or scaffold with
     ``split_fractions``. Featurized (``ogb``) and encoded once into ``cache_root`` (default
-    ``data/csv``), keyed by the file's content. Prediction serves the test split."""
-
-    featurizer = "ogb"
+    ``data/csv``), keyed by the file's content. Prediction serves the test split. Other
+    arguments: :class:`GraphDataModule`'s."""
 
     def __init__(self, path: str, smiles_column: str = "smiles", target_columns: list[str] | None = None,
                  task: str = "regression", split: str = "random",
                  split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1), cache_root: str = "data/csv",
-                 max_hops: int = 5, batch_size: int = 32, num_workers: int = 0, max_nodes: int = 128,
-                 seed: int = 0, eval_batch_size: int | None = None, pin_memory: bool = False,
-                 encode_threads: int = 1, build_workers: int | None = None,
-                 device_resident: bool = False, static_shapes: bool = False,
-                 bucket_batches: int = 0) -> None:
-        super().__init__(max_hops=max_hops, batch_size=batch_size, num_workers=num_workers,
-                         max_nodes=max_nodes, seed=seed, eval_batch_size=eval_batch_size,
-                         pin_memory=pin_memory, encode_threads=encode_threads,
-                         device_resident=device_resident, static_shapes=static_shapes,
-                         bucket_batches=bucket_batches)
+                 batch_size: int = 32, **kwargs) -> None:
+        super().__init__(batch_size=batch_size, **kwargs)
         from graphormer_urpe.data import csv as property_csv
 
         if task not in property_csv.TASKS:
@@ -594,13 +428,11 @@ class CSVDataModule(GraphDataModule):
         self.split = split
         self.split_fractions = property_csv.check_fractions(split_fractions)
         self.cache_root = Path(cache_root)
-        self.build_workers = build_workers
         self.task = task
         self.target_columns = property_csv.resolve_columns(self.path, smiles_column, target_columns)
-        self._store: tuple | None = None
         self._num_classes = None
         if task == "multiclass":  # the model's width is needed before the data is built
-            _, y, _ = property_csv.read_property_csv(self.path, smiles_column, self.target_columns)
+            _, y, _ = self._read()
             usable = np.delete(y, property_csv.nonfinite_target_rows(y), axis=0)
             property_csv.check_targets(self.path, usable, self.target_columns, task)
             self._num_classes = max(int(np.nanmax(usable)) + 1, 2)
@@ -609,51 +441,41 @@ class CSVDataModule(GraphDataModule):
     def num_targets(self) -> int:
         return self._num_classes or len(self.target_columns)
 
-    def build(self) -> None:
-        self.store()
+    def _read(self) -> tuple[list[str], np.ndarray, list[str]]:
+        from graphormer_urpe.data import csv as property_csv
 
-    def store(self) -> tuple[FlatGraphs, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
-        if self._store is None:
-            from graphormer_urpe.data import csv as property_csv
-            from graphormer_urpe.data.featurize import cached_smiles_graphs, file_fingerprint
+        return property_csv.read_property_csv(self.path, self.smiles_column, self.target_columns)
 
-            smiles, y, _ = property_csv.read_property_csv(self.path, self.smiles_column, self.target_columns)
-            source = {**file_fingerprint(self.path), "smiles_column": self.smiles_column,
-                      "target_columns": self.target_columns}
-            work = self.cache_root / f"{self.path.stem}-{source['blake2b'][:12]}"
-            arrays = cached_smiles_graphs(work / "graphs", source, lambda: (smiles, y), self.featurizer,
-                                          self.build_workers)
-            graph_of_row = np.asarray(arrays["graph_of_row"])
-            bad_targets = property_csv.nonfinite_target_rows(y)
-            property_csv.warn_rejected_rows(self.path, np.flatnonzero(graph_of_row < 0), len(y))
-            property_csv.warn_rejected_rows(self.path, bad_targets, len(y),
-                                            "with an infinite or out-of-range target")
-            usable = graph_of_row >= 0
-            usable[bad_targets] = False
-            valid = np.flatnonzero(usable)
-            if len(valid) == 0:
-                raise ValueError(f"{self.path}: no row has a SMILES that RDKit accepts and "
-                                 "finite targets")
-            property_csv.check_targets(self.path, y[valid], self.target_columns, self.task)
-            if self.split == "random":
-                parts = property_csv.random_split(len(valid), self.split_fractions, self.seed)
-            else:
-                parts = property_csv.scaffold_split([smiles[r] for r in valid], self.split_fractions)
-            splits = {name: valid[rows] for name, rows in parts.items()}
-            graphs = encode_smiles_store(arrays, encodings_dir(work, "molecules", self.max_hops),
-                                         self.max_hops, self.featurizer, self.encode_threads)
-            self._store = (graphs, graph_of_row, np.asarray(arrays["y"]), splits)
-        return self._store
+    def table_source(self) -> tuple[Path, dict, Callable[[], tuple[Sequence[str], np.ndarray]]]:
+        from graphormer_urpe.data.featurize import file_fingerprint
 
-    def load_split(self, split: str) -> EncodedGraphDataset:
-        graphs, graph_of_row, y, splits = self.store()
-        rows = splits["test" if split == "predict" else split]
-        return EncodedGraphDataset(graphs, graph_of_row[rows], y[rows])
+        source = {**file_fingerprint(self.path), "smiles_column": self.smiles_column,
+                  "target_columns": self.target_columns}
+        return (self.cache_root / f"{self.path.stem}-{source['blake2b'][:12]}", source,
+                lambda: self._read()[:2])
+
+    def split_rows(self, graph_of_row: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
+        from graphormer_urpe.data import csv as property_csv
+
+        bad_targets = property_csv.nonfinite_target_rows(y)
+        property_csv.warn_rejected_rows(self.path, np.flatnonzero(graph_of_row < 0), len(y))
+        property_csv.warn_rejected_rows(self.path, bad_targets, len(y),
+                                        "with an infinite or out-of-range target")
+        usable = graph_of_row >= 0
+        usable[bad_targets] = False
+        valid = np.flatnonzero(usable)
+        if len(valid) == 0:
+            raise ValueError(f"{self.path}: no row has a SMILES that RDKit accepts and "
+                             "finite targets")
+        property_csv.check_targets(self.path, y[valid], self.target_columns, self.task)
+        if self.split == "random":
+            parts = property_csv.random_split(len(valid), self.split_fractions, self.seed)
+        else:
+            smiles = self._read()[0]
+            parts = property_csv.scaffold_split([smiles[r] for r in valid], self.split_fractions)
+        return {name: valid[rows] for name, rows in parts.items()}
 
     def predict_smiles(self) -> list[str]:
         """The SMILES of the predict split's items, in order (as in the file)."""
-        from graphormer_urpe.data import csv as property_csv
-
-        smiles, _, _ = property_csv.read_property_csv(self.path, self.smiles_column,
-                                                      self.target_columns)
+        smiles, _, _ = self._read()
         return [smiles[row] for row in self.store()[3]["test"]]

@@ -11,8 +11,7 @@ Two featurizers, named so a checkpoint can redo featurization from its name alon
 Both give directed edges in both directions with LOCAL node ids. :func:`iter_featurized` runs a
 featurizer over many SMILES in worker processes, chunk by chunk, as flat arrays (compact dtypes)
 plus the positions of rejected SMILES; :func:`cached_smiles_graphs` streams those chunks into a
-memory-mapped cache entry, so a 3.7M-molecule table never materialises its graphs in memory, and
-:func:`featurize_smiles` concatenates them for small inputs.
+memory-mapped cache entry, so a 3.7M-molecule table never materialises its graphs in memory.
 """
 from __future__ import annotations
 
@@ -25,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from tqdm import tqdm
+
+from graphormer_urpe.cores import usable_cores
 
 #: The ZINC benchmark's atom vocabulary, in id order (= ``atom_dict.json`` of the raw data).
 ZINC_ATOM_TOKENS: tuple[str, ...] = (
@@ -153,29 +154,6 @@ def featurizer_spec(name: str) -> FeaturizerSpec:
     return FEATURIZERS[name]
 
 
-@dataclass
-class RawGraphs:
-    """Featurized molecules as flat arrays (raw per-column feature values, not yet shared ids).
-
-    Attributes:
-        x: ``[sum n, F]`` uint8; node_ptr ``[G + 1]`` int64.
-        edge_index: ``[2, sum E]`` int64 LOCAL node ids; edge_attr ``[sum E, Fe]`` uint8;
-            edge_ptr ``[G + 1]`` int64.
-        rejected: int64 positions (into the input SMILES) that were skipped; the ``G`` graphs
-            are the remaining inputs, in order.
-    """
-
-    x: np.ndarray
-    node_ptr: np.ndarray
-    edge_index: np.ndarray
-    edge_attr: np.ndarray
-    edge_ptr: np.ndarray
-    rejected: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.node_ptr) - 1
-
-
 def _featurize_chunk(args: tuple[str, int, list[str]]) -> tuple:
     from rdkit import RDLogger
 
@@ -209,7 +187,7 @@ def worker_pool(num_workers: int | None) -> Iterator[multiprocessing.pool.Pool |
     """A pool of ``num_workers`` forked processes (default: all cores), or None for one. Fork it
     BEFORE reading a large input: a worker forked later shares the parent's pages, which are then
     duplicated as the parent keeps touching them (reference counts, garbage collection)."""
-    num_workers = num_workers or os.cpu_count() or 1
+    num_workers = num_workers or usable_cores()
     if num_workers <= 1:
         yield None
         return
@@ -227,7 +205,7 @@ def parallel_map(function: Callable, chunks: Iterable, num_workers: int | None, 
     them on."""
     with tqdm(total=sum(sizes), desc=desc, unit="mol") as bar, contextlib.ExitStack() as stack:
         if pool is None and len(sizes) > 1:
-            pool = stack.enter_context(worker_pool(min(num_workers or os.cpu_count() or 1, len(sizes))))
+            pool = stack.enter_context(worker_pool(min(num_workers or usable_cores(), len(sizes))))
         results = map(function, chunks) if pool is None else pool.imap(function, chunks)
         for result, size in zip(results, sizes):
             yield result
@@ -250,25 +228,6 @@ def iter_featurized(smiles: Sequence[str], featurizer: str, num_workers: int | N
                             pool)
 
 
-def featurize_smiles(smiles: Sequence[str], featurizer: str, num_workers: int | None = None,
-                     chunk_size: int = 1000, desc: str | None = None) -> RawGraphs:
-    """Featurize ``smiles`` with the named featurizer in worker processes (tqdm progress), in
-    memory (:func:`cached_smiles_graphs` streams large tables to disk instead).
-
-    SMILES that RDKit (or the featurizer) rejects are skipped and listed in ``rejected``.
-    """
-    parts = list(iter_featurized(smiles, featurizer, num_workers, chunk_size, desc))
-    if not parts:
-        parts = [_featurize_chunk((featurizer, 0, []))]
-    x, n, edge_index, edge_attr, e, rejected = (list(p) for p in zip(*parts))
-    n, e = np.concatenate(n), np.concatenate(e)
-    return RawGraphs(
-        x=np.concatenate(x), node_ptr=np.concatenate([[0], np.cumsum(n)]).astype(np.int64),
-        edge_index=np.concatenate(edge_index, axis=1), edge_attr=np.concatenate(edge_attr),
-        edge_ptr=np.concatenate([[0], np.cumsum(e)]).astype(np.int64), rejected=np.concatenate(rejected),
-    )
-
-
 def _rows_to_graphs(codes: np.ndarray, num_distinct: int, rejected: np.ndarray) -> np.ndarray:
     """``graph_of_row [R]``: the graph of each row's distinct SMILES (``codes``, -1 = missing),
     ``-1`` where the distinct SMILES was ``rejected``."""
@@ -284,18 +243,6 @@ def _distinct(smiles: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
 
     codes, distinct = pd.factorize(pd.Series(smiles, dtype=object), use_na_sentinel=True)
     return codes, np.asarray(distinct, dtype=object)
-
-
-def featurize_unique(smiles: Sequence[str], featurizer: str, num_workers: int | None = None,
-                     desc: str | None = None) -> tuple[RawGraphs, np.ndarray]:
-    """Featurize every DISTINCT SMILES once.
-
-    Returns the graphs of the distinct accepted SMILES (first-occurrence order) and
-    ``graph_of_row [R]`` int64: the graph of each input row, ``-1`` where RDKit rejected it.
-    """
-    codes, distinct = _distinct(smiles)
-    graphs = featurize_smiles(distinct, featurizer, num_workers, desc=desc)
-    return graphs, _rows_to_graphs(codes, len(distinct), graphs.rejected)
 
 
 def file_fingerprint(path: str | os.PathLike) -> dict:

@@ -39,4 +39,5 @@ def read_pcqm4mv2_table(root: str | os.PathLike) -> tuple[list[str], np.ndarray]
 
 def write_pcqm4mv2_root(root: str | os.PathLike, source_csv: str | os.PathLike,
                         split_sizes: Mapping[str, int] | None = None, seed: int = 0) -> Path:
+    """Fixture builder: a PCQM4Mv2 root from real molecules (:func:`~.ogb_lsc.write_root`)."""
     return ogb_lsc.write_root(root, source_csv, PCQM4MV2, split_sizes, seed)

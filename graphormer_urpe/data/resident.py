@@ -30,21 +30,27 @@ identical batches on real ZINC.
 """
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from graphormer_urpe.data.batch import BatchPadding, GraphBatch
-from graphormer_urpe.data.collate import UNREACHABLE, FlatGraphs
+from graphormer_urpe.data.collate import FlatGraphs, GraphArrays
+from graphormer_urpe.data.dataset import EncodedGraphDataset, SeededShuffleSampler
+from graphormer_urpe.data.encoding_registry import NODE_ENCODINGS, PAIR_ENCODINGS
 
-if TYPE_CHECKING:
-    from graphormer_urpe.data.datamodule import EncodedGraphDataset, SeededShuffleSampler
+
+
+@functools.cache
+def _torch_dtype(dtype) -> torch.dtype:
+    """The torch dtype of a numpy dtype."""
+    return torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
 
 
 def _as_tensor(array: np.ndarray, device: torch.device) -> Tensor:
@@ -56,19 +62,9 @@ def _as_tensor(array: np.ndarray, device: torch.device) -> Tensor:
 
 
 @dataclass(frozen=True)
-class TensorGraphs:
+class TensorGraphs(GraphArrays[Tensor]):
     """:class:`~.collate.FlatGraphs` as torch tensors on one device (same fields, same compact
-    dtypes; see there for shapes)."""
-
-    x: Tensor
-    node_ptr: Tensor
-    edge_attr: Tensor
-    edge_ptr: Tensor
-    y: Tensor
-    spd: Tensor
-    path_edges: Tensor
-    degree: Tensor
-    pair_ptr: Tensor
+    dtypes; see :class:`~.collate.GraphArrays` for shapes)."""
 
     @classmethod
     def from_flat(cls, graphs: FlatGraphs, device: torch.device | str = "cpu") -> "TensorGraphs":
@@ -78,13 +74,6 @@ class TensorGraphs:
     @property
     def device(self) -> torch.device:
         return self.x.device
-
-    @property
-    def max_hops(self) -> int:
-        return int(self.path_edges.shape[1])
-
-    def __len__(self) -> int:
-        return len(self.node_ptr) - 1
 
 
 @dataclass(frozen=True)
@@ -152,10 +141,14 @@ def gather_batch(graphs: TensorGraphs, index: Tensor, y: Tensor | None = None,
     node_dst = node_owner * big_n + node_local
     x = torch.zeros((b * big_n, graphs.x.shape[1]), dtype=torch.int32, device=device)
     x.index_copy_(0, node_dst, graphs.x.index_select(0, node_src).to(torch.int32))
-    degree = torch.zeros(b * big_n, dtype=torch.int16, device=device)
-    degree.index_copy_(0, node_dst, graphs.degree.index_select(0, node_src))
     node_mask = torch.zeros(b * big_n, dtype=torch.bool, device=device)
     node_mask.index_fill_(0, node_dst, True)
+    encoded = {}
+    for enc in NODE_ENCODINGS:
+        values = torch.full((b * big_n, *enc.row_shape(k)), enc.fill, dtype=_torch_dtype(enc.batch_dtype),
+                            device=device)
+        values.index_copy_(0, node_dst, getattr(graphs, enc.name).index_select(0, node_src).to(values.dtype))
+        encoded[enc.name] = values.view(b, big_n, *enc.row_shape(k))
 
     # Edges: concatenated, plus the all-zero row that path edge -1 resolves to.
     edge_owner, edge_local = ragged_positions(m, shape.total_edges)
@@ -169,21 +162,19 @@ def gather_batch(graphs: TensorGraphs, index: Tensor, y: Tensor | None = None,
     owner_n = n.index_select(0, pair_owner)
     row = torch.div(pair_local, owner_n, rounding_mode="floor")
     pair_dst = pair_owner * (big_n * big_n) + row * big_n + (pair_local - row * owner_n)
-    spd = torch.full((b * big_n * big_n,), UNREACHABLE, dtype=torch.int16, device=device)
-    spd.index_copy_(0, pair_dst, graphs.spd.index_select(0, pair_src))
-    local_path = graphs.path_edges.index_select(0, pair_src).to(torch.int32)
-    # local -> batch edge row; -1 stays -1 (x >> 31 is -1 iff x < 0, so the mask is 0 there)
-    local_path += edge_offset.index_select(0, pair_owner)[:, None] & ~(local_path >> 31)
-    path_edges = torch.full((b * big_n * big_n, k), -1, dtype=torch.int32, device=device)
-    path_edges.index_copy_(0, pair_dst, local_path)
+    for enc in PAIR_ENCODINGS:
+        values = getattr(graphs, enc.name).index_select(0, pair_src).to(_torch_dtype(enc.batch_dtype))
+        if enc.edge_ids:  # local -> batch edge row; -1 stays -1 (x >> 31 is -1 iff x < 0, so the mask is 0)
+            values += edge_offset.index_select(0, pair_owner).view(-1, *[1] * (values.dim() - 1)) & ~(values >> 31)
+        padded = torch.full((b * big_n * big_n, *enc.row_shape(k)), enc.fill, dtype=values.dtype, device=device)
+        padded.index_copy_(0, pair_dst, values)
+        encoded[enc.name] = padded.view(b, big_n, big_n, *enc.row_shape(k))
 
     return GraphBatch(
         x=x.view(b, big_n, -1),
         node_mask=node_mask.view(b, big_n),
-        degree=degree.view(b, big_n),
-        spd=spd.view(b, big_n, big_n),
+        **encoded,
         edge_attr=edge_attr,
-        path_edges=path_edges.view(b, big_n, big_n, k),
         y=(graphs.y.index_select(0, index) if y is None else y).to(torch.float32),
         num_nodes=n.to(torch.int32),
         index=index if positions is None else positions.to(torch.int64),
@@ -191,14 +182,14 @@ def gather_batch(graphs: TensorGraphs, index: Tensor, y: Tensor | None = None,
 
 
 class ResidentSplit:
-    """The items of one split (an :class:`~.datamodule.EncodedGraphDataset`) on a device.
+    """The items of one split (an :class:`~.dataset.EncodedGraphDataset`) on a device.
 
     Item ids, targets and positions live on the device next to the graphs; node and edge
     counts per item stay on the host as well, to size each batch without a sync.
     ``graphs`` may be shared by several splits (PCQM4Mv2 and CSV stores hold all molecules).
     """
 
-    def __init__(self, dataset: "EncodedGraphDataset", graphs: TensorGraphs) -> None:
+    def __init__(self, dataset: EncodedGraphDataset, graphs: TensorGraphs) -> None:
         device = graphs.device
         self.graphs = graphs
         self.graph_ids = torch.as_tensor(dataset.graph_ids, dtype=torch.int64).to(device)
@@ -233,7 +224,7 @@ class ResidentLoader:
     ``drop_last``). Batches are padded as the split's dataset pads them
     (:class:`~.batch.BatchPadding`); with a padding and ``drop_last`` all have one shape.
 
-    Order: ``sampler`` (a :class:`~.datamodule.SeededShuffleSampler`, whose ``(seed, epoch)``
+    Order: ``sampler`` (a :class:`~.dataset.SeededShuffleSampler`, whose ``(seed, epoch)``
     rule it uses; Lightning and :class:`~graphormer_urpe.training.module.GraphormerModule` call
     ``loader.sampler.set_epoch``), else the split's order. The order is drawn when iteration
     starts, so ``set_epoch`` before the first batch counts. With ``world_size > 1`` (DDP) each rank
@@ -242,7 +233,7 @@ class ResidentLoader:
     sampler's ``batches_done()`` batches (a run resumed inside an epoch).
     """
 
-    def __init__(self, split: ResidentSplit, batch_size: int, sampler: "SeededShuffleSampler | None" = None,
+    def __init__(self, split: ResidentSplit, batch_size: int, sampler: SeededShuffleSampler | None = None,
                  rank: int = 0, world_size: int = 1, drop_last: bool = False) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")

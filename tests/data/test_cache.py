@@ -196,14 +196,36 @@ def test_concurrent_processes_build_an_entry_once(tmp_path):
     assert (tmp_path / "log").read_text() == "built\n"
 
 
+def _featurize_distinct_in_memory(smiles: list[str], spec) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The reference for the streamed build: every distinct SMILES featurized once, in
+    first-occurrence order, one molecule at a time; ``graph_of_row`` -1 where RDKit rejects it."""
+    graph_of_smiles: dict[str, int] = {}
+    xs, edge_indices, edge_attrs = [], [], []
+    for s in dict.fromkeys(smiles):
+        try:
+            x, edge_index, edge_attr = spec.graph_arrays(s)
+        except ValueError:
+            graph_of_smiles[s] = -1
+            continue
+        graph_of_smiles[s] = len(xs)
+        xs.append(x)
+        edge_indices.append(edge_index)
+        edge_attrs.append(edge_attr)
+    graphs = {"x": np.concatenate(xs), "edge_index": np.concatenate(edge_indices, axis=1),
+              "edge_attr": np.concatenate(edge_attrs),
+              "node_ptr": np.cumsum([0] + [len(x) for x in xs]),
+              "edge_ptr": np.cumsum([0] + [e.shape[1] for e in edge_indices])}
+    return graphs, np.array([graph_of_smiles[s] for s in smiles])
+
+
 def test_streamed_smiles_store_equals_in_memory_and_stays_memory_mapped(shared_data_dir, tmp_path):
     """The chunked build of a SMILES table (real ESOL, duplicated rows and a bad SMILES added)
     gives the in-memory featurization and encodings, and every per-molecule array of the served
     store is a memory map (training start copies nothing)."""
     import pandas as pd
 
-    from graphormer_urpe.data.datamodule import encode_flat_cached, encode_smiles_store
-    from graphormer_urpe.data.featurize import cached_smiles_graphs, featurize_unique, featurizer_spec
+    from graphormer_urpe.data.encode import encode_flat, encode_smiles_store
+    from graphormer_urpe.data.featurize import cached_smiles_graphs, featurizer_spec
 
     table = pd.read_csv(shared_data_dir / "moleculenet" / "esol.csv")
     smiles = table["smiles"].tolist()[:300]
@@ -211,18 +233,19 @@ def test_streamed_smiles_store_equals_in_memory_and_stays_memory_mapped(shared_d
     y = np.arange(len(smiles), dtype=np.float32)
     arrays = cached_smiles_graphs(tmp_path / "graphs", {"test": 1}, lambda: (smiles, y), "ogb",
                                   num_workers=2, chunk_size=37)
-    graphs, graph_of_row = featurize_unique(smiles, "ogb", num_workers=1)
+    spec = featurizer_spec("ogb")
+    graphs, graph_of_row = _featurize_distinct_in_memory(smiles, spec)
     assert np.array_equal(arrays["graph_of_row"], graph_of_row) and graph_of_row[-1] == -1
     for name in ("x", "node_ptr", "edge_attr", "edge_ptr"):
-        assert np.array_equal(arrays[name], getattr(graphs, name)), name
-    assert np.array_equal(arrays["edge_index"], graphs.edge_index) and arrays["edge_index"].dtype == np.int16
+        assert np.array_equal(arrays[name], graphs[name]), name
+    assert np.array_equal(arrays["edge_index"], graphs["edge_index"]) and arrays["edge_index"].dtype == np.int16
     assert np.array_equal(arrays["y"][:, 0], y)
 
     store = encode_smiles_store(arrays, tmp_path / "enc", 4, "ogb")
-    spec = featurizer_spec("ogb")
-    expected = encode_flat_cached(graphs.x, graphs.node_ptr, graphs.edge_index, graphs.edge_attr, graphs.edge_ptr,
-                                  np.zeros(len(graphs)), cache_dir=tmp_path / "direct", max_hops=4,
-                                  atom_feature_dims=spec.atom_feature_dims, bond_feature_dims=spec.bond_feature_dims)
+    expected = encode_flat(graphs["x"], graphs["node_ptr"], graphs["edge_index"], graphs["edge_attr"],
+                           graphs["edge_ptr"], np.zeros(len(graphs["node_ptr"]) - 1), cache_dir=tmp_path / "direct",
+                           max_hops=4, atom_feature_dims=spec.atom_feature_dims,
+                           bond_feature_dims=spec.bond_feature_dims)
     for name in ("x", "node_ptr", "edge_attr", "edge_ptr", "spd", "path_edges", "degree", "pair_ptr"):
         assert isinstance(getattr(store, name), np.memmap), name
         assert np.array_equal(getattr(store, name), getattr(expected, name)), name

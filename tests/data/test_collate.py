@@ -127,7 +127,7 @@ def test_collate_pyg_graphs_on_real_zinc(shared_data_dir):
     bonds from i towards j, features land in the shared id space."""
     from torch_geometric.data import Data
 
-    from graphormer_urpe.data.collate import collate_pyg_graphs
+    from graphormer_urpe.data.encode import collate_pyg_graphs
     from graphormer_urpe.data.featurize import ZINC_ATOM_FEATURE_DIMS, ZINC_BOND_FEATURE_DIMS
 
     arrays = np.load(shared_data_dir / "zinc" / "subset_test_graphs.npz")

@@ -2,15 +2,19 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 from graphormer_urpe.data.batch import GraphBatch
-from graphormer_urpe.data.collate import collate_pyg_graphs
-from graphormer_urpe.data.datamodule import SeededShuffleSampler, ZINCDataModule
-from graphormer_urpe.data.featurize import ZINC_ATOM_FEATURE_DIMS, ZINC_BOND_FEATURE_DIMS
+from graphormer_urpe.data.datamodule import SMILESTableDataModule, ZINCDataModule
+from graphormer_urpe.data.encode import collate_pyg_graphs
+from graphormer_urpe.data.featurize import ZINC_ATOM_FEATURE_DIMS, ZINC_BOND_FEATURE_DIMS, file_fingerprint
+
+ESOL_TARGET = "measured log solubility in mols per litre"
 from graphormer_urpe.data.zinc import load_zinc
 
 
@@ -58,17 +62,6 @@ def test_training_order_is_a_function_of_seed_and_epoch(zinc_data_root):
     assert first_batch(0, 0) == first_batch(0, 0)
     assert first_batch(0, 1) != first_batch(0, 0)
     assert first_batch(1, 0) != first_batch(0, 0)
-    sampler = SeededShuffleSampler(100, seed=3)
-    assert sorted(sampler) == list(range(100))
-
-
-def test_sampler_resumed_inside_an_epoch_yields_the_rest_of_its_order():
-    done = [0]
-    sampler = SeededShuffleSampler(100, seed=3, batch_size=16, batches_done=lambda: done[0])
-    sampler.set_epoch(2)
-    whole = list(sampler)
-    done[0] = 3
-    assert list(sampler) == whole[48:] and len(sampler) == 100
 
 
 def test_max_nodes_drops_only_training_graphs(zinc_data_root, caplog):
@@ -93,40 +86,43 @@ def test_worker_processes_give_the_same_batches(zinc_data_root):
     assert np.array_equal(dm.splits["val"].y, reference.splits["val"].y)
 
 
-def test_bucketed_sampler_serves_every_item_once_in_batches_of_similar_size(zinc_data_root):
-    dm = ZINCDataModule(root=str(zinc_data_root), batch_size=64, bucket_batches=16)
+class EveryOtherRow(SMILESTableDataModule):
+    """The new-dataset example of docs/data.md on real ESOL: a source and a row split, nothing else."""
+
+    def __init__(self, path: str, cache_root: str, batch_size: int = 64, **kwargs) -> None:
+        super().__init__(batch_size=batch_size, **kwargs)
+        self.path, self.cache_root = Path(path), Path(cache_root)
+        self.reads = 0
+
+    @property
+    def num_targets(self) -> int:
+        return 1
+
+    def read(self):
+        self.reads += 1
+        table = pd.read_csv(self.path)
+        return table["smiles"].tolist(), table[ESOL_TARGET].to_numpy(np.float32)
+
+    def table_source(self):
+        return self.cache_root, file_fingerprint(self.path), self.read
+
+    def split_rows(self, graph_of_row, y):
+        rows = np.flatnonzero(graph_of_row >= 0)
+        return {"train": rows[0::2], "val": rows[1::2], "test": rows[1::2]}
+
+
+def test_a_smiles_table_needs_only_its_source_and_splits(shared_data_dir, tmp_path):
+    esol = shared_data_dir / "moleculenet" / "esol.csv"
+    dm = EveryOtherRow(str(esol), str(tmp_path), max_hops=3, seed=2, build_workers=2, eval_batch_size=2000)
+    assert (dm.batch_size, dm.max_hops, dm.seed, dm.featurizer, dm.num_atom_embeddings) == (64, 3, 2, "ogb", 175)
     dm.setup("fit")
-    sizes = dm.splits["train"].num_nodes
-    loader = dm.train_dataloader()
-    sampler = loader.sampler
-    sampler.set_epoch(1)
-    order = np.asarray(list(sampler))
-    assert sorted(order.tolist()) == list(range(len(sizes)))
-    full = len(order) // 64
-    batches = order[:full * 64].reshape(full, 64)
-    # Each batch is a run of one size-sorted window, so its largest graph is close to its mean
-    # and padding wastes far less than with a plain shuffle of the same items.
-    plain = np.random.default_rng(0).permutation(len(sizes))[:full * 64].reshape(full, 64)
-    padded_pairs = (sizes[batches].max(1) ** 2).sum()
-    assert padded_pairs < 0.6 * (sizes[plain].max(1) ** 2).sum()
-    assert np.all(np.diff(sizes[batches], axis=1) >= 0)  # sorted inside each batch
-    # The batches are shuffled across windows, the order is a function of (seed, epoch) only,
-    # and a resumed epoch continues it.
-    assert not np.all(np.diff(sizes[batches[:, 0]]) >= 0)
-    again = SeededShuffleSampler(len(sizes), seed=dm.seed, batch_size=64, sizes=sizes, bucket_batches=16)
-    again.set_epoch(1)
-    np.testing.assert_array_equal(list(again), order)
-    again.batches_done = lambda: 5
-    np.testing.assert_array_equal(list(again), order[5 * 64:])
-    # The DataLoader cuts the same batches (the incomplete one last).
-    sampler.set_epoch(1)
-    served = [batch.index.numpy() for batch in loader]
-    np.testing.assert_array_equal(served[3], batches[3])
-    assert len(served[-1]) == len(order) - full * 64
-
-
-def test_bucketing_needs_item_sizes():
-    with pytest.raises(ValueError, match="size of each of the 10 items"):
-        SeededShuffleSampler(10, batch_size=2, bucket_batches=4)
-    with pytest.raises(ValueError, match="bucket_batches must be >= 0"):
-        SeededShuffleSampler(10, batch_size=2, sizes=np.ones(10), bucket_batches=-1)
+    table = pd.read_csv(esol)
+    val = next(iter(dm.val_dataloader()))
+    assert val.index.tolist() == list(range(len(table) // 2))
+    np.testing.assert_array_equal(val.y[:, 0].numpy(), table[ESOL_TARGET].to_numpy(np.float32)[1::2])
+    assert val.path_edges.shape[-1] == 3 and dm.reads == 1
+    train = [b for b in dm.train_dataloader()]
+    assert sum(len(b) for b in train) == (len(table) + 1) // 2 and len(train[0]) == 64
+    again = EveryOtherRow(str(esol), str(tmp_path), max_hops=3)
+    again.setup("fit")  # featurized molecules and encodings load from the cache
+    assert again.reads == 0 and len(again.val_dataloader().dataset) == len(table) // 2

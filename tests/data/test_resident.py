@@ -11,7 +11,8 @@ import torch
 
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.data.collate import collate
-from graphormer_urpe.data.datamodule import PCQM4Mv2DataModule, SeededShuffleSampler, ZINCDataModule
+from graphormer_urpe.data.datamodule import PCQM4Mv2DataModule, ZINCDataModule
+from graphormer_urpe.data.dataset import SeededShuffleSampler
 from graphormer_urpe.data.pcqm4mv2 import write_pcqm4mv2_root
 from graphormer_urpe.data.resident import (
     BatchShape, ResidentLoader, ResidentSplit, TensorGraphs, gather_batch,

@@ -1,0 +1,65 @@
+"""The encoding registry: every registered encoding is stored, collated and gathered on the
+device as its entry says (layout, dtype, padding, edge-row shift), on real ZINC."""
+from __future__ import annotations
+
+from dataclasses import fields
+
+import numpy as np
+import pytest
+import torch
+
+from graphormer_urpe.data.batch import GraphBatch
+from graphormer_urpe.data.collate import FlatGraphs, collate
+from graphormer_urpe.data.datamodule import ZINCDataModule
+from graphormer_urpe.data.encoding_registry import ENCODING_ARRAYS, ENCODINGS, Encoding
+from graphormer_urpe.data.resident import TensorGraphs, gather_batch
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def expected_values(graphs: FlatGraphs, enc: Encoding, index: np.ndarray) -> list[np.ndarray]:
+    """Per batch graph, its stored values ``[n, *S]`` or ``[n, n, *S]``, local edge ids shifted
+    by the edges of the graphs before it."""
+    stored, shape = getattr(graphs, enc.name), enc.row_shape(graphs.max_hops)
+    ptr = graphs.node_ptr if enc.per == "node" else graphs.pair_ptr
+    edges_before, out = 0, []
+    for g in index:
+        n = int(graphs.num_nodes[g])
+        lead = (n, n) if enc.per == "pair" else (n,)
+        values = np.asarray(stored[ptr[g]:ptr[g + 1]], dtype=np.int64).reshape(*lead, *shape)
+        if enc.edge_ids:
+            values = np.where(values >= 0, values + edges_before, values)
+        out.append(values)
+        edges_before += int(graphs.num_edges[g])
+    return out
+
+
+def test_every_encoding_is_batched_as_registered(zinc_data_root):
+    graphs = ZINCDataModule(root=str(zinc_data_root), max_hops=3).load_split("val").graphs
+    index = np.array([4, 900, 4, 17, 333])
+    batches = {"collate": collate(graphs, index),
+               "gather_batch": gather_batch(TensorGraphs.from_flat(graphs), torch.from_numpy(index))}
+    big_n = int(graphs.num_nodes[index].max())
+    assert big_n > int(graphs.num_nodes[index].min()), "the batch needs padding to test it"
+    batch_fields = {f.name for f in fields(GraphBatch)}
+    for enc in ENCODINGS:
+        assert enc.name in batch_fields and enc.name in ENCODING_ARRAYS
+        assert getattr(graphs, enc.name).dtype == enc.dtype
+        expected = expected_values(graphs, enc, index)
+        lead = (big_n,) * (1 + (enc.per == "pair"))
+        for path, batch in batches.items():
+            values = getattr(batch, enc.name)
+            assert values.dtype == torch.from_numpy(np.zeros(0, enc.batch_dtype)).dtype, (path, enc.name)
+            assert values.shape == (len(index), *lead, *enc.row_shape(3)), (path, enc.name)
+            for b, real in enumerate(expected):
+                n = real.shape[0]
+                block = values[b].numpy()
+                assert np.array_equal(block[(slice(0, n),) * len(lead)], real), (path, enc.name, b)
+                padded = np.ones(lead, dtype=bool)
+                padded[(slice(0, n),) * len(lead)] = False
+                assert (block[padded] == enc.fill).all(), (path, enc.name, b)
+
+
+def test_an_encoding_is_per_node_or_per_pair():
+    with pytest.raises(ValueError, match="per must be 'node' or 'pair'"):
+        Encoding("ring_size", "edge", np.int16, np.int16, fill=0)
