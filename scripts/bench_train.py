@@ -9,6 +9,8 @@ attention (``urpe``, ``rpe``: plain Graphormer) and each path (:data:`PATHS`):
 * ``fast``: device-resident data (``device_resident=True``), ``compile=True``
   (``torch.compile(dynamic=True)``), ``--fast-precision`` (default ``bf16-mixed``) and, on CUDA,
   the fused Triton attention (``attention_impl="triton"``);
+* ``bucketed``: ``eager`` on batches of similar-sized graphs (``bucket_batches=16``: less
+  padding);
 * ``resident``: device-resident data and, on CUDA, the Triton attention, float32, no compile;
 * ``graphs``: device-resident batches of one shape (``static_shapes=True``), the backbone
   captured in CUDA graphs (``cuda_graphs=True``: ``torch.compile(mode="reduce-overhead")``,
@@ -66,10 +68,12 @@ class TrainPath:
     static_shapes: bool = False
     cuda_graphs: bool = False
     matmul_precision: str | None = None
+    bucket_batches: int = 0
 
 
 PATHS = {
     "eager": TrainPath(resident=False),
+    "bucketed": TrainPath(resident=False, bucket_batches=16),
     "fast": TrainPath(resident=True, compile=True, precision=None, triton=True),
     "resident": TrainPath(resident=True, triton=True),
     "graphs": TrainPath(resident=True, static_shapes=True, cuda_graphs=True, matmul_precision="high"),
@@ -134,10 +138,12 @@ def batch_size_of(name: str, args) -> int:
     return args.zinc_batch if PRESET_DATA[name][0] == "zinc" else args.pcqm_batch
 
 
-def datamodule(name: str, args, batch_size: int, resident: bool, static_shapes: bool = False):
+def datamodule(name: str, args, batch_size: int, resident: bool, static_shapes: bool = False,
+               bucket_batches: int = 0):
     from graphormer_urpe.data.datamodule import PCQM4Mv2DataModule, ZINCDataModule
 
     common = {"batch_size": batch_size, "device_resident": resident, "static_shapes": static_shapes,
+              "bucket_batches": bucket_batches,
               "num_workers": 0 if resident else args.num_workers, "pin_memory": args.device == "cuda"}
     if PRESET_DATA[name][0] == "zinc":
         return ZINCDataModule(root=str(args.zinc_root), subset=True, source_dir=str(args.shared / "zinc"),
@@ -153,7 +159,8 @@ def run_training(name: str, attention: str, path: str, args) -> dict:
 
     spec = path_spec(path)
     batch_size = batch_size_of(name, args)
-    dm = datamodule(name, args, batch_size, resident=spec.resident, static_shapes=spec.static_shapes)
+    dm = datamodule(name, args, batch_size, resident=spec.resident, static_shapes=spec.static_shapes,
+                    bucket_batches=spec.bucket_batches)
     dm.prepare_data()
     impl = "triton" if spec.triton and args.device == "cuda" else "eager"
     precision = spec.precision or args.fast_precision
@@ -183,6 +190,7 @@ def run_training(name: str, attention: str, path: str, args) -> dict:
         "attention_impl": impl, "precision": precision, "compile": spec.compile,
         "device_resident": spec.resident, "static_shapes": spec.static_shapes,
         "cuda_graphs": spec.cuda_graphs, "matmul_precision": spec.matmul_precision or "highest",
+        "bucket_batches": spec.bucket_batches,
         "batch_size": batch_size, "warmup_steps": args.warmup, "steps": args.steps,
         "warmup_s": round(timer.start - timer.run_start, 2), "seconds": round(seconds, 4),
         "ms_per_step": round(1000 * seconds / args.steps, 3),

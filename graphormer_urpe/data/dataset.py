@@ -83,14 +83,29 @@ class SeededShuffleSampler(Sampler[int]):
     run). Iteration then yields the rest of the epoch's order, so the resumed run trains on
     exactly the batches the uninterrupted run would. ``len()`` stays the whole epoch (the
     trainer counts batches from ``k``).
+
+    With ``sizes`` (``[num_items]``, e.g. node counts) and ``bucket_batches = w > 0``, batches hold
+    graphs of similar size: the random order is cut into windows of ``w * batch_size`` items, each
+    window is sorted by size (stable), cut into batches, and the full batches are shuffled again
+    (the one incomplete batch, if any, stays last). Every item is still seen once per epoch, but a
+    batch padded to its largest graph wastes less: with ``w = 16`` a ZINC batch of 64 has about
+    half the node pairs of a random one.
     """
 
     def __init__(self, num_items: int, seed: int = 0, batch_size: int = 1,
-                 batches_done: Callable[[], int] | None = None) -> None:
+                 batches_done: Callable[[], int] | None = None, sizes: np.ndarray | None = None,
+                 bucket_batches: int = 0) -> None:
         self.num_items = int(num_items)
         self.seed = int(seed)
         self.batch_size = int(batch_size)
         self.batches_done = batches_done or (lambda: 0)
+        self.bucket_batches = int(bucket_batches)
+        if self.bucket_batches < 0:
+            raise ValueError(f"bucket_batches must be >= 0, got {bucket_batches}")
+        if self.bucket_batches and (sizes is None or len(sizes) != self.num_items):
+            raise ValueError(f"bucket_batches needs the size of each of the {self.num_items} items, "
+                             f"got {None if sizes is None else len(sizes)}")
+        self.sizes = None if sizes is None else np.asarray(sizes)
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -101,7 +116,18 @@ class SeededShuffleSampler(Sampler[int]):
 
     def permutation(self) -> np.ndarray:
         """This epoch's whole order, ``[num_items]`` int64."""
-        return np.random.default_rng([self.seed, self.epoch]).permutation(self.num_items)
+        rng = np.random.default_rng([self.seed, self.epoch])
+        order = rng.permutation(self.num_items)
+        if not self.bucket_batches:
+            return order
+        window = self.bucket_batches * self.batch_size
+        for start in range(0, self.num_items, window):
+            part = order[start:start + window]
+            order[start:start + window] = part[np.argsort(self.sizes[part], kind="stable")]
+        num_full = self.num_items // self.batch_size
+        batches = order[:num_full * self.batch_size].reshape(num_full, self.batch_size)
+        return np.concatenate([batches[rng.permutation(num_full)].reshape(-1),
+                               order[num_full * self.batch_size:]])
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.permutation()[self.batches_done() * self.batch_size:].tolist())
