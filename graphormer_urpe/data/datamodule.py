@@ -105,7 +105,7 @@ class GraphDataModule(pl.LightningDataModule):
         self.build_workers = build_workers
         self.device_resident = bool(device_resident)
         self.static_shapes = bool(static_shapes)
-        self.bucket_batches = int(bucket_batches)
+        self.bucket_batches = SeededShuffleSampler.check_bucket_batches(bucket_batches)  # before any build
         self.splits: dict[str, EncodedGraphDataset] = {}
         # (host store, its device copy): splits sharing one store (OGB-LSC, CSV) share the copy
         self._resident_graphs: list[tuple[FlatGraphs, TensorGraphs]] = []
@@ -199,8 +199,9 @@ class GraphDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader | ResidentLoader:
         dataset = self.train_dataset()
+        sizes = dataset.num_nodes if self.bucket_batches else None  # only bucketing reads them
         sampler = SeededShuffleSampler(len(dataset), self.seed, self.batch_size, self.batches_done,
-                                       dataset.num_nodes, self.bucket_batches)
+                                       sizes, self.bucket_batches)
         if not self.static_shapes:
             return self._loader(dataset, self.batch_size, sampler)
         if len(dataset) < self.batch_size:

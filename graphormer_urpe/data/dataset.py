@@ -99,14 +99,19 @@ class SeededShuffleSampler(Sampler[int]):
         self.seed = int(seed)
         self.batch_size = int(batch_size)
         self.batches_done = batches_done or (lambda: 0)
-        self.bucket_batches = int(bucket_batches)
-        if self.bucket_batches < 0:
-            raise ValueError(f"bucket_batches must be >= 0, got {bucket_batches}")
+        self.bucket_batches = self.check_bucket_batches(bucket_batches)
         if self.bucket_batches and (sizes is None or len(sizes) != self.num_items):
             raise ValueError(f"bucket_batches needs the size of each of the {self.num_items} items, "
                              f"got {None if sizes is None else len(sizes)}")
         self.sizes = None if sizes is None else np.asarray(sizes)
         self.epoch = 0
+
+    @staticmethod
+    def check_bucket_batches(bucket_batches: int) -> int:
+        """``bucket_batches`` as an int; ValueError if negative."""
+        if int(bucket_batches) < 0:
+            raise ValueError(f"bucket_batches must be >= 0, got {bucket_batches}")
+        return int(bucket_batches)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)

@@ -46,7 +46,6 @@ from graphormer_urpe.data.dataset import EncodedGraphDataset, SeededShuffleSampl
 from graphormer_urpe.data.encoding_registry import NODE_ENCODINGS, PAIR_ENCODINGS
 
 
-
 @functools.cache
 def _torch_dtype(dtype) -> torch.dtype:
     """The torch dtype of a numpy dtype."""

@@ -56,7 +56,10 @@ def test_bucketed_sampler_serves_every_item_once_in_batches_of_similar_size(zinc
     assert len(served[-1]) == len(order) - full * 64
 
 
-def test_bucketing_needs_item_sizes():
+def test_bucketing_needs_item_sizes(tmp_path):
+    # A DataModule refuses a negative window when it is built, before any data work.
+    with pytest.raises(ValueError, match="bucket_batches must be >= 0"):
+        ZINCDataModule(root=str(tmp_path), bucket_batches=-2)
     with pytest.raises(ValueError, match="size of each of the 10 items"):
         SeededShuffleSampler(10, batch_size=2, bucket_batches=4)
     with pytest.raises(ValueError, match="bucket_batches must be >= 0"):
