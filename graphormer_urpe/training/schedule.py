@@ -1,29 +1,45 @@
 r"""Graphormer's learning-rate schedule: linear warmup, then polynomial decay.
 
+The learning rate of optimizer update number :math:`u = 1, 2, \dots` (the ``u``-th
+``optimizer.step()``, so ``u = step + 1`` for a zero-based step counter such as
+``trainer.global_step`` before the step) is
+
 .. math::
-    \eta(t) = \begin{cases}
-      \eta_0 \, t / T_w & t \le T_w \\
-      (\eta_0 - \eta_{end}) \big(1 - \tfrac{t - T_w}{T - T_w}\big)^p + \eta_{end} & T_w < t \le T \\
-      \eta_{end} & t > T
+    \eta(u) = \begin{cases}
+      \eta_0 \, u / T_w & u \le T_w \\
+      (\eta_0 - \eta_{end}) \big(1 - \tfrac{u - T_w}{T - T_w}\big)^p + \eta_{end} & T_w < u < T \\
+      \eta_{end} & u \ge T
     \end{cases}
 
-stepped once per optimizer step (fairseq's ``polynomial_decay`` as used by Graphormer).
+as in Graphormer v1's ``PolynomialDecayLR`` (``_step_count`` is ``u``) and fairseq's
+``polynomial_decay``: the first update already uses :math:`\eta_0 / T_w`, not 0.
+:func:`polynomial_decay_lr` is the one implementation; the host ``LambdaLR`` and the training
+engine's on-device learning rate (:mod:`.engine`) both call it.
 """
 from __future__ import annotations
 
+import torch
+from torch import Tensor
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
 
+def polynomial_decay_lr(update: Tensor, warmup_steps: int, total_steps: int, lr: float,
+                        end_lr: float, power: float) -> Tensor:
+    r""":math:`\eta(u)` above for update numbers ``update`` (a float tensor of any shape, on any
+    device). Only elementwise tensor ops, so it runs inside a CUDA graph without a host sync."""
+    warmup = update / warmup_steps if warmup_steps > 0 else torch.ones_like(update)
+    remaining = (1.0 - (update - warmup_steps) / (total_steps - warmup_steps)).clamp(0.0, 1.0)
+    decay = (lr - end_lr) * remaining ** power + end_lr
+    return torch.where(update <= warmup_steps, lr * warmup, decay)
+
+
 def polynomial_decay_factor(step: int, warmup_steps: int, total_steps: int, lr: float,
                             end_lr: float, power: float) -> float:
-    """The multiplier ``eta(step) / lr`` of the schedule above."""
-    if warmup_steps > 0 and step <= warmup_steps:
-        return step / warmup_steps
-    if step >= total_steps:
-        return end_lr / lr
-    remaining = 1.0 - (step - warmup_steps) / (total_steps - warmup_steps)
-    return ((lr - end_lr) * remaining ** power + end_lr) / lr
+    """``eta(step + 1) / lr``: the multiplier for zero-based optimizer step ``step`` (what
+    ``LambdaLR`` passes), in float64."""
+    update = torch.tensor(step + 1, dtype=torch.float64)
+    return float(polynomial_decay_lr(update, warmup_steps, total_steps, lr, end_lr, power)) / lr
 
 
 def warmup_polynomial_decay(optimizer: Optimizer, warmup_steps: int, total_steps: int,

@@ -143,7 +143,7 @@ def test_schedule_follows_trainer_max_steps(zinc_data_root, tmp_path, caplog):
                      "10"])
     scheduler = cli.trainer.lr_scheduler_configs[0].scheduler
     assert cli.trainer.global_step == 8
-    lrs = [scheduler.lr_lambdas[0](step) for step in (4, 8)]
+    lrs = [scheduler.lr_lambdas[0](step) for step in (3, 7)]  # updates 4 and 8
     assert lrs[0] == 1.0 and lrs[1] == pytest.approx(1e-9 / 2e-4)  # peak at warmup, end at 8
     with caplog.at_level(logging.WARNING):
         build_cli(["fit", *args, "--trainer.max_steps", "3", "--model.total_steps", "20",
