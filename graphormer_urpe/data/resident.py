@@ -180,6 +180,72 @@ def gather_batch(graphs: TensorGraphs, index: Tensor, y: Tensor | None = None,
     )
 
 
+def gather_static(graphs: TensorGraphs, index: Tensor, padding: BatchPadding, y: Tensor | None = None,
+                  positions: Tensor | None = None) -> GraphBatch:
+    r""":func:`gather_batch` with ``padding`` whose every intermediate has a fixed shape, so it can
+    be captured in a CUDA graph: ``B = len(index)`` graphs, ``N``, ``E`` from ``padding``, no size
+    read from the data (no device-to-host sync, no ``repeat_interleave``).
+
+    Instead of ragged positions it walks the dense grids and masks: node ``(b, i)`` is real iff
+    ``i < n_b``, pair ``(b, i, j)`` iff ``i, j < n_b`` (source ``pair_ptr[g_b] + i n_b + j``), and
+    edge row ``r < E`` belongs to the graph ``b`` with ``o_b \le r < o_b + m_b``
+    (``searchsorted`` of the running edge counts). The batch equals
+    ``gather_batch(..., padding=padding)`` bit for bit, provided the graphs fit the padding
+    (which is not checked here: that would read sizes back to the host; the padding covers the
+    split, :meth:`~.batch.BatchPadding.covering`).
+    """
+    device = graphs.device
+    k, big_n, big_e = graphs.max_hops, padding.num_nodes, padding.num_edges
+    node_start = graphs.node_ptr.index_select(0, index)
+    n = graphs.node_ptr.index_select(0, index + 1) - node_start
+    edge_start = graphs.edge_ptr.index_select(0, index)
+    m = graphs.edge_ptr.index_select(0, index + 1) - edge_start
+    b = len(index)
+
+    local = torch.arange(big_n, device=device)
+    node_real = local < n[:, None]  # [B, N]
+    node_src = torch.where(node_real, node_start[:, None] + local, 0).view(-1)
+    real_rows = node_real.view(-1, 1)
+    x = torch.where(real_rows, graphs.x.index_select(0, node_src), 0).to(torch.int32)
+    encoded = {}
+    for enc in NODE_ENCODINGS:
+        values = getattr(graphs, enc.name).index_select(0, node_src).to(_torch_dtype(enc.batch_dtype))
+        encoded[enc.name] = torch.where(real_rows.view(-1, *[1] * (values.dim() - 1)), values,
+                                        enc.fill).view(b, big_n, *enc.row_shape(k))
+
+    edge_end = torch.cumsum(m, 0)  # o_b + m_b
+    edge_offset = edge_end - m  # o_b: first batch row of graph b's edges
+    rows = torch.arange(big_e, device=device)
+    edge_owner = torch.searchsorted(edge_end, rows, right=True).clamp_(max=b - 1)
+    edge_real = rows < edge_end[-1]
+    edge_src = torch.where(edge_real, edge_start.index_select(0, edge_owner) + rows
+                           - edge_offset.index_select(0, edge_owner), 0)
+    edge_attr = torch.zeros((big_e + 1, graphs.edge_attr.shape[1]), dtype=torch.int32, device=device)
+    edge_attr[:big_e] = torch.where(edge_real[:, None], graphs.edge_attr.index_select(0, edge_src), 0)
+
+    pair_real = node_real[:, :, None] & node_real[:, None, :]  # [B, N, N]
+    pair_src = graphs.pair_ptr.index_select(0, index)[:, None, None] + local[:, None] * n[:, None, None] + local
+    pair_src = torch.where(pair_real, pair_src, 0).view(-1)
+    for enc in PAIR_ENCODINGS:
+        row_dims = len(enc.row_shape(k))
+        values = getattr(graphs, enc.name).index_select(0, pair_src).to(_torch_dtype(enc.batch_dtype))
+        values = values.view(b, big_n, big_n, *enc.row_shape(k))
+        if enc.edge_ids:  # local -> batch edge row; -1 stays -1
+            offset = edge_offset.to(values.dtype).view(b, 1, 1, *[1] * row_dims)
+            values = torch.where(values >= 0, values + offset, values)
+        encoded[enc.name] = torch.where(pair_real.view(b, big_n, big_n, *[1] * row_dims), values, enc.fill)
+
+    return GraphBatch(
+        x=x.view(b, big_n, -1),
+        node_mask=node_real,
+        **encoded,
+        edge_attr=edge_attr,
+        y=(graphs.y.index_select(0, index) if y is None else y).to(torch.float32),
+        num_nodes=n.to(torch.int32),
+        index=index if positions is None else positions.to(torch.int64),
+    )
+
+
 class ResidentSplit:
     """The items of one split (an :class:`~.dataset.EncodedGraphDataset`) on a device.
 

@@ -15,8 +15,9 @@ from graphormer_urpe.data.datamodule import PCQM4Mv2DataModule, ZINCDataModule
 from graphormer_urpe.data.dataset import SeededShuffleSampler
 from graphormer_urpe.data.pcqm4mv2 import write_pcqm4mv2_root
 from graphormer_urpe.data.resident import (
-    BatchShape, ResidentLoader, ResidentSplit, TensorGraphs, gather_batch,
+    BatchShape, ResidentLoader, ResidentSplit, TensorGraphs, gather_batch, gather_static,
 )
+from graphormer_urpe.data.batch import BatchPadding
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -58,6 +59,29 @@ def test_gather_batch_equals_numpy_collate_on_real_zinc(zinc_data_root):
     positions = np.array([3, 2, 1, 0])
     gathered = gather_batch(on_cpu, torch.from_numpy(index), torch.from_numpy(y), torch.from_numpy(positions))
     assert_same_batch(collate(graphs, index, y, positions), gathered)
+
+
+def test_fixed_shape_gather_equals_the_padded_collation_on_real_zinc(zinc_data_root):
+    """gather_static (every intermediate of a fixed shape, for CUDA graphs) gives the padded
+    numpy collation bit for bit: random batches, repeats, the largest graphs, overrides."""
+    dm = ZINCDataModule(root=str(zinc_data_root))
+    graphs = dm.train_dataset().graphs
+    on_cpu = TensorGraphs.from_flat(graphs)
+    n, m = np.diff(graphs.node_ptr), np.diff(graphs.edge_ptr)
+    rng = np.random.default_rng(1)
+    for size in (1, 16, 64):
+        padding = BatchPadding.covering(n, m, size)
+        largest = np.argsort(-m, kind="stable")[:size]  # the batch that fills every edge row
+        for index in (rng.integers(0, len(graphs), size), largest):
+            expected = collate(graphs, index, padding=padding)
+            assert_same_batch(expected, gather_static(on_cpu, torch.from_numpy(index), padding))
+    index = np.array([5, 5, 9000, 17])
+    y = rng.normal(size=(4, 1)).astype(np.float32)
+    positions = np.array([3, 2, 1, 0])
+    padding = BatchPadding.covering(n, m, 4)
+    gathered = gather_static(on_cpu, torch.from_numpy(index), padding, torch.from_numpy(y),
+                             torch.from_numpy(positions))
+    assert_same_batch(collate(graphs, index, y, positions, padding), gathered)
 
 
 def test_gather_batch_rejects_a_shape_for_another_batch(zinc_data_root):
