@@ -246,6 +246,21 @@ def gather_static(graphs: TensorGraphs, index: Tensor, padding: BatchPadding, y:
     )
 
 
+@dataclass(frozen=True)
+class BatchSlot:
+    """A training batch not yet gathered: items ``order[start:start + size]`` of the epoch's order
+    (``order`` is one device tensor per epoch). What a :class:`ResidentLoader` yields with
+    ``slots=True``, for a training engine that gathers the batch itself
+    (:mod:`graphormer_urpe.training.engine`)."""
+
+    order: Tensor
+    start: int
+    size: int
+
+    def to(self, device, non_blocking: bool = False) -> "BatchSlot":
+        return self  # already on the split's device; Lightning calls this for every batch
+
+
 class ResidentSplit:
     """The items of one split (an :class:`~.dataset.EncodedGraphDataset`) on a device.
 
@@ -313,6 +328,8 @@ class ResidentLoader:
         self.rank = int(rank)
         self.world_size = int(world_size)
         self.drop_last = bool(drop_last)
+        #: Yield :class:`BatchSlot` objects instead of gathered batches (read when iteration starts).
+        self.slots = False
 
     def _num_items(self) -> int:
         return math.ceil(len(self.split) / self.world_size)
@@ -338,4 +355,7 @@ class ResidentLoader:
         end = len(self) * self.batch_size if self.drop_last else len(order)
         for start in range(first, end, self.batch_size):
             stop = start + self.batch_size
-            yield self.split.batch(order[start:stop], order_on_device[start:stop])
+            if self.slots:
+                yield BatchSlot(order_on_device, start, self.batch_size)
+            else:
+                yield self.split.batch(order[start:stop], order_on_device[start:stop])

@@ -21,6 +21,7 @@ from torchmetrics.classification import BinaryAUROC, MulticlassAccuracy, Multila
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.nn.encodings import EdgePathBias, GraphToken, URPEScale, VirtualDistanceBias
 from graphormer_urpe.nn.graphormer import Graphormer, GraphormerConfig
+from graphormer_urpe.training.engine import EngineHooks, TrainingEngine
 from graphormer_urpe.training.inference import TASKS, build_backbone, task_predictions
 from graphormer_urpe.training.schedule import warmup_polynomial_decay
 
@@ -127,7 +128,7 @@ def task_metric(task: str, num_targets: int) -> Metric:
     return MultilabelAUROC(num_labels=num_targets, ignore_index=-1)
 
 
-class GraphormerModule(pl.LightningModule):
+class GraphormerModule(EngineHooks, pl.LightningModule):
     """Graph-level regression (L1 loss, MAE), binary / multi-label classification (BCE,
     ROC-AUC) or multi-class classification (cross-entropy, accuracy); see :data:`Task`.
 
@@ -159,6 +160,11 @@ class GraphormerModule(pl.LightningModule):
             on GPUs that have them); ``None`` leaves the process setting alone.
         target_names: the targets' names (the CSV DataModule's ``target_columns``), recorded so
             predictions can be labelled from the checkpoint alone; ``None`` = unnamed.
+        engine: train with the training engine (:mod:`~graphormer_urpe.training.engine`): the
+            whole optimizer step (gather, forward, loss, backward, clipping, fused AdamW with an
+            on-device learning rate, skipping non-finite steps) as one function without host
+            syncs, on a GPU recorded in one CUDA graph. Needs ``data.device_resident`` and
+            ``data.static_shapes``; exclusive with ``compile`` and ``cuda_graphs``.
     """
 
     def __init__(
@@ -184,6 +190,7 @@ class GraphormerModule(pl.LightningModule):
         target_names: list[str] | None = None,
         cuda_graphs: bool = False,
         matmul_precision: Literal["highest", "high", "medium"] | None = None,
+        engine: bool = False,
     ) -> None:
         super().__init__()
         if compile and cuda_graphs:
@@ -200,6 +207,7 @@ class GraphormerModule(pl.LightningModule):
         self._train_forward = None
         self._train_shape: tuple | None = None
         self._unchecked_loss: tuple[Tensor, int, int, int] | None = None
+        self._engine = TrainingEngine(self) if engine else None
         self.task = task
         metric_name = TASK_METRICS[task][0]
         for stage in ("val", "test"):
@@ -228,6 +236,8 @@ class GraphormerModule(pl.LightningModule):
         return (losses * known).sum() / known.sum()
 
     def training_step(self, batch: GraphBatch, batch_idx: int) -> Tensor:
+        if self._engine is not None:
+            return self._engine.training_step(batch)
         loss = self._loss(self._training_forward(batch), batch.y)
         self._check_loss(loss.detach(), batch_idx)
         self.log("train/loss", loss, prog_bar=True, batch_size=batch.num_graphs)
@@ -336,10 +346,13 @@ class GraphormerModule(pl.LightningModule):
         groups = parameter_groups(self, hp.weight_decay, hp.get("no_weight_decay") or ())
         # Lightning refuses gradient clipping under mixed precision with a fused optimizer (it
         # would unscale inside its kernel), so the fused AdamW serves full-precision runs only.
+        # The engine always uses it (its found_inf skips a step on the device), capturable on a GPU.
         mixed = self._trainer is not None and "mixed" in str(self._trainer.precision)
+        engine = self._engine is not None
         optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas), eps=hp.eps,
                                       weight_decay=hp.weight_decay,
-                                      fused=self.device.type == "cuda" and not mixed)
+                                      fused=engine or (self.device.type == "cuda" and not mixed),
+                                      capturable=engine and self.device.type == "cuda")
         total_steps = self.schedule_steps()
         if total_steps <= hp.warmup_steps:
             raise ValueError(f"warmup_steps ({hp.warmup_steps}) must be below the schedule's "

@@ -1,0 +1,242 @@
+r"""The training engine: the whole optimizer step as one replayable function, on a GPU one CUDA graph.
+
+``GraphormerModule(engine=True)`` (``--model.engine true``, ``configs/engine.yaml``) trains
+with :class:`TrainingEngine`. One step is
+
+.. math::
+    \text{items} &= \text{order}[s : s + B], \quad \text{batch} = \text{gather}(\text{items})
+        \quad \text{(fixed shapes, } :func:`~graphormer_urpe.data.resident.gather_static`) \\
+    \ell &= \text{loss}(f_\theta(\text{batch}), y), \quad g = \nabla_\theta \ell, \quad
+        g \leftarrow g \cdot \min\big(1, \tfrac{c}{\lVert g \rVert_2 + 10^{-6}}\big) \\
+    \text{skip} &= \lnot \text{isfinite}(\ell) \lor \lnot \text{isfinite}(\lVert g \rVert_2), \quad
+        \eta = \eta(u + 1) \ (:func:`~.schedule.polynomial_decay_lr`), \quad
+        \theta \leftarrow \text{AdamW}(\theta, g, \eta) \text{ unless skip}
+
+all on the device, with no device-to-host sync: the batch is gathered from the epoch order on
+the device (:class:`~graphormer_urpe.data.resident.BatchSlot`), the clipping is
+``torch.nn.utils.clip_grad_norm_`` (Lightning's ``gradient_clip_val``), the AdamW is torch's
+fused one with a device tensor for the learning rate and ``found_inf`` masking (a skipped step
+leaves parameters, moments and the step count untouched, as under a gradient scaler), and the
+update counter ``u`` lives on the device. On a GPU the step is recorded once in a CUDA graph
+(``torch.cuda.graph``) and replayed: one launch per step instead of ~800, and new dropout masks
+every replay (the default CUDA generator's offset advances with each replay). On CPU the same
+function runs eagerly.
+
+Lightning stays in charge of everything else, in its ordinary automatic optimization: the
+engine runs inside the optimizer-step hook, so ``global_step``, the host ``LambdaLR`` (whose
+learning rate the learning-rate monitor and the checkpoints record), checkpoints (an ordinary
+AdamW state dict), exact resume (the loader restarts mid-epoch), validation and callbacks all
+work as in the eager path, and checkpoints interchange with it. Losses and skipped steps are
+read from the device every ``trainer.log_every_n_steps`` (one sync per interval), logged as
+``train/loss`` (mean of the interval's finite losses) and ``train/skipped_steps`` (total); an
+interval in which every step was skipped stops training with a ``FloatingPointError``, and since
+skipped steps change nothing, no checkpoint ever holds a diverged model.
+
+Needs device-resident batches of one shape (``data.device_resident`` and ``data.static_shapes``),
+one device, a non-mixed precision (``32-true``), no gradient accumulation, clipping by norm (or
+none), and neither ``compile`` nor ``cuda_graphs``.
+"""
+from __future__ import annotations
+
+import logging
+
+import lightning.pytorch as pl
+import torch
+from torch import Tensor
+
+from graphormer_urpe.data.resident import BatchSlot, ResidentLoader, gather_static
+from graphormer_urpe.training.schedule import polynomial_decay_lr
+
+log = logging.getLogger(__name__)
+#: Untimed, update-free steps before a CUDA graph is recorded (they initialise the optimizer
+#: state and let cuDNN / cuBLAS pick their kernels outside the capture).
+CAPTURE_WARMUP_STEPS = 3
+
+
+class EngineHooks:
+    """The LightningModule hooks that hand each optimizer step to ``self._engine`` (a
+    :class:`TrainingEngine`, or None for the ordinary eager step); mixed into the module."""
+
+    _engine: "TrainingEngine | None"
+
+    def configure_callbacks(self):
+        callbacks = super().configure_callbacks()
+        return [*callbacks, self._engine] if self._engine is not None else callbacks
+
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
+        if self._engine is None:
+            return super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        optimizer_closure()  # training_step: the engine's whole step (Lightning requires the call)
+
+    def optimizer_zero_grad(self, epoch, batch_idx, optimizer) -> None:
+        if self._engine is None:
+            super().optimizer_zero_grad(epoch, batch_idx, optimizer)
+
+    def backward(self, loss: Tensor, *args, **kwargs) -> None:
+        if self._engine is None:
+            super().backward(loss, *args, **kwargs)
+
+
+class TrainingEngine(pl.Callback):
+    """The whole optimizer step of ``module`` (a :class:`~.module.GraphormerModule`) on the device;
+    see the module docstring. Also a Lightning callback: it checks the run's settings at the start,
+    switches the training loader to :class:`BatchSlot` batches, and reports the device-side
+    statistics at each logging interval."""
+
+    def __init__(self, module: pl.LightningModule) -> None:
+        hp = module.hparams
+        if hp.get("compile") or hp.get("cuda_graphs"):
+            raise ValueError("engine records the whole step itself: set compile and cuda_graphs false")
+        self.module = module
+        self._ready = False
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._order_source: Tensor | None = None
+        self._host_updates = -1  # the update count the device counter holds
+        self.total_skipped = 0
+
+    # Settings ------------------------------------------------------------------------------------
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        loader = trainer.train_dataloader
+        problems = []
+        if not (isinstance(loader, ResidentLoader) and loader.drop_last and loader.split.padding):
+            problems.append("device-resident batches of one shape (data.init_args.device_resident "
+                            "true and data.init_args.static_shapes true)")
+        if "mixed" in str(trainer.precision):
+            problems.append(f"a precision without autocast (trainer.precision 32-true, not "
+                            f"{trainer.precision})")
+        if trainer.accumulate_grad_batches != 1:
+            problems.append("no gradient accumulation (trainer.accumulate_grad_batches 1)")
+        if trainer.gradient_clip_val and (trainer.gradient_clip_algorithm or "norm") != "norm":
+            problems.append("clipping by norm (trainer.gradient_clip_algorithm norm)")
+        if trainer.world_size != 1:
+            problems.append("one device (trainer.devices 1)")
+        if problems:
+            raise ValueError("model.engine needs " + "; ".join(problems))
+        loader.slots = True
+        self.clip = float(trainer.gradient_clip_val or 0.0)
+
+    # The step ------------------------------------------------------------------------------------
+    def _build(self, trainer: pl.Trainer, slot: BatchSlot) -> None:
+        """Static buffers, and on a GPU the recorded graph."""
+        module, device = self.module, slot.order.device
+        hp = module.hparams
+        self.split = trainer.train_dataloader.split
+        self.optimizer = trainer.optimizers[0]
+        self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        self.schedule = (hp.warmup_steps, module.schedule_steps(), hp.lr, hp.end_lr, hp.power)
+        zero = lambda dtype=torch.float32: torch.zeros((), dtype=dtype, device=device)  # noqa: E731
+        self.order = torch.empty_like(slot.order)
+        self.start = zero(torch.int64)
+        self.offsets = torch.arange(slot.size, device=device)
+        self.updates = zero(torch.float64)  # optimizer updates done (u)
+        self.lr = zero()
+        self.found_inf = zero()  # 1.0: skip this update (fused AdamW's found_inf contract)
+        self.force_skip = zero()  # 1.0 while warming up before a capture
+        self.loss = zero()
+        self.loss_sum, self.finite_steps, self.skipped = zero(torch.float64), zero(), zero()
+        self.optimizer.found_inf = self.found_inf
+        self._ready = True
+        if device.type != "cuda":
+            return
+        self._feed(trainer, slot)
+        self.force_skip.fill_(1.0)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(CAPTURE_WARMUP_STEPS):
+                self._step()
+        torch.cuda.current_stream().wait_stream(side)
+        self.force_skip.fill_(0.0)
+        self._host_updates = -1  # the warmup advanced the device counter
+        self._graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self._graph):
+            self._step()
+        for stat in (self.loss_sum, self.finite_steps, self.skipped):
+            stat.zero_()
+
+    def _step(self) -> None:
+        """One optimizer step, device-side only (recorded as is into a CUDA graph)."""
+        module, split = self.module, self.split
+        items = self.order.index_select(0, self.start + self.offsets)
+        batch = gather_static(split.graphs, split.graph_ids.index_select(0, items), split.padding,
+                              split.y.index_select(0, items), split.positions.index_select(0, items))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = module._loss(module.model(batch), batch.y)
+        loss.backward()
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if self.clip > 0:  # what Lightning's gradient_clip_val calls, on the same parameters
+            norm = torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+        else:
+            norm = torch.nn.utils.get_total_norm(grads)
+        finite = torch.isfinite(loss) & torch.isfinite(norm) & (self.force_skip == 0)
+        self.found_inf.copy_((~finite).float())
+        self.lr.copy_(polynomial_decay_lr(self.updates + 1, *self.schedule))
+        host_lrs = [group["lr"] for group in self.optimizer.param_groups]
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr
+        try:
+            self.optimizer.step()
+        finally:
+            for group, lr in zip(self.optimizer.param_groups, host_lrs):
+                group["lr"] = lr
+        self.updates.add_(1)
+        self.loss.copy_(loss.detach())
+        self.loss_sum.add_(torch.where(finite, loss.detach().double(), 0.0))
+        self.finite_steps.add_(finite.float())
+        self.skipped.add_(1.0 - finite.float())
+
+    def _feed(self, trainer: pl.Trainer, slot: BatchSlot) -> None:
+        """The step's inputs: the epoch order (once per epoch), the batch start, and the update
+        count after a resume (host values, copied without a sync)."""
+        if slot.order is not self._order_source:
+            self.order.copy_(slot.order)
+            self._order_source = slot.order
+        self.start.fill_(slot.start)
+        if self._host_updates != trainer.global_step:
+            self.updates.fill_(trainer.global_step)
+        self._host_updates = trainer.global_step + 1
+
+    def training_step(self, slot: BatchSlot) -> Tensor:
+        """Run one whole optimizer step on ``slot``'s batch; the step's loss (a device tensor,
+        not read here)."""
+        trainer = self.module.trainer
+        if not isinstance(slot, BatchSlot):
+            raise TypeError(f"model.engine trains on BatchSlot batches, got {type(slot).__name__}")
+        if not self._ready:
+            self._build(trainer, slot)
+        self._feed(trainer, slot)
+        if self._graph is not None:
+            self._graph.replay()
+        else:
+            self._step()
+        return self.loss
+
+    # Reporting -----------------------------------------------------------------------------------
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch,
+                           batch_idx: int) -> None:
+        # The steps at which Lightning writes its logs (the same rule, read from its connector).
+        if self._ready and trainer._logger_connector.should_update_logs:
+            self.report(trainer)
+
+    def report(self, trainer: pl.Trainer) -> dict[str, float]:
+        """Read and reset the interval's statistics (one device-to-host copy), log them, and raise
+        FloatingPointError if every step of the interval was skipped."""
+        loss_sum, finite, skipped = torch.stack(
+            [self.loss_sum, self.finite_steps.double(), self.skipped.double()]).tolist()
+        for stat in (self.loss_sum, self.finite_steps, self.skipped):
+            stat.zero_()
+        self.total_skipped += int(skipped)
+        if skipped:
+            log.warning("engine: skipped %d of the last %d steps (non-finite loss or gradient) before "
+                        "step %d; %d skipped in all", skipped, finite + skipped, trainer.global_step,
+                        self.total_skipped)
+            if not finite:
+                raise FloatingPointError(
+                    f"every training step of the last {int(skipped)} had a non-finite loss or gradient "
+                    f"(up to step {trainer.global_step}); no update was applied and no checkpoint "
+                    "holds a diverged model: check the targets and lower the learning rate")
+        stats = {"train/skipped_steps": float(self.total_skipped)}
+        if finite:
+            stats["train/loss"] = loss_sum / finite
+        self.module.log_dict(stats, batch_size=trainer.train_dataloader.batch_size)
+        return stats
