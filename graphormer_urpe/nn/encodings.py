@@ -191,7 +191,8 @@ class EdgePathBias(nn.Module):
     ``[B, N, N, K, H]`` tensor is materialised. Under ``torch.compile`` the sum is a plain gather
     and reduction instead (:meth:`sum_hops_gather`), which inductor fuses into one kernel (again
     nothing of size ``[B, N, N, K, H]``) and whose backward is a scatter-add that CUDA graphs can
-    capture: ``embedding_bag``'s CUDA backward reads a count back to the host. The gather is
+    capture: ``embedding_bag``'s CUDA backward reads a count back to the host (so the training
+    engine sets :attr:`capturable`). The gather is
     also used on a CPU, where ``embedding_bag``'s backward (a sort of all ``B N N K`` indices) took
     twice as long as the gather's scatter-add.
 
@@ -206,6 +207,9 @@ class EdgePathBias(nn.Module):
         self.max_hops = max_hops
         self.embedding = nn.Embedding(num_bond_embeddings, num_heads, padding_idx=0)
         self.hop_weight = nn.Parameter(torch.empty(max_hops, num_heads, num_heads))
+        #: Sum hops with the gather everywhere (set by the training engine, whose CUDA graph
+        #: cannot hold embedding_bag's host read-back); not a parameter, not saved.
+        self.capturable = False
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -226,7 +230,7 @@ class EdgePathBias(nn.Module):
         index = torch.where(present, hops, 0) + torch.arange(k, device=hops.device,
                                                               dtype=hops.dtype) * num_rows
         weights = present.to(hop_tables.dtype)
-        gather = torch.compiler.is_compiling() or hop_tables.device.type == "cpu"
+        gather = self.capturable or torch.compiler.is_compiling() or hop_tables.device.type == "cpu"
         sum_hops = self.sum_hops_gather if gather else self.sum_hops_bag
         summed = sum_hops(hop_tables.reshape(k * num_rows, -1), index, weights)
         count = present.sum(dim=-1, keepdim=True).clamp_min(1)

@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 
 from graphormer_urpe.data.resident import BatchSlot, ResidentLoader, gather_static
+from graphormer_urpe.nn.encodings import EdgePathBias
 from graphormer_urpe.training.schedule import polynomial_decay_lr
 
 log = logging.getLogger(__name__)
@@ -135,6 +136,9 @@ class TrainingEngine(pl.Callback):
         self.loss = zero()
         self.loss_sum, self.finite_steps, self.skipped = zero(torch.float64), zero(), zero()
         self.optimizer.found_inf = self.found_inf
+        for layer in module.modules():
+            if isinstance(layer, EdgePathBias):
+                layer.capturable = True
         self._ready = True
         if device.type != "cuda":
             return

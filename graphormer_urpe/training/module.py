@@ -198,7 +198,9 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
                              "backbone, static shapes) exclude each other: set one")
         self.model, resolved = build_backbone(num_atom_embeddings, num_bond_embeddings, num_targets,
                                               max_hops, task, preset, backbone)
-        self.save_hyperparameters(ignore=["backbone"])
+        # engine is how to train, not what: left out, a checkpoint is the same with or without it
+        # (and a resumed run follows its own command line, which ckpt_path hparams would override).
+        self.save_hyperparameters(ignore=["backbone", "engine"])
         # Plain values only (checkpoints load with weights_only=True), and complete.
         self.hparams["backbone"] = resolved.as_dict()
         if compile:

@@ -103,3 +103,123 @@ def test_a_non_finite_step_is_skipped_and_reported(zinc_data_root, caplog):
     assert "engine: skipped 1 of the last 4 steps" in caplog.text
     assert trainer.logged_metrics["train/skipped_steps"] == 1
     assert all(torch.isfinite(p).all() for p in module.parameters())
+
+
+def fit(run_dir: Path, data_root: Path, max_steps: int, *extra: str):
+    """configs/zinc.yaml + configs/engine.yaml with a tiny backbone, epochs of 8 batches of 16,
+    validation and checkpoints after batch 5 of each epoch."""
+    return build_cli(["fit",
+                      "--config", str(REPO / "configs" / "zinc.yaml"),
+                      "--config", str(REPO / "configs" / "engine.yaml"),
+                      "--trainer.default_root_dir", str(run_dir),
+                      "--trainer.max_steps", str(max_steps),
+                      "--trainer.limit_train_batches", "8",
+                      "--trainer.limit_val_batches", "2",
+                      "--trainer.log_every_n_steps", "4",
+                      "--trainer.enable_model_summary", "false",
+                      "--trainer.val_check_interval", "5",
+                      "--model.backbone", json.dumps({**TINY, **NO_DROPOUT}),
+                      "--model.warmup_steps", "4",
+                      "--model.total_steps", "20",
+                      "--data.init_args.root", str(data_root),
+                      "--data.init_args.batch_size", "16",
+                      *extra])
+
+
+class Killed(Exception):
+    pass
+
+
+class KillAt(pl.Callback):
+    """Stands in for a killed process: stops training with an error once ``step`` steps are
+    done (an error saves no checkpoint, so last.ckpt stays the last periodic one)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            raise Killed(f"killed at step {self.step}")
+
+
+def test_cli_engine_resumes_mid_epoch_exactly_and_interchanges_checkpoints(zinc_data_root, tmp_path):
+    """Through the CLI: killed after step 6, resumed from last.ckpt of step 5 (batch 5 of 8 of
+    epoch 0, saved after its validation) to step 12 (past an epoch end), the engine reaches the
+    uninterrupted run's weights bit for bit; the eager step resumes from the engine's checkpoint
+    too; metrics are read from the device once per logging interval."""
+    kill = json.dumps({"class_path": f"{__name__}.KillAt", "init_args": {"step": 6}})
+    with pytest.raises(Killed):
+        fit(tmp_path / "engine", zinc_data_root, 12, f"--trainer.callbacks+={kill}")
+    checkpoint = torch.load(tmp_path / "engine" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["global_step"] == 5
+    assert checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["completed"] == 5
+    (tmp_path / "engine" / "checkpoints" / "last.ckpt").rename(tmp_path / "step5.ckpt")
+    resumed = fit(tmp_path / "engine", zinc_data_root, 12, "--ckpt_path", str(tmp_path / "step5.ckpt"))
+    straight = fit(tmp_path / "straight", zinc_data_root, 12)
+    assert resumed.model._engine is not None
+    assert resumed.trainer.global_step == straight.trainer.global_step == 12
+    assert resumed.trainer.current_epoch == straight.trainer.current_epoch
+    reference = straight.model.state_dict()
+    for name, value in resumed.model.state_dict().items():
+        assert torch.equal(value, reference[name]), name
+
+    # An ordinary checkpoint: the eager step resumes from it too (float32 rounding apart: its
+    # AdamW kernel differs).
+    eager = fit(tmp_path / "eager", zinc_data_root, 12, "--ckpt_path", str(tmp_path / "step5.ckpt"),
+                "--model.engine", "false")
+    assert eager.model._engine is None and eager.trainer.global_step == 12
+    for name, value in eager.model.state_dict().items():
+        torch.testing.assert_close(value, reference[name], rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+
+    metrics = (tmp_path / "straight" / "csv" / "version_0" / "metrics.csv").read_text().splitlines()
+    header = metrics[0].split(",")
+    logged = [dict(zip(header, row.split(","))) for row in metrics[1:]]
+    steps = [int(row["step"]) for row in logged if row.get("train/loss")]
+    assert steps == [3, 7, 11]  # log_every_n_steps 4
+    assert all(float(row["train/skipped_steps"]) == 0 for row in logged if row.get("train/loss"))
+
+
+def test_engine_refuses_unsupported_settings(zinc_data_root, tmp_path):
+    """One clear error naming the options the engine needs."""
+    with pytest.raises(ValueError, match="model.engine needs device-resident batches of one shape"):
+        fit(tmp_path / "run", zinc_data_root, 2, "--data.init_args.static_shapes", "false")
+    with pytest.raises(ValueError, match="set compile and cuda_graphs false"):
+        fit(tmp_path / "run", zinc_data_root, 2, "--model.compile", "true")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_captured_step_equals_eager_and_never_syncs(zinc_data_root):
+    """On a GPU: the CUDA-graph step trains like Lightning's eager step (float32 tolerance:
+    different kernels), and 100 replays make no device-to-host sync."""
+    def run(engine: bool, steps: int, callbacks=()):
+        dm = ZINCDataModule(root=str(zinc_data_root), batch_size=16, device_resident=True, static_shapes=True)
+        pl.seed_everything(3, verbose=False)
+        module = GraphormerModule(num_atom_embeddings=dm.num_atom_embeddings,
+                                  num_bond_embeddings=dm.num_bond_embeddings, backbone={**TINY, **NO_DROPOUT},
+                                  lr=1e-3, warmup_steps=5, total_steps=200, engine=engine)
+        trainer = pl.Trainer(accelerator="gpu", devices=1, max_steps=steps, precision="32-true",
+                             gradient_clip_val=5.0, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
+                             log_every_n_steps=1000, enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False, callbacks=list(callbacks))
+        trainer.fit(module, datamodule=dm)
+        return module
+
+    eager, captured = run(False, 20), run(True, 20)
+    assert captured._engine._graph is not None
+    reference = dict(eager.named_parameters())
+    for name, param in captured.named_parameters():
+        torch.testing.assert_close(param, reference[name], rtol=1e-3, atol=1e-4, msg=lambda m: f"{name}: {m}")
+
+    class SyncDebug(pl.Callback):  # "error" from the second step (after the capture) on
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            if trainer.global_step == 1:
+                torch.cuda.set_sync_debug_mode("error")
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if trainer.global_step == 101:
+                torch.cuda.set_sync_debug_mode("default")
+
+    try:
+        run(True, 101, [SyncDebug()])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
