@@ -15,13 +15,23 @@ attention (``urpe``, ``rpe``: plain Graphormer) and each path (:data:`PATHS`):
 * ``graphs``: device-resident batches of one shape (``static_shapes=True``), the backbone
   captured in CUDA graphs (``cuda_graphs=True``: ``torch.compile(mode="reduce-overhead")``,
   eager attention, which inductor compiles), float32 with TF32 matmuls
-  (``matmul_precision="high"``); on CPU the same batches, trained eagerly,
+  (``matmul_precision="high"``); on CPU the same batches, trained eagerly;
+* ``engine``: the training engine (``engine=True``, :mod:`graphormer_urpe.training.engine`): the
+  same batches, the whole optimizer step (gather, forward, backward, clipping, fused AdamW) in one
+  CUDA graph on a GPU, the same step run eagerly on CPU,
 
 it runs ``--warmup`` + ``--steps`` optimizer steps of a Lightning ``Trainer`` (AdamW, gradient
 clipping 5.0, as in the configs; no validation, logging or checkpoints) and times only the last
 ``--steps`` (``torch.cuda.synchronize()`` at both ends on GPU; the warmup covers compilation).
 The URPE/RPE time ratio per preset and path is the cost of URPE (target on GPU: <= 1.05).
 A row that fails records its error (type and first line) and the benchmark goes on.
+
+``--count-ops P`` profiles ``P`` more steps after the timed ones (``torch.profiler``, CPU
+activity) and reports ``ops_per_step``: the leaf ATen operators per optimizer step (those that
+call no other ATen operator), less those that only make views or allocate
+(:data:`NO_KERNEL_OPS`): about one kernel launch each on a GPU. With ``--width`` (hidden and
+FFN width; the preset's depth and heads are kept) the CPU's ms per step is then mostly host time.
+These are the CPU proxies for the launch-bound GPU step; on a GPU, ``steps_per_s`` is the figure.
 
 Data: ZINC-12k from ``--zinc-root`` (built from ``--shared``/zinc when missing, as
 ``ZINCDataModule(source_dir=...)`` does); PCQM4Mv2 from an OGB-format root written by
@@ -69,6 +79,7 @@ class TrainPath:
     cuda_graphs: bool = False
     matmul_precision: str | None = None
     bucket_batches: int = 0
+    engine: bool = False
 
 
 PATHS = {
@@ -77,6 +88,7 @@ PATHS = {
     "fast": TrainPath(resident=True, compile=True, precision=None, triton=True),
     "resident": TrainPath(resident=True, triton=True),
     "graphs": TrainPath(resident=True, static_shapes=True, cuda_graphs=True, matmul_precision="high"),
+    "engine": TrainPath(resident=True, static_shapes=True, engine=True, matmul_precision="high"),
 }
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true")
 
@@ -133,6 +145,41 @@ def make_step_timer(device: str, warmup: int, steps: int):
     return StepTimer()
 
 
+#: ATen operators that only make tensor metadata or allocate (no kernel on a GPU).
+NO_KERNEL_OPS = frozenset(f"aten::{name}" for name in (
+    "empty", "empty_strided", "empty_like", "as_strided", "view", "_reshape_alias", "_unsafe_view",
+    "reshape", "expand", "expand_as", "t", "transpose", "permute", "slice", "select", "unsqueeze",
+    "squeeze", "detach", "alias", "lift_fresh", "resolve_conj", "resolve_neg", "unbind", "split",
+    "split_with_sizes", "chunk", "narrow", "set_", "result_type", "size", "stride", "resize_",
+    "view_as", "unflatten", "flatten", "_has_compatible_shallow_copy_type", "is_nonzero"))
+
+
+def make_op_counter(start: int, steps: int):
+    """A callback profiling optimizer steps ``start + 1 .. start + steps`` (CPU activity); its
+    ``ops_per_step`` counts the leaf ATen operators per step."""
+    import lightning.pytorch as pl
+    from torch.profiler import ProfilerActivity, profile
+
+    class OpCounter(pl.Callback):
+        def __init__(self) -> None:
+            self.profiler, self.ops_per_step = None, None
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            if trainer.global_step == start and self.profiler is None:
+                self.profiler = profile(activities=[ProfilerActivity.CPU])
+                self.profiler.__enter__()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            if self.profiler is not None and self.ops_per_step is None and trainer.global_step == start + steps:
+                self.profiler.__exit__(None, None, None)
+                leaves = [e for e in self.profiler.events() if e.name.startswith("aten::")
+                          and e.name not in NO_KERNEL_OPS
+                          and not any(c.name.startswith("aten::") for c in e.cpu_children)]
+                self.ops_per_step = round(len(leaves) / steps, 1)
+
+    return OpCounter()
+
+
 def batch_size_of(name: str, args) -> int:
     """The batch size of preset ``name``: ``--zinc-batch`` or ``--pcqm-batch`` by its data set."""
     return args.zinc_batch if PRESET_DATA[name][0] == "zinc" else args.pcqm_batch
@@ -159,6 +206,7 @@ def run_training(name: str, attention: str, path: str, args) -> dict:
 
     spec = path_spec(path)
     batch_size = batch_size_of(name, args)
+    width = {"hidden_dim": args.width, "ffn_dim": args.width} if args.width else {}
     dm = datamodule(name, args, batch_size, resident=spec.resident, static_shapes=spec.static_shapes,
                     bucket_batches=spec.bucket_batches)
     dm.prepare_data()
@@ -168,15 +216,16 @@ def run_training(name: str, attention: str, path: str, args) -> dict:
     module = GraphormerModule(
         num_atom_embeddings=dm.num_atom_embeddings, num_bond_embeddings=dm.num_bond_embeddings,
         num_targets=dm.num_targets, max_hops=dm.max_hops, featurizer=dm.featurizer,
-        preset=PRESET_DATA[name][1], backbone={"attention": attention, "attention_impl": impl},
+        preset=PRESET_DATA[name][1], backbone={"attention": attention, "attention_impl": impl, **width},
         warmup_steps=10, total_steps=10 * (args.warmup + args.steps), compile=spec.compile,
-        cuda_graphs=spec.cuda_graphs, matmul_precision=spec.matmul_precision)
+        cuda_graphs=spec.cuda_graphs, matmul_precision=spec.matmul_precision, engine=spec.engine)
     timer = make_step_timer(args.device, args.warmup, args.steps)
+    counter = make_op_counter(args.warmup + args.steps, args.count_ops) if args.count_ops else None
     trainer = pl.Trainer(
-        accelerator=args.device, devices=1, max_steps=args.warmup + args.steps, max_epochs=-1,
+        accelerator=args.device, devices=1, max_steps=args.warmup + args.steps + args.count_ops, max_epochs=-1,
         precision=precision, gradient_clip_val=5.0, limit_val_batches=0, num_sanity_val_steps=0,
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=[timer])
+        callbacks=[timer] + ([counter] if counter else []))
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     counters.clear()
@@ -190,12 +239,14 @@ def run_training(name: str, attention: str, path: str, args) -> dict:
         "attention_impl": impl, "precision": precision, "compile": spec.compile,
         "device_resident": spec.resident, "static_shapes": spec.static_shapes,
         "cuda_graphs": spec.cuda_graphs, "matmul_precision": spec.matmul_precision or "highest",
-        "bucket_batches": spec.bucket_batches,
+        "bucket_batches": spec.bucket_batches, "engine": spec.engine, "width": args.width,
         "batch_size": batch_size, "warmup_steps": args.warmup, "steps": args.steps,
         "warmup_s": round(timer.start - timer.run_start, 2), "seconds": round(seconds, 4),
         "ms_per_step": round(1000 * seconds / args.steps, 3),
         "steps_per_s": round(args.steps / seconds, 3), "graphs_per_s": round(timer.graphs / seconds, 1),
     }
+    if counter is not None:
+        row["ops_per_step"] = counter.ops_per_step
     if args.device == "cuda":
         row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     if spec.compile or spec.cuda_graphs:  # what torch.compile made of it (0 graphs: not compiled)
@@ -274,6 +325,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="where to write the PCQM4Mv2 fixture (default: a temporary directory)")
     parser.add_argument("--build-workers", type=int, default=None)
     parser.add_argument("--skip-data-only", action="store_true")
+    parser.add_argument("--count-ops", type=int, default=0, metavar="P",
+                        help="profile P steps after the timed ones and report leaf ATen ops per step")
+    parser.add_argument("--width", type=int, default=None,
+                        help="hidden and FFN width of the backbone (default: the preset's)")
     args = parser.parse_args(argv)
 
     if args.device == "auto":
@@ -290,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     threads = args.threads or (1 if args.device == "cpu" else None)
     if threads:
         torch.set_num_threads(threads)
+    if args.count_ops < 0 or (args.width is not None and args.width < 1):
+        parser.error("--count-ops must be >= 0 and --width >= 1")
     if args.warmup < 1 or args.steps < 1:
         parser.error("--warmup and --steps must be >= 1")
     presets = [p for p in args.presets.split(",") if p]
@@ -365,7 +422,8 @@ def main(argv: list[str] | None = None) -> int:
         line = (f"{row['preset']:15s} {row['attention']:9s} {row['path']:12s} {row['attention_impl']:6s} "
                 f"{row['precision']:10s} {row['batch_size']:5d} {row['ms_per_step']:9.2f} "
                 f"{row['steps_per_s']:8.2f} {row['graphs_per_s']:9.1f}")
-        print(line + (f"  {row['peak_memory_gib']:8.2f}" if "peak_memory_gib" in row else ""))
+        print(line + (f"  {row['peak_memory_gib']:8.2f}" if "peak_memory_gib" in row else "")
+              + (f"  {row['ops_per_step']} ops/step" if row.get("ops_per_step") is not None else ""))
     for key, ratio in ratios.items():
         flag = "ok" if ratio <= 1.05 else "above 1.05"
         print(f"URPE / RPE time, {key}: {ratio:.3f} ({flag})")

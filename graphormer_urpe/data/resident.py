@@ -257,6 +257,10 @@ class BatchSlot:
     start: int
     size: int
 
+    @property
+    def num_graphs(self) -> int:
+        return self.size
+
     def to(self, device, non_blocking: bool = False) -> "BatchSlot":
         return self  # already on the split's device; Lightning calls this for every batch
 

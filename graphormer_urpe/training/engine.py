@@ -120,11 +120,9 @@ class TrainingEngine(pl.Callback):
     def _build(self, trainer: pl.Trainer, slot: BatchSlot) -> None:
         """Static buffers, and on a GPU the recorded graph."""
         module, device = self.module, slot.order.device
-        hp = module.hparams
         self.split = trainer.train_dataloader.split
         self.optimizer = trainer.optimizers[0]
         self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        self.schedule = (hp.warmup_steps, module.schedule_steps(), hp.lr, hp.end_lr, hp.power)
         zero = lambda dtype=torch.float32: torch.zeros((), dtype=dtype, device=device)  # noqa: E731
         self.order = torch.empty_like(slot.order)
         self.start = zero(torch.int64)
@@ -174,7 +172,7 @@ class TrainingEngine(pl.Callback):
             norm = torch.nn.utils.get_total_norm(grads)
         finite = torch.isfinite(loss) & torch.isfinite(norm) & (self.force_skip == 0)
         self.found_inf.copy_((~finite).float())
-        self.lr.copy_(polynomial_decay_lr(self.updates + 1, *self.schedule))
+        self.lr.copy_(polynomial_decay_lr(self.updates + 1, *module.schedule))
         host_lrs = [group["lr"] for group in self.optimizer.param_groups]
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr

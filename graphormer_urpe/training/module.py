@@ -363,5 +363,7 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
                              "model.warmup_steps")
         scheduler = warmup_polynomial_decay(optimizer, hp.warmup_steps, total_steps, hp.end_lr,
                                             hp.power)
+        #: polynomial_decay_lr's arguments after the update number (the engine's on-device lr)
+        self.schedule = (hp.warmup_steps, total_steps, hp.lr, hp.end_lr, hp.power)
         return {"optimizer": optimizer,
                 "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}
