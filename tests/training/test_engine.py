@@ -23,10 +23,11 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class Record(pl.Callback):
-    """Each step's loss, and parameters / optimizer state around chosen steps."""
+    """Each step's loss; with ``inject`` (a range of steps), infinite targets in those steps
+    (so a non-finite loss) and the parameters and optimizer state around them."""
 
-    def __init__(self, inject_at: int | None = None) -> None:
-        self.losses, self.inject_at, self.around = [], inject_at, {}
+    def __init__(self, inject: range = range(0)) -> None:
+        self.losses, self.inject, self.around = [], inject, {}
 
     def snapshot(self, trainer, module):
         state = trainer.optimizers[0].state_dict()["state"]
@@ -34,19 +35,20 @@ class Record(pl.Callback):
                 {k: {n: v.clone() for n, v in s.items()} for k, s in state.items()})
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
-        if trainer.global_step == self.inject_at:  # an infinite target: a non-finite loss
+        if self.inject and trainer.global_step == self.inject.start:
             self.y = trainer.train_dataloader.split.y.clone()
             trainer.train_dataloader.split.y.fill_(float("inf"))
             self.around["before"] = self.snapshot(trainer, module)
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         self.losses.append(float(outputs["loss"]))
-        if trainer.global_step == self.inject_at + 1 if self.inject_at is not None else False:
+        if self.inject and trainer.global_step == self.inject.stop:
             trainer.train_dataloader.split.y.copy_(self.y)
             self.around["after"] = self.snapshot(trainer, module)
 
 
 def train(root: Path, engine: bool, steps: int, backbone: dict, callbacks=(), **trainer_args):
+    trainer_args = {"logger": False, "enable_checkpointing": False, **trainer_args}
     dm = ZINCDataModule(root=str(root), batch_size=16, device_resident=True, static_shapes=True)
     pl.seed_everything(3, verbose=False)
     module = GraphormerModule(num_atom_embeddings=dm.num_atom_embeddings,
@@ -54,8 +56,8 @@ def train(root: Path, engine: bool, steps: int, backbone: dict, callbacks=(), **
                               lr=1e-3, warmup_steps=5, total_steps=40, engine=engine)
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, precision="32-true",
                          gradient_clip_val=0.05, limit_val_batches=0, num_sanity_val_steps=0,
-                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, callbacks=list(callbacks), **trainer_args)
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=list(callbacks),
+                         **trainer_args)
     trainer.fit(module, datamodule=dm)
     return module, trainer
 
@@ -85,12 +87,17 @@ def test_engine_step_equals_the_eager_lightning_step(zinc_data_root):
     assert [g["lr"] for g in fast_state["param_groups"]] == [g["lr"] for g in eager_state["param_groups"]]
 
 
-def test_a_non_finite_step_is_skipped_and_reported(zinc_data_root, caplog):
+def test_a_non_finite_step_is_skipped_and_reported(zinc_data_root, tmp_path, caplog):
     """Step 6 sees infinite targets: its update is skipped on the device (parameters, moments
-    and the step count unchanged), counted and reported at the next logging interval."""
-    record = Record(inject_at=6)
+    and the step count unchanged), counted and reported at the next logging interval, and the
+    checkpoints hold the finite model."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    record = Record(inject=range(6, 7))
+    checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=4, save_top_k=-1, save_last=True)
     with caplog.at_level("WARNING", logger="graphormer_urpe"):
-        module, trainer = train(zinc_data_root, True, 12, TINY, [record], log_every_n_steps=4)
+        module, trainer = train(zinc_data_root, True, 12, TINY, [record, checkpoints], log_every_n_steps=4,
+                                enable_checkpointing=True)
     (params_before, state_before), (params_after, state_after) = record.around["before"], record.around["after"]
     for name, value in params_before.items():
         assert torch.equal(params_after[name], value), name
@@ -101,8 +108,29 @@ def test_a_non_finite_step_is_skipped_and_reported(zinc_data_root, caplog):
     assert all(torch.isfinite(torch.tensor(record.losses[:6] + record.losses[7:])))
     assert module._engine.total_skipped == 1
     assert "engine: skipped 1 of the last 4 steps" in caplog.text
-    assert trainer.logged_metrics["train/skipped_steps"] == 1
-    assert all(torch.isfinite(p).all() for p in module.parameters())
+    assert trainer.callback_metrics["train/skipped_steps"] == 1
+    saved = sorted((tmp_path / "ckpt").glob("*.ckpt"))
+    assert len(saved) == 4  # steps 4, 8, 12 and last
+    for path in saved:
+        weights = torch.load(path, weights_only=True)["state_dict"]
+        assert all(torch.isfinite(value).all() for value in weights.values() if value.is_floating_point())
+
+
+def test_an_interval_of_only_non_finite_steps_stops_training(zinc_data_root, tmp_path):
+    """Steps 4-7 all non-finite: training stops at the interval's report, and the checkpoint of
+    step 4 (the last one) holds the model as it was before them."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    record = Record(inject=range(4, 8))
+    checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=4, save_last=True)
+    with pytest.raises(FloatingPointError, match="every training step of the last 4"):
+        train(zinc_data_root, True, 12, TINY, [record, checkpoints], log_every_n_steps=4,
+              enable_checkpointing=True)
+    params_before, _ = record.around["before"]
+    weights = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
+    assert weights["global_step"] == 4
+    for name, value in params_before.items():
+        assert torch.equal(weights["state_dict"][name], value), name
 
 
 def fit(run_dir: Path, data_root: Path, max_steps: int, *extra: str):
