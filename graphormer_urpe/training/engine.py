@@ -115,6 +115,7 @@ class TrainingEngine(pl.Callback):
             raise ValueError("model.engine needs " + "; ".join(problems))
         loader.slots = True
         self.clip = float(trainer.gradient_clip_val or 0.0)
+        self._ready, self._graph, self._order_source = False, None, None  # a new fit: new optimizer
 
     # The step ------------------------------------------------------------------------------------
     def _build(self, trainer: pl.Trainer, slot: BatchSlot) -> None:
@@ -240,5 +241,5 @@ class TrainingEngine(pl.Callback):
         stats = {"train/skipped_steps": float(self.total_skipped)}
         if finite:
             stats["train/loss"] = loss_sum / finite
-        self.module.log_dict(stats, batch_size=trainer.train_dataloader.batch_size)
+        self.module.log_dict(stats, batch_size=trainer.train_dataloader.batch_size, prog_bar=True)
         return stats

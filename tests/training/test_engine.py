@@ -74,11 +74,11 @@ def test_engine_step_equals_the_eager_lightning_step(zinc_data_root):
     (eager, eager_trainer, eager_record), (fast, fast_trainer, fast_record) = runs[False], runs[True]
     assert fast_trainer.global_step == eager_trainer.global_step == 24
     torch.testing.assert_close(torch.tensor(fast_record.losses), torch.tensor(eager_record.losses),
-                               rtol=1e-4, atol=1e-5)
+                               rtol=1e-6, atol=1e-6)
     assert len(set(fast_record.losses)) == 24
     reference = dict(eager.named_parameters())
     for name, param in fast.named_parameters():
-        torch.testing.assert_close(param, reference[name], rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(param, reference[name], rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
     fast_state, eager_state = (t.optimizers[0].state_dict() for t in (fast_trainer, eager_trainer))
     for key, state in eager_state["state"].items():
         for field in ("exp_avg", "exp_avg_sq", "step"):
