@@ -353,7 +353,10 @@ class ResidentLoader:
 
     def __iter__(self) -> Iterator[GraphBatch]:
         order = self.order()
-        order_on_device = torch.from_numpy(order).to(self.split.device)
+        order_on_device = torch.from_numpy(order)
+        if self.split.device.type == "cuda":  # pinned, so the copy does not wait for the GPU
+            order_on_device = order_on_device.pin_memory()
+        order_on_device = order_on_device.to(self.split.device, non_blocking=True)
         # Resuming inside an epoch: this rank's batches already trained are skipped.
         first = self.sampler.batches_done() * self.batch_size if self.sampler is not None else 0
         end = len(self) * self.batch_size if self.drop_last else len(order)

@@ -4,7 +4,11 @@ steps skipped on the device and reported; on a GPU, the captured step equals the
 syncs nowhere."""
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -213,6 +217,49 @@ def test_engine_refuses_unsupported_settings(zinc_data_root, tmp_path):
         fit(tmp_path / "run", zinc_data_root, 2, "--data.init_args.static_shapes", "false")
     with pytest.raises(ValueError, match="set compile and cuda_graphs false"):
         fit(tmp_path / "run", zinc_data_root, 2, "--model.compile", "true")
+
+
+def test_console_scripts_train_with_the_engine_and_test_its_checkpoint(zinc_data_root, tmp_path):
+    """`graphormer-urpe fit` with configs/engine.yaml after configs/fast.yaml (whose compile and
+    Triton kernel it switches off), 6 steps on real ZINC, then `graphormer-urpe test` on its
+    checkpoint: an ordinary one."""
+    script = Path(sys.executable).with_name("graphormer-urpe")
+    common = ["--config", str(REPO / "configs" / "zinc.yaml"), "--config", str(REPO / "configs" / "fast.yaml"),
+              "--config", str(REPO / "configs" / "engine.yaml"),
+              "--trainer.default_root_dir", str(tmp_path / "run"), "--data.init_args.root", str(zinc_data_root),
+              "--data.init_args.batch_size", "16", "--trainer.limit_val_batches", "2",
+              "--trainer.limit_test_batches", "2", "--trainer.enable_model_summary", "false"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    fit = subprocess.run([str(script), "fit", *common, "--trainer.max_steps", "6", "--trainer.log_every_n_steps", "3",
+                          "--model.backbone", json.dumps(TINY), "--model.warmup_steps", "2"],
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["global_step"] == 6 and "engine" not in checkpoint["hyper_parameters"]
+    assert not checkpoint["hyper_parameters"]["compile"]
+    assert checkpoint["hyper_parameters"]["backbone"]["attention_impl"] == "eager"
+    logged = (tmp_path / "run" / "csv" / "version_0" / "metrics.csv").read_text()
+    assert "train/loss" in logged and "train/skipped_steps" in logged
+    test = subprocess.run([str(script), "test", *common, "--ckpt_path", str(tmp_path / "run" / "checkpoints" / "last.ckpt")],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    assert test.returncode == 0, test.stderr[-3000:]
+    assert "test/mae" in test.stdout + test.stderr
+
+
+def test_bench_train_engine_path_counts_operators(zinc_data_root, shared_data_dir, monkeypatch, capsys):
+    """scripts/bench_train.py's engine path on CPU, with the operator count (the CPU proxy for
+    kernel launches): fewer operators per step than the eager step on the same batches."""
+    spec = importlib.util.spec_from_file_location("bench_train", REPO / "scripts" / "bench_train.py")
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_train", bench)  # its dataclass looks itself up there
+    spec.loader.exec_module(bench)
+    assert bench.main(["--device", "cpu", "--presets", "zinc", "--attention", "urpe", "--paths", "graphs,engine",
+                       "--warmup", "1", "--steps", "2", "--count-ops", "1", "--width", "8", "--zinc-batch", "8",
+                       "--skip-data-only", "--zinc-root", str(zinc_data_root), "--shared", str(shared_data_dir)]) == 0
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["training"]
+    graphs, engine = rows
+    assert engine["engine"] and not graphs["engine"] and engine["width"] == 8 and engine["ms_per_step"] > 0
+    assert 0 < engine["ops_per_step"] < 0.8 * graphs["ops_per_step"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
