@@ -298,3 +298,18 @@ def test_captured_step_equals_eager_and_never_syncs(zinc_data_root):
         run(True, 101, [SyncDebug()])
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_replays_draw_new_dropout_masks():
+    """What the engine relies on for dropout: each replay of a recorded graph draws new random
+    numbers from the default CUDA generator."""
+    x = torch.ones(4096, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = torch.nn.functional.dropout(x, 0.5)
+    masks = []
+    for _ in range(3):
+        graph.replay()
+        masks.append(out.clone())
+    assert not torch.equal(masks[0], masks[1]) and not torch.equal(masks[1], masks[2])
