@@ -26,7 +26,9 @@ Lightning stays in charge of everything else, in its ordinary automatic optimiza
 engine runs inside the optimizer-step hook, so ``global_step``, the host ``LambdaLR`` (whose
 learning rate the learning-rate monitor and the checkpoints record), checkpoints (an ordinary
 AdamW state dict), exact resume (the loader restarts mid-epoch), validation and callbacks all
-work as in the eager path, and checkpoints interchange with it. Losses and skipped steps are
+work as in the eager path, and checkpoints interchange with it. (Lightning's manual optimization
+would refuse ``trainer.gradient_clip_val`` and count ``global_step`` in another progress
+tracker than the automatic loop, so a checkpoint of one could not resume the other.) Losses and skipped steps are
 read from the device every ``trainer.log_every_n_steps`` (one sync per interval), logged as
 ``train/loss`` (mean of the interval's finite losses) and ``train/skipped_steps`` (total); an
 interval in which every step was skipped stops training with a ``FloatingPointError``, and since
