@@ -22,6 +22,10 @@ with each element's owner ``b`` and local position from ``repeat_interleave`` / 
 (:func:`ragged_positions`). Path edges (stored as local edge ids) get ``+ o_b``; ``-1`` stays
 ``-1``, the all-zero last row of ``edge_attr``.
 
+:func:`gather_static` gathers the same padded batch with every intermediate of a fixed shape
+(dense grids and masks instead of ragged positions), for a training step recorded in a CUDA
+graph (:mod:`graphormer_urpe.training.engine`).
+
 Two implementations, one contract: the numpy :func:`~.collate.collate` stays the CPU
 ``DataLoader`` path because its per-graph block copies of the pair arrays run ~2x faster on one
 core than these element-wise gathers (measured on ZINC-12k, batch 128, see ``docs/gpu.md``) and
@@ -351,7 +355,7 @@ class ResidentLoader:
             order = np.resize(order, self._num_items() * self.world_size)[self.rank::self.world_size]
         return order
 
-    def __iter__(self) -> Iterator[GraphBatch]:
+    def __iter__(self) -> Iterator[GraphBatch | BatchSlot]:
         order = self.order()
         order_on_device = torch.from_numpy(order)
         if self.split.device.type == "cuda":  # pinned, so the copy does not wait for the GPU
