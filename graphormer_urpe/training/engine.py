@@ -131,7 +131,9 @@ class TrainingEngine(pl.Callback):
         self.start = zero(torch.int64)
         self.offsets = torch.arange(slot.size, device=device)
         self.updates = zero(torch.float64)  # optimizer updates done (u)
-        self.lr = zero()
+        # The fused kernel reads a tensor lr as float32 on a GPU and as a double on CPU (there,
+        # the host schedule's lr to the bit).
+        self.lr = zero(torch.float32 if device.type == "cuda" else torch.float64)
         self.found_inf = zero()  # 1.0: skip this update (fused AdamW's found_inf contract)
         self.force_skip = zero()  # 1.0 while warming up before a capture
         self.loss = zero()

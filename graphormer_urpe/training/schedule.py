@@ -13,8 +13,8 @@ The learning rate of optimizer update number :math:`u = 1, 2, \dots` (the ``u``-
 
 as in Graphormer v1's ``PolynomialDecayLR`` (``_step_count`` is ``u``) and fairseq's
 ``polynomial_decay``: the first update already uses :math:`\eta_0 / T_w`, not 0.
-:func:`polynomial_decay_lr` is the one implementation; the host ``LambdaLR`` and the training
-engine's on-device learning rate (:mod:`.engine`) both call it.
+:func:`relative_lr` is the one implementation; the host ``LambdaLR`` and the training engine's
+on-device learning rate (:func:`polynomial_decay_lr`, :mod:`.engine`) both use it.
 """
 from __future__ import annotations
 
@@ -24,14 +24,22 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
 
-def polynomial_decay_lr(update: Tensor, warmup_steps: int, total_steps: int, lr: float,
-                        end_lr: float, power: float) -> Tensor:
-    r""":math:`\eta(u)` above for update numbers ``update`` (a float tensor of any shape, on any
-    device). Only elementwise tensor ops, so it runs inside a CUDA graph without a host sync."""
+def relative_lr(update: Tensor, warmup_steps: int, total_steps: int, end_ratio: float,
+                power: float) -> Tensor:
+    r""":math:`\eta(u) / \eta_0` for update numbers ``update`` (a float tensor of any shape, on any
+    device), with ``end_ratio`` :math:`= \eta_{end} / \eta_0`. Only elementwise tensor ops, so it
+    runs inside a CUDA graph without a host sync."""
     warmup = update / warmup_steps if warmup_steps > 0 else torch.ones_like(update)
     remaining = (1.0 - (update - warmup_steps) / (total_steps - warmup_steps)).clamp(0.0, 1.0)
-    decay = (lr - end_lr) * remaining ** power + end_lr
-    return torch.where(update <= warmup_steps, lr * warmup, decay)
+    decay = (1.0 - end_ratio) * remaining ** power + end_ratio
+    return torch.where(update <= warmup_steps, warmup, decay)
+
+
+def polynomial_decay_lr(update: Tensor, warmup_steps: int, total_steps: int, lr: float,
+                        end_lr: float, power: float) -> Tensor:
+    r""":math:`\eta(u)` above: ``lr`` times :func:`relative_lr`, the product ``LambdaLR`` forms
+    (so in float64 the two are equal bit for bit)."""
+    return lr * relative_lr(update, warmup_steps, total_steps, end_lr / lr, power)
 
 
 def polynomial_decay_factor(step: int, warmup_steps: int, total_steps: int, lr: float,
@@ -39,7 +47,7 @@ def polynomial_decay_factor(step: int, warmup_steps: int, total_steps: int, lr: 
     """``eta(step + 1) / lr``: the multiplier for zero-based optimizer step ``step`` (what
     ``LambdaLR`` passes), in float64."""
     update = torch.tensor(step + 1, dtype=torch.float64)
-    return float(polynomial_decay_lr(update, warmup_steps, total_steps, lr, end_lr, power)) / lr
+    return float(relative_lr(update, warmup_steps, total_steps, end_lr / lr, power))
 
 
 def warmup_polynomial_decay(optimizer: Optimizer, warmup_steps: int, total_steps: int,

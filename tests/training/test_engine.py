@@ -66,29 +66,47 @@ def train(root: Path, engine: bool, steps: int, backbone: dict, callbacks=(), **
     return module, trainer
 
 
-def test_engine_step_equals_the_eager_lightning_step(zinc_data_root):
+class FusedAdamW(torch.optim.AdamW):
+    """torch's AdamW with the fused kernel, the engine's, also where the eager step would not
+    use it (on CPU)."""
+
+    def __init__(self, *args, fused=None, **kwargs) -> None:
+        super().__init__(*args, fused=True, **kwargs)
+
+
+def assert_same_training(actual, expected, exact: bool) -> None:
+    """Losses, parameters and AdamW state of two ``(module, trainer, record)`` runs: bit for bit,
+    or within float32 rounding."""
+    (module, trainer, record), (ref_module, ref_trainer, ref_record) = actual, expected
+    close = {"rtol": 0, "atol": 0} if exact else {"rtol": 1e-5, "atol": 1e-6}
+    assert trainer.global_step == ref_trainer.global_step == 24
+    torch.testing.assert_close(torch.tensor(record.losses), torch.tensor(ref_record.losses), **close)
+    assert len(set(record.losses)) == 24
+    reference = dict(ref_module.named_parameters())
+    for name, param in module.named_parameters():
+        torch.testing.assert_close(param, reference[name], **close, msg=lambda m: f"{name}: {m}")
+    state, ref_state = (t.optimizers[0].state_dict() for t in (trainer, ref_trainer))
+    for key, values in ref_state["state"].items():
+        for field in ("exp_avg", "exp_avg_sq", "step"):
+            torch.testing.assert_close(state["state"][key][field], values[field],
+                                       **({"rtol": 0, "atol": 0} if exact else {"rtol": 1e-4, "atol": 1e-9}))
+    # the host schedule (what checkpoints and the learning-rate monitor record) agrees
+    assert [g["lr"] for g in state["param_groups"]] == [g["lr"] for g in ref_state["param_groups"]]
+
+
+def test_engine_step_equals_the_eager_lightning_step(zinc_data_root, monkeypatch):
     """24 steps with dropout and clipping active: the same batches, dropout masks, losses,
-    parameters and AdamW moments as Lightning's eager step (within float32 rounding: the engine's
-    AdamW is the fused kernel, the eager one on CPU the per-tensor loop)."""
-    runs = {}
-    for engine in (False, True):
+    parameters and AdamW moments as Lightning's eager step; bit for bit when both use the fused
+    AdamW kernel, within float32 rounding against the eager CPU default (the per-tensor loop)."""
+    def run(engine: bool):
         record = Record()
         module, trainer = train(zinc_data_root, engine, 24, TINY, [record])
-        runs[engine] = (module, trainer, record)
-    (eager, eager_trainer, eager_record), (fast, fast_trainer, fast_record) = runs[False], runs[True]
-    assert fast_trainer.global_step == eager_trainer.global_step == 24
-    torch.testing.assert_close(torch.tensor(fast_record.losses), torch.tensor(eager_record.losses),
-                               rtol=1e-6, atol=1e-6)
-    assert len(set(fast_record.losses)) == 24
-    reference = dict(eager.named_parameters())
-    for name, param in fast.named_parameters():
-        torch.testing.assert_close(param, reference[name], rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
-    fast_state, eager_state = (t.optimizers[0].state_dict() for t in (fast_trainer, eager_trainer))
-    for key, state in eager_state["state"].items():
-        for field in ("exp_avg", "exp_avg_sq", "step"):
-            torch.testing.assert_close(fast_state["state"][key][field], state[field], rtol=1e-4, atol=1e-9)
-    # the host schedule (what checkpoints and the learning-rate monitor record) agrees
-    assert [g["lr"] for g in fast_state["param_groups"]] == [g["lr"] for g in eager_state["param_groups"]]
+        return module, trainer, record
+
+    engine = run(True)
+    assert_same_training(engine, run(False), exact=False)
+    monkeypatch.setattr(torch.optim, "AdamW", FusedAdamW)
+    assert_same_training(engine, run(False), exact=True)
 
 
 def test_a_non_finite_step_is_skipped_and_reported(zinc_data_root, tmp_path, caplog):
