@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from graphormer_urpe.nn.dropout import dropout
+
 #: ``kernel(q, k, v, attn_bias, attn_scale, key_padding_mask, dropout_p, need_weights)`` with
 #: q, k, v ``[B, H, L, d]``; returns ``(out [B, H, L, d], probs [B, H, L, L] or None)``.
 AttentionKernel = Callable[
@@ -76,7 +78,7 @@ def eager_attention(
             # Without autograd the probabilities are scaled in place (no [B, H, L, L] copy).
             scale = attn_scale.to(core)
             probs = probs * scale if torch.is_grad_enabled() else probs.mul_(scale)
-        out = torch.matmul(F.dropout(probs, dropout_p) if dropout_p > 0 else probs, v_core)
+        out = torch.matmul(dropout(probs, dropout_p), v_core)
     return out.to(v.dtype), (probs if need_weights else None)
 
 
