@@ -246,7 +246,7 @@ class EdgePathBias(nn.Module):
     def sum_hops_packed(table: Tensor, hops: Tensor, present: Tensor, num_rows: int) -> Tensor:
         """``sum_k table[k * num_rows + hops[p, k]]`` over the hops present (``hops >= 0``):
         table ``[K * R, H]``, hops and present ``[P, K]`` -> ``[P, H]``. Only the present
-        (pair, hop) slots are gathered and added up (a ZINC-12k batch at 20 hops: ~1 in 5), so
+        (pair, hop) slots are gathered and added up (64 ZINC-12k test graphs at 20 hops: 13 %), so
         neither the forward nor its scatter-add backward touches the absent ones. The number of
         slots is read from the data (``nonzero``): CPU eager only, never compiled or on a GPU."""
         k = hops.shape[1]
