@@ -19,8 +19,8 @@ Results are merged into a JSON list (default ``docs/results/zinc_ablation.json``
 
     graphormer-urpe-ablation --config configs/zinc.yaml --name zinc-400k \\
         --seeds 0 1 2 --jobs 1 --figures docs/figures   # the paper's 400k steps (one GPU)
-    graphormer-urpe-ablation --config configs/zinc.yaml --name cpu-slim-1256 \\
-        --jobs 2 --threads-per-job 1 --trainer.precision 32-true --trainer.max_steps 1256 \\
+    graphormer-urpe-ablation --config configs/zinc.yaml --config configs/zinc_v2.yaml \\
+        --name cpu-slim-1256 --jobs 2 --threads-per-job 1 --trainer.precision 32-true --trainer.max_steps 1256 \\
         --model.warmup_steps 126 --model.total_steps 1256   # a CPU budget: 8 epochs
     graphormer-urpe-ablation --table-only     # rewrite the table from the JSON
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from graphormer_urpe.ablation import (backbone_overrides, best_checkpoint, format_table, main,
                                       merge_results, read_json)
@@ -30,6 +31,7 @@ def runner_command(tmp_path: Path, data_root: Path, *extra: str) -> list[str]:
         "--runs-dir", str(tmp_path / "runs"), "--results", str(tmp_path / "results.json"),
         "--threads-per-job", "1",
         "--trainer.precision", "32-true", "--trainer.max_steps", str(STEPS),
+        "--trainer.check_val_every_n_epoch", "1", "--data.init_args.max_hops", "5",
         "--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "2",
         "--trainer.limit_test_batches", "2", "--trainer.enable_progress_bar", "false",
         "--trainer.enable_model_summary", "false", "--trainer.log_every_n_steps", "1",
@@ -77,7 +79,8 @@ def test_killed_grid_resumes_merges_results_and_writes_the_table(zinc_data_root,
     assert "Restoring states from the checkpoint path" in (last.parents[1] / "fit.log").read_text()
     args = urpe["cli_args"]  # the arm's backbone comes last and keeps the recipe's sizes
     last_backbone = len(args) - 1 - args[::-1].index("--model.backbone")
-    assert json.loads(args[last_backbone + 1]) == {**TINY_BACKBONE, "attention": "urpe",
+    recipe = yaml.safe_load((REPO / "configs" / "zinc.yaml").read_text())["model"]["backbone"]
+    assert json.loads(args[last_backbone + 1]) == {**recipe, **TINY_BACKBONE, "attention": "urpe",
                                                    "share_urpe_scale": False}
 
     entries = read_json(results, [])

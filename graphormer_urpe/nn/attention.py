@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from graphormer_urpe.nn.dropout import dropout
+
 #: ``kernel(q, k, v, attn_bias, attn_scale, key_padding_mask, dropout_p, need_weights)`` with
 #: q, k, v ``[B, H, L, d]``; returns ``(out [B, H, L, d], probs [B, H, L, L] or None)``.
 AttentionKernel = Callable[
@@ -48,23 +50,25 @@ def eager_attention(
 ) -> tuple[Tensor, Tensor | None]:
     """The reference kernel: ``dropout(softmax(q k^T / sqrt(d) + B) ⊙ C) v``.
 
-    Mixed precision: the whole core runs in float32 (autocast off), whatever dtype q, k, v
-    arrive in; only the result is cast back to v's dtype. URPE's signal is C's deviation from 1
+    Precision: the whole core runs in ``promote_types(q.dtype, float32)`` with autocast off:
+    float32 for bf16 / fp16 / float32 inputs, float64 for a float64 model (never less than its
+    input); only the result is cast back to v's dtype. URPE's signal is C's deviation from 1
     and the resulting deviation of row sums from 1; bf16 spaces values near 1 by 2^-7 ≈ 0.008
     (and a probability ``p`` by about ``p / 128``), so a bf16 product ``P ⊙ C`` or a bf16 ``P``
     in the value matmul would round most of a trained C away. For graph-sized ``L`` the float32
     core costs little next to the projections; a fused kernel is the place to go faster.
-    The returned weights are float32.
+    The returned weights are in the core's dtype.
     """
+    core = torch.promote_types(q.dtype, torch.float32)
     with torch.autocast(device_type=q.device.type, enabled=False):
-        q, k, v_core = q.float(), k.float(), v.float()
+        q, k, v_core = q.to(core), k.to(core), v.to(core)
         batch, heads, len_q, head_dim = q.shape
         len_k = k.shape[-2]
         q3, k3 = q.reshape(-1, len_q, head_dim), k.reshape(-1, len_k, head_dim)
         if attn_bias is None:
             scores = torch.bmm(q3, k3.transpose(1, 2)).mul_(head_dim ** -0.5)
         else:  # B + QK^T / sqrt(d) in one pass (a broadcast B, e.g. [1, H, L, L], is expanded)
-            bias = attn_bias.float().expand(batch, heads, len_q, len_k).reshape(-1, len_q, len_k)
+            bias = attn_bias.to(core).expand(batch, heads, len_q, len_k).reshape(-1, len_q, len_k)
             scores = torch.baddbmm(bias, q3, k3.transpose(1, 2), alpha=head_dim ** -0.5)
         scores = scores.view(batch, heads, len_q, len_k)
         if key_padding_mask is not None:  # in place: the score product's backward needs q and k only
@@ -72,8 +76,9 @@ def eager_attention(
         probs = torch.softmax(scores, dim=-1)
         if attn_scale is not None:
             # Without autograd the probabilities are scaled in place (no [B, H, L, L] copy).
-            probs = probs * attn_scale.float() if torch.is_grad_enabled() else probs.mul_(attn_scale.float())
-        out = torch.matmul(F.dropout(probs, dropout_p) if dropout_p > 0 else probs, v_core)
+            scale = attn_scale.to(core)
+            probs = probs * scale if torch.is_grad_enabled() else probs.mul_(scale)
+        out = torch.matmul(dropout(probs, dropout_p), v_core)
     return out.to(v.dtype), (probs if need_weights else None)
 
 
@@ -141,7 +146,7 @@ class URPEAttention(nn.Module):
         x: ``[B, L, D]``; attn_bias and attn_scale: ``[B, H, L, L]`` or broadcastable
         (e.g. ``[1, H, L, L]`` for sequences); key_padding_mask: ``[B, L]``, True at padding.
         Returns ``[B, L, D]`` and, with ``need_weights``, the probabilities ``[B, H, L, L]``
-        after the scale and before dropout (float32 from the eager kernel).
+        after the scale and before dropout (in the eager core's dtype: at least float32).
     """
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0,

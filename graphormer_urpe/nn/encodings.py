@@ -192,9 +192,10 @@ class EdgePathBias(nn.Module):
     and reduction instead (:meth:`sum_hops_gather`), which inductor fuses into one kernel (again
     nothing of size ``[B, N, N, K, H]``) and whose backward is a scatter-add that CUDA graphs can
     capture: ``embedding_bag``'s CUDA backward reads a count back to the host (so the training
-    engine sets :attr:`capturable`). The gather is
-    also used on a CPU, where ``embedding_bag``'s backward (a sort of all ``B N N K`` indices) took
-    twice as long as the gather's scatter-add.
+    engine and the ensemble set :attr:`capturable`, which forces the gather). On a CPU (eager,
+    not capturable) only the hops present are gathered and summed (:meth:`sum_hops_packed`): most
+    (pair, hop) slots are absent at 20 hops, and ``embedding_bag``'s backward (a sort of all
+    ``B N N K`` indices) took twice as long as even the full gather's scatter-add.
 
     Shapes: edge_attr ``[E+1, Fe]`` int ids, path_edges ``[B, N, N, K]`` int rows of edge_attr
     (``-1`` = none) -> ``[B, H, N, N]``.
@@ -226,13 +227,17 @@ class EdgePathBias(nn.Module):
         hop_tables = torch.einsum("eh,khg->keg", edge_values, self.hop_weight[:k])  # [K, E+1, H]
         hops = path_edges[..., :k].reshape(-1, k)
         present = hops >= 0
-        # Row of hop k's table for each path edge; absent hops point anywhere valid, weight 0.
-        index = torch.where(present, hops, 0) + torch.arange(k, device=hops.device,
-                                                              dtype=hops.dtype) * num_rows
-        weights = present.to(hop_tables.dtype)
-        gather = self.capturable or torch.compiler.is_compiling() or hop_tables.device.type == "cpu"
-        sum_hops = self.sum_hops_gather if gather else self.sum_hops_bag
-        summed = sum_hops(hop_tables.reshape(k * num_rows, -1), index, weights)
+        table = hop_tables.reshape(k * num_rows, -1)
+        compiling = torch.compiler.is_compiling()
+        if hop_tables.device.type == "cpu" and not compiling and not self.capturable:
+            summed = self.sum_hops_packed(table, hops, present, num_rows)
+        else:
+            # Row of hop k's table for each path edge; absent hops point anywhere valid, weight 0.
+            index = torch.where(present, hops, 0) + torch.arange(k, device=hops.device,
+                                                                  dtype=hops.dtype) * num_rows
+            weights = present.to(hop_tables.dtype)
+            gather = self.capturable or compiling
+            summed = (self.sum_hops_gather if gather else self.sum_hops_bag)(table, index, weights)
         count = present.sum(dim=-1, keepdim=True).clamp_min(1)
         return (summed / count).view(batch, n, n, -1).permute(0, 3, 1, 2)
 
@@ -241,6 +246,20 @@ class EdgePathBias(nn.Module):
         """``sum_k weights[p, k] * table[index[p, k]]``: table ``[R, H]``, index and weights
         ``[P, K]`` -> ``[P, H]``, with ``embedding_bag`` (eager: no ``[P, K, H]`` tensor)."""
         return F.embedding_bag(index, table, mode="sum", per_sample_weights=weights)
+
+    @staticmethod
+    def sum_hops_packed(table: Tensor, hops: Tensor, present: Tensor, num_rows: int) -> Tensor:
+        """``sum_k table[k * num_rows + hops[p, k]]`` over the hops present (``hops >= 0``):
+        table ``[K * R, H]``, hops and present ``[P, K]`` -> ``[P, H]``. Only the present
+        (pair, hop) slots are gathered and added up (64 ZINC-12k test graphs at 20 hops: 13 %), so
+        neither the forward nor its scatter-add backward touches the absent ones. The number of
+        slots is read from the data (``nonzero``): CPU eager only, never compiled or on a GPU."""
+        k = hops.shape[1]
+        slot = present.reshape(-1).nonzero().squeeze(1)  # flat (pair, hop) positions
+        pair, hop = slot.div(k, rounding_mode="floor"), slot.remainder(k)
+        rows = hops.reshape(-1)[slot].to(slot.dtype) + hop * num_rows
+        summed = table.new_zeros(hops.shape[0], table.shape[1])
+        return summed.index_add(0, pair, table.index_select(0, rows))
 
     @staticmethod
     def sum_hops_gather(table: Tensor, index: Tensor, weights: Tensor) -> Tensor:

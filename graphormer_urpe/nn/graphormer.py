@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.nn.attention import URPEAttention, attention_kernel
+from graphormer_urpe.nn.dropout import Dropout
 from graphormer_urpe.nn.encodings import (
     AtomEncoder,
     DegreeEncoder,
@@ -65,10 +66,10 @@ class GraphormerLayer(nn.Module):
         self.ffn = nn.Sequential(
             nn.Linear(hidden_dim, ffn_dim),
             nn.GELU(),
-            nn.Dropout(activation_dropout),
+            Dropout(activation_dropout),
             nn.Linear(ffn_dim, hidden_dim),
         )
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor, attn_bias: Tensor | None, attn_scale: Tensor | None,
                 key_padding_mask: Tensor | None) -> Tensor:
@@ -132,7 +133,7 @@ class Graphormer(nn.Module):
         self.atom_encoder = AtomEncoder(num_atom_embeddings, hidden_dim)
         self.degree_encoder = DegreeEncoder(max_degree, hidden_dim)
         self.graph_token = GraphToken(hidden_dim)
-        self.input_dropout = nn.Dropout(dropout)
+        self.input_dropout = Dropout(dropout)
         if attention in ("urpe", "rpe"):
             self.spatial_bias = SpatialBias(max_spd, num_heads)
             self.edge_bias = EdgePathBias(num_bond_embeddings, num_heads, max_hops)

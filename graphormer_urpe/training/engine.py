@@ -141,7 +141,7 @@ class TrainingEngine(pl.Callback):
         self.optimizer.found_inf = self.found_inf
         for layer in module.modules():
             if isinstance(layer, EdgePathBias):
-                layer.capturable = True
+                layer.capturable = device.type != "cpu"  # the CPU keeps the eager step's sum
         self._ready = True
         if device.type != "cuda":
             return

@@ -85,6 +85,39 @@ def test_eager_kernel_is_the_written_out_formula(autograd, bias_shape, with_scal
         assert torch.equal(scale, scale.clone()), "the caller's C is never modified"
 
 
+def test_float64_core_stays_float64():
+    """A float64 model's core computes in float64 (never below its input): outputs and every
+    gradient equal the written-out formula in float64 to ~1e-12; a float32 core would agree
+    only to ~1e-7."""
+    gen = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(3, H, L, D // H, generator=gen, dtype=torch.float64) for _ in range(3)]
+    inputs += [torch.randn(3, H, L, L, generator=gen, dtype=torch.float64),
+               torch.rand(3, H, L, L, generator=gen, dtype=torch.float64) + 0.5]
+    mask = torch.zeros(3, L, dtype=torch.bool)
+    mask[0, 4:] = True
+    grad_out = torch.randn(3, H, L, D // H, generator=gen, dtype=torch.float64)
+    results = []
+    for kernel in (lambda *a: eager_attention(*a, mask, 0.0, True), _written_out_attention_masked(mask)):
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        out, probs = kernel(*leaves)
+        torch.autograd.backward(out, grad_out)
+        results.append([out, probs, *(t.grad for t in leaves)])
+    assert results[0][0].dtype == results[0][1].dtype == torch.float64
+    for got, expected in zip(*results):
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+def _written_out_attention_masked(mask):
+    return lambda q, k, v, bias, scale: _written_out_attention(q, k, v, bias, scale, mask)
+
+
+def test_bf16_inputs_get_a_float32_core_without_autocast():
+    q, k, v = (torch.randn(2, H, L, 8, dtype=torch.bfloat16) for _ in range(3))
+    out, probs = eager_attention(q, k, v, None, torch.full((1, H, L, L), 1.003), None, 0.0, True)
+    assert probs.dtype == torch.float32 and out.dtype == torch.bfloat16
+    torch.testing.assert_close(probs.sum(-1), torch.full((2, H, L), 1.003), rtol=0, atol=1e-6)
+
+
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_sdpa_kernel_matches_eager_reference(with_bias):
     eager = _attention(attention_impl="eager")

@@ -296,12 +296,15 @@ def test_parameter_counts_against_graphormer_v1(capsys):
     # Our single degree table replaces v1's in- + out-degree tables (always equal on molecules).
     assert count_parameters(same_tables) == v1 - 64 * 80
 
-    zinc = {"num_atom_embeddings": 29, "num_bond_embeddings": 5}
+    # configs/zinc.yaml: the ZINC vocabulary (29 atom, 5 bond ids) and v1's 20 hops.
+    zinc = {"num_atom_embeddings": 29, "num_bond_embeddings": 5, "max_hops": 20}
     counts = {
         f"slim/{att}{'/shared' if share else ''}": count_parameters(
             Graphormer.from_preset("slim", **zinc, attention=att, share_urpe_scale=share))
         for att, share in [("rpe", False), ("urpe", False), ("urpe", True), ("none", False)]
     }
+    # v1's minus its out-degree table and the table rows our ids never reach.
+    assert counts["slim/rpe"] == v1 - 64 * 80 - (64 - 29) * 80 - (64 - 5) * 8 - (40 - 20) * 8 * 8
     c_rows = PRESETS["slim"].max_spd + 3
     assert counts["slim/urpe"] - counts["slim/rpe"] == 12 * 8 * c_rows
     assert counts["slim/urpe/shared"] - counts["slim/rpe"] == 8 * c_rows
@@ -313,7 +316,7 @@ def test_parameter_counts_against_graphormer_v1(capsys):
     for att in ("rpe", "urpe"):
         counts[f"base/{att}"] = count_parameters(Graphormer.from_preset("base", **ogb, attention=att))
     with capsys.disabled():
-        print("\nparameter counts (ZINC vocab 29/5 for slim, OGB vocab "
+        print("\nparameter counts (ZINC vocab 29/5 and 20 hops for slim, OGB vocab "
               f"{ogb['num_atom_embeddings']}/{ogb['num_bond_embeddings']} for base):")
         for name, count in counts.items():
             print(f"  {name:18s} {count:>11,d}")

@@ -25,6 +25,8 @@ def zinc_args(run_dir: Path, data_root: Path, *extra: str) -> list[str]:
     return [
         "--config", str(REPO / "configs" / "zinc.yaml"),
         "--trainer.default_root_dir", str(run_dir),
+        "--trainer.check_val_every_n_epoch", "1",  # the recipe validates every 10 epochs
+        "--data.init_args.max_hops", "5",
         "--trainer.precision", "32-true",
         "--trainer.limit_train_batches", "3",
         "--trainer.limit_val_batches", "2",

@@ -221,3 +221,28 @@ def test_console_script_logs_builds_once_without_lightning_tips(esol_table, tmp_
     assert "encoding 119 graphs (max_hops=5)" in output
     assert output.count("skipped 1 of 120 rows whose SMILES RDKit rejects (lines 7)") == 1
     assert "Tip:" not in output
+
+
+@pytest.mark.parametrize("overlay, expected", [
+    # Graphormer v1's examples/benchmarking-gnns (ZINC-12k, the URPE paper's baseline)
+    (None, {"batch": 256, "hops": 20, "warmup": 40000, "clip": None, "val_every": 10,
+            "dropouts": (0.1, 0.1, 0.0)}),
+    # Graphormer v2's examples/property_prediction/zinc.sh
+    ("zinc_v2.yaml", {"batch": 64, "hops": 5, "warmup": 60000, "clip": 5.0, "val_every": 1,
+                      "dropouts": (0.0, 0.1, 0.1)}),
+])
+def test_zinc_recipes_resolve_to_graphormers_values(overlay, expected):
+    args = ["--config", str(REPO / "configs" / "zinc.yaml")]
+    if overlay:
+        args += ["--config", str(REPO / "configs" / overlay)]
+    cli = build_cli(args, run=False)
+    hp, trainer, backbone = cli.model.hparams, cli.trainer, cli.model.hparams.backbone
+    got = {"batch": cli.datamodule.batch_size, "hops": hp.max_hops, "warmup": hp.warmup_steps,
+           "clip": trainer.gradient_clip_val, "val_every": trainer.check_val_every_n_epoch,
+           "dropouts": (backbone["dropout"], backbone["attention_dropout"],
+                        backbone["activation_dropout"])}
+    assert got == expected
+    assert (trainer.max_steps, hp.lr, hp.end_lr, hp.power, hp.weight_decay, tuple(hp.betas), hp.eps) \
+        == (400_000, 2e-4, 1e-9, 1.0, 0.01, (0.9, 0.999), 1e-8)
+    assert str(trainer.precision) == "bf16-mixed" and backbone["attention"] == "urpe"
+    assert (backbone["num_layers"], backbone["hidden_dim"], backbone["num_heads"]) == (12, 80, 8)

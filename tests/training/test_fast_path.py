@@ -27,6 +27,8 @@ def fit(run_dir: Path, data_root: Path, max_steps: int, *extra: str):
     return build_cli(["fit",
                       "--config", str(REPO / "configs" / "zinc.yaml"),
                       "--trainer.default_root_dir", str(run_dir),
+                      "--trainer.check_val_every_n_epoch", "1",  # the recipe: every 10 epochs
+                      "--data.init_args.max_hops", "5",
                       "--trainer.max_steps", str(max_steps),
                       "--trainer.precision", "32-true",
                       "--trainer.limit_train_batches", "3",
