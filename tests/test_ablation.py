@@ -118,6 +118,59 @@ def test_killed_grid_resumes_merges_results_and_writes_the_table(zinc_data_root,
     assert read_json(results, []) == entries
 
 
+@pytest.mark.slow
+def test_ensemble_grid_resumes_tests_each_member_and_writes_the_readme_table(zinc_data_root, tmp_path):
+    """``--ensemble``: both runs train in the runner's process as one stacked model; killed, the
+    grid resumes the ensemble from its saved state; each member is tested as a solo run is."""
+    readme = tmp_path / "README.md"
+    readme.write_text("# Results\n\n<!-- ablation:tiny -->\nnot run yet\n<!-- /ablation:tiny -->\n\nAfter.\n")
+    command = runner_command(tmp_path, zinc_data_root, "--ensemble", "--readme", str(readme))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    state = tmp_path / "runs" / "tiny" / "ensemble" / "state.pt"
+    grid = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not state.exists() and grid.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(grid.pid, signal.SIGKILL)
+    grid.wait()
+    assert state.exists(), grid.stdout.read().decode()[-3000:]
+    steps_at_kill = torch.load(state, map_location="cpu", weights_only=False)["step"]
+    assert 0 < steps_at_kill < STEPS
+
+    finished = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    assert f"ensemble: resuming at step {steps_at_kill}" in finished.stdout
+    assert "tiny took" in finished.stdout
+    runs = {e["attention"]: e for e in read_json(tmp_path / "results.json", [])}
+    assert set(runs) == {"urpe", "rpe"}
+    for arm, entry in runs.items():
+        assert entry["steps"] == STEPS and 0 < entry["best_step"] <= STEPS
+        assert 0 < entry["val_mae"] < 10 and 0 < entry["test_mae"] < 10
+        assert "--ensemble" in entry["device"]
+        record = run_record(tmp_path, arm)
+        fits = [a for a in record["attempts"] if a["stage"] == "fit-ensemble"]
+        assert [a["returncode"] for a in fits] == [None, 0] and record["fit_done"]
+        assert [a["stage"] for a in record["attempts"]][-1] == "test"
+        path, val_mae, _, _ = best_checkpoint(tmp_path / "runs" / "tiny" / f"{arm}-s0")
+        best = torch.load(path, map_location="cpu", weights_only=False)
+        assert best["hyper_parameters"]["backbone"]["attention"] == arm
+        assert any("urpe_scales" in k for k in best["state_dict"]) == (arm == "urpe")
+        metrics = tmp_path / "runs" / "tiny" / f"{arm}-s0" / "csv" / "ensemble" / "metrics.csv"
+        assert min(float(v) for v in _column(metrics, "val/mae")) == pytest.approx(val_mae, abs=1e-6)
+    text = readme.read_text()
+    assert "not run yet" not in text and text.endswith("<!-- /ablation:tiny -->\n\nAfter.\n")
+    assert f"| urpe | 1 | 0 | {STEPS} | {runs['urpe']['val_mae']:.4f} | {runs['urpe']['test_mae']:.4f}" in text
+
+
+def test_ensemble_refuses_the_shared_arm(capsys):
+    from graphormer_urpe.ablation import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--ensemble", "--arms", "urpe", "urpe-shared"])
+    assert "--ensemble trains the arms urpe and rpe" in capsys.readouterr().err
+
+
 def _column(metrics_csv: Path, name: str) -> list[str]:
     import csv
 

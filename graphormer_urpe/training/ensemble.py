@@ -61,6 +61,7 @@ from torch.func import functional_call, stack_module_state, vmap
 from graphormer_urpe.data.batch import BatchPadding, GraphBatch
 from graphormer_urpe.data.dataset import EncodedGraphDataset, SeededShuffleSampler
 from graphormer_urpe.data.encoding_registry import ENCODINGS
+from graphormer_urpe.data.resident import ResidentSplit, TensorGraphs
 from graphormer_urpe.nn.encodings import EdgePathBias
 from graphormer_urpe.nn.graphormer import Graphormer
 from graphormer_urpe.training.inference import build_backbone
@@ -196,11 +197,13 @@ def _limit(num_batches: int, limit: int | float | None) -> int:
 class Ensemble:
     """The members of ``specs`` (same recipe, arms ``urpe`` / ``rpe``, any seeds) trained as one
     stacked model on ``device`` (default: the first member's trainer device), saving to
-    ``state_dir`` (its :data:`STATE_FILE`) to resume."""
+    ``state_dir`` (its :data:`STATE_FILE`) to resume: at the end of an epoch, at most every
+    ``save_every_s`` seconds, and after every validation. ``progress`` receives the log lines;
+    ``resident``: gather training batches from a device copy of the split (default: on a GPU)."""
 
     def __init__(self, specs: Sequence[MemberSpec], state_dir: Path | str,
                  device: torch.device | str | None = None, save_every_s: float = 600.0,
-                 progress: Callable[[str], None] | None = None) -> None:
+                 progress: Callable[[str], None] | None = None, resident: bool | None = None) -> None:
         if not specs:
             raise ValueError("an ensemble needs at least one member")
         self.members = [build_member(spec) for spec in specs]
@@ -226,6 +229,8 @@ class Ensemble:
                                             "cuda_graphs": False})
         vmappable(self.template.model)
         self.template.to(self.device)
+        if hp.get("matmul_precision"):
+            torch.set_float32_matmul_precision(hp["matmul_precision"])
         # rpe members: gradient of every C entry masked to 0 (C stays exactly 1).
         keep = torch.tensor([0.0 if m.frozen_scale else 1.0 for m in self.members], device=self.device)
         self.grad_masks = {name: keep.view(-1, *[1] * (p.dim() - 1))
@@ -241,6 +246,13 @@ class Ensemble:
         self.padding = BatchPadding.covering(self.train_data.num_nodes, self.train_data.num_edges,
                                              self.batch_size)
         self.train_data = self.train_data.padded(self.padding)
+        # On a GPU the split lives there and batches are gathered there (data/resident.py); on
+        # a CPU the numpy collation is the faster one. Both give the same batches.
+        if resident is None:
+            resident = self.device.type == "cuda"
+        self.resident = (ResidentSplit(self.train_data, TensorGraphs.from_flat(self.train_data.graphs,
+                                                                               self.device))
+                         if resident else None)
         sizes = self.train_data.num_nodes if dm.bucket_batches else None
         self.samplers = [SeededShuffleSampler(len(self.train_data), m.datamodule.seed, self.batch_size,
                                               sizes=sizes, bucket_batches=dm.bucket_batches)
@@ -347,13 +359,27 @@ class Ensemble:
         self.step += 1
         return losses.detach()
 
-    def member_batches(self, orders: Sequence[np.ndarray], batch_index: int) -> dict[str, Tensor]:
-        """Batch ``batch_index`` of every member's epoch order, padded to one shape, stacked."""
-        start = batch_index * self.batch_size
-        batches = [pad_graphs(self.train_data.__getitems__(order[start:start + self.batch_size]),
-                              self.batch_size) for order in orders]
-        stacked = stack_batches(batches)
+    def member_batches(self, orders: Sequence[tuple[np.ndarray, Tensor | None]],
+                       batch_index: int) -> dict[str, Tensor]:
+        """Batch ``batch_index`` of every member's epoch order (host ids, and the same ids on
+        the device where the split is resident), padded to one shape, stacked on the device."""
+        part = slice(batch_index * self.batch_size, (batch_index + 1) * self.batch_size)
+        if self.resident is not None:
+            batches = [self.resident.batch(order[part], on_device[part]) for order, on_device in orders]
+        else:
+            batches = [self.train_data.__getitems__(order[part]) for order, _ in orders]
+        stacked = stack_batches([pad_graphs(batch, self.batch_size) for batch in batches])
         return {name: t.to(self.device, non_blocking=True) for name, t in stacked.items()}
+
+    def epoch_orders(self) -> list[tuple[np.ndarray, Tensor | None]]:
+        """Every member's order of this epoch (its sampler's), on the host and the device."""
+        orders = []
+        for sampler in self.samplers:
+            sampler.set_epoch(self.epoch)
+            order = sampler.permutation()
+            orders.append((order, torch.from_numpy(order).to(self.device)
+                           if self.resident is not None else None))
+        return orders
 
     # Evaluation ----------------------------------------------------------------------------
     @torch.no_grad()
@@ -498,9 +524,7 @@ class Ensemble:
         start_step = self.step
         loss_sum, loss_steps = torch.zeros(len(self.members), device=self.device), 0
         while not self.done:
-            for sampler in self.samplers:
-                sampler.set_epoch(self.epoch)
-            orders = [sampler.permutation() for sampler in self.samplers]
+            orders = self.epoch_orders()
             batch_index = 0
             while batch_index < self.batches_per_epoch and not self.done:
                 loss_sum += self.train_step(self.member_batches(orders, batch_index))

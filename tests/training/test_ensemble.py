@@ -193,3 +193,16 @@ def test_a_stopped_ensemble_resumes_exactly(zinc_data_root, tmp_path, one_torch_
     # Another set of runs refuses the state.
     with pytest.raises(ValueError, match="belongs to other runs"):
         Ensemble(specs(tmp_path, zinc_data_root, backbone, "other"), tmp_path / "r")
+
+
+def test_device_resident_batches_train_as_the_collated_ones(zinc_data_root, tmp_path, one_torch_thread):
+    """The GPU's data path (batches gathered from a device copy of the split), run on the CPU."""
+    backbone = {**TINY, **NO_DROPOUT}
+    collated = Ensemble(specs(tmp_path, zinc_data_root, backbone, "collated"), tmp_path / "c")
+    resident = Ensemble(specs(tmp_path, zinc_data_root, backbone, "resident"), tmp_path / "r",
+                        resident=True)
+    assert collated.resident is None and resident.resident is not None
+    collated.fit()
+    resident.fit()
+    for name, value in collated.params.items():
+        assert torch.equal(resident.params[name], value), name
