@@ -23,6 +23,15 @@ Results are merged into a JSON list (default ``docs/results/zinc_ablation.json``
         --jobs 2 --threads-per-job 1 --trainer.precision 32-true --trainer.max_steps 1256 \\
         --model.warmup_steps 126 --model.total_steps 1256   # a CPU budget: 8 epochs
     graphormer-urpe-ablation --table-only     # rewrite the table from the JSON
+    graphormer-urpe-ablation --config configs/zinc.yaml --ensemble --name zinc-paper \\
+        --results docs/results/zinc_gpu.json --readme README.md --figures docs/figures
+        # all six runs side by side in one process (one GPU), then tested as above
+
+``--ensemble`` trains the runs not yet trained in this process as one stacked model
+(:mod:`graphormer_urpe.training.ensemble`: each member with its solo run's initialisation, data
+order, clipping, optimizer state and checkpoints), resumable from ``<runs-dir>/<name>/ensemble/``;
+testing and results then go as for solo runs. ``--readme`` writes the recipe's table into a
+markdown file between ``<!-- ablation:NAME -->`` and ``<!-- /ablation:NAME -->``.
 
 Several GPUs: one invocation per GPU (``CUDA_VISIBLE_DEVICES=i``, its own ``--seeds``) with the
 same ``--name`` and ``--results``; the results file is merged under a lock (build the data first, e.g. with one finished run).
