@@ -270,7 +270,8 @@ class Ensemble:
                                                 hp.get("no_weight_decay") or ())]
         self.optimizer = torch.optim.AdamW(groups, lr=hp["lr"], betas=tuple(hp["betas"]),
                                            eps=hp["eps"], weight_decay=hp["weight_decay"],
-                                           fused=self.device.type == "cuda")
+                                           fused=self.device.type == "cuda",
+                                           foreach=None if self.device.type == "cuda" else True)
         self.total_steps = hp["total_steps"] or self._step_budget()
         self.scheduler = warmup_polynomial_decay(self.optimizer, hp["warmup_steps"],
                                                  self.total_steps, hp["end_lr"], hp["power"])
@@ -341,7 +342,9 @@ class Ensemble:
         """One optimizer step of every member on its batch ``[M, ...]``; returns the losses
         ``[M]`` (on the device, not read)."""
         self.template.train()
-        self.optimizer.zero_grad(set_to_none=True)
+        # Gradients are zeroed in place, not freed: the same tensors every step (and their
+        # per-member views, _member_grads).
+        self.optimizer.zero_grad(set_to_none=False)
         with self._autocast():
             losses = self._train_step(self.params, self.buffers, batch)
         losses.sum().backward()
@@ -349,15 +352,23 @@ class Ensemble:
             self.params[name].grad.mul_(mask)
         clip = self.settings["gradient_clip_val"]
         if clip:
-            grads = [p.grad for p in self.params.values()]
-            norms = torch.stack([g.flatten(1).float().square().sum(1) for g in grads]).sum(0).sqrt()
-            coef = (clip / (norms + 1e-6)).clamp(max=1.0)  # as clip_grad_norm_, per member
-            for g in grads:
-                g.mul_(coef.view(-1, *[1] * (g.dim() - 1)).to(g.dtype))
+            # clip_grad_norm_'s arithmetic for each member's own gradients: norms of its tensors,
+            # the norm of those, and one scale, all with foreach kernels (a few per member).
+            for grads in self._member_grads():
+                total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+                torch._foreach_mul_(grads, (clip / (total + 1e-6)).clamp(max=1.0))
         self.optimizer.step()
         self.scheduler.step()
         self.step += 1
         return losses.detach()
+
+    def _member_grads(self) -> list[list[Tensor]]:
+        """Member ``m``'s gradients: views ``grad[m]`` of the stacked gradients (built once)."""
+        grads = [p.grad for p in self.params.values()]
+        if getattr(self, "_grad_views_of", None) is not grads[0]:
+            self._grad_views = [[g[m] for g in grads] for m in range(len(self.members))]
+            self._grad_views_of = grads[0]
+        return self._grad_views
 
     def member_batches(self, orders: Sequence[tuple[np.ndarray, Tensor | None]],
                        batch_index: int) -> dict[str, Tensor]:
