@@ -397,7 +397,10 @@ class Grid:
                  + ", ".join(run.label for run, _ in pending))
         ensemble = Ensemble([MemberSpec(run.label, tuple(run.cli_args)) for run, _ in pending],
                             self.dir / "ensemble", progress=progress)
-        ensemble.fit()
+        try:
+            ensemble.fit()
+        except FloatingPointError as error:  # a diverged member: say which, without a traceback
+            raise SystemExit(f"graphormer-urpe-ablation: error: {error}") from None
         for (run, record), attempt in zip(pending, attempts):
             attempt.update(wall_s=round(time.perf_counter() - start, 1), returncode=0)
             record["fit_done"] = True

@@ -39,6 +39,18 @@ def runner_command(tmp_path: Path, data_root: Path, *extra: str) -> list[str]:
     ]
 
 
+def kill_once_written(command: list[str], path: Path, env: dict) -> None:
+    """Start the runner and kill its whole process group as soon as ``path`` exists."""
+    grid = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not path.exists() and grid.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(grid.pid, signal.SIGKILL)
+    grid.wait()
+    assert path.exists(), grid.stdout.read().decode()[-3000:]
+
+
 def run_record(tmp_path: Path, arm: str) -> dict:
     return json.loads((tmp_path / "runs" / "tiny" / f"{arm}-s0" / "ablation_run.json").read_text())
 
@@ -54,14 +66,7 @@ def test_killed_grid_resumes_merges_results_and_writes_the_table(zinc_data_root,
 
     # Kill the whole grid as soon as the first run has a last.ckpt.
     last = tmp_path / "runs" / "tiny" / "urpe-s0" / "checkpoints" / "last.ckpt"
-    grid = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 300
-    while not last.exists() and grid.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    os.killpg(grid.pid, signal.SIGKILL)
-    grid.wait()
-    assert last.exists(), grid.stdout.read().decode()[-3000:]
+    kill_once_written(command, last, env)
     killed = run_record(tmp_path, "urpe")
     assert "result" not in killed and not killed.get("fit_done")
     steps_at_kill = torch.load(last, map_location="cpu", weights_only=False)["global_step"]
@@ -127,14 +132,7 @@ def test_ensemble_grid_resumes_tests_each_member_and_writes_the_readme_table(zin
     command = runner_command(tmp_path, zinc_data_root, "--ensemble", "--readme", str(readme))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     state = tmp_path / "runs" / "tiny" / "ensemble" / "state.pt"
-    grid = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 300
-    while not state.exists() and grid.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    os.killpg(grid.pid, signal.SIGKILL)
-    grid.wait()
-    assert state.exists(), grid.stdout.read().decode()[-3000:]
+    kill_once_written(command, state, env)
     steps_at_kill = torch.load(state, map_location="cpu", weights_only=False)["step"]
     assert 0 < steps_at_kill < STEPS
 

@@ -260,7 +260,11 @@ class Ensemble:
         full = (len(self.train_data) // self.batch_size if dm.static_shapes
                 else math.ceil(len(self.train_data) / self.batch_size))
         self.batches_per_epoch = _limit(full, self.settings["limit_train_batches"])
+        if self.batches_per_epoch < 1:
+            raise ValueError(f"no training batch per epoch ({len(self.train_data)} graphs, batch size "
+                             f"{self.batch_size}, limit_train_batches {self.settings['limit_train_batches']})")
         self.val_loader = dm.val_dataloader()
+        check_ids(dm.splits["val"], self.template.model)
         self.num_val_batches = _limit(len(self.val_loader), self.settings["limit_val_batches"])
 
         # AdamW over the stacked parameters, the kinds' groups of the solo run; its schedule.

@@ -206,3 +206,15 @@ def test_device_resident_batches_train_as_the_collated_ones(zinc_data_root, tmp_
     resident.fit()
     for name, value in collated.params.items():
         assert torch.equal(resident.params[name], value), name
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--model.lr", "0.001"), "differs from urpe-s0 in more than the seed and the arm"),
+    (("--trainer.accumulate_grad_batches", "2"), "accumulate_grad_batches"),
+])
+def test_an_ensemble_refuses_what_it_cannot_train_as_solo_runs(zinc_data_root, tmp_path, extra, message):
+    first, second = specs(tmp_path, zinc_data_root, TINY)
+    changed = MemberSpec(second.label, (*second.cli_args, *extra))
+    members = [first, changed] if extra[0].startswith("--model") else [changed, changed]
+    with pytest.raises(ValueError, match=message):
+        Ensemble(members, tmp_path / "state")
