@@ -301,6 +301,7 @@ class Grid:
         self.runs = [Run(self, arm, seed) for seed in args.seeds for arm in args.arms]
         self.jobs = args.jobs
         self.ensemble = args.ensemble
+        self.cuda_graph = args.cuda_graph
         self.threads_per_job = args.threads_per_job
         self.commit = code_commit()
         self.device = describe_device(args.jobs, args.threads_per_job,
@@ -396,7 +397,7 @@ class Grid:
         self.log(f"{self.name}: fit {len(pending)} runs as one ensemble: "
                  + ", ".join(run.label for run, _ in pending))
         ensemble = Ensemble([MemberSpec(run.label, tuple(run.cli_args)) for run, _ in pending],
-                            self.dir / "ensemble", progress=progress)
+                            self.dir / "ensemble", progress=progress, cuda_graph=self.cuda_graph)
         try:
             ensemble.fit()
         except FloatingPointError as error:  # a diverged member: say which, without a traceback
@@ -601,6 +602,9 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
     parser.add_argument("--ensemble", action="store_true",
                         help="train the grid's runs side by side in this process as one stacked "
                              "model (arms urpe and rpe; docs/ablation.md), then test each")
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="with --ensemble on a GPU: capture the whole training step in one CUDA "
+                             "graph and replay it")
     parser.add_argument("--readme", type=Path, default=None, metavar="FILE",
                         help="also write this recipe's table into FILE between the lines "
                              "<!-- ablation:NAME --> and <!-- /ablation:NAME -->")
@@ -613,6 +617,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
         parser.error("--jobs must be >= 1")
     if args.readme and args.table_only and not args.name:
         parser.error("--readme with --table-only needs --name")
+    if args.cuda_graph and not args.ensemble:
+        parser.error("--cuda-graph captures the --ensemble step: add --ensemble")
     if args.ensemble and not set(args.arms) <= {"urpe", "rpe"}:
         parser.error(f"--ensemble trains the arms urpe and rpe, not {sorted(set(args.arms) - {'urpe', 'rpe'})}")
     stray = [a for a in overrides if a.startswith("--") and not a.startswith(

@@ -71,6 +71,8 @@ from graphormer_urpe.training.schedule import warmup_polynomial_decay
 log = logging.getLogger(__name__)
 
 STATE_FILE = "state.pt"
+#: Eager steps (on a side stream) before the step is captured in a CUDA graph.
+GRAPH_WARMUP_STEPS = 3
 METRICS_FILE = Path("csv") / "ensemble" / "metrics.csv"
 #: Trainer precisions the stacked step runs (autocast dtype or None).
 PRECISIONS = {"32-true": None, "32": None, "bf16-mixed": torch.bfloat16}
@@ -199,11 +201,15 @@ class Ensemble:
     stacked model on ``device`` (default: the first member's trainer device), saving to
     ``state_dir`` (its :data:`STATE_FILE`) to resume: at the end of an epoch, at most every
     ``save_every_s`` seconds, and after every validation. ``progress`` receives the log lines;
-    ``resident``: gather training batches from a device copy of the split (default: on a GPU)."""
+    ``resident``: gather training batches from a device copy of the split (default: on a GPU).
+    ``cuda_graph``: on a GPU, capture the whole optimizer step (forward, loss, backward, masks,
+    clipping, AdamW with ``capturable=True`` and the learning rate as a device tensor) in one
+    CUDA graph after :data:`GRAPH_WARMUP_STEPS` eager steps and replay it (ignored on a CPU)."""
 
     def __init__(self, specs: Sequence[MemberSpec], state_dir: Path | str,
                  device: torch.device | str | None = None, save_every_s: float = 600.0,
-                 progress: Callable[[str], None] | None = None, resident: bool | None = None) -> None:
+                 progress: Callable[[str], None] | None = None, resident: bool | None = None,
+                 cuda_graph: bool = False) -> None:
         if not specs:
             raise ValueError("an ensemble needs at least one member")
         self.members = [build_member(spec) for spec in specs]
@@ -272,13 +278,24 @@ class Ensemble:
         groups = [{**group, "params": [self.params[names[id(p)]] for p in group["params"]]}
                   for group in parameter_groups(self.template.model, hp["weight_decay"],
                                                 hp.get("no_weight_decay") or ())]
-        self.optimizer = torch.optim.AdamW(groups, lr=hp["lr"], betas=tuple(hp["betas"]),
-                                           eps=hp["eps"], weight_decay=hp["weight_decay"],
+        self.cuda_graph = bool(cuda_graph) and self.device.type == "cuda"
+        # The schedule (the solo run's LambdaLR) steps a stand-in optimizer's float learning
+        # rate; before every step it is copied into AdamW's groups, or, under a CUDA graph, into
+        # the one device tensor they all read.
+        self._lr = torch.tensor(float(hp["lr"]), device=self.device) if self.cuda_graph else None
+        self.optimizer = torch.optim.AdamW(groups, lr=self._lr if self.cuda_graph else hp["lr"],
+                                           betas=tuple(hp["betas"]), eps=hp["eps"],
+                                           weight_decay=hp["weight_decay"],
                                            fused=self.device.type == "cuda",
+                                           capturable=self.cuda_graph,
                                            foreach=None if self.device.type == "cuda" else True)
+        self._point_lr()
         self.total_steps = hp["total_steps"] or self._step_budget()
-        self.scheduler = warmup_polynomial_decay(self.optimizer, hp["warmup_steps"],
+        self.scheduler = warmup_polynomial_decay(torch.optim.SGD([torch.zeros(1)], lr=hp["lr"]),
+                                                 hp["warmup_steps"],
                                                  self.total_steps, hp["end_lr"], hp["power"])
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._eager_steps = 0
         self.step, self.epoch = 0, 0
         self.best: list[tuple[str, float] | None] = [None] * len(self.members)
         self._train_step = vmap(self._member_loss, in_dims=(0, 0, 0), randomness="different")
@@ -340,12 +357,56 @@ class Ensemble:
 
     def _autocast(self):
         return torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
-                              enabled=self.autocast_dtype is not None)
+                              enabled=self.autocast_dtype is not None,
+                              cache_enabled=not self.cuda_graph)  # a graph keeps no cast cache
+
+    def _point_lr(self) -> None:
+        """Every param group reads the one learning-rate tensor (CUDA graphs)."""
+        if self._lr is not None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = self._lr
 
     def train_step(self, batch: dict[str, Tensor]) -> Tensor:
         """One optimizer step of every member on its batch ``[M, ...]``; returns the losses
         ``[M]`` (on the device, not read)."""
         self.template.train()
+        lr = self.scheduler.get_last_lr()[0]  # restored with the scheduler on resume
+        if not self.cuda_graph:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            losses = self._step_body(batch)
+        else:
+            self._lr.fill_(lr)
+            if self._eager_steps < GRAPH_WARMUP_STEPS:  # lazy initialisations, off the main stream
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    losses = self._step_body(batch)
+                torch.cuda.current_stream().wait_stream(stream)
+                self._eager_steps += 1
+            else:
+                losses = self._replay(batch)
+        self.scheduler.step()
+        self.step += 1
+        return losses
+
+    def _replay(self, batch: dict[str, Tensor]) -> Tensor:
+        """The step as a CUDA graph: captured at the first call (on static copies of the batch
+        tensors), then the batch is copied into those and the graph replayed."""
+        if self._graph is None:
+            self._static_batch = {name: t.clone() for name, t in batch.items()}
+            self._graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self._graph):
+                self._static_losses = self._step_body(self._static_batch)
+        else:
+            for name, t in batch.items():
+                self._static_batch[name].copy_(t, non_blocking=True)
+        self._graph.replay()
+        return self._static_losses.clone()
+
+    def _step_body(self, batch: dict[str, Tensor]) -> Tensor:
+        """Forward, backward, the rpe members' C mask, per-member clipping and AdamW: device
+        work only, no host sync, fixed shapes."""
         # Gradients are zeroed in place, not freed: the same tensors every step (and their
         # per-member views, _member_grads).
         self.optimizer.zero_grad(set_to_none=False)
@@ -362,8 +423,6 @@ class Ensemble:
                 total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
                 torch._foreach_mul_(grads, (clip / (total + 1e-6)).clamp(max=1.0))
         self.optimizer.step()
-        self.scheduler.step()
-        self.step += 1
         return losses.detach()
 
     def _member_grads(self) -> list[list[Tensor]]:
@@ -501,6 +560,7 @@ class Ensemble:
             for name, p in self.params.items():
                 p.copy_(state["params"][name])
         self.optimizer.load_state_dict(state["optimizer"])
+        self._point_lr()
         self.scheduler.load_state_dict(state["scheduler"])
         self.step, self.epoch, self.best = state["step"], state["epoch"], state["best"]
         torch.set_rng_state(state["rng"].cpu())

@@ -218,3 +218,35 @@ def test_an_ensemble_refuses_what_it_cannot_train_as_solo_runs(zinc_data_root, t
     members = [first, changed] if extra[0].startswith("--model") else [changed, changed]
     with pytest.raises(ValueError, match=message):
         Ensemble(members, tmp_path / "state")
+
+
+def train_steps(ensemble: Ensemble, count: int, sync_debug: bool = False) -> torch.Tensor:
+    """``count`` steps of ``ensemble`` over its epochs; ``sync_debug``: any host sync inside a
+    replayed step (batch gathering included) raises (capturing itself synchronizes once)."""
+    losses = []
+    while len(losses) < count:
+        orders = ensemble.epoch_orders()
+        for index in range(min(ensemble.batches_per_epoch, count - len(losses))):
+            replay = sync_debug and ensemble._graph is not None
+            torch.cuda.set_sync_debug_mode("error" if replay else "default")
+            try:
+                losses.append(ensemble.train_step(ensemble.member_batches(orders, index)))
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        ensemble.epoch += 1
+    return torch.stack(losses)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_the_captured_step_equals_the_eager_one_without_host_syncs(zinc_data_root, tmp_path):
+    backbone = {**TINY, **NO_DROPOUT}
+    eager = Ensemble(specs(tmp_path, zinc_data_root, backbone, "eager"), tmp_path / "e")
+    graphed = Ensemble(specs(tmp_path, zinc_data_root, backbone, "graphed"), tmp_path / "g",
+                       cuda_graph=True)
+    assert eager.device.type == "cuda" and graphed.cuda_graph
+    expected = train_steps(eager, 20)
+    losses = train_steps(graphed, 20, sync_debug=True)
+    assert graphed._graph is not None
+    torch.testing.assert_close(losses, expected, rtol=1e-5, atol=1e-6)
+    for name, value in eager.params.items():
+        torch.testing.assert_close(graphed.params[name], value, rtol=1e-5, atol=1e-6)
