@@ -32,7 +32,8 @@ and ``softmax(.) * 1`` is the RPE probabilities bit for bit. Its checkpoint is t
 
 Batches of all members are padded to one shape (:class:`~graphormer_urpe.data.batch.BatchPadding`
 over the training split) and stacked to ``[M, ...]``; the step reads nothing back to the host, so
-it can later be captured whole in a CUDA graph. Losses are read every ``log_every_n_steps``.
+on a GPU it can be captured whole in one CUDA graph and replayed (``cuda_graph=True``). Losses are
+read every ``log_every_n_steps``.
 
 The whole ensemble (stacked parameters, AdamW and schedule state, RNG, epoch, step, each member's
 best checkpoint) is saved to ``state.pt`` at the end of an epoch (at most every
@@ -286,9 +287,7 @@ class Ensemble:
         self.optimizer = torch.optim.AdamW(groups, lr=self._lr if self.cuda_graph else hp["lr"],
                                            betas=tuple(hp["betas"]), eps=hp["eps"],
                                            weight_decay=hp["weight_decay"],
-                                           fused=self.device.type == "cuda",
-                                           capturable=self.cuda_graph,
-                                           foreach=None if self.device.type == "cuda" else True)
+                                           fused=True, capturable=self.cuda_graph)
         self._point_lr()
         self.total_steps = hp["total_steps"] or self._step_budget()
         self.scheduler = warmup_polynomial_decay(torch.optim.SGD([torch.zeros(1)], lr=hp["lr"]),
