@@ -129,7 +129,8 @@ def test_ensemble_grid_resumes_tests_each_member_and_writes_the_readme_table(zin
     grid resumes the ensemble from its saved state; each member is tested as a solo run is."""
     readme = tmp_path / "README.md"
     readme.write_text("# Results\n\n<!-- ablation:tiny -->\nnot run yet\n<!-- /ablation:tiny -->\n\nAfter.\n")
-    command = runner_command(tmp_path, zinc_data_root, "--ensemble", "--readme", str(readme))
+    command = runner_command(tmp_path, zinc_data_root, "--ensemble", "--readme", str(readme),
+                             "--figures", str(tmp_path / "figures"))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     state = tmp_path / "runs" / "tiny" / "ensemble" / "state.pt"
     kill_once_written(command, state, env)
@@ -156,6 +157,8 @@ def test_ensemble_grid_resumes_tests_each_member_and_writes_the_readme_table(zin
         assert any("urpe_scales" in k for k in best["state_dict"]) == (arm == "urpe")
         metrics = tmp_path / "runs" / "tiny" / f"{arm}-s0" / "csv" / "ensemble" / "metrics.csv"
         assert min(float(v) for v in _column(metrics, "val/mae")) == pytest.approx(val_mae, abs=1e-6)
+    png = tmp_path / "figures" / "tiny-tables.png"  # B and C read from the members' checkpoints
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = readme.read_text()
     assert "not run yet" not in text and text.endswith("<!-- /ablation:tiny -->\n\nAfter.\n")
     assert f"| urpe | 1 | 0 | {STEPS} | {runs['urpe']['val_mae']:.4f} | {runs['urpe']['test_mae']:.4f}" in text
