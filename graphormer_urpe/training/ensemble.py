@@ -532,8 +532,8 @@ class Ensemble:
         return self.state_dir / STATE_FILE
 
     def _check_finite(self) -> None:
-        bad = [self.members[i].spec.label for i in range(len(self.members))
-               if not all(bool(torch.isfinite(p[i]).all()) for p in self.params.values())]
+        finite = torch.stack([torch.isfinite(p).flatten(1).all(1) for p in self.params.values()])
+        bad = [member.spec.label for member, ok in zip(self.members, finite.all(0).tolist()) if not ok]
         if bad:
             raise FloatingPointError(f"non-finite weights in {bad} at step {self.step}: lower the "
                                      "learning rate; the last good checkpoints are untouched")

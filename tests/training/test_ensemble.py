@@ -220,6 +220,16 @@ def test_an_ensemble_refuses_what_it_cannot_train_as_solo_runs(zinc_data_root, t
         Ensemble(members, tmp_path / "state")
 
 
+def test_a_diverged_member_stops_the_ensemble_and_is_named(zinc_data_root, tmp_path, one_torch_thread):
+    ensemble = Ensemble(specs(tmp_path, zinc_data_root, {**TINY, **NO_DROPOUT}), tmp_path / "state")
+    with torch.no_grad():
+        ensemble.params["head.weight"][1] = float("nan")
+    with pytest.raises(FloatingPointError, match=r"not finite for \['rpe-s1'\] at step 1"):
+        ensemble.fit()
+    assert not (tmp_path / "state" / "state.pt").exists()
+    assert not (tmp_path / "ens" / "rpe-s1" / "checkpoints").exists()
+
+
 def train_steps(ensemble: Ensemble, count: int, sync_debug: bool = False) -> torch.Tensor:
     """``count`` steps of ``ensemble`` over its epochs; ``sync_debug``: any host sync inside a
     replayed step (batch gathering included) raises (capturing itself synchronizes once)."""
