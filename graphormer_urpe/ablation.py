@@ -360,7 +360,6 @@ class Grid:
                              + "\n".join(str(e) for e in errors))
         return results
 
-
     def fit_ensemble(self) -> None:
         """``--ensemble``: the runs not yet fitted are trained side by side in this process as
         one stacked model (:class:`~graphormer_urpe.training.ensemble.Ensemble`, state in
@@ -498,21 +497,24 @@ def write_table(results: Path, table: Path) -> str:
     return text
 
 
-def readme_markers(name: str) -> tuple[str, str]:
-    return f"<!-- ablation:{name} -->", f"<!-- /ablation:{name} -->"
-
-
-def write_readme_block(readme: Path, name: str, entries: Sequence[dict]) -> None:
-    """Replace what stands between ``<!-- ablation:NAME -->`` and ``<!-- /ablation:NAME -->``
-    in ``readme`` with recipe ``name``'s table (:func:`format_table`)."""
-    begin, end = readme_markers(name)
-    text = readme.read_text()
+def readme_block(readme: Path, name: str) -> tuple[str, str, str, str]:
+    """``(before, begin marker, end marker, after)`` of recipe ``name``'s block in ``readme``;
+    ValueError unless it has one line ``<!-- ablation:NAME -->`` and, after it, one line
+    ``<!-- /ablation:NAME -->``."""
+    begin, end = f"<!-- ablation:{name} -->", f"<!-- /ablation:{name} -->"
+    text = readme.read_text() if readme.is_file() else ""
     if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
         raise ValueError(f"{readme} needs one line {begin} and, after it, one line {end} "
                          "where the table belongs")
-    runs = [e for e in entries if e.get("recipe") == name]
     head, rest = text.split(begin, 1)
-    tail = rest.split(end, 1)[1]
+    return head, begin, end, rest.split(end, 1)[1]
+
+
+def write_readme_block(readme: Path, name: str, entries: Sequence[dict]) -> None:
+    """Replace what stands between the markers of :func:`readme_block` with recipe ``name``'s
+    table (:func:`format_table`)."""
+    head, begin, end, tail = readme_block(readme, name)
+    runs = [e for e in entries if e.get("recipe") == name]
     readme.write_text(f"{head}{begin}\n{format_table(runs).strip()}\n{end}{tail}")
 
 
@@ -638,6 +640,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(write_table(args.results, args.table or args.results.with_suffix(".md")))
     else:
         grid = Grid(args, overrides)
+        if args.readme:  # a missing block is said now, not after training
+            try:
+                readme_block(args.readme, grid.name)
+            except ValueError as error:
+                raise SystemExit(f"graphormer-urpe-ablation: error: {error}") from None
         results = grid.run()
         print(write_table(grid.results, grid.table))
     if args.readme:

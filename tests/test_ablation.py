@@ -234,3 +234,12 @@ def test_backbone_overrides_from_a_dict_or_a_typed_config():
                                                                           "num_layers": 2}
     # a typed backbone parses to a namespace whose unset fields are None
     assert backbone_overrides(Namespace(num_layers=4, attention=None)) == {"num_layers": 4}
+
+
+def test_readme_without_the_block_is_refused_before_training(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# Results\n")
+    with pytest.raises(SystemExit, match="needs one line <!-- ablation:n --> and, after it"):
+        main(["--name", "n", "--runs-dir", str(tmp_path / "runs"), "--results",
+              str(tmp_path / "r.json"), "--readme", str(readme), "--seeds", "0"])
+    assert not (tmp_path / "runs").exists()
