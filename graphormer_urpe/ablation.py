@@ -395,11 +395,12 @@ class Grid:
 
         self.log(f"{self.name}: fit {len(pending)} runs as one ensemble: "
                  + ", ".join(run.label for run, _ in pending))
-        ensemble = Ensemble([MemberSpec(run.label, tuple(run.cli_args)) for run, _ in pending],
-                            self.dir / "ensemble", progress=progress, cuda_graph=self.cuda_graph)
         try:
+            ensemble = Ensemble([MemberSpec(run.label, tuple(run.cli_args)) for run, _ in pending],
+                                self.dir / "ensemble", progress=progress, cuda_graph=self.cuda_graph)
             ensemble.fit()
-        except FloatingPointError as error:  # a diverged member: say which, without a traceback
+        except (ValueError, FloatingPointError) as error:  # a recipe it cannot train, a diverged
+            # member, a saved state of other runs: one line that says which, no traceback
             raise SystemExit(f"graphormer-urpe-ablation: error: {error}") from None
         for (run, record), attempt in zip(pending, attempts):
             attempt.update(wall_s=round(time.perf_counter() - start, 1), returncode=0)

@@ -243,3 +243,11 @@ def test_readme_without_the_block_is_refused_before_training(tmp_path):
         main(["--name", "n", "--runs-dir", str(tmp_path / "runs"), "--results",
               str(tmp_path / "r.json"), "--readme", str(readme), "--seeds", "0"])
     assert not (tmp_path / "runs").exists()
+
+
+def test_ensemble_refuses_a_recipe_it_cannot_train_with_one_line(zinc_data_root, tmp_path):
+    command = runner_command(tmp_path, zinc_data_root, "--ensemble",
+                             "--trainer.accumulate_grad_batches", "2")
+    with pytest.raises(SystemExit, match="error: --ensemble does not support these trainer "
+                                         r"settings: \['accumulate_grad_batches'\]"):
+        main(command[3:])  # the arguments after `python -m graphormer_urpe.ablation`
