@@ -505,7 +505,7 @@ class Ensemble:
                 callback.current_score = score
                 best = self.best[index]
                 if math.isfinite(score) and (best is None or score < best[1]):
-                    path = dirpath / (callback.format_checkpoint_name(
+                    path = Path(callback.format_checkpoint_name(  # in callback.dirpath
                         {"epoch": self.epoch, "step": self.step, "val/mae": score}))
                     callback.best_model_path, callback.best_model_score = str(path), score
                     callback.best_k_models = {str(path): score}
