@@ -23,6 +23,15 @@ Results are merged into a JSON list (default ``docs/results/zinc_ablation.json``
         --name cpu-slim-1256 --jobs 2 --threads-per-job 1 --trainer.precision 32-true --trainer.max_steps 1256 \\
         --model.warmup_steps 126 --model.total_steps 1256   # a CPU budget: 8 epochs
     graphormer-urpe-ablation --table-only     # rewrite the table from the JSON
+    graphormer-urpe-ablation --config configs/zinc.yaml --ensemble --name zinc-paper \\
+        --results docs/results/zinc_gpu.json --readme README.md --figures docs/figures
+        # all six runs side by side in one process (one GPU), then tested as above
+
+``--ensemble`` trains the runs not yet trained in this process as one stacked model
+(:mod:`graphormer_urpe.training.ensemble`: each member with its solo run's initialisation, data
+order, clipping, optimizer state and checkpoints), resumable from ``<runs-dir>/<name>/ensemble/``;
+testing and results then go as for solo runs. ``--readme`` writes the recipe's table into a
+markdown file between ``<!-- ablation:NAME -->`` and ``<!-- /ablation:NAME -->``.
 
 Several GPUs: one invocation per GPU (``CUDA_VISIBLE_DEVICES=i``, its own ``--seeds``) with the
 same ``--name`` and ``--results``; the results file is merged under a lock (build the data first, e.g. with one finished run).
@@ -85,10 +94,15 @@ def code_commit() -> str:
     return head + ("+dirty" if dirty else "")
 
 
-def describe_device(jobs: int, threads_per_job: int | None) -> str:
-    """What a run trains on, in words: the GPU name, or the CPU model, cores and threads."""
+def describe_device(jobs: int, threads_per_job: int | None, ensemble: int = 0) -> str:
+    """What a run trains on, in words: the GPU name, or the CPU model, cores and threads;
+    ``ensemble``: that many runs trained as one stacked model (``--ensemble``)."""
     import torch
 
+    if ensemble:
+        where = torch.cuda.get_device_name(0) if torch.cuda.is_available() else (
+            f"CPU ({os.cpu_count()} cores, {threads_per_job or 'default'} thread(s))")
+        return f"{where}, {ensemble} runs side by side in one stacked model (--ensemble)"
     if torch.cuda.is_available():
         return f"{torch.cuda.get_device_name(0)}, {jobs} run(s) at a time"
     cpu = platform.processor() or platform.machine()
@@ -286,8 +300,12 @@ class Grid:
         self.results, self.table = args.results, args.table or args.results.with_suffix(".md")
         self.runs = [Run(self, arm, seed) for seed in args.seeds for arm in args.arms]
         self.jobs = args.jobs
+        self.ensemble = args.ensemble
+        self.cuda_graph = args.cuda_graph
+        self.threads_per_job = args.threads_per_job
         self.commit = code_commit()
-        self.device = describe_device(args.jobs, args.threads_per_job)
+        self.device = describe_device(args.jobs, args.threads_per_job,
+                                      len(self.runs) if args.ensemble else 0)
         self.budget = " ".join(self.recipe_args)
         self.child_env = dict(os.environ)
         if args.threads_per_job:
@@ -326,6 +344,8 @@ class Grid:
         self.log(f"grid {self.name}: {len(self.runs)} runs, {self.jobs} at a time, "
                  f"commit {self.commit}")
         self.resolve_recipe(any("result" not in read_json(r.record_path, {}) for r in self.runs))
+        if self.ensemble:
+            self.fit_ensemble()
         with ThreadPoolExecutor(max_workers=self.jobs) as pool:
             futures = [pool.submit(self._finish, run) for run in self.runs]
             results, errors = [], []
@@ -339,6 +359,53 @@ class Grid:
             raise SystemExit(f"{len(errors)} of {len(self.runs)} runs failed:\n"
                              + "\n".join(str(e) for e in errors))
         return results
+
+    def fit_ensemble(self) -> None:
+        """``--ensemble``: the runs not yet fitted are trained side by side in this process as
+        one stacked model (:class:`~graphormer_urpe.training.ensemble.Ensemble`, state in
+        ``<runs-dir>/<name>/ensemble/``, resumed from there), each into its own run directory
+        with the checkpoints its solo ``fit`` would write; testing then goes on as for solo runs.
+        Every member's record counts the ensemble's whole wall time."""
+        import torch
+
+        from graphormer_urpe.training.ensemble import Ensemble, MemberSpec
+
+        pending = [(run, run.load_record()) for run in self.runs]
+        pending = [(run, record) for run, record in pending
+                   if "result" not in record and not record.get("fit_done")]
+        if not pending:
+            return
+        if self.threads_per_job:
+            torch.set_num_threads(self.threads_per_job)
+        attempts = []
+        for run, record in pending:
+            run.dir.mkdir(parents=True, exist_ok=True)
+            attempts.append({"stage": "fit-ensemble", "started": now(), "commit": self.commit,
+                             "wall_s": 0.0, "returncode": None,
+                             "members": [r.label for r, _ in pending]})
+            record["attempts"].append(attempts[-1])
+            write_json(run.record_path, record)
+        start = time.perf_counter()
+
+        def progress(message: str) -> None:
+            self.log(message)
+            for (run, record), attempt in zip(pending, attempts):
+                attempt["wall_s"] = round(time.perf_counter() - start, 1)
+                write_json(run.record_path, record)
+
+        self.log(f"{self.name}: fit {len(pending)} runs as one ensemble: "
+                 + ", ".join(run.label for run, _ in pending))
+        try:
+            ensemble = Ensemble([MemberSpec(run.label, tuple(run.cli_args)) for run, _ in pending],
+                                self.dir / "ensemble", progress=progress, cuda_graph=self.cuda_graph)
+            ensemble.fit()
+        except (ValueError, FloatingPointError) as error:  # a recipe it cannot train, a diverged
+            # member, a saved state of other runs: one line that says which, no traceback
+            raise SystemExit(f"graphormer-urpe-ablation: error: {error}") from None
+        for (run, record), attempt in zip(pending, attempts):
+            attempt.update(wall_s=round(time.perf_counter() - start, 1), returncode=0)
+            record["fit_done"] = True
+            write_json(run.record_path, record)
 
 
 def backbone_overrides(backbone: Any) -> dict[str, Any]:
@@ -431,6 +498,27 @@ def write_table(results: Path, table: Path) -> str:
     return text
 
 
+def readme_block(readme: Path, name: str) -> tuple[str, str, str, str]:
+    """``(before, begin marker, end marker, after)`` of recipe ``name``'s block in ``readme``;
+    ValueError unless it has one line ``<!-- ablation:NAME -->`` and, after it, one line
+    ``<!-- /ablation:NAME -->``."""
+    begin, end = f"<!-- ablation:{name} -->", f"<!-- /ablation:{name} -->"
+    text = readme.read_text() if readme.is_file() else ""
+    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+        raise ValueError(f"{readme} needs one line {begin} and, after it, one line {end} "
+                         "where the table belongs")
+    head, rest = text.split(begin, 1)
+    return head, begin, end, rest.split(end, 1)[1]
+
+
+def write_readme_block(readme: Path, name: str, entries: Sequence[dict]) -> None:
+    """Replace what stands between the markers of :func:`readme_block` with recipe ``name``'s
+    table (:func:`format_table`)."""
+    head, begin, end, tail = readme_block(readme, name)
+    runs = [e for e in entries if e.get("recipe") == name]
+    readme.write_text(f"{head}{begin}\n{format_table(runs).strip()}\n{end}{tail}")
+
+
 # --------------------------------------------------------------------------------------------
 # What the best URPE run learned, next to RPE
 # --------------------------------------------------------------------------------------------
@@ -514,6 +602,15 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
                         help="OMP/MKL threads of each run (CPU); default: torch's choice")
     parser.add_argument("--table-only", action="store_true",
                         help="only rewrite the table from the results file")
+    parser.add_argument("--ensemble", action="store_true",
+                        help="train the grid's runs side by side in this process as one stacked "
+                             "model (arms urpe and rpe; docs/ablation.md), then test each")
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="with --ensemble on a GPU: capture the whole training step in one CUDA "
+                             "graph and replay it")
+    parser.add_argument("--readme", type=Path, default=None, metavar="FILE",
+                        help="also write this recipe's table into FILE between the lines "
+                             "<!-- ablation:NAME --> and <!-- /ablation:NAME -->")
     parser.add_argument("--figures", type=Path, default=None, metavar="DIR",
                         help="after the grid, plot B and C of the best-validation URPE run and "
                              "B of RPE with the same seed to DIR/<name>-tables.png")
@@ -521,6 +618,12 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
     args.config = args.config or ["configs/zinc.yaml"]
     if args.jobs < 1:
         parser.error("--jobs must be >= 1")
+    if args.readme and args.table_only and not args.name:
+        parser.error("--readme with --table-only needs --name")
+    if args.cuda_graph and not args.ensemble:
+        parser.error("--cuda-graph captures the --ensemble step: add --ensemble")
+    if args.ensemble and not set(args.arms) <= {"urpe", "rpe"}:
+        parser.error(f"--ensemble trains the arms urpe and rpe, not {sorted(set(args.arms) - {'urpe', 'rpe'})}")
     stray = [a for a in overrides if a.startswith("--") and not a.startswith(
         ("--trainer.", "--model.", "--data.", "--checkpoint.", "--lr_monitor."))]
     if stray:
@@ -532,16 +635,27 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
 def main(argv: Sequence[str] | None = None) -> None:
     """The command (returns None: a console script exits with main()'s value)."""
     args, overrides = parse_args(argv)
+    start = time.perf_counter()
     if args.table_only:
         results = read_json(args.results, [])
         print(write_table(args.results, args.table or args.results.with_suffix(".md")))
     else:
         grid = Grid(args, overrides)
+        if args.readme:  # a missing block is said now, not after training
+            try:
+                readme_block(args.readme, grid.name)
+            except ValueError as error:
+                raise SystemExit(f"graphormer-urpe-ablation: error: {error}") from None
         results = grid.run()
         print(write_table(grid.results, grid.table))
+    if args.readme:
+        write_readme_block(args.readme, args.name or grid.name, read_json(args.results, []))
     if args.figures:
         chosen = [e for e in results if args.name in (None, e.get("recipe"))]
         print(plot_learned_tables(chosen, args.runs_dir, args.figures))
+    if not args.table_only:
+        print(f"graphormer-urpe-ablation: {grid.name} took {(time.perf_counter() - start) / 60:.1f} "
+              f"min ({len(results)} runs)")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,14 @@ Data: ZINC-12k from ``--zinc-root`` (built from ``--shared``/zinc when missing, 
 ``write_pcqm4mv2_root`` from the 1,999 real molecules in ``--shared``/pcqm4mv2 (the real size
 distribution). A "data only" table times one epoch of batches of each loader kind.
 
+``--ensemble M`` adds the ZINC ablation's runs trained side by side as one stacked model
+(``graphormer-urpe-ablation --ensemble``, :mod:`graphormer_urpe.training.ensemble`): for 1 and
+``M`` members (URPE and RPE alternating, seeds 0, 1, ...), the ensemble's step on pre-gathered
+batches (ms per step, member steps per second), gathering the members' batches (ms per step)
+and, on CPU, the aten ops per step that launch a kernel (torch.profiler's leaf ops less views
+and allocations: the CPU proxy of kernel launches).
+``--ensemble-backbone`` (JSON) changes slim, e.g. a tiny width on CPU so host time shows.
+
 Prints tables, then one JSON line (device, torch version, date, every row, the ratios).
 ``--device cpu`` (automatic without CUDA) uses small step counts and batches so it runs in
 minutes on a laptop-class CPU; the numbers then say nothing about GPU speed.
@@ -301,6 +309,76 @@ def run_data_only(name: str, args) -> list[dict]:
     return rows
 
 
+#: aten ops that launch no kernel (views, allocations, metadata).
+NO_KERNEL_OPS = frozenset(f"aten::{name}" for name in (
+    "view", "as_strided", "_unsafe_view", "_reshape_alias", "reshape", "resolve_conj", "resolve_neg",
+    "empty", "empty_strided", "empty_like", "detach", "alias", "expand", "permute", "t", "transpose",
+    "unsqueeze", "squeeze", "select", "slice", "unbind", "split", "chunk", "narrow", "flatten",
+    "result_type", "to", "lift_fresh", "_local_scalar_dense", "set_", "_has_compatible_shallow_copy_type"))
+
+
+def kernel_ops_per_call(fn) -> int:
+    """aten ops with no aten op below them that launch a kernel (not :data:`NO_KERNEL_OPS`) in one
+    call of ``fn``: on a CPU, the count of kernels the same work launches on a GPU, roughly."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(1 for event in prof.events() if event.name.startswith("aten::")
+               and event.name not in NO_KERNEL_OPS
+               and not any(child.name.startswith("aten::") for child in event.cpu_children))
+
+
+def run_ensemble_rows(args) -> list[dict]:
+    """The ensemble's step with 1 and ``args.ensemble`` members on ZINC (see the docstring)."""
+    from graphormer_urpe.training.ensemble import Ensemble, MemberSpec
+
+    backbone = json.loads(args.ensemble_backbone or "{}")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench_train-ensemble-") as work:
+        for members in sorted({1, args.ensemble}):
+            specs = []
+            for index in range(members):
+                arm, seed = ("urpe", "rpe")[index % 2], index // 2
+                specs.append(MemberSpec(f"{arm}-s{seed}", (
+                    "--config", str(REPO / "configs" / "zinc.yaml"),
+                    "--model.backbone", json.dumps({**backbone, "attention": arm}),
+                    "--seed_everything", str(seed), "--data.init_args.seed", str(seed),
+                    "--trainer.default_root_dir", f"{work}/{members}/{arm}-s{seed}",
+                    "--trainer.accelerator", args.device, "--trainer.precision", "32-true",
+                    "--trainer.gradient_clip_val", "5.0", "--trainer.max_steps", "1000000",
+                    "--model.warmup_steps", "10", "--model.total_steps", "1000000",
+                    "--data.init_args.root", str(args.zinc_root),
+                    "--data.init_args.source_dir", str(args.shared / "zinc"),
+                    "--data.init_args.batch_size", str(args.zinc_batch))))
+            ensemble = Ensemble(specs, f"{work}/{members}/state")
+            orders = ensemble.epoch_orders()
+            batches = [ensemble.member_batches(orders, i) for i in range(args.warmup + args.steps)]
+            for batch in batches[:args.warmup]:
+                ensemble.train_step(batch)
+            synchronize(args.device)
+            start = time.perf_counter()
+            for batch in batches[args.warmup:]:
+                ensemble.train_step(batch)
+            synchronize(args.device)
+            step_s = (time.perf_counter() - start) / args.steps
+            start = time.perf_counter()
+            for i in range(args.steps):
+                ensemble.member_batches(orders, i)
+            synchronize(args.device)
+            gather_s = (time.perf_counter() - start) / args.steps
+            row = {"members": members, "backbone": backbone or "slim", "batch_size": args.zinc_batch,
+                   "ms_per_step": round(1000 * step_s, 3),
+                   "member_steps_per_s": round(members / step_s, 2),
+                   "gather_ms_per_step": round(1000 * gather_s, 3)}
+            if args.device == "cpu":
+                row["kernel_ops_per_step"] = kernel_ops_per_call(lambda: ensemble.train_step(batches[0]))
+            rows.append(row)
+            print(f"  ensemble of {members}: {row['ms_per_step']:.2f} ms/step, "
+                  f"{row['member_steps_per_s']:.2f} member steps/s", flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -329,6 +407,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="profile P steps after the timed ones and report leaf ATen ops per step")
     parser.add_argument("--width", type=int, default=None,
                         help="hidden and FFN width of the backbone (default: the preset's)")
+    parser.add_argument("--ensemble", type=int, default=0, metavar="M",
+                        help="also time the ZINC ensemble of 1 and M members (0: not)")
+    parser.add_argument("--ensemble-backbone", default=None, metavar="JSON",
+                        help='the ensemble\'s changes to slim, e.g. \'{"hidden_dim": 16, "ffn_dim": 16}\'')
     args = parser.parse_args(argv)
 
     if args.device == "auto":
@@ -383,6 +465,8 @@ def main(argv: list[str] | None = None) -> int:
 
             if not (pcqm4mv2_folder(args.pcqm_root) / "raw" / "data.csv.gz").is_file():
                 write_pcqm4mv2_root(args.pcqm_root, args.shared / "pcqm4mv2" / "pcqm4mv2_first2k_3d.csv.gz")
+        if args.ensemble:
+            results["ensemble"] = run_ensemble_rows(args)
         for name in presets:
             if not args.skip_data_only and name in ("zinc", "pcqm4mv2"):
                 results["data_only"] += run_data_only(name, args)
@@ -427,6 +511,13 @@ def main(argv: list[str] | None = None) -> int:
     for key, ratio in ratios.items():
         flag = "ok" if ratio <= 1.05 else "above 1.05"
         print(f"URPE / RPE time, {key}: {ratio:.3f} ({flag})")
+    if results.get("ensemble"):
+        print(f"\n{'ensemble (ZINC, one stacked model)':40s} {'ms/step':>9s} {'member steps/s':>15s} "
+              f"{'gather ms':>10s}" + ("  kernel ops/step" if args.device == "cpu" else ""))
+        for row in results["ensemble"]:
+            print(f"{row['members']:3d} member(s), batch {row['batch_size']:4d}{'':18s} {row['ms_per_step']:9.2f} "
+                  f"{row['member_steps_per_s']:15.2f} {row['gather_ms_per_step']:10.2f}"
+                  + (f"  {row['kernel_ops_per_step']:15d}" if "kernel_ops_per_step" in row else ""))
     if results["data_only"]:
         print(f"\n{'data only (one epoch of training batches on the device)':60s}")
         for row in results["data_only"]:

@@ -41,6 +41,18 @@ def runner_command(tmp_path: Path, data_root: Path, *extra: str) -> list[str]:
     ]
 
 
+def kill_once_written(command: list[str], path: Path, env: dict) -> None:
+    """Start the runner and kill its whole process group as soon as ``path`` exists."""
+    grid = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not path.exists() and grid.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(grid.pid, signal.SIGKILL)
+    grid.wait()
+    assert path.exists(), grid.stdout.read().decode()[-3000:]
+
+
 def run_record(tmp_path: Path, arm: str) -> dict:
     return json.loads((tmp_path / "runs" / "tiny" / f"{arm}-s0" / "ablation_run.json").read_text())
 
@@ -56,14 +68,7 @@ def test_killed_grid_resumes_merges_results_and_writes_the_table(zinc_data_root,
 
     # Kill the whole grid as soon as the first run has a last.ckpt.
     last = tmp_path / "runs" / "tiny" / "urpe-s0" / "checkpoints" / "last.ckpt"
-    grid = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 300
-    while not last.exists() and grid.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    os.killpg(grid.pid, signal.SIGKILL)
-    grid.wait()
-    assert last.exists(), grid.stdout.read().decode()[-3000:]
+    kill_once_written(command, last, env)
     killed = run_record(tmp_path, "urpe")
     assert "result" not in killed and not killed.get("fit_done")
     steps_at_kill = torch.load(last, map_location="cpu", weights_only=False)["global_step"]
@@ -119,6 +124,55 @@ def test_killed_grid_resumes_merges_results_and_writes_the_table(zinc_data_root,
     assert ": fit" not in again.stdout and ": test" not in again.stdout
     assert run_record(tmp_path, "urpe")["attempts"] == urpe["attempts"]
     assert read_json(results, []) == entries
+
+
+@pytest.mark.slow
+def test_ensemble_grid_resumes_tests_each_member_and_writes_the_readme_table(zinc_data_root, tmp_path):
+    """``--ensemble``: both runs train in the runner's process as one stacked model; killed, the
+    grid resumes the ensemble from its saved state; each member is tested as a solo run is."""
+    readme = tmp_path / "README.md"
+    readme.write_text("# Results\n\n<!-- ablation:tiny -->\nnot run yet\n<!-- /ablation:tiny -->\n\nAfter.\n")
+    command = runner_command(tmp_path, zinc_data_root, "--ensemble", "--readme", str(readme),
+                             "--figures", str(tmp_path / "figures"))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    state = tmp_path / "runs" / "tiny" / "ensemble" / "state.pt"
+    kill_once_written(command, state, env)
+    steps_at_kill = torch.load(state, map_location="cpu", weights_only=False)["step"]
+    assert 0 < steps_at_kill < STEPS
+
+    finished = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    assert f"ensemble: resuming at step {steps_at_kill}" in finished.stdout
+    assert "tiny took" in finished.stdout
+    runs = {e["attention"]: e for e in read_json(tmp_path / "results.json", [])}
+    assert set(runs) == {"urpe", "rpe"}
+    for arm, entry in runs.items():
+        assert entry["steps"] == STEPS and 0 < entry["best_step"] <= STEPS
+        assert 0 < entry["val_mae"] < 10 and 0 < entry["test_mae"] < 10
+        assert "--ensemble" in entry["device"]
+        record = run_record(tmp_path, arm)
+        fits = [a for a in record["attempts"] if a["stage"] == "fit-ensemble"]
+        assert [a["returncode"] for a in fits] == [None, 0] and record["fit_done"]
+        assert [a["stage"] for a in record["attempts"]][-1] == "test"
+        path, val_mae, _, _ = best_checkpoint(tmp_path / "runs" / "tiny" / f"{arm}-s0")
+        best = torch.load(path, map_location="cpu", weights_only=False)
+        assert best["hyper_parameters"]["backbone"]["attention"] == arm
+        assert any("urpe_scales" in k for k in best["state_dict"]) == (arm == "urpe")
+        metrics = tmp_path / "runs" / "tiny" / f"{arm}-s0" / "csv" / "ensemble" / "metrics.csv"
+        assert min(float(v) for v in _column(metrics, "val/mae")) == pytest.approx(val_mae, abs=1e-6)
+    png = tmp_path / "figures" / "tiny-tables.png"  # B and C read from the members' checkpoints
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = readme.read_text()
+    assert "not run yet" not in text and text.endswith("<!-- /ablation:tiny -->\n\nAfter.\n")
+    assert f"| urpe | 1 | 0 | {STEPS} | {runs['urpe']['val_mae']:.4f} | {runs['urpe']['test_mae']:.4f}" in text
+
+
+def test_ensemble_refuses_the_shared_arm(capsys):
+    from graphormer_urpe.ablation import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--ensemble", "--arms", "urpe", "urpe-shared"])
+    assert "--ensemble trains the arms urpe and rpe" in capsys.readouterr().err
 
 
 def _column(metrics_csv: Path, name: str) -> list[str]:
@@ -183,3 +237,20 @@ def test_backbone_overrides_from_a_dict_or_a_typed_config():
                                                                           "num_layers": 2}
     # a typed backbone parses to a namespace whose unset fields are None
     assert backbone_overrides(Namespace(num_layers=4, attention=None)) == {"num_layers": 4}
+
+
+def test_readme_without_the_block_is_refused_before_training(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# Results\n")
+    with pytest.raises(SystemExit, match="needs one line <!-- ablation:n --> and, after it"):
+        main(["--name", "n", "--runs-dir", str(tmp_path / "runs"), "--results",
+              str(tmp_path / "r.json"), "--readme", str(readme), "--seeds", "0"])
+    assert not (tmp_path / "runs").exists()
+
+
+def test_ensemble_refuses_a_recipe_it_cannot_train_with_one_line(zinc_data_root, tmp_path):
+    command = runner_command(tmp_path, zinc_data_root, "--ensemble",
+                             "--trainer.accumulate_grad_batches", "2")
+    with pytest.raises(SystemExit, match="error: --ensemble does not support these trainer "
+                                         r"settings: \['accumulate_grad_batches'\]"):
+        main(command[3:])  # the arguments after `python -m graphormer_urpe.ablation`

@@ -1,0 +1,277 @@
+"""Several runs as one stacked model (``training/ensemble.py``) on the real ZINC-12k, tiny models:
+a member trains as its solo ``graphormer-urpe fit`` does, an rpe member keeps C at exactly 1,
+URPE with C frozen is RPE bit for bit, the members' checkpoints are ordinary ones, and a stopped
+ensemble resumes exactly."""
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from graphormer_urpe.training.cli import build_cli
+from graphormer_urpe.training.ensemble import Ensemble, MemberSpec
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = {"num_layers": 2, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2}
+NO_DROPOUT = {"dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0}
+#: Training graphs of at most this many nodes: 41 of ZINC-12k's 10,000, so an epoch is 3 batches
+#: of 16 and its last one holds 9 graphs (the ensemble pads it with empty ones).
+MAX_NODES = 11
+STEPS = 6
+
+
+def member_args(run_dir: Path, data_root: Path, arm: str, seed: int, backbone: dict,
+                *extra: str) -> list[str]:
+    return [
+        "--config", str(REPO / "configs" / "zinc.yaml"),
+        "--model.backbone", json.dumps({**backbone, "attention": arm}),
+        "--seed_everything", str(seed), "--data.init_args.seed", str(seed),
+        "--trainer.default_root_dir", str(run_dir),
+        "--trainer.precision", "32-true", "--trainer.max_steps", str(STEPS),
+        "--trainer.max_epochs", "-1", "--trainer.check_val_every_n_epoch", "1",
+        "--trainer.limit_val_batches", "2", "--trainer.limit_test_batches", "3",
+        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+        "--trainer.log_every_n_steps", "1", "--trainer.gradient_clip_val", "0.05",
+        "--model.warmup_steps", "2", "--model.total_steps", str(STEPS),
+        "--data.init_args.root", str(data_root), "--data.init_args.batch_size", "16",
+        "--data.init_args.max_nodes", str(MAX_NODES), *extra,
+    ]
+
+
+def specs(tmp_path: Path, data_root: Path, backbone: dict, name: str = "ens") -> list[MemberSpec]:
+    """An urpe member with seed 0 and an rpe member with seed 1 (own data orders)."""
+    return [MemberSpec(f"{arm}-s{seed}", tuple(member_args(tmp_path / name / f"{arm}-s{seed}",
+                                                           data_root, arm, seed, backbone)))
+            for arm, seed in (("urpe", 0), ("rpe", 1))]
+
+
+def logged(metrics_csv: Path, column: str) -> list[float]:
+    with open(metrics_csv, newline="") as handle:
+        return [float(row[column]) for row in csv.DictReader(handle) if row.get(column)]
+
+
+def test_members_train_as_their_solo_runs(zinc_data_root, tmp_path, one_torch_thread):
+    members = specs(tmp_path, zinc_data_root, {**TINY, **NO_DROPOUT})
+    ensemble = Ensemble(members, tmp_path / "ens" / "state")
+    assert ensemble.batches_per_epoch == 3  # the last batch of an epoch is partial
+    ensemble.fit()
+    assert ensemble.step == STEPS
+
+    for index, spec in enumerate(members):
+        solo_dir = tmp_path / "solo" / spec.label
+        args = list(spec.cli_args)
+        args[args.index("--trainer.default_root_dir") + 1] = str(solo_dir)
+        cli = build_cli(["fit", *args])
+        assert cli.trainer.global_step == STEPS
+        solo = torch.load(solo_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+        run_dir = tmp_path / "ens" / spec.label
+        mine = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+        assert mine["global_step"] == STEPS
+        assert mine["hyper_parameters"] == solo["hyper_parameters"]
+        assert set(mine["state_dict"]) == set(solo["state_dict"])
+        moved = 0
+        for name, value in cli.model.state_dict().items():  # the solo weights after STEPS
+            torch.testing.assert_close(mine["state_dict"][name], value, rtol=1e-5, atol=5e-7,
+                                       msg=lambda m: f"{spec.label} {name}: {m}")
+            moved += not torch.equal(value, ensemble.members[index].module.state_dict()[name])
+        assert moved > 10, "training moved the weights"
+        solo_losses = logged(next((solo_dir / "csv").rglob("metrics.csv")), "train/loss")
+        my_losses = logged(run_dir / "csv" / "ensemble" / "metrics.csv", "train/loss")
+        assert len(my_losses) == len(solo_losses) == STEPS
+        torch.testing.assert_close(torch.tensor(my_losses), torch.tensor(solo_losses),
+                                   rtol=1e-5, atol=1e-6)
+        # Validation and best-checkpoint selection as the solo run: same file name, same score.
+        solo_best = Path(solo["callbacks"][next(iter(solo["callbacks"]))]["best_model_path"]).name
+        best_state = mine["callbacks"][next(k for k in mine["callbacks"] if k.startswith("ModelCheckpoint"))]
+        assert Path(best_state["best_model_path"]).name == solo_best
+        assert Path(best_state["best_model_path"]).exists()
+
+    # The rpe member: stacked with C, which stays exactly 1; its checkpoint is a plain rpe model.
+    deltas = [p for name, p in ensemble.params.items() if name.endswith(".delta")]
+    assert all(torch.equal(d[1], torch.zeros_like(d[1])) for d in deltas)
+    assert any(not torch.equal(d[0], torch.zeros_like(d[0])) for d in deltas), "urpe's C learns"
+    rpe = torch.load(tmp_path / "ens" / "rpe-s1" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert rpe["hyper_parameters"]["backbone"]["attention"] == "rpe"
+    assert not any("urpe_scales" in key for key in rpe["state_dict"])
+
+    # The best checkpoints load in the installed `graphormer-urpe test` and give the metric
+    # the ensemble measures itself; `graphormer-urpe-predict` reads them too.
+    test_loader = ensemble.members[0].datamodule.test_dataloader()
+    direct = ensemble.evaluate(test_loader, 3)
+    bin_dir = Path(sys.executable).parent
+    for index, spec in enumerate(members):
+        run_dir = tmp_path / "ens" / spec.label
+        best = next(p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("epoch="))
+        # the best checkpoint holds the weights of its step, not the last ones
+        assert torch.load(best, weights_only=False)["global_step"] <= STEPS
+        logger = json.dumps({"class_path": "lightning.pytorch.loggers.CSVLogger",
+                             "init_args": {"save_dir": str(run_dir), "name": "test"}})
+        done = subprocess.run([str(bin_dir / "graphormer-urpe"), "test", *spec.cli_args,
+                               "--trainer.logger", logger, "--ckpt_path", str(last := run_dir /
+                                                                               "checkpoints" / "last.ckpt")],
+                              cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        test_mae = logged(next((run_dir / "test").rglob("metrics.csv")), "test/mae")[-1]
+        assert test_mae == pytest.approx(float(direct[index]), rel=1e-5), spec.label
+        smiles = tmp_path / "in.smi"
+        smiles.write_text("CCO\nc1ccccc1O\n")
+        predicted = subprocess.run([str(bin_dir / "graphormer-urpe-predict"), "--ckpt", str(last),
+                                    "--input", str(smiles), "--output", str(tmp_path / "p.csv"),
+                                    "--workers", "0", "--quiet"],
+                                   capture_output=True, text=True, timeout=300)
+        assert predicted.returncode == 0, predicted.stderr[-3000:]
+        assert len((tmp_path / "p.csv").read_text().splitlines()) == 3
+
+
+def test_urpe_with_frozen_c_is_rpe_bit_for_bit(zinc_data_root, one_torch_thread):
+    """Five steps of the solo training step, dropout on: URPE whose C is frozen at 1 and plain
+    RPE give identical losses and weights (so an rpe member may be stacked as URPE)."""
+    from graphormer_urpe.data.datamodule import ZINCDataModule
+    from graphormer_urpe.training.module import GraphormerModule, parameter_groups
+    from graphormer_urpe.training.schedule import warmup_polynomial_decay
+
+    data = ZINCDataModule(root=str(zinc_data_root), batch_size=32)
+    data.setup("fit")
+    batches = [batch for _, batch in zip(range(5), data.train_dataloader())]
+
+    def train(attention: str):
+        torch.manual_seed(3)
+        module = GraphormerModule(29, 5, backbone={**TINY, "attention": attention})
+        if attention == "urpe":
+            for scale in module.model.urpe_scales:
+                scale.delta.requires_grad_(False)
+        start = {k: v.clone() for k, v in module.state_dict().items()}
+        optimizer = torch.optim.AdamW(parameter_groups(module, 0.01), lr=1e-3, weight_decay=0.01)
+        scheduler = warmup_polynomial_decay(optimizer, 2, 10, 1e-9)
+        losses = []
+        for batch in batches:
+            loss = module._loss(module(batch), batch.y)
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            losses.append(loss.detach())
+        return start, module.state_dict(), torch.stack(losses)
+
+    urpe_start, urpe, urpe_losses = train("urpe")
+    rpe_start, rpe, rpe_losses = train("rpe")
+    assert set(urpe) - set(rpe) == {"model.urpe_scales.0.delta", "model.urpe_scales.1.delta"}
+    assert all(torch.equal(urpe_start[k], rpe_start[k]) for k in rpe)  # the same initialisation
+    assert torch.equal(urpe_losses, rpe_losses)
+    for name, value in rpe.items():
+        assert torch.equal(urpe[name], value), name
+        assert "graph_token" not in name or not torch.equal(value, rpe_start[name]), "trained"
+
+
+def test_a_stopped_ensemble_resumes_exactly(zinc_data_root, tmp_path, one_torch_thread):
+    """Dropout on: stopped after an epoch and continued by a new Ensemble (as after a kill),
+    the members end bit for bit where an uninterrupted ensemble does."""
+    backbone = {**TINY, "dropout": 0.1, "attention_dropout": 0.1, "activation_dropout": 0.1}
+    straight = Ensemble(specs(tmp_path, zinc_data_root, backbone, "straight"), tmp_path / "s")
+    straight.fit()
+    first = Ensemble(specs(tmp_path, zinc_data_root, backbone, "resumed"), tmp_path / "r")
+    first.fit(stop_at_step=1)  # the chunk ends with the first epoch (3 steps)
+    assert first.step == 3 and (tmp_path / "r" / "state.pt").exists()
+    resumed = Ensemble(specs(tmp_path, zinc_data_root, backbone, "resumed"), tmp_path / "r")
+    assert resumed.step == 3
+    resumed.fit()
+    assert resumed.step == straight.step == STEPS
+    for name, value in straight.params.items():
+        assert torch.equal(resumed.params[name], value), name
+    for member in ("urpe-s0", "rpe-s1"):
+        a = torch.load(tmp_path / "straight" / member / "checkpoints" / "last.ckpt", weights_only=False)
+        b = torch.load(tmp_path / "resumed" / member / "checkpoints" / "last.ckpt", weights_only=False)
+        assert all(torch.equal(a["state_dict"][k], v) for k, v in b["state_dict"].items())
+        state = lambda c: c["callbacks"][next(iter(c["callbacks"]))]  # noqa: E731
+        assert Path(state(a)["best_model_path"]).name == Path(state(b)["best_model_path"]).name
+    # Another set of runs refuses the state.
+    with pytest.raises(ValueError, match="belongs to other runs"):
+        Ensemble(specs(tmp_path, zinc_data_root, backbone, "other"), tmp_path / "r")
+
+
+def test_device_resident_batches_train_as_the_collated_ones(zinc_data_root, tmp_path, one_torch_thread):
+    """The GPU's data path (batches gathered from a device copy of the split), run on the CPU."""
+    backbone = {**TINY, **NO_DROPOUT}
+    collated = Ensemble(specs(tmp_path, zinc_data_root, backbone, "collated"), tmp_path / "c")
+    resident = Ensemble(specs(tmp_path, zinc_data_root, backbone, "resident"), tmp_path / "r",
+                        resident=True)
+    assert collated.resident is None and resident.resident is not None
+    collated.fit()
+    resident.fit()
+    for name, value in collated.params.items():
+        assert torch.equal(resident.params[name], value), name
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--model.lr", "0.001"), "differs from urpe-s0 in more than the seed and the arm"),
+    (("--trainer.accumulate_grad_batches", "2"), "accumulate_grad_batches"),
+])
+def test_an_ensemble_refuses_what_it_cannot_train_as_solo_runs(zinc_data_root, tmp_path, extra, message):
+    first, second = specs(tmp_path, zinc_data_root, TINY)
+    changed = MemberSpec(second.label, (*second.cli_args, *extra))
+    members = [first, changed] if extra[0].startswith("--model") else [changed, changed]
+    with pytest.raises(ValueError, match=message):
+        Ensemble(members, tmp_path / "state")
+
+
+def test_a_diverged_member_stops_the_ensemble_and_is_named(zinc_data_root, tmp_path, one_torch_thread):
+    ensemble = Ensemble(specs(tmp_path, zinc_data_root, {**TINY, **NO_DROPOUT}), tmp_path / "state")
+    with torch.no_grad():
+        ensemble.params["head.weight"][1] = float("nan")
+    with pytest.raises(FloatingPointError, match=r"not finite for \['rpe-s1'\] at step 1"):
+        ensemble.fit()
+    assert not (tmp_path / "state" / "state.pt").exists()
+    assert not (tmp_path / "ens" / "rpe-s1" / "checkpoints").exists()
+
+
+def train_steps(ensemble: Ensemble, count: int, sync_debug: bool = False) -> torch.Tensor:
+    """``count`` steps of ``ensemble`` over its epochs; ``sync_debug``: any host sync inside a
+    replayed step (batch gathering included) raises (capturing itself synchronizes once)."""
+    losses = []
+    while len(losses) < count:
+        orders = ensemble.epoch_orders()
+        for index in range(min(ensemble.batches_per_epoch, count - len(losses))):
+            replay = sync_debug and ensemble._graph is not None
+            torch.cuda.set_sync_debug_mode("error" if replay else "default")
+            try:
+                losses.append(ensemble.train_step(ensemble.member_batches(orders, index)))
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        ensemble.epoch += 1
+    return torch.stack(losses)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_the_captured_step_equals_the_eager_one_without_host_syncs(zinc_data_root, tmp_path):
+    backbone = {**TINY, **NO_DROPOUT}
+    eager = Ensemble(specs(tmp_path, zinc_data_root, backbone, "eager"), tmp_path / "e")
+    graphed = Ensemble(specs(tmp_path, zinc_data_root, backbone, "graphed"), tmp_path / "g",
+                       cuda_graph=True)
+    assert eager.device.type == "cuda" and graphed.cuda_graph
+    expected = train_steps(eager, 20)
+    losses = train_steps(graphed, 20, sync_debug=True)
+    assert graphed._graph is not None
+    torch.testing.assert_close(losses, expected, rtol=1e-5, atol=1e-6)
+    for name, value in eager.params.items():
+        torch.testing.assert_close(graphed.params[name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_bench_train_times_the_ensemble(zinc_data_root, shared_data_dir, monkeypatch, capsys):
+    """bench_train's ensemble rows: one and two members; two launch fewer than twice the kernels."""
+    from test_cuda_graphs import load_bench_train
+
+    bench = load_bench_train(monkeypatch)
+    assert bench.main(["--device", "cpu", "--presets", "zinc", "--attention", "urpe", "--paths", "eager",
+                       "--warmup", "1", "--steps", "1", "--zinc-batch", "8", "--skip-data-only",
+                       "--ensemble", "2", "--ensemble-backbone", json.dumps(TINY),
+                       "--zinc-root", str(zinc_data_root), "--shared", str(shared_data_dir)]) == 0
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["ensemble"]
+    assert [row["members"] for row in rows] == [1, 2]
+    assert all(row["ms_per_step"] > 0 and row["gather_ms_per_step"] > 0 for row in rows)
+    assert rows[0]["kernel_ops_per_step"] < rows[1]["kernel_ops_per_step"] < 2 * rows[0]["kernel_ops_per_step"]
