@@ -14,6 +14,7 @@ overrides merge in any order: ``--model.backbone '{"num_layers": 4}'``,
 """
 from __future__ import annotations
 
+import errno
 import importlib
 import linecache
 import logging
@@ -196,10 +197,15 @@ def build_cli(args: list[str] | None = None, run: bool = True) -> GraphormerCLI:
 
 def main(args: list[str] | None = None) -> int:
     """The command: exit status 0, 2 for refused input (one line naming the option or file, as
-    argparse does), 1 for a diverged run."""
+    argparse does), 1 for a diverged run or a full disk."""
     try:
         build_cli(args)
     except FloatingPointError as exc:  # a diverged run: say why, without a traceback
+        print(f"graphormer-urpe: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
         print(f"graphormer-urpe: error: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:
