@@ -78,8 +78,9 @@ def esol_checkpoint(shared_data_dir, tmp_path_factory) -> Path:
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_predict_stopped_by_a_signal_removes_its_part_file(esol_checkpoint, shared_data_dir,
                                                            tmp_path, signum):
-    """A long prediction (ESOL's molecules 100 times) is stopped once its ``.part`` file exists:
-    it exits with 128 + the signal, the ``.part`` file is gone, the previous output unchanged."""
+    """A long prediction (ESOL's molecules 100 times) is stopped once its first predictions are
+    in the ``.part`` file: it exits with 128 + the signal, the ``.part`` file is gone, the
+    previous output unchanged."""
     smiles = pd.read_csv(shared_data_dir / "moleculenet" / "esol.csv")["smiles"].tolist() * 100
     source = tmp_path / "in.smi"
     source.write_text("\n".join(smiles) + "\n")
@@ -91,12 +92,15 @@ def test_predict_stopped_by_a_signal_removes_its_part_file(esol_checkpoint, shar
                                 "--output", str(output), "--workers", "1", "--quiet"],
                                stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "PYTHONPATH": str(REPO)})
-    deadline = time.monotonic() + 120
-    while not list(tmp_path.glob(".out.csv.*.part")) and time.monotonic() < deadline:
+    deadline = time.monotonic() + 180
+
+    def predictions_written() -> bool:  # the first chunk's rows reached the .part file
+        return any(p.stat().st_size > 0 for p in tmp_path.glob(".out.csv.*.part"))
+
+    while not predictions_written() and time.monotonic() < deadline:
         assert process.poll() is None, process.stderr.read()
         time.sleep(0.05)
-    assert list(tmp_path.glob(".out.csv.*.part")), "no .part file appeared"
-    time.sleep(1.0)  # into the predictions
+    assert predictions_written(), "no predictions reached a .part file"
     assert process.poll() is None, "the prediction finished before the signal"
     process.send_signal(signum)
     assert process.wait(timeout=60) == 128 + signum
