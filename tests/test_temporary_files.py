@@ -56,9 +56,10 @@ def _open_on_full_disk(file, mode="r", *args, **kwargs):
 
 def test_full_disk_during_a_cache_build_leaves_no_temporary_directory(shared_data_dir, tmp_path,
                                                                       monkeypatch, capsys):
-    """The featurized ESOL entry is built on a disk that fills up after 100 kB: the command
-    says so in one line, exit status 1, and leaves neither a ``.tmp-`` directory nor an entry."""
-    _FullDisk.room = 100_000
+    """The featurized ESOL entry is built on a full disk (the bytes still buffered fail again
+    when the files are closed): the command says so in one line, exit status 1, and leaves
+    neither a ``.tmp-`` directory nor an entry."""
+    _FullDisk.room = 0
     monkeypatch.setattr(cache, "open", _open_on_full_disk, raising=False)
     status = cli_main(esol_fit(tmp_path, shared_data_dir / "moleculenet" / "esol.csv"))
     assert status == 1
