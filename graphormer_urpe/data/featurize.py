@@ -173,7 +173,8 @@ def _featurize_chunk(args: tuple[str, int, list[str], int | None]) -> tuple:
     to_arrays = FEATURIZERS[name].graph_arrays
     xs, edge_indices, edge_attrs, rejected, too_large = [], [], [], [], []
     for position, s in enumerate(smiles, start):
-        if max_atoms is not None and heavy_atom_count(s) > max_atoms:
+        # every atom takes at least one character: only longer SMILES need counting
+        if max_atoms is not None and len(s) > max_atoms and heavy_atom_count(s) > max_atoms:
             too_large.append(position)
             continue
         try:
