@@ -41,8 +41,13 @@ def run_command(args: list[str], **kwargs) -> subprocess.CompletedProcess:
 
 
 def error_lines(stderr: str) -> list[str]:
-    """stderr without Lightning's own notes (seeding), which precede the error."""
-    return [line for line in stderr.strip().splitlines() if not line.startswith("Seed set to")]
+    """The error lines of stderr: everything after the notes that precede the error (Lightning's
+    seeding note, warnings printed when pytest does not capture them), none a traceback."""
+    lines = stderr.strip().splitlines()
+    assert not any(line.startswith("Traceback") for line in lines), stderr[-3000:]
+    first = next((i for i, line in enumerate(lines) if line.startswith("graphormer-urpe: error: ")),
+                 len(lines))
+    return lines[first:]
 
 
 @pytest.fixture(scope="module")

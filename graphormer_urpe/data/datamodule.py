@@ -371,8 +371,7 @@ class OGBLSCDataModule(SMILESTableDataModule):
                                  "layout; download=True fetches it)")
             ogb_lsc.download(self.root, self.layout)
         ogb_lsc.require_layout(self.root, self.layout)  # the split dict too, before featurizing
-        ogb_lsc.check_split_dict(ogb_lsc.read_split_dict(self.root, self.layout), None, None,
-                                 folder / ogb_lsc.SPLIT_FILE, self.layout)  # what needs no table
+        ogb_lsc.read_split_dict_checked(self.root, self.layout)  # what needs no table
         return (folder / "processed_graphormer_urpe", file_fingerprint(table),
                 lambda: ogb_lsc.read_table(self.root, self.layout))
 

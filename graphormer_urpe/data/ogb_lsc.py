@@ -187,6 +187,14 @@ def check_split_dict(splits: Mapping[str, np.ndarray], num_rows: int | None, lab
                                  f"homolumogap, e.g. {unlabelled[:5].tolist()}")
 
 
+def read_split_dict_checked(root: str | os.PathLike, layout: LSCLayout) -> dict[str, np.ndarray]:
+    """:func:`read_split_dict` with the checks of :func:`check_split_dict` that need no table,
+    so a bad split dict is refused before the table is read and featurized."""
+    splits = read_split_dict(root, layout)
+    check_split_dict(splits, None, None, layout.path(root) / SPLIT_FILE, layout)
+    return splits
+
+
 def ogb_dataset(root: str | os.PathLike, layout: LSCLayout):
     """OGB's own PyG dataset (``PygPCQM4MDataset`` / ``PygPCQM4Mv2Dataset``) at ``root`` and its
     split dict, never prompting: a folder that would make OGB ask (missing release marker or raw
