@@ -142,6 +142,20 @@ def result_key(entry: dict) -> tuple:
     return entry.get("recipe"), entry["attention"], entry["seed"]
 
 
+def read_results(path: Path) -> list[dict]:
+    """The result list at ``path`` (empty when missing); ``ValueError`` naming the file when it
+    is not a JSON list of runs (each with ``attention`` and ``seed``), which is never rewritten."""
+    entries = read_json(path, [])
+    if not isinstance(entries, list):
+        raise ValueError(f"{path}: expected a JSON list of runs, found {type(entries).__name__}; "
+                         "fix or remove it")
+    bad = [i for i, e in enumerate(entries) if not (isinstance(e, dict) and {"attention", "seed"} <= set(e))]
+    if bad:
+        raise ValueError(f"{path}: entries {bad[:5]} are not runs (objects with attention and seed); "
+                         "fix or remove them")
+    return entries
+
+
 def merge_results(path: Path, new: Sequence[dict]) -> list[dict]:
     """Merge ``new`` into the result list at ``path``: an entry replaces the one with the same
     ``(recipe, attention, seed)``, all others are kept; sorted by that key. An exclusive lock on
@@ -149,9 +163,7 @@ def merge_results(path: Path, new: Sequence[dict]) -> list[dict]:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        entries = read_json(path, [])
-        if not isinstance(entries, list):
-            raise ValueError(f"{path}: expected a JSON list of runs, found {type(entries).__name__}")
+        entries = read_results(path)
         merged = {result_key(entry): entry for entry in entries}
         merged.update({result_key(entry): entry for entry in new})
         ordered = sorted(merged.values(),
@@ -636,6 +648,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     """The command (returns None: a console script exits with main()'s value)."""
     args, overrides = parse_args(argv)
     start = time.perf_counter()
+    try:
+        read_results(args.results)  # a damaged file is reported now, not after the runs
+    except ValueError as error:
+        print(f"graphormer-urpe-ablation: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
     if args.table_only:
         results = read_json(args.results, [])
         print(write_table(args.results, args.table or args.results.with_suffix(".md")))

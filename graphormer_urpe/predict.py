@@ -27,11 +27,13 @@ larger of ``--max-pairs`` and ``(max_nodes + 1)^2`` whatever the input's length.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import logging
 import multiprocessing
 import os
 import pickle
+import signal
 import sys
 import tempfile
 import zipfile
@@ -427,6 +429,8 @@ _worker_module = None
 
 def _init_worker(module) -> None:
     global _worker_module
+    for signum in STOP_SIGNALS:  # the parent stops its pool; a worker just ends
+        signal.signal(signum, signal.SIG_DFL)
     # One torch thread per process: processes scale over cores without OpenMP teams contending
     # (and a team in a forked child of a multi-threaded parent would deadlock in libgomp).
     torch.set_num_threads(1)
@@ -482,6 +486,26 @@ def stream_predictions(module, rows: Iterable[InputRow], table: PredictionTable,
 
 
 # ---------------------------------------------------------------------------------- CLI
+#: Signals that stop the command like Ctrl-C: ``kill``, a closed terminal or SSH session.
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """Within the block, :data:`STOP_SIGNALS` raise ``SystemExit(128 + signal)`` in the main
+    thread, so ``finally`` blocks and ``with`` exits run (the temporary output file is removed)
+    instead of the process dying on the spot; the previous handlers are restored on exit."""
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -554,6 +578,11 @@ def _check_paths(source: Path, target: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    with stop_on_signals():  # before the temporary output exists
+        return _predict(args)
+
+
+def _predict(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     source, target = Path(args.input), Path(args.output)
     try:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from graphormer_urpe.data.ogb_lsc import LAYOUTS, LSCLayout, require_layout
+from graphormer_urpe.data.ogb_lsc import LAYOUTS, LSCLayout, read_split_dict_checked, require_layout
 from graphormer_urpe.predict import load_module
 
 PROG = "graphormer-urpe-submit"
@@ -103,10 +103,10 @@ def submit(args: argparse.Namespace) -> dict:
         raise SubmissionError(f"--out-dir {args.out_dir} exists and is not a directory")
 
     started = time.perf_counter()
+    check_test_sizes(read_split_dict_checked(args.root, layout), layout)  # before featurizing
     data_class = next(c for c in (PCQM4MDataModule, PCQM4Mv2DataModule) if c.layout is layout)
     data = data_class(root=args.root, max_hops=module.hparams.max_hops, eval_batch_size=args.batch_size)
     _, _, _, splits = data.store()  # checks the split dict against the table
-    check_test_sizes(splits, layout)
     for split in ("train", "valid"):
         if len(splits[split]) != layout.split_sizes[split]:
             print(f"note: {split} has {len(splits[split]):,} rows (official {layout.name}: "

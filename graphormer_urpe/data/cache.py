@@ -220,9 +220,11 @@ class ArrayWriter:
         return {"dtype": self.dtype.str, "shape": list(shape), "blake2b": self.digest.hexdigest()}
 
     def abort(self) -> None:
-        self._file.close()
-        for part in self._parts:
-            part.close()
+        """Close every file, whatever fails: on a full disk closing flushes buffered bytes,
+        which fails again (the files are deleted with the temporary directory)."""
+        for handle in (self._file, *self._parts):
+            with contextlib.suppress(OSError):
+                handle.close()
 
 
 class EntryWriter:
@@ -244,9 +246,11 @@ class EntryWriter:
         return self
 
     def __exit__(self, *exc) -> None:
-        for writer in self.writers.values():
-            writer.abort()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        try:
+            for writer in self.writers.values():
+                writer.abort()
+        finally:
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
     def array(self, name: str, dtype, row_shape: Sequence[int] = (), axis: int = 0) -> ArrayWriter:
         """A streaming writer for array ``name`` (see :class:`ArrayWriter`)."""

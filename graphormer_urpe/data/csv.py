@@ -32,7 +32,8 @@ def resolve_columns(path: str | os.PathLike, smiles_column: str = "smiles",
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"CSV file {path} does not exist")
-    columns = list(pd.read_csv(path, nrows=0).columns)
+    head = _read_csv(path, nrows=1)
+    columns = list(head.columns)
     if smiles_column not in columns:
         raise ValueError(f"{path} has no SMILES column {smiles_column!r} (columns: {columns})")
     targets = [c for c in columns if c != smiles_column] if target_columns is None else list(target_columns)
@@ -41,7 +42,33 @@ def resolve_columns(path: str | os.PathLike, smiles_column: str = "smiles",
     missing = [c for c in targets if c not in columns]
     if missing:
         raise ValueError(f"{path} has no target column(s) {missing} (columns: {columns})")
+    if head.empty:
+        raise ValueError(f"{path} has a header but no data rows")
     return targets
+
+
+def _read_csv(path: Path, **kwargs):
+    """``pandas.read_csv`` with one-line ``ValueError`` naming the file for an empty file and
+    for bytes that are not UTF-8."""
+    import pandas as pd
+
+    try:
+        return pd.read_csv(path, **kwargs)
+    except pd.errors.EmptyDataError:
+        raise ValueError(f"CSV file {path} is empty (no header line)") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not UTF-8 text ({_first_non_utf8(path)}); save it as UTF-8") from None
+
+
+def _first_non_utf8(path: Path) -> str:
+    """Where the first byte that is not UTF-8 is: ``line L: b'...'``."""
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as err:
+                return f"line {number}: {line[max(err.start - 10, 0):err.end + 10]!r}"
+    return "a byte sequence split across lines"
 
 
 def read_property_csv(path: str | os.PathLike, smiles_column: str = "smiles",
@@ -51,7 +78,7 @@ def read_property_csv(path: str | os.PathLike, smiles_column: str = "smiles",
     import pandas as pd
 
     targets = resolve_columns(path, smiles_column, target_columns)
-    table = pd.read_csv(path)
+    table = _read_csv(Path(path))
     try:
         values = table[targets].apply(pd.to_numeric, errors="raise").to_numpy(dtype=np.float64)
     except (ValueError, TypeError) as err:
@@ -81,8 +108,24 @@ def check_targets(path: str | os.PathLike, y: np.ndarray, target_columns: Sequen
         if y.shape[1] != 1:
             raise ValueError(f"{path}: multiclass needs one target column of class ids, got "
                              f"{list(target_columns)}")
-        if not (np.all(known == np.round(known)) and known.min() >= 0):
-            raise ValueError(f"{path}: multiclass targets must be class ids 0, 1, 2, ... or empty")
+        classes = np.unique(known)
+        column = target_columns[0]
+        bad = classes[(classes != np.round(classes)) | (classes < 0)]
+        if len(bad):
+            raise ValueError(f"{path}: multiclass column {column!r} must hold class ids 0, 1, 2, ... "
+                             f"or be empty, got {_few(bad)}")
+        missing = np.setdiff1d(np.arange(int(classes.max()) + 1), classes)
+        if len(missing):
+            raise ValueError(f"{path}: multiclass column {column!r} must hold class ids 0..K-1 with "
+                             f"every class present (the model has one output per id up to the "
+                             f"largest); it has {_few(classes)} but not {_few(missing)}: renumber "
+                             f"the classes 0..{len(classes) - 1}")
+
+
+def _few(values: np.ndarray, shown: int = 10) -> str:
+    """``[v1, v2, ...]`` of at most ``shown`` values (integers without a decimal point)."""
+    text = ", ".join(f"{v:g}" for v in values[:shown])
+    return f"[{text}{', ...' if len(values) > shown else ''}]"
 
 
 def warn_rejected_rows(path: str | os.PathLike, rejected_rows: np.ndarray, total: int,

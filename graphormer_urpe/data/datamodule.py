@@ -4,7 +4,8 @@ Every data family (ZINC, PCQM4M / PCQM4Mv2, CSV) turns its splits into :class:`~
 (features as shared ids + cached encodings, memory-mapped, :mod:`.encode`); each split is an
 :class:`~.dataset.EncodedGraphDataset` that collates whole batches, in the seeded order of
 :class:`~.dataset.SeededShuffleSampler` for training. Graphs with more than ``max_nodes`` nodes are
-dropped from TRAINING only (the count is logged); validation, test and prediction serve every graph.
+dropped from TRAINING only (the count is logged); validation, test and prediction serve every graph
+(a CSV table skips such rows in every split, before featurizing them: :class:`CSVDataModule`).
 
 ``device_resident=True`` swaps each ``DataLoader`` for a :class:`~.resident.ResidentLoader`: the
 split on the trainer's device, batches gathered there, same items, order and batches.
@@ -282,6 +283,9 @@ class SMILESTableDataModule(GraphDataModule):
         super().__init__(**kwargs)
         #: The table split each of ``"train" | "val" | "test" | "predict"`` serves.
         self.split_names = {"train": "train", "val": "val", "test": "test", "predict": "test"}
+        #: Rows whose SMILES has more atoms are never featurized nor encoded (None: no limit);
+        #: their ``graph_of_row`` is ``TOO_LARGE_ROW``.
+        self.table_max_atoms: int | None = None
         self._store: TableStore | None = None
 
     # Subclass hooks ------------------------------------------------------------------------------
@@ -307,7 +311,8 @@ class SMILESTableDataModule(GraphDataModule):
             from graphormer_urpe.data.featurize import cached_smiles_graphs
 
             work_dir, source, read = self.table_source()
-            arrays = cached_smiles_graphs(work_dir / "graphs", source, read, self.featurizer, self.build_workers)
+            arrays = cached_smiles_graphs(work_dir / "graphs", source, read, self.featurizer, self.build_workers,
+                                          max_atoms=self.table_max_atoms)
             graph_of_row, y = np.asarray(arrays["graph_of_row"]), np.asarray(arrays["y"])
             splits = self.split_rows(graph_of_row, y)
             graphs = encode_smiles_store(arrays, encodings_dir(work_dir, "molecules", self.max_hops),
@@ -366,6 +371,7 @@ class OGBLSCDataModule(SMILESTableDataModule):
                                  "layout; download=True fetches it)")
             ogb_lsc.download(self.root, self.layout)
         ogb_lsc.require_layout(self.root, self.layout)  # the split dict too, before featurizing
+        ogb_lsc.read_split_dict_checked(self.root, self.layout)  # what needs no table
         return (folder / "processed_graphormer_urpe", file_fingerprint(table),
                 lambda: ogb_lsc.read_table(self.root, self.layout))
 
@@ -411,8 +417,10 @@ class CSVDataModule(SMILESTableDataModule):
     multi-label 0/1 columns) or ``multiclass`` (one column of class ids; ``num_targets`` is the
     number of classes, the largest id + 1), ``split`` random or scaffold with
     ``split_fractions``. Featurized (``ogb``) and encoded once into ``cache_root`` (default
-    ``data/csv``), keyed by the file's content. Prediction serves the test split. Other
-    arguments: :class:`GraphDataModule`'s."""
+    ``data/csv``), keyed by the file's content. Rows whose molecule has more than ``max_nodes``
+    atoms are skipped in every split, counted with the rows RDKit rejects (their size is read
+    from the SMILES, so a huge polymer is never featurized nor encoded). Prediction serves the
+    test split. Other arguments: :class:`GraphDataModule`'s."""
 
     def __init__(self, path: str, smiles_column: str = "smiles", target_columns: list[str] | None = None,
                  task: str = "regression", split: str = "random",
@@ -431,6 +439,7 @@ class CSVDataModule(SMILESTableDataModule):
         self.split_fractions = property_csv.check_fractions(split_fractions)
         self.cache_root = Path(cache_root)
         self.task = task
+        self.table_max_atoms = self.max_nodes
         self.target_columns = property_csv.resolve_columns(self.path, smiles_column, target_columns)
         self._num_classes = None
         if task == "multiclass":  # the model's width is needed before the data is built
@@ -458,9 +467,12 @@ class CSVDataModule(SMILESTableDataModule):
 
     def split_rows(self, graph_of_row: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
         from graphormer_urpe.data import csv as property_csv
+        from graphormer_urpe.data.featurize import REJECTED_ROW, TOO_LARGE_ROW
 
         bad_targets = property_csv.nonfinite_target_rows(y)
-        property_csv.warn_rejected_rows(self.path, np.flatnonzero(graph_of_row < 0), len(y))
+        property_csv.warn_rejected_rows(self.path, np.flatnonzero(graph_of_row == REJECTED_ROW), len(y))
+        property_csv.warn_rejected_rows(self.path, np.flatnonzero(graph_of_row == TOO_LARGE_ROW), len(y),
+                                        f"with more than max_nodes={self.max_nodes} atoms")
         property_csv.warn_rejected_rows(self.path, bad_targets, len(y),
                                         "with an infinite or out-of-range target")
         usable = graph_of_row >= 0

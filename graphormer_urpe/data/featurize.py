@@ -154,18 +154,36 @@ def featurizer_spec(name: str) -> FeaturizerSpec:
     return FEATURIZERS[name]
 
 
-def _featurize_chunk(args: tuple[str, int, list[str]]) -> tuple:
+def heavy_atom_count(smiles: str) -> int:
+    """Atoms other than hydrogen in ``smiles``, from RDKit's parse without sanitization
+    (about 30 ms for a 100,000-atom polymer: no ring perception); 0 where it does not parse.
+    A featurized graph has at least this many nodes, so a SMILES over a size limit is known
+    before featurizing or encoding it."""
+    from rdkit import Chem
+
+    mol = Chem.MolFromSmiles(smiles, sanitize=False) if isinstance(smiles, str) else None
+    return 0 if mol is None else sum(atom.GetAtomicNum() != 1 for atom in mol.GetAtoms())
+
+
+def _featurize_chunk(args: tuple[str, int, list[str], int | None]) -> tuple:
     from rdkit import RDLogger
 
     RDLogger.DisableLog("rdApp.*")  # rejected SMILES are reported once, by the caller
-    name, start, smiles = args
+    name, start, smiles, max_atoms = args
     to_arrays = FEATURIZERS[name].graph_arrays
-    xs, edge_indices, edge_attrs, rejected = [], [], [], []
+    xs, edge_indices, edge_attrs, rejected, too_large = [], [], [], [], []
     for position, s in enumerate(smiles, start):
+        # every atom takes at least one character: only longer SMILES need counting
+        if max_atoms is not None and len(s) > max_atoms and heavy_atom_count(s) > max_atoms:
+            too_large.append(position)
+            continue
         try:
             x, edge_index, edge_attr = to_arrays(s)
         except ValueError:
             rejected.append(position)
+            continue
+        if max_atoms is not None and len(x) > max_atoms:  # hydrogens kept as atoms
+            too_large.append(position)
             continue
         xs.append(x)
         edge_indices.append(edge_index)
@@ -179,6 +197,7 @@ def _featurize_chunk(args: tuple[str, int, list[str]]) -> tuple:
         np.concatenate(edge_attrs).astype(np.uint8) if xs else np.zeros((0, num_bond_cols), np.uint8),
         np.array([e.shape[1] for e in edge_indices], dtype=np.int64),
         np.array(rejected, dtype=np.int64),
+        np.array(too_large, dtype=np.int64),
     )
 
 
@@ -214,27 +233,38 @@ def parallel_map(function: Callable, chunks: Iterable, num_workers: int | None, 
 
 def iter_featurized(smiles: Sequence[str], featurizer: str, num_workers: int | None = None,
                     chunk_size: int = 1000, desc: str | None = None,
-                    pool: multiprocessing.pool.Pool | None = None) -> Iterator[tuple]:
+                    pool: multiprocessing.pool.Pool | None = None,
+                    max_atoms: int | None = None) -> Iterator[tuple]:
     """Featurize ``smiles`` in chunks of ``chunk_size`` over worker processes (default: all
     cores; tqdm progress), yielding per chunk, in order, ``(x, num_nodes, edge_index, edge_attr,
-    num_edges, rejected positions)``. Chunks are sliced lazily, so at most a few chunks per worker
-    are in flight: memory does not grow with ``len(smiles)``. ``pool``: an open
-    :func:`worker_pool` to use instead."""
+    num_edges, rejected positions, too-large positions)``; a SMILES with more than ``max_atoms``
+    atoms (None: no limit) is too large, known from :func:`heavy_atom_count` before it is
+    featurized. Chunks are sliced lazily, so at most a few chunks per worker are in flight:
+    memory does not grow with ``len(smiles)``. ``pool``: an open :func:`worker_pool` to use
+    instead."""
     featurizer_spec(name=featurizer)
     starts = range(0, len(smiles), chunk_size)
-    chunks = ((featurizer, s, list(smiles[s:s + chunk_size])) for s in starts)
+    chunks = ((featurizer, s, list(smiles[s:s + chunk_size]), max_atoms) for s in starts)
     sizes = [min(chunk_size, len(smiles) - s) for s in starts]
     yield from parallel_map(_featurize_chunk, chunks, num_workers, desc or f"featurize ({featurizer})", sizes,
                             pool)
 
 
-def _rows_to_graphs(codes: np.ndarray, num_distinct: int, rejected: np.ndarray) -> np.ndarray:
+#: ``graph_of_row`` of a row whose SMILES RDKit rejects (or is missing), and of one too large.
+REJECTED_ROW, TOO_LARGE_ROW = -1, -2
+
+
+def _rows_to_graphs(codes: np.ndarray, num_distinct: int, rejected: np.ndarray,
+                    too_large: np.ndarray) -> np.ndarray:
     """``graph_of_row [R]``: the graph of each row's distinct SMILES (``codes``, -1 = missing),
-    ``-1`` where the distinct SMILES was ``rejected``."""
+    :data:`REJECTED_ROW` where the distinct SMILES was ``rejected`` (or missing),
+    :data:`TOO_LARGE_ROW` where it was ``too_large``."""
     accepted = np.ones(num_distinct, dtype=bool)
     accepted[rejected] = False
-    graph_of_distinct = np.where(accepted, np.cumsum(accepted) - 1, -1)
-    return np.where(codes >= 0, graph_of_distinct[np.maximum(codes, 0)], -1).astype(np.int64)
+    accepted[too_large] = False
+    graph_of_distinct = np.where(accepted, np.cumsum(accepted) - 1, REJECTED_ROW)
+    graph_of_distinct[too_large] = TOO_LARGE_ROW
+    return np.where(codes >= 0, graph_of_distinct[np.maximum(codes, 0)], REJECTED_ROW).astype(np.int64)
 
 
 def _distinct(smiles: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -262,14 +292,17 @@ SMILES_GRAPH_ARRAYS = ("x", "node_ptr", "edge_index", "edge_attr", "edge_ptr", "
 
 def cached_smiles_graphs(directory: str | os.PathLike, source_fingerprint: dict,
                          read_table: Callable[[], tuple[Sequence[str], np.ndarray]], featurizer: str,
-                         num_workers: int | None = None, chunk_size: int = 1000) -> dict[str, np.ndarray]:
+                         num_workers: int | None = None, chunk_size: int = 1000,
+                         max_atoms: int | None = None) -> dict[str, np.ndarray]:
     """A SMILES table featurized once and kept in the cache entry ``directory`` (:mod:`.cache`).
 
     ``read_table() -> (smiles [R], y [R, T])`` is called only when the entry is missing, stale
     (keyed by ``source_fingerprint``, the featurizer and the RDKit/OGB versions) or damaged.
     Arrays (memory-mapped): the distinct accepted molecules' ``x`` uint8 ``[N, F]``, ``node_ptr``,
     ``edge_index`` int16 ``[2, E]`` (local ids), ``edge_attr`` uint8 ``[E, Fe]``, ``edge_ptr``;
-    per row ``graph_of_row`` int64 ``[R]`` (-1 = rejected by RDKit) and ``y`` float32 ``[R, T]``.
+    per row ``graph_of_row`` int64 ``[R]`` (:data:`REJECTED_ROW` = rejected by RDKit,
+    :data:`TOO_LARGE_ROW` = more than ``max_atoms`` atoms, never featurized nor encoded) and
+    ``y`` float32 ``[R, T]``.
 
     The build streams: chunks of ``chunk_size`` distinct SMILES are featurized by the workers
     (default: all cores) and appended to the entry's files as they arrive. Besides the table
@@ -283,16 +316,19 @@ def cached_smiles_graphs(directory: str | os.PathLike, source_fingerprint: dict,
 
     fingerprint = {"kind": "featurized smiles", "featurizer": featurizer, "source": source_fingerprint,
                    "rdkit": rdkit.__version__, "ogb": ogb.__version__}
+    if max_atoms is not None:
+        fingerprint["max_atoms"] = int(max_atoms)
 
     def build(writer) -> None:
         with worker_pool(num_workers) as pool:  # forked before the table exists (see worker_pool)
-            _stream_graphs(writer, read_table, featurizer, pool, chunk_size)
+            _stream_graphs(writer, read_table, featurizer, pool, chunk_size, max_atoms)
 
     return cached_entry(directory, fingerprint, build, expect=SMILES_GRAPH_ARRAYS)
 
 
 def _stream_graphs(writer, read_table: Callable[[], tuple[Sequence[str], np.ndarray]], featurizer: str,
-                   pool: multiprocessing.pool.Pool | None, chunk_size: int) -> None:
+                   pool: multiprocessing.pool.Pool | None, chunk_size: int,
+                   max_atoms: int | None = None) -> None:
     """The build of :func:`cached_smiles_graphs`: featurized chunks appended to ``writer``."""
     spec = featurizer_spec(featurizer)
     int16_max = np.iinfo(np.int16).max
@@ -303,9 +339,9 @@ def _stream_graphs(writer, read_table: Callable[[], tuple[Sequence[str], np.ndar
     x = writer.array("x", np.uint8, (len(spec.atom_feature_dims),))
     edge_index = writer.array("edge_index", np.int16, (2,), axis=1)
     edge_attr = writer.array("edge_attr", np.uint8, (len(spec.bond_feature_dims),))
-    node_counts, edge_counts, rejected = [], [], []
-    for chunk_x, n, chunk_edges, chunk_attr, e, chunk_rejected in iter_featurized(
-            distinct, featurizer, chunk_size=chunk_size, pool=pool):
+    node_counts, edge_counts, rejected, too_large = [], [], [], []
+    for chunk_x, n, chunk_edges, chunk_attr, e, chunk_rejected, chunk_too_large in iter_featurized(
+            distinct, featurizer, chunk_size=chunk_size, pool=pool, max_atoms=max_atoms):
         if len(n) and n.max() > int16_max:
             raise ValueError(f"a molecule has more than {int16_max} atoms")
         x.append(chunk_x)
@@ -314,8 +350,9 @@ def _stream_graphs(writer, read_table: Callable[[], tuple[Sequence[str], np.ndar
         node_counts.append(n.astype(np.int32))
         edge_counts.append(e.astype(np.int32))
         rejected.append(chunk_rejected)
+        too_large.append(chunk_too_large)
     for name, counts in (("node_ptr", node_counts), ("edge_ptr", edge_counts)):
         counts = np.concatenate(counts) if counts else np.zeros(0, np.int32)
         writer.write(name, np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]))
-    rejected = np.concatenate(rejected) if rejected else np.zeros(0, np.int64)
-    writer.write("graph_of_row", _rows_to_graphs(codes, len(distinct), rejected))
+    rejected, too_large = (np.concatenate(p) if p else np.zeros(0, np.int64) for p in (rejected, too_large))
+    writer.write("graph_of_row", _rows_to_graphs(codes, len(distinct), rejected, too_large))

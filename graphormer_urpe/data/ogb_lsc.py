@@ -150,11 +150,19 @@ def read_split_dict(root: str | os.PathLike, layout: LSCLayout) -> dict[str, np.
     return splits
 
 
-def check_split_dict(splits: Mapping[str, np.ndarray], num_rows: int, labels: np.ndarray,
+def check_split_dict(splits: Mapping[str, np.ndarray], num_rows: int | None, labels: np.ndarray | None,
                      where: str | os.PathLike, layout: LSCLayout) -> None:
     """Refuse, with a ``ValueError`` naming the split and rows, a split dict whose rows are
     negative (they would wrap around), past the table's ``num_rows``, repeated, or shared by two
-    splits, or whose train / valid rows lack a finite label (``labels [num_rows]``)."""
+    splits, or whose train / valid rows lack a finite label (``labels [num_rows]``). With
+    ``num_rows`` and ``labels`` None (before the table is read) the checks that need the table
+    are left out."""
+    if num_rows is None:
+        negative = {split: rows[rows < 0] for split, rows in splits.items()}
+        for split, bad in negative.items():
+            if len(bad):
+                raise ValueError(f"{where}: split {split!r} has negative rows, e.g. {bad[:5].tolist()}")
+        num_rows = max((int(rows.max()) + 1 for rows in splits.values() if len(rows)), default=0)
     owner = np.full(num_rows, -1, dtype=np.int64)
     for index, split in enumerate(layout.splits):
         rows = splits[split]
@@ -172,11 +180,19 @@ def check_split_dict(splits: Mapping[str, np.ndarray], num_rows: int, labels: np
             raise ValueError(f"{where}: splits {other!r} and {split!r} share {len(shared)} rows, "
                              f"e.g. {shared[:5].tolist()}")
         owner[rows] = index
-        if split not in layout.test_splits:
+        if labels is not None and split not in layout.test_splits:
             unlabelled = rows[~np.isfinite(labels[rows])]
             if len(unlabelled):
                 raise ValueError(f"{where}: split {split!r} has {len(unlabelled)} rows without a finite "
                                  f"homolumogap, e.g. {unlabelled[:5].tolist()}")
+
+
+def read_split_dict_checked(root: str | os.PathLike, layout: LSCLayout) -> dict[str, np.ndarray]:
+    """:func:`read_split_dict` with the checks of :func:`check_split_dict` that need no table,
+    so a bad split dict is refused before the table is read and featurized."""
+    splits = read_split_dict(root, layout)
+    check_split_dict(splits, None, None, layout.path(root) / SPLIT_FILE, layout)
+    return splits
 
 
 def ogb_dataset(root: str | os.PathLike, layout: LSCLayout):

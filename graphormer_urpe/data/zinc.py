@@ -191,7 +191,9 @@ def load_zinc(root: str | os.PathLike = "data/ZINC", subset: bool = True, split:
               force_reload: bool = False):
     """``torch_geometric.datasets.ZINC(root, subset, split)``, building its raw files offline
     first when they are missing and a source directory is given (argument or
-    ``$GRAPHORMER_URPE_ZINC_SOURCE``); with neither, PyG downloads them as usual."""
+    ``$GRAPHORMER_URPE_ZINC_SOURCE``); with neither, PyG downloads them as usual. A processed
+    file that does not load (truncated, damaged) is logged with its path and rebuilt from the
+    raw files, like a damaged cache entry."""
     from torch_geometric.datasets import ZINC
 
     if split not in SPLITS:
@@ -202,4 +204,13 @@ def load_zinc(root: str | os.PathLike = "data/ZINC", subset: bool = True, split:
         if source is not None:
             log.info("building ZINC raw files in %s from %s", raw_dir, source)
             build_zinc_raw(raw_dir, source, num_workers)
-    return ZINC(str(root), subset=subset, split=split, force_reload=force_reload)
+    processed = Path(root) / ("subset" if subset else "full") / "processed" / f"{split}.pt"
+    try:
+        return ZINC(str(root), subset=subset, split=split, force_reload=force_reload)
+    except Exception as err:  # noqa: BLE001 - torch.load fails in many ways on a damaged file
+        if force_reload or not processed.is_file():
+            raise
+        reason = str(err).splitlines()[0] if str(err) else ""
+        log.warning("ZINC processed file %s is damaged, rebuilding it: %s: %s", processed,
+                    type(err).__name__, reason)
+    return ZINC(str(root), subset=subset, split=split, force_reload=True)

@@ -14,7 +14,9 @@ overrides merge in any order: ``--model.backbone '{"num_layers": 4}'``,
 """
 from __future__ import annotations
 
+import errno
 import importlib
+import linecache
 import logging
 import os
 import sys
@@ -29,12 +31,14 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_module
 
 from graphormer_urpe.training.module import TASK_METRICS, GraphormerModule
+from graphormer_urpe.training.schedule import check_schedule
 
 #: DataModule attributes that the model takes as init arguments of the same name.
 LINKED_DATA_FACTS = ("num_atom_embeddings", "num_bond_embeddings", "num_targets", "max_hops",
                      "task", "featurizer")
 DEFAULT_RUN_DIR = "runs/default"
 PREDICTIONS_FILE = "predictions.csv"
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 
 class PredictionWriter(BasePredictionWriter):
@@ -92,6 +96,8 @@ class GraphormerCLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         run_dir = config.trainer.default_root_dir or DEFAULT_RUN_DIR
         config.trainer.default_root_dir = run_dir
+        if self.subcommand == "fit":
+            check_schedule_config(config)  # before any data is read
         checkpoint = config.checkpoint
         if checkpoint.dirpath is None:
             checkpoint.dirpath = os.path.join(run_dir, "checkpoints")
@@ -115,7 +121,50 @@ def _data_task(data: Namespace) -> str:
     if task is None and data.get("class_path"):
         module, _, name = data.class_path.rpartition(".")
         task = getattr(getattr(importlib.import_module(module), name), "task", None)
-    return task or "regression"
+    task = task or "regression"
+    if task not in TASK_METRICS:
+        raise ValueError(f"task must be one of {list(TASK_METRICS)}, got {task!r}")
+    return task
+
+
+def check_schedule_config(config: Namespace) -> None:
+    """The learning-rate schedule's checks (:func:`~.schedule.check_schedule`) on the parsed
+    config, with ``trainer.max_steps`` standing in for an unset ``model.total_steps``: a bad
+    schedule is refused before the data is built, not at the first optimizer step."""
+    model, max_steps = config.model, config.trainer.get("max_steps")
+    total_steps = model.get("total_steps")
+    if total_steps is None and max_steps is not None and max_steps > 0:
+        total_steps = max_steps
+    check_schedule(model.lr, model.end_lr, model.warmup_steps, total_steps,
+                   "" if model.get("total_steps") is not None else ", from trainer.max_steps")
+
+
+def input_error(error: BaseException) -> ValueError | None:
+    """The ``ValueError`` this package raised about bad input (an option, a file), if ``error``
+    is one or wraps one. jsonargparse wraps an error raised while instantiating a subclass (the
+    DataModule) in its own "Does not validate against any of the Union subtypes" error; the
+    cause chain leads back to ours. Other errors are bugs, not input errors: they keep their
+    traceback."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, ValueError) and _raised_in_package(error):
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def _raised_in_package(error: BaseException) -> bool:
+    """Whether a ``raise`` statement of this package raised ``error`` (not a library call made
+    from it, e.g. a numpy ``reshape``: that is a bug, which keeps its traceback)."""
+    tb = error.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    filename = tb.tb_frame.f_code.co_filename
+    return (Path(filename).resolve().is_relative_to(PACKAGE_DIR)
+            and linecache.getline(filename, tb.tb_lineno).lstrip().startswith("raise "))
 
 
 class _DropLightningTips(logging.Filter):
@@ -147,11 +196,24 @@ def build_cli(args: list[str] | None = None, run: bool = True) -> GraphormerCLI:
 
 
 def main(args: list[str] | None = None) -> int:
+    """The command: exit status 0, 2 for refused input (one line naming the option or file, as
+    argparse does), 1 for a diverged run or a full disk."""
     try:
         build_cli(args)
     except FloatingPointError as exc:  # a diverged run: say why, without a traceback
         print(f"graphormer-urpe: error: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        print(f"graphormer-urpe: error: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        refused = input_error(exc)
+        if refused is None:
+            raise
+        print(f"graphormer-urpe: error: {refused}", file=sys.stderr)
+        return 2
     return 0
 
 

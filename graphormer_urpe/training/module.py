@@ -23,7 +23,7 @@ from graphormer_urpe.nn.encodings import EdgePathBias, GraphToken, URPEScale, Vi
 from graphormer_urpe.nn.graphormer import Graphormer, GraphormerConfig
 from graphormer_urpe.training.engine import EngineHooks, TrainingEngine
 from graphormer_urpe.training.inference import TASKS, build_backbone, task_predictions
-from graphormer_urpe.training.schedule import warmup_polynomial_decay
+from graphormer_urpe.training.schedule import check_schedule, warmup_polynomial_decay
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +193,7 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
         engine: bool = False,
     ) -> None:
         super().__init__()
+        check_schedule(lr, end_lr, warmup_steps, total_steps)  # before any data is read
         if compile and cuda_graphs:
             raise ValueError("compile (region-wise, dynamic shapes) and cuda_graphs (the whole "
                              "backbone, static shapes) exclude each other: set one")
@@ -356,11 +357,8 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
                                       fused=engine or (self.device.type == "cuda" and not mixed),
                                       capturable=engine and self.device.type == "cuda")
         total_steps = self.schedule_steps()
-        if total_steps <= hp.warmup_steps:
-            raise ValueError(f"warmup_steps ({hp.warmup_steps}) must be below the schedule's "
-                             f"total steps ({total_steps}"
-                             f"{'' if hp.total_steps else ', from the trainer'}): lower "
-                             "model.warmup_steps")
+        check_schedule(hp.lr, hp.end_lr, hp.warmup_steps, total_steps,
+                       "" if hp.total_steps else ", from the trainer")
         scheduler = warmup_polynomial_decay(optimizer, hp.warmup_steps, total_steps, hp.end_lr,
                                             hp.power)
         #: polynomial_decay_lr's arguments after the update number (the engine's on-device lr)

@@ -111,7 +111,7 @@ def test_v1_datamodule_serves_ogb_splits(v1_root):
 def _bad_split_dicts(splits: dict[str, np.ndarray], num_rows: int) -> dict[str, tuple[dict, str]]:
     train, valid, test = splits["train"], splits["valid"], splits["test"]
     return {
-        "negative": ({**splits, "test": np.r_[test[:-1], -1]}, r"'test' has rows outside \[0, 1999\).*-1"),
+        "negative": ({**splits, "test": np.r_[test[:-1], -1]}, r"'test' has negative rows, e.g. \[-1\]"),
         "past the end": ({**splits, "valid": np.r_[valid, num_rows]}, r"'valid' has rows outside.*1999"),
         "overlap": ({**splits, "test": np.r_[test, train[:3]]}, r"splits 'train' and 'test' share 3 rows"),
         "repeated": ({**splits, "train": np.r_[train, train[:1]]}, r"'train' repeats rows"),

@@ -157,5 +157,5 @@ def test_warmup_longer_than_the_trainer_budget_is_a_clear_error(zinc_data_root, 
     args = [a for a in zinc_args(tmp_path / "run", zinc_data_root) if a != "--model.total_steps"]
     args.remove("20")
     with pytest.raises(ValueError, match=r"warmup_steps \(60\) must be below the schedule's "
-                                         r"total steps \(5, from the trainer\)"):
+                                         r"total_steps \(5, from trainer.max_steps\)"):
         build_cli(["fit", *args, "--trainer.max_steps", "5", "--model.warmup_steps", "60"])

@@ -1,0 +1,237 @@
+"""Bad input through the installed commands on real data (ESOL, ZINC, a PCQM4Mv2 slice): one line
+naming the option or file, exit status 2, and every check that needs no data before any data
+is read; a huge molecule in a CSV is skipped before it is featurized; a damaged processed file
+is rebuilt."""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from graphormer_urpe import ablation, submit
+from graphormer_urpe.data.ogb_lsc import PCQM4M, write_root
+from graphormer_urpe.training.cli import main as cli_main
+
+REPO = Path(__file__).resolve().parents[1]
+COMMAND = Path(sys.executable).with_name("graphormer-urpe")
+TINY = json.dumps({"num_layers": 1, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2})
+ESOL_TARGET = "measured log solubility in mols per litre"
+
+
+def esol_args(work: Path, csv: Path, *extra: str) -> list[str]:
+    return ["fit", "--config", str(REPO / "configs" / "esol.yaml"),
+            "--trainer.default_root_dir", str(work / "run"), "--trainer.max_steps", "2",
+            "--trainer.limit_val_batches", "1", "--trainer.enable_progress_bar", "false",
+            "--trainer.enable_model_summary", "false", "--model.backbone", TINY,
+            "--model.warmup_steps", "1", "--data.init_args.path", str(csv),
+            "--data.init_args.cache_root", str(work / "cache"), *extra]
+
+
+def run_command(args: list[str], **kwargs) -> subprocess.CompletedProcess:
+    assert COMMAND.is_file(), f"{COMMAND} is not installed (pip install -e .)"
+    return subprocess.run([str(COMMAND), *args], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, **kwargs)
+
+
+def error_lines(stderr: str) -> list[str]:
+    """The error lines of stderr: everything after the notes that precede the error (Lightning's
+    seeding note, warnings printed when pytest does not capture them), none a traceback."""
+    lines = stderr.strip().splitlines()
+    assert not any(line.startswith("Traceback") for line in lines), stderr[-3000:]
+    first = next((i for i, line in enumerate(lines) if line.startswith("graphormer-urpe: error: ")),
+                 len(lines))
+    return lines[first:]
+
+
+@pytest.fixture(scope="module")
+def esol_csv(shared_data_dir) -> Path:
+    return shared_data_dir / "moleculenet" / "esol.csv"
+
+
+@pytest.fixture(scope="module")
+def bad_files(esol_csv, tmp_path_factory) -> dict[str, Path]:
+    """Real ESOL content made into the files users get wrong."""
+    work = tmp_path_factory.mktemp("bad_files")
+    table = pd.read_csv(esol_csv)
+    files = {"empty": work / "empty.csv", "header only": work / "header.csv",
+             "latin-1": work / "latin1.csv", "multiclass 0/30": work / "classes.csv"}
+    files["empty"].write_text("")
+    files["header only"].write_text(esol_csv.read_text().splitlines()[0] + "\n")
+    latin = table.copy()
+    latin.loc[3, "Compound ID"] = "Amigdalin \u00e9ther"
+    latin.to_csv(files["latin-1"], index=False, encoding="latin-1")
+    classes = table[["smiles"]].copy()
+    classes["label"] = [0 if v < -3 else 30 for v in table[ESOL_TARGET]]  # two classes, ids 0, 30
+    classes.to_csv(files["multiclass 0/30"], index=False)
+    return files
+
+
+# ------------------------------------------------------------------------ options (item 12)
+OPTION_REFUSALS = {
+    "--data.init_args.batch_size=0": "batch_size must be >= 1, got 0",
+    "--data.init_args.max_hops=0": "max_hops must be >= 1, got 0",
+    "--data.init_args.max_nodes=0": "max_nodes must be >= 1, got 0",
+    "--data.init_args.bucket_batches=-1": "bucket_batches must be >= 0, got -1",
+    "--data.init_args.split_fractions=[0.5,0.2,0.2]":
+        r"split_fractions must be three non-negative numbers summing to 1, got \(0.5, 0.2, 0.2\)",
+    "--data.init_args.target_columns=[solubility]": r"esol.csv has no target column\(s\) \['solubility'\]",
+    "--data.init_args.task=regresion": "task must be one of .*, got 'regresion'",
+    "--model.lr=0": r"model.lr must be > 0, got 0.0",
+    "--model.end_lr=0.1": r"model.end_lr must be between 0 and model.lr=0.0002 .*, got 0.1",
+    "--model.warmup_steps=-1": "model.warmup_steps must be >= 0, got -1",
+    "--model.warmup_steps=2": r"model.warmup_steps \(2\) must be below the schedule's total_steps "
+                              r"\(2, from trainer.max_steps\)",
+}
+
+
+@pytest.mark.parametrize("option", OPTION_REFUSALS)
+def test_bad_option_is_one_line_exit_2_before_any_data_is_read(esol_csv, tmp_path, capsys, option):
+    import re
+
+    status = cli_main(esol_args(tmp_path, esol_csv, option))
+    lines = error_lines(capsys.readouterr().err)
+    assert status == 2
+    assert len(lines) == 1 and lines[0].startswith("graphormer-urpe: error: "), lines
+    assert re.search(OPTION_REFUSALS[option], lines[0]), lines[0]
+    assert not (tmp_path / "cache").exists()  # refused before the CSV was featurized
+
+
+def test_installed_command_refuses_in_one_line(esol_csv, tmp_path):
+    """The jsonargparse-wrapped DataModule error and a model error, through the console script."""
+    for option, message in (("--data.init_args.batch_size=0", "batch_size must be >= 1, got 0"),
+                            ("--model.lr=0", "model.lr must be > 0, got 0.0")):
+        done = run_command(esol_args(tmp_path, esol_csv, option))
+        assert done.returncode == 2, done.stderr[-3000:]
+        assert error_lines(done.stderr) == [f"graphormer-urpe: error: {message}"]
+
+
+def test_schedule_is_checked_before_the_data(tmp_path, capsys):
+    """ZINC with an empty data root: a bad schedule is reported without building (or, without
+    a source, downloading) the data set."""
+    root = tmp_path / "data"
+    root.mkdir()
+    status = cli_main(["fit", "--config", str(REPO / "configs" / "zinc.yaml"),
+                       "--data.init_args.root", str(root), "--trainer.default_root_dir",
+                       str(tmp_path / "run"), "--trainer.max_steps", "100",
+                       "--model.warmup_steps", "100"])
+    assert status == 2
+    assert "model.warmup_steps (100) must be below" in capsys.readouterr().err
+    assert list(root.iterdir()) == []
+
+
+# -------------------------------------------------------------------------- files (13, 8)
+FILE_REFUSALS = {
+    "empty": "CSV file .*empty.csv is empty \\(no header line\\)",
+    "header only": "header.csv has a header but no data rows",
+    "latin-1": r"latin1.csv is not UTF-8 text \(line 5: b'Amigdalin \\xe9ther.*\); save it as UTF-8",
+    "multiclass 0/30": r"classes.csv: multiclass column 'label' must hold class ids 0..K-1 .* it has "
+                       r"\[0, 30\] but not \[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, ...\]: renumber the classes 0..1",
+}
+
+
+@pytest.mark.parametrize("problem", FILE_REFUSALS)
+def test_bad_csv_is_one_line_exit_2(bad_files, tmp_path, capsys, problem):
+    import re
+
+    extra = (["--data.init_args.task", "multiclass", "--data.init_args.target_columns", "[label]"]
+             if problem.startswith("multiclass") else [])
+    status = cli_main(esol_args(tmp_path, bad_files[problem], *extra))
+    lines = error_lines(capsys.readouterr().err)
+    assert status == 2
+    assert len(lines) == 1 and re.search(FILE_REFUSALS[problem], lines[0]), lines
+
+
+def test_truncated_processed_zinc_file_is_rebuilt(zinc_root, tmp_path):
+    """A ZINC root whose processed train.pt was cut in half: the run says which file and why,
+    rebuilds it from the raw files and trains."""
+    data = tmp_path / "data" / "ZINC"
+    (data / "subset").mkdir(parents=True)
+    (data / "raw").symlink_to(zinc_root / "raw", target_is_directory=True)
+    processed = data / "subset" / "processed"
+    processed.mkdir()
+    for name in ("pre_filter.pt", "pre_transform.pt", "train.pt", "val.pt", "test.pt"):
+        (processed / name).write_bytes((zinc_root / "subset" / "processed" / name).read_bytes())
+    intact = (processed / "train.pt").read_bytes()
+    (processed / "train.pt").write_bytes(intact[:len(intact) // 2])
+    done = run_command(["fit", "--config", str(REPO / "configs" / "zinc.yaml"),
+                        "--data.init_args.root", str(tmp_path / "data"),
+                        "--trainer.default_root_dir", str(tmp_path / "run"),
+                        "--trainer.max_steps", "1", "--trainer.limit_val_batches", "1",
+                        "--trainer.precision", "32-true", "--trainer.enable_progress_bar", "false",
+                        "--model.backbone", TINY, "--model.warmup_steps", "0"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"ZINC processed file {processed / 'train.pt'} is damaged, rebuilding it" in done.stderr
+    assert (processed / "train.pt").stat().st_size == len(intact)
+    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
+
+
+# ------------------------------------------------------------------- huge molecule (item 10)
+def _limit_memory() -> None:  # pragma: no cover - runs in the child
+    """8 GiB of address space: a build that grows without bound fails instead of swapping."""
+    resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+
+
+def test_polymer_over_max_nodes_is_skipped_before_featurizing(esol_csv, tmp_path):
+    """A 20,000-atom polyethylene SMILES among ESOL's rows: skipped and counted like a rejected
+    row; the run finishes within an 8 GiB address space (encoding the polymer's 400 million
+    node pairs would not)."""
+    table = pd.read_csv(esol_csv)
+    polymer = table.iloc[[0]].assign(**{"Compound ID": "polyethylene", "smiles": "C" * 20_000})
+    source = tmp_path / "esol_polymer.csv"
+    pd.concat([table.iloc[:500], polymer, table.iloc[500:]]).to_csv(source, index=False)
+    started = time.perf_counter()
+    done = run_command(esol_args(tmp_path, source), preexec_fn=_limit_memory)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert time.perf_counter() - started < 300
+    assert "skipped 1 of 1129 rows with more than max_nodes=128 atoms (lines 502)" in done.stderr
+    # no larger graph reached the store: its encodings are those of ESOL's own molecules
+    node_ptr = next((tmp_path / "cache").glob("*/graphs/node_ptr.npy"))
+    import numpy as np
+
+    assert np.diff(np.load(node_ptr)).max() <= 128
+
+
+# ------------------------------------------------------- submit and ablation (item 14)
+@pytest.fixture(scope="module")
+def ogb_checkpoint(esol_csv, tmp_path_factory) -> Path:
+    """A tiny single-target ``ogb``-featurized model (ESOL), as graphormer-urpe-submit needs."""
+    work = tmp_path_factory.mktemp("ogb_model")
+    assert cli_main(esol_args(work, esol_csv)) == 0
+    return work / "run" / "checkpoints" / "last.ckpt"
+
+
+def test_submit_checks_the_split_dict_before_featurizing(ogb_checkpoint, shared_data_dir, tmp_path,
+                                                         capsys):
+    """A PCQM4M root of real molecules whose test split is not OGB's size: refused before the
+    table is featurized (minutes for the real data set)."""
+    folder = write_root(tmp_path / "root", shared_data_dir / "pcqm4mv2" / "pcqm4mv2_first2k_3d.csv.gz",
+                        PCQM4M)
+    status = submit.main(["--dataset", "pcqm4m", "--ckpt", str(ogb_checkpoint), "--root",
+                          str(tmp_path / "root"), "--out-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2
+    assert err[-1].startswith("graphormer-urpe-submit: error: split 'test' has 200 rows; the official")
+    assert not (folder / "processed_graphormer_urpe").exists()
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("content", ["[{\"attention\": \"urpe\", \"seed\": 0", "{\"runs\": []}",
+                                     "[{\"recipe\": \"x\"}]"])
+def test_damaged_ablation_results_are_refused_at_start_and_kept(tmp_path, capsys, content):
+    results = tmp_path / "results.json"
+    results.write_text(content)
+    with pytest.raises(SystemExit) as stopped:
+        ablation.main(["--config", str(REPO / "configs" / "zinc.yaml"), "--results", str(results),
+                       "--runs-dir", str(tmp_path / "runs"), "--name", "damaged"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"graphormer-urpe-ablation: error: {results}: ")
+    assert not (tmp_path / "runs").exists()  # no run started
+    assert results.read_text() == content  # never rewritten

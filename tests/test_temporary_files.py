@@ -1,0 +1,109 @@
+"""Temporary files are removed on every exit path: a cache build that runs out of disk space,
+and ``graphormer-urpe-predict`` stopped by SIGTERM or SIGHUP (a previous output stays as it was)."""
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import graphormer_urpe.data.cache as cache
+from graphormer_urpe.training.cli import main as cli_main
+
+REPO = Path(__file__).resolve().parents[1]
+PREDICT = Path(sys.executable).with_name("graphormer-urpe-predict")
+TINY = json.dumps({"num_layers": 1, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2})
+
+
+def esol_fit(work: Path, csv: Path) -> list[str]:
+    return ["fit", "--config", str(REPO / "configs" / "esol.yaml"),
+            "--trainer.default_root_dir", str(work / "run"), "--trainer.max_steps", "2",
+            "--trainer.limit_val_batches", "1", "--trainer.enable_progress_bar", "false",
+            "--trainer.enable_model_summary", "false", "--model.backbone", TINY,
+            "--model.warmup_steps", "1", "--data.init_args.path", str(csv),
+            "--data.init_args.cache_root", str(work / "cache"), "--data.init_args.build_workers", "1"]
+
+
+class _FullDisk(io.FileIO):
+    """A file on a disk with ``room`` bytes left (shared by every file opened through it):
+    writes beyond fail with ENOSPC, as does the flush when a buffered file is closed."""
+
+    room = 0
+
+    def write(self, data) -> int:
+        if len(data) > _FullDisk.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.name)
+        _FullDisk.room -= len(data)
+        return super().write(data)
+
+
+def _open_on_full_disk(file, mode="r", *args, **kwargs):
+    if not any(c in mode for c in "wa+"):
+        return open(file, mode, *args, **kwargs)
+    raw = _FullDisk(file, mode.replace("b", "").replace("t", ""))
+    buffered = io.BufferedRandom(raw) if "+" in mode else io.BufferedWriter(raw)
+    return buffered if "b" in mode else io.TextIOWrapper(buffered, encoding=kwargs.get("encoding"))
+
+
+def test_full_disk_during_a_cache_build_leaves_no_temporary_directory(shared_data_dir, tmp_path,
+                                                                      monkeypatch, capsys):
+    """The featurized ESOL entry is built on a full disk (the bytes still buffered fail again
+    when the files are closed): the command says so in one line, exit status 1, and leaves
+    neither a ``.tmp-`` directory nor an entry."""
+    _FullDisk.room = 0
+    monkeypatch.setattr(cache, "open", _open_on_full_disk, raising=False)
+    status = cli_main(esol_fit(tmp_path, shared_data_dir / "moleculenet" / "esol.csv"))
+    assert status == 1
+    assert "graphormer-urpe: error: [Errno 28] No space left on device" in capsys.readouterr().err
+    left = [p.name for p in (tmp_path / "cache").rglob("*") if ".tmp-" in p.name]
+    assert left == []
+    assert not list((tmp_path / "cache").rglob("manifest.json"))
+
+
+@pytest.fixture(scope="module")
+def esol_checkpoint(shared_data_dir, tmp_path_factory) -> Path:
+    work = tmp_path_factory.mktemp("esol_model")
+    assert cli_main(esol_fit(work, shared_data_dir / "moleculenet" / "esol.csv")) == 0
+    return work / "run" / "checkpoints" / "last.ckpt"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_predict_stopped_by_a_signal_removes_its_part_file(esol_checkpoint, shared_data_dir,
+                                                           tmp_path, signum):
+    """A long prediction (ESOL's molecules 100 times) is stopped once its first predictions are
+    in the ``.part`` file: it exits with 128 + the signal, the ``.part`` file is gone, the
+    previous output unchanged."""
+    smiles = pd.read_csv(shared_data_dir / "moleculenet" / "esol.csv")["smiles"].tolist() * 100
+    source = tmp_path / "in.smi"
+    source.write_text("\n".join(smiles) + "\n")
+    output = tmp_path / "out.csv"
+    output.write_text("row,smiles,prediction,error\n1,CCO,-0.5,\n")  # a previous run's output
+    before = hashlib.sha256(output.read_bytes()).hexdigest()
+    assert PREDICT.is_file(), f"{PREDICT} is not installed (pip install -e .)"
+    process = subprocess.Popen([str(PREDICT), "--ckpt", str(esol_checkpoint), "--input", str(source),
+                                "--output", str(output), "--workers", "1", "--quiet"],
+                               stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONPATH": str(REPO)})
+    deadline = time.monotonic() + 180
+
+    def predictions_written() -> bool:  # the first chunk's rows reached the .part file
+        return any(p.stat().st_size > 0 for p in tmp_path.glob(".out.csv.*.part"))
+
+    while not predictions_written() and time.monotonic() < deadline:
+        assert process.poll() is None, process.stderr.read()
+        time.sleep(0.05)
+    assert predictions_written(), "no predictions reached a .part file"
+    assert process.poll() is None, "the prediction finished before the signal"
+    process.send_signal(signum)
+    assert process.wait(timeout=60) == 128 + signum
+    assert list(tmp_path.glob("*.part")) == [] and list(tmp_path.glob(".*.part")) == []
+    assert hashlib.sha256(output.read_bytes()).hexdigest() == before
