@@ -25,7 +25,7 @@ A row that fails records its error (type and first line) and the benchmark goes 
 
 Data: ZINC-12k from ``--zinc-root`` (built from ``--shared``/zinc when missing, as
 ``ZINCDataModule(source_dir=...)`` does); PCQM4Mv2 from an OGB-format root written by
-``write_pcqm4mv2_root`` from the 1,999 real molecules in ``--shared``/pcqm4mv2 (the real size
+``ogb_lsc.write_root`` from the 1,999 real molecules in ``--shared``/pcqm4mv2 (the real size
 distribution). A "data only" table times one epoch of batches of each loader kind.
 
 Prints tables, then one JSON line (device, torch version, date, every row, the ratios).
@@ -322,10 +322,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     try:
         if any(PRESET_DATA[name][0] == "pcqm4mv2" for name in presets):
-            from graphormer_urpe.data.pcqm4mv2 import pcqm4mv2_folder, write_pcqm4mv2_root
+            from graphormer_urpe.data.ogb_lsc import PCQM4MV2, RAW_TABLE, write_root
 
-            if not (pcqm4mv2_folder(args.pcqm_root) / "raw" / "data.csv.gz").is_file():
-                write_pcqm4mv2_root(args.pcqm_root, args.shared / "pcqm4mv2" / "pcqm4mv2_first2k_3d.csv.gz")
+            if not (PCQM4MV2.path(args.pcqm_root) / RAW_TABLE).is_file():
+                write_root(args.pcqm_root, args.shared / "pcqm4mv2" / "pcqm4mv2_first2k_3d.csv.gz", PCQM4MV2)
         for name in presets:
             if not args.skip_data_only and name in ("zinc", "pcqm4mv2"):
                 results["data_only"] += run_data_only(name, args)

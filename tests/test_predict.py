@@ -259,6 +259,7 @@ PROBLEMS = {
     "edited featurizer": "does not match",
     "edited task": "does not match",
     "edited max_hops": "does not match",
+    "urpe C stored as weight": "Unexpected key(s) in state_dict: \"model.urpe_scales.0.weight\"",
     "foreign": "not a Lightning checkpoint",
     "code": "other than tensors and plain values",
 }
@@ -296,6 +297,10 @@ def test_bad_checkpoints_get_a_clear_error(esol_run, tmp_path, capsys, problem):
             hparams["task"] = "ranking"
         elif problem == "edited max_hops":
             hparams["max_hops"] = "five"
+        elif problem == "urpe C stored as weight":  # the layout before C was stored as delta = C - 1
+            checkpoint["state_dict"] = {
+                (k.removesuffix("delta") + "weight" if ".urpe_scales." in k else k): v
+                for k, v in checkpoint["state_dict"].items()}
         torch.save(checkpoint, bad)
     source = tmp_path / "in.smi"
     source.write_text("CCO\n")

@@ -8,7 +8,7 @@ import pytest
 
 from graphormer_urpe import algos
 from graphormer_urpe.data import cache
-from graphormer_urpe.data.cache import cached_encodings, load_arrays, save_arrays
+from graphormer_urpe.data.cache import cached_encodings, load_arrays
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +56,14 @@ def test_changed_parameters_or_input_invalidate(zinc_val, tmp_path, count_encode
     monkeypatch.setattr(algos, "ENCODER_VERSION", "a new encoder", raising=False)
     cached_encodings(entry, node_ptr, rewired, edge_ptr, max_hops=3)  # encoder version
     assert count_encodes == [5, 3, 3, 3]
+
+
+def save_arrays(directory, arrays, fingerprint):
+    """Write the cache entry ``directory`` in one piece, as the data builds do through ``EntryWriter``."""
+    with cache.EntryWriter(directory, fingerprint) as writer:
+        for name, array in arrays.items():
+            writer.write(name, array)
+        writer.commit()
 
 
 def test_interrupted_write_never_leaves_a_valid_entry(tmp_path, monkeypatch):
