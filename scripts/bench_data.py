@@ -29,14 +29,13 @@ from pathlib import Path
 import torch
 
 from graphormer_urpe.cores import usable_cores
-
-REPO = Path(__file__).resolve().parents[1]
+from graphormer_urpe.data.local_data import local_data_dir
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--shared", default=os.environ.get("GRAPHORMER_URPE_SHARED_DATA", REPO.parent / "shared" / "data"),
-                        type=Path, help="the offline data directory")
+    parser.add_argument("--shared", type=Path, default=local_data_dir(),
+                        help="the local data copies (default: $GRAPHORMER_URPE_DATA or ../shared/data)")
     parser.add_argument("--root", type=Path, default=None,
                         help="data root to build into (default: a temporary directory, removed afterwards)")
     parser.add_argument("--workers", type=int, default=usable_cores(), help="featurization processes")

@@ -50,6 +50,8 @@ from pathlib import Path
 
 import torch
 
+from graphormer_urpe.data.local_data import local_data_dir
+
 REPO = Path(__file__).resolve().parents[1]
 #: benchmark name -> (data set, backbone preset)
 PRESET_DATA = {"zinc": ("zinc", "slim"), "pcqm4mv2": ("pcqm4mv2", "base"), "pcqm4mv2-small": ("pcqm4mv2", "small")}
@@ -266,8 +268,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="DataLoader processes of the eager path (default: 0 on CPU, 6 on CUDA)")
     parser.add_argument("--fast-precision", default="bf16-mixed", help="Lightning precision of the fast path")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 on CPU)")
-    parser.add_argument("--shared", type=Path,
-                        default=Path(os.environ.get("GRAPHORMER_URPE_SHARED_DATA", REPO.parent / "shared" / "data")))
+    parser.add_argument("--shared", type=Path, default=local_data_dir(),
+                        help="the local data copies (default: $GRAPHORMER_URPE_DATA or ../shared/data)")
     parser.add_argument("--zinc-root", type=Path, default=Path("data"),
                         help="ZINCDataModule root (ZINC is built there from --shared/zinc when missing)")
     parser.add_argument("--pcqm-root", type=Path, default=None,

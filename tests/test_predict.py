@@ -25,7 +25,7 @@ ESOL_TARGET = "measured log solubility in mols per litre"
 
 
 @pytest.fixture(scope="module")
-def esol_run(shared_data_dir, tmp_path_factory):
+def esol_run(esol_csv, tmp_path_factory):
     """A tiny URPE model fitted for 3 steps on ESOL by the CLI, and its DataModule."""
     work = tmp_path_factory.mktemp("esol")
     cli = build_cli([
@@ -34,7 +34,7 @@ def esol_run(shared_data_dir, tmp_path_factory):
         "--trainer.max_steps", "3", "--trainer.limit_val_batches", "1",
         "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
         "--model.backbone", json.dumps(TINY_BACKBONE), "--model.warmup_steps", "1",
-        "--data.init_args.path", str(shared_data_dir / "moleculenet" / "esol.csv"),
+        "--data.init_args.path", str(esol_csv),
         "--data.init_args.cache_root", str(work / "cache"),
     ])
     return cli, work / "run" / "checkpoints" / "last.ckpt"

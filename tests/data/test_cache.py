@@ -12,9 +12,9 @@ from graphormer_urpe.data.cache import cached_encodings, load_arrays
 
 
 @pytest.fixture(scope="module")
-def zinc_val(shared_data_dir):
+def zinc_val(zinc_source):
     """The 1,000 official ZINC-12k val graphs as flat arrays."""
-    arrays = np.load(shared_data_dir / "zinc" / "subset_val_graphs.npz")
+    arrays = np.load(zinc_source / "subset_val_graphs.npz")
     return arrays["node_ptr"], np.ascontiguousarray(arrays["edge_index"]), arrays["edge_ptr"]
 
 
@@ -226,7 +226,7 @@ def _featurize_distinct_in_memory(smiles: list[str], spec) -> tuple[dict[str, np
     return graphs, np.array([graph_of_smiles[s] for s in smiles])
 
 
-def test_streamed_smiles_store_equals_in_memory_and_stays_memory_mapped(shared_data_dir, tmp_path):
+def test_streamed_smiles_store_equals_in_memory_and_stays_memory_mapped(esol_csv, tmp_path):
     """The chunked build of a SMILES table (real ESOL, duplicated rows and a bad SMILES added)
     gives the in-memory featurization and encodings, and every per-molecule array of the served
     store is a memory map (training start copies nothing)."""
@@ -235,7 +235,7 @@ def test_streamed_smiles_store_equals_in_memory_and_stays_memory_mapped(shared_d
     from graphormer_urpe.data.encode import encode_flat, encode_smiles_store
     from graphormer_urpe.data.featurize import cached_smiles_graphs, featurizer_spec
 
-    table = pd.read_csv(shared_data_dir / "moleculenet" / "esol.csv")
+    table = pd.read_csv(esol_csv)
     smiles = table["smiles"].tolist()[:300]
     smiles = smiles + smiles[:50] + ["not a smiles"]
     y = np.arange(len(smiles), dtype=np.float32)

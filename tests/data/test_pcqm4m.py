@@ -23,11 +23,6 @@ DATAMODULES = {"PCQM4M": PCQM4MDataModule, "PCQM4Mv2": PCQM4Mv2DataModule}
 
 
 @pytest.fixture(scope="module")
-def pcqm_source(shared_data_dir):
-    return shared_data_dir / "pcqm4mv2" / "pcqm4mv2_first2k_3d.csv.gz"
-
-
-@pytest.fixture(scope="module")
 def v1_root(pcqm_source, tmp_path_factory):
     """A PCQM4M (v1) root of the 1,999 real molecules, split 1,599 / 200 / 200."""
     root = tmp_path_factory.mktemp("pcqm4m")
