@@ -27,9 +27,9 @@ ESOL_URL = "https://deepchemdata.s3-us-west-1.amazonaws.com/datasets/delaney-pro
 def missing_data(what: str, relative: str, download_error: Exception | None = None) -> NoReturn:
     """Skip (or, with ``$GRAPHORMER_URPE_REQUIRE_DATA``, fail) the test, in one line naming what
     is missing and where to put it."""
-    tried = f"; its download failed ({type(download_error).__name__}: {download_error})" \
+    tried = f" (the download failed: {type(download_error).__name__}: {download_error})" \
         if download_error is not None else ""
-    message = f"{what} not found{tried}: put it at {local_data.where_to_put(relative)}"
+    message = f"missing {what}{tried}; expected at {local_data.where_to_put(relative)}"
     if os.environ.get(REQUIRE_DATA_ENV, "").strip().lower() not in ("", "0", "false", "no"):
         pytest.fail(message, pytrace=False)
     pytest.skip(message)

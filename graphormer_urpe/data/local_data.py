@@ -46,5 +46,5 @@ def local_copy(relative: str) -> Path | None:
 
 def where_to_put(relative: str) -> str:
     """Where a missing copy belongs, in words (for one-line messages)."""
-    return (f"{local_data_dir() / relative} (the directory of local data copies is "
-            f"${DATA_ENV}, by default ../shared/data beside the checkout)")
+    return (f"{local_data_dir() / relative} (${DATA_ENV} names the directory of local data "
+            "copies, by default ../shared/data beside the checkout)")
