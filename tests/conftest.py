@@ -79,9 +79,13 @@ def esol_csv(data_build_cache) -> Path:
                 path.parent.mkdir(exist_ok=True)
                 os.replace(download_url(ESOL_URL, str(partial), log=False), path)
         except OSError as err:  # URLError, timeouts, refused connections
-            missing_data("MoleculeNet ESOL (esol.csv)", local_data.ESOL, err)
+            failed = err
+        else:
+            failed = None
         finally:
             shutil.rmtree(partial, ignore_errors=True)
+        if failed is not None:  # outside the handler: the message alone, no chained traceback
+            missing_data("MoleculeNet ESOL (esol.csv)", local_data.ESOL, failed)
     return path
 
 
@@ -125,9 +129,11 @@ def zinc_root(data_build_cache) -> Path:
         with download_timeout():
             zinc_module.load_zinc(root, subset=True, split="train")
     except OSError as err:
-        missing_data("ZINC (PyG's molecules.zip, or the ZINC source files to build it from)",
-                     local_data.ZINC, err)
-    return root
+        failed = err
+    else:
+        return root
+    missing_data("ZINC (PyG's molecules.zip, or the ZINC source files to build it from)",
+                 local_data.ZINC, failed)
 
 
 @pytest.fixture
