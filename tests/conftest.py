@@ -145,7 +145,7 @@ def zinc_data_root(zinc_root, tmp_path):
 
 @pytest.fixture
 def one_torch_thread():
-    """Many small ops: on a shared 2-core machine one torch thread is far faster than two
+    """Many small ops: on a 2-core CPU shared with other jobs one torch thread is far faster than two
     competing with other jobs (~50x for the resident gathers)."""
     import torch
 
