@@ -1,6 +1,6 @@
 """Data pipeline benchmark: preprocessing time, reload time and collation throughput.
 
-Measures, on the real data in ``shared/data`` (``--shared``):
+Measures, on the real data in the local data copies (``--shared``):
 
 1. ZINC-full from SMILES to cached encodings: raw files rebuilt from SMILES (RDKit, worker
    processes), PyG's ``ZINC.process()``, encodings of all three splits (target < 3 min on the

@@ -6,7 +6,7 @@ runs: ``PCQM4Mv2DataModule(root, build_workers=W, encode_threads=W).prepare_data
 in W worker processes, Cython encoding, memory-mapped caches), then, in a second fresh child, the
 training start on the built cache (``setup("fit")`` and the first training batch).
 
-The molecules: ZINC-full's 249,456 SMILES (``shared/data/zinc``, JT-VAE train + valid + test),
+The molecules: ZINC-full's 249,456 SMILES (``--shared``/zinc, JT-VAE train + valid + test),
 then RDKit randomized SMILES of them (``MolToSmiles(doRandom=True)``) until N distinct strings.
 The build deduplicates by string, as for the real table, so every string is featurized and
 encoded; a randomized SMILES is the same molecule as its source, so a canonical-SMILES

@@ -15,6 +15,8 @@ import graphormer_urpe.data.featurize as featurize_module
 import graphormer_urpe.data.zinc as zinc_module
 from graphormer_urpe.data import local_data
 
+pytest_plugins = ["pytester"]  # tests/data/test_local_data.py runs this file's fixtures in a child session
+
 #: Set (to 1) where the data must be there, as in CI: a missing data set fails its tests
 #: instead of skipping them.
 REQUIRE_DATA_ENV = "GRAPHORMER_URPE_REQUIRE_DATA"

@@ -73,7 +73,9 @@ def resolve_zinc_source(source_dir: str | os.PathLike | None = None) -> Path | N
     """The offline source directory: ``source_dir``, else ``$GRAPHORMER_URPE_ZINC_SOURCE``, else
     the ``zinc/`` of the local data copies (:func:`.local_data.local_copy`), else None (PyG
     downloads). Raises ``ValueError`` when the chosen directory lacks a source file."""
-    chosen = source_dir if source_dir is not None else os.environ.get(ZINC_SOURCE_ENV) or local_copy(ZINC)
+    chosen = source_dir
+    if chosen is None:
+        chosen = os.environ.get(ZINC_SOURCE_ENV) or local_copy(ZINC)
     if chosen is None:
         return None
     path = Path(chosen)
