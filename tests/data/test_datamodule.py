@@ -112,7 +112,8 @@ class EveryOtherRow(SMILESTableDataModule):
 
 
 def test_a_smiles_table_needs_only_its_source_and_splits(esol_csv, tmp_path):
-    dm = EveryOtherRow(str(esol_csv), str(tmp_path), max_hops=3, seed=2, build_workers=2, eval_batch_size=2000)
+    esol = esol_csv
+    dm = EveryOtherRow(str(esol), str(tmp_path), max_hops=3, seed=2, build_workers=2, eval_batch_size=2000)
     assert (dm.batch_size, dm.max_hops, dm.seed, dm.featurizer, dm.num_atom_embeddings) == (64, 3, 2, "ogb", 175)
     dm.setup("fit")
     table = pd.read_csv(esol)

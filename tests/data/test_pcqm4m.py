@@ -122,21 +122,23 @@ def test_split_dict_is_checked_before_anything_is_served(v1_root, tmp_path):
         torch.save(bad, PCQM4M.path(root) / SPLIT_FILE)
         with pytest.raises(ValueError, match=message):
             PCQM4MDataModule(root=str(root)).prepare_data()
-
-
-def test_missing_files_are_named_and_ogb_never_prompts(v1_root, tmp_path):
-    with pytest.raises(ValueError, match="not a directory"):
-        require_layout(tmp_path / "nowhere", PCQM4M)
-    (tmp_path / "pcqm4m_kddcup2021").mkdir()
-    with pytest.raises(ValueError, match=r"PCQM4M file\(s\) missing: .*data.csv.gz, .*split_dict.pt"):
-        require_layout(tmp_path, PCQM4M)
-    with pytest.raises(ValueError, match=RELEASE_MARKER):
-        ogb_dataset(tmp_path, PCQM4M)
-    with pytest.raises(ValueError, match="split file"):
-        read_split_dict(tmp_path, PCQM4M)
-    with pytest.raises(ValueError, match="download=True"):
-        PCQM4MDataModule(root=str(tmp_path)).prepare_data()
     assert require_layout(v1_root, PCQM4M) == v1_root / "pcqm4m_kddcup2021"
+
+
+@pytest.mark.parametrize("layout", [PCQM4M, PCQM4MV2], ids=lambda layout: layout.name)
+def test_missing_files_are_named_and_ogb_never_prompts(layout, tmp_path):
+    """Missing or stale folders: one error naming what is missing, never OGB's download prompt."""
+    with pytest.raises(ValueError, match="not a directory"):
+        require_layout(tmp_path / "nowhere", layout)
+    layout.path(tmp_path).mkdir()
+    with pytest.raises(ValueError, match=rf"{layout.name} file\(s\) missing: .*data.csv.gz, .*split_dict.pt"):
+        require_layout(tmp_path, layout)
+    with pytest.raises(ValueError, match=RELEASE_MARKER):
+        ogb_dataset(tmp_path, layout)
+    with pytest.raises(ValueError, match="split file"):
+        read_split_dict(tmp_path, layout)
+    with pytest.raises(ValueError, match="download=True"):
+        DATAMODULES[layout.name](root=str(tmp_path)).prepare_data()
 
 
 
@@ -205,13 +207,3 @@ def test_split_dict_loads_with_weights_only_and_no_lasting_allow_list(pcqm_root)
     assert set(map(str, torch.serialization.get_safe_globals())) == before
     with pytest.raises(Exception, match="[Ww]eights only"):  # a bare weights_only load refuses it
         torch.load(pcqm_root / "pcqm4m-v2" / "split_dict.pt")
-
-
-def test_no_prompt_on_stale_or_missing_folders(pcqm_root, tmp_path):
-    (tmp_path / "pcqm4m-v2").mkdir()
-    with pytest.raises(ValueError, match=RELEASE_MARKER):
-        ogb_dataset(tmp_path, PCQM4MV2)
-    with pytest.raises(ValueError, match="split file"):
-        read_split_dict(tmp_path, PCQM4MV2)
-    with pytest.raises(ValueError, match="download=True"):
-        PCQM4Mv2DataModule(root=str(tmp_path)).prepare_data()
