@@ -3,7 +3,8 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# The CPU build of torch on this machine; an unpinned torch pulls several GB of CUDA wheels.
+# The CPU build of torch (the quick start and tests need no GPU); an unpinned torch pulls several
+# GB of CUDA wheels.
 TORCH_PIN := torch==2.13.0
 NUMPY_PIN := numpy>=1.26,<2.5
 STAMP := $(VENV)/.installed

@@ -112,15 +112,6 @@ def _csv_rows(reader, column: int, width: int) -> Iterator[InputRow]:
         yield row
 
 
-def read_smiles(path: str | Path) -> list[InputRow]:
-    """All rows of a CSV with a ``smiles`` column, or of a file with one SMILES a line."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"input file {path} does not exist")
-    with open(path, newline="", encoding="utf-8-sig") as handle:
-        return list(open_smiles(handle, path).rows)
-
-
 def _count_lines(path: Path) -> int:
     """Newlines in ``path`` (the progress bar's total; a quick binary pass)."""
     count = 0

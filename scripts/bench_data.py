@@ -1,6 +1,6 @@
 """Data pipeline benchmark: preprocessing time, reload time and collation throughput.
 
-Measures, on the real data in ``shared/data`` (``--shared``):
+Measures, on the real data in the local data copies (``--shared``):
 
 1. ZINC-full from SMILES to cached encodings: raw files rebuilt from SMILES (RDKit, worker
    processes), PyG's ``ZINC.process()``, encodings of all three splits (target < 3 min on the
@@ -29,14 +29,13 @@ from pathlib import Path
 import torch
 
 from graphormer_urpe.cores import usable_cores
-
-REPO = Path(__file__).resolve().parents[1]
+from graphormer_urpe.data.local_data import local_data_dir
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--shared", default=os.environ.get("GRAPHORMER_URPE_SHARED_DATA", REPO.parent / "shared" / "data"),
-                        type=Path, help="the offline data directory")
+    parser.add_argument("--shared", type=Path, default=local_data_dir(),
+                        help="the local data copies (default: $GRAPHORMER_URPE_DATA or ../shared/data)")
     parser.add_argument("--root", type=Path, default=None,
                         help="data root to build into (default: a temporary directory, removed afterwards)")
     parser.add_argument("--workers", type=int, default=usable_cores(), help="featurization processes")
@@ -47,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
 
     from graphormer_urpe.data.datamodule import PCQM4Mv2DataModule, ZINCDataModule
-    from graphormer_urpe.data.pcqm4mv2 import NUM_MOLECULES, write_pcqm4mv2_root
+    from graphormer_urpe.data.ogb_lsc import PCQM4MV2, write_root
 
     temporary = args.root is None
     root = Path(tempfile.mkdtemp(prefix="bench_data-")) if temporary else args.root
@@ -83,14 +82,14 @@ def main(argv: list[str] | None = None) -> int:
         results["collated_graphs_per_s_one_core"] = graphs / elapsed
 
         pcqm_root = root / "pcqm"
-        write_pcqm4mv2_root(pcqm_root, args.shared / "pcqm4mv2" / "pcqm4mv2_first2k_3d.csv.gz")
+        write_root(pcqm_root, args.shared / "pcqm4mv2" / "pcqm4mv2_first2k_3d.csv.gz", PCQM4MV2)
         start = time.perf_counter()
         pcqm = PCQM4Mv2DataModule(root=str(pcqm_root), max_hops=args.max_hops, build_workers=args.workers)
         store = pcqm.store()[0]
         elapsed = time.perf_counter() - start
         results["pcqm4mv2_molecules"] = len(store)
         results["pcqm4mv2_featurize_encode_graphs_per_s"] = len(store) / elapsed
-        results["pcqm4mv2_full_extrapolated_h"] = NUM_MOLECULES / (len(store) / elapsed) / 3600
+        results["pcqm4mv2_full_extrapolated_h"] = PCQM4MV2.num_molecules / (len(store) / elapsed) / 3600
     finally:
         if temporary:
             shutil.rmtree(root, ignore_errors=True)

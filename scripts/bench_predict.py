@@ -5,7 +5,7 @@
 
 Runs the installed command as users do (a fresh process per setting: startup, checkpoint
 verification, featurization, prediction, atomic write) on the first ``--rows`` SMILES of ZINC's
-training list (``../shared/data/zinc`` or ``--zinc``). Without ``--ckpt`` it saves an untrained
+training list (``--zinc``, by default the local data copies' ``zinc/``). Without ``--ckpt`` it saves an untrained
 slim ZINC model (speed does not depend on the weights). Prints a table and a final JSON line:
 molecules/s over the whole command and after startup (a 3-molecule run's time subtracted), the
 largest process's peak RSS, the CPU seconds of all its processes (less sensitive than wall time
@@ -26,8 +26,7 @@ import time
 from pathlib import Path
 
 from graphormer_urpe.cores import usable_cores
-
-REPO = Path(__file__).resolve().parents[1]
+from graphormer_urpe.data.local_data import local_data_dir
 
 
 def slim_zinc_checkpoint(path: Path) -> Path:
@@ -64,7 +63,7 @@ def timed_run(command: list[str]) -> tuple[float, int, float]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ckpt", help="checkpoint to use (default: an untrained slim ZINC model)")
-    parser.add_argument("--zinc", default=str(REPO.parent / "shared" / "data" / "zinc"))
+    parser.add_argument("--zinc", default=str(local_data_dir() / "zinc"), help="the ZINC source files")
     parser.add_argument("--rows", type=int, default=20_000)
     parser.add_argument("--workers", type=int, nargs="+", default=[2, 1])
     parser.add_argument("--repeats", type=int, default=1)

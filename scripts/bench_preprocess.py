@@ -13,7 +13,7 @@ the timer: a lower bound for any scipy pipeline, reported alongside.
 Prints a table and, as the last line, a JSON object (``ours_graphs_per_s``,
 ``scipy_graphs_per_s``, ``speedup_vs_scipy``, ...).
 
-    python scripts/bench_preprocess.py [--data-dir ../shared/data/zinc] [--max-hops 5]
+    python scripts/bench_preprocess.py [--data-dir DIR_OF_ZINC_SOURCE_FILES] [--max-hops 5]
 """
 from __future__ import annotations
 
@@ -29,8 +29,9 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import shortest_path
 
 from graphormer_urpe.algos import UNREACHABLE, encode_graphs
+from graphormer_urpe.data.local_data import local_data_dir
 
-DEFAULT_DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "zinc"
+DEFAULT_DATA_DIR = local_data_dir() / "zinc"
 
 
 def best_time(fn, repeats: int) -> float:

@@ -6,7 +6,7 @@ runs: ``PCQM4Mv2DataModule(root, build_workers=W, encode_threads=W).prepare_data
 in W worker processes, Cython encoding, memory-mapped caches), then, in a second fresh child, the
 training start on the built cache (``setup("fit")`` and the first training batch).
 
-The molecules: ZINC-full's 249,456 SMILES (``shared/data/zinc``, JT-VAE train + valid + test),
+The molecules: ZINC-full's 249,456 SMILES (``--shared``/zinc, JT-VAE train + valid + test),
 then RDKit randomized SMILES of them (``MolToSmiles(doRandom=True)``) until N distinct strings.
 The build deduplicates by string, as for the real table, so every string is featurized and
 encoded; a randomized SMILES is the same molecule as its source, so a canonical-SMILES
@@ -42,8 +42,8 @@ from pathlib import Path
 import numpy as np
 
 from graphormer_urpe.cores import usable_cores
+from graphormer_urpe.data.local_data import local_data_dir
 
-REPO = Path(__file__).resolve().parents[1]
 FULL_PCQM4MV2 = 3_746_620
 
 
@@ -188,8 +188,8 @@ def _vm_hwm() -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--shared", type=Path, default=Path(os.environ.get(
-        "GRAPHORMER_URPE_SHARED_DATA", REPO.parent / "shared" / "data")), help="the offline data directory")
+    parser.add_argument("--shared", type=Path, default=local_data_dir(),
+                        help="the local data copies (default: $GRAPHORMER_URPE_DATA or ../shared/data)")
     parser.add_argument("--sizes", type=int, nargs="+", default=[50_000, 220_000, 1_000_000])
     parser.add_argument("--workers", type=int, default=usable_cores(), help="build processes / encode threads")
     parser.add_argument("--root", type=Path, default=None, help="work directory (default: a temporary one)")

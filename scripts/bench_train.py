@@ -35,7 +35,7 @@ These are the CPU proxies for the launch-bound GPU step; on a GPU, ``steps_per_s
 
 Data: ZINC-12k from ``--zinc-root`` (built from ``--shared``/zinc when missing, as
 ``ZINCDataModule(source_dir=...)`` does); PCQM4Mv2 from an OGB-format root written by
-``write_pcqm4mv2_root`` from the 1,999 real molecules in ``--shared``/pcqm4mv2 (the real size
+``ogb_lsc.write_root`` from the 1,999 real molecules in ``--shared``/pcqm4mv2 (the real size
 distribution). A "data only" table times one epoch of batches of each loader kind.
 
 ``--ensemble M`` adds the ZINC ablation's runs trained side by side as one stacked model
@@ -67,6 +67,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from graphormer_urpe.data.local_data import local_data_dir
 
 REPO = Path(__file__).resolve().parents[1]
 #: benchmark name -> (data set, backbone preset)
@@ -395,8 +397,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="DataLoader processes of the eager path (default: 0 on CPU, 6 on CUDA)")
     parser.add_argument("--fast-precision", default="bf16-mixed", help="Lightning precision of the fast path")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 on CPU)")
-    parser.add_argument("--shared", type=Path,
-                        default=Path(os.environ.get("GRAPHORMER_URPE_SHARED_DATA", REPO.parent / "shared" / "data")))
+    parser.add_argument("--shared", type=Path, default=local_data_dir(),
+                        help="the local data copies (default: $GRAPHORMER_URPE_DATA or ../shared/data)")
     parser.add_argument("--zinc-root", type=Path, default=Path("data"),
                         help="ZINCDataModule root (ZINC is built there from --shared/zinc when missing)")
     parser.add_argument("--pcqm-root", type=Path, default=None,
@@ -461,10 +463,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     try:
         if any(PRESET_DATA[name][0] == "pcqm4mv2" for name in presets):
-            from graphormer_urpe.data.pcqm4mv2 import pcqm4mv2_folder, write_pcqm4mv2_root
+            from graphormer_urpe.data.ogb_lsc import PCQM4MV2, RAW_TABLE, write_root
 
-            if not (pcqm4mv2_folder(args.pcqm_root) / "raw" / "data.csv.gz").is_file():
-                write_pcqm4mv2_root(args.pcqm_root, args.shared / "pcqm4mv2" / "pcqm4mv2_first2k_3d.csv.gz")
+            if not (PCQM4MV2.path(args.pcqm_root) / RAW_TABLE).is_file():
+                write_root(args.pcqm_root, args.shared / "pcqm4mv2" / "pcqm4mv2_first2k_3d.csv.gz", PCQM4MV2)
         if args.ensemble:
             results["ensemble"] = run_ensemble_rows(args)
         for name in presets:

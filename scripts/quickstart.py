@@ -5,8 +5,8 @@ checkpoint and where it is. It trains on one CPU thread unless ``OMP_NUM_THREADS
 
     python scripts/quickstart.py [extra LightningCLI arguments, e.g. --trainer.max_time 00:00:02:00]
 
-The ZINC source files are taken from ``$GRAPHORMER_URPE_ZINC_SOURCE`` or, when that is unset, from
-``../shared/data/zinc`` beside the repository if it exists (otherwise PyG downloads ZINC).
+ZINC is built from the local data copies when they hold it (``$GRAPHORMER_URPE_DATA``/zinc, or
+``../shared/data/zinc`` beside the checkout), else downloaded by PyG.
 """
 from __future__ import annotations
 
@@ -26,9 +26,6 @@ def describe(model) -> str:
 
 
 def main(argv: list[str]) -> None:
-    shared_zinc = REPO.parent / "shared" / "data" / "zinc"
-    if "GRAPHORMER_URPE_ZINC_SOURCE" not in os.environ and shared_zinc.is_dir():
-        os.environ["GRAPHORMER_URPE_ZINC_SOURCE"] = str(shared_zinc)
     os.chdir(REPO)
 
     import torch

@@ -1,37 +1,100 @@
 """Fixtures shared by the whole test suite (keep this file small)."""
+import contextlib
 import hashlib
 import inspect
+import os
+import shutil
+import socket
+import tempfile
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
 import graphormer_urpe.data.featurize as featurize_module
 import graphormer_urpe.data.zinc as zinc_module
+from graphormer_urpe.data import local_data
 
-#: The project's offline data, beside the checkout (``<repo>/../shared/data``); read-only, never
-#: copied into the repository.
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+pytest_plugins = ["pytester"]  # tests/data/test_local_data.py runs this file's fixtures in a child session
+
+#: Set (to 1) where the data must be there, as in CI: a missing data set fails its tests
+#: instead of skipping them.
+REQUIRE_DATA_ENV = "GRAPHORMER_URPE_REQUIRE_DATA"
+#: Per socket operation, so that a download attempt without a network fails instead of hanging.
+DOWNLOAD_TIMEOUT_S = 30
+#: MoleculeNet ESOL as PyG's ``MoleculeNet("ESOL")`` downloads it (deepchem's copy).
+ESOL_URL = "https://deepchemdata.s3-us-west-1.amazonaws.com/datasets/delaney-processed.csv"
 
 
-@pytest.fixture(scope="session")
-def zinc_dir() -> Path:
-    """``shared/data/zinc``: the exact official ZINC subset val/test graphs and the SMILES."""
-    path = SHARED_DATA / "zinc"
-    if not path.is_dir():
-        pytest.fail(f"real ZINC data not found at {path} (the checkout needs ../shared beside it)")
+def missing_data(what: str, relative: str, download_error: Exception | None = None) -> NoReturn:
+    """Skip (or, with ``$GRAPHORMER_URPE_REQUIRE_DATA``, fail) the test, in one line naming what
+    is missing and where to put it."""
+    tried = f" (the download failed: {type(download_error).__name__}: {download_error})" \
+        if download_error is not None else ""
+    message = f"missing {what}{tried}; expected at {local_data.where_to_put(relative)}"
+    if os.environ.get(REQUIRE_DATA_ENV, "").strip().lower() not in ("", "0", "false", "no"):
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+@contextlib.contextmanager
+def download_timeout():
+    previous = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(DOWNLOAD_TIMEOUT_S)
+    try:
+        yield
+    finally:
+        socket.setdefaulttimeout(previous)
+
+
+def local_copy(what: str, relative: str) -> Path:
+    """``<local data copies>/<relative>``, or the test is skipped naming what is missing."""
+    path = local_data.local_copy(relative)
+    if path is None:
+        missing_data(what, relative)
     return path
 
 
 @pytest.fixture(scope="session")
-def shared_data_dir() -> Path:
-    """The offline data directory: ``$GRAPHORMER_URPE_SHARED_DATA``, else ``<repo>/../shared/data``."""
-    import os
-
-    path = Path(os.environ.get("GRAPHORMER_URPE_SHARED_DATA") or SHARED_DATA)
-    if not path.is_dir():
-        pytest.fail(f"shared data not found at {path} (set GRAPHORMER_URPE_SHARED_DATA or put "
-                    "../shared beside the checkout)")
+def zinc_source() -> Path:
+    """The ZINC source files (:func:`~graphormer_urpe.data.zinc.resolve_zinc_source`: the exact
+    official subset val/test graphs, the JT-VAE SMILES and labels); no download has them."""
+    path = zinc_module.resolve_zinc_source(None)
+    if path is None:
+        missing_data("the ZINC source files (JT-VAE SMILES, subset index files and graphs)", local_data.ZINC)
     return path
+
+
+@pytest.fixture(scope="session")
+def esol_csv(data_build_cache) -> Path:
+    """MoleculeNet ESOL: the local copy, else downloaded once into the test cache."""
+    path = local_data.local_copy(local_data.ESOL)
+    if path is not None:
+        return path
+    path = data_build_cache / "esol" / "delaney-processed.csv"
+    if not path.is_file():
+        from torch_geometric.data import download_url
+
+        partial = Path(tempfile.mkdtemp(dir=data_build_cache))
+        try:
+            with download_timeout():
+                path.parent.mkdir(exist_ok=True)
+                os.replace(download_url(ESOL_URL, str(partial), log=False), path)
+        except OSError as err:  # URLError, timeouts, refused connections
+            failed = err
+        else:
+            failed = None
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+        if failed is not None:  # outside the handler: the message alone, no chained traceback
+            missing_data("MoleculeNet ESOL (esol.csv)", local_data.ESOL, failed)
+    return path
+
+
+@pytest.fixture(scope="session")
+def pcqm_source() -> Path:
+    """A real slice of PCQM4Mv2 (1,999 molecules with explicit-H 3D CXSMILES): a local copy only."""
+    return local_copy("the PCQM4Mv2 slice", local_data.PCQM4MV2_SLICE)
 
 
 @pytest.fixture(scope="session")
@@ -55,17 +118,24 @@ def _zinc_build_key(source: Path) -> str:
 
 
 @pytest.fixture(scope="session")
-def zinc_source(shared_data_dir) -> Path:
-    return shared_data_dir / "zinc"
-
-
-@pytest.fixture(scope="session")
-def zinc_root(zinc_source, data_build_cache) -> Path:
-    """A ZINC root whose raw files were built by :func:`build_zinc_raw` from the shared source,
-    keyed by the building code and the source files, so a change rebuilds it."""
-    root = data_build_cache / f"zinc-{_zinc_build_key(zinc_source)}"
-    zinc_module.load_zinc(root, subset=True, split="train", source_dir=zinc_source)
-    return root
+def zinc_root(data_build_cache) -> Path:
+    """A built ZINC root: from the local ZINC source files by :func:`build_zinc_raw` (keyed by the
+    building code and the source files, so a change rebuilds it), else PyG's official download."""
+    source = zinc_module.resolve_zinc_source(None)
+    if source is not None:
+        root = data_build_cache / f"zinc-{_zinc_build_key(source)}"
+        zinc_module.load_zinc(root, subset=True, split="train", source_dir=source)
+        return root
+    root = data_build_cache / "zinc-download"
+    try:
+        with download_timeout():
+            zinc_module.load_zinc(root, subset=True, split="train")
+    except OSError as err:
+        failed = err
+    else:
+        return root
+    missing_data("ZINC (PyG's molecules.zip, or the ZINC source files to build it from)",
+                 local_data.ZINC, failed)
 
 
 @pytest.fixture
@@ -77,7 +147,7 @@ def zinc_data_root(zinc_root, tmp_path):
 
 @pytest.fixture
 def one_torch_thread():
-    """Many small ops: on a shared 2-core machine one torch thread is far faster than two
+    """Many small ops: on a 2-core CPU shared with other jobs one torch thread is far faster than two
     competing with other jobs (~50x for the resident gathers)."""
     import torch
 

@@ -99,8 +99,8 @@ def random_graphs(draw, max_nodes: int = 256):
     return num_nodes, symmetric_edge_index(num_nodes, pairs, rng)
 
 
-def load_zinc(zinc_dir, split):
-    data = np.load(zinc_dir / f"subset_{split}_graphs.npz")
+def load_zinc(zinc_source, split):
+    data = np.load(zinc_source / f"subset_{split}_graphs.npz")
     return data["node_ptr"], data["edge_index"], data["edge_ptr"]
 
 
@@ -232,8 +232,8 @@ def test_graph_views_reject_bad_index():
 
 # ----------------------------------------------------------------------------- real molecules
 @pytest.mark.parametrize("split", ["val", "test"])
-def test_real_zinc_graphs_match_scipy(zinc_dir, split):
-    node_ptr, edge_index, edge_ptr = load_zinc(zinc_dir, split)
+def test_real_zinc_graphs_match_scipy(zinc_source, split):
+    node_ptr, edge_index, edge_ptr = load_zinc(zinc_source, split)
     encoded = encode_graphs(node_ptr, edge_index, edge_ptr, max_hops=5)
     assert len(encoded) == 1000
     for g in range(len(encoded)):
@@ -246,8 +246,8 @@ def test_real_zinc_graphs_match_scipy(zinc_dir, split):
     assert (encoded.spd >= 0).all(), "ZINC molecules are connected"
 
 
-def test_threads_give_identical_results(zinc_dir):
-    node_ptr, edge_index, edge_ptr = load_zinc(zinc_dir, "test")
+def test_threads_give_identical_results(zinc_source):
+    node_ptr, edge_index, edge_ptr = load_zinc(zinc_source, "test")
     one = encode_graphs(node_ptr, edge_index, edge_ptr, max_hops=5, num_threads=1)
     two = encode_graphs(node_ptr, edge_index, edge_ptr, max_hops=5, num_threads=2)
     for name in ("spd", "path_edges", "degree", "pair_ptr"):
@@ -263,11 +263,11 @@ def _encode_zinc_in_child(args):
     return encoded.spd.tobytes(), [str(w.message) for w in caught]
 
 
-def test_forked_child_falls_back_to_one_thread_instead_of_deadlocking(zinc_dir):
+def test_forked_child_falls_back_to_one_thread_instead_of_deadlocking(zinc_source):
     # libgomp deadlocks in a child forked after the parent ran a thread team (DataLoader workers).
     import multiprocessing
 
-    args = load_zinc(zinc_dir, "test")
+    args = load_zinc(zinc_source, "test")
     parent = encode_graphs(*args, max_hops=5, num_threads=2)
     with multiprocessing.get_context("fork").Pool(1) as pool:
         spd_bytes, warnings_seen = pool.apply_async(_encode_zinc_in_child, (args,)).get(timeout=60)
@@ -301,13 +301,13 @@ print("child ok")
 """
 
 
-def test_child_forked_after_a_torch_op_does_not_deadlock(zinc_dir, tmp_path):
+def test_child_forked_after_a_torch_op_does_not_deadlock(zinc_source, tmp_path):
     # torch shares the encoder's libgomp: its thread team in the parent deadlocked the child's
     # first multi-threaded encode_graphs (a subprocess, so a hang fails here instead of hanging).
     import subprocess
     import sys
 
-    node_ptr, edge_index, edge_ptr = load_zinc(zinc_dir, "test")
+    node_ptr, edge_index, edge_ptr = load_zinc(zinc_source, "test")
     np.savez(tmp_path / "zinc.npz", node_ptr=node_ptr, edge_index=edge_index, edge_ptr=edge_ptr)
     try:
         done = subprocess.run([sys.executable, "-c", _FORK_AFTER_TORCH, str(tmp_path / "zinc.npz")],

@@ -25,7 +25,7 @@ ESOL_TARGET = "measured log solubility in mols per litre"
 
 
 @pytest.fixture(scope="module")
-def esol_run(shared_data_dir, tmp_path_factory):
+def esol_run(esol_csv, tmp_path_factory):
     """A tiny URPE model fitted for 3 steps on ESOL by the CLI, and its DataModule."""
     work = tmp_path_factory.mktemp("esol")
     cli = build_cli([
@@ -34,7 +34,7 @@ def esol_run(shared_data_dir, tmp_path_factory):
         "--trainer.max_steps", "3", "--trainer.limit_val_batches", "1",
         "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
         "--model.backbone", json.dumps(TINY_BACKBONE), "--model.warmup_steps", "1",
-        "--data.init_args.path", str(shared_data_dir / "moleculenet" / "esol.csv"),
+        "--data.init_args.path", str(esol_csv),
         "--data.init_args.cache_root", str(work / "cache"),
     ])
     return cli, work / "run" / "checkpoints" / "last.ckpt"
@@ -259,6 +259,7 @@ PROBLEMS = {
     "edited featurizer": "does not match",
     "edited task": "does not match",
     "edited max_hops": "does not match",
+    "urpe C stored as weight": "Unexpected key(s) in state_dict: \"model.urpe_scales.0.weight\"",
     "foreign": "not a Lightning checkpoint",
     "code": "other than tensors and plain values",
 }
@@ -296,6 +297,10 @@ def test_bad_checkpoints_get_a_clear_error(esol_run, tmp_path, capsys, problem):
             hparams["task"] = "ranking"
         elif problem == "edited max_hops":
             hparams["max_hops"] = "five"
+        elif problem == "urpe C stored as weight":  # the layout before C was stored as delta = C - 1
+            checkpoint["state_dict"] = {
+                (k.removesuffix("delta") + "weight" if ".urpe_scales." in k else k): v
+                for k, v in checkpoint["state_dict"].items()}
         torch.save(checkpoint, bad)
     source = tmp_path / "in.smi"
     source.write_text("CCO\n")

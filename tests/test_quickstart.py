@@ -40,8 +40,7 @@ def test_quickstart_budget_is_steps_capped_by_time_and_the_schedule_ends_at_it()
 
 
 def test_quickstart_main_trains_and_reports_its_model_and_test_mae(
-        zinc_data_root, zinc_source, tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("GRAPHORMER_URPE_ZINC_SOURCE", str(zinc_source))
+        zinc_data_root, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # main() moves to the repository; this restores the cwd after
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     run_dir = tmp_path / "run"

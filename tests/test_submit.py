@@ -48,11 +48,6 @@ def fit_fixture(work: Path, source: Path, dataset: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def pcqm_source(shared_data_dir) -> Path:
-    return shared_data_dir / "pcqm4mv2" / "pcqm4mv2_first2k_3d.csv.gz"
-
-
-@pytest.fixture(scope="module")
 def fitted_v1(pcqm_source, tmp_path_factory) -> tuple[Path, Path]:
     work = tmp_path_factory.mktemp("pcqm4m")
     return work, fit_fixture(work, pcqm_source, "pcqm4m")

@@ -284,14 +284,6 @@ class EntryWriter:
         _fsync_dir(self.directory.parent)
 
 
-def save_arrays(directory: str | os.PathLike, arrays: dict[str, np.ndarray], fingerprint: dict[str, Any]) -> None:
-    """Atomically (re)write the cache entry ``directory`` with ``arrays`` and ``fingerprint``."""
-    with EntryWriter(directory, fingerprint) as writer:
-        for name, array in arrays.items():
-            writer.write(name, array)
-        writer.commit()
-
-
 def file_checksum(path: str | os.PathLike) -> str:
     """BLAKE2b of the data of a ``.npy`` file (what the manifest records), read in blocks."""
     array = np.load(path, mmap_mode="r", allow_pickle=False)

@@ -225,8 +225,8 @@ class GraphDataModule(pl.LightningDataModule):
 
 class ZINCDataModule(GraphDataModule):
     """ZINC (subset: 10,000 / 1,000 / 1,000; full: 220,011 / 24,445 / 5,000) via PyG's ``ZINC``
-    under ``<root>/ZINC``, built offline from ``source_dir`` / ``$GRAPHORMER_URPE_ZINC_SOURCE`` when
-    its raw files are missing (see :mod:`.zinc`). Prediction serves ``predict_split``. Other
+    under ``<root>/ZINC``, built offline from ``source_dir`` or the local data copies when its raw
+    files are missing (:func:`.zinc.resolve_zinc_source`). Prediction serves ``predict_split``. Other
     arguments: :class:`GraphDataModule`'s."""
 
     featurizer = "zinc"

@@ -128,18 +128,6 @@ class FeaturizerSpec:
     #: ``smiles -> (x [n, F], edge_index [2, E], edge_attr [E, Fe])``; ValueError when rejected.
     graph_arrays: Callable[[str], tuple[np.ndarray, np.ndarray, np.ndarray]]
 
-    def from_smiles(self, smiles: str, y: Sequence[float] | None = None):
-        """A ``torch_geometric.data.Data`` (int64 ``x``, ``edge_index``, ``edge_attr``)."""
-        import torch
-        from torch_geometric.data import Data
-
-        x, edge_index, edge_attr = self.graph_arrays(smiles)
-        data = Data(x=torch.as_tensor(x, dtype=torch.long), edge_index=torch.as_tensor(edge_index, dtype=torch.long),
-                    edge_attr=torch.as_tensor(edge_attr, dtype=torch.long), num_nodes=len(x))
-        if y is not None:
-            data.y = torch.as_tensor(np.asarray(y, dtype=np.float32).reshape(1, -1))
-        return data
-
 
 FEATURIZERS: dict[str, FeaturizerSpec] = {
     "zinc": FeaturizerSpec("zinc", ZINC_ATOM_FEATURE_DIMS, ZINC_BOND_FEATURE_DIMS, smiles_to_zinc_graph),

@@ -3,8 +3,9 @@
 PyG's ``ZINC`` downloads ``molecules.zip`` (``{train,val,test}.pickle``) plus the subset
 ``{train,val,test}.index`` files into ``<root>/raw`` and processes them itself. Where that archive
 cannot be fetched, :func:`build_zinc_raw` writes the same raw files from a source directory (the
-project's ``shared/data/zinc``: JT-VAE SMILES in the same order, labels, subset index files, the
-exact official subset val/test graphs), and PyG's unchanged ``process()`` takes it from there.
+``zinc/`` of the local data copies, :mod:`.local_data`: JT-VAE SMILES in the same order, labels,
+subset index files, the exact official subset val/test graphs), and PyG's unchanged ``process()``
+takes it from there.
 
 Raw pickle format (what PyG's ``process()`` reads), one dict per molecule::
 
@@ -38,10 +39,11 @@ import torch
 
 from graphormer_urpe.data.cache import remove_dir
 from graphormer_urpe.data.featurize import ZINC_ATOM_TOKENS, parallel_map, smiles_to_zinc_dense
+from graphormer_urpe.data.local_data import ZINC, local_copy
 
 log = logging.getLogger(__name__)
 
-#: Environment variable naming the offline source directory (see module docstring).
+#: Environment variable naming a ZINC source directory outside the local data copies.
 ZINC_SOURCE_ENV = "GRAPHORMER_URPE_ZINC_SOURCE"
 SPLITS = ("train", "val", "test")
 _SOURCE_SPLIT = {"train": "train", "val": "valid", "test": "test"}  # JT-VAE file names
@@ -69,8 +71,11 @@ def zinc_graphs_from_smiles(smiles: Sequence[str], num_workers: int | None = Non
 
 def resolve_zinc_source(source_dir: str | os.PathLike | None = None) -> Path | None:
     """The offline source directory: ``source_dir``, else ``$GRAPHORMER_URPE_ZINC_SOURCE``, else
-    None (PyG downloads). Raises ``ValueError`` when the named directory lacks a source file."""
-    chosen = source_dir if source_dir is not None else os.environ.get(ZINC_SOURCE_ENV) or None
+    the ``zinc/`` of the local data copies (:func:`.local_data.local_copy`), else None (PyG
+    downloads). Raises ``ValueError`` when the chosen directory lacks a source file."""
+    chosen = source_dir
+    if chosen is None:
+        chosen = os.environ.get(ZINC_SOURCE_ENV) or local_copy(ZINC)
     if chosen is None:
         return None
     path = Path(chosen)
@@ -190,10 +195,9 @@ def load_zinc(root: str | os.PathLike = "data/ZINC", subset: bool = True, split:
               source_dir: str | os.PathLike | None = None, num_workers: int | None = None,
               force_reload: bool = False):
     """``torch_geometric.datasets.ZINC(root, subset, split)``, building its raw files offline
-    first when they are missing and a source directory is given (argument or
-    ``$GRAPHORMER_URPE_ZINC_SOURCE``); with neither, PyG downloads them as usual. A processed
-    file that does not load (truncated, damaged) is logged with its path and rebuilt from the
-    raw files, like a damaged cache entry."""
+    first when they are missing and a source directory is found (:func:`resolve_zinc_source`);
+    without one, PyG downloads them as usual. A processed file that does not load (truncated,
+    damaged) is logged with its path and rebuilt from the raw files, like a damaged cache entry."""
     from torch_geometric.datasets import ZINC
 
     if split not in SPLITS:

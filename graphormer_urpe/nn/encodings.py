@@ -280,8 +280,7 @@ class URPEScale(nn.Module):
     pulls C toward its neutral value 1 instead of toward 0, which would scale attention down.
     This matters for slots the training data never reaches (distances above the training
     maximum): their gradient is zero, so decay alone moves them. ``delta`` is a plain parameter
-    rather than ``nn.Embedding``, so generic embedding initialisers leave it alone. Checkpoints
-    that stored C itself (``weight``) load as ``delta = weight - 1``.
+    rather than ``nn.Embedding``, so generic embedding initialisers leave it alone.
 
     Shapes: slots ``[B, N+1, N+1]`` (from :meth:`slots`) -> ``[B, H, N+1, N+1]``.
     """
@@ -299,11 +298,6 @@ class URPEScale(nn.Module):
     def table(self) -> Tensor:
         """The effective C, ``[max_spd + 3, H]`` (row = slot)."""
         return 1.0 + self.delta
-
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
-        if prefix + "weight" in state_dict and prefix + "delta" not in state_dict:
-            state_dict[prefix + "delta"] = state_dict.pop(prefix + "weight") - 1.0
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @staticmethod
     def slots(node_slots: Tensor, max_spd: int) -> Tensor:

@@ -8,13 +8,13 @@ import pytest
 
 from graphormer_urpe import algos
 from graphormer_urpe.data import cache
-from graphormer_urpe.data.cache import cached_encodings, load_arrays, save_arrays
+from graphormer_urpe.data.cache import cached_encodings, load_arrays
 
 
 @pytest.fixture(scope="module")
-def zinc_val(shared_data_dir):
+def zinc_val(zinc_source):
     """The 1,000 official ZINC-12k val graphs as flat arrays."""
-    arrays = np.load(shared_data_dir / "zinc" / "subset_val_graphs.npz")
+    arrays = np.load(zinc_source / "subset_val_graphs.npz")
     return arrays["node_ptr"], np.ascontiguousarray(arrays["edge_index"]), arrays["edge_ptr"]
 
 
@@ -56,6 +56,14 @@ def test_changed_parameters_or_input_invalidate(zinc_val, tmp_path, count_encode
     monkeypatch.setattr(algos, "ENCODER_VERSION", "a new encoder", raising=False)
     cached_encodings(entry, node_ptr, rewired, edge_ptr, max_hops=3)  # encoder version
     assert count_encodes == [5, 3, 3, 3]
+
+
+def save_arrays(directory, arrays, fingerprint):
+    """Write the cache entry ``directory`` in one piece, as the data builds do through ``EntryWriter``."""
+    with cache.EntryWriter(directory, fingerprint) as writer:
+        for name, array in arrays.items():
+            writer.write(name, array)
+        writer.commit()
 
 
 def test_interrupted_write_never_leaves_a_valid_entry(tmp_path, monkeypatch):
@@ -218,7 +226,7 @@ def _featurize_distinct_in_memory(smiles: list[str], spec) -> tuple[dict[str, np
     return graphs, np.array([graph_of_smiles[s] for s in smiles])
 
 
-def test_streamed_smiles_store_equals_in_memory_and_stays_memory_mapped(shared_data_dir, tmp_path):
+def test_streamed_smiles_store_equals_in_memory_and_stays_memory_mapped(esol_csv, tmp_path):
     """The chunked build of a SMILES table (real ESOL, duplicated rows and a bad SMILES added)
     gives the in-memory featurization and encodings, and every per-molecule array of the served
     store is a memory map (training start copies nothing)."""
@@ -227,7 +235,7 @@ def test_streamed_smiles_store_equals_in_memory_and_stays_memory_mapped(shared_d
     from graphormer_urpe.data.encode import encode_flat, encode_smiles_store
     from graphormer_urpe.data.featurize import cached_smiles_graphs, featurizer_spec
 
-    table = pd.read_csv(shared_data_dir / "moleculenet" / "esol.csv")
+    table = pd.read_csv(esol_csv)
     smiles = table["smiles"].tolist()[:300]
     smiles = smiles + smiles[:50] + ["not a smiles"]
     y = np.arange(len(smiles), dtype=np.float32)

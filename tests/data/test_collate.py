@@ -122,7 +122,7 @@ def test_flat_graphs_rejects_inconsistent_arrays(flat_and_raw):
         FlatGraphs(**{**flat.__dict__, "spd": flat.spd[:-1]})
 
 
-def test_collate_pyg_graphs_on_real_zinc(shared_data_dir):
+def test_collate_pyg_graphs_on_real_zinc(zinc_source):
     """Encode + collate real ZINC test graphs: hop counts equal networkx's, path edges walk real
     bonds from i towards j, features land in the shared id space."""
     from torch_geometric.data import Data
@@ -130,7 +130,7 @@ def test_collate_pyg_graphs_on_real_zinc(shared_data_dir):
     from graphormer_urpe.data.encode import collate_pyg_graphs
     from graphormer_urpe.data.featurize import ZINC_ATOM_FEATURE_DIMS, ZINC_BOND_FEATURE_DIMS
 
-    arrays = np.load(shared_data_dir / "zinc" / "subset_test_graphs.npz")
+    arrays = np.load(zinc_source / "subset_test_graphs.npz")
     node_ptr, edge_ptr = arrays["node_ptr"], arrays["edge_ptr"]
     graphs = [Data(x=torch.from_numpy(arrays["x"][node_ptr[g]:node_ptr[g + 1]]),
                    edge_index=torch.from_numpy(arrays["edge_index"][:, edge_ptr[g]:edge_ptr[g + 1]]),

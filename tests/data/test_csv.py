@@ -13,8 +13,8 @@ ESOL_TARGET = "measured log solubility in mols per litre"
 
 
 @pytest.fixture(scope="module")
-def esol(shared_data_dir):
-    return shared_data_dir / "moleculenet" / "esol.csv"
+def esol(esol_csv):
+    return esol_csv
 
 
 @pytest.fixture(scope="module")

@@ -111,8 +111,8 @@ class EveryOtherRow(SMILESTableDataModule):
         return {"train": rows[0::2], "val": rows[1::2], "test": rows[1::2]}
 
 
-def test_a_smiles_table_needs_only_its_source_and_splits(shared_data_dir, tmp_path):
-    esol = shared_data_dir / "moleculenet" / "esol.csv"
+def test_a_smiles_table_needs_only_its_source_and_splits(esol_csv, tmp_path):
+    esol = esol_csv
     dm = EveryOtherRow(str(esol), str(tmp_path), max_hops=3, seed=2, build_workers=2, eval_batch_size=2000)
     assert (dm.batch_size, dm.max_hops, dm.seed, dm.featurizer, dm.num_atom_embeddings) == (64, 3, 2, "ogb", 175)
     dm.setup("fit")

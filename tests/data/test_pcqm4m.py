@@ -18,17 +18,8 @@ from graphormer_urpe.data.ogb_lsc import (
     PCQM4M, PCQM4MV2, RAW_TABLE, RELEASE_MARKER, SPLIT_FILE, ogb_dataset, read_split_dict, read_table,
     require_layout, write_root,
 )
-from graphormer_urpe.data.pcqm4mv2 import (
-    SPLITS, ogb_pcqm4mv2_dataset, read_pcqm4mv2_table, write_pcqm4mv2_root,
-)
-from graphormer_urpe.data.pcqm4mv2 import read_split_dict as read_pcqm4mv2_split_dict
 
 DATAMODULES = {"PCQM4M": PCQM4MDataModule, "PCQM4Mv2": PCQM4Mv2DataModule}
-
-
-@pytest.fixture(scope="module")
-def pcqm_source(shared_data_dir):
-    return shared_data_dir / "pcqm4mv2" / "pcqm4mv2_first2k_3d.csv.gz"
 
 
 @pytest.fixture(scope="module")
@@ -131,29 +122,31 @@ def test_split_dict_is_checked_before_anything_is_served(v1_root, tmp_path):
         torch.save(bad, PCQM4M.path(root) / SPLIT_FILE)
         with pytest.raises(ValueError, match=message):
             PCQM4MDataModule(root=str(root)).prepare_data()
-
-
-def test_missing_files_are_named_and_ogb_never_prompts(v1_root, tmp_path):
-    with pytest.raises(ValueError, match="not a directory"):
-        require_layout(tmp_path / "nowhere", PCQM4M)
-    (tmp_path / "pcqm4m_kddcup2021").mkdir()
-    with pytest.raises(ValueError, match=r"PCQM4M file\(s\) missing: .*data.csv.gz, .*split_dict.pt"):
-        require_layout(tmp_path, PCQM4M)
-    with pytest.raises(ValueError, match=RELEASE_MARKER):
-        ogb_dataset(tmp_path, PCQM4M)
-    with pytest.raises(ValueError, match="split file"):
-        read_split_dict(tmp_path, PCQM4M)
-    with pytest.raises(ValueError, match="download=True"):
-        PCQM4MDataModule(root=str(tmp_path)).prepare_data()
     assert require_layout(v1_root, PCQM4M) == v1_root / "pcqm4m_kddcup2021"
 
 
+@pytest.mark.parametrize("layout", [PCQM4M, PCQM4MV2], ids=lambda layout: layout.name)
+def test_missing_files_are_named_and_ogb_never_prompts(layout, tmp_path):
+    """Missing or stale folders: one error naming what is missing, never OGB's download prompt."""
+    with pytest.raises(ValueError, match="not a directory"):
+        require_layout(tmp_path / "nowhere", layout)
+    layout.path(tmp_path).mkdir()
+    with pytest.raises(ValueError, match=rf"{layout.name} file\(s\) missing: .*data.csv.gz, .*split_dict.pt"):
+        require_layout(tmp_path, layout)
+    with pytest.raises(ValueError, match=RELEASE_MARKER):
+        ogb_dataset(tmp_path, layout)
+    with pytest.raises(ValueError, match="split file"):
+        read_split_dict(tmp_path, layout)
+    with pytest.raises(ValueError, match="download=True"):
+        DATAMODULES[layout.name](root=str(tmp_path)).prepare_data()
 
-# PCQM4Mv2 through its own names (graphormer_urpe.data.pcqm4mv2) ---------------------------------
+
+
+# PCQM4Mv2 ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def pcqm_root(pcqm_source, tmp_path_factory):
     root = tmp_path_factory.mktemp("pcqm")
-    write_pcqm4mv2_root(root, pcqm_source)
+    write_root(root, pcqm_source, PCQM4MV2)
     return root
 
 
@@ -165,14 +158,14 @@ def test_ogb_feature_vocabularies_are_ogbs():
 
 
 def test_fixture_root_has_the_official_layout(pcqm_root):
-    splits = read_pcqm4mv2_split_dict(pcqm_root)
+    splits = read_split_dict(pcqm_root, PCQM4MV2)
     assert {k: len(v) for k, v in splits.items()} == {"train": 1599, "valid": 200, "test-dev": 100,
                                                        "test-challenge": 100}
     assert np.array_equal(np.sort(np.concatenate(list(splits.values()))), np.arange(1999))
-    smiles, gap = read_pcqm4mv2_table(pcqm_root)
+    smiles, gap = read_table(pcqm_root, PCQM4MV2)
     assert abs(gap[0] - 3.0476751256) < 1e-6  # PCQM4Mv2 idx 0
     assert "[H]" not in smiles[0] and "|" not in smiles[0]  # hydrogens and coordinates removed
-    for split in SPLITS:
+    for split in PCQM4MV2.splits:
         assert np.isnan(gap[splits[split]]).all() == (split.startswith("test"))
 
 
@@ -181,8 +174,8 @@ def test_datamodule_serves_ogb_splits(pcqm_root):
     assert (dm.num_atom_embeddings, dm.num_bond_embeddings, dm.num_targets) == (175, 14, 1)
     assert dm.featurizer == "ogb" and dm.task == "regression"
     dm.setup("fit")
-    _, gaps = read_pcqm4mv2_table(pcqm_root)
-    valid_rows = read_pcqm4mv2_split_dict(pcqm_root)["valid"]
+    _, gaps = read_table(pcqm_root, PCQM4MV2)
+    valid_rows = read_split_dict(pcqm_root, PCQM4MV2)["valid"]
     val = list(dm.val_dataloader())
     assert torch.cat([b.index for b in val]).tolist() == list(range(200))
     np.testing.assert_array_equal(torch.cat([b.y for b in val])[:, 0].numpy(), gaps[valid_rows])
@@ -194,7 +187,7 @@ def test_datamodule_serves_ogb_splits(pcqm_root):
 
 def test_official_test_sizes_reuse_featurized_molecules(pcqm_source, tmp_path):
     sizes = {"train": 3000, "valid": 500, "test-dev": 147_037, "test-challenge": 147_432}
-    write_pcqm4mv2_root(tmp_path, pcqm_source, split_sizes=sizes)
+    write_root(tmp_path, pcqm_source, PCQM4MV2, split_sizes=sizes)
     dm = PCQM4Mv2DataModule(root=str(tmp_path), build_workers=2, eval_batch_size=4096)
     graphs, graph_of_row, _, _ = dm.store()
     assert len(graphs) == 1999 and len(graph_of_row) == sum(sizes.values())  # distinct molecules only
@@ -210,17 +203,7 @@ def test_official_test_sizes_reuse_featurized_molecules(pcqm_source, tmp_path):
 
 def test_split_dict_loads_with_weights_only_and_no_lasting_allow_list(pcqm_root):
     before = set(map(str, torch.serialization.get_safe_globals()))
-    assert set(read_pcqm4mv2_split_dict(pcqm_root)) == set(SPLITS)
+    assert set(read_split_dict(pcqm_root, PCQM4MV2)) == set(PCQM4MV2.splits)
     assert set(map(str, torch.serialization.get_safe_globals())) == before
     with pytest.raises(Exception, match="[Ww]eights only"):  # a bare weights_only load refuses it
         torch.load(pcqm_root / "pcqm4m-v2" / "split_dict.pt")
-
-
-def test_no_prompt_on_stale_or_missing_folders(pcqm_root, tmp_path):
-    (tmp_path / "pcqm4m-v2").mkdir()
-    with pytest.raises(ValueError, match=RELEASE_MARKER):
-        ogb_pcqm4mv2_dataset(tmp_path)
-    with pytest.raises(ValueError, match="split file"):
-        read_pcqm4mv2_split_dict(tmp_path)
-    with pytest.raises(ValueError, match="download=True"):
-        PCQM4Mv2DataModule(root=str(tmp_path)).prepare_data()

@@ -13,7 +13,7 @@ from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.data.collate import collate
 from graphormer_urpe.data.datamodule import PCQM4Mv2DataModule, ZINCDataModule
 from graphormer_urpe.data.dataset import SeededShuffleSampler
-from graphormer_urpe.data.pcqm4mv2 import write_pcqm4mv2_root
+from graphormer_urpe.data.ogb_lsc import PCQM4MV2, write_root
 from graphormer_urpe.data.resident import (
     BatchShape, ResidentLoader, ResidentSplit, TensorGraphs, gather_batch, gather_static,
 )
@@ -115,11 +115,11 @@ def test_resident_loaders_serve_the_dataloader_batches(zinc_data_root, caplog):
     assert len(resident._resident_graphs) == 3
 
 
-def test_resident_pcqm4mv2_rows_sharing_molecules(shared_data_dir, tmp_path):
+def test_resident_pcqm4mv2_rows_sharing_molecules(pcqm_source, tmp_path):
     """PCQM4Mv2 stores each distinct molecule once; rows (with their own targets and positions)
     point into the store. 2,400 training rows cycle through 1,999 molecules."""
-    write_pcqm4mv2_root(tmp_path, shared_data_dir / "pcqm4mv2" / "pcqm4mv2_first2k_3d.csv.gz",
-                        split_sizes={"train": 2400, "valid": 200, "test-dev": 50, "test-challenge": 50})
+    write_root(tmp_path, pcqm_source, PCQM4MV2,
+               split_sizes={"train": 2400, "valid": 200, "test-dev": 50, "test-challenge": 50})
     loaders, resident = (PCQM4Mv2DataModule(root=str(tmp_path), batch_size=256, eval_batch_size=64,
                                             device_resident=flag) for flag in (False, True))
     for dm in (loaders, resident):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from graphormer_urpe.data.featurize import ZINC_ATOM_TOKENS, smiles_to_zinc_dense
+from graphormer_urpe.data.local_data import DATA_ENV
 from graphormer_urpe.data.zinc import ZINC_SOURCE_ENV, load_zinc, resolve_zinc_source
 
 
@@ -82,10 +83,14 @@ def test_vocabulary_matches_the_source(zinc_source):
 
 def test_source_resolution(zinc_source, tmp_path, monkeypatch):
     monkeypatch.delenv(ZINC_SOURCE_ENV, raising=False)
-    assert resolve_zinc_source(None) is None  # PyG downloads
+    monkeypatch.setenv(DATA_ENV, str(tmp_path / "copies"))
+    assert resolve_zinc_source(None) is None  # no local copy: PyG downloads
+    (tmp_path / "copies").mkdir()
+    (tmp_path / "copies" / "zinc").symlink_to(zinc_source, target_is_directory=True)
+    assert resolve_zinc_source(None) == tmp_path / "copies" / "zinc"  # the local copies' zinc/
     monkeypatch.setenv(ZINC_SOURCE_ENV, str(zinc_source))
-    assert resolve_zinc_source(None) == zinc_source
-    assert resolve_zinc_source(zinc_source) == zinc_source  # the argument wins over the variable
+    assert resolve_zinc_source(None) == zinc_source  # a ZINC directory named on its own wins
+    assert resolve_zinc_source(zinc_source) == zinc_source  # the argument wins over the variables
     with pytest.raises(ValueError, match="lacks .*jtvae_train.smi.gz"):
         resolve_zinc_source(tmp_path)
 

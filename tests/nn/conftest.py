@@ -1,13 +1,10 @@
 """Real ZINC molecules (the official PyG test subset) as PyG ``Data`` and as a ``GraphBatch``."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 
-ZINC_TEST = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "zinc" / "subset_test_graphs.npz"
 # ZINC vocabularies as the data layer builds them: 28 atom types, bond types 0..3 (1..3 occur).
 ZINC_ATOM_DIMS = [28]
 ZINC_BOND_DIMS = [4]
@@ -15,13 +12,11 @@ ZINC_MAX_HOPS = 5
 
 
 @pytest.fixture(scope="session")
-def zinc_graphs():
+def zinc_graphs(zinc_source):
     """The first 64 graphs of ZINC-12k test as ``torch_geometric.data.Data``."""
-    if not ZINC_TEST.exists():
-        pytest.skip(f"real ZINC data not found at {ZINC_TEST}")
     from torch_geometric.data import Data
 
-    arrays = np.load(ZINC_TEST)
+    arrays = np.load(zinc_source / "subset_test_graphs.npz")
     node_ptr, edge_ptr = arrays["node_ptr"], arrays["edge_ptr"]
     graphs = []
     for g in range(64):

@@ -70,17 +70,6 @@ def test_urpe_scale_tables_are_the_effective_c_in_distance_slot_layout(zinc_voca
     assert torch.equal(rpe, torch.ones(SMALL["num_layers"], 9, 4))
 
 
-def test_checkpoint_storing_c_itself_loads_as_delta(zinc_vocab, batch):
-    """State dicts from before C was stored as C - 1 (``urpe_scales.<l>.weight``) still load."""
-    model = _model(zinc_vocab)
-    _randomise_scales(model)
-    old_style = {(k[:-len("delta")] + "weight" if k.endswith(".delta") else k):
-                 (v + 1 if k.endswith(".delta") else v) for k, v in model.state_dict().items()}
-    loaded = _model(zinc_vocab, seed=5)
-    loaded.load_state_dict(old_style)
-    torch.testing.assert_close(loaded.urpe_scale_tables(), model.urpe_scale_tables())
-
-
 def _permute_nodes(batch: GraphBatch, perm: torch.Tensor, edge_perm: torch.Tensor) -> GraphBatch:
     """Relabel the padded node axis by ``perm`` (padding moves into the middle too) and reorder
     the real edge rows by ``edge_perm`` (path edge ids follow)."""

@@ -23,8 +23,8 @@ TINY = {"num_layers": 1, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2}
 
 
 @pytest.fixture(scope="module")
-def esol_table(shared_data_dir) -> pd.DataFrame:
-    table = pd.read_csv(shared_data_dir / "moleculenet" / "esol.csv")
+def esol_table(esol_csv) -> pd.DataFrame:
+    table = pd.read_csv(esol_csv)
     return table[["smiles", ESOL_TARGET]].head(120).reset_index(drop=True)
 
 

@@ -195,7 +195,7 @@ def load_bench_train(monkeypatch):
     return module
 
 
-def test_bench_train_graphs_path_and_a_failing_row(zinc_data_root, shared_data_dir, monkeypatch, capsys):
+def test_bench_train_graphs_path_and_a_failing_row(zinc_data_root, monkeypatch, capsys):
     """bench_train's graphs path runs on CPU; a row that raises is recorded with its error and
     the next row still runs."""
     bench = load_bench_train(monkeypatch)
@@ -209,8 +209,7 @@ def test_bench_train_graphs_path_and_a_failing_row(zinc_data_root, shared_data_d
     monkeypatch.setattr(bench, "run_training", eager_fails)
     assert bench.main(["--device", "cpu", "--presets", "zinc", "--attention", "urpe",
                        "--paths", "eager,graphs,resident@32-true", "--warmup", "1", "--steps", "2",
-                       "--zinc-batch", "8", "--skip-data-only", "--zinc-root", str(zinc_data_root),
-                       "--shared", str(shared_data_dir)]) == 0
+                       "--zinc-batch", "8", "--skip-data-only", "--zinc-root", str(zinc_data_root)]) == 0
     out = capsys.readouterr().out
     rows = json.loads(out.strip().splitlines()[-1])["training"]
     assert [row["path"] for row in rows] == ["eager", "graphs", "resident@32-true"]
