@@ -13,29 +13,24 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
-import torch.nn.functional as F
 from torch import Tensor
-from torchmetrics import MeanAbsoluteError, Metric, MetricCollection
-from torchmetrics.classification import BinaryAUROC, MulticlassAccuracy, MultilabelAUROC
+from torchmetrics import MetricCollection
 
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.nn.encodings import EdgePathBias, GraphToken, URPEScale, VirtualDistanceBias
 from graphormer_urpe.nn.graphormer import Graphormer, GraphormerConfig
-from graphormer_urpe.training.inference import TASKS, build_backbone, task_predictions
+from graphormer_urpe.training import finetune
+from graphormer_urpe.training.inference import build_backbone
 from graphormer_urpe.training.schedule import warmup_polynomial_decay
+from graphormer_urpe.training.task import TASKS, get_task
 
 log = logging.getLogger(__name__)
 
 #: ``regression``: L1 loss, MAE. ``classification``: binary or multi-label 0/1 targets, one
 #: logit each, BCE, ROC-AUC. ``multiclass``: one integer class per graph, ``num_targets``
-#: logits, cross-entropy, accuracy.
-Task = Literal["regression", "classification", "multiclass"]
-#: The validation metric of each task (logged as ``val/<name>``) and whether higher is better;
-#: the CLI's checkpoint callback monitors it.
-TASK_METRICS: dict[str, tuple[str, str]] = {
-    "regression": ("mae", "min"), "classification": ("auroc", "max"),
-    "multiclass": ("accuracy", "max")}
-assert tuple(TASK_METRICS) == TASKS
+#: logits, cross-entropy, accuracy. Each is a :class:`~graphormer_urpe.training.task.Task`.
+TaskName = Literal["regression", "classification", "multiclass"]
+assert TaskName.__args__ == tuple(TASKS)
 #: Kinds of parameter, one AdamW param group each (see :func:`parameter_groups`).
 ParameterKind = Literal["weight", "embedding", "bias", "layernorm", "urpe_scale"]
 PARAMETER_KINDS: tuple[str, ...] = ParameterKind.__args__
@@ -116,17 +111,6 @@ def capture_backbone(model: Graphormer, device: torch.device):
     return torch.compile(model.forward, mode="reduce-overhead", dynamic=False)
 
 
-def task_metric(task: str, num_targets: int) -> Metric:
-    """The validation / test metric of ``task`` (:data:`TASK_METRICS`); label ``-1`` = unknown."""
-    if task == "regression":
-        return MeanAbsoluteError()
-    if task == "multiclass":
-        return MulticlassAccuracy(num_classes=num_targets, average="micro", ignore_index=-1)
-    if num_targets == 1:
-        return BinaryAUROC(ignore_index=-1)
-    return MultilabelAUROC(num_labels=num_targets, ignore_index=-1)
-
-
 class GraphormerModule(pl.LightningModule):
     """Graph-level regression (L1 loss, MAE), binary / multi-label classification (BCE,
     ROC-AUC) or multi-class classification (cross-entropy, accuracy); see :data:`Task`.
@@ -159,6 +143,18 @@ class GraphormerModule(pl.LightningModule):
             on GPUs that have them); ``None`` leaves the process setting alone.
         target_names: the targets' names (the CSV DataModule's ``target_columns``), recorded so
             predictions can be labelled from the checkpoint alone; ``None`` = unnamed.
+        init_from: fine-tuning: a checkpoint of this project (training or weights-only) whose
+            backbone weights replace the initial ones when ``fit`` starts (not when it resumes
+            with ``--ckpt_path``); every parameter must fit, else the run stops naming each
+            misfit with both shapes (:mod:`~graphormer_urpe.training.finetune`).
+        reinit_head: keep the new, randomly initialised output head even where the
+            checkpoint's would fit (it is always re-initialised when the task or the number of
+            targets differs).
+        freeze_backbone_steps: train only the output head for this many first optimizer steps.
+        head_lr: peak learning rate of the output head (its own AdamW param groups, same
+            schedule); ``None``: ``lr``.
+        warmup_fraction: warmup as a fraction of the schedule's total steps, replacing
+            ``warmup_steps`` (short fine-tuning runs whose length follows ``max_epochs``).
     """
 
     def __init__(
@@ -167,7 +163,7 @@ class GraphormerModule(pl.LightningModule):
         num_bond_embeddings: int,
         num_targets: int = 1,
         max_hops: int = 5,
-        task: Task = "regression",
+        task: TaskName = "regression",
         featurizer: str = "zinc",
         preset: str = "slim",
         backbone: GraphormerConfig = GraphormerConfig(),
@@ -184,6 +180,11 @@ class GraphormerModule(pl.LightningModule):
         target_names: list[str] | None = None,
         cuda_graphs: bool = False,
         matmul_precision: Literal["highest", "high", "medium"] | None = None,
+        init_from: str | None = None,
+        reinit_head: bool = False,
+        freeze_backbone_steps: int = 0,
+        head_lr: float | None = None,
+        warmup_fraction: float | None = None,
     ) -> None:
         super().__init__()
         if compile and cuda_graphs:
@@ -200,32 +201,19 @@ class GraphormerModule(pl.LightningModule):
         self._train_forward = None
         self._train_shape: tuple | None = None
         self._unchecked_loss: tuple[Tensor, int, int, int] | None = None
-        self.task = task
-        metric_name = TASK_METRICS[task][0]
+        self.task = get_task(task)
         for stage in ("val", "test"):
             setattr(self, f"{stage}_metrics", MetricCollection(
-                {metric_name: task_metric(task, num_targets)}, prefix=f"{stage}/"))
+                {self.task.metric_name: self.task.metric(num_targets)}, prefix=f"{stage}/"))
 
     def forward(self, batch: GraphBatch) -> Tensor:
         """Raw model outputs ``[B, num_targets]`` (logits for classification)."""
         return self.model(batch)
 
     def _loss(self, pred: Tensor, y: Tensor) -> Tensor:
-        """Mean loss over the known labels (PCQM4Mv2 test sets and multi-task CSVs have missing
-        ones, NaN). Masking by multiplication rather than by boolean indexing keeps every shape
-        fixed, so the loss needs no device-to-host sync; unknown labels are replaced before the
-        loss so no NaN reaches the gradient."""
-        known = ~torch.isnan(y)
-        pred = pred.float()
-        if self.task == "multiclass":
-            known = known[:, 0]
-            labels = torch.where(known, y[:, 0], 0).long()
-            losses = F.cross_entropy(pred, labels, reduction="none")
-        elif self.task == "regression":
-            losses = F.l1_loss(pred, torch.where(known, y, pred.detach()), reduction="none")
-        else:
-            losses = F.binary_cross_entropy_with_logits(pred, torch.where(known, y, 0), reduction="none")
-        return (losses * known).sum() / known.sum()
+        """Mean loss over the known labels (NaN = unknown: PCQM4Mv2 test sets, multi-task and
+        sparse CSVs); 0 for a batch without any (:meth:`Task.loss`)."""
+        return self.task.loss(pred, y)
 
     def training_step(self, batch: GraphBatch, batch_idx: int) -> Tensor:
         loss = self._loss(self._training_forward(batch), batch.y)
@@ -261,6 +249,12 @@ class GraphormerModule(pl.LightningModule):
     def setup(self, stage: str) -> None:
         if self.hparams.get("matmul_precision"):
             torch.set_float32_matmul_precision(self.hparams.matmul_precision)
+        resuming = self._trainer is not None and self._trainer.ckpt_path is not None
+        if stage == "fit" and self.hparams.get("init_from") and not resuming:
+            finetune.load_backbone(self, self.hparams.init_from, self.hparams.get("reinit_head", False))
+
+    def on_train_batch_start(self, batch: GraphBatch, batch_idx: int) -> None:
+        finetune.freeze_backbone(self.model, self.global_step < self.hparams.get("freeze_backbone_steps", 0))
 
     def _training_forward(self, batch: GraphBatch) -> Tensor:
         """The backbone's forward for training: captured in CUDA graphs with ``cuda_graphs`` on
@@ -289,16 +283,8 @@ class GraphormerModule(pl.LightningModule):
 
     def _evaluate(self, batch: GraphBatch, stage: str) -> None:
         pred = self(batch).float()
-        known = ~torch.isnan(batch.y)
         metrics = getattr(self, f"{stage}_metrics")
-        if self.task == "regression":
-            metrics.update(pred[known], batch.y[known])
-        elif self.task == "multiclass":
-            metrics.update(pred, torch.where(known[:, 0], batch.y[:, 0], -1).long())
-        else:
-            labels = torch.where(known, batch.y, -1).long()
-            metrics.update(*((torch.sigmoid(pred), labels) if pred.shape[1] > 1
-                             else (torch.sigmoid(pred[:, 0]), labels[:, 0])))
+        self.task.update_metric(metrics[self.task.metric_name], pred, batch.y)
         self.log(f"{stage}/loss", self._loss(pred, batch.y), batch_size=batch.num_graphs,
                  sync_dist=True)
         self.log_dict(metrics, batch_size=batch.num_graphs, prog_bar=True)
@@ -312,7 +298,7 @@ class GraphormerModule(pl.LightningModule):
     def predict_step(self, batch: GraphBatch, batch_idx: int) -> dict[str, Tensor]:
         """Predictions ``[B, num_targets]``: values, probabilities per label
         (``classification``) or per class (``multiclass``)."""
-        return {"index": batch.index, "prediction": task_predictions(self.task, self(batch))}
+        return {"index": batch.index, "prediction": self.task.predictions(self(batch))}
 
     def schedule_steps(self) -> int:
         """``total_steps`` of the schedule: the given one, else the trainer's step budget; warns
@@ -333,7 +319,8 @@ class GraphormerModule(pl.LightningModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
-        groups = parameter_groups(self, hp.weight_decay, hp.get("no_weight_decay") or ())
+        groups = finetune.head_lr_groups(parameter_groups(self, hp.weight_decay, hp.get("no_weight_decay") or ()),
+                                         self.model.head, hp.get("head_lr"))
         # Lightning refuses gradient clipping under mixed precision with a fused optimizer (it
         # would unscale inside its kernel), so the fused AdamW serves full-precision runs only.
         mixed = self._trainer is not None and "mixed" in str(self._trainer.precision)
@@ -341,12 +328,13 @@ class GraphormerModule(pl.LightningModule):
                                       weight_decay=hp.weight_decay,
                                       fused=self.device.type == "cuda" and not mixed)
         total_steps = self.schedule_steps()
-        if total_steps <= hp.warmup_steps:
-            raise ValueError(f"warmup_steps ({hp.warmup_steps}) must be below the schedule's "
+        warmup_steps = finetune.warmup_steps(hp.warmup_steps, hp.get("warmup_fraction"), total_steps)
+        if total_steps <= warmup_steps:
+            raise ValueError(f"warmup_steps ({warmup_steps}) must be below the schedule's "
                              f"total steps ({total_steps}"
                              f"{'' if hp.total_steps else ', from the trainer'}): lower "
-                             "model.warmup_steps")
-        scheduler = warmup_polynomial_decay(optimizer, hp.warmup_steps, total_steps, hp.end_lr,
+                             "model.warmup_steps or set model.warmup_fraction")
+        scheduler = warmup_polynomial_decay(optimizer, warmup_steps, total_steps, hp.end_lr,
                                             hp.power)
         return {"optimizer": optimizer,
                 "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}
