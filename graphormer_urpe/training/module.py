@@ -249,8 +249,11 @@ class GraphormerModule(pl.LightningModule):
     def setup(self, stage: str) -> None:
         if self.hparams.get("matmul_precision"):
             torch.set_float32_matmul_precision(self.hparams.matmul_precision)
-        resuming = self._trainer is not None and self._trainer.ckpt_path is not None
-        if stage == "fit" and self.hparams.get("init_from") and not resuming:
+
+    def on_fit_start(self) -> None:
+        # Here rather than in setup: a resumed fit has restored its checkpoint by now
+        # (trainer.ckpt_path is set), and its weights, not init_from's, continue.
+        if self.hparams.get("init_from") and self.trainer.ckpt_path is None:
             finetune.load_backbone(self, self.hparams.init_from, self.hparams.get("reinit_head", False))
 
     def on_train_batch_start(self, batch: GraphBatch, batch_idx: int) -> None:
