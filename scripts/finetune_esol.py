@@ -13,7 +13,9 @@
 
     python scripts/finetune_esol.py [--work runs/finetune_esol] [--seeds 0 1 2 3 4]
 
-Runs train one after another on one torch thread; a run whose result exists is not repeated.
+Runs train one after another on one torch thread; a run whose result exists is not repeated,
+so ``--splits random`` and ``--splits scaffold`` in two processes share the work (the pretraining
+must exist first: ``--pretrain-only``), and a last invocation without ``--splits`` writes the table.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 ESOL_CONFIGS = ["--config", "configs/esol.yaml", "--config", "configs/esol_finetune.yaml"]
+SPLITS = ("random", "scaffold")
 
 
 def cli(args: list[str], log: Path) -> None:
@@ -77,6 +80,15 @@ def test_rmse(ckpt: Path, split: str, seed: int) -> float:
     return float(np.sqrt(np.mean(np.concatenate(errors) ** 2)))
 
 
+def checkpoint_record(ckpt: Path) -> tuple[int, float]:
+    """``(optimizer steps, best validation score)`` recorded in a run's ``last.ckpt``."""
+    import torch
+
+    last = torch.load(ckpt, map_location="cpu", weights_only=False)
+    state = next(v for k, v in last["callbacks"].items() if k.startswith("ModelCheckpoint"))
+    return int(last["global_step"]), float(state["best_model_score"])
+
+
 def arm(work: Path, split: str, seed: int, init_from: Path | None) -> dict:
     name = f"{split}/{'finetune' if init_from else 'scratch'}/seed{seed}"
     run = work / name
@@ -94,8 +106,7 @@ def arm(work: Path, split: str, seed: int, init_from: Path | None) -> dict:
          "--trainer.enable_progress_bar", "false", *extra], run / "fit.log")
     import torch
 
-    checkpoint_dir = run / "checkpoints"
-    last = torch.load(checkpoint_dir / "last.ckpt", map_location="cpu", weights_only=False)
+    last = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     state = next(v for k, v in last["callbacks"].items() if k.startswith("ModelCheckpoint"))
     best = Path(state["best_model_path"])
     result = {"split": split, "seed": seed, "arm": "finetune" if init_from else "scratch",
@@ -118,7 +129,7 @@ def table(results: list[dict], seeds: list[int]) -> tuple[str, dict]:
              f"({', '.join(map(str, seeds))}) | fine-tuned better |",
              "| --- | ---: | ---: | --- | ---: |"]
     summary = {}
-    for split in ("random", "scaffold"):
+    for split in SPLITS:
         by = {(r["arm"], r["seed"]): r["test_rmse"] for r in results if r["split"] == split}
         scratch = [by[("scratch", s)] for s in seeds]
         tuned = [by[("finetune", s)] for s in seeds]
@@ -135,23 +146,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=REPO / "runs" / "finetune_esol")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--splits", nargs="+", default=list(SPLITS), choices=SPLITS,
+                        help="train these splits' runs (two invocations can share the work); the "
+                             "table needs both")
     parser.add_argument("--pretrain-steps", type=int, default=30_000)
     parser.add_argument("--pretrain-minutes", type=int, default=20)
     parser.add_argument("--pretrain-only", action="store_true")
-    parser.add_argument("--scratch-only", action="store_true", help="train only the from-scratch arm")
     args = parser.parse_args()
     work = args.work.resolve()
-    if args.scratch_only:
-        for split in ("random", "scaffold"):
-            for seed in args.seeds:
-                arm(work, split, seed, None)
-        return
     ckpt = pretrain(work, args.pretrain_steps, args.pretrain_minutes)
     if args.pretrain_only:
         return
     results = [arm(work, split, seed, init)
-               for split in ("random", "scaffold") for seed in args.seeds for init in (None, ckpt)]
+               for split in args.splits for seed in args.seeds for init in (None, ckpt)]
+    if set(args.splits) != set(SPLITS):
+        return
     text, summary = table(results, args.seeds)
+    steps, val_mae = checkpoint_record(ckpt)
+    text = (f"Pretrained on ZINC-full: {steps:,} steps, validation MAE {val_mae:.3f} (best checkpoint "
+            f"of the run; the last one starts the fine-tuning).\n\n{text}")
+    summary["pretrain"] = {"steps": steps, "val_mae": val_mae}
     (work / "finetune_esol.md").write_text(text + "\n")
     print(text)
     print(json.dumps(summary))
