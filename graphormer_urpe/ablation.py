@@ -10,8 +10,9 @@ per run, on the same recipe (config files plus LightningCLI overrides). Every ru
   seed of the DataModule;
 * resumes from its ``checkpoints/last.ckpt`` when the grid was killed, and is not redone once it
   has a result;
-* is selected on validation MAE only (the CLI's best ``val/mae`` checkpoint) and that checkpoint
-  is evaluated on the test split (``graphormer-urpe test``).
+* is selected on the validation metric of its task only (the CLI's best checkpoint: ``val/mae``
+  for regression, see :mod:`graphormer_urpe.training.task`) and that checkpoint is evaluated on
+  the test split (``graphormer-urpe test``).
 
 Results are merged into a JSON list (default ``docs/results/zinc_ablation.json``; one entry per
 ``(recipe, attention, seed)``, a rerun replaces its entry) and summarised in a markdown table: mean
@@ -61,6 +62,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+
+from graphormer_urpe.training.task import Task, get_task
 
 #: What each arm changes in the recipe's ``model.backbone`` (merged into it; everything else in
 #: the backbone, e.g. a smaller model, stays as the recipe has it).
@@ -186,20 +189,29 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
         pass
 
 
-def best_checkpoint(run_dir: Path) -> tuple[Path, float, int, int]:
-    """``(best path, its val MAE, its step, last step)`` from the ModelCheckpoint state that
-    ``last.ckpt`` carries (the CLI's checkpoint callback monitors ``val/mae``)."""
+def best_checkpoint(run_dir: Path) -> tuple[Path, float, int, int, Task]:
+    """``(best path, its validation score, its step, last step, the task)`` from the
+    ModelCheckpoint state that ``last.ckpt`` carries (the CLI's checkpoint callback monitors the
+    task's validation metric, e.g. ``val/mae``)."""
     import torch
 
     last = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    task = get_task(last.get("hyper_parameters", {}).get("task", "regression"))
     states = [state for key, state in last.get("callbacks", {}).items()
-              if key.startswith("ModelCheckpoint") and state.get("monitor") == "val/mae"]
+              if key.startswith("ModelCheckpoint") and state.get("monitor") == task.monitor]
     if not states or not states[0].get("best_model_path"):
-        raise RuntimeError(f"{run_dir}: last.ckpt has no best val/mae checkpoint (was validation "
-                           "run? the budget must cover at least one validation)")
+        raise RuntimeError(f"{run_dir}: last.ckpt has no best {task.monitor} checkpoint (was "
+                           "validation run? the budget must cover at least one validation)")
     path = Path(states[0]["best_model_path"])
     best = torch.load(path, map_location="cpu", weights_only=False)
-    return path, float(states[0]["best_model_score"]), int(best["global_step"]), int(last["global_step"])
+    return (path, float(states[0]["best_model_score"]), int(best["global_step"]), int(last["global_step"]),
+            task)
+
+
+def metric_of(entry: dict) -> str:
+    """The metric a result entry records (``val_<metric>``, ``test_<metric>``); ``mae`` for
+    entries written before results named their task."""
+    return get_task(entry.get("task", "regression")).metric_name
 
 
 def read_metric(metrics_csv: Path, name: str) -> float:
@@ -281,18 +293,19 @@ class Run:
             self._subprocess("fit", [*self.cli_args, *resume], record)
             record["fit_done"] = True
             write_json(self.record_path, record)
-        best, val_mae, best_step, steps = best_checkpoint(self.dir)
+        best, val_score, best_step, steps, task = best_checkpoint(self.dir)
         test_logger = json.dumps({"class_path": "lightning.pytorch.loggers.CSVLogger",
                                   "init_args": {"save_dir": str(self.dir), "name": "test",
                                                 "version": best.stem}})
         self.grid.log(f"{self.label}: test {best.name}")
         self._subprocess("test", [*self.cli_args, "--trainer.logger", test_logger,
                                   "--ckpt_path", str(best)], record)
-        test_mae = read_metric(self.dir / "test" / best.stem / "metrics.csv", "test/mae")
+        test_score = read_metric(self.dir / "test" / best.stem / "metrics.csv", f"test/{task.metric_name}")
         commits = sorted({a["commit"] for a in record["attempts"]})
         record["result"] = {
             "recipe": self.grid.name, "attention": self.arm, "seed": self.seed, "steps": steps,
-            "best_step": best_step, "val_mae": round(val_mae, 6), "test_mae": round(test_mae, 6),
+            "best_step": best_step, "task": task.name, f"val_{task.metric_name}": round(val_score, 6),
+            f"test_{task.metric_name}": round(test_score, 6),
             "wall_s": round(sum(a["wall_s"] for a in record["attempts"]), 1),
             "device": self.grid.device, "commit": commits[0] if len(commits) == 1 else commits,
             "budget": self.grid.budget, "finished": now(),
@@ -347,7 +360,9 @@ class Grid:
         with self._results_lock:
             merge_results(self.results, [result])
             write_table(self.results, self.table)
-        self.log(f"{run.label}: val MAE {result['val_mae']:.4f}, test MAE {result['test_mae']:.4f}"
+        metric = metric_of(result)
+        self.log(f"{run.label}: val {metric} {result[f'val_{metric}']:.4f}, test {metric} "
+                 f"{result[f'test_{metric}']:.4f}"
                  f" ({result['steps']} steps, {result['wall_s'] / 60:.1f} min)")
         return result
 
@@ -456,18 +471,21 @@ def _signed(value: float) -> str:
 
 def recipe_table(entries: Sequence[dict]) -> list[str]:
     """Markdown lines for one recipe's runs: per-arm mean ± sample std, and per-seed paired
-    differences ``arm - rpe`` (negative: the arm has the lower error)."""
+    differences ``arm - rpe`` of the task's metric (MAE for regression)."""
+    task = get_task(entries[0].get("task", "regression"))
+    name, val, test = task.metric_name.upper(), f"val_{task.metric_name}", f"test_{task.metric_name}"
+    better = "higher" if task.maximize else "lower"
     arms = sorted({e["attention"] for e in entries}, key=lambda a: (a != "urpe", a != BASELINE, a))
     by_arm = {arm: {e["seed"]: e for e in entries if e["attention"] == arm} for arm in arms}
-    lines = ["| attention | runs | seeds | steps | val MAE | test MAE | wall (min, mean) |",
+    lines = [f"| attention | runs | seeds | steps | val {name} | test {name} | wall (min, mean) |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for arm in arms:
         runs = list(by_arm[arm].values())
         steps = sorted({e["steps"] for e in runs})
         lines.append(
             f"| {arm} | {len(runs)} | {', '.join(str(s) for s in sorted(by_arm[arm]))} "
-            f"| {', '.join(f'{s:,}' for s in steps)} | {mean_std([e['val_mae'] for e in runs])} "
-            f"| {mean_std([e['test_mae'] for e in runs])} "
+            f"| {', '.join(f'{s:,}' for s in steps)} | {mean_std([e[val] for e in runs])} "
+            f"| {mean_std([e[test] for e in runs])} "
             f"| {statistics.mean(e['wall_s'] for e in runs) / 60:.1f} |")
     for arm in arms:
         if arm == BASELINE or BASELINE not in by_arm:
@@ -475,17 +493,17 @@ def recipe_table(entries: Sequence[dict]) -> list[str]:
         seeds = sorted(set(by_arm[arm]) & set(by_arm[BASELINE]))
         if not seeds:
             continue
-        lines += ["", f"Paired by seed, {arm} − {BASELINE} (negative: {arm} has the lower MAE):", "",
-                  "| seed | val MAE diff | test MAE diff |", "| --- | --- | --- |"]
-        diffs = {m: [by_arm[arm][s][m] - by_arm[BASELINE][s][m] for s in seeds]
-                 for m in ("val_mae", "test_mae")}
+        sign = "positive" if task.maximize else "negative"
+        lines += ["", f"Paired by seed, {arm} − {BASELINE} ({sign}: {arm} has the {better} {name}):", "",
+                  f"| seed | val {name} diff | test {name} diff |", "| --- | --- | --- |"]
+        diffs = {m: [by_arm[arm][s][m] - by_arm[BASELINE][s][m] for s in seeds] for m in (val, test)}
         for i, seed in enumerate(seeds):
-            lines.append(f"| {seed} | {_signed(diffs['val_mae'][i])} | {_signed(diffs['test_mae'][i])} |")
+            lines.append(f"| {seed} | {_signed(diffs[val][i])} | {_signed(diffs[test][i])} |")
         summary = {m: (_signed(statistics.mean(v)) + (f" ± {statistics.stdev(v):.4f}" if len(v) > 1 else ""))
                    for m, v in diffs.items()}
-        wins = sum(d < 0 for d in diffs["test_mae"])
-        lines.append(f"| mean ± std | {summary['val_mae']} | {summary['test_mae']} |")
-        lines += ["", f"{arm} has the lower test MAE in {wins} of {len(seeds)} seeds."]
+        wins = sum((d > 0) if task.maximize else (d < 0) for d in diffs[test])
+        lines.append(f"| mean ± std | {summary[val]} | {summary[test]} |")
+        lines += ["", f"{arm} has the {better} test {name} in {wins} of {len(seeds)} seeds."]
     return lines
 
 

@@ -122,21 +122,13 @@ def _count_lines(path: Path) -> int:
 
 
 # --------------------------------------------------------------------------------- output
-def prediction_columns(num_targets: int, target_names: Sequence[str] | None = None) -> list[str]:
-    """``prediction_<name>`` per target when names are known, else ``prediction`` (one target)
-    or ``prediction_<k>``."""
-    if target_names is not None and len(target_names) == num_targets:
-        return [f"prediction_{name}" for name in target_names]
-    return ["prediction"] if num_targets == 1 else [f"prediction_{k}" for k in range(num_targets)]
-
-
 class PredictionTable:
     """Writes prediction rows to a CSV handle: ``row``, the input's columns (``smiles`` when
-    ``columns`` is None), one column per target, ``error``; ``\\n`` line endings."""
+    ``columns`` is None), the ``predictions`` columns (:func:`prediction_columns`), ``error``;
+    ``\\n`` line endings."""
 
-    def __init__(self, handle, num_targets: int, target_names: Sequence[str] | None = None,
-                 columns: Sequence[str] | None = None) -> None:
-        predictions = prediction_columns(num_targets, target_names)
+    def __init__(self, handle, predictions: Sequence[str], columns: Sequence[str] | None = None) -> None:
+        predictions = list(predictions)
         taken = {"row", "error", *predictions}
         inputs = []
         for name in (["smiles"] if columns is None else columns):
@@ -196,12 +188,12 @@ class AtomicOutput:
 
 
 def write_predictions(path: str | Path, rows: Sequence[InputRow], predictions: np.ndarray,
-                      target_names: Sequence[str] | None = None,
-                      columns: Sequence[str] | None = None) -> None:
+                      prediction_names: Sequence[str], columns: Sequence[str] | None = None) -> None:
     """Writes the prediction table (:class:`PredictionTable`) of ``rows`` and ``predictions
-    [len(rows), T]`` to ``path`` atomically (a temporary file beside it, renamed at the end)."""
+    [len(rows), T]`` (columns ``prediction_names``) to ``path`` atomically (a temporary file
+    beside it, renamed at the end)."""
     with AtomicOutput(path) as output:
-        PredictionTable(output.handle, predictions.shape[1], target_names, columns).write(rows, predictions)
+        PredictionTable(output.handle, prediction_names, columns).write(rows, predictions)
         output.commit()
 
 
@@ -240,6 +232,7 @@ def load_module(ckpt: str | Path, map_location: str = "cpu", *, inference_only: 
     """
     from graphormer_urpe.data.features import num_embeddings
     from graphormer_urpe.data.featurize import featurizer_spec
+    from graphormer_urpe.training.task import get_task
 
     if inference_only:
         from graphormer_urpe.training.inference import InferenceModel as model_class
@@ -267,10 +260,10 @@ def load_module(ckpt: str | Path, map_location: str = "cpu", *, inference_only: 
     hparams.pop("_instantiator", None)
     hparams.pop("_class_path", None)
     hparams["compile"] = False  # inference needs no compile warm-up, whatever training used
+    hparams["init_from"] = None  # its weights are in this checkpoint; the file may be gone
     try:
         spec = featurizer_spec(hparams.get("featurizer", "zinc"))
-        if hparams.get("task", "regression") not in ("regression", "classification"):
-            raise ValueError(f"unknown task {hparams.get('task')!r}")
+        get_task(hparams.get("task", "regression"))
         for kind, dims in (("atom", spec.atom_feature_dims), ("bond", spec.bond_feature_dims)):
             if hparams.get(f"num_{kind}_embeddings") != num_embeddings(dims):
                 raise ValueError(f"num_{kind}_embeddings={hparams.get(f'num_{kind}_embeddings')!r} but "
@@ -285,10 +278,16 @@ def load_module(ckpt: str | Path, map_location: str = "cpu", *, inference_only: 
     return module
 
 
-def target_names(module) -> list[str] | None:
-    """The names of the checkpoint's targets, when it records them."""
-    names = module.hparams.get("target_names")
-    return list(names) if names is not None and len(names) == module.hparams.num_targets else None
+def prediction_columns(module) -> list[str]:
+    """The prediction columns of a loaded model: its task's
+    (:meth:`~graphormer_urpe.training.task.Task.prediction_columns`), named after the targets
+    when the checkpoint records them."""
+    from graphormer_urpe.training.task import get_task
+
+    hparams = module.hparams
+    names = hparams.get("target_names")
+    return get_task(hparams.get("task", "regression")).prediction_columns(
+        hparams.num_targets, list(names) if names is not None else None)
 
 
 # ---------------------------------------------------------------------------- prediction
@@ -592,8 +591,7 @@ def _predict(args: argparse.Namespace) -> int:
             return 2
         from tqdm import tqdm
 
-        table = PredictionTable(output.handle, module.hparams.num_targets, target_names(module),
-                                table_input.columns)
+        table = PredictionTable(output.handle, prediction_columns(module), table_input.columns)
         total = _count_lines(source) - (table_input.columns is not None)
         with tqdm(total=max(total, 0), unit="mol", disable=args.quiet, file=sys.stderr,
                   mininterval=1.0, desc="predict") as progress:

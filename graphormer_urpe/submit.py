@@ -95,10 +95,11 @@ def submit(args: argparse.Namespace) -> dict:
     layout = LAYOUTS[args.dataset]
     require_layout(args.root, layout)
     module = load_module(args.ckpt)
-    if module.hparams.featurizer != "ogb" or module.hparams.num_targets != 1:
-        raise SubmissionError(f"{args.ckpt} was trained with featurizer {module.hparams.featurizer!r} and "
-                              f"{module.hparams.num_targets} targets; {layout.name} needs an 'ogb'-featurized "
-                              "single-target model")
+    task = module.hparams.get("task", "regression")
+    if module.hparams.featurizer != "ogb" or module.hparams.num_targets != 1 or task != "regression":
+        raise SubmissionError(f"{args.ckpt} was trained for {task} with featurizer "
+                              f"{module.hparams.featurizer!r} and {module.hparams.num_targets} targets; "
+                              f"{layout.name} needs an 'ogb'-featurized single-target regression model")
     if args.out_dir.exists() and not args.out_dir.is_dir():
         raise SubmissionError(f"--out-dir {args.out_dir} exists and is not a directory")
 

@@ -96,7 +96,7 @@ def test_killed_grid_resumes_merges_results_and_writes_the_table(zinc_data_root,
         assert entry["seed"] == 0 and entry["steps"] == STEPS and 0 < entry["best_step"] <= STEPS
         assert 0 < entry["val_mae"] < 10 and 0 < entry["test_mae"] < 10 and entry["wall_s"] > 0
         assert entry["commit"] and "CPU" in entry["device"]
-        path, val_mae, best_step, _ = best_checkpoint(tmp_path / "runs" / "tiny" / f"{arm}-s0")
+        path, val_mae, best_step, _, _ = best_checkpoint(tmp_path / "runs" / "tiny" / f"{arm}-s0")
         assert (val_mae, best_step) == (pytest.approx(entry["val_mae"], abs=1e-6), entry["best_step"])
         best = torch.load(path, map_location="cpu", weights_only=False)
         scales = [k for k in best["state_dict"] if "urpe_scales" in k]

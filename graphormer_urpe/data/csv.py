@@ -2,7 +2,7 @@
 
 Targets (empty = unknown -> NaN) are regression values, binary / multi-label 0/1 labels
 (``classification``) or one column of class ids ``0 .. K-1`` (``multiclass``). Molecules are
-featurized like PCQM4Mv2 (``"ogb"`` featurizer). Rows whose SMILES RDKit rejects, and rows with
+featurized like PCQM4Mv2 (``"ogb"`` featurizer) or like ZINC (``"zinc"``). Rows whose SMILES RDKit rejects, and rows with
 an infinite target (``inf``, or a value beyond float32's range), are skipped, each kind with ONE
 warning giving their count and first line numbers; a file with no valid row, or a target column
 with no usable value, is an error.
@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from graphormer_urpe.training.task import TASKS
+
 SPLIT_NAMES = ("train", "val", "test")
-TASKS = ("regression", "classification", "multiclass")
 
 
 def resolve_columns(path: str | os.PathLike, smiles_column: str = "smiles",

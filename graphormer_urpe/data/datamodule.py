@@ -416,23 +416,26 @@ class CSVDataModule(SMILESTableDataModule):
     (default: every other column), ``task`` ``regression``, ``classification`` (binary or
     multi-label 0/1 columns) or ``multiclass`` (one column of class ids; ``num_targets`` is the
     number of classes, the largest id + 1), ``split`` random or scaffold with
-    ``split_fractions``. Featurized (``ogb``) and encoded once into ``cache_root`` (default
-    ``data/csv``), keyed by the file's content. Rows whose molecule has more than ``max_nodes``
-    atoms are skipped in every split, counted with the rows RDKit rejects (their size is read
-    from the SMILES, so a huge polymer is never featurized nor encoded). Prediction serves the
-    test split. Other arguments: :class:`GraphDataModule`'s."""
+    ``split_fractions``. Featurized and encoded once into ``cache_root`` (default ``data/csv``),
+    keyed by the file's content. ``featurizer``: ``ogb`` (default; any molecule RDKit reads) or
+    ``zinc`` (ZINC's 28 atom tokens, to fine-tune a ZINC-trained model; rows with another atom
+    are skipped with one warning). Rows whose molecule has more than ``max_nodes`` atoms are
+    skipped in every split, counted with the rejected rows (their size is read from the SMILES,
+    so a huge polymer is never featurized nor encoded). Prediction serves the test split. Other
+    arguments: :class:`GraphDataModule`'s."""
 
     def __init__(self, path: str, smiles_column: str = "smiles", target_columns: list[str] | None = None,
                  task: str = "regression", split: str = "random",
                  split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1), cache_root: str = "data/csv",
-                 batch_size: int = 32, **kwargs) -> None:
+                 batch_size: int = 32, featurizer: str = "ogb", **kwargs) -> None:
         super().__init__(batch_size=batch_size, **kwargs)
         from graphormer_urpe.data import csv as property_csv
 
         if task not in property_csv.TASKS:
-            raise ValueError(f"task must be one of {property_csv.TASKS}, got {task!r}")
+            raise ValueError(f"task must be one of {list(property_csv.TASKS)}, got {task!r}")
         if split not in ("random", "scaffold"):
             raise ValueError(f"split must be 'random' or 'scaffold', got {split!r}")
+        self.featurizer = featurizer_spec(featurizer).name
         self.path = Path(path)
         self.smiles_column = smiles_column
         self.split = split
@@ -462,7 +465,9 @@ class CSVDataModule(SMILESTableDataModule):
 
         source = {**file_fingerprint(self.path), "smiles_column": self.smiles_column,
                   "target_columns": self.target_columns}
-        return (self.cache_root / f"{self.path.stem}-{source['blake2b'][:12]}", source,
+        # one work directory per featurizer (the ogb one keeps its original name)
+        suffix = "" if self.featurizer == "ogb" else f"-{self.featurizer}"
+        return (self.cache_root / f"{self.path.stem}-{source['blake2b'][:12]}{suffix}", source,
                 lambda: self._read()[:2])
 
     def split_rows(self, graph_of_row: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
@@ -470,7 +475,8 @@ class CSVDataModule(SMILESTableDataModule):
         from graphormer_urpe.data.featurize import REJECTED_ROW, TOO_LARGE_ROW
 
         bad_targets = property_csv.nonfinite_target_rows(y)
-        property_csv.warn_rejected_rows(self.path, np.flatnonzero(graph_of_row == REJECTED_ROW), len(y))
+        property_csv.warn_rejected_rows(self.path, np.flatnonzero(graph_of_row == REJECTED_ROW), len(y),
+                                        f"whose SMILES RDKit or the {self.featurizer!r} featurizer rejects")
         property_csv.warn_rejected_rows(self.path, np.flatnonzero(graph_of_row == TOO_LARGE_ROW), len(y),
                                         f"with more than max_nodes={self.max_nodes} atoms")
         property_csv.warn_rejected_rows(self.path, bad_targets, len(y),

@@ -30,8 +30,10 @@ from lightning.pytorch.callbacks import BasePredictionWriter, LearningRateMonito
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_module
 
-from graphormer_urpe.training.module import TASK_METRICS, GraphormerModule
+from graphormer_urpe.training.finetune import InitFromError
+from graphormer_urpe.training.module import GraphormerModule
 from graphormer_urpe.training.schedule import check_schedule
+from graphormer_urpe.training.task import TASKS, get_task
 
 #: DataModule attributes that the model takes as init arguments of the same name.
 LINKED_DATA_FACTS = ("num_atom_embeddings", "num_bond_embeddings", "num_targets", "max_hops",
@@ -55,7 +57,7 @@ class PredictionWriter(BasePredictionWriter):
 
     def write_on_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            predictions, batch_indices) -> None:
-        from graphormer_urpe.predict import InputRow, target_names, write_predictions
+        from graphormer_urpe.predict import InputRow, prediction_columns, write_predictions
 
         outputs = [o for per_loader in _per_dataloader(predictions) for o in per_loader]
         if not outputs:
@@ -67,7 +69,7 @@ class PredictionWriter(BasePredictionWriter):
         smiles = smiles_of() if smiles_of is not None else None
         rows = [InputRow(smiles[i] if smiles is not None else "") for i in range(len(values))]
         path = Path(self.output or os.path.join(trainer.default_root_dir, PREDICTIONS_FILE))
-        write_predictions(path, rows, values, target_names(pl_module))
+        write_predictions(path, rows, values, prediction_columns(pl_module))
         logging.getLogger(__name__).info("wrote %d predictions to %s", len(rows), path)
 
 
@@ -102,10 +104,11 @@ class GraphormerCLI(LightningCLI):
         if checkpoint.dirpath is None:
             checkpoint.dirpath = os.path.join(run_dir, "checkpoints")
         if checkpoint.monitor is None:
-            metric, mode = TASK_METRICS[_data_task(config.data)]
-            checkpoint.monitor, checkpoint.mode = f"val/{metric}", mode
+            task = get_task(_data_task(config.data))
+            checkpoint.monitor, checkpoint.mode = task.monitor, task.mode
             if checkpoint.filename is None:
-                checkpoint.filename = f"epoch={{epoch}}-step={{step}}-val_{metric}={{val/{metric}:.4f}}"
+                checkpoint.filename = (f"epoch={{epoch}}-step={{step}}-val_{task.metric_name}="
+                                       f"{{{task.monitor}:.4f}}")
         if config.trainer.logger in (None, True):
             config.trainer.logger = [
                 Namespace(class_path=f"lightning.pytorch.loggers.{cls}",
@@ -122,8 +125,8 @@ def _data_task(data: Namespace) -> str:
         module, _, name = data.class_path.rpartition(".")
         task = getattr(getattr(importlib.import_module(module), name), "task", None)
     task = task or "regression"
-    if task not in TASK_METRICS:
-        raise ValueError(f"task must be one of {list(TASK_METRICS)}, got {task!r}")
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {list(TASKS)}, got {task!r}")
     return task
 
 
@@ -135,7 +138,12 @@ def check_schedule_config(config: Namespace) -> None:
     total_steps = model.get("total_steps")
     if total_steps is None and max_steps is not None and max_steps > 0:
         total_steps = max_steps
-    check_schedule(model.lr, model.end_lr, model.warmup_steps, total_steps,
+    warmup_steps = model.warmup_steps
+    if model.get("warmup_fraction") is not None and total_steps is not None:
+        warmup_steps = int(model.warmup_fraction * total_steps)
+    elif model.get("warmup_fraction") is not None:
+        warmup_steps = 0  # the fraction of a length known only once the data is built
+    check_schedule(model.lr, model.end_lr, warmup_steps, total_steps,
                    "" if model.get("total_steps") is not None else ", from trainer.max_steps")
 
 
@@ -203,6 +211,8 @@ def main(args: list[str] | None = None) -> int:
     except FloatingPointError as exc:  # a diverged run: say why, without a traceback
         print(f"graphormer-urpe: error: {exc}", file=sys.stderr)
         return 1
+    except InitFromError as exc:  # a checkpoint that cannot start this model: the misfits only
+        print(f"graphormer-urpe: error: {exc}", file=sys.stderr)
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise

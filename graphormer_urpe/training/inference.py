@@ -16,14 +16,13 @@ from torch import Tensor, nn
 
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.nn.graphormer import PRESETS, Graphormer, GraphormerConfig
+from graphormer_urpe.training.task import get_task
 
-#: ``regression``: values. ``classification``: binary or multi-label 0/1 targets, one logit
-#: each. ``multiclass``: one integer class per graph, ``num_targets`` logits.
-TASKS = ("regression", "classification", "multiclass")
 #: Hyperparameters of ``GraphormerModule`` that only training uses.
 TRAINING_HPARAMS = frozenset({"lr", "end_lr", "warmup_steps", "total_steps", "power", "weight_decay",
                               "betas", "eps", "no_weight_decay", "compile", "cuda_graphs",
-                              "matmul_precision"})
+                              "matmul_precision", "init_from", "reinit_head", "freeze_backbone_steps",
+                              "head_lr", "warmup_fraction"})
 
 
 def build_backbone(num_atom_embeddings: int, num_bond_embeddings: int, num_targets: int, max_hops: int,
@@ -33,27 +32,14 @@ def build_backbone(num_atom_embeddings: int, num_bond_embeddings: int, num_targe
     fields over the preset's); ValueError for an unknown preset or task."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
-    if task not in TASKS:
-        raise ValueError(f"task must be one of {list(TASKS)}, got {task!r}")
-    if task == "multiclass" and num_targets < 2:
-        raise ValueError(f"multiclass needs num_targets = number of classes >= 2, got {num_targets}")
+    task = get_task(task)
+    task.check_num_targets(num_targets)
     if isinstance(backbone, Mapping):  # a checkpoint's hyperparameters
         backbone = GraphormerConfig.from_dict(backbone)
     resolved = backbone.over(PRESETS[preset])
     model = Graphormer(num_atom_embeddings=num_atom_embeddings, num_bond_embeddings=num_bond_embeddings,
-                       num_targets=num_targets, max_hops=max_hops, **resolved.as_dict())
+                       num_targets=task.head_width(num_targets), max_hops=max_hops, **resolved.as_dict())
     return model, resolved
-
-
-def task_predictions(task: str, outputs: Tensor) -> Tensor:
-    """Raw outputs ``[B, T]`` -> float32 predictions: values (``regression``), probabilities
-    per label (``classification``) or per class (``multiclass``)."""
-    pred = outputs.float()
-    if task == "classification":
-        return torch.sigmoid(pred)
-    if task == "multiclass":
-        return torch.softmax(pred, dim=-1)
-    return pred
 
 
 class HParams(dict):
@@ -81,7 +67,7 @@ class InferenceModel(nn.Module):
             raise TypeError(f"unexpected hyperparameters {unknown}")
         self.model, resolved = build_backbone(num_atom_embeddings, num_bond_embeddings, num_targets,
                                               max_hops, task, preset, backbone)
-        self.task = task
+        self.task = get_task(task)
         self.hparams = HParams(num_atom_embeddings=num_atom_embeddings,
                                num_bond_embeddings=num_bond_embeddings, num_targets=num_targets,
                                max_hops=max_hops, task=task, featurizer=featurizer, preset=preset,
@@ -92,5 +78,5 @@ class InferenceModel(nn.Module):
         return self.model(batch)
 
     def predict_step(self, batch: GraphBatch, batch_idx: int = 0) -> dict[str, Tensor]:
-        """As ``GraphormerModule.predict_step``: ``index`` and ``prediction`` (:func:`task_predictions`)."""
-        return {"index": batch.index, "prediction": task_predictions(self.task, self(batch))}
+        """As ``GraphormerModule.predict_step``: ``index`` and ``prediction`` (:meth:`Task.predictions`)."""
+        return {"index": batch.index, "prediction": self.task.predictions(self(batch))}

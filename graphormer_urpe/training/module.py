@@ -13,30 +13,25 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
-import torch.nn.functional as F
 from torch import Tensor
-from torchmetrics import MeanAbsoluteError, Metric, MetricCollection
-from torchmetrics.classification import BinaryAUROC, MulticlassAccuracy, MultilabelAUROC
+from torchmetrics import MetricCollection
 
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.nn.encodings import EdgePathBias, GraphToken, URPEScale, VirtualDistanceBias
 from graphormer_urpe.nn.graphormer import Graphormer, GraphormerConfig
+from graphormer_urpe.training import finetune
 from graphormer_urpe.training.engine import EngineHooks, TrainingEngine
-from graphormer_urpe.training.inference import TASKS, build_backbone, task_predictions
+from graphormer_urpe.training.inference import build_backbone
 from graphormer_urpe.training.schedule import check_schedule, warmup_polynomial_decay
+from graphormer_urpe.training.task import TASKS, get_task
 
 log = logging.getLogger(__name__)
 
 #: ``regression``: L1 loss, MAE. ``classification``: binary or multi-label 0/1 targets, one
 #: logit each, BCE, ROC-AUC. ``multiclass``: one integer class per graph, ``num_targets``
-#: logits, cross-entropy, accuracy.
-Task = Literal["regression", "classification", "multiclass"]
-#: The validation metric of each task (logged as ``val/<name>``) and whether higher is better;
-#: the CLI's checkpoint callback monitors it.
-TASK_METRICS: dict[str, tuple[str, str]] = {
-    "regression": ("mae", "min"), "classification": ("auroc", "max"),
-    "multiclass": ("accuracy", "max")}
-assert tuple(TASK_METRICS) == TASKS
+#: logits, cross-entropy, accuracy. Each is a :class:`~graphormer_urpe.training.task.Task`.
+TaskName = Literal["regression", "classification", "multiclass"]
+assert TaskName.__args__ == tuple(TASKS)
 #: Kinds of parameter, one AdamW param group each (see :func:`parameter_groups`).
 ParameterKind = Literal["weight", "embedding", "bias", "layernorm", "urpe_scale"]
 PARAMETER_KINDS: tuple[str, ...] = ParameterKind.__args__
@@ -117,17 +112,6 @@ def capture_backbone(model: Graphormer, device: torch.device):
     return torch.compile(model.forward, mode="reduce-overhead", dynamic=False)
 
 
-def task_metric(task: str, num_targets: int) -> Metric:
-    """The validation / test metric of ``task`` (:data:`TASK_METRICS`); label ``-1`` = unknown."""
-    if task == "regression":
-        return MeanAbsoluteError()
-    if task == "multiclass":
-        return MulticlassAccuracy(num_classes=num_targets, average="micro", ignore_index=-1)
-    if num_targets == 1:
-        return BinaryAUROC(ignore_index=-1)
-    return MultilabelAUROC(num_labels=num_targets, ignore_index=-1)
-
-
 class GraphormerModule(EngineHooks, pl.LightningModule):
     """Graph-level regression (L1 loss, MAE), binary / multi-label classification (BCE,
     ROC-AUC) or multi-class classification (cross-entropy, accuracy); see :data:`Task`.
@@ -165,6 +149,18 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
             on-device learning rate, skipping non-finite steps) as one function without host
             syncs, on a GPU recorded in one CUDA graph. Needs ``data.device_resident`` and
             ``data.static_shapes``; exclusive with ``compile`` and ``cuda_graphs``.
+        init_from: fine-tuning: a checkpoint of this project (training or weights-only) whose
+            backbone weights replace the initial ones when ``fit`` starts (not when it resumes
+            with ``--ckpt_path``); every parameter must fit, else the run stops naming each
+            misfit with both shapes (:mod:`~graphormer_urpe.training.finetune`).
+        reinit_head: keep the new, randomly initialised output head even where the
+            checkpoint's would fit (it is always re-initialised when the task or the number of
+            targets differs).
+        freeze_backbone_steps: train only the output head for this many first optimizer steps.
+        head_lr: peak learning rate of the output head (its own AdamW param groups, same
+            schedule); ``None``: ``lr``.
+        warmup_fraction: warmup as a fraction of the schedule's total steps, replacing
+            ``warmup_steps`` (short fine-tuning runs whose length follows ``max_epochs``).
     """
 
     def __init__(
@@ -173,7 +169,7 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
         num_bond_embeddings: int,
         num_targets: int = 1,
         max_hops: int = 5,
-        task: Task = "regression",
+        task: TaskName = "regression",
         featurizer: str = "zinc",
         preset: str = "slim",
         backbone: GraphormerConfig = GraphormerConfig(),
@@ -191,6 +187,11 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
         cuda_graphs: bool = False,
         matmul_precision: Literal["highest", "high", "medium"] | None = None,
         engine: bool = False,
+        init_from: str | None = None,
+        reinit_head: bool = False,
+        freeze_backbone_steps: int = 0,
+        head_lr: float | None = None,
+        warmup_fraction: float | None = None,
     ) -> None:
         super().__init__()
         check_schedule(lr, end_lr, warmup_steps, total_steps)  # before any data is read
@@ -211,32 +212,19 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
         self._train_shape: tuple | None = None
         self._unchecked_loss: tuple[Tensor, int, int, int] | None = None
         self._engine = TrainingEngine(self) if engine else None
-        self.task = task
-        metric_name = TASK_METRICS[task][0]
+        self.task = get_task(task)
         for stage in ("val", "test"):
             setattr(self, f"{stage}_metrics", MetricCollection(
-                {metric_name: task_metric(task, num_targets)}, prefix=f"{stage}/"))
+                {self.task.metric_name: self.task.metric(num_targets)}, prefix=f"{stage}/"))
 
     def forward(self, batch: GraphBatch) -> Tensor:
         """Raw model outputs ``[B, num_targets]`` (logits for classification)."""
         return self.model(batch)
 
     def _loss(self, pred: Tensor, y: Tensor) -> Tensor:
-        """Mean loss over the known labels (PCQM4Mv2 test sets and multi-task CSVs have missing
-        ones, NaN). Masking by multiplication rather than by boolean indexing keeps every shape
-        fixed, so the loss needs no device-to-host sync; unknown labels are replaced before the
-        loss so no NaN reaches the gradient."""
-        known = ~torch.isnan(y)
-        pred = pred.float()
-        if self.task == "multiclass":
-            known = known[:, 0]
-            labels = torch.where(known, y[:, 0], 0).long()
-            losses = F.cross_entropy(pred, labels, reduction="none")
-        elif self.task == "regression":
-            losses = F.l1_loss(pred, torch.where(known, y, pred.detach()), reduction="none")
-        else:
-            losses = F.binary_cross_entropy_with_logits(pred, torch.where(known, y, 0), reduction="none")
-        return (losses * known).sum() / known.sum()
+        """Mean loss over the known labels (NaN = unknown: PCQM4Mv2 test sets, multi-task and
+        sparse CSVs); 0 for a batch without any (:meth:`Task.loss`)."""
+        return self.task.loss(pred, y)
 
     def training_step(self, batch: GraphBatch, batch_idx: int) -> Tensor:
         if self._engine is not None:
@@ -275,6 +263,15 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
         if self.hparams.get("matmul_precision"):
             torch.set_float32_matmul_precision(self.hparams.matmul_precision)
 
+    def on_fit_start(self) -> None:
+        # Here rather than in setup: a resumed fit has restored its checkpoint by now
+        # (trainer.ckpt_path is set), and its weights, not init_from's, continue.
+        if self.hparams.get("init_from") and self.trainer.ckpt_path is None:
+            finetune.load_backbone(self, self.hparams.init_from, self.hparams.get("reinit_head", False))
+
+    def on_train_batch_start(self, batch: GraphBatch, batch_idx: int) -> None:
+        finetune.freeze_backbone(self.model, self.global_step < self.hparams.get("freeze_backbone_steps", 0))
+
     def _training_forward(self, batch: GraphBatch) -> Tensor:
         """The backbone's forward for training: captured in CUDA graphs with ``cuda_graphs`` on
         a GPU (:func:`capture_backbone`), else the plain (maybe region-compiled) backbone."""
@@ -302,16 +299,8 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
 
     def _evaluate(self, batch: GraphBatch, stage: str) -> None:
         pred = self(batch).float()
-        known = ~torch.isnan(batch.y)
         metrics = getattr(self, f"{stage}_metrics")
-        if self.task == "regression":
-            metrics.update(pred[known], batch.y[known])
-        elif self.task == "multiclass":
-            metrics.update(pred, torch.where(known[:, 0], batch.y[:, 0], -1).long())
-        else:
-            labels = torch.where(known, batch.y, -1).long()
-            metrics.update(*((torch.sigmoid(pred), labels) if pred.shape[1] > 1
-                             else (torch.sigmoid(pred[:, 0]), labels[:, 0])))
+        self.task.update_metric(metrics[self.task.metric_name], pred, batch.y)
         self.log(f"{stage}/loss", self._loss(pred, batch.y), batch_size=batch.num_graphs,
                  sync_dist=True)
         self.log_dict(metrics, batch_size=batch.num_graphs, prog_bar=True)
@@ -325,7 +314,7 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
     def predict_step(self, batch: GraphBatch, batch_idx: int) -> dict[str, Tensor]:
         """Predictions ``[B, num_targets]``: values, probabilities per label
         (``classification``) or per class (``multiclass``)."""
-        return {"index": batch.index, "prediction": task_predictions(self.task, self(batch))}
+        return {"index": batch.index, "prediction": self.task.predictions(self(batch))}
 
     def schedule_steps(self) -> int:
         """``total_steps`` of the schedule: the given one, else the trainer's step budget; warns
@@ -346,7 +335,8 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
-        groups = parameter_groups(self, hp.weight_decay, hp.get("no_weight_decay") or ())
+        groups = finetune.head_lr_groups(parameter_groups(self, hp.weight_decay, hp.get("no_weight_decay") or ()),
+                                         self.model.head, hp.get("head_lr"))
         # Lightning refuses gradient clipping under mixed precision with a fused optimizer (it
         # would unscale inside its kernel), so the fused AdamW serves full-precision runs only.
         # The engine always uses it (its found_inf skips a step on the device), capturable on a GPU.
@@ -357,11 +347,12 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
                                       fused=engine or (self.device.type == "cuda" and not mixed),
                                       capturable=engine and self.device.type == "cuda")
         total_steps = self.schedule_steps()
-        check_schedule(hp.lr, hp.end_lr, hp.warmup_steps, total_steps,
+        warmup_steps = finetune.warmup_steps(hp.warmup_steps, hp.get("warmup_fraction"), total_steps)
+        check_schedule(hp.lr, hp.end_lr, warmup_steps, total_steps,
                        "" if hp.total_steps else ", from the trainer")
-        scheduler = warmup_polynomial_decay(optimizer, hp.warmup_steps, total_steps, hp.end_lr,
+        scheduler = warmup_polynomial_decay(optimizer, warmup_steps, total_steps, hp.end_lr,
                                             hp.power)
         #: polynomial_decay_lr's arguments after the update number (the engine's on-device lr)
-        self.schedule = (hp.warmup_steps, total_steps, hp.lr, hp.end_lr, hp.power)
+        self.schedule = (warmup_steps, total_steps, hp.lr, hp.end_lr, hp.power)
         return {"optimizer": optimizer,
                 "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}

@@ -1,0 +1,159 @@
+"""Fine-tuning: start a run from another run's backbone (``GraphormerModule(init_from=...)``).
+
+``graphormer-urpe fit --config configs/esol.yaml --config configs/esol_finetune.yaml
+--model.init_from runs/zinc_full/checkpoints/last.ckpt`` loads every backbone tensor of the
+checkpoint (a Lightning checkpoint of this project, or a weights-only file: a ``state_dict`` of
+the backbone ``Graphormer`` or of the whole module) before the first step. The output head
+(``model.head``) is kept from the checkpoint only where it fits: it is re-initialised when the
+task or the number of targets differs, or with ``reinit_head``. Anything else that does not fit
+(a missing or extra tensor, a different shape: another preset, featurizer or ``max_hops``) stops
+the run, naming every misfit with both shapes; nothing is loaded half-way.
+
+Options for short runs on small data: ``freeze_backbone_steps`` (train the head alone first),
+``head_lr`` (the head's own param groups) and ``warmup_fraction`` (warmup as a share of the
+schedule).
+"""
+from __future__ import annotations
+
+import logging
+import pickle
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+log = logging.getLogger(__name__)
+
+#: Parameter-name prefix of the output head in the backbone (``Graphormer.head``).
+HEAD_PREFIX = "head."
+
+
+class InitFromError(ValueError):
+    """A checkpoint given as ``init_from`` that cannot start this model (one clear message)."""
+
+
+def read_backbone_state(path: str | Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """``(backbone state_dict, hyperparameters or {})`` of a training or weights-only checkpoint."""
+    path = Path(path)
+    if not path.is_file():
+        raise InitFromError(f"model.init_from: checkpoint {path} does not exist")
+    try:
+        # weights_only: a checkpoint is data, never code to run (this project's hparams are plain)
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise InitFromError(f"model.init_from: {path} holds objects other than tensors and plain "
+                            "values, which are never loaded") from None
+    except Exception as exc:  # noqa: BLE001 - any failure to read is a bad file
+        reason = str(exc).splitlines()[0] if str(exc) else ""
+        raise InitFromError(f"model.init_from: {path} cannot be read as a checkpoint "
+                            f"({type(exc).__name__}: {reason})") from None
+    hparams: dict[str, Any] = {}
+    if isinstance(checkpoint, Mapping) and isinstance(checkpoint.get("state_dict"), Mapping):
+        state, hparams = checkpoint["state_dict"], dict(checkpoint.get("hyper_parameters") or {})
+    else:
+        state = checkpoint
+    if not isinstance(state, Mapping) or not state or not all(
+            isinstance(k, str) and isinstance(v, Tensor) for k, v in state.items()):
+        raise InitFromError(f"model.init_from: {path} is neither a Lightning checkpoint nor a "
+                            "state_dict of tensors")
+    if any(k.startswith("model.") for k in state):  # the LightningModule's: its backbone is `model`
+        state = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
+    return dict(state), hparams
+
+
+def _shape(t: Tensor) -> list[int]:
+    return list(t.shape)
+
+
+def fit_state(model: nn.Module, state: Mapping[str, Tensor], hparams: Mapping[str, Any], task: str,
+              reinit_head: bool, source: str) -> tuple[dict[str, Tensor], str | None]:
+    """``(the state_dict to load into model, why the head is re-initialised or None)``.
+
+    Raises :class:`InitFromError` listing every backbone tensor that does not fit (name and
+    both shapes), and for a checkpoint whose featurizer differs from the model's data.
+    """
+    own = model.state_dict()
+    misfits = []
+    for name in sorted(set(own) | set(state)):
+        if name.startswith(HEAD_PREFIX):
+            continue
+        if name not in state:
+            misfits.append(f"{name}: model {_shape(own[name])}, not in the checkpoint")
+        elif name not in own:
+            misfits.append(f"{name}: checkpoint {_shape(state[name])}, not in this model")
+        elif state[name].shape != own[name].shape:
+            misfits.append(f"{name}: checkpoint {_shape(state[name])}, model {_shape(own[name])}")
+    if misfits:
+        raise InitFromError(
+            f"model.init_from: {len(misfits)} tensor(s) of {source} do not fit this model, nothing "
+            "was loaded (the preset / backbone, the data's featurizer and max_hops must be the "
+            "checkpoint's):\n  " + "\n  ".join(misfits))
+    heads = {name for name in own if name.startswith(HEAD_PREFIX)}
+    reason = None
+    if reinit_head:
+        reason = "reinit_head is set"
+    elif hparams.get("task", task) != task:
+        reason = f"the checkpoint's task is {hparams['task']!r}, this run's {task!r}"
+    elif any(name not in state or state[name].shape != own[name].shape for name in heads):
+        widths = [_shape(state[n]) if n in state else None for n in sorted(heads)]
+        reason = f"the checkpoint's head {widths} differs from this model's {[_shape(own[n]) for n in sorted(heads)]}"
+    fitted = {name: (own[name] if name.startswith(HEAD_PREFIX) and reason else state[name]) for name in own}
+    return fitted, reason
+
+
+def load_backbone(module, path: str | Path, reinit_head: bool = False) -> None:
+    """Load ``path``'s backbone into ``module.model`` (a ``GraphormerModule``), head included
+    where it fits (module docstring); logs what was loaded."""
+    state, hparams = read_backbone_state(path)
+    ours, theirs = module.hparams.get("featurizer"), hparams.get("featurizer")
+    if theirs is not None and ours is not None and theirs != ours:
+        raise InitFromError(
+            f"model.init_from: {path} was trained on the {theirs!r} featurizer but the data uses "
+            f"{ours!r}: their atom and bond vocabularies differ (for a CSV set "
+            f"data.init_args.featurizer {theirs})")
+    fitted, reason = fit_state(module.model, state, hparams, module.hparams.task, reinit_head, str(path))
+    module.model.load_state_dict(fitted)
+    log.info("init_from %s: loaded %d backbone tensors; %s", path,
+             sum(not n.startswith(HEAD_PREFIX) for n in fitted),
+             f"output head re-initialised ({reason})" if reason else "output head loaded too")
+
+
+def freeze_backbone(model: nn.Module, frozen: bool) -> None:
+    """Switch gradients of every backbone parameter but the head's off (``frozen``) or on.
+    AdamW skips parameters without a gradient, so frozen ones neither move nor decay."""
+    if getattr(model, "_backbone_frozen", False) == frozen:
+        return
+    for name, param in model.named_parameters():
+        if not name.startswith(HEAD_PREFIX):
+            param.requires_grad_(not frozen)
+    model._backbone_frozen = frozen
+
+
+def head_lr_groups(groups: list[dict[str, Any]], head: nn.Module, head_lr: float | None) -> list[dict[str, Any]]:
+    """``groups`` (AdamW param groups) with the head's parameters moved into groups of their own
+    (``head/<kind>``) whose peak learning rate is ``head_lr``; unchanged for ``None``."""
+    if head_lr is None:
+        return groups
+    if not head_lr > 0:
+        raise ValueError(f"model.head_lr must be > 0, got {head_lr}")
+    head_ids = {id(p) for p in head.parameters()}
+    out = []
+    for group in groups:
+        body = [p for p in group["params"] if id(p) not in head_ids]
+        own = [p for p in group["params"] if id(p) in head_ids]
+        if body:
+            out.append({**group, "params": body})
+        if own:
+            out.append({**group, "params": own, "lr": head_lr, "name": f"head/{group['name']}"})
+    return out
+
+
+def warmup_steps(steps: int, fraction: float | None, total_steps: int) -> int:
+    """The warmup length: ``steps``, or ``fraction`` of ``total_steps`` when given."""
+    if fraction is None:
+        return steps
+    if not 0 <= fraction < 1:
+        raise ValueError(f"model.warmup_fraction must be in [0, 1), got {fraction}")
+    return int(round(fraction * total_steps))

@@ -1,0 +1,170 @@
+r"""What a prediction task is: its loss, metric, head width, prediction transform and columns.
+
+One :class:`Task` per kind of target; the LightningModule, ``graphormer-urpe-predict``,
+``graphormer-urpe-submit``, the CLI's checkpoint callback and the ablation runner all ask it, so a
+new task is one subclass here plus its entry in :data:`TASKS`.
+
+Unknown labels are NaN in ``y [B, T]``. Every loss is the mean over the known labels only,
+
+.. math::
+    \mathcal{L} = \frac{\sum_{i,t} m_{it}\, \ell(\hat y_{it}, y_{it})}{\max(1, \sum_{i,t} m_{it})},
+    \qquad m_{it} = [y_{it} \text{ known}],
+
+so a batch without any known label contributes a loss of 0 (and no gradient) instead of
+``0/0 = NaN``. Masking by multiplication rather than boolean indexing keeps every shape fixed (no
+device-to-host sync); unknown labels are replaced before the loss so no NaN reaches a gradient.
+
+This module imports neither Lightning nor torchmetrics at import time (prediction alone loads
+neither).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Task:
+    """Base class: a task's name, its validation metric (logged as ``val/<metric>``) and whether
+    that metric is maximised (the checkpoint callback's ``mode``)."""
+
+    name: str
+    metric_name: str
+    maximize: bool
+
+    @property
+    def mode(self) -> str:
+        """``"max"`` or ``"min"``: how the checkpoint callback compares :attr:`metric_name`."""
+        return "max" if self.maximize else "min"
+
+    @property
+    def monitor(self) -> str:
+        """The logged validation metric that selects checkpoints, e.g. ``val/mae``."""
+        return f"val/{self.metric_name}"
+
+    def head_width(self, num_targets: int) -> int:
+        """Outputs of the model's head: one per target (per class for ``multiclass``)."""
+        return num_targets
+
+    def check_num_targets(self, num_targets: int) -> None:
+        if num_targets < 1:
+            raise ValueError(f"num_targets must be >= 1, got {num_targets}")
+
+    def losses(self, outputs: Tensor, y: Tensor, known: Tensor) -> tuple[Tensor, Tensor]:
+        """``(per-label losses, mask)`` with unknown labels already replaced."""
+        raise NotImplementedError
+
+    def loss(self, outputs: Tensor, y: Tensor) -> Tensor:
+        """Mean loss over the known labels of ``y`` (NaN = unknown); 0 if none is known."""
+        losses, known = self.losses(outputs.float(), y, ~torch.isnan(y))
+        return (losses * known).sum() / known.sum().clamp_min(1)
+
+    def metric(self, num_targets: int):
+        """A fresh torchmetrics ``Metric`` for validation / test."""
+        raise NotImplementedError
+
+    def update_metric(self, metric, outputs: Tensor, y: Tensor) -> None:
+        """Feed one batch of raw outputs and labels (NaN = unknown) to :meth:`metric`'s result."""
+        raise NotImplementedError
+
+    def predictions(self, outputs: Tensor) -> Tensor:
+        """Raw outputs ``[B, head width]`` -> float32 predictions."""
+        return outputs.float()
+
+    def prediction_columns(self, num_targets: int, target_names: Sequence[str] | None = None) -> list[str]:
+        """Output columns: ``prediction_<name>`` per target when names are known, else
+        ``prediction`` (one target) or ``prediction_<k>``."""
+        if target_names is not None and len(target_names) == num_targets:
+            return [f"prediction_{name}" for name in target_names]
+        return ["prediction"] if num_targets == 1 else [f"prediction_{k}" for k in range(num_targets)]
+
+
+class RegressionTask(Task):
+    """Values: L1 loss, MAE (the ZINC / PCQM4Mv2 objective and metric)."""
+
+    def losses(self, outputs: Tensor, y: Tensor, known: Tensor) -> tuple[Tensor, Tensor]:
+        return F.l1_loss(outputs, torch.where(known, y, outputs.detach()), reduction="none"), known
+
+    def metric(self, num_targets: int):
+        from torchmetrics import MeanAbsoluteError
+
+        return MeanAbsoluteError()
+
+    def update_metric(self, metric, outputs: Tensor, y: Tensor) -> None:
+        known = ~torch.isnan(y)
+        metric.update(outputs.float()[known], y[known])
+
+
+class ClassificationTask(Task):
+    """Binary or multi-label 0/1 targets, one logit each: BCE, ROC-AUC, sigmoid probabilities."""
+
+    def losses(self, outputs: Tensor, y: Tensor, known: Tensor) -> tuple[Tensor, Tensor]:
+        return F.binary_cross_entropy_with_logits(outputs, torch.where(known, y, 0), reduction="none"), known
+
+    def metric(self, num_targets: int):
+        from torchmetrics.classification import BinaryAUROC, MultilabelAUROC
+
+        if num_targets == 1:
+            return BinaryAUROC(ignore_index=-1)
+        return MultilabelAUROC(num_labels=num_targets, ignore_index=-1)
+
+    def update_metric(self, metric, outputs: Tensor, y: Tensor) -> None:
+        labels = torch.where(torch.isnan(y), -1, y).long()
+        probabilities = self.predictions(outputs)
+        if probabilities.shape[1] == 1:
+            probabilities, labels = probabilities[:, 0], labels[:, 0]
+        metric.update(probabilities, labels)
+
+    def predictions(self, outputs: Tensor) -> Tensor:
+        return torch.sigmoid(outputs.float())
+
+
+class MulticlassTask(Task):
+    """One integer class id per graph (one label column), ``num_targets`` = number of classes
+    logits: cross-entropy, accuracy, softmax probabilities (one column per class)."""
+
+    def check_num_targets(self, num_targets: int) -> None:
+        if num_targets < 2:
+            raise ValueError(f"multiclass needs num_targets = number of classes >= 2, got {num_targets}")
+
+    def losses(self, outputs: Tensor, y: Tensor, known: Tensor) -> tuple[Tensor, Tensor]:
+        known = known[:, 0]
+        labels = torch.where(known, y[:, 0], 0).long()
+        return F.cross_entropy(outputs, labels, reduction="none"), known
+
+    def metric(self, num_targets: int):
+        from torchmetrics.classification import MulticlassAccuracy
+
+        return MulticlassAccuracy(num_classes=num_targets, average="micro", ignore_index=-1)
+
+    def update_metric(self, metric, outputs: Tensor, y: Tensor) -> None:
+        metric.update(outputs.float(), torch.where(torch.isnan(y[:, 0]), -1, y[:, 0]).long())
+
+    def predictions(self, outputs: Tensor) -> Tensor:
+        return torch.softmax(outputs.float(), dim=-1)
+
+    def prediction_columns(self, num_targets: int, target_names: Sequence[str] | None = None) -> list[str]:
+        """``prediction_<label column>_<class>`` (``prediction_<class>`` unnamed): the
+        probability of each class."""
+        prefix = f"prediction_{target_names[0]}_" if target_names is not None and len(target_names) == 1 \
+            else "prediction_"
+        return [f"{prefix}{k}" for k in range(num_targets)]
+
+
+#: Every task by name.
+TASKS: dict[str, Task] = {task.name: task for task in (
+    RegressionTask("regression", "mae", maximize=False),
+    ClassificationTask("classification", "auroc", maximize=True),
+    MulticlassTask("multiclass", "accuracy", maximize=True),
+)}
+
+
+def get_task(name: str) -> Task:
+    """The :class:`Task` called ``name``; ValueError naming the choices otherwise."""
+    if name not in TASKS:
+        raise ValueError(f"task must be one of {list(TASKS)}, got {name!r}")
+    return TASKS[name]

@@ -1,0 +1,198 @@
+"""Fine-tuning through the installed commands on real data: a tiny model pretrained on ZINC-12k
+starts an ESOL run (``--model.init_from``), which then tests, predicts and resumes like any run;
+checkpoints that do not fit are refused naming every misfit; the warmup follows the schedule;
+a sparse-label CSV trains through batches without any label."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from graphormer_urpe.training.module import GraphormerModule
+
+REPO = Path(__file__).resolve().parents[2]
+ESOL_TARGET = "measured log solubility in mols per litre"
+BIN = Path(sys.executable).parent
+TINY = {"num_layers": 2, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2, "dropout": 0.0,
+        "attention_dropout": 0.0, "activation_dropout": 0.0}
+QUIET = ["--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+
+
+def run(command: str, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([str(BIN / command), *map(str, args)], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=600)
+    if ok:
+        assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def esol_args(run_dir: Path, esol: Path, *extra: str) -> list[str]:
+    return ["--config", "configs/esol.yaml", "--config", "configs/esol_finetune.yaml", *QUIET,
+            "--trainer.default_root_dir", run_dir, "--model.backbone", json.dumps(TINY),
+            "--data.init_args.path", esol, "--data.init_args.cache_root", run_dir.parent / "cache",
+            "--trainer.limit_val_batches", "1", *extra]
+
+
+def state(ckpt: Path) -> dict[str, torch.Tensor]:
+    return torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
+
+
+@pytest.fixture(scope="module")
+def pretrained(zinc_root, tmp_path_factory) -> Path:
+    """A tiny URPE model fitted for 4 steps on ZINC-12k by ``graphormer-urpe fit``."""
+    work = tmp_path_factory.mktemp("pretrain")
+    (work / "data").mkdir()
+    (work / "data" / "ZINC").symlink_to(zinc_root, target_is_directory=True)
+    run("graphormer-urpe", "fit", "--config", "configs/zinc.yaml", *QUIET,
+        "--trainer.default_root_dir", work / "run", "--trainer.precision", "32-true",
+        "--trainer.max_steps", "4", "--trainer.limit_val_batches", "1",
+        "--model.backbone", json.dumps(TINY), "--model.warmup_steps", "1",
+        "--data.init_args.root", work / "data")
+    return work / "run" / "checkpoints" / "last.ckpt"
+
+
+@pytest.fixture(scope="module")
+def esol(shared_data_dir) -> Path:
+    return shared_data_dir / "moleculenet" / "esol.csv"
+
+
+def test_fine_tune_loads_the_backbone_then_tests_predicts_and_resumes(pretrained, esol, tmp_path):
+    """With the backbone frozen for every step, the fine-tuned backbone IS the pretrained one
+    (bit for bit) while the head trained; the result is a normal checkpoint."""
+    source = tmp_path / "pretrained.ckpt"
+    source.write_bytes(pretrained.read_bytes())
+    run_dir = tmp_path / "ft"
+    fit = run("graphormer-urpe", "fit", *esol_args(run_dir, esol, "--model.init_from", source,
+                                                   "--model.freeze_backbone_steps", "3",
+                                                   "--model.head_lr", "3e-3", "--trainer.max_steps", "3"))
+    assert f"init_from {source}: loaded" in fit.stderr and "output head re-initialised (reinit_head" in fit.stderr
+    last = run_dir / "checkpoints" / "last.ckpt"
+    before, after = state(pretrained), state(last)
+    backbone = [n for n in after if not n.startswith("model.head.")]
+    assert len(backbone) > 20
+    for name in backbone:
+        torch.testing.assert_close(after[name], before[name], rtol=0, atol=0, msg=name)
+    assert not torch.equal(after["model.head.weight"], before["model.head.weight"])
+    hparams = torch.load(last, map_location="cpu", weights_only=True)["hyper_parameters"]
+    assert (hparams["featurizer"], hparams["init_from"]) == ("zinc", str(source))
+
+    source.unlink()  # a fine-tuned checkpoint needs its source no more: test, predict, resume
+    tested = run("graphormer-urpe", "test", *esol_args(run_dir, esol, "--ckpt_path", last))
+    assert "test/mae" in tested.stdout
+    molecules = tmp_path / "mols.csv"
+    pd.read_csv(esol).head(20).to_csv(molecules, index=False)
+    run("graphormer-urpe-predict", "--ckpt", last, "--input", molecules, "--output", tmp_path / "p.csv")
+    with open(tmp_path / "p.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 20 and all(np.isfinite(float(r[f"prediction_{ESOL_TARGET}"])) for r in rows)
+    run("graphormer-urpe", "fit", *esol_args(run_dir, esol, "--model.init_from", source,
+                                             "--trainer.max_steps", "5", "--ckpt_path", last))
+    assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == 5
+
+
+def test_fine_tune_keeps_a_fitting_head_unless_told(pretrained, esol, tmp_path):
+    """Same task and width: the head is the checkpoint's too (before the first step)."""
+    module_args = esol_args(tmp_path / "ft", esol, "--model.init_from", pretrained, "--model.reinit_head",
+                            "false", "--trainer.max_steps", "1", "--model.freeze_backbone_steps", "0")
+    fit = run("graphormer-urpe", "fit", *module_args)
+    assert "output head loaded too" in fit.stderr
+
+
+@pytest.mark.parametrize("override, expected", [
+    (["--model.backbone.num_layers", "3"],
+     ["tensor(s) of", "layers.2.attn.in_proj.weight: model [48, 16], not in the checkpoint", "nothing was loaded"]),
+    (["--model.backbone.hidden_dim", "8", "--model.backbone.ffn_dim", "8"],
+     ["atom_encoder.embedding.weight: checkpoint [29, 16], model [29, 8]"]),
+    (["--data.init_args.featurizer", "ogb"],
+     ["was trained on the 'zinc' featurizer but the data uses 'ogb'", "data.init_args.featurizer zinc"]),
+])
+def test_a_checkpoint_that_does_not_fit_is_refused_naming_each_misfit(pretrained, esol, tmp_path,
+                                                                      override, expected):
+    run_dir = tmp_path / "ft"
+    done = run("graphormer-urpe", "fit", *esol_args(run_dir, esol, "--model.init_from", pretrained,
+                                                    "--trainer.max_steps", "1"), *override, ok=False)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    for text in expected:
+        assert text in done.stderr
+    assert not (run_dir / "checkpoints").exists()
+
+
+def test_missing_init_from_is_one_clear_line(esol, tmp_path):
+    done = run("graphormer-urpe", "fit", *esol_args(tmp_path / "ft", esol, "--model.init_from",
+                                                    tmp_path / "nope.ckpt", "--trainer.max_steps", "1"), ok=False)
+    assert done.returncode == 2 and f"model.init_from: checkpoint {tmp_path / 'nope.ckpt'} does not exist" in done.stderr
+
+
+def test_esol_recipe_runs_for_two_epochs_with_its_warmup_fraction(esol, tmp_path):
+    """configs/esol.yaml warms up over 6% of the schedule, so a 2-epoch run needs no override."""
+    run_dir = tmp_path / "esol"
+    run("graphormer-urpe", "fit", "--config", "configs/esol.yaml", *QUIET, "--trainer.max_epochs", "2",
+        "--trainer.default_root_dir", run_dir, "--model.backbone", json.dumps(TINY),
+        "--data.init_args.cache_root", tmp_path / "cache", "--trainer.limit_val_batches", "1",
+        "--trainer.log_every_n_steps", "1")
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert checkpoint["global_step"] == 2 * 29  # 902 scaffold-split training molecules, batch 32
+    metrics = pd.read_csv(next((run_dir / "csv").rglob("metrics.csv")))
+    lr = metrics.dropna(subset=["lr-AdamW/weight"]).set_index("step")["lr-AdamW/weight"]
+    assert lr.idxmax() == round(0.06 * 58)  # warmup: 6% of 58 steps, then the decay
+    assert lr.max() == pytest.approx(2e-4) and lr.iloc[-1] < lr.max() / 10
+
+
+def test_head_lr_gives_the_head_its_own_param_groups():
+    module = GraphormerModule(num_atom_embeddings=29, num_bond_embeddings=5, lr=1e-3, head_lr=5e-3,
+                              warmup_steps=1, total_steps=10, backbone=TINY)
+    optimizer = module.configure_optimizers()["optimizer"]
+    groups = {g["name"]: g for g in optimizer.param_groups}
+    head = {id(p) for p in module.model.head.parameters()}
+    assert {id(p) for n, g in groups.items() if n.startswith("head/") for p in g["params"]} == head
+    assert all(g["initial_lr"] == (5e-3 if n.startswith("head/") else 1e-3) for n, g in groups.items())
+
+
+def test_sparse_labels_batches_without_any_label_add_no_loss(esol, tmp_path):
+    """ESOL with 95% of its targets blanked: many batches of 8 have no label; the run goes on."""
+    table = pd.read_csv(esol)
+    rng = np.random.default_rng(0)
+    table.loc[rng.random(len(table)) > 0.05, ESOL_TARGET] = np.nan
+    path = tmp_path / "sparse.csv"
+    table.to_csv(path, index=False)
+    run_dir = tmp_path / "run"
+    run("graphormer-urpe", "fit", "--config", "configs/esol.yaml", *QUIET, "--trainer.max_steps", "40",
+        "--trainer.default_root_dir", run_dir, "--model.backbone", json.dumps(TINY),
+        "--data.init_args.path", path, "--data.init_args.cache_root", tmp_path / "cache",
+        "--data.init_args.batch_size", "8", "--trainer.log_every_n_steps", "1",
+        "--trainer.limit_val_batches", "1")
+    losses = pd.read_csv(next((run_dir / "csv").rglob("metrics.csv")))["train/loss"].dropna()
+    assert len(losses) == 40 and np.isfinite(losses).all()
+    assert (losses == 0).sum() >= 5 and (losses > 0).sum() >= 5
+
+
+def test_multiclass_checkpoint_predicts_class_probabilities(esol, tmp_path):
+    table = pd.read_csv(esol).head(200)
+    table["solubility_class"] = np.digitize(table[ESOL_TARGET], [-4.0, -2.0])  # 0, 1, 2
+    path = tmp_path / "classes.csv"
+    table[["smiles", "solubility_class"]].to_csv(path, index=False)
+    run_dir = tmp_path / "run"
+    run("graphormer-urpe", "fit", "--config", "configs/esol.yaml", *QUIET, "--trainer.max_steps", "2",
+        "--trainer.default_root_dir", run_dir, "--model.backbone", json.dumps(TINY),
+        "--data.init_args.path", path, "--data.init_args.target_columns", '["solubility_class"]',
+        "--data.init_args.task", "multiclass", "--data.init_args.cache_root", tmp_path / "cache",
+        "--trainer.limit_val_batches", "1")
+    molecules = tmp_path / "mols.smi"
+    molecules.write_text("CCO\nc1ccccc1\nC1CC\n")
+    run("graphormer-urpe-predict", "--ckpt", run_dir / "checkpoints" / "last.ckpt", "--input", molecules,
+        "--output", tmp_path / "p.csv")
+    out = pd.read_csv(tmp_path / "p.csv")
+    columns = [f"prediction_solubility_class_{k}" for k in range(3)]
+    assert list(out.columns) == ["row", "smiles", *columns, "error"]
+    np.testing.assert_allclose(out.loc[:1, columns].sum(axis=1), 1.0, rtol=1e-5)
+    assert out.loc[2, columns].isna().all() and "RDKit cannot parse" in out.loc[2, "error"]
