@@ -320,7 +320,7 @@ class Ensemble:
             if backbone.get("attention_impl", "eager") != "eager":
                 raise ValueError(f"{member.spec.label}: --ensemble needs attention_impl eager "
                                  f"(got {backbone['attention_impl']!r})")
-            if member.module.task != "regression":
+            if member.module.task.name != "regression":
                 raise ValueError(f"{member.spec.label}: --ensemble trains regression (val/mae)")
             if recipe(member) != recipe(first) or _trainer_settings(member.trainer) != self.settings:
                 raise ValueError(f"{member.spec.label} differs from {first.spec.label} in more "
