@@ -155,3 +155,11 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def shared_data_dir() -> Path:
+    """The local data copies' folder (``$GRAPHORMER_URPE_DATA``), for tests that read several data
+    sets from it; skipped (or failed under ``GRAPHORMER_URPE_REQUIRE_DATA``) without ESOL there."""
+    local_copy("ESOL", local_data.ESOL)
+    return local_data.local_data_dir()

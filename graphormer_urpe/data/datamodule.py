@@ -476,7 +476,8 @@ class CSVDataModule(SMILESTableDataModule):
 
         bad_targets = property_csv.nonfinite_target_rows(y)
         property_csv.warn_rejected_rows(self.path, np.flatnonzero(graph_of_row == REJECTED_ROW), len(y),
-                                        f"whose SMILES RDKit or the {self.featurizer!r} featurizer rejects")
+                                        "whose SMILES RDKit rejects" if self.featurizer == "ogb"
+                                        else f"whose SMILES RDKit or the {self.featurizer!r} featurizer rejects")
         property_csv.warn_rejected_rows(self.path, np.flatnonzero(graph_of_row == TOO_LARGE_ROW), len(y),
                                         f"with more than max_nodes={self.max_nodes} atoms")
         property_csv.warn_rejected_rows(self.path, bad_targets, len(y),

@@ -22,7 +22,7 @@ from graphormer_urpe.training.task import get_task
 TRAINING_HPARAMS = frozenset({"lr", "end_lr", "warmup_steps", "total_steps", "power", "weight_decay",
                               "betas", "eps", "no_weight_decay", "compile", "cuda_graphs",
                               "matmul_precision", "init_from", "reinit_head", "freeze_backbone_steps",
-                              "head_lr", "warmup_fraction"})
+                              "head_lr", "warmup_fraction", "engine"})
 
 
 def build_backbone(num_atom_embeddings: int, num_bond_embeddings: int, num_targets: int, max_hops: int,
