@@ -154,7 +154,7 @@ def test_ensemble_grid_resumes_tests_each_member_and_writes_the_readme_table(zin
         fits = [a for a in record["attempts"] if a["stage"] == "fit-ensemble"]
         assert [a["returncode"] for a in fits] == [None, 0] and record["fit_done"]
         assert [a["stage"] for a in record["attempts"]][-1] == "test"
-        path, val_mae, _, _ = best_checkpoint(tmp_path / "runs" / "tiny" / f"{arm}-s0")
+        path, val_mae, _, _, _ = best_checkpoint(tmp_path / "runs" / "tiny" / f"{arm}-s0")
         best = torch.load(path, map_location="cpu", weights_only=False)
         assert best["hyper_parameters"]["backbone"]["attention"] == arm
         assert any("urpe_scales" in k for k in best["state_dict"]) == (arm == "urpe")

@@ -167,7 +167,7 @@ def fit(run_dir: Path, data_root: Path, max_steps: int, *extra: str):
                       "--trainer.limit_val_batches", "2",
                       "--trainer.log_every_n_steps", "4",
                       "--trainer.enable_model_summary", "false",
-                      "--trainer.val_check_interval", "5",
+                      "--trainer.val_check_interval", "5", "--trainer.check_val_every_n_epoch", "1",
                       "--model.backbone", json.dumps({**TINY, **NO_DROPOUT}),
                       "--model.warmup_steps", "4",
                       "--model.total_steps", "20",
