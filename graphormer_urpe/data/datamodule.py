@@ -466,6 +466,7 @@ class CSVDataModule(SMILESTableDataModule):
 
         bad_targets = property_csv.nonfinite_target_rows(y)
         property_csv.warn_rejected_rows(self.path, np.flatnonzero(graph_of_row < 0), len(y),
+                                        "whose SMILES RDKit rejects" if self.featurizer == "ogb" else
                                         f"whose SMILES RDKit or the {self.featurizer!r} featurizer rejects")
         property_csv.warn_rejected_rows(self.path, bad_targets, len(y),
                                         "with an infinite or out-of-range target")
