@@ -30,7 +30,6 @@ from lightning.pytorch.callbacks import BasePredictionWriter, LearningRateMonito
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_module
 
-from graphormer_urpe.training.finetune import InitFromError
 from graphormer_urpe.training.module import GraphormerModule
 from graphormer_urpe.training.schedule import check_schedule
 from graphormer_urpe.training.task import TASKS, get_task
@@ -211,8 +210,6 @@ def main(args: list[str] | None = None) -> int:
     except FloatingPointError as exc:  # a diverged run: say why, without a traceback
         print(f"graphormer-urpe: error: {exc}", file=sys.stderr)
         return 1
-    except InitFromError as exc:  # a checkpoint that cannot start this model: the misfits only
-        print(f"graphormer-urpe: error: {exc}", file=sys.stderr)
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
