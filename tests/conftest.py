@@ -156,10 +156,3 @@ def one_torch_thread():
     yield
     torch.set_num_threads(threads)
 
-
-@pytest.fixture(scope="session")
-def shared_data_dir() -> Path:
-    """The local data copies' folder (``$GRAPHORMER_URPE_DATA``), for tests that read several data
-    sets from it; skipped (or failed under ``GRAPHORMER_URPE_REQUIRE_DATA``) without ESOL there."""
-    local_copy("ESOL", local_data.ESOL)
-    return local_data.local_data_dir()

@@ -30,7 +30,7 @@ def esol_args(work: Path, csv: Path, *extra: str) -> list[str]:
             "--trainer.default_root_dir", str(work / "run"), "--trainer.max_steps", "2",
             "--trainer.limit_val_batches", "1", "--trainer.enable_progress_bar", "false",
             "--trainer.enable_model_summary", "false", "--model.backbone", TINY,
-            "--model.warmup_steps", "1", "--data.init_args.path", str(csv),
+            "--model.warmup_steps", "1", "--model.warmup_fraction", "null", "--data.init_args.path", str(csv),
             "--data.init_args.cache_root", str(work / "cache"), *extra]
 
 
@@ -48,11 +48,6 @@ def error_lines(stderr: str) -> list[str]:
     first = next((i for i, line in enumerate(lines) if line.startswith("graphormer-urpe: error: ")),
                  len(lines))
     return lines[first:]
-
-
-@pytest.fixture(scope="module")
-def esol_csv(shared_data_dir) -> Path:
-    return shared_data_dir / "moleculenet" / "esol.csv"
 
 
 @pytest.fixture(scope="module")
@@ -207,12 +202,11 @@ def ogb_checkpoint(esol_csv, tmp_path_factory) -> Path:
     return work / "run" / "checkpoints" / "last.ckpt"
 
 
-def test_submit_checks_the_split_dict_before_featurizing(ogb_checkpoint, shared_data_dir, tmp_path,
+def test_submit_checks_the_split_dict_before_featurizing(ogb_checkpoint, pcqm_source, tmp_path,
                                                          capsys):
     """A PCQM4M root of real molecules whose test split is not OGB's size: refused before the
     table is featurized (minutes for the real data set)."""
-    folder = write_root(tmp_path / "root", shared_data_dir / "pcqm4mv2" / "pcqm4mv2_first2k_3d.csv.gz",
-                        PCQM4M)
+    folder = write_root(tmp_path / "root", pcqm_source, PCQM4M)
     status = submit.main(["--dataset", "pcqm4m", "--ckpt", str(ogb_checkpoint), "--root",
                           str(tmp_path / "root"), "--out-dir", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip().splitlines()

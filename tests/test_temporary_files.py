@@ -54,14 +54,14 @@ def _open_on_full_disk(file, mode="r", *args, **kwargs):
     return buffered if "b" in mode else io.TextIOWrapper(buffered, encoding=kwargs.get("encoding"))
 
 
-def test_full_disk_during_a_cache_build_leaves_no_temporary_directory(shared_data_dir, tmp_path,
+def test_full_disk_during_a_cache_build_leaves_no_temporary_directory(esol_csv, tmp_path,
                                                                       monkeypatch, capsys):
     """The featurized ESOL entry is built on a full disk (the bytes still buffered fail again
     when the files are closed): the command says so in one line, exit status 1, and leaves
     neither a ``.tmp-`` directory nor an entry."""
     _FullDisk.room = 0
     monkeypatch.setattr(cache, "open", _open_on_full_disk, raising=False)
-    status = cli_main(esol_fit(tmp_path, shared_data_dir / "moleculenet" / "esol.csv"))
+    status = cli_main(esol_fit(tmp_path, esol_csv))
     assert status == 1
     assert "graphormer-urpe: error: [Errno 28] No space left on device" in capsys.readouterr().err
     left = [p.name for p in (tmp_path / "cache").rglob("*") if ".tmp-" in p.name]
@@ -70,19 +70,19 @@ def test_full_disk_during_a_cache_build_leaves_no_temporary_directory(shared_dat
 
 
 @pytest.fixture(scope="module")
-def esol_checkpoint(shared_data_dir, tmp_path_factory) -> Path:
+def esol_checkpoint(esol_csv, tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("esol_model")
-    assert cli_main(esol_fit(work, shared_data_dir / "moleculenet" / "esol.csv")) == 0
+    assert cli_main(esol_fit(work, esol_csv)) == 0
     return work / "run" / "checkpoints" / "last.ckpt"
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
-def test_predict_stopped_by_a_signal_removes_its_part_file(esol_checkpoint, shared_data_dir,
+def test_predict_stopped_by_a_signal_removes_its_part_file(esol_checkpoint, esol_csv,
                                                            tmp_path, signum):
     """A long prediction (ESOL's molecules 100 times) is stopped once its first predictions are
     in the ``.part`` file: it exits with 128 + the signal, the ``.part`` file is gone, the
     previous output unchanged."""
-    smiles = pd.read_csv(shared_data_dir / "moleculenet" / "esol.csv")["smiles"].tolist() * 100
+    smiles = pd.read_csv(esol_csv)["smiles"].tolist() * 100
     source = tmp_path / "in.smi"
     source.write_text("\n".join(smiles) + "\n")
     output = tmp_path / "out.csv"

@@ -264,7 +264,7 @@ def test_console_scripts_train_with_the_engine_and_test_its_checkpoint(zinc_data
     assert "test/mae" in test.stdout + test.stderr
 
 
-def test_bench_train_engine_path_counts_operators(zinc_data_root, shared_data_dir, monkeypatch, capsys):
+def test_bench_train_engine_path_counts_operators(zinc_data_root, monkeypatch, capsys):
     """scripts/bench_train.py's engine path on CPU, with the operator count (the CPU proxy for
     kernel launches): fewer operators per step than the eager step on the same batches."""
     spec = importlib.util.spec_from_file_location("bench_train", REPO / "scripts" / "bench_train.py")
@@ -273,7 +273,7 @@ def test_bench_train_engine_path_counts_operators(zinc_data_root, shared_data_di
     spec.loader.exec_module(bench)
     assert bench.main(["--device", "cpu", "--presets", "zinc", "--attention", "urpe", "--paths", "graphs,engine",
                        "--warmup", "1", "--steps", "2", "--count-ops", "1", "--width", "8", "--zinc-batch", "8",
-                       "--skip-data-only", "--zinc-root", str(zinc_data_root), "--shared", str(shared_data_dir)]) == 0
+                       "--skip-data-only", "--zinc-root", str(zinc_data_root)]) == 0
     rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["training"]
     graphs, engine = rows
     assert engine["engine"] and not graphs["engine"] and engine["width"] == 8 and engine["ms_per_step"] > 0
