@@ -30,6 +30,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter, LearningRateMonito
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_module
 
+from graphormer_urpe.training import finetune
 from graphormer_urpe.training.module import GraphormerModule
 from graphormer_urpe.training.schedule import check_schedule
 from graphormer_urpe.training.task import TASKS, get_task
@@ -137,11 +138,9 @@ def check_schedule_config(config: Namespace) -> None:
     total_steps = model.get("total_steps")
     if total_steps is None and max_steps is not None and max_steps > 0:
         total_steps = max_steps
-    warmup_steps = model.warmup_steps
-    if model.get("warmup_fraction") is not None and total_steps is not None:
-        warmup_steps = int(model.warmup_fraction * total_steps)
-    elif model.get("warmup_fraction") is not None:
-        warmup_steps = 0  # the fraction of a length known only once the data is built
+    # A fraction of a length known only once the data is built counts as no warmup here.
+    warmup_steps = finetune.warmup_steps(model.warmup_steps, model.get("warmup_fraction"),
+                                         total_steps or 0)
     check_schedule(model.lr, model.end_lr, warmup_steps, total_steps,
                    "" if model.get("total_steps") is not None else ", from trainer.max_steps")
 

@@ -194,7 +194,9 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
         warmup_fraction: float | None = None,
     ) -> None:
         super().__init__()
-        check_schedule(lr, end_lr, warmup_steps, total_steps)  # before any data is read
+        # before any data is read; a warmup fraction of a length not yet known counts as none
+        check_schedule(lr, end_lr, finetune.warmup_steps(warmup_steps, warmup_fraction, total_steps or 0),
+                       total_steps)
         if compile and cuda_graphs:
             raise ValueError("compile (region-wise, dynamic shapes) and cuda_graphs (the whole "
                              "backbone, static shapes) exclude each other: set one")

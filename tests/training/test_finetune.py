@@ -145,6 +145,15 @@ def test_esol_recipe_runs_for_two_epochs_with_its_warmup_fraction(esol_csv, tmp_
     assert lr.max() == pytest.approx(2e-4) and lr.iloc[-1] < lr.max() / 10
 
 
+def test_warmup_fraction_replaces_warmup_steps_in_the_schedule_checks():
+    """With a fraction, the warmup the checks see is the fraction's, not warmup_steps' default."""
+    GraphormerModule(num_atom_embeddings=29, num_bond_embeddings=5, warmup_fraction=0.1,
+                     total_steps=30, backbone=TINY)  # warmup_steps' default 60,000 > 30 is unused
+    with pytest.raises(ValueError, match=r"model.warmup_fraction must be in \[0, 1\), got 1.5"):
+        GraphormerModule(num_atom_embeddings=29, num_bond_embeddings=5, warmup_fraction=1.5,
+                         total_steps=30, backbone=TINY)
+
+
 def test_head_lr_gives_the_head_its_own_param_groups():
     module = GraphormerModule(num_atom_embeddings=29, num_bond_embeddings=5, lr=1e-3, head_lr=5e-3,
                               warmup_steps=1, total_steps=10, backbone=TINY)
