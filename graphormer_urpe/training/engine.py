@@ -170,11 +170,10 @@ class TrainingEngine(pl.Callback):
         self.optimizer.zero_grad(set_to_none=True)
         loss = module._loss(module.model(batch), batch.y)
         loss.backward()
-        grads = [p.grad for p in self.params if p.grad is not None]
         if self.clip > 0:  # what Lightning's gradient_clip_val calls, on the same parameters
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.clip)
         else:
-            norm = torch.nn.utils.get_total_norm(grads)
+            norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
         finite = torch.isfinite(loss) & torch.isfinite(norm) & (self.force_skip == 0)
         self.found_inf.copy_((~finite).float())
         self.lr.copy_(polynomial_decay_lr(self.updates + 1, *module.schedule))
