@@ -65,6 +65,7 @@ from graphormer_urpe.data.encoding_registry import ENCODINGS
 from graphormer_urpe.data.resident import ResidentSplit, TensorGraphs
 from graphormer_urpe.nn.encodings import EdgePathBias
 from graphormer_urpe.nn.graphormer import Graphormer
+from graphormer_urpe.training import finetune
 from graphormer_urpe.training.inference import build_backbone
 from graphormer_urpe.training.module import GraphormerModule, parameter_groups
 from graphormer_urpe.training.schedule import warmup_polynomial_decay
@@ -72,6 +73,8 @@ from graphormer_urpe.training.schedule import warmup_polynomial_decay
 log = logging.getLogger(__name__)
 
 STATE_FILE = "state.pt"
+#: Module options of fine-tuning runs, which the stacked step does not implement.
+FINE_TUNING_HPARAMS = ("init_from", "head_lr", "freeze_backbone_steps")
 #: Eager steps (on a side stream) before the step is captured in a CUDA graph.
 GRAPH_WARMUP_STEPS = 3
 METRICS_FILE = Path("csv") / "ensemble" / "metrics.csv"
@@ -291,7 +294,9 @@ class Ensemble:
         self._point_lr()
         self.total_steps = hp["total_steps"] or self._step_budget()
         self.scheduler = warmup_polynomial_decay(torch.optim.SGD([torch.zeros(1)], lr=hp["lr"]),
-                                                 hp["warmup_steps"],
+                                                 finetune.warmup_steps(hp["warmup_steps"],
+                                                                       hp.get("warmup_fraction"),
+                                                                       self.total_steps),
                                                  self.total_steps, hp["end_lr"], hp["power"])
         self._graph: torch.cuda.CUDAGraph | None = None
         self._eager_steps = 0
@@ -322,6 +327,10 @@ class Ensemble:
                                  f"(got {backbone['attention_impl']!r})")
             if member.module.task.name != "regression":
                 raise ValueError(f"{member.spec.label}: --ensemble trains regression (val/mae)")
+            fine_tuning = sorted(k for k in FINE_TUNING_HPARAMS if member.module.hparams.get(k))
+            if fine_tuning:
+                raise ValueError(f"{member.spec.label}: --ensemble trains from scratch, without "
+                                 f"model.{', model.'.join(fine_tuning)}")
             if recipe(member) != recipe(first) or _trainer_settings(member.trainer) != self.settings:
                 raise ValueError(f"{member.spec.label} differs from {first.spec.label} in more "
                                  "than the seed and the arm; an ensemble trains one recipe")

@@ -211,6 +211,7 @@ def test_device_resident_batches_train_as_the_collated_ones(zinc_data_root, tmp_
 @pytest.mark.parametrize("extra, message", [
     (("--model.lr", "0.001"), "differs from urpe-s0 in more than the seed and the arm"),
     (("--trainer.accumulate_grad_batches", "2"), "accumulate_grad_batches"),
+    (("--model.head_lr", "0.001"), "trains from scratch, without model.head_lr"),
 ])
 def test_an_ensemble_refuses_what_it_cannot_train_as_solo_runs(zinc_data_root, tmp_path, extra, message):
     first, second = specs(tmp_path, zinc_data_root, TINY)
