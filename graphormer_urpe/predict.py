@@ -364,6 +364,7 @@ def predict_chunk(module, chunk: RawChunk, num_rows: int, max_pairs: int, batch_
     """``[num_rows, T]`` predictions of one featurized chunk (NaN for its rejected rows)."""
     from graphormer_urpe.data.collate import collate
     from graphormer_urpe.data.encode import encode_flat
+    from graphormer_urpe.data.encoding_registry import EncodingParams
     from graphormer_urpe.data.featurize import featurizer_spec
 
     hp = module.hparams
@@ -371,12 +372,13 @@ def predict_chunk(module, chunk: RawChunk, num_rows: int, max_pairs: int, batch_
     out = np.full((num_rows, hp.num_targets), np.nan, dtype=np.float32)
     device = next(module.parameters()).device
     node_ptr, edge_ptr = chunk.node_ptr, chunk.edge_ptr
+    params = EncodingParams.of_model(hp.max_hops, hp.get("node_encodings"))
     with torch.inference_mode():
         for g0, g1 in size_batches(np.diff(node_ptr), max_pairs, batch_size):
             n0, n1, e0, e1 = node_ptr[g0], node_ptr[g1], edge_ptr[g0], edge_ptr[g1]
             flat = encode_flat(chunk.x[n0:n1], node_ptr[g0:g1 + 1] - n0, chunk.edge_index[:, e0:e1],
                                chunk.edge_attr[e0:e1], edge_ptr[g0:g1 + 1] - e0,
-                               np.full((g1 - g0, 1), np.nan, np.float32), max_hops=hp.max_hops,
+                               np.full((g1 - g0, 1), np.nan, np.float32), params=params,
                                atom_feature_dims=spec.atom_feature_dims,
                                bond_feature_dims=spec.bond_feature_dims)
             batch = collate(flat, np.arange(g1 - g0))

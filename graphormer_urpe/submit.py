@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from graphormer_urpe.data.encoding_registry import EncodingParams
 from graphormer_urpe.data.ogb_lsc import LAYOUTS, LSCLayout, read_split_dict_checked, require_layout
 from graphormer_urpe.predict import load_module
 
@@ -106,7 +107,8 @@ def submit(args: argparse.Namespace) -> dict:
     started = time.perf_counter()
     check_test_sizes(read_split_dict_checked(args.root, layout), layout)  # before featurizing
     data_class = next(c for c in (PCQM4MDataModule, PCQM4Mv2DataModule) if c.layout is layout)
-    data = data_class(root=args.root, max_hops=module.hparams.max_hops, eval_batch_size=args.batch_size)
+    params = EncodingParams.of_model(module.hparams.max_hops, module.hparams.get("node_encodings"))
+    data = data_class(root=args.root, eval_batch_size=args.batch_size, **params.as_dict())
     _, _, _, splits = data.store()  # checks the split dict against the table
     for split in ("train", "valid"):
         if len(splits[split]) != layout.split_sizes[split]:

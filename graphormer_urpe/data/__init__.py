@@ -21,6 +21,7 @@ _LAZY = {
     "SeededShuffleSampler": "dataset",
     "FlatGraphs": "collate",
     "ENCODINGS": "encoding_registry",
+    "EncodingParams": "encoding_registry",
     "collate_pyg_graphs": "encode",
     "featurizer_spec": "featurize",
     "num_embeddings": "features",

@@ -7,7 +7,7 @@ where an index needs it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -22,36 +22,58 @@ class GraphBatch:
         x: ``[B, N, F]`` int32 atom feature ids, shifted by +1 per column so 0 is padding
             (column offsets are applied by the featurizer: one embedding table serves all columns).
         node_mask: ``[B, N]`` bool, True at real nodes.
-        degree: ``[B, N]`` int16 node degrees (count of directed edges leaving the node).
-        spd: ``[B, N, N]`` int16 shortest-path hop counts; ``-1`` = unreachable; padded pairs -1.
         edge_attr: ``[E + 1, Fe]`` int32 bond feature ids, shifted by +1 (0 = padding); the last
             row is all zeros and is what ``path_edges == -1`` resolves to.
-        path_edges: ``[B, N, N, K]`` int32 rows of ``edge_attr`` along one shortest path from i
-            to j (first ``K`` hops); ``-1`` where the path is shorter, for i == j and for padding.
         y: ``[B, T]`` float32 targets (NaN where unknown, e.g. PCQM4Mv2 test sets).
         num_nodes: ``[B]`` int32 node counts.
         index: ``[B]`` int64 position of each graph in its dataset (for prediction order).
+        encodings: the structural encodings by name (:mod:`.encoding_registry`: layout, dtype,
+            padding), each also readable as an attribute (``batch.spd``). Always:
 
-    ``degree``, ``spd`` and ``path_edges`` are the encodings of :data:`~.encoding_registry.ENCODINGS`
-    (their dtypes and padding values are declared there).
+            - ``degree [B, N]`` int16 node degrees (count of directed edges leaving the node);
+            - ``spd [B, N, N]`` int16 shortest-path hop counts; ``-1`` = unreachable and padding;
+            - ``path_edges [B, N, N, K]`` int32 rows of ``edge_attr`` along one shortest path
+              from i to j (first ``K`` hops); ``-1`` where the path is shorter, for i == j and
+              for padding;
+
+            and those switched on by the data's parameters (``rwse [B, N, S]`` float32).
     """
 
     x: Tensor
     node_mask: Tensor
-    degree: Tensor
-    spd: Tensor
     edge_attr: Tensor
-    path_edges: Tensor
     y: Tensor
     num_nodes: Tensor
     index: Tensor
+    encodings: dict[str, Tensor]
+
+    def __getattr__(self, name: str) -> Tensor:
+        encodings = self.__dict__.get("encodings")
+        if encodings is not None and name in encodings:
+            return encodings[name]
+        raise AttributeError(f"{type(self).__name__} has no field or encoding {name!r}")
+
+    def tensors(self) -> dict[str, Tensor]:
+        """Every tensor by name, encodings included (flat: ``{"x": ..., "spd": ...}``)."""
+        plain = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "encodings"}
+        return {**plain, **self.encodings}
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, Tensor]) -> "GraphBatch":
+        """The inverse of :meth:`tensors`."""
+        plain = {f.name for f in fields(cls)} - {"encodings"}
+        return cls(**{k: v for k, v in tensors.items() if k in plain},
+                   encodings={k: v for k, v in tensors.items() if k not in plain})
+
+    def map(self, fn) -> "GraphBatch":
+        """Every tensor replaced by ``fn(tensor)``."""
+        return self.from_tensors({name: fn(t) for name, t in self.tensors().items()})
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "GraphBatch":
-        return replace(self, **{f.name: getattr(self, f.name).to(device, non_blocking=non_blocking)
-                                for f in fields(self)})
+        return self.map(lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> "GraphBatch":
-        return replace(self, **{f.name: getattr(self, f.name).pin_memory() for f in fields(self)})
+        return self.map(lambda t: t.pin_memory())
 
     @property
     def num_graphs(self) -> int:

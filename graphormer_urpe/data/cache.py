@@ -6,7 +6,7 @@ A cache entry is a directory of ``.npy`` files plus ``manifest.json``::
                            "arrays": {name: {"dtype", "shape", "blake2b"}}}
     <dir>/<name>.npy      one array each, opened lazily with ``np.load(mmap_mode="r")``
 
-The fingerprint holds everything the arrays depend on: the parameters (``max_hops``, encoder
+The fingerprint holds everything the arrays depend on: the encoder's parameters (``max_hops``, its
 version, ...) and the input (sizes and a BLAKE2 hash of ``node_ptr``, ``edge_ptr`` and
 ``edge_index``, or the checksums of the entry they were read from).
 
@@ -46,8 +46,7 @@ from typing import Any
 
 import numpy as np
 
-import graphormer_urpe
-from graphormer_urpe.data.encoding_registry import ENCODING_ARRAYS, ENCODINGS, stored_encodings
+from graphormer_urpe.data.encoding_registry import PATHS, Encoder, EncodingParams
 
 log = logging.getLogger(__name__)
 
@@ -134,13 +133,6 @@ def graph_input_fingerprint(node_ptr: np.ndarray, edge_index: np.ndarray, edge_p
     """What encodings depend on in the input: sizes and a hash of the graph structure."""
     return {"num_graphs": int(len(node_ptr) - 1), "num_nodes": int(node_ptr[-1]),
             "num_edges": int(edge_ptr[-1]), "structure_hash": hash_arrays(node_ptr, edge_ptr, edge_index)}
-
-
-def encoder_version() -> str:
-    """Version tag of the encoding algorithm (part of every encoding fingerprint)."""
-    from graphormer_urpe import algos
-
-    return str(getattr(algos, "ENCODER_VERSION", graphormer_urpe.__version__))
 
 
 def _fsync_dir(path: Path) -> None:
@@ -410,7 +402,7 @@ def cached_entry(directory: str | os.PathLike, fingerprint: dict[str, Any], buil
     return arrays
 
 
-#: Node pairs encoded per step of a streaming build (bounds its memory: ~2 * (1 + K) bytes each).
+#: Node pairs encoded per step of a streaming build (bounds its memory: ~2 * (1 + K) bytes each\n#: for the shortest paths).
 PAIRS_PER_CHUNK = 1 << 22
 
 
@@ -428,32 +420,33 @@ def graph_chunks(node_ptr: np.ndarray, pairs_per_chunk: int = PAIRS_PER_CHUNK) -
 
 
 def write_encodings(writer: EntryWriter, node_ptr: np.ndarray, edge_index: np.ndarray, edge_ptr: np.ndarray,
-                    max_hops: int, num_threads: int = 1, progress: bool = False) -> None:
-    """Stream every encoding of :data:`~.encoding_registry.ENCODINGS` and ``pair_ptr`` of the graphs into
-    ``writer``, encoding :func:`graph_chunks` one at a time (inputs read with :func:`read_rows`)."""
+                    params: EncodingParams, num_threads: int = 1, progress: bool = False,
+                    encoder: Encoder = PATHS) -> None:
+    """Stream the arrays of ``encoder`` (its encodings, plus ``pair_ptr`` for one with pair
+    encodings) of the graphs into ``writer``, computing :func:`graph_chunks` one at a time
+    (inputs read with :func:`read_rows`)."""
     from tqdm import tqdm
-
-    from graphormer_urpe.algos import encode_graphs
 
     node_ptr = np.asarray(node_ptr, dtype=np.int64)
     edge_ptr = np.asarray(edge_ptr, dtype=np.int64)
-    log.info("encoding %d graphs (max_hops=%d) into %s", len(node_ptr) - 1, max_hops, writer.directory)
-    arrays = {e.name: writer.array(e.name, e.dtype, e.row_shape(max_hops)) for e in ENCODINGS}
-    pair_ptr = writer.array("pair_ptr", np.int64)
-    pair_ptr.append(np.zeros(1, np.int64))
+    values = ", ".join(f"{k}={v}" for k, v in encoder.values(params).items())
+    log.info("encoding %d graphs (%s) into %s", len(node_ptr) - 1, values, writer.directory)
+    arrays = {e.name: writer.array(e.name, e.dtype, e.row_shape(params)) for e in encoder.encodings}
+    pair_ptr = None
+    if any(e.per == "pair" for e in encoder.encodings):
+        pair_ptr = writer.array("pair_ptr", np.int64)
+        pair_ptr.append(np.zeros(1, np.int64))
     pairs_before = 0
-    chunks = graph_chunks(node_ptr)
-    with tqdm(total=len(node_ptr) - 1, desc=f"encode (K={max_hops})", unit="mol", disable=not progress) as bar:
-        for g0, g1 in chunks:
+    with tqdm(total=len(node_ptr) - 1, desc=f"encode ({values})", unit="mol", disable=not progress) as bar:
+        for g0, g1 in graph_chunks(node_ptr):
             e0, e1 = int(edge_ptr[g0]), int(edge_ptr[g1])
-            edges = _edge_columns(edge_index, e0, e1)
-            encoded = stored_encodings(encode_graphs(node_ptr[g0:g1 + 1] - node_ptr[g0], edges,
-                                                     edge_ptr[g0:g1 + 1] - e0, max_hops, num_threads=num_threads),
-                                       max_hops)
+            encoded = encoder.compute(node_ptr[g0:g1 + 1] - node_ptr[g0], _edge_columns(edge_index, e0, e1),
+                                      edge_ptr[g0:g1 + 1] - e0, params, num_threads)
             for name, writer_of in arrays.items():
                 writer_of.append(encoded[name])
-            pair_ptr.append(encoded["pair_ptr"][1:] + pairs_before)
-            pairs_before += int(encoded["pair_ptr"][-1])
+            if pair_ptr is not None:
+                pair_ptr.append(encoded["pair_ptr"][1:] + pairs_before)
+                pairs_before += int(encoded["pair_ptr"][-1])
             bar.update(g1 - g0)
 
 
@@ -465,19 +458,24 @@ def _edge_columns(edge_index: np.ndarray, e0: int, e1: int) -> np.ndarray:
     return np.ascontiguousarray(edge_index[:, e0:e1], dtype=np.int64)
 
 
-def encoding_fingerprint(max_hops: int, input_fingerprint: dict) -> dict:
-    return {"kind": "graph encodings", "max_hops": int(max_hops), "encoder_version": encoder_version(),
-            "input": input_fingerprint}
+def entry_arrays(encoder: Encoder) -> tuple[str, ...]:
+    """The arrays of ``encoder``'s cache entry."""
+    pairs = ("pair_ptr",) if any(e.per == "pair" for e in encoder.encodings) else ()
+    return (*(e.name for e in encoder.encodings), *pairs)
 
 
 def cached_encodings(directory: str | os.PathLike, node_ptr: np.ndarray, edge_index: np.ndarray,
-                     edge_ptr: np.ndarray, max_hops: int, num_threads: int = 1) -> dict[str, np.ndarray]:
-    """Every :data:`~.encoding_registry.ENCODING_ARRAYS` array of the graphs (``spd [P]``,
-    ``path_edges [P, K]``, ``degree [N]``, ``pair_ptr [G + 1]``),
-    from the cache entry ``directory`` or computed chunk by chunk with ``encode_graphs`` and
-    streamed there."""
+                     edge_ptr: np.ndarray, params: EncodingParams, num_threads: int = 1,
+                     encoder: Encoder = PATHS, input_fingerprint: dict | None = None) -> dict[str, np.ndarray]:
+    """The arrays of ``encoder`` (:func:`entry_arrays`; for :data:`~.encoding_registry.PATHS`
+    ``spd [P]``, ``path_edges [P, K]``, ``degree [N]``, ``pair_ptr [G + 1]``) of the graphs, from
+    the cache entry ``directory`` or computed chunk by chunk and streamed there. The entry is keyed
+    by ``input_fingerprint`` (default: :func:`graph_input_fingerprint` of the graphs)."""
     node_ptr = np.ascontiguousarray(node_ptr, dtype=np.int64)
     edge_ptr = np.ascontiguousarray(edge_ptr, dtype=np.int64)
-    fingerprint = encoding_fingerprint(max_hops, graph_input_fingerprint(node_ptr, edge_index, edge_ptr))
+    if input_fingerprint is None:
+        input_fingerprint = graph_input_fingerprint(node_ptr, edge_index, edge_ptr)
+    fingerprint = encoder.fingerprint(params, input_fingerprint)
     return cached_entry(directory, fingerprint, lambda writer: write_encodings(
-        writer, node_ptr, edge_index, edge_ptr, max_hops, num_threads, progress=True), expect=ENCODING_ARRAYS)
+        writer, node_ptr, edge_index, edge_ptr, params, num_threads, progress=True, encoder=encoder),
+        expect=entry_arrays(encoder))

@@ -8,8 +8,8 @@ rows ``node_ptr[g]:node_ptr[g+1]``, edge rows ``edge_ptr[g]:edge_ptr[g+1]`` and 
 the ``O(n^2)`` pair arrays, so a ``DataLoader`` builds a whole batch in one ``__getitems__`` call
 (> 40,000 ZINC graphs/s on one core).
 
-The node and node-pair encodings are gathered as their entries in :data:`~.encoding_registry.ENCODINGS`
-say (dtype, padding value). Path edges are stored as LOCAL edge ids (relative to
+The node and node-pair encodings, whichever the graphs carry, are gathered as their specs in
+:mod:`~.encoding_registry` say (per node or pair, dtype, padding value). Path edges are stored as LOCAL edge ids (relative to
 ``edge_ptr[g]``, as the encoder returns them); collation turns them into rows of the batch's
 ``edge_attr`` by adding the number of edges of the graphs before ``b`` in the batch. ``-1``
 stays ``-1``, which indexes the all-zero last row of ``edge_attr``, so
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from graphormer_urpe.data.batch import BatchPadding, GraphBatch
-from graphormer_urpe.data.encoding_registry import ENCODINGS, NODE_ENCODINGS, PAIR_ENCODINGS
+from graphormer_urpe.data.encoding_registry import ENCODING_BY_NAME, Encoding
 
 
 A = TypeVar("A")
@@ -43,11 +43,11 @@ class GraphArrays(Generic[A]):
             encoder saw them (path edge ids refer to these rows).
         edge_ptr: ``[G + 1]`` int64.
         y: ``[G, T]`` float32 targets (NaN = unknown).
-        spd, path_edges, degree: the encodings of :data:`~.encoding_registry.ENCODINGS` (there: layout,
-            dtypes): ``spd [sum n^2]`` shortest-path hops (``-1`` = unreachable),
-            ``path_edges [sum n^2, K]`` local edge ids along one shortest path (``-1`` pad),
-            ``degree [sum n]`` out-degree.
         pair_ptr: ``[G + 1]`` int64, ``pair_ptr[g + 1] - pair_ptr[g] = n_g^2``.
+        encodings: name -> stored array, in the layout of :mod:`~.encoding_registry`
+            (``spd [sum n^2]`` shortest-path hops, ``-1`` = unreachable; ``path_edges [sum n^2, K]``
+            local edge ids along one shortest path, ``-1`` pad; ``degree [sum n]`` out-degree;
+            optional ones such as ``rwse [sum n, S]``).
     """
 
     x: A
@@ -55,21 +55,15 @@ class GraphArrays(Generic[A]):
     edge_attr: A
     edge_ptr: A
     y: A
-    spd: A
-    path_edges: A
-    degree: A
     pair_ptr: A
+    encodings: dict[str, A]
 
-    @property
-    def max_hops(self) -> int:
-        """``K``: hops stored per node pair."""
-        return int(getattr(self, _PER_HOP.name).shape[1])
+    def specs(self) -> list[tuple[Encoding, A]]:
+        """``(spec, stored array)`` of every encoding, in storage order."""
+        return [(ENCODING_BY_NAME[name], values) for name, values in self.encodings.items()]
 
     def __len__(self) -> int:
         return len(self.node_ptr) - 1
-
-
-_PER_HOP = next(e for e in ENCODINGS if e.per_hop)
 
 
 @dataclass(frozen=True)
@@ -87,8 +81,8 @@ class FlatGraphs(GraphArrays[np.ndarray]):
             "y rows": self.y.ndim == 2 and self.y.shape[0] == g,
             "x rows": self.x.ndim == 2 and self.x.shape[0] == self.node_ptr[-1],
             "edge_attr rows": self.edge_attr.ndim == 2 and self.edge_attr.shape[0] == self.edge_ptr[-1],
-            **{f"{e.name} rows": getattr(self, e.name).ndim == 1 + e.per_hop
-               and getattr(self, e.name).shape[0] == rows[e.per] for e in ENCODINGS},
+            **{f"{name} rows": name in ENCODING_BY_NAME and values.ndim == 1 + bool(ENCODING_BY_NAME[name].width)
+               and values.shape[0] == rows[ENCODING_BY_NAME[name].per] for name, values in self.encodings.items()},
             "pair_ptr = cumsum(n^2)": g == 0 or np.array_equal(np.diff(self.pair_ptr), n * n),
         }
         bad = [name for name, ok in checks.items() if not ok]
@@ -129,7 +123,6 @@ def collate(graphs: FlatGraphs, indices: Sequence[int] | np.ndarray, y: np.ndarr
         raise ValueError(f"graph indices must lie in [0, {len(graphs)}), got "
                          f"[{index.min()}, {index.max()}]")
     b = index.size
-    k = graphs.max_hops
 
     node_start = graphs.node_ptr[index]
     n = graphs.node_ptr[index + 1] - node_start
@@ -150,10 +143,11 @@ def collate(graphs: FlatGraphs, indices: Sequence[int] | np.ndarray, y: np.ndarr
     node_mask = np.zeros(b * big_n, dtype=bool)
     node_mask[node_dst] = True
     encoded = {}
-    for enc in NODE_ENCODINGS:
-        values = np.full((b * big_n, *enc.row_shape(k)), enc.fill, dtype=enc.batch_dtype)
-        values[node_dst] = getattr(graphs, enc.name)[node_src]
-        encoded[enc.name] = values.reshape(b, big_n, *enc.row_shape(k))
+    for enc, stored in graphs.specs():
+        if enc.per == "node":
+            values = np.full((b * big_n, *stored.shape[1:]), enc.fill, dtype=enc.batch_dtype)
+            values[node_dst] = stored[node_src]
+            encoded[enc.name] = values.reshape(b, big_n, *stored.shape[1:])
 
     # Edges: concatenated, plus the all-zero row that path edge -1 resolves to.
     edge_owner, edge_local = _ragged_positions(m)
@@ -164,8 +158,10 @@ def collate(graphs: FlatGraphs, indices: Sequence[int] | np.ndarray, y: np.ndarr
     # Node pairs: graph g's [n, n, *S] block is contiguous in storage, so one slice copy per
     # graph is ~3x faster than a fancy-index gather of all pairs (measured on ZINC).
     sizes, pair_start = n.tolist(), graphs.pair_ptr[index].tolist()
-    for enc in PAIR_ENCODINGS:
-        stored, row_shape = getattr(graphs, enc.name), enc.row_shape(k)
+    for enc, stored in graphs.specs():
+        if enc.per != "pair":
+            continue
+        row_shape = stored.shape[1:]
         values = np.full((b, big_n, big_n, *row_shape), enc.fill, dtype=enc.batch_dtype)
         for row, (size, start) in enumerate(zip(sizes, pair_start)):
             block = values[row, :size, :size]
@@ -177,7 +173,7 @@ def collate(graphs: FlatGraphs, indices: Sequence[int] | np.ndarray, y: np.ndarr
     return GraphBatch(
         x=torch.from_numpy(x.reshape(b, big_n, graphs.x.shape[1])),
         node_mask=torch.from_numpy(node_mask.reshape(b, big_n)),
-        **{name: torch.from_numpy(values) for name, values in encoded.items()},
+        encodings={name: torch.from_numpy(encoded[name]) for name in graphs.encodings},
         edge_attr=torch.from_numpy(edge_attr),
         y=torch.from_numpy(np.ascontiguousarray(graphs.y[index] if y is None else y, dtype=np.float32)),
         num_nodes=torch.from_numpy(n.astype(np.int32)),

@@ -30,7 +30,8 @@ from graphormer_urpe.cores import usable_cores
 from graphormer_urpe.data.batch import BatchPadding, GraphBatch
 from graphormer_urpe.data.collate import FlatGraphs
 from graphormer_urpe.data.dataset import EncodedGraphDataset, SeededShuffleSampler
-from graphormer_urpe.data.encode import encode_smiles_store, encodings_dir, flat_graphs_from_pyg
+from graphormer_urpe.data.encode import encode_smiles_store, flat_graphs_from_pyg
+from graphormer_urpe.data.encoding_registry import EncodingParams
 from graphormer_urpe.data.features import num_embeddings
 from graphormer_urpe.data.featurize import featurizer_spec
 from graphormer_urpe.data.ogb_lsc import PCQM4M, PCQM4MV2, LSCLayout
@@ -59,6 +60,8 @@ class GraphDataModule(pl.LightningDataModule):
 
     Args:
         max_hops: ``K``, path edges kept per node pair (the model's multi-hop edge encoding).
+        rwse_steps: random-walk steps of the RWSE node encoding (0: none), which the model embeds
+            and adds to the atom features (:mod:`.encoding_registry`).
         batch_size: graphs per training batch; ``eval_batch_size`` (default: the same) for the rest.
         num_workers, pin_memory: ``DataLoader`` options.
         max_nodes: training graphs with more nodes are dropped (logged); evaluation keeps all.
@@ -90,12 +93,13 @@ class GraphDataModule(pl.LightningDataModule):
                  max_nodes: int = 128, seed: int = 0, eval_batch_size: int | None = None,
                  pin_memory: bool = False, encode_threads: int | None = None, build_workers: int | None = None,
                  device_resident: bool = False, static_shapes: bool = False,
-                 bucket_batches: int = 0) -> None:
+                 bucket_batches: int = 0, rwse_steps: int = 0) -> None:
         super().__init__()
         for name, value in (("max_hops", max_hops), ("batch_size", batch_size), ("max_nodes", max_nodes)):
             if int(value) < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        self.max_hops = int(max_hops)
+        #: Every encoding parameter: which encodings the batches carry, their widths, their caches.
+        self.encoding_params = EncodingParams(max_hops=int(max_hops), rwse_steps=int(rwse_steps))
         self.batch_size = int(batch_size)
         self.eval_batch_size = int(eval_batch_size or batch_size)
         self.num_workers = int(num_workers)
@@ -112,6 +116,15 @@ class GraphDataModule(pl.LightningDataModule):
         self._resident_graphs: list[tuple[FlatGraphs, TensorGraphs]] = []
 
     # Facts linked into the model ---------------------------------------------------------------
+    @property
+    def max_hops(self) -> int:
+        return self.encoding_params.max_hops
+
+    @property
+    def node_encodings(self) -> dict[str, int]:
+        """``{name: width}`` of the per-node encodings the model embeds (e.g. ``{"rwse": 16}``)."""
+        return self.encoding_params.node_encodings()
+
     @property
     def atom_feature_dims(self) -> tuple[int, ...]:
         return featurizer_spec(self.featurizer).atom_feature_dims
@@ -258,7 +271,7 @@ class ZINCDataModule(GraphDataModule):
         dataset = load_zinc(self.root, subset=self.subset, split=split, source_dir=self.source_dir,
                             num_workers=self.build_workers)
         return EncodedGraphDataset(flat_graphs_from_pyg(
-            dataset, encodings_dir(dataset.processed_dir, split, self.max_hops), self.max_hops,
+            dataset, (dataset.processed_dir, split), self.encoding_params,
             self.atom_feature_dims, self.bond_feature_dims, self.encode_threads))
 
 
@@ -315,8 +328,8 @@ class SMILESTableDataModule(GraphDataModule):
                                           max_atoms=self.table_max_atoms)
             graph_of_row, y = np.asarray(arrays["graph_of_row"]), np.asarray(arrays["y"])
             splits = self.split_rows(graph_of_row, y)
-            graphs = encode_smiles_store(arrays, encodings_dir(work_dir, "molecules", self.max_hops),
-                                         self.max_hops, self.featurizer, self.encode_threads)
+            graphs = encode_smiles_store(arrays, (work_dir, "molecules"), self.encoding_params,
+                                         self.featurizer, self.encode_threads)
             self._store = (graphs, graph_of_row, y, splits)
         return self._store
 

@@ -1,15 +1,17 @@
 r"""Graphormer + URPE on any PyG dataset, in a plain PyTorch loop.
 
 :class:`GraphormerEncodings` is a ``torch_geometric.transforms.BaseTransform`` that adds this
-project's structural encodings (:mod:`graphormer_urpe.algos`, the Cython encoder) to a ``Data``
-with ``n`` nodes, in the stored layout of :data:`~.encoding_registry.ENCODINGS`:
+project's structural encodings (:mod:`graphormer_urpe.algos`, the Cython encoder, and those its
+:class:`~.encoding_registry.EncodingParams` switch on) to a ``Data`` with ``n`` nodes, in the
+stored layout of :mod:`~.encoding_registry`:
 
 - ``spd`` int16 ``[n * n]``: shortest-path hops, pair ``(i, j)`` at ``i * n + j`` (-1 unreachable);
 - ``path_edges`` int16 ``[n * n, K]``: local edge ids (columns of ``edge_index``) along one
   shortest path, -1 padded;
-- ``degree`` int16 ``[n]``: out-degree.
+- ``degree`` int16 ``[n]``: out-degree;
+- ``rwse`` float32 ``[n, S]`` with ``rwse_steps=S``.
 
-All three are flat along dim 0, so PyG's own ``DataLoader`` batches them by concatenation, and
+All are flat along dim 0, so PyG's own ``DataLoader`` batches them by concatenation, and
 :func:`to_graph_batch` turns the resulting ``Batch`` into the padded
 :class:`~.batch.GraphBatch` that :class:`~graphormer_urpe.nn.graphormer.Graphormer` takes::
 
@@ -34,36 +36,39 @@ import torch
 from torch_geometric.data import Data
 from torch_geometric.transforms import BaseTransform
 
-from graphormer_urpe.algos import shortest_paths
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.data.collate import FlatGraphs, collate
-from graphormer_urpe.data.encoding_registry import ENCODINGS
+from graphormer_urpe.data.encoding_registry import CORE_ENCODINGS, ENCODING_BY_NAME, EncodingParams
 from graphormer_urpe.data.features import to_shared_ids
 
 
 class GraphormerEncodings(BaseTransform):
-    """Adds ``spd``, ``path_edges`` and ``degree`` (module docstring) to a ``Data``.
+    """Adds ``spd``, ``path_edges``, ``degree`` and the optional encodings (module docstring) to a
+    ``Data``.
 
     Args:
         max_hops: ``K``, edges kept per shortest path (the model's ``max_hops``).
+        rwse_steps: and the other :class:`~.encoding_registry.EncodingParams` fields.
     """
 
-    def __init__(self, max_hops: int = 5) -> None:
-        self.max_hops = int(max_hops)
+    def __init__(self, max_hops: int = 5, **params: int) -> None:
+        self.params = EncodingParams(max_hops=int(max_hops), **params)
+        self.max_hops = self.params.max_hops
 
     def forward(self, data: Data) -> Data:
         n = int(data.num_nodes)
         edge_index = np.ascontiguousarray(data.edge_index.numpy(), dtype=np.int64)
-        spd, path_edges = shortest_paths(n, edge_index, self.max_hops)
-        degree = np.bincount(edge_index[0], minlength=n)
-        values = {"spd": spd, "path_edges": path_edges, "degree": degree}
-        for enc in ENCODINGS:
-            stored = np.asarray(values[enc.name], dtype=enc.dtype).reshape(-1, *enc.row_shape(self.max_hops))
-            data[enc.name] = torch.from_numpy(np.ascontiguousarray(stored))
+        node_ptr = np.array([0, n], dtype=np.int64)
+        edge_ptr = np.array([0, edge_index.shape[1]], dtype=np.int64)
+        for encoder in self.params.encoders():
+            values = encoder.compute(node_ptr, edge_index, edge_ptr, self.params, 1)
+            for enc in encoder.encodings:
+                data[enc.name] = torch.from_numpy(np.ascontiguousarray(values[enc.name]))
         return data
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(max_hops={self.max_hops})"
+        set_params = ", ".join(f"{k}={v}" for k, v in self.params.as_dict().items() if v)
+        return f"{type(self).__name__}({set_params})"
 
 
 def to_graph_batch(batch, atom_feature_dims: Sequence[int], bond_feature_dims: Sequence[int]) -> GraphBatch:
@@ -75,7 +80,7 @@ def to_graph_batch(batch, atom_feature_dims: Sequence[int], bond_feature_dims: S
     ValueError naming the column. ``y`` is taken as ``[B, T]`` (NaN = unknown); a batch without
     ``y`` gets NaN.
     """
-    missing = [e.name for e in ENCODINGS if e.name not in batch]
+    missing = [name for name in CORE_ENCODINGS if name not in batch]
     if missing:
         raise ValueError(f"the batch has no {missing}: add GraphormerEncodings() as the dataset's "
                          "transform or pre_transform")
@@ -92,5 +97,5 @@ def to_graph_batch(batch, atom_feature_dims: Sequence[int], bond_feature_dims: S
         x=to_shared_ids(batch.x.numpy(), atom_feature_dims, "atom"), node_ptr=node_ptr,
         edge_attr=to_shared_ids(batch.edge_attr.numpy(), bond_feature_dims, "bond"), edge_ptr=edge_ptr,
         y=y, pair_ptr=np.concatenate([[0], np.cumsum(num_nodes * num_nodes)]).astype(np.int64),
-        **{e.name: batch[e.name].numpy() for e in ENCODINGS})
+        encodings={name: batch[name].numpy() for name in ENCODING_BY_NAME if name in batch})
     return collate(flat, np.arange(num_graphs))

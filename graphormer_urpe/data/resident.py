@@ -47,7 +47,6 @@ from torch import Tensor
 from graphormer_urpe.data.batch import BatchPadding, GraphBatch
 from graphormer_urpe.data.collate import FlatGraphs, GraphArrays
 from graphormer_urpe.data.dataset import EncodedGraphDataset, SeededShuffleSampler
-from graphormer_urpe.data.encoding_registry import NODE_ENCODINGS, PAIR_ENCODINGS
 
 
 @functools.cache
@@ -72,7 +71,8 @@ class TensorGraphs(GraphArrays[Tensor]):
     @classmethod
     def from_flat(cls, graphs: FlatGraphs, device: torch.device | str = "cpu") -> "TensorGraphs":
         device = torch.device(device)
-        return cls(**{f.name: _as_tensor(getattr(graphs, f.name), device) for f in fields(cls)})
+        return cls(**{f.name: _as_tensor(getattr(graphs, f.name), device) for f in fields(cls) if f.name != "encodings"},
+                   encodings={name: _as_tensor(values, device) for name, values in graphs.encodings.items()})
 
     @property
     def device(self) -> torch.device:
@@ -130,7 +130,7 @@ def gather_batch(graphs: TensorGraphs, index: Tensor, y: Tensor | None = None,
     m = graphs.edge_ptr.index_select(0, index + 1) - edge_start
     if shape is None:
         shape = BatchShape.of(n, m)
-    b, big_n, k = shape.num_graphs, shape.max_nodes, graphs.max_hops
+    b, big_n = shape.num_graphs, shape.max_nodes
     if b != len(index):
         raise ValueError(f"shape is for {b} graphs but index has {len(index)}")
     edge_rows = shape.total_edges
@@ -147,11 +147,12 @@ def gather_batch(graphs: TensorGraphs, index: Tensor, y: Tensor | None = None,
     node_mask = torch.zeros(b * big_n, dtype=torch.bool, device=device)
     node_mask.index_fill_(0, node_dst, True)
     encoded = {}
-    for enc in NODE_ENCODINGS:
-        values = torch.full((b * big_n, *enc.row_shape(k)), enc.fill, dtype=_torch_dtype(enc.batch_dtype),
-                            device=device)
-        values.index_copy_(0, node_dst, getattr(graphs, enc.name).index_select(0, node_src).to(values.dtype))
-        encoded[enc.name] = values.view(b, big_n, *enc.row_shape(k))
+    for enc, stored in graphs.specs():
+        if enc.per == "node":
+            values = torch.full((b * big_n, *stored.shape[1:]), enc.fill, dtype=_torch_dtype(enc.batch_dtype),
+                                device=device)
+            values.index_copy_(0, node_dst, stored.index_select(0, node_src).to(values.dtype))
+            encoded[enc.name] = values.view(b, big_n, *stored.shape[1:])
 
     # Edges: concatenated, plus the all-zero row that path edge -1 resolves to.
     edge_owner, edge_local = ragged_positions(m, shape.total_edges)
@@ -165,18 +166,20 @@ def gather_batch(graphs: TensorGraphs, index: Tensor, y: Tensor | None = None,
     owner_n = n.index_select(0, pair_owner)
     row = torch.div(pair_local, owner_n, rounding_mode="floor")
     pair_dst = pair_owner * (big_n * big_n) + row * big_n + (pair_local - row * owner_n)
-    for enc in PAIR_ENCODINGS:
-        values = getattr(graphs, enc.name).index_select(0, pair_src).to(_torch_dtype(enc.batch_dtype))
+    for enc, stored in graphs.specs():
+        if enc.per != "pair":
+            continue
+        values = stored.index_select(0, pair_src).to(_torch_dtype(enc.batch_dtype))
         if enc.edge_ids:  # local -> batch edge row; -1 stays -1 (x >> 31 is -1 iff x < 0, so the mask is 0)
             values += edge_offset.index_select(0, pair_owner).view(-1, *[1] * (values.dim() - 1)) & ~(values >> 31)
-        padded = torch.full((b * big_n * big_n, *enc.row_shape(k)), enc.fill, dtype=values.dtype, device=device)
+        padded = torch.full((b * big_n * big_n, *stored.shape[1:]), enc.fill, dtype=values.dtype, device=device)
         padded.index_copy_(0, pair_dst, values)
-        encoded[enc.name] = padded.view(b, big_n, big_n, *enc.row_shape(k))
+        encoded[enc.name] = padded.view(b, big_n, big_n, *stored.shape[1:])
 
     return GraphBatch(
         x=x.view(b, big_n, -1),
         node_mask=node_mask.view(b, big_n),
-        **encoded,
+        encodings={name: encoded[name] for name in graphs.encodings},
         edge_attr=edge_attr,
         y=(graphs.y.index_select(0, index) if y is None else y).to(torch.float32),
         num_nodes=n.to(torch.int32),
@@ -199,7 +202,7 @@ def gather_static(graphs: TensorGraphs, index: Tensor, padding: BatchPadding, y:
     split, :meth:`~.batch.BatchPadding.covering`).
     """
     device = graphs.device
-    k, big_n, big_e = graphs.max_hops, padding.num_nodes, padding.num_edges
+    big_n, big_e = padding.num_nodes, padding.num_edges
     node_start = graphs.node_ptr.index_select(0, index)
     n = graphs.node_ptr.index_select(0, index + 1) - node_start
     edge_start = graphs.edge_ptr.index_select(0, index)
@@ -212,10 +215,12 @@ def gather_static(graphs: TensorGraphs, index: Tensor, padding: BatchPadding, y:
     real_rows = node_real.view(-1, 1)
     x = torch.where(real_rows, graphs.x.index_select(0, node_src), 0).to(torch.int32)
     encoded = {}
-    for enc in NODE_ENCODINGS:
-        values = getattr(graphs, enc.name).index_select(0, node_src).to(_torch_dtype(enc.batch_dtype))
+    for enc, stored in graphs.specs():
+        if enc.per != "node":
+            continue
+        values = stored.index_select(0, node_src).to(_torch_dtype(enc.batch_dtype))
         encoded[enc.name] = torch.where(real_rows.view(-1, *[1] * (values.dim() - 1)), values,
-                                        enc.fill).view(b, big_n, *enc.row_shape(k))
+                                        enc.fill).view(b, big_n, *stored.shape[1:])
 
     edge_end = torch.cumsum(m, 0)  # o_b + m_b
     edge_offset = edge_end - m  # o_b: first batch row of graph b's edges
@@ -230,10 +235,12 @@ def gather_static(graphs: TensorGraphs, index: Tensor, padding: BatchPadding, y:
     pair_real = node_real[:, :, None] & node_real[:, None, :]  # [B, N, N]
     pair_src = graphs.pair_ptr.index_select(0, index)[:, None, None] + local[:, None] * n[:, None, None] + local
     pair_src = torch.where(pair_real, pair_src, 0).view(-1)
-    for enc in PAIR_ENCODINGS:
-        row_dims = len(enc.row_shape(k))
-        values = getattr(graphs, enc.name).index_select(0, pair_src).to(_torch_dtype(enc.batch_dtype))
-        values = values.view(b, big_n, big_n, *enc.row_shape(k))
+    for enc, stored in graphs.specs():
+        if enc.per != "pair":
+            continue
+        row_dims = stored.dim() - 1
+        values = stored.index_select(0, pair_src).to(_torch_dtype(enc.batch_dtype))
+        values = values.view(b, big_n, big_n, *stored.shape[1:])
         if enc.edge_ids:  # local -> batch edge row; -1 stays -1
             offset = edge_offset.to(values.dtype).view(b, 1, 1, *[1] * row_dims)
             values = torch.where(values >= 0, values + offset, values)
@@ -242,7 +249,7 @@ def gather_static(graphs: TensorGraphs, index: Tensor, padding: BatchPadding, y:
     return GraphBatch(
         x=x.view(b, big_n, -1),
         node_mask=node_real,
-        **encoded,
+        encodings={name: encoded[name] for name in graphs.encodings},
         edge_attr=edge_attr,
         y=(graphs.y.index_select(0, index) if y is None else y).to(torch.float32),
         num_nodes=n.to(torch.int32),

@@ -186,7 +186,8 @@ class EdgePathBias(nn.Module):
     (Graphormer also divides by the hop count, but its padded hops index a padding row that its
     init leaves non-zero; here they are masked out.)
 
-    ``K = min(max_hops, path_edges.shape[-1])``. The per-hop tables ``w W_k`` are built once per
+    ``path_edges`` must hold exactly ``K = max_hops`` hops (else a ValueError: data encoded with
+    other parameters than the model's). The per-hop tables ``w W_k`` are built once per
     batch (``[K, E+1, H]``) and summed along each path with :func:`F.embedding_bag`, so no
     ``[B, N, N, K, H]`` tensor is materialised. Under ``torch.compile`` the sum is a plain gather
     and reduction instead (:meth:`sum_hops_gather`), which inductor fuses into one kernel (again
@@ -220,12 +221,13 @@ class EdgePathBias(nn.Module):
             self.embedding.weight[0].zero_()
 
     def forward(self, edge_attr: Tensor, path_edges: Tensor) -> Tensor:
-        batch, n, _, k_in = path_edges.shape
-        k = min(self.max_hops, k_in)
+        batch, n, _, k = path_edges.shape
+        if k != self.max_hops:
+            raise ValueError(f"path_edges hold {k} hops but the edge encoding has max_hops={self.max_hops}")
         num_rows = edge_attr.shape[0]  # E + 1
         edge_values = self.embedding(edge_attr).mean(dim=-2)  # [E+1, H]
-        hop_tables = torch.einsum("eh,khg->keg", edge_values, self.hop_weight[:k])  # [K, E+1, H]
-        hops = path_edges[..., :k].reshape(-1, k)
+        hop_tables = torch.einsum("eh,khg->keg", edge_values, self.hop_weight)  # [K, E+1, H]
+        hops = path_edges.reshape(-1, k)
         present = hops >= 0
         table = hop_tables.reshape(k * num_rows, -1)
         compiling = torch.compiler.is_compiling()

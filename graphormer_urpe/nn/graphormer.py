@@ -1,13 +1,14 @@
 r"""The Graphormer backbone (Ying et al., 2021) with URPE attention (Luo et al., 2022).
 
 .. math::
-    h^{(0)} &= [\,g;\ E_{atom}(x) + z(\deg)\,] \in \mathbb{R}^{(N+1) \times D}
+    h^{(0)} &= [\,g;\ E_{atom}(x) + z(\deg) + \textstyle\sum_s W_s r_s\,] \in \mathbb{R}^{(N+1) \times D}
     \qquad \text{(graph token } g \text{ at index 0)} \\
     a^{(l)} &= h^{(l-1)} + \mathrm{Attn}\big(\mathrm{LN}(h^{(l-1)});\ B,\ C^{(l)}\big), \qquad
     h^{(l)} = a^{(l)} + \mathrm{FFN}\big(\mathrm{LN}(a^{(l)})\big) \\
     \hat y &= W\, \mathrm{LN}(h^{(L)})_0 + b
 
-with ``Attn`` = :class:`~graphormer_urpe.nn.attention.URPEAttention`,
+with ``r_s`` the data's optional per-node encodings (``node_encodings``, e.g. RWSE) and ``W_s`` a
+linear map each, ``Attn`` = :class:`~graphormer_urpe.nn.attention.URPEAttention`,
 ``B = spatial(SPD) + edge path + graph-token virtual distance`` (shared by all layers, as in
 Graphormer) and ``C^{(l)}`` the URPE scale table indexed by SPD (one per layer, or one shared by
 all layers with ``share_urpe_scale``). ``attention`` selects the variant: ``"urpe"`` (B and C),
@@ -29,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from graphormer_urpe.data.batch import GraphBatch
+from graphormer_urpe.data.encoding_registry import CORE_ENCODINGS
 from graphormer_urpe.nn.attention import URPEAttention, attention_kernel
 from graphormer_urpe.nn.dropout import Dropout
 from graphormer_urpe.nn.encodings import (
@@ -85,7 +87,11 @@ class Graphormer(nn.Module):
             (:func:`graphormer_urpe.data.features.num_embeddings`; ZINC: 29).
         num_bond_embeddings: bond id table size incl. padding id 0 (ZINC: 5).
         num_targets: outputs per graph.
-        max_hops: hops of each shortest path used by the edge encoding.
+        max_hops: hops of each shortest path used by the edge encoding; the batches'
+            ``path_edges`` must hold exactly as many.
+        node_encodings: ``{name: width}`` of the data's per-node float encodings to embed (e.g.
+            ``{"rwse": 16}``): each gets a linear map to ``hidden_dim`` added to the atom
+            features; every batch must carry exactly these (:meth:`check_encodings`).
         num_layers, hidden_dim, ffn_dim, num_heads, attention, share_urpe_scale, dropout,
             attention_dropout, activation_dropout, max_degree, max_spd, attention_impl: the
             architecture, documented on :class:`GraphormerConfig` (attention kernels:
@@ -110,6 +116,7 @@ class Graphormer(nn.Module):
         max_spd: int = 38,
         max_hops: int = 5,
         attention_impl: str = "eager",
+        node_encodings: Mapping[str, int] | None = None,
     ) -> None:
         super().__init__()
         if attention not in ATTENTION_KINDS:
@@ -129,6 +136,8 @@ class Graphormer(nn.Module):
         self.max_spd = max_spd
         self.num_heads = num_heads
         self.attention_impl = attention_impl
+        self.max_hops = max_hops
+        self.node_encodings = {name: int(width) for name, width in (node_encodings or {}).items()}
 
         self.atom_encoder = AtomEncoder(num_atom_embeddings, hidden_dim)
         self.degree_encoder = DegreeEncoder(max_degree, hidden_dim)
@@ -148,6 +157,9 @@ class Graphormer(nn.Module):
             for _ in range(num_layers))
         self.final_norm = nn.LayerNorm(hidden_dim)
         self.head = nn.Linear(hidden_dim, num_targets)
+        if self.node_encodings:  # absent otherwise: the state dict of a model without them is unchanged
+            self.node_encoders = nn.ModuleDict({name: nn.Linear(width, hidden_dim)
+                                                for name, width in self.node_encodings.items()})
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -192,12 +204,34 @@ class Graphormer(nn.Module):
         tables = torch.stack([scale.table().detach().float() for scale in self.urpe_scales])
         return tables.expand(num_layers, -1, -1).clone() if len(tables) == 1 else tables.clone()
 
+    def check_encodings(self, batch: GraphBatch) -> None:
+        """ValueError unless ``batch`` carries exactly the encodings this model reads, of its
+        widths: the data's encoding parameters must be the model's (``max_hops``,
+        ``node_encodings``; a checkpoint records both)."""
+        expected = {*CORE_ENCODINGS, *self.node_encodings}
+        names = set(batch.encodings)
+        if names != expected:
+            raise ValueError(f"the batch carries encodings {sorted(names)} but the model reads {sorted(expected)}: "
+                             "the data's encoding parameters must be those the model was built with "
+                             f"(max_hops={self.max_hops}, node_encodings={self.node_encodings})")
+        hops = batch.encodings["path_edges"].shape[-1]
+        if hops != self.max_hops:
+            raise ValueError(f"the batch's path_edges hold {hops} hops but the model's max_hops is "
+                             f"{self.max_hops}: encode the data with max_hops={self.max_hops}")
+        for name, width in self.node_encodings.items():
+            values = batch.encodings[name]
+            if values.shape != (*batch.node_mask.shape, width):
+                raise ValueError(f"the batch's {name} is {list(values.shape)} but the model embeds "
+                                 f"[B, N, {width}] (node_encodings={self.node_encodings})")
+
     def _check_batch(self, batch: GraphBatch) -> None:
+        self.check_encodings(batch)
         b, n = batch.node_mask.shape
         shapes = {"x": (batch.x.ndim == 3 and batch.x.shape[:2] == (b, n)),
-                  "degree": batch.degree.shape == (b, n),
-                  "spd": batch.spd.shape == (b, n, n),
-                  "path_edges": batch.path_edges.ndim == 4 and batch.path_edges.shape[:3] == (b, n, n),
+                  "degree": batch.encodings["degree"].shape == (b, n),
+                  "spd": batch.encodings["spd"].shape == (b, n, n),
+                  "path_edges": batch.encodings["path_edges"].ndim == 4
+                  and batch.encodings["path_edges"].shape[:3] == (b, n, n),
                   "edge_attr": batch.edge_attr.ndim == 2}
         bad = [name for name, ok in shapes.items() if not ok]
         if bad:
@@ -226,8 +260,8 @@ class Graphormer(nn.Module):
         layer's C up when it is reached."""
         if self.attention == "none":
             return None, [None] * len(self.layers)
-        slots = distance_slots(batch.spd, self.max_spd)  # [B, N, N]
-        node_bias = self.spatial_bias(slots) + self.edge_bias(batch.edge_attr, batch.path_edges)
+        slots = distance_slots(batch.encodings["spd"], self.max_spd)  # [B, N, N]
+        node_bias = self.spatial_bias(slots) + self.edge_bias(batch.edge_attr, batch.encodings["path_edges"])
         attn_bias = self.virtual_distance(node_bias)
         if self.urpe_scales is None:
             return attn_bias, [None] * len(self.layers)
@@ -244,7 +278,9 @@ class Graphormer(nn.Module):
     def forward(self, batch: GraphBatch) -> Tensor:
         self._check_batch(batch)
         node_mask = batch.node_mask
-        nodes = self.atom_encoder(batch.x) + self.degree_encoder(batch.degree, node_mask)
+        nodes = self.atom_encoder(batch.x) + self.degree_encoder(batch.encodings["degree"], node_mask)
+        for name, encoder in (self.node_encoders.items() if self.node_encodings else ()):
+            nodes = nodes + encoder(batch.encodings[name].to(nodes.dtype)) * node_mask[..., None]
         h = self.input_dropout(self.graph_token(nodes))  # [B, N+1, D]
         token_is_real = torch.zeros_like(node_mask[:, :1])
         key_padding_mask = torch.cat([token_is_real, ~node_mask], dim=1)  # [B, N+1]

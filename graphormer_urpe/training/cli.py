@@ -1,7 +1,7 @@
 """``graphormer-urpe {fit,validate,test,predict}``: LightningCLI over the module and the datamodules.
 
-Facts that belong to the data (vocabulary sizes, number of targets, ``max_hops``, the task and
-the featurizer) are linked from the instantiated DataModule into the model, so a config names
+Facts that belong to the data (vocabulary sizes, number of targets, ``max_hops``, the widths of
+its optional node encodings, the task and the featurizer) are linked from the instantiated DataModule into the model, so a config names
 each of them once. A run's outputs all go under ``trainer.default_root_dir``: TensorBoard and
 CSV logs, ``checkpoints/`` with the best model by the task's validation metric
 (``epoch=…-step=…-val_mae=….ckpt``) plus ``last.ckpt`` (resume a killed run with
@@ -37,7 +37,7 @@ from graphormer_urpe.training.task import get_task
 
 #: DataModule attributes that the model takes as init arguments of the same name.
 LINKED_DATA_FACTS = ("num_atom_embeddings", "num_bond_embeddings", "num_targets", "max_hops",
-                     "task", "featurizer")
+                     "node_encodings", "task", "featurizer")
 DEFAULT_RUN_DIR = "runs/default"
 PREDICTIONS_FILE = "predictions.csv"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]

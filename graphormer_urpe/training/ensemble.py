@@ -49,7 +49,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -134,12 +134,13 @@ def pad_graphs(batch: GraphBatch, num_graphs: int) -> GraphBatch:
     extra = num_graphs - batch.num_graphs
     if extra <= 0:
         return batch
-    return replace(batch, **{name: torch.cat([getattr(batch, name), getattr(batch, name).new_full(
-        (extra, *getattr(batch, name).shape[1:]), fill)]) for name, fill in GRAPH_PADDING.items()})
+    tensors = batch.tensors()
+    return GraphBatch.from_tensors({**tensors, **{name: torch.cat([tensors[name], tensors[name].new_full(
+        (extra, *tensors[name].shape[1:]), fill)]) for name, fill in GRAPH_PADDING.items() if name in tensors}})
 
 
 def _batch_fields(batch: GraphBatch) -> dict[str, Tensor]:
-    return {f.name: getattr(batch, f.name) for f in fields(batch)}
+    return batch.tensors()
 
 
 def stack_batches(batches: Sequence[GraphBatch]) -> dict[str, Tensor]:
@@ -340,7 +341,7 @@ class Ensemble:
         """The member's weights in the stacked (URPE) structure; an rpe member gets C = 1."""
         hp = member.module.hparams
         model, _ = build_backbone(hp.num_atom_embeddings, hp.num_bond_embeddings, hp.num_targets,
-                                  hp.max_hops, hp.task, hp.preset, backbone)
+                                  hp.max_hops, hp.task, hp.preset, backbone, hp.get("node_encodings"))
         missing, unexpected = model.load_state_dict(member.module.model.state_dict(), strict=False)
         if unexpected or any(".delta" not in key for key in missing):
             raise RuntimeError(f"{member.spec.label}: weights do not fit the stacked model "
@@ -358,7 +359,7 @@ class Ensemble:
 
     # The step ------------------------------------------------------------------------------
     def _member_predictions(self, params, buffers, fields_: dict[str, Tensor]) -> Tensor:
-        return functional_call(self.template.model, (params, buffers), (GraphBatch(**fields_),))
+        return functional_call(self.template.model, (params, buffers), (GraphBatch.from_tensors(fields_),))
 
     def _member_loss(self, params, buffers, fields_: dict[str, Tensor]) -> Tensor:
         return self.template._loss(self._member_predictions(params, buffers, fields_), fields_["y"])

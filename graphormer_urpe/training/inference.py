@@ -26,10 +26,11 @@ TRAINING_HPARAMS = frozenset({"lr", "end_lr", "warmup_steps", "total_steps", "po
 
 
 def build_backbone(num_atom_embeddings: int, num_bond_embeddings: int, num_targets: int, max_hops: int,
-                   task: str, preset: str,
-                   backbone: GraphormerConfig | Mapping[str, Any]) -> tuple[Graphormer, GraphormerConfig]:
+                   task: str, preset: str, backbone: GraphormerConfig | Mapping[str, Any],
+                   node_encodings: Mapping[str, int] | None = None) -> tuple[Graphormer, GraphormerConfig]:
     """The :class:`Graphormer` of these hyperparameters and its complete config (``backbone``'s
-    fields over the preset's); ValueError for an unknown preset or task."""
+    fields over the preset's); ValueError for an unknown preset or task. ``node_encodings`` None
+    (a checkpoint from before it existed) is none."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
     task = get_task(task)
@@ -38,7 +39,8 @@ def build_backbone(num_atom_embeddings: int, num_bond_embeddings: int, num_targe
         backbone = GraphormerConfig.from_dict(backbone)
     resolved = backbone.over(PRESETS[preset])
     model = Graphormer(num_atom_embeddings=num_atom_embeddings, num_bond_embeddings=num_bond_embeddings,
-                       num_targets=task.head_width(num_targets), max_hops=max_hops, **resolved.as_dict())
+                       num_targets=task.head_width(num_targets), max_hops=max_hops, node_encodings=node_encodings,
+                       **resolved.as_dict())
     return model, resolved
 
 
@@ -60,18 +62,20 @@ class InferenceModel(nn.Module):
     def __init__(self, num_atom_embeddings: int, num_bond_embeddings: int, num_targets: int = 1,
                  max_hops: int = 5, task: str = "regression", featurizer: str = "zinc",
                  preset: str = "slim", backbone: GraphormerConfig | Mapping[str, Any] = GraphormerConfig(),
-                 target_names: list[str] | None = None, **training: Any) -> None:
+                 target_names: list[str] | None = None, node_encodings: dict[str, int] | None = None,
+                 **training: Any) -> None:
         super().__init__()
         unknown = sorted(set(training) - TRAINING_HPARAMS)
         if unknown:
             raise TypeError(f"unexpected hyperparameters {unknown}")
         self.model, resolved = build_backbone(num_atom_embeddings, num_bond_embeddings, num_targets,
-                                              max_hops, task, preset, backbone)
+                                              max_hops, task, preset, backbone, node_encodings)
         self.task = get_task(task)
         self.hparams = HParams(num_atom_embeddings=num_atom_embeddings,
                                num_bond_embeddings=num_bond_embeddings, num_targets=num_targets,
                                max_hops=max_hops, task=task, featurizer=featurizer, preset=preset,
-                               backbone=resolved.as_dict(), target_names=target_names, **training)
+                               backbone=resolved.as_dict(), target_names=target_names,
+                               node_encodings=node_encodings, **training)
 
     def forward(self, batch: GraphBatch) -> Tensor:
         """Raw model outputs ``[B, num_targets]`` (logits for classification)."""

@@ -117,8 +117,10 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
     ROC-AUC) or multi-class classification (cross-entropy, accuracy); see :data:`Task`.
 
     Args:
-        num_atom_embeddings, num_bond_embeddings, num_targets, max_hops, task, featurizer:
-            facts of the data; the CLI links them from the DataModule. ``featurizer`` names how
+        num_atom_embeddings, num_bond_embeddings, num_targets, max_hops, task, featurizer,
+            node_encodings: facts of the data; the CLI links them from the DataModule
+            (``node_encodings``: ``{name: width}`` of its optional per-node encodings, such as
+            ``{"rwse": 16}``; None: none). ``featurizer`` names how
             SMILES become graphs (``zinc`` or ``ogb``), so inference can redo it from the
             checkpoint alone.
             For ``multiclass``, ``num_targets`` is the number of classes.
@@ -171,6 +173,7 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
         max_hops: int = 5,
         task: TaskName = "regression",
         featurizer: str = "zinc",
+        node_encodings: dict[str, int] | None = None,
         preset: str = "slim",
         backbone: GraphormerConfig = GraphormerConfig(),
         lr: float = 2e-4,
@@ -201,7 +204,7 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
             raise ValueError("compile (region-wise, dynamic shapes) and cuda_graphs (the whole "
                              "backbone, static shapes) exclude each other: set one")
         self.model, resolved = build_backbone(num_atom_embeddings, num_bond_embeddings, num_targets,
-                                              max_hops, task, preset, backbone)
+                                              max_hops, task, preset, backbone, node_encodings)
         # engine is how to train, not what: left out, a checkpoint is the same with or without it
         # (and a resumed run follows its own command line, which ckpt_path hparams would override).
         self.save_hyperparameters(ignore=["backbone", "engine"])

@@ -9,6 +9,7 @@ import pytest
 from graphormer_urpe import algos
 from graphormer_urpe.data import cache
 from graphormer_urpe.data.cache import cached_encodings, load_arrays
+from graphormer_urpe.data.encoding_registry import EncodingParams
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +34,8 @@ def count_encodes(monkeypatch):
 
 def test_cache_computes_once_then_loads_memory_mapped(zinc_val, tmp_path, count_encodes):
     node_ptr, edge_index, edge_ptr = zinc_val
-    first = cached_encodings(tmp_path / "val-k5", node_ptr, edge_index, edge_ptr, max_hops=5)
-    second = cached_encodings(tmp_path / "val-k5", node_ptr, edge_index, edge_ptr, max_hops=5)
+    first = cached_encodings(tmp_path / "val-k5", node_ptr, edge_index, edge_ptr, EncodingParams(max_hops=5))
+    second = cached_encodings(tmp_path / "val-k5", node_ptr, edge_index, edge_ptr, EncodingParams(max_hops=5))
     assert count_encodes == [5]
     direct = algos.encode_graphs(node_ptr, edge_index, edge_ptr, 5)
     assert isinstance(second["spd"], np.memmap) and not second["spd"].flags.writeable
@@ -47,14 +48,14 @@ def test_cache_computes_once_then_loads_memory_mapped(zinc_val, tmp_path, count_
 def test_changed_parameters_or_input_invalidate(zinc_val, tmp_path, count_encodes, monkeypatch):
     node_ptr, edge_index, edge_ptr = zinc_val
     entry = tmp_path / "val"
-    cached_encodings(entry, node_ptr, edge_index, edge_ptr, max_hops=5)
-    cached_encodings(entry, node_ptr, edge_index, edge_ptr, max_hops=3)  # parameter
-    assert cached_encodings(entry, node_ptr, edge_index, edge_ptr, max_hops=3)["path_edges"].shape[1] == 3
+    cached_encodings(entry, node_ptr, edge_index, edge_ptr, EncodingParams(max_hops=5))
+    cached_encodings(entry, node_ptr, edge_index, edge_ptr, EncodingParams(max_hops=3))  # parameter
+    assert cached_encodings(entry, node_ptr, edge_index, edge_ptr, EncodingParams(max_hops=3))["path_edges"].shape[1] == 3
     rewired = edge_index.copy()
     rewired[:, [0, 1]] = rewired[:, [1, 0]]  # same sizes, other edge order -> other path edge ids
-    cached_encodings(entry, node_ptr, rewired, edge_ptr, max_hops=3)  # input
+    cached_encodings(entry, node_ptr, rewired, edge_ptr, EncodingParams(max_hops=3))  # input
     monkeypatch.setattr(algos, "ENCODER_VERSION", "a new encoder", raising=False)
-    cached_encodings(entry, node_ptr, rewired, edge_ptr, max_hops=3)  # encoder version
+    cached_encodings(entry, node_ptr, rewired, edge_ptr, EncodingParams(max_hops=3))  # encoder version
     assert count_encodes == [5, 3, 3, 3]
 
 
@@ -123,7 +124,7 @@ def test_chunked_encoding_equals_one_shot(zinc_val, tmp_path, monkeypatch):
     node_ptr, edge_index, edge_ptr = zinc_val
     monkeypatch.setattr(cache, "PAIRS_PER_CHUNK", 5_000)  # ~20 graphs a chunk, 1,000 graphs
     assert len(cache.graph_chunks(node_ptr, 5_000)) > 20
-    chunked = cached_encodings(tmp_path / "k3", node_ptr, edge_index, edge_ptr, max_hops=3)
+    chunked = cached_encodings(tmp_path / "k3", node_ptr, edge_index, edge_ptr, EncodingParams(max_hops=3))
     direct = algos.encode_graphs(node_ptr, edge_index, edge_ptr, 3)
     assert np.array_equal(chunked["spd"], direct.spd) and np.array_equal(chunked["degree"], direct.degree)
     assert np.array_equal(chunked["path_edges"], direct.path_edges.reshape(-1, 3))
@@ -153,11 +154,11 @@ DAMAGES = {
 def test_damaged_entry_is_rebuilt_naming_the_file(damage, zinc_val, tmp_path, count_encodes, caplog):
     node_ptr, edge_index, edge_ptr = zinc_val
     entry = tmp_path / "val-k3"
-    expected = cached_encodings(entry, node_ptr, edge_index, edge_ptr, max_hops=3)["spd"].copy()
+    expected = cached_encodings(entry, node_ptr, edge_index, edge_ptr, EncodingParams(max_hops=3))["spd"].copy()
     damage_entry, message = DAMAGES[damage]
     damage_entry(entry)
     with caplog.at_level("WARNING", logger="graphormer_urpe.data.cache"):
-        rebuilt = cached_encodings(entry, node_ptr, edge_index, edge_ptr, max_hops=3)
+        rebuilt = cached_encodings(entry, node_ptr, edge_index, edge_ptr, EncodingParams(max_hops=3))
     assert count_encodes == [3, 3] and np.array_equal(rebuilt["spd"], expected)
     assert f"cache entry {entry} is damaged, rebuilding it" in caplog.text and message in caplog.text
     assert load_arrays(entry, json.loads((entry / "manifest.json").read_text())["fingerprint"], verify=True)
@@ -168,7 +169,7 @@ def test_changed_bytes_are_caught_by_verification(zinc_val, tmp_path, count_enco
     (``verify=True`` or ``GRAPHORMER_URPE_VERIFY_CACHE=1``), which rebuilds the entry."""
     node_ptr, edge_index, edge_ptr = zinc_val
     entry = tmp_path / "val-k3"
-    expected = cached_encodings(entry, node_ptr, edge_index, edge_ptr, max_hops=3)["path_edges"].copy()
+    expected = cached_encodings(entry, node_ptr, edge_index, edge_ptr, EncodingParams(max_hops=3))["path_edges"].copy()
     fingerprint = json.loads((entry / "manifest.json").read_text())["fingerprint"]
     with open(entry / "path_edges.npy", "r+b") as f:
         f.seek(-100, 2)
@@ -177,7 +178,7 @@ def test_changed_bytes_are_caught_by_verification(zinc_val, tmp_path, count_enco
     assert load_arrays(entry, fingerprint, verify=True) is None
     assert "path_edges.npy: checksum mismatch" in caplog.text
     monkeypatch.setenv(cache.VERIFY_ENV, "1")
-    rebuilt = cached_encodings(entry, node_ptr, edge_index, edge_ptr, max_hops=3)
+    rebuilt = cached_encodings(entry, node_ptr, edge_index, edge_ptr, EncodingParams(max_hops=3))
     assert count_encodes == [3, 3] and np.array_equal(rebuilt["path_edges"], expected)
 
 
@@ -249,14 +250,22 @@ def test_streamed_smiles_store_equals_in_memory_and_stays_memory_mapped(esol_csv
     assert np.array_equal(arrays["edge_index"], graphs["edge_index"]) and arrays["edge_index"].dtype == np.int16
     assert np.array_equal(arrays["y"][:, 0], y)
 
-    store = encode_smiles_store(arrays, tmp_path / "enc", 4, "ogb")
+    params = EncodingParams(max_hops=4, rwse_steps=3)  # RWSE streamed into its own entry too
+    store = encode_smiles_store(arrays, (tmp_path, "molecules"), params, "ogb")
     expected = encode_flat(graphs["x"], graphs["node_ptr"], graphs["edge_index"], graphs["edge_attr"],
-                           graphs["edge_ptr"], np.zeros(len(graphs["node_ptr"]) - 1), cache_dir=tmp_path / "direct",
-                           max_hops=4, atom_feature_dims=spec.atom_feature_dims,
+                           graphs["edge_ptr"], np.zeros(len(graphs["node_ptr"]) - 1), cache=(tmp_path, "direct"),
+                           params=params, atom_feature_dims=spec.atom_feature_dims,
                            bond_feature_dims=spec.bond_feature_dims)
-    for name in ("x", "node_ptr", "edge_attr", "edge_ptr", "spd", "path_edges", "degree", "pair_ptr"):
-        assert isinstance(getattr(store, name), np.memmap), name
-        assert np.array_equal(getattr(store, name), getattr(expected, name)), name
+    assert sorted(p.name for p in (tmp_path / "encodings").iterdir() if not p.name.startswith(".")) == [
+        "direct-k4", "direct-rwse3", "molecules-k4", "molecules-rwse3"]
+    stored = {**{name: getattr(store, name) for name in ("x", "node_ptr", "edge_attr", "edge_ptr", "pair_ptr")},
+              **store.encodings}
+    assert list(store.encodings) == ["degree", "spd", "path_edges", "rwse"]
+    for name, values in stored.items():
+        assert isinstance(values, np.memmap), name
+        reference = expected.encodings[name] if name in expected.encodings else getattr(expected, name)
+        assert np.array_equal(values, reference), name
     again = encode_smiles_store(cached_smiles_graphs(tmp_path / "graphs", {"test": 1}, lambda: 1 / 0, "ogb"),
-                                tmp_path / "enc", 4, "ogb")  # both entries load: nothing is rebuilt
-    assert np.array_equal(again.spd, store.spd)
+                                (tmp_path, "molecules"), params, "ogb")  # every entry loads: nothing is rebuilt
+    assert np.array_equal(again.encodings["spd"], store.encodings["spd"])
+    assert np.array_equal(again.encodings["rwse"], store.encodings["rwse"])

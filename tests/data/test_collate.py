@@ -55,10 +55,10 @@ def flat_and_raw():
         edge_attr=to_shared_ids(np.concatenate([ea for (_, _, ea), _ in raw]), BOND_DIMS, "bond"),
         edge_ptr=np.concatenate([[0], np.cumsum([ei.shape[1] for (_, ei, _), _ in raw])]),
         y=y,
-        spd=np.concatenate([s.reshape(-1) for s, _, _ in enc]),
-        path_edges=np.concatenate([p.reshape(-1, K) for _, p, _ in enc]),
-        degree=np.concatenate([d for _, _, d in enc]),
         pair_ptr=np.concatenate([[0], np.cumsum(np.square(sizes))]),
+        encodings={"spd": np.concatenate([s.reshape(-1) for s, _, _ in enc]),
+                   "path_edges": np.concatenate([p.reshape(-1, K) for _, p, _ in enc]),
+                   "degree": np.concatenate([d for _, _, d in enc])},
     )
     return flat, raw, enc, y
 
@@ -119,7 +119,7 @@ def test_shared_ids_offset_columns_and_reject_out_of_vocab():
 def test_flat_graphs_rejects_inconsistent_arrays(flat_and_raw):
     flat = flat_and_raw[0]
     with pytest.raises(ValueError, match="spd rows"):
-        FlatGraphs(**{**flat.__dict__, "spd": flat.spd[:-1]})
+        FlatGraphs(**{**flat.__dict__, "encodings": {**flat.encodings, "spd": flat.encodings["spd"][:-1]}})
 
 
 def test_collate_pyg_graphs_on_real_zinc(zinc_source):

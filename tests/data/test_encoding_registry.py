@@ -2,31 +2,31 @@
 device as its entry says (layout, dtype, padding, edge-row shift), on real ZINC."""
 from __future__ import annotations
 
-from dataclasses import fields
-
 import numpy as np
 import pytest
 import torch
 
-from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.data.collate import FlatGraphs, collate
 from graphormer_urpe.data.datamodule import ZINCDataModule
-from graphormer_urpe.data.encoding_registry import ENCODING_ARRAYS, ENCODINGS, Encoding
+from graphormer_urpe.data.encoding_registry import ENCODINGS, Encoding, EncodingParams
 from graphormer_urpe.data.resident import TensorGraphs, gather_batch
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
+PARAMS = EncodingParams(max_hops=3, rwse_steps=4)  # every encoder on
+
+
 def expected_values(graphs: FlatGraphs, enc: Encoding, index: np.ndarray) -> list[np.ndarray]:
     """Per batch graph, its stored values ``[n, *S]`` or ``[n, n, *S]``, local edge ids shifted
     by the edges of the graphs before it."""
-    stored, shape = getattr(graphs, enc.name), enc.row_shape(graphs.max_hops)
+    stored, shape = graphs.encodings[enc.name], enc.row_shape(PARAMS)
     ptr = graphs.node_ptr if enc.per == "node" else graphs.pair_ptr
     edges_before, out = 0, []
     for g in index:
         n = int(graphs.num_nodes[g])
         lead = (n, n) if enc.per == "pair" else (n,)
-        values = np.asarray(stored[ptr[g]:ptr[g + 1]], dtype=np.int64).reshape(*lead, *shape)
+        values = np.asarray(stored[ptr[g]:ptr[g + 1]]).reshape(*lead, *shape)
         if enc.edge_ids:
             values = np.where(values >= 0, values + edges_before, values)
         out.append(values)
@@ -35,22 +35,22 @@ def expected_values(graphs: FlatGraphs, enc: Encoding, index: np.ndarray) -> lis
 
 
 def test_every_encoding_is_batched_as_registered(zinc_data_root):
-    graphs = ZINCDataModule(root=str(zinc_data_root), max_hops=3).load_split("val").graphs
+    graphs = ZINCDataModule(root=str(zinc_data_root), **PARAMS.as_dict()).load_split("val").graphs
     index = np.array([4, 900, 4, 17, 333])
     batches = {"collate": collate(graphs, index),
                "gather_batch": gather_batch(TensorGraphs.from_flat(graphs), torch.from_numpy(index))}
     big_n = int(graphs.num_nodes[index].max())
     assert big_n > int(graphs.num_nodes[index].min()), "the batch needs padding to test it"
-    batch_fields = {f.name for f in fields(GraphBatch)}
+    assert list(graphs.encodings) == [enc.name for enc in ENCODINGS]
     for enc in ENCODINGS:
-        assert enc.name in batch_fields and enc.name in ENCODING_ARRAYS
-        assert getattr(graphs, enc.name).dtype == enc.dtype
+        assert graphs.encodings[enc.name].dtype == enc.dtype
         expected = expected_values(graphs, enc, index)
         lead = (big_n,) * (1 + (enc.per == "pair"))
         for path, batch in batches.items():
-            values = getattr(batch, enc.name)
+            assert list(batch.encodings) == list(graphs.encodings)
+            values = batch.encodings[enc.name]
             assert values.dtype == torch.from_numpy(np.zeros(0, enc.batch_dtype)).dtype, (path, enc.name)
-            assert values.shape == (len(index), *lead, *enc.row_shape(3)), (path, enc.name)
+            assert values.shape == (len(index), *lead, *enc.row_shape(PARAMS)), (path, enc.name)
             for b, real in enumerate(expected):
                 n = real.shape[0]
                 block = values[b].numpy()

@@ -32,8 +32,8 @@ def test_distance_slots():
 
 def test_edge_path_bias_is_the_mean_of_hop_transformed_bond_values(batch):
     torch.manual_seed(0)
-    enc = EdgePathBias(num_bond_embeddings=5, num_heads=H, max_hops=3)  # fewer hops than K = 5
-    out = enc(batch.edge_attr, batch.path_edges)
+    enc = EdgePathBias(num_bond_embeddings=5, num_heads=H, max_hops=3)  # the first 3 of K = 5 hops
+    out = enc(batch.edge_attr, batch.path_edges[..., :3].contiguous())
     b, n = batch.node_mask.shape
     assert out.shape == (b, H, n, n)
 
@@ -53,6 +53,8 @@ def test_edge_path_bias_is_the_mean_of_hop_transformed_bond_values(batch):
     assert checked_long_paths > 0, "the batch should contain paths longer than max_hops"
     # Padded pairs and the diagonal carry no edge information.
     assert out[:, :, range(n), range(n)].abs().max() == 0
+    with pytest.raises(ValueError, match="path_edges hold 5 hops but the edge encoding has max_hops=3"):
+        enc(batch.edge_attr, batch.path_edges)  # other hops than the model's: refused, not cut
 
 
 def test_packed_hop_sum_equals_the_gather_and_bag_paths_with_gradients(zinc_graphs, monkeypatch):

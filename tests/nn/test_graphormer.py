@@ -81,8 +81,8 @@ def _permute_nodes(batch: GraphBatch, perm: torch.Tensor, edge_perm: torch.Tenso
     path = torch.where(path >= 0, remap[path.long() % num_edge_rows], path)
     return dataclasses.replace(
         batch,
-        x=batch.x[:, perm], node_mask=batch.node_mask[:, perm], degree=batch.degree[:, perm],
-        spd=batch.spd[:, perm][:, :, perm], path_edges=path,
+        x=batch.x[:, perm], node_mask=batch.node_mask[:, perm],
+        encodings={"degree": batch.degree[:, perm], "spd": batch.spd[:, perm][:, :, perm], "path_edges": path},
         edge_attr=torch.cat([batch.edge_attr[:-1][edge_perm], batch.edge_attr[-1:]]),
     )
 
@@ -243,7 +243,7 @@ def test_bad_configuration_and_input_raise_value_error(zinc_vocab, batch):
     with pytest.raises(ValueError, match="bond ids"):
         model(dataclasses.replace(batch, edge_attr=batch.edge_attr * 9))
     with pytest.raises(ValueError, match="spd"):
-        model(dataclasses.replace(batch, spd=batch.spd[:, :-1]))
+        model(dataclasses.replace(batch, encodings={**batch.encodings, "spd": batch.spd[:, :-1]}))
 
 
 def test_presets_and_code_defaults():
