@@ -149,8 +149,9 @@ def random_walk_return_probabilities(node_ptr: np.ndarray, edge_index: np.ndarra
         slot = np.full(len(n), -1)
         slot[graphs] = np.arange(len(graphs))
         mine = slot[owner] >= 0
-        adjacency = np.zeros((len(graphs), size, size))
-        np.add.at(adjacency, (slot[owner[mine]], edge_index[0, mine], edge_index[1, mine]), 1.0)
+        cell = (slot[owner[mine]] * size + edge_index[0, mine]) * size + edge_index[1, mine]
+        adjacency = np.bincount(cell, minlength=len(graphs) * size * size).astype(np.float64)
+        adjacency = adjacency.reshape(len(graphs), size, size)
         degree = adjacency.sum(axis=2, keepdims=True)
         walk = np.divide(adjacency, degree, out=np.zeros_like(adjacency), where=degree > 0)
         power = walk
