@@ -246,6 +246,25 @@ def test_bad_configuration_and_input_raise_value_error(zinc_vocab, batch):
         model(dataclasses.replace(batch, encodings={**batch.encodings, "spd": batch.spd[:, :-1]}))
 
 
+def test_the_data_must_carry_the_models_encodings(zinc_vocab, batch):
+    """Model and data disagreeing on an encoding parameter is an error naming both, not a silent
+    cut (before: the edge encoding read ``min(max_hops, K)`` hops)."""
+    k = batch.path_edges.shape[-1]
+    with pytest.raises(ValueError, match=f"path_edges hold {k} hops but the model's max_hops is {k + 1}"):
+        _model(zinc_vocab, max_hops=k + 1)(batch)
+    with pytest.raises(ValueError, match=f"path_edges hold {k - 1} hops but the model's max_hops is {k}"):
+        _model(zinc_vocab, max_hops=k)(dataclasses.replace(
+            batch, encodings={**batch.encodings, "path_edges": batch.path_edges[..., :-1]}))
+    with pytest.raises(ValueError, match=r"model reads \['degree', 'path_edges', 'rwse', 'spd'\]"):
+        _model(zinc_vocab, max_hops=k, node_encodings={"rwse": 3})(batch)
+    rwse = torch.rand(*batch.node_mask.shape, 3)
+    with pytest.raises(ValueError, match=r"the batch's rwse is \[.*, 3\] but the model embeds \[B, N, 4\]"):
+        _model(zinc_vocab, max_hops=k, node_encodings={"rwse": 4})(
+            dataclasses.replace(batch, encodings={**batch.encodings, "rwse": rwse}))
+    with pytest.raises(ValueError, match="carries encodings .*'rwse'.* but the model reads"):
+        _model(zinc_vocab, max_hops=k)(dataclasses.replace(batch, encodings={**batch.encodings, "rwse": rwse}))
+
+
 def test_presets_and_code_defaults():
     """``slim`` is the code defaults; ``from_preset`` builds exactly the preset."""
     model = Graphormer(num_atom_embeddings=29, num_bond_embeddings=5)
