@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import torch
 
+from graphormer_urpe.data.batch import BatchPadding
 from graphormer_urpe.data.collate import FlatGraphs, collate
 from graphormer_urpe.data.datamodule import ZINCDataModule
 from graphormer_urpe.data.encoding_registry import ENCODINGS, Encoding, EncodingParams
-from graphormer_urpe.data.resident import TensorGraphs, gather_batch
+from graphormer_urpe.data.resident import TensorGraphs, gather_batch, gather_static
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -37,8 +38,11 @@ def expected_values(graphs: FlatGraphs, enc: Encoding, index: np.ndarray) -> lis
 def test_every_encoding_is_batched_as_registered(zinc_data_root):
     graphs = ZINCDataModule(root=str(zinc_data_root), **PARAMS.as_dict()).load_split("val").graphs
     index = np.array([4, 900, 4, 17, 333])
+    exact = BatchPadding(int(graphs.num_nodes[index].max()), int(graphs.num_edges[index].sum()))
+    on_device = TensorGraphs.from_flat(graphs)
     batches = {"collate": collate(graphs, index),
-               "gather_batch": gather_batch(TensorGraphs.from_flat(graphs), torch.from_numpy(index))}
+               "gather_batch": gather_batch(on_device, torch.from_numpy(index)),
+               "gather_static": gather_static(on_device, torch.from_numpy(index), exact)}
     big_n = int(graphs.num_nodes[index].max())
     assert big_n > int(graphs.num_nodes[index].min()), "the batch needs padding to test it"
     assert list(graphs.encodings) == [enc.name for enc in ENCODINGS]

@@ -39,20 +39,24 @@ def test_rwse_is_pygs_random_walk_pe_on_real_zinc(zinc_source):
     assert (rwse[:node_ptr[200], 0] == 0).all(), "no self-loops in molecules: never back after 1 step"
 
 
+#: 3 training steps of a 1-layer model, one validation batch, quiet
+SHORT_FIT = ["--trainer.max_steps", "3", "--trainer.limit_val_batches", "1", "--trainer.enable_progress_bar",
+             "false", "--trainer.enable_model_summary", "false", "--model.warmup_steps", "1",
+             "--model.backbone", json.dumps(TINY_BACKBONE)]
+
+
+def _fit_esol(esol_csv: Path, run: Path, cache: Path, *extra: str):
+    """``graphormer-urpe fit`` of ``configs/esol.yaml`` for :data:`SHORT_FIT`."""
+    return build_cli(["fit", "--config", str(REPO / "configs" / "esol.yaml"), "--trainer.default_root_dir",
+                      str(run), *SHORT_FIT, "--data.init_args.path", str(esol_csv),
+                      "--data.init_args.cache_root", str(cache), *extra])
+
+
 @pytest.fixture(scope="module")
 def esol_rwse_run(esol_csv, tmp_path_factory):
-    """A tiny model fitted for 3 steps on ESOL by the CLI with RWSE of 4 steps."""
+    """A tiny model fitted on ESOL by the CLI with RWSE of 4 steps."""
     work = tmp_path_factory.mktemp("esol_rwse")
-    cli = build_cli([
-        "fit", "--config", str(REPO / "configs" / "esol.yaml"),
-        "--trainer.default_root_dir", str(work / "run"),
-        "--trainer.max_steps", "3", "--trainer.limit_val_batches", "1",
-        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-        "--model.backbone", json.dumps(TINY_BACKBONE), "--model.warmup_steps", "1",
-        "--data.init_args.path", str(esol_csv), "--data.init_args.cache_root", str(work / "cache"),
-        "--data.init_args.rwse_steps", "4",
-    ])
-    return cli, work
+    return _fit_esol(esol_csv, work / "run", work / "cache", "--data.init_args.rwse_steps", "4"), work
 
 
 def _predict_test_split(cli, ckpt: Path, work: Path, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -102,14 +106,7 @@ def test_rwse_run_is_cached_recorded_embedded_and_predicted_from_the_checkpoint(
 def test_a_checkpoint_without_encoding_fields_loads_as_before(esol_rwse_run, esol_csv, tmp_path):
     """Checkpoints written before ``node_encodings`` existed lack it: they rebuild the same model
     (no node encodings) and predict as before."""
-    cli = build_cli([
-        "fit", "--config", str(REPO / "configs" / "esol.yaml"),
-        "--trainer.default_root_dir", str(tmp_path / "run"),
-        "--trainer.max_steps", "2", "--trainer.limit_val_batches", "1",
-        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-        "--model.backbone", json.dumps(TINY_BACKBONE), "--model.warmup_steps", "1",
-        "--data.init_args.path", str(esol_csv), "--data.init_args.cache_root", str(esol_rwse_run[1] / "cache"),
-    ])
+    cli = _fit_esol(esol_csv, tmp_path / "run", esol_rwse_run[1] / "cache")
     ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
     saved = torch.load(ckpt, map_location="cpu", weights_only=True)
     assert saved["hyper_parameters"]["node_encodings"] == {}
