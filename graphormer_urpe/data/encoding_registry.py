@@ -7,8 +7,9 @@ cache entry's folder and make its fingerprint (:mod:`.cache`). :class:`EncodingP
 parameter; the encoders a run computes are those its parameters switch on
 (:meth:`EncodingParams.encoders`). Collation (:func:`~.collate.collate`), the device gather
 (:func:`~.resident.gather_batch`), the cache (:func:`~.cache.cached_encodings`), the checks of
-:class:`~.collate.FlatGraphs` and of the model (:meth:`~graphormer_urpe.nn.graphormer.Graphormer.
-check_encodings`) loop over the encodings a batch carries, by name.
+:class:`~.collate.FlatGraphs` and of the model
+(:meth:`graphormer_urpe.nn.graphormer.Graphormer.check_encodings`) loop over the encodings a
+batch carries, by name.
 
 Storage, for a graph of ``n`` nodes stored from node row ``node_ptr[g]`` and pair row
 ``pair_ptr[g]`` (pair ``(i, j)`` at ``pair_ptr[g] + i n + j``):
@@ -34,6 +35,7 @@ the model (``node_encodings``), which adds a linear embedding of it to the atom 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 from dataclasses import asdict, dataclass, fields, replace
 
 import numpy as np
@@ -190,6 +192,9 @@ class EncodingParams:
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
 
+    def describe(self) -> str:
+        return ", ".join(f"{name}={value}" for name, value in self.as_dict().items())
+
     def encoders(self) -> tuple[Encoder, ...]:
         """The encoders these parameters switch on."""
         return tuple(e for e in ENCODERS if all(getattr(self, p) > 0 for p in e.params))
@@ -217,6 +222,21 @@ class EncodingParams:
                                  f"known: {sorted(n for n, e in ENCODING_BY_NAME.items() if e.embedded)}")
             params = replace(params, **{encoding.width: int(width)})
         return params
+
+
+def check_checkpoint_encodings(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
+    """ValueError unless a checkpoint's model (hyperparameters ``saved``) reads the encodings of
+    the model about to load it (``current``, built from the data's facts), naming the data
+    options to change; a checkpoint without ``max_hops`` is not checked."""
+    if "max_hops" not in saved:
+        return
+    theirs = EncodingParams.of_model(saved["max_hops"], saved.get("node_encodings"))
+    ours = EncodingParams.of_model(current["max_hops"], current.get("node_encodings"))
+    if theirs != ours:
+        options = " ".join(f"--data.init_args.{name} {value}" for name, value in theirs.as_dict().items()
+                           if value != getattr(ours, name))
+        raise ValueError(f"the checkpoint was trained on data with {theirs.describe()} but this data has "
+                         f"{ours.describe()}: run with {options}")
 
 
 #: The Cython encoder (:mod:`graphormer_urpe.algos`): always on.

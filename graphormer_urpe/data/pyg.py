@@ -67,8 +67,7 @@ class GraphormerEncodings(BaseTransform):
         return data
 
     def __repr__(self) -> str:
-        set_params = ", ".join(f"{k}={v}" for k, v in self.params.as_dict().items() if v)
-        return f"{type(self).__name__}({set_params})"
+        return f"{type(self).__name__}({self.params.describe()})"
 
 
 def to_graph_batch(batch, atom_feature_dims: Sequence[int], bond_feature_dims: Sequence[int]) -> GraphBatch:

@@ -17,6 +17,7 @@ from torch import Tensor
 from torchmetrics import MetricCollection
 
 from graphormer_urpe.data.batch import GraphBatch
+from graphormer_urpe.data.encoding_registry import check_checkpoint_encodings
 from graphormer_urpe.nn.encodings import EdgePathBias, GraphToken, URPEScale, VirtualDistanceBias
 from graphormer_urpe.nn.graphormer import Graphormer, GraphormerConfig
 from graphormer_urpe.training import finetune
@@ -263,6 +264,11 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._check_loss(None)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Before the weights load: there a model built for other encodings fails with a list of
+        # parameter names instead of the data options to change.
+        check_checkpoint_encodings(checkpoint.get("hyper_parameters", {}), self.hparams)
 
     def setup(self, stage: str) -> None:
         if self.hparams.get("matmul_precision"):

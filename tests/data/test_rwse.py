@@ -15,6 +15,7 @@ from torch_geometric.transforms import AddRandomWalkPE
 from graphormer_urpe.data.encoding_registry import EncodingParams, random_walk_return_probabilities
 from graphormer_urpe.predict import main as predict_main
 from graphormer_urpe.training.cli import build_cli
+from graphormer_urpe.training.cli import main as cli_main
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_BACKBONE = {"num_layers": 1, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2}
@@ -101,6 +102,18 @@ def test_rwse_run_is_cached_recorded_embedded_and_predicted_from_the_checkpoint(
     with pytest.raises(ValueError, match=r"carries encodings \['degree', 'path_edges', 'spd'\] but the model "
                                          r"reads \['degree', 'path_edges', 'rwse', 'spd'\]"):
         model(no_rwse)
+
+
+def test_a_checkpoint_of_other_encodings_is_refused_naming_the_option(esol_rwse_run, esol_csv, capsys):
+    _, work = esol_rwse_run
+    status = cli_main(["validate", "--config", str(REPO / "configs" / "esol.yaml"), *SHORT_FIT,
+                       "--trainer.default_root_dir", str(work / "validate"), "--data.init_args.path", str(esol_csv),
+                       "--data.init_args.cache_root", str(work / "cache"),
+                       "--ckpt_path", str(work / "run" / "checkpoints" / "last.ckpt")])
+    assert status == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "graphormer-urpe: error: the checkpoint was trained on data with max_hops=5, rwse_steps=4 but this "
+        "data has max_hops=5, rwse_steps=0: run with --data.init_args.rwse_steps 4")
 
 
 def test_a_checkpoint_without_encoding_fields_loads_as_before(esol_rwse_run, esol_csv, tmp_path):
