@@ -1,6 +1,6 @@
 """Cost of the RWSE encoding (:func:`graphormer_urpe.data.encoding_registry.random_walk_return_probabilities`)
 on every molecule of ZINC: the train, val and test pickles of PyG's raw ZINC layout (249,456
-molecules), encoded in one call, one thread.
+molecules), encoded in one call, one thread. Prints the time and, as the last line, a JSON object.
 
     OMP_NUM_THREADS=1 python scripts/bench_rwse.py [--raw data/ZINC/raw] [--steps 16]
 
@@ -9,6 +9,8 @@ The raw pickles are those any ZINC DataModule run writes under ``<root>/ZINC/raw
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import pickle
 import time
 from pathlib import Path
@@ -36,7 +38,10 @@ def main() -> None:
     print(f"{len(sizes):,} molecules, {node_ptr[-1]:,} atoms, {edge_ptr[-1]:,} directed edges")
     start = time.perf_counter()
     rwse = random_walk_return_probabilities(node_ptr, edge_index, edge_ptr, args.steps)
-    print(f"RWSE, {args.steps} steps: {time.perf_counter() - start:.1f} s, {rwse.nbytes / 2**20:.0f} MiB float32")
+    seconds = time.perf_counter() - start
+    print(f"RWSE, {args.steps} steps: {seconds:.1f} s, {rwse.nbytes / 2**20:.0f} MiB float32")
+    print(json.dumps({"molecules": len(sizes), "steps": args.steps, "seconds": round(seconds, 1),
+                      "mib": round(rwse.nbytes / 2**20), "machine": f"{os.cpu_count()}-core CPU"}))
 
 
 if __name__ == "__main__":
