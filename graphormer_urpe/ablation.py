@@ -563,7 +563,7 @@ def plot_learned_tables(entries: Sequence[dict], runs_dir: Path, out_dir: Path,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from graphormer_urpe.predict import load_module
+    from graphormer_urpe.training.checkpoint import load_module
 
     urpe = min((e for e in entries if e["attention"] == "urpe"), key=lambda e: e["val_mae"],
                default=None)

@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-import graphormer_urpe.predict as predict
 from graphormer_urpe.predict import main as predict_main
+from graphormer_urpe.training.checkpoint import load_module
+from graphormer_urpe.training.inference import stream_predictions
+from graphormer_urpe.training.predictions import InputRow, PredictionTable
 from graphormer_urpe.training.cli import build_cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -206,7 +208,7 @@ def test_failure_mid_write_keeps_the_previous_output(esol_run, tmp_path, monkeyp
     source.write_text("CCO\nCCN\nCCC\nCCCl\n")
     output = tmp_path / "out.csv"
     output.write_text("previous results\n")
-    real_write = predict.PredictionTable.write
+    real_write = PredictionTable.write
     calls = []
 
     def write_then_fill_the_disk(self, rows, predictions):
@@ -215,7 +217,7 @@ def test_failure_mid_write_keeps_the_previous_output(esol_run, tmp_path, monkeyp
             raise OSError(28, "No space left on device")
         real_write(self, rows, predictions)
 
-    monkeypatch.setattr(predict.PredictionTable, "write", write_then_fill_the_disk)
+    monkeypatch.setattr(PredictionTable, "write", write_then_fill_the_disk)
     assert run(ckpt, source, output, "--chunk-rows", "2", "--workers", "0") == 1
     assert "No space left" in capsys.readouterr().err
     assert output.read_text() == "previous results\n"
@@ -367,18 +369,18 @@ def test_a_molecule_larger_than_the_budget_is_predicted_alone(zinc_ckpt, zinc_sm
 
 
 def test_input_is_streamed_in_bounded_chunks(zinc_ckpt, zinc_smiles):
-    module = predict.load_module(zinc_ckpt)
+    module = load_module(zinc_ckpt)
     read = []
 
     def rows():
         for i in range(10 ** 9):  # practically endless: must never be read to the end
             read.append(i)
-            yield predict.InputRow(zinc_smiles[i % len(zinc_smiles)])
+            yield InputRow(zinc_smiles[i % len(zinc_smiles)])
 
     class Enough(Exception):
         pass
 
-    class StopAfterTwoChunks(predict.PredictionTable):
+    class StopAfterTwoChunks(PredictionTable):
         def __init__(self):
             self.chunks_read_at_write = []
 
@@ -390,7 +392,7 @@ def test_input_is_streamed_in_bounded_chunks(zinc_ckpt, zinc_smiles):
 
     table = StopAfterTwoChunks()
     with pytest.raises(Enough):
-        predict.stream_predictions(module, rows(), table, max_nodes=512, max_pairs=1 << 16,
+        stream_predictions(module, rows(), table, max_nodes=512, max_pairs=1 << 16,
                                    batch_size=64, chunk_rows=50, workers=1)
     # one worker: at most 2 chunks ahead of the one being written
     assert table.chunks_read_at_write[0] <= 50 * 4
