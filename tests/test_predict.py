@@ -4,8 +4,10 @@ refuse damaged checkpoints and dangerous outputs, and report bad rows."""
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -190,6 +192,32 @@ def test_output_that_is_the_input_is_refused(esol_run, tmp_path, capsys, spellin
     assert run(ckpt, source, output) == 2
     assert "is the input file" in capsys.readouterr().err
     assert source.read_text() == content
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+@pytest.mark.parametrize("spelling", ["same", "symlink", "hardlink"])
+def test_output_that_is_the_checkpoint_is_refused(esol_run, tmp_path, spelling):
+    """Through the installed command: ``--output`` naming the checkpoint (or a link to it) is
+    refused in one line with exit status 2, and the model's bytes are unchanged."""
+    _, trained = esol_run
+    ckpt = tmp_path / "model.ckpt"
+    shutil.copyfile(trained, ckpt)
+    before = hashlib.sha256(ckpt.read_bytes()).hexdigest()
+    source = tmp_path / "in.smi"
+    source.write_text("CCO\nc1ccccc1\n")
+    output = {"same": ckpt, "symlink": tmp_path / "link.ckpt", "hardlink": tmp_path / "hard.ckpt"}[spelling]
+    if spelling == "symlink":
+        output.symlink_to(ckpt)
+    elif spelling == "hardlink":
+        os.link(ckpt, output)
+    done = subprocess.run([str(Path(sys.executable).parent / "graphormer-urpe-predict"), "--ckpt", str(ckpt),
+                           "--input", str(source), "--output", str(output), "--quiet"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines() == [
+        f"graphormer-urpe-predict: error: --output {output} is the checkpoint {ckpt} (--ckpt): it would "
+        "be overwritten; choose another output"]
+    assert hashlib.sha256(ckpt.read_bytes()).hexdigest() == before
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 

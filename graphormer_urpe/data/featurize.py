@@ -298,7 +298,7 @@ def cached_smiles_graphs(directory: str | os.PathLike, source_fingerprint: dict,
     import ogb
     import rdkit
 
-    from graphormer_urpe.data.cache import cached_entry
+    from graphormer_urpe.data.store import cached_entry
 
     fingerprint = {"kind": "featurized smiles", "featurizer": featurizer, "source": source_fingerprint,
                    "rdkit": rdkit.__version__, "ogb": ogb.__version__}
