@@ -11,7 +11,7 @@ per run, on the same recipe (config files plus LightningCLI overrides). Every ru
 * resumes from its ``checkpoints/last.ckpt`` when the grid was killed, and is not redone once it
   has a result;
 * is selected on the validation metric of its task only (the CLI's best checkpoint: ``val/mae``
-  for regression, see :mod:`graphormer_urpe.training.task`) and that checkpoint is evaluated on
+  for regression, see :mod:`graphormer_urpe.task`) and that checkpoint is evaluated on
   the test split (``graphormer-urpe test``).
 
 Results are merged into a JSON list (default ``docs/results/zinc_ablation.json``; one entry per
@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from graphormer_urpe.files import atomic_write
-from graphormer_urpe.training.task import Task, get_task
+from graphormer_urpe.task import Task, get_task
 
 #: What each arm changes in the recipe's ``model.backbone`` (merged into it; everything else in
 #: the backbone, e.g. a smaller model, stays as the recipe has it).

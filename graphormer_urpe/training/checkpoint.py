@@ -58,7 +58,7 @@ def load_module(ckpt: str | Path, map_location: str = "cpu", *, inference_only: 
     """
     from graphormer_urpe.data.features import num_embeddings
     from graphormer_urpe.data.featurize import featurizer_spec
-    from graphormer_urpe.training.task import get_task
+    from graphormer_urpe.task import get_task
 
     if inference_only:
         from graphormer_urpe.training.inference import InferenceModel as model_class

@@ -34,7 +34,7 @@ from graphormer_urpe.files import same_file
 from graphormer_urpe.training import finetune
 from graphormer_urpe.training.module import GraphormerModule
 from graphormer_urpe.training.schedule import check_schedule
-from graphormer_urpe.training.task import get_task
+from graphormer_urpe.task import get_task
 
 #: DataModule attributes that the model takes as init arguments of the same name.
 LINKED_DATA_FACTS = ("num_atom_embeddings", "num_bond_embeddings", "num_targets", "max_hops",

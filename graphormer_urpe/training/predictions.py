@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from graphormer_urpe.files import AtomicFile
-from graphormer_urpe.training.task import get_task
+from graphormer_urpe.task import get_task
 
 
 @dataclass
@@ -116,7 +116,7 @@ def write_predictions(path: str | Path, rows: Sequence[InputRow], predictions: n
 
 def prediction_columns(module) -> list[str]:
     """The prediction columns of a loaded model: its task's
-    (:meth:`~graphormer_urpe.training.task.Task.prediction_columns`), named after the targets
+    (:meth:`~graphormer_urpe.task.Task.prediction_columns`), named after the targets
     when the checkpoint records them."""
     hparams = module.hparams
     names = hparams.get("target_names")
