@@ -102,7 +102,8 @@ class GraphormerCLI(LightningCLI):
         if self.subcommand == "fit":
             check_schedule_config(config)  # before any data is read
         if self.subcommand == "predict":
-            check_prediction_output(config, [*(self.config.get("config") or []), *(config.get("config") or [])])
+            config_files = [*(self.config.get("config") or []), *(config.get("config") or [])]
+            check_prediction_output(config, config_files)  # before the data and the model are built
         checkpoint = config.checkpoint
         if checkpoint.dirpath is None:
             checkpoint.dirpath = os.path.join(run_dir, "checkpoints")

@@ -28,8 +28,8 @@ from graphormer_urpe.cores import process_pool
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.files import STOP_SIGNALS
 from graphormer_urpe.nn.graphormer import PRESETS, Graphormer, GraphormerConfig
-from graphormer_urpe.training.predictions import InputRow, PredictionTable
 from graphormer_urpe.task import get_task
+from graphormer_urpe.training.predictions import InputRow, PredictionTable
 
 #: Padded node pairs ``B * (N + 1)^2`` per batch (graph token included): ~100 ZINC molecules;
 #: larger batches are slower on the CPU (their [B, H, N+1, N+1] tensors leave the caches). The
