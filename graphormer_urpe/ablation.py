@@ -520,8 +520,8 @@ def format_table(entries: Sequence[dict]) -> str:
 
 def write_table(results: Path, table: Path) -> str:
     text = format_table(read_json(results, []))
-    table.parent.mkdir(parents=True, exist_ok=True)
-    table.write_text(text)
+    with atomic_write(table) as handle:
+        handle.write(text)
     return text
 
 
@@ -543,7 +543,8 @@ def write_readme_block(readme: Path, name: str, entries: Sequence[dict]) -> None
     table (:func:`format_table`)."""
     head, begin, end, tail = readme_block(readme, name)
     runs = [e for e in entries if e.get("recipe") == name]
-    readme.write_text(f"{head}{begin}\n{format_table(runs).strip()}\n{end}{tail}")
+    with atomic_write(readme) as handle:
+        handle.write(f"{head}{begin}\n{format_table(runs).strip()}\n{end}{tail}")
 
 
 # --------------------------------------------------------------------------------------------
