@@ -11,7 +11,7 @@ per run, on the same recipe (config files plus LightningCLI overrides). Every ru
 * resumes from its ``checkpoints/last.ckpt`` when the grid was killed, and is not redone once it
   has a result;
 * is selected on the validation metric of its task only (the CLI's best checkpoint: ``val/mae``
-  for regression, see :mod:`graphormer_urpe.training.task`) and that checkpoint is evaluated on
+  for regression, see :mod:`graphormer_urpe.task`) and that checkpoint is evaluated on
   the test split (``graphormer-urpe test``).
 
 Results are merged into a JSON list (default ``docs/results/zinc_ablation.json``; one entry per
@@ -61,9 +61,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
-
-from graphormer_urpe.training.task import Task, get_task
+from graphormer_urpe.files import atomic_write
+from graphormer_urpe.task import Task, get_task
 
 #: What each arm changes in the recipe's ``model.backbone`` (merged into it; everything else in
 #: the backbone, e.g. a smaller model, stays as the recipe has it).
@@ -135,10 +134,8 @@ def read_json(path: Path, default: Any) -> Any:
 
 
 def write_json(path: Path, value: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(value, indent=1) + "\n")
-    tmp.replace(path)
+    with atomic_write(path) as handle:
+        handle.write(json.dumps(value, indent=1) + "\n")
 
 
 def result_key(entry: dict) -> tuple:
@@ -523,8 +520,8 @@ def format_table(entries: Sequence[dict]) -> str:
 
 def write_table(results: Path, table: Path) -> str:
     text = format_table(read_json(results, []))
-    table.parent.mkdir(parents=True, exist_ok=True)
-    table.write_text(text)
+    with atomic_write(table) as handle:
+        handle.write(text)
     return text
 
 
@@ -546,7 +543,8 @@ def write_readme_block(readme: Path, name: str, entries: Sequence[dict]) -> None
     table (:func:`format_table`)."""
     head, begin, end, tail = readme_block(readme, name)
     runs = [e for e in entries if e.get("recipe") == name]
-    readme.write_text(f"{head}{begin}\n{format_table(runs).strip()}\n{end}{tail}")
+    with atomic_write(readme) as handle:
+        handle.write(f"{head}{begin}\n{format_table(runs).strip()}\n{end}{tail}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -558,12 +556,8 @@ def plot_learned_tables(entries: Sequence[dict], runs_dir: Path, out_dir: Path,
     spatial bias B of the URPE run with the lowest validation MAE and of the RPE run with the
     same seed (same y axis), then that URPE run's scale C of every layer, for distances up to
     ``max_spd`` (ZINC-12k's largest). Checkpoints are the runs' best validation ones."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from graphormer_urpe.predict import load_module
+    from graphormer_urpe.plot import plot_spd_panels
+    from graphormer_urpe.training.checkpoint import load_module
 
     urpe = min((e for e in entries if e["attention"] == "urpe"), key=lambda e: e["val_mae"],
                default=None)
@@ -574,38 +568,14 @@ def plot_learned_tables(entries: Sequence[dict], runs_dir: Path, out_dir: Path,
                 and e["recipe"] == recipe), None)
     models = {arm: load_module(best_checkpoint(runs_dir / recipe / f"{arm}-s{seed}")[0]).model
               for arm in ["urpe"] + ([BASELINE] if rpe else [])}
-    spatial = {arm: m.spatial_bias.embedding.weight.detach().float().numpy()
-               for arm, m in models.items()}
-    scales = models["urpe"].urpe_scale_tables().numpy()
-    shown = min(max_spd, scales.shape[1] - 3)
-    panels = [(f"B, {arm} (val {e['val_mae']:.3f}, test {e['test_mae']:.3f})", spatial[arm], 0.0)
+    panels = [(f"B, {arm} (val {e['val_mae']:.3f}, test {e['test_mae']:.3f})", "bias",
+               models[arm].spatial_bias.embedding.weight.detach().float().numpy())
               for arm, e in (("urpe", urpe), (BASELINE, rpe)) if e is not None]
-    panels += [(f"C, urpe layer {layer}", table, 1.0) for layer, table in enumerate(scales)]
-    ncols = 4
-    fig, axes = plt.subplots(-(-len(panels) // ncols), ncols, figsize=(3.6 * ncols, 2.5 * -(-len(panels) // ncols)),
-                             squeeze=False, constrained_layout=True)
-    distances = np.arange(shown + 1)
-    b_range = [min(t[: shown + 1].min() for t in spatial.values()),
-               max(t[: shown + 1].max() for t in spatial.values())]
-    for ax, (title, table, neutral) in zip(axes.flat, panels):
-        colors = plt.cm.viridis(np.linspace(0, 1, table.shape[1]))
-        for head in range(table.shape[1]):
-            ax.plot(distances, table[: shown + 1, head], color=colors[head], lw=1, label=f"head {head}")
-        ax.axhline(neutral, color="grey", lw=0.5, ls="--")
-        if title.startswith("B"):
-            ax.set_ylim(b_range[0] - 0.05, b_range[1] + 0.05)
-        ax.set_title(title, fontsize=8)
-        ax.set_xlabel("shortest-path distance", fontsize=7)
-        ax.tick_params(labelsize=7)
-    axes.flat[0].legend(fontsize=5, ncol=2)
-    for ax in list(axes.flat)[len(panels):]:
-        ax.axis("off")
-    fig.suptitle(f"{recipe}, seed {seed}: best-validation checkpoints, one line per head")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{recipe}-tables.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    panels += [(f"C, urpe layer {layer}", "scale", table)
+               for layer, table in enumerate(models["urpe"].urpe_scale_tables().numpy())]
+    return plot_spd_panels(panels, out_dir / f"{recipe}-tables.png",
+                           f"{recipe}, seed {seed}: best-validation checkpoints, one line per head",
+                           max_spd)
 
 
 # --------------------------------------------------------------------------------------------

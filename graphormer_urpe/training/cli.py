@@ -30,10 +30,11 @@ from lightning.pytorch.callbacks import BasePredictionWriter, LearningRateMonito
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_module
 
+from graphormer_urpe.files import same_file
 from graphormer_urpe.training import finetune
 from graphormer_urpe.training.module import GraphormerModule
 from graphormer_urpe.training.schedule import check_schedule
-from graphormer_urpe.training.task import get_task
+from graphormer_urpe.task import get_task
 
 #: DataModule attributes that the model takes as init arguments of the same name.
 LINKED_DATA_FACTS = ("num_atom_embeddings", "num_bond_embeddings", "num_targets", "max_hops",
@@ -57,7 +58,7 @@ class PredictionWriter(BasePredictionWriter):
 
     def write_on_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            predictions, batch_indices) -> None:
-        from graphormer_urpe.predict import InputRow, prediction_columns, write_predictions
+        from graphormer_urpe.training.predictions import InputRow, prediction_columns, write_predictions
 
         outputs = [o for per_loader in _per_dataloader(predictions) for o in per_loader]
         if not outputs:
@@ -100,6 +101,9 @@ class GraphormerCLI(LightningCLI):
         config.trainer.default_root_dir = run_dir
         if self.subcommand == "fit":
             check_schedule_config(config)  # before any data is read
+        if self.subcommand == "predict":
+            config_files = [*(self.config.get("config") or []), *(config.get("config") or [])]
+            check_prediction_output(config, config_files)  # before the data and the model are built
         checkpoint = config.checkpoint
         if checkpoint.dirpath is None:
             checkpoint.dirpath = os.path.join(run_dir, "checkpoints")
@@ -140,6 +144,27 @@ def check_schedule_config(config: Namespace) -> None:
                                          total_steps or 0)
     check_schedule(model.lr, model.end_lr, warmup_steps, total_steps,
                    "" if model.get("total_steps") is not None else ", from trainer.max_steps")
+
+
+def check_prediction_output(config: Namespace, config_files: list) -> None:
+    """``predict``'s output (``prediction_writer.output``, else ``predictions.csv`` in the run
+    directory) is never a file the run reads: a config file, the checkpoint, a data file, any
+    existing file an option names (also through a symbolic or hard link). Checked before the
+    data and the model are built."""
+    output = config.prediction_writer.output or os.path.join(config.trainer.default_root_dir, PREDICTIONS_FILE)
+    if not os.path.isfile(output):
+        return
+    named = [("--config", getattr(path, "absolute", path)) for path in config_files]
+    for key, value in config.items():
+        if key in ("config", "prediction_writer.output"):
+            continue
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(item, (str, os.PathLike)):
+                named.append((f"--{key}", item))
+    for option, path in named:
+        if os.path.isfile(path) and same_file(path, output):
+            raise ValueError(f"--prediction_writer.output {output} is the file of {option} ({path}): "
+                             "the predictions would overwrite it; choose another output")
 
 
 def input_error(error: BaseException) -> ValueError | None:

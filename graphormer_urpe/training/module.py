@@ -23,13 +23,13 @@ from graphormer_urpe.training import finetune
 from graphormer_urpe.training.engine import EngineHooks, TrainingEngine
 from graphormer_urpe.training.inference import build_backbone
 from graphormer_urpe.training.schedule import check_schedule, warmup_polynomial_decay
-from graphormer_urpe.training.task import TASKS, get_task
+from graphormer_urpe.task import TASKS, get_task
 
 log = logging.getLogger(__name__)
 
 #: ``regression``: L1 loss, MAE. ``classification``: binary or multi-label 0/1 targets, one
 #: logit each, BCE, ROC-AUC. ``multiclass``: one integer class per graph, ``num_targets``
-#: logits, cross-entropy, accuracy. Each is a :class:`~graphormer_urpe.training.task.Task`.
+#: logits, cross-entropy, accuracy. Each is a :class:`~graphormer_urpe.task.Task`.
 TaskName = Literal["regression", "classification", "multiclass"]
 assert TaskName.__args__ == tuple(TASKS)
 #: Kinds of parameter, one AdamW param group each (see :func:`parameter_groups`).
