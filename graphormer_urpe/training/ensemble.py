@@ -66,6 +66,7 @@ from graphormer_urpe.data.resident import ResidentSplit, TensorGraphs
 from graphormer_urpe.nn.encodings import EdgePathBias
 from graphormer_urpe.nn.graphormer import Graphormer
 from graphormer_urpe.training import finetune
+from graphormer_urpe.training.checkpoint import replace_with, temporary_path
 from graphormer_urpe.training.inference import build_backbone
 from graphormer_urpe.training.module import GraphormerModule, parameter_groups
 from graphormer_urpe.training.schedule import warmup_polynomial_decay
@@ -650,7 +651,8 @@ class Ensemble:
 
 
 def _atomic_save(obj: Any, path: Path) -> None:
+    """``torch.save`` as the solo run's checkpoints are written: beside, then renamed over ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    temporary = temporary_path(path)
+    torch.save(obj, temporary)
+    replace_with(temporary, path)

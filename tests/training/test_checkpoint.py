@@ -51,66 +51,60 @@ def folder(run_dir: Path) -> dict[str, str]:
             for p in sorted((run_dir / "checkpoints").iterdir())}
 
 
-@pytest.mark.parametrize("stop, final_step", [
-    (["--trainer.max_steps", "4"], 4),  # validated at step 3, stopped inside the next epoch
-    (["--trainer.max_epochs", "3", "--trainer.max_steps", "-1",
-      "--trainer.check_val_every_n_epoch", "2"], 9),  # validated at step 6, stopped at 9
-], ids=["max_steps", "max_epochs"])
-def test_last_ckpt_holds_the_final_step_of_every_fit(zinc_data_root, tmp_path, stop, final_step):
-    run_dir = tmp_path / "run"
-    fit(run_dir, zinc_data_root, *stop)
-    assert last_step(run_dir) == final_step
+def assert_one_last_ckpt(run_dir: Path) -> None:
+    """``last.ckpt`` and no ``last-v1.ckpt``, no temporary file left, nothing but checkpoints."""
     names = set(folder(run_dir))
     assert "last.ckpt" in names and not any(n.startswith("last-") for n in names), names
-    assert all(n.endswith(".ckpt") and not n.startswith(".") for n in names), names  # no .part left
-    assert any(n.startswith("epoch=") for n in names), names  # the best validation checkpoint
+    assert all(n.endswith(".ckpt") and not n.startswith(".") for n in names), names
+
+
+def test_last_ckpt_holds_the_final_step_after_the_last_validation(zinc_data_root, tmp_path):
+    """max_epochs 3, validated every 2 epochs (at step 6): last.ckpt holds step 9, not 6.
+    (A stop by max_steps inside an epoch: the dropout test below.)"""
+    run_dir = tmp_path / "run"
+    fit(run_dir, zinc_data_root, "--trainer.max_epochs", "3", "--trainer.max_steps", "-1",
+        "--trainer.check_val_every_n_epoch", "2")
+    assert last_step(run_dir) == 9
+    assert_one_last_ckpt(run_dir)
+    assert any(n.startswith("epoch=1-step=6-") for n in folder(run_dir))  # the best validation one
 
 
 def test_a_run_directory_with_checkpoints_is_resumed_or_overwritten_never_reused(zinc_data_root,
                                                                                 tmp_path):
-    run_dir = tmp_path / "run"
-    fit(run_dir, zinc_data_root, "--trainer.max_steps", "3")
+    """``--ckpt_path last`` into an empty folder starts from scratch and says so in one line; a
+    fit without ``--ckpt_path`` into a folder with checkpoints is refused in one line (exit 2)
+    naming the three ways on; ``--ckpt_path last`` where the folder has checkpoints but no
+    last.ckpt is refused; ``--checkpoint.overwrite true`` starts over; test reads last.ckpt. The
+    refusals leave every file byte for byte."""
+    run_dir, checkpoints = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    started = fit(run_dir, zinc_data_root, "--trainer.max_steps", "3", "--ckpt_path", "last")
+    notes = [line for line in started.stderr.splitlines() if "--ckpt_path last" in line]
+    assert notes == [f"--ckpt_path last: no checkpoint in {checkpoints}; training from scratch"], \
+        started.stderr[-3000:]
+    assert last_step(run_dir) == 3
     before = folder(run_dir)
 
-    refused = fit(run_dir, zinc_data_root, "--trainer.max_steps", "6", expect=2)
-    line = error_line(refused)
-    assert f"{run_dir / 'checkpoints'} already holds checkpoints" in line, line
+    line = error_line(fit(run_dir, zinc_data_root, "--trainer.max_steps", "6", expect=2))
+    assert f"{checkpoints} already holds checkpoints" in line, line
     for way in ("--ckpt_path last", "--trainer.default_root_dir", "--checkpoint.overwrite true"):
         assert way in line, line
-    assert folder(run_dir) == before  # byte for byte
+    assert folder(run_dir) == before
 
-    fit(run_dir, zinc_data_root, "--trainer.max_steps", "6", "--ckpt_path", "last")
-    assert last_step(run_dir) == 6
-    assert not any(n.startswith("last-") for n in folder(run_dir))
+    (checkpoints / "last.ckpt").rename(tmp_path / "last.ckpt")
+    line = error_line(fit(run_dir, zinc_data_root, "--trainer.max_steps", "6", "--ckpt_path", "last",
+                          expect=2))
+    assert f"--ckpt_path last: {checkpoints} has no last.ckpt but holds epoch=0-step=3-" in line, line
+    (tmp_path / "last.ckpt").rename(checkpoints / "last.ckpt")
+    assert folder(run_dir) == before
 
     fit(run_dir, zinc_data_root, "--trainer.max_steps", "2", "--checkpoint.overwrite", "true")
     assert last_step(run_dir) == 2
     assert set(folder(run_dir)) == {"last.ckpt"}  # the earlier run's checkpoints are gone
 
-    # test and predict read the folder's last.ckpt with --ckpt_path last
     tested = graphormer_urpe("test", *zinc_args(run_dir, zinc_data_root, "--ckpt_path", "last"))
     assert tested.returncode == 0, tested.stderr[-3000:]
-    assert f"Restoring states from the checkpoint path at {run_dir / 'checkpoints' / 'last.ckpt'}" \
+    assert f"Restoring states from the checkpoint path at {checkpoints / 'last.ckpt'}" \
         in tested.stderr + tested.stdout
-
-
-def test_ckpt_path_last_without_last_ckpt(zinc_data_root, tmp_path):
-    """An empty (or missing) folder: a fresh start, said in one line naming the folder. A folder
-    with checkpoints but no last.ckpt: refused, the files kept."""
-    run_dir = tmp_path / "run"
-    started = fit(run_dir, zinc_data_root, "--trainer.max_steps", "3", "--ckpt_path", "last")
-    notes = [line for line in started.stderr.splitlines() if "--ckpt_path last" in line]
-    assert notes == [f"--ckpt_path last: no checkpoint in {run_dir / 'checkpoints'}; training "
-                     "from scratch"], started.stderr[-3000:]
-    assert last_step(run_dir) == 3
-
-    (run_dir / "checkpoints" / "last.ckpt").unlink()
-    before = folder(run_dir)
-    assert before  # the best validation checkpoint stays
-    refused = fit(run_dir, zinc_data_root, "--trainer.max_steps", "6", "--ckpt_path", "last", expect=2)
-    line = error_line(refused)
-    assert f"{run_dir / 'checkpoints'} has no last.ckpt but holds epoch=0-step=3-" in line, line
-    assert folder(run_dir) == before
 
 
 def test_a_resumed_run_with_dropout_equals_the_uninterrupted_one_bit_for_bit(zinc_data_root, tmp_path):
@@ -121,9 +115,10 @@ def test_a_resumed_run_with_dropout_equals_the_uninterrupted_one_bit_for_bit(zin
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     fit(straight, zinc_data_root, "--model.backbone", backbone, "--trainer.max_steps", "8")
     fit(resumed, zinc_data_root, "--model.backbone", backbone, "--trainer.max_steps", "4")
-    assert last_step(resumed) == 4
+    assert last_step(resumed) == 4  # stopped by max_steps inside epoch 1, after its validation
     fit(resumed, zinc_data_root, "--model.backbone", backbone, "--trainer.max_steps", "8",
         "--ckpt_path", "last")
+    assert_one_last_ckpt(resumed)
     load = lambda run: torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     reference, result = load(straight), load(resumed)
     assert result["global_step"] == reference["global_step"] == 8
