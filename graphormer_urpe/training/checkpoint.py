@@ -22,6 +22,8 @@ from __future__ import annotations
 import logging
 import os
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,11 +47,21 @@ def temporary_path(path: str | os.PathLike) -> Path:
     return path.with_name(f".{path.name}.part")
 
 
-def replace_with(temporary: Path, path: str | os.PathLike) -> None:
-    """Make the written ``temporary`` the file ``path``: flushed to disk, then renamed over it."""
-    with open(temporary, "rb") as handle:
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+@contextmanager
+def written_atomically(path: str | os.PathLike, replace: bool = True) -> Iterator[Path]:
+    """The :func:`temporary_path` to write ``path``'s new content to; once written it is flushed
+    to disk and renamed over ``path`` (unless ``replace`` is false: a process that writes nothing,
+    e.g. a DDP rank other than 0); when writing fails it is removed and ``path`` is untouched."""
+    temporary = temporary_path(path)
+    try:
+        yield temporary
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    if replace:
+        with open(temporary, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
 
 
 def checkpoints_in(dirpath: str | os.PathLike) -> list[str]:
@@ -116,21 +128,22 @@ class RunCheckpoint(ModelCheckpoint):
         return "ModelCheckpoint" + super().state_key[len(type(self).__qualname__):]
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if (stage == "fit" and self.overwrite and trainer.ckpt_path is None and self.dirpath
-                and trainer.is_global_zero):
-            for name in checkpoints_in(self.dirpath):
-                os.remove(os.path.join(self.dirpath, name))
-            log.info("checkpoint.overwrite: removed the checkpoints in %s", self.dirpath)
+        if stage == "fit" and self.dirpath and trainer.is_global_zero:
+            folder = Path(self.dirpath)
+            for leftover in folder.glob(".*" + self.FILE_EXTENSION + ".part"):  # a killed save's
+                leftover.unlink(missing_ok=True)
+            if self.overwrite and trainer.ckpt_path is None:
+                for name in checkpoints_in(folder):
+                    (folder / name).unlink()
+                log.info("checkpoint.overwrite: removed the checkpoints in %s", folder)
         super().setup(trainer, pl_module, stage)
 
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
         if not _is_local_file_protocol(filepath):
             return super()._save_checkpoint(trainer, filepath)
-        temporary = temporary_path(filepath)
-        super()._save_checkpoint(trainer, str(temporary))
+        with written_atomically(filepath, replace=trainer.is_global_zero) as temporary:
+            super()._save_checkpoint(trainer, str(temporary))
         self._last_checkpoint_saved = filepath
-        if trainer.is_global_zero:
-            replace_with(temporary, filepath)
         trainer.strategy.barrier()
 
     def _save_last_checkpoint(self, trainer: pl.Trainer, monitor_candidates: dict) -> None:

@@ -46,7 +46,6 @@ import csv
 import inspect
 import logging
 import math
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
@@ -66,7 +65,7 @@ from graphormer_urpe.data.resident import ResidentSplit, TensorGraphs
 from graphormer_urpe.nn.encodings import EdgePathBias
 from graphormer_urpe.nn.graphormer import Graphormer
 from graphormer_urpe.training import finetune
-from graphormer_urpe.training.checkpoint import replace_with, temporary_path
+from graphormer_urpe.training.checkpoint import written_atomically
 from graphormer_urpe.training.inference import build_backbone
 from graphormer_urpe.training.module import GraphormerModule, parameter_groups
 from graphormer_urpe.training.schedule import warmup_polynomial_decay
@@ -653,6 +652,5 @@ class Ensemble:
 def _atomic_save(obj: Any, path: Path) -> None:
     """``torch.save`` as the solo run's checkpoints are written: beside, then renamed over ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = temporary_path(path)
-    torch.save(obj, temporary)
-    replace_with(temporary, path)
+    with written_atomically(path) as temporary:
+        torch.save(obj, temporary)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -60,13 +61,25 @@ def assert_one_last_ckpt(run_dir: Path) -> None:
 
 def test_last_ckpt_holds_the_final_step_after_the_last_validation(zinc_data_root, tmp_path):
     """max_epochs 3, validated every 2 epochs (at step 6): last.ckpt holds step 9, not 6.
-    (A stop by max_steps inside an epoch: the dropout test below.)"""
+    (A stop by max_steps inside an epoch: the dropout test below.) Then a resumed fit whose
+    checkpoint writes fail (a file size limit below a checkpoint's size, EFBIG as on a full
+    disk) stops and leaves every checkpoint byte for byte, and no temporary file."""
     run_dir = tmp_path / "run"
-    fit(run_dir, zinc_data_root, "--trainer.max_epochs", "3", "--trainer.max_steps", "-1",
-        "--trainer.check_val_every_n_epoch", "2")
+    epochs = ["--trainer.max_steps", "-1", "--trainer.check_val_every_n_epoch", "2"]
+    fit(run_dir, zinc_data_root, "--trainer.max_epochs", "3", *epochs)
     assert last_step(run_dir) == 9
     assert_one_last_ckpt(run_dir)
     assert any(n.startswith("epoch=1-step=6-") for n in folder(run_dir))  # the best validation one
+
+    before = folder(run_dir)
+    limit = (run_dir / "checkpoints" / "last.ckpt").stat().st_size // 2
+    failed = subprocess.run(
+        [str(COMMAND), "fit", *zinc_args(run_dir, zinc_data_root, "--trainer.max_epochs", "5", *epochs,
+                                         "--ckpt_path", "last")],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)},
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+    assert failed.returncode != 0 and "File too large" in failed.stderr, failed.stderr[-3000:]
+    assert folder(run_dir) == before
 
 
 def test_a_run_directory_with_checkpoints_is_resumed_or_overwritten_never_reused(zinc_data_root,
