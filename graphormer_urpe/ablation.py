@@ -720,16 +720,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(write_table(args.results, args.table or args.results.with_suffix(".md")))
     else:
         grid = Grid(args, overrides)
-        try:
-            grid.lock()
-        except ValueError as error:
-            print(f"graphormer-urpe-ablation: error: {error}", file=sys.stderr)
-            raise SystemExit(2) from None
         if args.readme:  # a missing block is said now, not after training
             try:
                 readme_block(args.readme, grid.name)
             except ValueError as error:
                 raise SystemExit(f"graphormer-urpe-ablation: error: {error}") from None
+        try:
+            grid.lock()
+        except ValueError as error:
+            print(f"graphormer-urpe-ablation: error: {error}", file=sys.stderr)
+            raise SystemExit(2) from None
         results = grid.run()
         print(write_table(grid.results, grid.table))
     if args.readme:
