@@ -8,8 +8,12 @@ per run, on the same recipe (config files plus LightningCLI overrides). Every ru
   (its arguments, commit, attempts and result);
 * takes ``seed`` both as ``seed_everything`` (initialisation, dropout) and as the training-order
   seed of the DataModule;
-* resumes from its ``checkpoints/last.ckpt`` when the grid was killed, and is not redone once it
-  has a result;
+* resumes from its ``checkpoints/last.ckpt`` when the grid was killed (its steps are the
+  checkpoint's ``global_step``), starts over when it has none, and is not redone once it has a
+  result;
+* is trained by one runner at a time: the runner holds ``ablation.lock`` in every run directory of
+  its grid, and a second runner given any of them stops at once (exit status 2) naming the first
+  one's pid;
 * is selected on the validation metric of its task only (the CLI's best checkpoint: ``val/mae``
   for regression, see :mod:`graphormer_urpe.task`) and that checkpoint is evaluated on
   the test split (``graphormer-urpe test``).
@@ -73,6 +77,8 @@ ARMS: dict[str, dict[str, Any]] = {
 }
 BASELINE = "rpe"
 RUN_RECORD = "ablation_run.json"
+#: In a run directory: held (``fcntl.flock``) by the runner that trains it, and names its pid.
+LOCK_FILE = "ablation.lock"
 #: Seconds between updates of a running attempt's wall time in its run record.
 HEARTBEAT_S = 15.0
 DEFAULT_RESULTS = Path("docs/results/zinc_ablation.json")
@@ -172,6 +178,27 @@ def merge_results(path: Path, new: Sequence[dict]) -> list[dict]:
     return ordered
 
 
+def hold(directory: Path) -> Any:
+    """An exclusive lock on ``directory`` (``fcntl.flock`` on its :data:`LOCK_FILE`, which then
+    holds this process's pid) for as long as the returned file stays open; the kernel drops it
+    when the process ends, killed or not. ``ValueError`` naming the holder's pid when another
+    process holds it: one run directory is trained by one process."""
+    directory.mkdir(parents=True, exist_ok=True)
+    handle = open(directory / LOCK_FILE, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        raise ValueError(f"{directory} is in use by another graphormer-urpe-ablation (pid "
+                         f"{holder}); wait for it to end, or choose another --name or --runs-dir") from None
+    handle.truncate(0)
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
 # --------------------------------------------------------------------------------------------
 # One run: fit (resumed from last.ckpt), then test the best validation checkpoint
 # --------------------------------------------------------------------------------------------
@@ -184,6 +211,13 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+
+def checkpoint_step(path: Path) -> int:
+    """The optimizer steps a checkpoint holds (its ``global_step``)."""
+    import torch
+
+    return int(torch.load(path, map_location="cpu", weights_only=False)["global_step"])
 
 
 def best_checkpoint(run_dir: Path) -> tuple[Path, float, int, int, Task]:
@@ -285,8 +319,12 @@ class Run:
             return record["result"]
         last = self.dir / "checkpoints" / "last.ckpt"
         if not record.get("fit_done"):
-            resume = ["--ckpt_path", str(last)] if last.exists() else []
-            self.grid.log(f"{self.label}: fit" + (" (resuming from last.ckpt)" if resume else ""))
+            if last.exists():
+                resume = ["--ckpt_path", str(last)]
+                self.grid.log(f"{self.label}: fit (resuming from last.ckpt at step {checkpoint_step(last)})")
+            else:  # no resumable state: checkpoints of a run killed before its first last.ckpt go
+                resume = ["--checkpoint.overwrite", "true"]
+                self.grid.log(f"{self.label}: fit")
             self._subprocess("fit", [*self.cli_args, *resume], record)
             record["fit_done"] = True
             write_json(self.record_path, record)
@@ -362,6 +400,12 @@ class Grid:
                  f"{result[f'test_{metric}']:.4f}"
                  f" ({result['steps']} steps, {result['wall_s'] / 60:.1f} min)")
         return result
+
+    def lock(self) -> None:
+        """Hold every run directory of this grid (and the ensemble's) until the process ends
+        (:func:`hold`); ``ValueError`` when another runner holds one."""
+        dirs = [run.dir for run in self.runs] + ([self.dir / "ensemble"] if self.ensemble else [])
+        self._locks = [hold(directory) for directory in dirs]
 
     def run(self) -> list[dict]:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -651,6 +695,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                 readme_block(args.readme, grid.name)
             except ValueError as error:
                 raise SystemExit(f"graphormer-urpe-ablation: error: {error}") from None
+        try:
+            grid.lock()
+        except ValueError as error:
+            print(f"graphormer-urpe-ablation: error: {error}", file=sys.stderr)
+            raise SystemExit(2) from None
         results = grid.run()
         print(write_table(grid.results, grid.table))
     if args.readme:

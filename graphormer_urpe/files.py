@@ -89,9 +89,7 @@ class AtomicFile:
         self.handle.flush()
         os.fsync(self.handle.fileno())
         self.handle.close()
-        mode = self.path.stat().st_mode & 0o777 if self.path.exists() else 0o666 & ~_umask()
-        os.chmod(self._temporary, mode)
-        os.replace(self._temporary, self.path)
+        _replace(self._temporary, self.path)
 
     def discard(self) -> None:
         with contextlib.suppress(OSError):  # a full disk fails the flush of closing again
@@ -104,6 +102,35 @@ class AtomicFile:
 
     def __exit__(self, *exc_info) -> None:
         self.discard()
+
+
+def _replace(temporary: str | os.PathLike, path: Path) -> None:
+    """Rename the written ``temporary`` onto ``path`` with the permissions a previous file had
+    (else a new file's under the umask; ``mkstemp`` creates it owner-only)."""
+    mode = path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask()
+    os.chmod(temporary, mode)
+    os.replace(temporary, path)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, replace: bool = True) -> Iterator[Path]:
+    """A temporary path beside ``path`` for a writer that takes a path, not a handle (Lightning's
+    checkpoint I/O): once the block ends normally it is flushed to disk and renamed onto ``path``
+    (unless ``replace`` is false: a process that writes nothing, e.g. a DDP rank other than 0);
+    it is removed on every other exit, and ``path`` is untouched."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    os.close(fd)
+    temporary = Path(temporary)
+    try:
+        yield temporary
+        if replace:
+            with open(temporary, "rb") as handle:
+                os.fsync(handle.fileno())
+            _replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager

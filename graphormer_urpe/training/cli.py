@@ -4,9 +4,11 @@ Facts that belong to the data (vocabulary sizes, number of targets, ``max_hops``
 the featurizer) are linked from the instantiated DataModule into the model, so a config names
 each of them once. A run's outputs all go under ``trainer.default_root_dir``: TensorBoard and
 CSV logs, ``checkpoints/`` with the best model by the task's validation metric
-(``epoch=…-step=…-val_mae=….ckpt``) plus ``last.ckpt`` (resume a killed run with
-``--ckpt_path last``), and for ``predict`` the predictions (``predictions.csv``, or
-``--prediction_writer.output``).
+(``epoch=…-step=…-val_mae=….ckpt``) plus ``last.ckpt``, always the run's newest state (resume
+a killed or finished run with ``--ckpt_path last``; :mod:`~graphormer_urpe.training.run_checkpoint`),
+and for ``predict`` the predictions (``predictions.csv``, or ``--prediction_writer.output``).
+A ``fit`` into a run directory that already holds checkpoints is refused unless it resumes
+(``--ckpt_path last``) or starts over (``--checkpoint.overwrite true``).
 
 The backbone is typed (:class:`~graphormer_urpe.nn.graphormer.GraphormerConfig`), so partial
 overrides merge in any order: ``--model.backbone '{"num_layers": 4}'``,
@@ -26,12 +28,13 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 from jsonargparse import Namespace
-from lightning.pytorch.callbacks import BasePredictionWriter, LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import BasePredictionWriter, LearningRateMonitor
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_module
 
 from graphormer_urpe.files import same_file
 from graphormer_urpe.training import finetune
+from graphormer_urpe.training.run_checkpoint import RunCheckpoint, check_run_dir
 from graphormer_urpe.training.module import GraphormerModule
 from graphormer_urpe.training.schedule import check_schedule
 from graphormer_urpe.task import get_task
@@ -87,7 +90,7 @@ class GraphormerCLI(LightningCLI):
             parser.link_arguments(f"data.{name}", f"model.{name}", apply_on="instantiate")
         parser.link_arguments("data", "model.target_names", apply_on="instantiate",
                               compute_fn=lambda data: getattr(data, "target_columns", None))
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(RunCheckpoint, "checkpoint")
         # monitor / mode / filename left unset follow the task (before_instantiate_classes).
         parser.set_defaults({"checkpoint.save_last": True,
                              "checkpoint.auto_insert_metric_name": False})
@@ -113,6 +116,9 @@ class GraphormerCLI(LightningCLI):
             if checkpoint.filename is None:
                 checkpoint.filename = (f"epoch={{epoch}}-step={{step}}-val_{task.metric_name}="
                                        f"{{{task.monitor}:.4f}}")
+        if self.subcommand is not None:  # before any data is read
+            config.ckpt_path = check_run_dir(checkpoint.dirpath, config.get("ckpt_path"),
+                                             checkpoint.overwrite, self.subcommand == "fit")
         if config.trainer.logger in (None, True):
             config.trainer.logger = [
                 Namespace(class_path=f"lightning.pytorch.loggers.{cls}",
