@@ -8,10 +8,14 @@ per run, on the same recipe (config files plus LightningCLI overrides). Every ru
   (its arguments, commit, attempts and result);
 * takes ``seed`` both as ``seed_everything`` (initialisation, dropout) and as the training-order
   seed of the DataModule;
-* resumes from its ``checkpoints/last.ckpt`` when the grid was killed, and is not redone once it
-  has a result;
+* resumes from its ``checkpoints/last.ckpt`` when the grid was killed (its steps are the
+  checkpoint's ``global_step``), starts over when it has none, and is not redone once it has a
+  result;
+* is trained by one runner at a time: the runner holds ``ablation.lock`` in every run directory of
+  its grid, and a second runner given any of them stops at once (exit status 2) naming the first
+  one's pid;
 * is selected on the validation metric of its task only (the CLI's best checkpoint: ``val/mae``
-  for regression, see :mod:`graphormer_urpe.training.task`) and that checkpoint is evaluated on
+  for regression, see :mod:`graphormer_urpe.task`) and that checkpoint is evaluated on
   the test split (``graphormer-urpe test``).
 
 Results are merged into a JSON list (default ``docs/results/zinc_ablation.json``; one entry per
@@ -61,9 +65,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
-
-from graphormer_urpe.training.task import Task, get_task
+from graphormer_urpe.files import atomic_write
+from graphormer_urpe.task import Task, get_task
 
 #: What each arm changes in the recipe's ``model.backbone`` (merged into it; everything else in
 #: the backbone, e.g. a smaller model, stays as the recipe has it).
@@ -74,6 +77,8 @@ ARMS: dict[str, dict[str, Any]] = {
 }
 BASELINE = "rpe"
 RUN_RECORD = "ablation_run.json"
+#: In a run directory: held (``fcntl.flock``) by the runner that trains it, and names its pid.
+LOCK_FILE = "ablation.lock"
 #: Seconds between updates of a running attempt's wall time in its run record.
 HEARTBEAT_S = 15.0
 DEFAULT_RESULTS = Path("docs/results/zinc_ablation.json")
@@ -135,10 +140,8 @@ def read_json(path: Path, default: Any) -> Any:
 
 
 def write_json(path: Path, value: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(value, indent=1) + "\n")
-    tmp.replace(path)
+    with atomic_write(path) as handle:
+        handle.write(json.dumps(value, indent=1) + "\n")
 
 
 def result_key(entry: dict) -> tuple:
@@ -175,6 +178,27 @@ def merge_results(path: Path, new: Sequence[dict]) -> list[dict]:
     return ordered
 
 
+def hold(directory: Path) -> Any:
+    """An exclusive lock on ``directory`` (``fcntl.flock`` on its :data:`LOCK_FILE`, which then
+    holds this process's pid) for as long as the returned file stays open; the kernel drops it
+    when the process ends, killed or not. ``ValueError`` naming the holder's pid when another
+    process holds it: one run directory is trained by one process."""
+    directory.mkdir(parents=True, exist_ok=True)
+    handle = open(directory / LOCK_FILE, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        raise ValueError(f"{directory} is in use by another graphormer-urpe-ablation (pid "
+                         f"{holder}); wait for it to end, or choose another --name or --runs-dir") from None
+    handle.truncate(0)
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
 # --------------------------------------------------------------------------------------------
 # One run: fit (resumed from last.ckpt), then test the best validation checkpoint
 # --------------------------------------------------------------------------------------------
@@ -187,6 +211,13 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+
+def checkpoint_step(path: Path) -> int:
+    """The optimizer steps a checkpoint holds (its ``global_step``)."""
+    import torch
+
+    return int(torch.load(path, map_location="cpu", weights_only=False)["global_step"])
 
 
 def best_checkpoint(run_dir: Path) -> tuple[Path, float, int, int, Task]:
@@ -288,8 +319,12 @@ class Run:
             return record["result"]
         last = self.dir / "checkpoints" / "last.ckpt"
         if not record.get("fit_done"):
-            resume = ["--ckpt_path", str(last)] if last.exists() else []
-            self.grid.log(f"{self.label}: fit" + (" (resuming from last.ckpt)" if resume else ""))
+            if last.exists():
+                resume = ["--ckpt_path", str(last)]
+                self.grid.log(f"{self.label}: fit (resuming from last.ckpt at step {checkpoint_step(last)})")
+            else:  # no resumable state: checkpoints of a run killed before its first last.ckpt go
+                resume = ["--checkpoint.overwrite", "true"]
+                self.grid.log(f"{self.label}: fit")
             self._subprocess("fit", [*self.cli_args, *resume], record)
             record["fit_done"] = True
             write_json(self.record_path, record)
@@ -365,6 +400,12 @@ class Grid:
                  f"{result[f'test_{metric}']:.4f}"
                  f" ({result['steps']} steps, {result['wall_s'] / 60:.1f} min)")
         return result
+
+    def lock(self) -> None:
+        """Hold every run directory of this grid (and the ensemble's) until the process ends
+        (:func:`hold`); ``ValueError`` when another runner holds one."""
+        dirs = [run.dir for run in self.runs] + ([self.dir / "ensemble"] if self.ensemble else [])
+        self._locks = [hold(directory) for directory in dirs]
 
     def run(self) -> list[dict]:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -523,8 +564,8 @@ def format_table(entries: Sequence[dict]) -> str:
 
 def write_table(results: Path, table: Path) -> str:
     text = format_table(read_json(results, []))
-    table.parent.mkdir(parents=True, exist_ok=True)
-    table.write_text(text)
+    with atomic_write(table) as handle:
+        handle.write(text)
     return text
 
 
@@ -546,7 +587,8 @@ def write_readme_block(readme: Path, name: str, entries: Sequence[dict]) -> None
     table (:func:`format_table`)."""
     head, begin, end, tail = readme_block(readme, name)
     runs = [e for e in entries if e.get("recipe") == name]
-    readme.write_text(f"{head}{begin}\n{format_table(runs).strip()}\n{end}{tail}")
+    with atomic_write(readme) as handle:
+        handle.write(f"{head}{begin}\n{format_table(runs).strip()}\n{end}{tail}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -558,12 +600,8 @@ def plot_learned_tables(entries: Sequence[dict], runs_dir: Path, out_dir: Path,
     spatial bias B of the URPE run with the lowest validation MAE and of the RPE run with the
     same seed (same y axis), then that URPE run's scale C of every layer, for distances up to
     ``max_spd`` (ZINC-12k's largest). Checkpoints are the runs' best validation ones."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from graphormer_urpe.predict import load_module
+    from graphormer_urpe.plot import plot_spd_panels
+    from graphormer_urpe.training.checkpoint import load_module
 
     urpe = min((e for e in entries if e["attention"] == "urpe"), key=lambda e: e["val_mae"],
                default=None)
@@ -574,38 +612,14 @@ def plot_learned_tables(entries: Sequence[dict], runs_dir: Path, out_dir: Path,
                 and e["recipe"] == recipe), None)
     models = {arm: load_module(best_checkpoint(runs_dir / recipe / f"{arm}-s{seed}")[0]).model
               for arm in ["urpe"] + ([BASELINE] if rpe else [])}
-    spatial = {arm: m.spatial_bias.embedding.weight.detach().float().numpy()
-               for arm, m in models.items()}
-    scales = models["urpe"].urpe_scale_tables().numpy()
-    shown = min(max_spd, scales.shape[1] - 3)
-    panels = [(f"B, {arm} (val {e['val_mae']:.3f}, test {e['test_mae']:.3f})", spatial[arm], 0.0)
+    panels = [(f"B, {arm} (val {e['val_mae']:.3f}, test {e['test_mae']:.3f})", "bias",
+               models[arm].spatial_bias.embedding.weight.detach().float().numpy())
               for arm, e in (("urpe", urpe), (BASELINE, rpe)) if e is not None]
-    panels += [(f"C, urpe layer {layer}", table, 1.0) for layer, table in enumerate(scales)]
-    ncols = 4
-    fig, axes = plt.subplots(-(-len(panels) // ncols), ncols, figsize=(3.6 * ncols, 2.5 * -(-len(panels) // ncols)),
-                             squeeze=False, constrained_layout=True)
-    distances = np.arange(shown + 1)
-    b_range = [min(t[: shown + 1].min() for t in spatial.values()),
-               max(t[: shown + 1].max() for t in spatial.values())]
-    for ax, (title, table, neutral) in zip(axes.flat, panels):
-        colors = plt.cm.viridis(np.linspace(0, 1, table.shape[1]))
-        for head in range(table.shape[1]):
-            ax.plot(distances, table[: shown + 1, head], color=colors[head], lw=1, label=f"head {head}")
-        ax.axhline(neutral, color="grey", lw=0.5, ls="--")
-        if title.startswith("B"):
-            ax.set_ylim(b_range[0] - 0.05, b_range[1] + 0.05)
-        ax.set_title(title, fontsize=8)
-        ax.set_xlabel("shortest-path distance", fontsize=7)
-        ax.tick_params(labelsize=7)
-    axes.flat[0].legend(fontsize=5, ncol=2)
-    for ax in list(axes.flat)[len(panels):]:
-        ax.axis("off")
-    fig.suptitle(f"{recipe}, seed {seed}: best-validation checkpoints, one line per head")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{recipe}-tables.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    panels += [(f"C, urpe layer {layer}", "scale", table)
+               for layer, table in enumerate(models["urpe"].urpe_scale_tables().numpy())]
+    return plot_spd_panels(panels, out_dir / f"{recipe}-tables.png",
+                           f"{recipe}, seed {seed}: best-validation checkpoints, one line per head",
+                           max_spd)
 
 
 # --------------------------------------------------------------------------------------------
@@ -681,6 +695,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                 readme_block(args.readme, grid.name)
             except ValueError as error:
                 raise SystemExit(f"graphormer-urpe-ablation: error: {error}") from None
+        try:
+            grid.lock()
+        except ValueError as error:
+            print(f"graphormer-urpe-ablation: error: {error}", file=sys.stderr)
+            raise SystemExit(2) from None
         results = grid.run()
         print(write_table(grid.results, grid.table))
     if args.readme:

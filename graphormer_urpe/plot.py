@@ -165,7 +165,7 @@ def graph_tables(path: Path) -> tuple[np.ndarray, np.ndarray]:
     Lightning checkpoint of :class:`~graphormer_urpe.training.module.GraphormerModule` (the model
     is rebuilt from its hyperparameters; C is :meth:`Graphormer.urpe_scale_tables`). With a
     shared C, only one table is returned."""
-    from graphormer_urpe.predict import load_module
+    from graphormer_urpe.training.checkpoint import load_module
 
     model = load_module(path).model
     if model.attention != "urpe":
@@ -177,43 +177,65 @@ def graph_tables(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return model.spatial_bias.embedding.weight.detach().float().numpy(), scales
 
 
-def plot_graph(path: Path, out_dir: Path, stem: str,
-               max_spd: int | None = None, title: str = "") -> list[Path]:
-    """Curves over SPD per head: one panel for B (shared by the layers) and one per layer's C."""
-    spatial, scales = graph_tables(path)
-    table_spd = scales.shape[1] - 3  # C rows: distances 0..max_spd, unreachable, graph token
+#: The rows of a graph model's table after its distances ``0..max_spd``: B (the spatial bias) has
+#: one for unreachable pairs, C (the URPE scale) also one for the graph token's pairs.
+SPECIAL_ROWS = {"bias": ["unreach."], "scale": ["unreach.", "graph tok."]}
+
+
+def plot_spd_panels(panels: Sequence[tuple[str, str, np.ndarray]], path: Path, title: str,
+                    max_spd: int | None = None) -> Path:
+    """Curves over shortest-path distance, one line per head, one panel per ``(name, kind,
+    table)``: ``kind`` "bias" (B, ``[max_spd + 2, H]``) or "scale" (C, ``[max_spd + 3, H]``),
+    distances up to ``max_spd`` (default: the table's), the :data:`SPECIAL_ROWS` as separate
+    points at the right; the B panels share one y range."""
+    table_spd = len(panels[0][2]) - 1 - len(SPECIAL_ROWS[panels[0][1]])
     shown = min(max_spd if max_spd is not None else table_spd, table_spd)
-    panels = [("B (spatial bias)", spatial, ["unreach."])] + [
-        (f"C, layer {l}" if len(scales) > 1 else "C (all layers)", scales[l],
-         ["unreach.", "graph tok."]) for l in range(len(scales))]
+    rows = {kind: list(range(shown + 1)) + [table_spd + 1 + i for i in range(len(extras))]
+            for kind, extras in SPECIAL_ROWS.items()}
+    bias = [table[rows["bias"]] for _, kind, table in panels if kind == "bias"]
+    bias_range = (min(t.min() for t in bias), max(t.max() for t in bias)) if bias else None
     ncols = min(4, len(panels))
     nrows = -(-len(panels) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 2.6 * nrows), squeeze=False,
                              constrained_layout=True)
     distances = np.arange(shown + 1)
-    for index, (ax, (name, table, extras)) in enumerate(zip(axes.flat, panels)):
+    ticks = list(range(0, shown + 1, max(1, shown // 5)))
+    for index, (ax, (name, kind, table)) in enumerate(zip(axes.flat, panels)):
         num_heads = table.shape[1]
+        extras = SPECIAL_ROWS[kind]
         colors = plt.cm.viridis(np.linspace(0, 1, num_heads))
         special_x = shown + 2 + np.arange(len(extras))
         for h in range(num_heads):
             ax.plot(distances, table[: shown + 1, h], color=colors[h], lw=1, label=f"head {h}")
             ax.scatter(special_x, table[table_spd + 1: table_spd + 1 + len(extras), h],
                        color=colors[h], s=8)
-        ax.axhline(1.0 if name.startswith("C") else 0.0, color="grey", lw=0.5, ls="--")
-        ax.set_title(name, fontsize=9)
-        ax.set_xticks(list(range(0, shown + 1, max(1, shown // 5))) + list(special_x))
-        ax.set_xticklabels([str(t) for t in range(0, shown + 1, max(1, shown // 5))] + extras,
-                           fontsize=7, rotation=45)
+        ax.axhline(CENTER[kind], color="grey", lw=0.5, ls="--")
+        if kind == "bias" and bias_range is not None:
+            ax.set_ylim(bias_range[0] - 0.05, bias_range[1] + 0.05)
+        ax.set_title(name, fontsize=8)
+        ax.set_xticks(ticks + list(special_x))
+        ax.set_xticklabels([str(t) for t in ticks] + extras, fontsize=7, rotation=45)
         ax.set_xlabel("shortest-path distance", fontsize=8)
         if index == 0 and num_heads <= 8:
             ax.legend(fontsize=6, ncol=2)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    fig.suptitle(f"{title}URPE over SPD ({scales.shape[2]} heads, one line each)")
-    path = out_dir / f"{stem}-spd.png"
+    fig.suptitle(title)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return [path]
+    return path
+
+
+def plot_graph(path: Path, out_dir: Path, stem: str,
+               max_spd: int | None = None, title: str = "") -> list[Path]:
+    """Curves over SPD per head: one panel for B (shared by the layers) and one per layer's C."""
+    spatial, scales = graph_tables(path)
+    panels = [("B (spatial bias)", "bias", spatial)] + [
+        (f"C, layer {l}" if len(scales) > 1 else "C (all layers)", "scale", scales[l])
+        for l in range(len(scales))]
+    return [plot_spd_panels(panels, out_dir / f"{stem}-spd.png",
+                            f"{title}URPE over SPD ({scales.shape[2]} heads, one line each)", max_spd)]
 
 
 # --------------------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from graphormer_urpe.files import atomic_write
 from graphormer_urpe.nn.sequence import POSITION_SCHEMES, SequenceTransformer
 
 TASKS: tuple[str, ...] = ("pi", "etp")
@@ -298,13 +299,6 @@ def cell_name(task: str, vocab_size: int, scheme: str, seed: int, config: TrainC
     return f"{task}-L{config.length}-v{vocab_size}-{scheme}-s{seed}-{config.fingerprint()}"
 
 
-def _write_atomic(path: Path, write) -> None:
-    """Write through a temporary file and rename, so a kill never leaves half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def load_cell(run_dir: Path, name: str, config: TrainConfig) -> CellResult | None:
     """The stored result of a cell, or None when it is missing or was trained differently."""
     path = run_dir / f"{name}.json"
@@ -347,9 +341,10 @@ def run_grid(tasks: Sequence[str], vocab_sizes: Sequence[int], schemes: Sequence
                           "scheme": scheme, "seed": seed, "config": asdict(config),
                           "losses": losses, "result": asdict(result)}
             # Weights first: a cell counts as finished only once its JSON exists.
-            _write_atomic(run_dir / f"{name}.pt", lambda p: torch.save(checkpoint, p))
-            _write_atomic(run_dir / f"{name}.json",
-                          lambda p: p.write_text(json.dumps(asdict(result), indent=1)))
+            with atomic_write(run_dir / f"{name}.pt", binary=True) as handle:
+                torch.save(checkpoint, handle)
+            with atomic_write(run_dir / f"{name}.json") as handle:
+                handle.write(json.dumps(asdict(result), indent=1))
             status = f"{result.seconds:.0f}s"
         if progress:
             print(f"[{index}/{len(cells)}] {name}: accuracy {result.accuracy:.4f} ({status})",
@@ -401,20 +396,16 @@ def write_reports(results: Sequence[CellResult], results_dir: Path | None,
     if results_dir is not None:
         results_dir.mkdir(parents=True, exist_ok=True)
         payload = {"command": command, "cells": [asdict(r) for r in results], "summary": rows}
-        _write_atomic(results_dir / "synthetic.json",
-                      lambda p: p.write_text(json.dumps(payload, indent=1)))
-
-        def write_csv(p: Path) -> None:
-            with p.open("w", newline="") as fh:
-                writer = csv.writer(fh)
-                writer.writerow(["task", "length", "vocab_size", "scheme", "seed", "steps",
-                                 "accuracy", "final_loss", "seconds"])
-                for r in results:
-                    writer.writerow([r.task, r.config["length"], r.vocab_size, r.scheme, r.seed,
-                                     r.config["steps"], f"{r.accuracy:.6f}", f"{r.final_loss:.6f}",
-                                     f"{r.seconds:.1f}"])
-
-        _write_atomic(results_dir / "synthetic.csv", write_csv)
+        with atomic_write(results_dir / "synthetic.json") as handle:
+            handle.write(json.dumps(payload, indent=1))
+        with atomic_write(results_dir / "synthetic.csv") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(["task", "length", "vocab_size", "scheme", "seed", "steps",
+                             "accuracy", "final_loss", "seconds"])
+            for r in results:
+                writer.writerow([r.task, r.config["length"], r.vocab_size, r.scheme, r.seed,
+                                 r.config["steps"], f"{r.accuracy:.6f}", f"{r.final_loss:.6f}",
+                                 f"{r.seconds:.1f}"])
     if markdown is not None:
         block = (f"{RESULTS_BEGIN}\nCommand: `{command}`; machine: {_machine(results)}; "
                  f"written {datetime.date.today().isoformat()}.\n\n{table}\n{RESULTS_END}")
@@ -425,7 +416,8 @@ def write_reports(results: Sequence[CellResult], results_dir: Path | None,
         else:
             text = text.rstrip("\n") + "\n\n" + block + "\n"
         markdown.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomic(markdown, lambda p: p.write_text(text))
+        with atomic_write(markdown) as handle:
+            handle.write(text)
     return table
 
 

@@ -56,7 +56,8 @@ def pretrain(work: Path, steps: int, minutes: int) -> Path:
         cli(["fit", "--config", "configs/zinc.yaml", "--config", "configs/zinc_full.yaml",
              "--config", "configs/quickstart.yaml", "--trainer.default_root_dir", str(run),
              "--trainer.max_steps", str(steps), "--model.warmup_steps", str(steps // 20),
-             "--trainer.max_time", f"00:00:{minutes:02d}:00"], run / "fit.log")
+             "--trainer.max_time", f"00:00:{minutes:02d}:00",
+             "--checkpoint.overwrite", "true"], run / "fit.log")  # a killed start left no last.ckpt
     return ckpt
 
 
@@ -66,7 +67,7 @@ def test_rmse(ckpt: Path, split: str, seed: int) -> float:
     import torch
 
     from graphormer_urpe.data import CSVDataModule
-    from graphormer_urpe.predict import load_module
+    from graphormer_urpe.training.checkpoint import load_module
 
     module = load_module(ckpt, inference_only=True)
     data = CSVDataModule(path=str(SHARED / "moleculenet" / "esol.csv"),

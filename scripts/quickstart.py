@@ -5,6 +5,10 @@ checkpoint and where it is. It trains on one CPU thread unless ``OMP_NUM_THREADS
 
     python scripts/quickstart.py [extra LightningCLI arguments, e.g. --trainer.max_time 00:00:02:00]
 
+A run directory never holds two runs: where ``runs/zinc_quickstart`` already holds a model, the
+run goes to ``runs/zinc_quickstart-2`` (then ``-3``, ...) unless ``--trainer.default_root_dir``
+is given.
+
 ZINC is built from the local data copies when they hold it (``$GRAPHORMER_URPE_DATA``/zinc, or
 ``../shared/data/zinc`` beside the checkout), else downloaded by PyG.
 """
@@ -25,6 +29,23 @@ def describe(model) -> str:
             f"{backbone['hidden_dim']} dim, {backbone['num_heads']} heads")
 
 
+def run_dir_arguments(argv: list[str]) -> list[str]:
+    """``--trainer.default_root_dir`` for a run that would land in a run directory holding an
+    earlier run's checkpoints: the first free ``<dir>-N``; none if the caller chose one."""
+    import yaml
+
+    from graphormer_urpe.training.run_checkpoint import checkpoints_in
+
+    if any(arg.startswith("--trainer.default_root_dir") for arg in argv):
+        return []
+    default = yaml.safe_load((REPO / "configs" / "quickstart.yaml").read_text())["trainer"]["default_root_dir"]
+    run_dir, n = default, 1
+    while checkpoints_in(Path(run_dir) / "checkpoints"):
+        n += 1
+        run_dir = f"{default}-{n}"
+    return [] if run_dir == default else ["--trainer.default_root_dir", run_dir]
+
+
 def main(argv: list[str]) -> None:
     os.chdir(REPO)
 
@@ -40,7 +61,7 @@ def main(argv: list[str]) -> None:
     started = time.perf_counter()
     sys.argv = sys.argv[:1]  # the arguments travel as `args`; LightningCLI must not read them twice
     cli = build_cli(["--config", "configs/zinc.yaml", "--config", "configs/quickstart.yaml",
-                     *argv], run=False)
+                     *run_dir_arguments(argv), *argv], run=False)
     trainer, model, data = cli.trainer, cli.model, cli.datamodule
     trainer.fit(model, datamodule=data)
     best = trainer.checkpoint_callback.best_model_path or trainer.checkpoint_callback.last_model_path

@@ -77,7 +77,7 @@ def test_killed_grid_resumes_merges_results_and_writes_the_table(zinc_data_root,
     # Run again: the killed run resumes, the other one runs, both are tested.
     finished = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
-    assert "urpe-s0: fit (resuming from last.ckpt)" in finished.stdout
+    assert f"urpe-s0: fit (resuming from last.ckpt at step {steps_at_kill})" in finished.stdout
     urpe = run_record(tmp_path, "urpe")
     fits = [a for a in urpe["attempts"] if a["stage"] == "fit"]
     assert len(fits) == 2 and fits[0]["returncode"] is None and fits[1]["returncode"] == 0
@@ -124,6 +124,41 @@ def test_killed_grid_resumes_merges_results_and_writes_the_table(zinc_data_root,
     assert ": fit" not in again.stdout and ": test" not in again.stdout
     assert run_record(tmp_path, "urpe")["attempts"] == urpe["attempts"]
     assert read_json(results, []) == entries
+
+
+def test_one_runner_per_run_directory_and_steps_from_the_checkpoint(zinc_data_root, tmp_path):
+    """A second runner on the same runs stops at once (exit 2), naming the first one's pid; the
+    first one's run ends at its max_steps (5: inside an epoch of 2 batches, after the validation
+    at step 4), which its result reports from the checkpoint's global_step."""
+    command = runner_command(tmp_path, zinc_data_root, "--arms", "rpe", "--trainer.max_steps", "5",
+                             "--model.total_steps", "5")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    lock = tmp_path / "runs" / "tiny" / "rpe-s0" / "ablation.lock"
+    first = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while first.poll() is None and time.monotonic() < deadline and not (
+                lock.exists() and lock.read_text().strip()):
+            time.sleep(0.05)
+        assert lock.read_text().strip() == str(first.pid)
+        second = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        assert first.poll() is None, "the first runner must still hold its runs"
+        assert second.returncode == 2, second.stdout[-3000:] + second.stderr[-3000:]
+        errors = [line for line in second.stderr.splitlines() if "error" in line]
+        assert errors == [f"graphormer-urpe-ablation: error: {lock.parent} is in use by another "
+                          f"graphormer-urpe-ablation (pid {first.pid}); wait for it to end, or "
+                          "choose another --name or --runs-dir"], second.stderr[-3000:]
+        assert ": fit" not in second.stdout
+        output, _ = first.communicate(timeout=600)
+    finally:
+        first.kill()
+    assert first.returncode == 0, output[-3000:]
+    [entry] = [e for e in read_json(tmp_path / "results.json", []) if e["recipe"] == "tiny"]
+    assert entry["steps"] == 5 and entry["best_step"] in (2, 4)
+    # the lock is the kernel's: the next runner (all done now) takes it and runs nothing
+    again = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and ": fit" not in again.stdout, again.stderr[-3000:]
 
 
 @pytest.mark.slow

@@ -4,8 +4,10 @@ refuse damaged checkpoints and dangerous outputs, and report bad rows."""
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -15,8 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-import graphormer_urpe.predict as predict
 from graphormer_urpe.predict import main as predict_main
+from graphormer_urpe.training.checkpoint import load_module
+from graphormer_urpe.training.inference import stream_predictions
+from graphormer_urpe.training.predictions import InputRow, PredictionTable
 from graphormer_urpe.training.cli import build_cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -191,6 +195,32 @@ def test_output_that_is_the_input_is_refused(esol_run, tmp_path, capsys, spellin
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
+@pytest.mark.parametrize("spelling", ["same", "symlink", "hardlink"])
+def test_output_that_is_the_checkpoint_is_refused(esol_run, tmp_path, spelling):
+    """Through the installed command: ``--output`` naming the checkpoint (or a link to it) is
+    refused in one line with exit status 2, and the model's bytes are unchanged."""
+    _, trained = esol_run
+    ckpt = tmp_path / "model.ckpt"
+    shutil.copyfile(trained, ckpt)
+    before = hashlib.sha256(ckpt.read_bytes()).hexdigest()
+    source = tmp_path / "in.smi"
+    source.write_text("CCO\nc1ccccc1\n")
+    output = {"same": ckpt, "symlink": tmp_path / "link.ckpt", "hardlink": tmp_path / "hard.ckpt"}[spelling]
+    if spelling == "symlink":
+        output.symlink_to(ckpt)
+    elif spelling == "hardlink":
+        os.link(ckpt, output)
+    done = subprocess.run([str(Path(sys.executable).parent / "graphormer-urpe-predict"), "--ckpt", str(ckpt),
+                           "--input", str(source), "--output", str(output), "--quiet"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines() == [
+        f"graphormer-urpe-predict: error: --output {output} is the checkpoint {ckpt} (--ckpt): it would "
+        "be overwritten; choose another output"]
+    assert hashlib.sha256(ckpt.read_bytes()).hexdigest() == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
 def test_unwritable_output_fails_before_any_work(tmp_path, capsys):
     source = tmp_path / "in.smi"
     source.write_text("CCO\n")
@@ -206,7 +236,7 @@ def test_failure_mid_write_keeps_the_previous_output(esol_run, tmp_path, monkeyp
     source.write_text("CCO\nCCN\nCCC\nCCCl\n")
     output = tmp_path / "out.csv"
     output.write_text("previous results\n")
-    real_write = predict.PredictionTable.write
+    real_write = PredictionTable.write
     calls = []
 
     def write_then_fill_the_disk(self, rows, predictions):
@@ -215,7 +245,7 @@ def test_failure_mid_write_keeps_the_previous_output(esol_run, tmp_path, monkeyp
             raise OSError(28, "No space left on device")
         real_write(self, rows, predictions)
 
-    monkeypatch.setattr(predict.PredictionTable, "write", write_then_fill_the_disk)
+    monkeypatch.setattr(PredictionTable, "write", write_then_fill_the_disk)
     assert run(ckpt, source, output, "--chunk-rows", "2", "--workers", "0") == 1
     assert "No space left" in capsys.readouterr().err
     assert output.read_text() == "previous results\n"
@@ -367,18 +397,18 @@ def test_a_molecule_larger_than_the_budget_is_predicted_alone(zinc_ckpt, zinc_sm
 
 
 def test_input_is_streamed_in_bounded_chunks(zinc_ckpt, zinc_smiles):
-    module = predict.load_module(zinc_ckpt)
+    module = load_module(zinc_ckpt)
     read = []
 
     def rows():
         for i in range(10 ** 9):  # practically endless: must never be read to the end
             read.append(i)
-            yield predict.InputRow(zinc_smiles[i % len(zinc_smiles)])
+            yield InputRow(zinc_smiles[i % len(zinc_smiles)])
 
     class Enough(Exception):
         pass
 
-    class StopAfterTwoChunks(predict.PredictionTable):
+    class StopAfterTwoChunks(PredictionTable):
         def __init__(self):
             self.chunks_read_at_write = []
 
@@ -390,7 +420,7 @@ def test_input_is_streamed_in_bounded_chunks(zinc_ckpt, zinc_smiles):
 
     table = StopAfterTwoChunks()
     with pytest.raises(Enough):
-        predict.stream_predictions(module, rows(), table, max_nodes=512, max_pairs=1 << 16,
+        stream_predictions(module, rows(), table, max_nodes=512, max_pairs=1 << 16,
                                    batch_size=64, chunk_rows=50, workers=1)
     # one worker: at most 2 chunks ahead of the one being written
     assert table.chunks_read_at_write[0] <= 50 * 4

@@ -68,3 +68,19 @@ def test_quickstart_main_trains_and_reports_its_model_and_test_mae(
     best = Path(re.search(r"best checkpoint\s+(\S+)", out).group(1))
     assert best.parent == run_dir / "checkpoints" and best.name.startswith("epoch=0-step=3-")
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_a_second_quickstart_trains_into_a_new_run_directory(tmp_path, monkeypatch):
+    """`make quickstart` run twice keeps the first run's model: the second goes to `<dir>-2`."""
+    monkeypatch.chdir(tmp_path)  # run_dir_arguments reads the run directories relative to the cwd
+    quickstart = load_quickstart()
+    default = OVERLAY["trainer"]["default_root_dir"]
+    assert quickstart.run_dir_arguments([]) == []
+    (tmp_path / default / "checkpoints").mkdir(parents=True)
+    assert quickstart.run_dir_arguments([]) == []  # an empty folder holds no model
+    (tmp_path / default / "checkpoints" / "last.ckpt").write_bytes(b"model")
+    assert quickstart.run_dir_arguments([]) == ["--trainer.default_root_dir", f"{default}-2"]
+    (tmp_path / f"{default}-2" / "checkpoints").mkdir(parents=True)
+    (tmp_path / f"{default}-2" / "checkpoints" / "last.ckpt").write_bytes(b"model")
+    assert quickstart.run_dir_arguments([]) == ["--trainer.default_root_dir", f"{default}-3"]
+    assert quickstart.run_dir_arguments(["--trainer.default_root_dir", "mine"]) == []

@@ -4,9 +4,11 @@ is read; a huge molecule in a CSV is skipped before it is featurized; a damaged 
 is rebuilt."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -200,6 +202,36 @@ def ogb_checkpoint(esol_csv, tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("ogb_model")
     assert cli_main(esol_args(work, esol_csv)) == 0
     return work / "run" / "checkpoints" / "last.ckpt"
+
+
+@pytest.mark.parametrize("target", ["data csv", "data csv symlink", "checkpoint hardlink", "config file"])
+def test_prediction_output_that_is_an_input_is_refused(ogb_checkpoint, esol_csv, tmp_path, target):
+    """``graphormer-urpe predict --prediction_writer.output`` naming a file the run reads (the CSV
+    it predicts and trained on, the checkpoint, the config file; also through a link): one line,
+    exit status 2, before the data is featurized, and every input's bytes unchanged."""
+    inputs = {"data": tmp_path / "esol.csv", "checkpoint": tmp_path / "model.ckpt",
+              "config": tmp_path / "esol.yaml"}
+    shutil.copyfile(esol_csv, inputs["data"])
+    shutil.copyfile(ogb_checkpoint, inputs["checkpoint"])
+    shutil.copyfile(REPO / "configs" / "esol.yaml", inputs["config"])
+    before = {name: hashlib.sha256(path.read_bytes()).hexdigest() for name, path in inputs.items()}
+    output = {"data csv": inputs["data"], "data csv symlink": tmp_path / "link.csv",
+              "checkpoint hardlink": tmp_path / "hard.ckpt", "config file": inputs["config"]}[target]
+    if target == "data csv symlink":
+        output.symlink_to(inputs["data"])
+    elif target == "checkpoint hardlink":
+        os.link(inputs["checkpoint"], output)
+    option = {"data csv": "--data.init_args.path", "data csv symlink": "--data.init_args.path",
+              "checkpoint hardlink": "--ckpt_path", "config file": "--config"}[target]
+    done = run_command(["predict", "--config", str(inputs["config"]), *esol_args(tmp_path, inputs["data"])[3:],
+                        "--ckpt_path", str(inputs["checkpoint"]), "--prediction_writer.output", str(output)])
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = error_lines(done.stderr)
+    assert len(lines) == 1 and lines[0].startswith(
+        f"graphormer-urpe: error: --prediction_writer.output {output} is the file of {option} ("), lines
+    assert lines[0].endswith("the predictions would overwrite it; choose another output")
+    assert {name: hashlib.sha256(path.read_bytes()).hexdigest() for name, path in inputs.items()} == before
+    assert not (tmp_path / "cache").exists()  # refused before the CSV was featurized
 
 
 def test_submit_checks_the_split_dict_before_featurizing(ogb_checkpoint, pcqm_source, tmp_path,

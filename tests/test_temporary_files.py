@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import graphormer_urpe.data.cache as cache
+import graphormer_urpe.data.store as store
 from graphormer_urpe.training.cli import main as cli_main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,7 +60,7 @@ def test_full_disk_during_a_cache_build_leaves_no_temporary_directory(esol_csv, 
     when the files are closed): the command says so in one line, exit status 1, and leaves
     neither a ``.tmp-`` directory nor an entry."""
     _FullDisk.room = 0
-    monkeypatch.setattr(cache, "open", _open_on_full_disk, raising=False)
+    monkeypatch.setattr(store, "open", _open_on_full_disk, raising=False)
     status = cli_main(esol_fit(tmp_path, esol_csv))
     assert status == 1
     assert "graphormer-urpe: error: [Errno 28] No space left on device" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""Datasets, encoding cache, collation and DataModules.
+"""Datasets, the array store and the encoding cache on it, collation and DataModules.
 
 The DataModules (and everything that imports Lightning, PyG or RDKit) load on first access, so
 ``import graphormer_urpe.data`` stays cheap.

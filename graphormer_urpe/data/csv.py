@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from graphormer_urpe.training.task import TASKS
+from graphormer_urpe.task import TASKS
 
 SPLIT_NAMES = ("train", "val", "test")
 

@@ -199,9 +199,13 @@ class GraphDataModule(pl.LightningDataModule):
                 drop_last: bool = False) -> DataLoader | ResidentLoader:
         if self.device_resident:
             return self._resident_loader(dataset, batch_size, sampler, drop_last)
+        # Its own generator: a DataLoader draws its workers' base seed when an iterator starts,
+        # from the global torch generator if it has none, which would shift the dropout masks of
+        # every step after an epoch start or a validation (and so differ after a resume).
         return DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=False,
                           collate_fn=_already_collated, num_workers=self.num_workers, drop_last=drop_last,
-                          pin_memory=self.pin_memory, persistent_workers=self.num_workers > 0)
+                          pin_memory=self.pin_memory, persistent_workers=self.num_workers > 0,
+                          generator=torch.Generator().manual_seed(self.seed))
 
     def batches_done(self) -> int:
         """Batches of the current training epoch already trained (the attached trainer's count,

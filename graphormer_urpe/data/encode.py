@@ -19,14 +19,12 @@ import numpy as np
 import torch
 
 from graphormer_urpe.data.batch import GraphBatch
-from graphormer_urpe.data.cache import (
-    BLOCK_BYTES, CacheEntry, cached_encodings, cached_entry, entry_arrays, read_rows,
-    write_encodings,
-)
+from graphormer_urpe.data.cache import cached_encodings, entry_arrays, write_encodings
 from graphormer_urpe.data.collate import FlatGraphs, collate
 from graphormer_urpe.data.encoding_registry import PATHS, Encoder, EncodingParams
 from graphormer_urpe.data.features import FEATURE_ID_DTYPE, to_shared_ids
 from graphormer_urpe.data.featurize import featurizer_spec
+from graphormer_urpe.data.store import BLOCK_BYTES, CacheEntry, cached_entry, read_rows
 
 
 def encodings_dir(base: str | os.PathLike, split: str, params: EncodingParams, encoder: Encoder = PATHS) -> Path:

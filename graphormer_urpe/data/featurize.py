@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
-from graphormer_urpe.cores import usable_cores
+from graphormer_urpe.cores import process_pool, usable_cores
 
 #: The ZINC benchmark's atom vocabulary, in id order (= ``atom_dict.json`` of the raw data).
 ZINC_ATOM_TOKENS: tuple[str, ...] = (
@@ -198,9 +198,7 @@ def worker_pool(num_workers: int | None) -> Iterator[multiprocessing.pool.Pool |
     if num_workers <= 1:
         yield None
         return
-    # fork: workers need only RDKit/numpy and start in milliseconds (no re-import).
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    with multiprocessing.get_context(method).Pool(num_workers) as pool:
+    with process_pool(num_workers) as pool:
         yield pool
 
 
@@ -300,7 +298,7 @@ def cached_smiles_graphs(directory: str | os.PathLike, source_fingerprint: dict,
     import ogb
     import rdkit
 
-    from graphormer_urpe.data.cache import cached_entry
+    from graphormer_urpe.data.store import cached_entry
 
     fingerprint = {"kind": "featurized smiles", "featurizer": featurizer, "source": source_fingerprint,
                    "rdkit": rdkit.__version__, "ogb": ogb.__version__}

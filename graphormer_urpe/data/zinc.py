@@ -29,17 +29,15 @@ import json
 import logging
 import os
 import pickle
-import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from graphormer_urpe.data.cache import remove_dir
 from graphormer_urpe.data.featurize import ZINC_ATOM_TOKENS, parallel_map, smiles_to_zinc_dense
 from graphormer_urpe.data.local_data import ZINC, local_copy
+from graphormer_urpe.files import AtomicDirectory
 
 log = logging.getLogger(__name__)
 
@@ -135,10 +133,8 @@ def build_zinc_raw(raw_dir: str | os.PathLike, source_dir: str | os.PathLike,
     if tuple(vocabulary) != ZINC_ATOM_TOKENS:
         raise ValueError(f"{source / 'atom_dict.json'} lists atom tokens {vocabulary}, "
                          f"not the ZINC vocabulary {list(ZINC_ATOM_TOKENS)}")
-    raw_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{raw_dir.name}.tmp-", dir=raw_dir.parent))
-    tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the raw dir should not be
-    try:
+    with AtomicDirectory(raw_dir) as folder:
+        tmp = folder.tmp
         for split in SPLITS:
             smiles = _read_lines(source / f"jtvae_{_SOURCE_SPLIT[split]}.smi.gz")
             labels = np.array(_read_lines(source / f"jtvae_{_SOURCE_SPLIT[split]}.y.gz"), dtype=np.float32)
@@ -167,28 +163,12 @@ def build_zinc_raw(raw_dir: str | os.PathLike, source_dir: str | os.PathLike,
                 pickle.dump(mols, f, protocol=pickle.HIGHEST_PROTOCOL)
             # PyG reads `f.read()[:-1]`: the trailing newline is required.
             (tmp / f"{split}.index").write_text(",".join(map(str, subset_index.tolist())) + "\n")
-        for name in _RAW_FILES:
-            with open(tmp / name, "rb") as f:
-                os.fsync(f.fileno())
-        if raw_dir.exists() and not _raw_complete(raw_dir):  # a file deleted: replace the whole dir
-            remove_dir(raw_dir)
-        try:
-            os.replace(tmp, raw_dir)  # atomic; fails if another process finished first
-        except OSError:
-            if not _raw_complete(raw_dir):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not _raw_complete(raw_dir):  # else another process finished first; an incomplete one is replaced whole
+            folder.commit()
 
 
 def _raw_complete(raw_dir: Path) -> bool:
     return all((raw_dir / name).is_file() for name in _RAW_FILES)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def load_zinc(root: str | os.PathLike = "data/ZINC", subset: bool = True, split: str = "train",

@@ -4,9 +4,11 @@ Facts that belong to the data (vocabulary sizes, number of targets, ``max_hops``
 its optional node encodings, the task and the featurizer) are linked from the instantiated DataModule into the model, so a config names
 each of them once. A run's outputs all go under ``trainer.default_root_dir``: TensorBoard and
 CSV logs, ``checkpoints/`` with the best model by the task's validation metric
-(``epoch=…-step=…-val_mae=….ckpt``) plus ``last.ckpt`` (resume a killed run with
-``--ckpt_path last``), and for ``predict`` the predictions (``predictions.csv``, or
-``--prediction_writer.output``).
+(``epoch=…-step=…-val_mae=….ckpt``) plus ``last.ckpt``, always the run's newest state (resume
+a killed or finished run with ``--ckpt_path last``; :mod:`~graphormer_urpe.training.run_checkpoint`),
+and for ``predict`` the predictions (``predictions.csv``, or ``--prediction_writer.output``).
+A ``fit`` into a run directory that already holds checkpoints is refused unless it resumes
+(``--ckpt_path last``) or starts over (``--checkpoint.overwrite true``).
 
 The backbone is typed (:class:`~graphormer_urpe.nn.graphormer.GraphormerConfig`), so partial
 overrides merge in any order: ``--model.backbone '{"num_layers": 4}'``,
@@ -26,14 +28,16 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 from jsonargparse import Namespace
-from lightning.pytorch.callbacks import BasePredictionWriter, LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import BasePredictionWriter, LearningRateMonitor
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_module
 
+from graphormer_urpe.files import same_file
 from graphormer_urpe.training import finetune
+from graphormer_urpe.training.run_checkpoint import RunCheckpoint, check_run_dir
 from graphormer_urpe.training.module import GraphormerModule
 from graphormer_urpe.training.schedule import check_schedule
-from graphormer_urpe.training.task import get_task
+from graphormer_urpe.task import get_task
 
 #: DataModule attributes that the model takes as init arguments of the same name.
 LINKED_DATA_FACTS = ("num_atom_embeddings", "num_bond_embeddings", "num_targets", "max_hops",
@@ -57,7 +61,7 @@ class PredictionWriter(BasePredictionWriter):
 
     def write_on_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            predictions, batch_indices) -> None:
-        from graphormer_urpe.predict import InputRow, prediction_columns, write_predictions
+        from graphormer_urpe.training.predictions import InputRow, prediction_columns, write_predictions
 
         outputs = [o for per_loader in _per_dataloader(predictions) for o in per_loader]
         if not outputs:
@@ -86,7 +90,7 @@ class GraphormerCLI(LightningCLI):
             parser.link_arguments(f"data.{name}", f"model.{name}", apply_on="instantiate")
         parser.link_arguments("data", "model.target_names", apply_on="instantiate",
                               compute_fn=lambda data: getattr(data, "target_columns", None))
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(RunCheckpoint, "checkpoint")
         # monitor / mode / filename left unset follow the task (before_instantiate_classes).
         parser.set_defaults({"checkpoint.save_last": True,
                              "checkpoint.auto_insert_metric_name": False})
@@ -100,6 +104,9 @@ class GraphormerCLI(LightningCLI):
         config.trainer.default_root_dir = run_dir
         if self.subcommand == "fit":
             check_schedule_config(config)  # before any data is read
+        if self.subcommand == "predict":
+            config_files = [*(self.config.get("config") or []), *(config.get("config") or [])]
+            check_prediction_output(config, config_files)  # before the data and the model are built
         checkpoint = config.checkpoint
         if checkpoint.dirpath is None:
             checkpoint.dirpath = os.path.join(run_dir, "checkpoints")
@@ -109,6 +116,9 @@ class GraphormerCLI(LightningCLI):
             if checkpoint.filename is None:
                 checkpoint.filename = (f"epoch={{epoch}}-step={{step}}-val_{task.metric_name}="
                                        f"{{{task.monitor}:.4f}}")
+        if self.subcommand is not None:  # before any data is read
+            config.ckpt_path = check_run_dir(checkpoint.dirpath, config.get("ckpt_path"),
+                                             checkpoint.overwrite, self.subcommand == "fit")
         if config.trainer.logger in (None, True):
             config.trainer.logger = [
                 Namespace(class_path=f"lightning.pytorch.loggers.{cls}",
@@ -140,6 +150,27 @@ def check_schedule_config(config: Namespace) -> None:
                                          total_steps or 0)
     check_schedule(model.lr, model.end_lr, warmup_steps, total_steps,
                    "" if model.get("total_steps") is not None else ", from trainer.max_steps")
+
+
+def check_prediction_output(config: Namespace, config_files: list) -> None:
+    """``predict``'s output (``prediction_writer.output``, else ``predictions.csv`` in the run
+    directory) is never a file the run reads: a config file, the checkpoint, a data file, any
+    existing file an option names (also through a symbolic or hard link). Checked before the
+    data and the model are built."""
+    output = config.prediction_writer.output or os.path.join(config.trainer.default_root_dir, PREDICTIONS_FILE)
+    if not os.path.isfile(output):
+        return
+    named = [("--config", getattr(path, "absolute", path)) for path in config_files]
+    for key, value in config.items():
+        if key in ("config", "prediction_writer.output"):
+            continue
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(item, (str, os.PathLike)):
+                named.append((f"--{key}", item))
+    for option, path in named:
+        if os.path.isfile(path) and same_file(path, output):
+            raise ValueError(f"--prediction_writer.output {output} is the file of {option} ({path}): "
+                             "the predictions would overwrite it; choose another output")
 
 
 def input_error(error: BaseException) -> ValueError | None:

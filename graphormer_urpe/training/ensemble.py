@@ -46,7 +46,6 @@ import csv
 import inspect
 import logging
 import math
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -63,6 +62,7 @@ from graphormer_urpe.data.batch import BatchPadding, GraphBatch
 from graphormer_urpe.data.dataset import EncodedGraphDataset, SeededShuffleSampler
 from graphormer_urpe.data.encoding_registry import ENCODINGS
 from graphormer_urpe.data.resident import ResidentSplit, TensorGraphs
+from graphormer_urpe.files import atomic_write
 from graphormer_urpe.nn.encodings import EdgePathBias
 from graphormer_urpe.nn.graphormer import Graphormer
 from graphormer_urpe.training import finetune
@@ -651,7 +651,5 @@ class Ensemble:
 
 
 def _atomic_save(obj: Any, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    with atomic_write(path, binary=True) as handle:
+        torch.save(obj, handle)

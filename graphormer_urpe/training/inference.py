@@ -5,18 +5,38 @@ into predictions with the functions here, so both give the same predictions from
 weights; prediction alone (``graphormer-urpe-predict``) uses :class:`InferenceModel`, which
 loads a Lightning checkpoint's ``state_dict`` and ``hyper_parameters`` as they are without
 importing Lightning (several seconds of every start).
+
+Prediction of many SMILES (:func:`stream_predictions`): the input is taken in chunks, whose
+molecules are featurized, sorted by size and batched so a batch holds at most ``max_pairs``
+padded node pairs ``B * (N + 1)^2`` (and ``batch_size`` molecules): peak memory is bounded by the
+larger of ``max_pairs`` and ``(max_nodes + 1)^2`` whatever the input's length. Worker processes
+featurize the chunks and, on the CPU, predict them with one torch thread each.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+import signal
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
+from graphormer_urpe.cores import process_pool
 from graphormer_urpe.data.batch import GraphBatch
+from graphormer_urpe.files import STOP_SIGNALS
 from graphormer_urpe.nn.graphormer import PRESETS, Graphormer, GraphormerConfig
-from graphormer_urpe.training.task import get_task
+from graphormer_urpe.task import get_task
+from graphormer_urpe.training.predictions import InputRow, PredictionTable
+
+#: Padded node pairs ``B * (N + 1)^2`` per batch (graph token included): ~100 ZINC molecules;
+#: larger batches are slower on the CPU (their [B, H, N+1, N+1] tensors leave the caches). The
+#: slim model's peak memory grows by ~0.2 KB per pair (README).
+DEFAULT_MAX_PAIRS = 1 << 16
+DEFAULT_BATCH_SIZE = 1024
+DEFAULT_MAX_NODES = 512
 
 #: Hyperparameters of ``GraphormerModule`` that only training uses.
 TRAINING_HPARAMS = frozenset({"lr", "end_lr", "warmup_steps", "total_steps", "power", "weight_decay",
@@ -84,3 +104,189 @@ class InferenceModel(nn.Module):
     def predict_step(self, batch: GraphBatch, batch_idx: int = 0) -> dict[str, Tensor]:
         """As ``GraphormerModule.predict_step``: ``index`` and ``prediction`` (:meth:`Task.predictions`)."""
         return {"index": batch.index, "prediction": self.task.predictions(self(batch))}
+
+
+# ---------------------------------------------------------------------------- prediction
+@dataclass
+class RawChunk:
+    """A chunk's accepted molecules, sorted by atom count, as flat raw feature arrays.
+
+    ``position [G]`` (row within the chunk), ``x [sum n, F]``, ``node_ptr [G + 1]``,
+    ``edge_index [2, sum E]`` (local ids), ``edge_attr [sum E, Fe]``, ``edge_ptr [G + 1]``;
+    ``errors``: ``(row within chunk, reason)`` of the rejected rows.
+    """
+
+    position: np.ndarray
+    x: np.ndarray
+    node_ptr: np.ndarray
+    edge_index: np.ndarray
+    edge_attr: np.ndarray
+    edge_ptr: np.ndarray
+    errors: list[tuple[int, str]]
+
+
+def featurize_chunk(job: tuple[str, int, list[str]]) -> RawChunk:
+    """``(featurizer, max_nodes, smiles)`` -> :class:`RawChunk` (runs in worker processes)."""
+    from rdkit import RDLogger
+
+    from graphormer_urpe.data.featurize import featurizer_spec
+
+    RDLogger.DisableLog("rdApp.*")  # reasons go into the output's error column instead
+    name, max_nodes, smiles = job
+    spec = featurizer_spec(name)
+    graphs, errors = [], []
+    for position, text in enumerate(smiles):
+        if not text.strip():
+            errors.append((position, "empty SMILES"))
+            continue
+        try:
+            x, edge_index, edge_attr = spec.graph_arrays(text)
+        except ValueError as exc:
+            errors.append((position, str(exc)))
+            continue
+        if len(x) > max_nodes:
+            errors.append((position, f"molecule has {len(x)} atoms, more than max_nodes={max_nodes}"))
+            continue
+        graphs.append((len(x), position, x, edge_index, edge_attr))
+    graphs.sort(key=lambda g: g[0])  # stable: equal sizes keep input order
+    n = np.array([g[0] for g in graphs], dtype=np.int64)
+    e = np.array([g[3].shape[1] for g in graphs], dtype=np.int64)
+    return RawChunk(
+        position=np.array([g[1] for g in graphs], dtype=np.int64),
+        x=np.concatenate([g[2] for g in graphs]) if graphs else np.zeros((0, len(spec.atom_feature_dims))),
+        node_ptr=np.concatenate([[0], np.cumsum(n)]),
+        edge_index=np.concatenate([g[3] for g in graphs], axis=1) if graphs else np.zeros((2, 0), np.int64),
+        edge_attr=np.concatenate([g[4] for g in graphs]) if graphs else np.zeros((0, len(spec.bond_feature_dims))),
+        edge_ptr=np.concatenate([[0], np.cumsum(e)]),
+        errors=errors,
+    )
+
+
+def size_batches(num_nodes: np.ndarray, max_pairs: int, batch_size: int) -> Iterator[tuple[int, int]]:
+    """``[start, end)`` ranges over graphs sorted by ``num_nodes`` (ascending) such that
+    ``(end - start) * (num_nodes[end - 1] + 1)^2 <= max_pairs`` (or one graph alone) and at most
+    ``batch_size`` graphs."""
+    start = 0
+    while start < len(num_nodes):
+        end = start + 1
+        while (end < len(num_nodes) and end - start < batch_size
+               and (end + 1 - start) * (int(num_nodes[end]) + 1) ** 2 <= max_pairs):
+            end += 1
+        yield start, end
+        start = end
+
+
+def predict_chunk(module, chunk: RawChunk, num_rows: int, max_pairs: int, batch_size: int) -> np.ndarray:
+    """``[num_rows, T]`` predictions of one featurized chunk (NaN for its rejected rows)."""
+    from graphormer_urpe.data.collate import collate
+    from graphormer_urpe.data.encode import encode_flat
+    from graphormer_urpe.data.encoding_registry import EncodingParams
+    from graphormer_urpe.data.featurize import featurizer_spec
+
+    hp = module.hparams
+    spec = featurizer_spec(hp.featurizer)
+    out = np.full((num_rows, hp.num_targets), np.nan, dtype=np.float32)
+    device = next(module.parameters()).device
+    node_ptr, edge_ptr = chunk.node_ptr, chunk.edge_ptr
+    params = EncodingParams.of_model(hp.max_hops, hp.get("node_encodings"))
+    with torch.inference_mode():
+        for g0, g1 in size_batches(np.diff(node_ptr), max_pairs, batch_size):
+            n0, n1, e0, e1 = node_ptr[g0], node_ptr[g1], edge_ptr[g0], edge_ptr[g1]
+            flat = encode_flat(chunk.x[n0:n1], node_ptr[g0:g1 + 1] - n0, chunk.edge_index[:, e0:e1],
+                               chunk.edge_attr[e0:e1], edge_ptr[g0:g1 + 1] - e0,
+                               np.full((g1 - g0, 1), np.nan, np.float32), params=params,
+                               atom_feature_dims=spec.atom_feature_dims,
+                               bond_feature_dims=spec.bond_feature_dims)
+            batch = collate(flat, np.arange(g1 - g0))
+            out[chunk.position[g0:g1]] = module.predict_step(batch.to(device), 0)["prediction"].cpu().numpy()
+    return out
+
+
+def _finish_rows(rows: list[InputRow], errors: list[tuple[int, str]], predictions: np.ndarray) -> None:
+    for position, reason in errors:
+        rows[position].error = rows[position].error or reason
+    for position in np.flatnonzero(~np.isfinite(predictions).all(axis=1)):
+        rows[position].error = rows[position].error or "prediction is not finite"
+
+
+def predict_smiles(module, rows: list[InputRow], max_nodes: int = DEFAULT_MAX_NODES,
+                   max_pairs: int = DEFAULT_MAX_PAIRS,
+                   batch_size: int = DEFAULT_BATCH_SIZE) -> np.ndarray:
+    """``[len(rows), num_targets]`` predictions in this process; NaN (with ``row.error`` set)
+    where impossible."""
+    chunk = featurize_chunk((module.hparams.featurizer, max_nodes, [r.smiles for r in rows]))
+    predictions = predict_chunk(module, chunk, len(rows), max_pairs, batch_size)
+    _finish_rows(rows, chunk.errors, predictions)
+    return predictions
+
+
+def _chunks(rows: Iterable[InputRow], size: int) -> Iterator[list[InputRow]]:
+    chunk = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+#: The model a worker process predicts with (``None``: the worker only featurizes).
+_worker_module = None
+
+
+def _init_worker(module) -> None:
+    global _worker_module
+    for signum in STOP_SIGNALS:  # the parent stops its pool; a worker just ends
+        signal.signal(signum, signal.SIG_DFL)
+    # One torch thread per process: processes scale over cores without OpenMP teams contending
+    # (and a team in a forked child of a multi-threaded parent would deadlock in libgomp).
+    torch.set_num_threads(1)
+    _worker_module = module
+
+
+def _chunk_job(job: tuple[str, int, int, int, list[str]]) -> tuple[RawChunk | np.ndarray, list[tuple[int, str]]]:
+    """In a worker: ``(featurizer, max_nodes, max_pairs, batch_size, smiles)`` -> (predictions
+    ``[rows, T]`` when the worker holds the model, else the featurized chunk; the row errors)."""
+    featurizer, max_nodes, max_pairs, batch_size, smiles = job
+    chunk = featurize_chunk((featurizer, max_nodes, smiles))
+    if _worker_module is None:
+        return chunk, chunk.errors
+    return predict_chunk(_worker_module, chunk, len(smiles), max_pairs, batch_size), chunk.errors
+
+
+def stream_predictions(module, rows: Iterable[InputRow], table: PredictionTable, *, max_nodes: int,
+                       max_pairs: int, batch_size: int, chunk_rows: int, workers: int, progress=None) -> None:
+    """Predicts ``rows`` chunk by chunk and writes each chunk in input order.
+
+    ``workers = 0``: everything in this process. Otherwise ``workers`` forked processes
+    featurize the chunks and, when the model is on the CPU, also predict them with one torch
+    thread each (on an accelerator this process predicts). At most ``2 * workers + 1`` chunks
+    are in memory.
+    """
+    settings = (module.hparams.featurizer, max_nodes, max_pairs, batch_size)
+
+    def finish(chunk: list[InputRow], result: RawChunk | np.ndarray, errors: list[tuple[int, str]]) -> None:
+        predictions = (predict_chunk(module, result, len(chunk), max_pairs, batch_size)
+                       if isinstance(result, RawChunk) else result)
+        _finish_rows(chunk, errors, predictions)
+        table.write(chunk, predictions)
+        if progress is not None:
+            progress.update(len(chunk))
+
+    if workers == 0:
+        for chunk in _chunks(rows, chunk_rows):
+            featurized = featurize_chunk((settings[0], max_nodes, [r.smiles for r in chunk]))
+            finish(chunk, featurized, featurized.errors)
+        return
+    on_cpu = next(module.parameters()).device.type == "cpu"
+    with process_pool(workers, _init_worker, (module if on_cpu else None,)) as pool:
+        pending: deque = deque()
+        for chunk in _chunks(rows, chunk_rows):
+            pending.append((chunk, pool.apply_async(_chunk_job, ((*settings, [r.smiles for r in chunk]),))))
+            if len(pending) > 2 * workers:
+                chunk, result = pending.popleft()
+                finish(chunk, *result.get())
+        while pending:
+            chunk, result = pending.popleft()
+            finish(chunk, *result.get())

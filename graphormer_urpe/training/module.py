@@ -21,16 +21,19 @@ from graphormer_urpe.data.encoding_registry import check_checkpoint_encodings
 from graphormer_urpe.nn.encodings import EdgePathBias, GraphToken, URPEScale, VirtualDistanceBias
 from graphormer_urpe.nn.graphormer import Graphormer, GraphormerConfig
 from graphormer_urpe.training import finetune
+from graphormer_urpe.training.run_checkpoint import rng_states, set_rng_states
 from graphormer_urpe.training.engine import EngineHooks, TrainingEngine
 from graphormer_urpe.training.inference import build_backbone
 from graphormer_urpe.training.schedule import check_schedule, warmup_polynomial_decay
-from graphormer_urpe.training.task import TASKS, get_task
+from graphormer_urpe.task import TASKS, get_task
 
 log = logging.getLogger(__name__)
+#: The checkpoint key of the global random states (:func:`~.run_checkpoint.rng_states`).
+RNG_STATES = "rng_states"
 
 #: ``regression``: L1 loss, MAE. ``classification``: binary or multi-label 0/1 targets, one
 #: logit each, BCE, ROC-AUC. ``multiclass``: one integer class per graph, ``num_targets``
-#: logits, cross-entropy, accuracy. Each is a :class:`~graphormer_urpe.training.task.Task`.
+#: logits, cross-entropy, accuracy. Each is a :class:`~graphormer_urpe.task.Task`.
 TaskName = Literal["regression", "classification", "multiclass"]
 assert TaskName.__args__ == tuple(TASKS)
 #: Kinds of parameter, one AdamW param group each (see :func:`parameter_groups`).
@@ -217,6 +220,7 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
         self._train_forward = None
         self._train_shape: tuple | None = None
         self._unchecked_loss: tuple[Tensor, int, int, int] | None = None
+        self._resumed_rng: dict[str, Any] | None = None  # from the checkpoint a fit resumes
         self._engine = TrainingEngine(self) if engine else None
         self.task = get_task(task)
         for stage in ("val", "test"):
@@ -264,11 +268,21 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._check_loss(None)
+        checkpoint[RNG_STATES] = rng_states()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Before the weights load: there a model built for other encodings fails with a list of
         # parameter names instead of the data options to change.
         check_checkpoint_encodings(checkpoint.get("hyper_parameters", {}), self.hparams)
+        self._resumed_rng = checkpoint.get(RNG_STATES)
+
+    def on_train_start(self) -> None:
+        # A resumed fit continues the saved random states (dropout), restored here: after the
+        # sanity check and anything else set up draws, right before the first step (the loaders
+        # draw from their own generators, not from these).
+        if self._resumed_rng is not None:
+            set_rng_states(self._resumed_rng)
+            self._resumed_rng = None
 
     def setup(self, stage: str) -> None:
         if self.hparams.get("matmul_precision"):

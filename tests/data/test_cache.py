@@ -8,8 +8,10 @@ import pytest
 
 from graphormer_urpe import algos
 from graphormer_urpe.data import cache
-from graphormer_urpe.data.cache import cached_encodings, load_arrays
+from graphormer_urpe.data import store as array_store
+from graphormer_urpe.data.cache import cached_encodings
 from graphormer_urpe.data.encoding_registry import EncodingParams
+from graphormer_urpe.data.store import load_arrays
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +63,7 @@ def test_changed_parameters_or_input_invalidate(zinc_val, tmp_path, count_encode
 
 def save_arrays(directory, arrays, fingerprint):
     """Write the cache entry ``directory`` in one piece, as the data builds do through ``EntryWriter``."""
-    with cache.EntryWriter(directory, fingerprint) as writer:
+    with array_store.EntryWriter(directory, fingerprint) as writer:
         for name, array in arrays.items():
             writer.write(name, array)
         writer.commit()
@@ -70,17 +72,17 @@ def save_arrays(directory, arrays, fingerprint):
 def test_interrupted_write_never_leaves_a_valid_entry(tmp_path, monkeypatch):
     arrays = {"a": np.arange(10, dtype=np.int16), "b": np.ones((3, 2), np.float32)}
     fingerprint = {"max_hops": 5}
-    real_append = cache.ArrayWriter.append
+    real_append = array_store.ArrayWriter.append
 
     def dying_append(self, block):
         if self.dtype == np.float32:
             raise KeyboardInterrupt  # the run is killed while writing the second array
         real_append(self, block)
 
-    monkeypatch.setattr(cache.ArrayWriter, "append", dying_append)
+    monkeypatch.setattr(array_store.ArrayWriter, "append", dying_append)
     with pytest.raises(KeyboardInterrupt):
         save_arrays(tmp_path / "entry", arrays, fingerprint)
-    monkeypatch.setattr(cache.ArrayWriter, "append", real_append)
+    monkeypatch.setattr(array_store.ArrayWriter, "append", real_append)
     assert load_arrays(tmp_path / "entry", fingerprint) is None
     assert [p.name for p in tmp_path.iterdir()] == []  # not even the temporary directory is left
 
@@ -96,7 +98,7 @@ def test_interrupted_write_never_leaves_a_valid_entry(tmp_path, monkeypatch):
     assert load_arrays(tmp_path / "entry", fingerprint) is not None
     manifest = json.loads((tmp_path / "entry" / "manifest.json").read_text())
     assert manifest["arrays"]["a"] == {"dtype": "<i2", "shape": [10],
-                                       "blake2b": cache.file_checksum(tmp_path / "entry" / "a.npy")}
+                                       "blake2b": array_store.file_checksum(tmp_path / "entry" / "a.npy")}
     (tmp_path / "entry" / "manifest.json").write_text("{")
     assert load_arrays(tmp_path / "entry", fingerprint) is None
 
@@ -105,7 +107,7 @@ def test_streamed_entry_equals_the_whole_arrays(tmp_path, monkeypatch):
     """Rows appended block by block (and ``[2, M]`` columns) give the same ``.npy`` as one save."""
     rng = np.random.default_rng(0)
     rows, columns = rng.integers(0, 9, (1000, 3)).astype(np.uint8), rng.integers(-5, 5, (2, 777)).astype(np.int16)
-    with cache.EntryWriter(tmp_path / "e", {"v": 1}) as writer:
+    with array_store.EntryWriter(tmp_path / "e", {"v": 1}) as writer:
         a, b = writer.array("rows", np.uint8, (3,)), writer.array("columns", np.int16, (2,), axis=1)
         for start in range(0, 1000, 300):
             a.append(rows[start:start + 300])
@@ -157,7 +159,7 @@ def test_damaged_entry_is_rebuilt_naming_the_file(damage, zinc_val, tmp_path, co
     expected = cached_encodings(entry, node_ptr, edge_index, edge_ptr, EncodingParams(max_hops=3))["spd"].copy()
     damage_entry, message = DAMAGES[damage]
     damage_entry(entry)
-    with caplog.at_level("WARNING", logger="graphormer_urpe.data.cache"):
+    with caplog.at_level("WARNING", logger="graphormer_urpe.data.store"):
         rebuilt = cached_encodings(entry, node_ptr, edge_index, edge_ptr, EncodingParams(max_hops=3))
     assert count_encodes == [3, 3] and np.array_equal(rebuilt["spd"], expected)
     assert f"cache entry {entry} is damaged, rebuilding it" in caplog.text and message in caplog.text
@@ -177,7 +179,7 @@ def test_changed_bytes_are_caught_by_verification(zinc_val, tmp_path, count_enco
     assert load_arrays(entry, fingerprint) is not None  # cheap checks only: shape and dtype still match
     assert load_arrays(entry, fingerprint, verify=True) is None
     assert "path_edges.npy: checksum mismatch" in caplog.text
-    monkeypatch.setenv(cache.VERIFY_ENV, "1")
+    monkeypatch.setenv(array_store.VERIFY_ENV, "1")
     rebuilt = cached_encodings(entry, node_ptr, edge_index, edge_ptr, EncodingParams(max_hops=3))
     assert count_encodes == [3, 3] and np.array_equal(rebuilt["path_edges"], expected)
 
@@ -191,7 +193,7 @@ def _build_slowly(entry, log_path):
         time.sleep(0.5)
         writer.write("a", np.arange(5))
 
-    return cache.cached_entry(entry, {"v": 1}, build)["a"].tolist()
+    return array_store.cached_entry(entry, {"v": 1}, build)["a"].tolist()
 
 
 def test_concurrent_processes_build_an_entry_once(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from graphormer_urpe.training.cli import build_cli
-from graphormer_urpe.predict import load_module
+from graphormer_urpe.training.checkpoint import load_module
 
 REPO = Path(__file__).resolve().parents[2]
 #: A small backbone without dropout, so two runs with the same data order give the same weights.

@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from graphormer_urpe.predict import load_module
+from graphormer_urpe.training.checkpoint import load_module
 from graphormer_urpe.training.cli import build_cli, main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -138,7 +138,8 @@ def test_predict_writes_predictions_in_input_order(esol_table, tmp_path):
     assert list(written.columns) == ["row", "smiles", "prediction_y", "error"]
     assert written["smiles"].tolist() == [table["smiles"][r].strip() for r in test_rows]
     # The same numbers as graphormer-urpe-predict computes from the checkpoint alone.
-    from graphormer_urpe.predict import InputRow, predict_smiles
+    from graphormer_urpe.training.inference import predict_smiles
+    from graphormer_urpe.training.predictions import InputRow
     expected = predict_smiles(load_module(ckpt), [InputRow(s) for s in written["smiles"]])
     np.testing.assert_allclose(written["prediction_y"].to_numpy(), expected[:, 0], rtol=1e-4,
                                atol=1e-5)

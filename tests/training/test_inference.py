@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from graphormer_urpe.predict import InputRow, predict_smiles
+from graphormer_urpe.training.inference import predict_smiles
+from graphormer_urpe.training.predictions import InputRow
 from graphormer_urpe.training.inference import TRAINING_HPARAMS, InferenceModel
 from graphormer_urpe.training.module import GraphormerModule
 

@@ -1,0 +1,363 @@
+"""A store of named arrays on disk: a folder written whole or not at all, keyed by a fingerprint.
+
+An entry is a directory of ``.npy`` files plus ``manifest.json``::
+
+    <dir>/manifest.json   {"format": 2, "fingerprint": {...},
+                           "arrays": {name: {"dtype", "shape", "blake2b"}}}
+    <dir>/<name>.npy      one array each, opened lazily with ``np.load(mmap_mode="r")``
+
+The fingerprint is the caller's: everything the arrays depend on (parameters, a hash of the
+input). Entries are written by :class:`EntryWriter`, which streams blocks of rows into each
+``.npy`` file (its header is rewritten with the final shape on close), so an entry of any size is
+built with memory bounded by the block size. Everything goes into a temporary sibling directory
+(:class:`~graphormer_urpe.files.AtomicDirectory`), is fsynced and renamed into place: a killed
+run leaves at most a stray temporary directory, never an entry that loads as valid. The manifest
+records a BLAKE2b checksum of every array's data.
+
+:func:`load_arrays` returns None, so the caller rebuilds, when the entry is missing, was written
+with another fingerprint, or is damaged: an unreadable or malformed manifest (no ``arrays``
+object, an array without ``dtype`` / ``shape`` / checksum, an expected array not listed), or an
+array file that is missing, empty, truncated or of another dtype/shape. A damaged entry is logged
+as a warning naming the file and the reason. With ``verify=True`` (or the environment variable
+``GRAPHORMER_URPE_VERIFY_CACHE=1``) every array's checksum is recomputed too, which catches bytes
+changed inside a file whose header is intact; it reads every file once.
+
+:func:`cached_entry` is the load-or-build step: under a file lock (``.<name>.lock`` next to the
+entry), so that processes sharing the store (DDP ranks, several jobs on one data root) build it
+once and the others wait and load it.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import mmap
+import os
+import struct
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from graphormer_urpe.files import AtomicDirectory
+
+log = logging.getLogger(__name__)
+
+CACHE_FORMAT = 2
+MANIFEST = "manifest.json"
+#: Environment variable that turns on checksum verification of every loaded entry.
+VERIFY_ENV = "GRAPHORMER_URPE_VERIFY_CACHE"
+#: Bytes read or written per step when streaming arrays through files.
+BLOCK_BYTES = 1 << 24
+#: Fixed ``.npy`` header size (format 1.0, a multiple of 64), so it can be rewritten in place.
+_HEADER_BYTES = 128
+
+
+class CacheEntry(dict):
+    """The arrays of a loaded entry (name -> read-only memory map), plus :attr:`directory` and
+    :attr:`checksums` (name -> BLAKE2b hex digest of the array's data, recorded at build time)."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], directory: Path, checksums: dict[str, str]) -> None:
+        super().__init__(arrays)
+        self.directory = directory
+        self.checksums = checksums
+
+
+def whole_memmap(array: np.ndarray) -> bool:
+    """Whether ``array`` is a whole C-ordered memory-mapped file (as ``np.load(mmap_mode=...)`` gives)."""
+    return isinstance(array, np.memmap) and isinstance(array.base, mmap.mmap) and array.flags.c_contiguous
+
+
+def file_items(array: np.memmap, first: int, count: int) -> np.ndarray:
+    """Items ``first : first + count`` (flat, C order) of a whole memory map, read from its file."""
+    out = np.fromfile(array.filename, dtype=array.dtype, count=count, offset=array.offset + first * array.itemsize)
+    if len(out) != count:
+        raise EOFError(f"{array.filename} ends before item {first + count}")
+    return out
+
+
+def _bytes(array: np.ndarray) -> memoryview:
+    """The bytes of a C-contiguous array (also of an empty one)."""
+    return memoryview(array.reshape(-1)).cast("B")
+
+
+def _blocks(array: np.ndarray) -> Iterator[memoryview]:
+    """The data bytes of ``array`` (C order) in blocks of at most :data:`BLOCK_BYTES`. A whole
+    memory-mapped ``.npy`` is read with ordinary file reads, so hashing or copying it leaves the
+    pages in the page cache instead of in this process's resident set."""
+    if whole_memmap(array):
+        with open(array.filename, "rb") as f:
+            f.seek(array.offset)
+            remaining = array.nbytes
+            while remaining:
+                block = f.read(min(BLOCK_BYTES, remaining))
+                if not block:
+                    raise EOFError(f"{array.filename} ends {remaining} bytes early")
+                remaining -= len(block)
+                yield memoryview(block)
+        return
+    flat = np.ascontiguousarray(array).reshape(-1)
+    step = max(BLOCK_BYTES // max(flat.itemsize, 1), 1)
+    for start in range(0, len(flat), step):
+        yield _bytes(flat[start:start + step])
+
+
+def hash_arrays(*arrays: np.ndarray) -> str:
+    """BLAKE2b digest of the arrays' dtypes, shapes and bytes (in order)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for array in arrays:
+        digest.update(f"{array.dtype.str}{array.shape}".encode())
+        for block in _blocks(array):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_rows(array: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """An in-memory copy of ``array[start:stop]``. A whole memory-mapped ``.npy`` is read with file
+    reads, which keeps a streaming pass over a large entry from growing this process's resident set."""
+    if whole_memmap(array):
+        row_items = int(np.prod(array.shape[1:], dtype=np.int64))
+        items = file_items(array, start * row_items, (stop - start) * row_items)
+        return items.reshape((stop - start, *array.shape[1:]))
+    return np.array(array[start:stop])
+
+
+def _npy_header(dtype: np.dtype, shape: Sequence[int]) -> bytes:
+    header = repr({"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
+                   "shape": tuple(int(s) for s in shape)}).encode("latin1")
+    padding = _HEADER_BYTES - 10 - len(header) - 1
+    if padding < 0:
+        raise ValueError(f"shape {tuple(shape)} does not fit a {_HEADER_BYTES}-byte .npy header")
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", _HEADER_BYTES - 10) + header + b" " * padding + b"\n"
+
+
+class ArrayWriter:
+    """One ``.npy`` file written block by block: ``append`` rows ``[k, *row_shape]`` (or, with
+    ``axis=1``, columns ``[lead, k]`` of a ``[lead, M]`` array such as ``edge_index``)."""
+
+    def __init__(self, path: Path, dtype, row_shape: Sequence[int] = (), axis: int = 0) -> None:
+        self.path, self.dtype, self.row_shape, self.axis = path, np.dtype(dtype), tuple(row_shape), axis
+        self.rows = 0
+        self.digest = hashlib.blake2b(digest_size=16)
+        self._file = open(path, "wb")
+        self._file.write(b"\0" * _HEADER_BYTES)
+        # axis=1: row r of the [lead, M] array is streamed into its own part file, joined on close
+        self._parts = ([open(path.with_suffix(f".part{r}"), "w+b") for r in range(1, row_shape[0])]
+                       if axis == 1 else [])
+
+    def append(self, block: np.ndarray) -> None:
+        block = np.asarray(block)
+        if self.axis == 0:
+            block = block.reshape((-1, *self.row_shape)) if self.row_shape else block.reshape(-1)
+            rows = [block]
+        else:
+            if block.ndim != 2 or block.shape[0] != self.row_shape[0]:
+                raise ValueError(f"{self.path.name}: expected a [{self.row_shape[0]}, k] block, got {block.shape}")
+            rows = list(block)
+        data = np.ascontiguousarray(rows[0], dtype=self.dtype)
+        self._file.write(_bytes(data))
+        self.digest.update(_bytes(data))
+        for part, row in zip(self._parts, rows[1:]):
+            part.write(_bytes(np.ascontiguousarray(row, dtype=self.dtype)))
+        self.rows += len(data)
+
+    def close(self) -> dict:
+        """Join the parts, write the final header; the manifest entry of the array."""
+        for part in self._parts:
+            part.seek(0)
+            for block in iter(lambda: part.read(BLOCK_BYTES), b""):
+                self._file.write(block)
+                self.digest.update(block)
+            part.close()
+            os.unlink(part.name)
+        shape = (self.rows, *self.row_shape) if self.axis == 0 else (self.row_shape[0], self.rows)
+        self._file.seek(0)
+        self._file.write(_npy_header(self.dtype, shape))
+        self._file.close()
+        return {"dtype": self.dtype.str, "shape": list(shape), "blake2b": self.digest.hexdigest()}
+
+    def abort(self) -> None:
+        """Close every file, whatever fails: on a full disk closing flushes buffered bytes,
+        which fails again (the files are deleted with the temporary directory)."""
+        for handle in (self._file, *self._parts):
+            with contextlib.suppress(OSError):
+                handle.close()
+
+
+class EntryWriter:
+    """Builds an entry in a temporary sibling directory; :meth:`commit` moves it into place.
+
+    Use as a context manager: leaving the block without ``commit`` (an exception, a kill) removes
+    the temporary directory.
+    """
+
+    def __init__(self, directory: str | os.PathLike, fingerprint: dict[str, Any]) -> None:
+        self.directory = Path(directory)
+        self.fingerprint = fingerprint
+        self._folder = AtomicDirectory(self.directory)
+        self.tmp = self._folder.tmp
+        self.writers: dict[str, ArrayWriter] = {}
+        self.entries: dict[str, dict] = {}
+
+    def __enter__(self) -> "EntryWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            for writer in self.writers.values():
+                writer.abort()
+        finally:
+            self._folder.__exit__(*exc)
+
+    def array(self, name: str, dtype, row_shape: Sequence[int] = (), axis: int = 0) -> ArrayWriter:
+        """A streaming writer for array ``name`` (see :class:`ArrayWriter`)."""
+        writer = ArrayWriter(self.tmp / f"{name}.npy", dtype, row_shape, axis)
+        self.writers[name] = writer
+        return writer
+
+    def write(self, name: str, array: np.ndarray) -> None:
+        """Array ``name`` in one piece."""
+        array = np.asarray(array)
+        if array.ndim == 0:
+            raise ValueError(f"{name}: a cache array needs at least one dimension")
+        writer = self.array(name, array.dtype, array.shape[1:])
+        rows_per_block = max(BLOCK_BYTES // max(array[:1].nbytes, 1), 1)
+        for start in range(0, len(array), rows_per_block):
+            writer.append(array[start:start + rows_per_block])
+
+    def commit(self) -> None:
+        for name, writer in self.writers.items():
+            self.entries[name] = writer.close()
+        self.writers = {}
+        manifest = {"format": CACHE_FORMAT, "fingerprint": self.fingerprint, "arrays": self.entries}
+        with open(self.tmp / MANIFEST, "w") as f:
+            json.dump(manifest, f, indent=1, sort_keys=True)
+        self._folder.commit()  # a stale entry at the path is replaced
+
+
+def file_checksum(path: str | os.PathLike) -> str:
+    """BLAKE2b of the data of a ``.npy`` file (what the manifest records), read in blocks."""
+    array = np.load(path, mmap_mode="r", allow_pickle=False)
+    if not isinstance(array, np.memmap):  # an empty array is not memory-mapped
+        return hashlib.blake2b(np.ascontiguousarray(array).tobytes(), digest_size=16).hexdigest()
+    digest = hashlib.blake2b(digest_size=16)
+    for block in _blocks(array):
+        digest.update(block)
+    return digest.hexdigest()
+
+
+class _Damaged(Exception):
+    """A cache entry that exists but cannot be trusted (message: file and reason)."""
+
+
+def _verify_default(verify: bool | None) -> bool:
+    if verify is not None:
+        return bool(verify)
+    return os.environ.get(VERIFY_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _read_entry(directory: Path, fingerprint: dict[str, Any], expect: Sequence[str], mmap_arrays: bool,
+                verify: bool) -> CacheEntry | None:
+    """The entry, None when missing or stale; raises :class:`_Damaged` when it cannot be trusted."""
+    manifest_path = directory / MANIFEST
+    if not manifest_path.exists():
+        return None
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError) as err:
+        raise _Damaged(f"{manifest_path}: unreadable manifest ({err})") from None
+    if not isinstance(manifest, dict):
+        raise _Damaged(f"{manifest_path}: the manifest is a {type(manifest).__name__}, not an object")
+    if manifest.get("format") != CACHE_FORMAT or manifest.get("fingerprint") != json.loads(json.dumps(fingerprint)):
+        return None  # stale: another format, parameters or input
+    entries = manifest.get("arrays")
+    if not isinstance(entries, dict) or not entries:
+        raise _Damaged(f"{manifest_path}: 'arrays' is {entries!r}, not a non-empty object")
+    missing = [name for name in expect if name not in entries]
+    if missing:
+        raise _Damaged(f"{manifest_path}: arrays {missing} are not listed")
+    arrays, checksums = {}, {}
+    for name, entry in entries.items():
+        path = directory / f"{name}.npy"
+        if not isinstance(entry, dict) or not {"dtype", "shape", "blake2b"} <= set(entry):
+            raise _Damaged(f"{manifest_path}: the record of {name!r} is {entry!r} "
+                           "(needs dtype, shape and blake2b)")
+        try:
+            array = np.load(path, mmap_mode="r" if mmap_arrays else None, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as err:
+            size = path.stat().st_size if path.exists() else None
+            why = "missing" if size is None else "empty (0 bytes)" if size == 0 else f"unreadable ({err})"
+            raise _Damaged(f"{path}: {why}") from None
+        if array.dtype.str != entry["dtype"] or list(array.shape) != entry["shape"]:
+            raise _Damaged(f"{path}: holds {array.dtype.str} {list(array.shape)}, the manifest says "
+                           f"{entry['dtype']} {entry['shape']}")
+        if verify and file_checksum(path) != entry["blake2b"]:
+            raise _Damaged(f"{path}: checksum mismatch (the data changed after it was written)")
+        arrays[name] = array
+        checksums[name] = entry["blake2b"]
+    return CacheEntry(arrays, directory, checksums)
+
+
+def load_arrays(directory: str | os.PathLike, fingerprint: dict[str, Any], mmap: bool = True,
+                expect: Sequence[str] = (), verify: bool | None = None) -> CacheEntry | None:
+    """The arrays of cache entry ``directory`` (memory-mapped, read-only) if it exists, was written
+    with exactly ``fingerprint``, lists every name in ``expect`` and every file matches the
+    manifest (and, with ``verify``, its checksum); otherwise None (a damaged entry is logged as a
+    warning naming the file and why)."""
+    directory = Path(directory)
+    try:
+        return _read_entry(directory, fingerprint, expect, mmap, _verify_default(verify))
+    except _Damaged as damaged:
+        log.warning("cache entry %s is damaged, rebuilding it: %s", directory, damaged)
+        return None
+
+
+@contextlib.contextmanager
+def _build_lock(directory: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``.<name>.lock`` beside the entry (a no-op without ``fcntl``)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: builds are still atomic, only not deduplicated
+        yield
+        return
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with open(directory.parent / f".{directory.name}.lock", "a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
+def _manifest_identity(directory: Path) -> tuple | None:
+    try:
+        stat = (directory / MANIFEST).stat()
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns, stat.st_size
+
+
+def cached_entry(directory: str | os.PathLike, fingerprint: dict[str, Any], build: Callable[[EntryWriter], None],
+                 expect: Sequence[str] = (), verify: bool | None = None) -> CacheEntry:
+    """The entry ``directory`` for ``fingerprint``, built first with ``build(writer)`` (which
+    streams the arrays into ``writer``) when it is missing, stale or damaged. Builders of one entry
+    are serialised by a file lock: the first builds, the others then load its result."""
+    directory = Path(directory)
+    seen = _manifest_identity(directory)
+    arrays = load_arrays(directory, fingerprint, expect=expect, verify=verify)
+    if arrays is not None:
+        return arrays
+    with _build_lock(directory):
+        if _manifest_identity(directory) != seen:  # another process wrote the entry while we waited
+            arrays = load_arrays(directory, fingerprint, expect=expect, verify=verify)
+            if arrays is not None:
+                return arrays
+        with EntryWriter(directory, fingerprint) as writer:
+            build(writer)
+            writer.commit()
+    arrays = load_arrays(directory, fingerprint, expect=expect, verify=False)
+    if arrays is None:
+        raise RuntimeError(f"cache entry {directory} does not load right after it was written")
+    return arrays

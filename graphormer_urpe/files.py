@@ -1,0 +1,181 @@
+"""Files that appear whole or not at all, the same-file test, and stopping on signals.
+
+A file is written to a temporary sibling (``.<name>.<random>.part``), flushed to disk (fsync)
+and renamed onto its path with ``os.replace``, which is atomic within one file system: a reader,
+a crash or a kill sees the previous content or the new, never half of it. A folder is built the
+same way (``.<name>.tmp-<random>``). The temporary is removed on every other exit (an exception,
+a full disk, ``SystemExit`` from :func:`stop_on_signals`).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+#: Signals that stop a command like Ctrl-C: ``kill``, a closed terminal or SSH session.
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """Within the block, :data:`STOP_SIGNALS` raise ``SystemExit(128 + signal)`` in the main
+    thread, so ``finally`` blocks and ``with`` exits run (temporary files are removed) instead of
+    the process dying on the spot; the previous handlers are restored on exit."""
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether ``a`` and ``b`` name one file: ``os.path.samefile`` when both exist (symbolic and
+    hard links included), else their resolved paths are equal."""
+    if os.path.exists(a) and os.path.exists(b):
+        return os.path.samefile(a, b)
+    return Path(a).resolve() == Path(b).resolve()
+
+
+def fsync_dir(path: Path) -> None:
+    """Flush a folder's entries (a rename into it) to disk, where the platform can."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # not supported on every platform
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class AtomicFile:
+    """A file written beside ``path`` and moved onto it by :meth:`commit`; removed by
+    :meth:`discard` or on leaving the ``with`` block without a commit. Creating it checks that
+    ``path`` can be written. ``handle``: the open temporary (text with ``newline=""`` and UTF-8,
+    or binary)."""
+
+    def __init__(self, path: str | os.PathLike, binary: bool = False) -> None:
+        self.path = Path(path)
+        if self.path.is_dir():
+            raise IsADirectoryError(f"{self.path} is a directory")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, self._temporary = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.",
+                                               suffix=".part")
+        try:
+            self.handle: IO = (open(fd, "wb") if binary
+                               else open(fd, "w", newline="", encoding="utf-8"))
+        except BaseException:
+            os.close(fd)
+            os.unlink(self._temporary)
+            raise
+
+    def commit(self) -> None:
+        """fsync, the permissions a previous file had (else a new file's under the umask), rename."""
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+        self.handle.close()
+        _replace(self._temporary, self.path)
+
+    def discard(self) -> None:
+        with contextlib.suppress(OSError):  # a full disk fails the flush of closing again
+            self.handle.close()
+        if os.path.exists(self._temporary):
+            os.unlink(self._temporary)
+
+    def __enter__(self) -> AtomicFile:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.discard()
+
+
+def _replace(temporary: str | os.PathLike, path: Path) -> None:
+    """Rename the written ``temporary`` onto ``path`` with the permissions a previous file had
+    (else a new file's under the umask; ``mkstemp`` creates it owner-only)."""
+    mode = path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask()
+    os.chmod(temporary, mode)
+    os.replace(temporary, path)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, replace: bool = True) -> Iterator[Path]:
+    """A temporary path beside ``path`` for a writer that takes a path, not a handle (Lightning's
+    checkpoint I/O): once the block ends normally it is flushed to disk and renamed onto ``path``
+    (unless ``replace`` is false: a process that writes nothing, e.g. a DDP rank other than 0);
+    it is removed on every other exit, and ``path`` is untouched."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    os.close(fd)
+    temporary = Path(temporary)
+    try:
+        yield temporary
+        if replace:
+            with open(temporary, "rb") as handle:
+                os.fsync(handle.fileno())
+            _replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike, binary: bool = False) -> Iterator[IO]:
+    """``with atomic_write(path) as f: f.write(...)``: the handle of an :class:`AtomicFile`,
+    committed when the block ends normally, removed otherwise."""
+    with AtomicFile(path, binary) as output:
+        yield output.handle
+        output.commit()
+
+
+def remove_dir(directory: Path) -> None:
+    """Remove ``directory`` by first renaming it aside (atomic), so that ``os.replace`` of a new
+    directory onto its path (which needs an empty or absent target) can follow, and no reader
+    sees a half-deleted one."""
+    stale = Path(tempfile.mkdtemp(prefix=f".{directory.name}.stale-", dir=directory.parent))
+    os.replace(directory, stale / "old")
+    shutil.rmtree(stale, ignore_errors=True)
+
+
+class AtomicDirectory:
+    """A folder built in :attr:`tmp` beside ``path`` and moved onto it by :meth:`commit`; removed
+    on leaving the ``with`` block (after a commit there is nothing left to remove)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.tmp-", dir=self.path.parent))
+        self.tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the folder it becomes should not be
+
+    def commit(self) -> None:
+        """fsync every file and the folder, replace what stands at ``path`` (moved aside first,
+        :func:`remove_dir`), fsync the parent."""
+        for file in self.tmp.iterdir():
+            if file.is_file():
+                with open(file, "rb") as handle:
+                    os.fsync(handle.fileno())
+        fsync_dir(self.tmp)
+        if self.path.exists():
+            remove_dir(self.path)
+        os.replace(self.tmp, self.path)
+        fsync_dir(self.path.parent)
+
+    def __enter__(self) -> AtomicDirectory:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)

@@ -1,0 +1,124 @@
+"""The prediction table: its rows (read from a CSV with a ``smiles`` column or from one SMILES a
+line) and the CSV it is written to, which ``graphormer-urpe-predict`` and ``graphormer-urpe
+predict`` share.
+
+Columns: ``row`` (1-based data row), the input's columns (``smiles`` for a one-SMILES-a-line
+file), one prediction column per target (:func:`prediction_columns`) and ``error``. An input
+column whose name the output uses gets the prefix ``input_``.
+"""
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from graphormer_urpe.files import AtomicFile
+from graphormer_urpe.task import get_task
+
+
+@dataclass
+class InputRow:
+    smiles: str  #: as given (echoed to the output)
+    error: str = ""
+    fields: list[str] = field(default_factory=list)  #: all columns of a CSV row (empty otherwise)
+
+
+# ----------------------------------------------------------------------------------- input
+@dataclass
+class SmilesInput:
+    """An opened input: ``columns`` (the CSV header, ``None`` for one SMILES a line) and its rows."""
+
+    path: Path
+    columns: list[str] | None
+    rows: Iterator[InputRow]
+
+
+def open_smiles(handle, path: Path) -> SmilesInput:
+    """Reads the header of ``handle`` (text, ``newline=""``) and returns its rows lazily."""
+    first = handle.readline()
+    header = next(csv.reader([first]), [])
+    names = [c.strip().lower() for c in header]
+    if "smiles" in names:
+        column = names.index("smiles")
+        return SmilesInput(path, header, _csv_rows(csv.reader(handle), column, len(header)))
+    if len(header) > 1:
+        raise ValueError(f"{path}: CSV header {header} has no 'smiles' column")
+
+    def lines() -> Iterator[InputRow]:
+        if first:
+            yield InputRow(first.rstrip("\r\n"))
+        for line in handle:
+            yield InputRow(line.rstrip("\r\n"))
+
+    return SmilesInput(path, None, lines())
+
+
+def _csv_rows(reader, column: int, width: int) -> Iterator[InputRow]:
+    for fields in reader:
+        row = InputRow(fields[column] if column < len(fields) else "", fields=fields)
+        if len(fields) != width:
+            row.error = f"row has {len(fields)} fields, the header {width}"
+            row.fields = (fields + [""] * width)[:width]
+        yield row
+
+
+def count_lines(path: Path) -> int:
+    """Newlines in ``path`` (the progress bar's total; a quick binary pass)."""
+    count = 0
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            count += block.count(b"\n")
+    return count
+
+
+# --------------------------------------------------------------------------------- output
+class PredictionTable:
+    """Writes prediction rows to a CSV handle: ``row``, the input's columns (``smiles`` when
+    ``columns`` is None), the ``predictions`` columns (:func:`prediction_columns`), ``error``;
+    ``\\n`` line endings."""
+
+    def __init__(self, handle, predictions: Sequence[str], columns: Sequence[str] | None = None) -> None:
+        predictions = list(predictions)
+        taken = {"row", "error", *predictions}
+        inputs = []
+        for name in (["smiles"] if columns is None else columns):
+            while name in taken:
+                name = f"input_{name}"
+            taken.add(name)
+            inputs.append(name)
+        self._echo_fields = columns is not None
+        self._writer = csv.writer(handle, lineterminator="\n")
+        self._writer.writerow(["row", *inputs, *predictions, "error"])
+        self.rows_written = 0
+        self.failed = 0
+
+    def write(self, rows: Sequence[InputRow], predictions: np.ndarray) -> None:
+        for row, pred in zip(rows, predictions):
+            self.rows_written += 1
+            self.failed += bool(row.error)
+            values = ["" if row.error else f"{v:.6g}" for v in pred]
+            echoed = row.fields if self._echo_fields else [row.smiles]
+            self._writer.writerow([self.rows_written, *echoed, *values, row.error])
+
+
+def write_predictions(path: str | Path, rows: Sequence[InputRow], predictions: np.ndarray,
+                      prediction_names: Sequence[str], columns: Sequence[str] | None = None) -> None:
+    """Writes the prediction table (:class:`PredictionTable`) of ``rows`` and ``predictions
+    [len(rows), T]`` (columns ``prediction_names``) to ``path`` atomically (a temporary file
+    beside it, renamed at the end)."""
+    with AtomicFile(path) as output:
+        PredictionTable(output.handle, prediction_names, columns).write(rows, predictions)
+        output.commit()
+
+
+def prediction_columns(module) -> list[str]:
+    """The prediction columns of a loaded model: its task's
+    (:meth:`~graphormer_urpe.task.Task.prediction_columns`), named after the targets
+    when the checkpoint records them."""
+    hparams = module.hparams
+    names = hparams.get("target_names")
+    return get_task(hparams.get("task", "regression")).prediction_columns(
+        hparams.num_targets, list(names) if names is not None else None)

@@ -1,0 +1,205 @@
+"""A run's checkpoint folder: what ``last.ckpt`` holds, how it is written, and who may use the folder.
+
+* :class:`RunCheckpoint` (the CLI's ``--checkpoint.*``) is Lightning's ``ModelCheckpoint`` whose
+  ``last.ckpt`` is always the newest state of the run: rewritten after every validation (not
+  only when the monitored metric improved), every ``every_n_train_steps`` steps when that is
+  set, and when ``fit`` ends for any reason but an error (``max_steps``, ``max_epochs``,
+  ``max_time``, early stopping), so ``--ckpt_path last`` never resumes an older state. It is
+  always ``last.ckpt``, never ``last-v1.ckpt``. Every checkpoint file is written to a
+  ``.<name>.<random>.part`` file beside it and renamed over it
+  (:func:`~graphormer_urpe.files.atomic_path`): a killed run leaves the previous file whole.
+* :func:`check_run_dir` decides, before any data is read, what ``fit`` / ``test`` / ... do with
+  the folder: a ``fit`` without ``--ckpt_path`` into a folder that holds checkpoints is refused
+  (resume with ``--ckpt_path last``, choose another ``--trainer.default_root_dir``, or start over
+  with ``--checkpoint.overwrite true``); ``--ckpt_path last`` is the folder's ``last.ckpt``, or a
+  fresh start when the folder holds no checkpoint at all.
+* :func:`rng_states` / :func:`set_rng_states`: the global random states (torch CPU and CUDA,
+  numpy, Python ``random``) a checkpoint carries, so dropout continues as in an uninterrupted
+  run (:class:`~graphormer_urpe.training.module.GraphormerModule` saves and restores them).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.trainer.states import TrainerFn
+
+from graphormer_urpe.files import atomic_path
+
+log = logging.getLogger(__name__)
+
+LAST = ModelCheckpoint.CHECKPOINT_NAME_LAST + ModelCheckpoint.FILE_EXTENSION
+OVERWRITE_OPTION = "--checkpoint.overwrite true"
+
+
+def checkpoints_in(dirpath: str | os.PathLike) -> list[str]:
+    """The names of the checkpoint files (``*.ckpt``) in ``dirpath``, sorted; none if it is missing."""
+    folder = Path(dirpath)
+    return sorted(p.name for p in folder.glob("*" + ModelCheckpoint.FILE_EXTENSION)) if folder.is_dir() else []
+
+
+def check_run_dir(dirpath: str, ckpt_path: str | None, overwrite: bool, fitting: bool) -> str | None:
+    """The checkpoint a command starts from, given its checkpoint folder ``dirpath``: ``ckpt_path``
+    itself, except ``last``, which becomes ``<dirpath>/last.ckpt``, or ``None`` (training from
+    scratch, said in one line) for a ``fit`` whose folder holds no checkpoint at all.
+
+    ``ValueError`` (one line, exit status 2) for a ``fit`` without ``ckpt_path`` into a folder that
+    holds checkpoints (unless ``overwrite``: :class:`RunCheckpoint` then removes them when the fit
+    starts), for ``last`` where the folder holds checkpoints but no ``last.ckpt``, and for ``last``
+    of a command other than ``fit`` where there is none."""
+    found = checkpoints_in(dirpath)
+    listed = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+    if overwrite and ckpt_path is not None:
+        raise ValueError(f"checkpoint.overwrite starts the run over; it cannot resume from "
+                         f"--ckpt_path {ckpt_path}: drop one of them")
+    if ckpt_path is None:
+        if fitting and found and not overwrite:
+            raise ValueError(f"{dirpath} already holds checkpoints of a run ({listed}): resume it "
+                             "with --ckpt_path last, choose another --trainer.default_root_dir, "
+                             f"or start over with {OVERWRITE_OPTION} (removes them)")
+        return None
+    if ckpt_path != "last":
+        return ckpt_path
+    if LAST in found:
+        return str(Path(dirpath) / LAST)
+    if found:
+        raise ValueError(f"--ckpt_path last: {dirpath} has no {LAST} but holds {listed}: resume "
+                         f"from one of them with --ckpt_path PATH, or start over with {OVERWRITE_OPTION}")
+    if not fitting:
+        raise ValueError(f"--ckpt_path last: {dirpath} holds no checkpoint; train first, or pass "
+                         "--ckpt_path PATH")
+    log.warning("--ckpt_path last: no checkpoint in %s; training from scratch", dirpath)
+    return None
+
+
+class RunCheckpoint(ModelCheckpoint):
+    """Lightning's ``ModelCheckpoint`` (every argument is its own) whose ``last.ckpt`` is always the
+    run's newest state, written atomically; see the module docstring.
+
+    Args:
+        overwrite: a ``fit`` without ``--ckpt_path`` into a checkpoint folder that holds
+            checkpoints removes them (the ``*.ckpt`` files) when it starts, instead of being
+            refused (:func:`check_run_dir`).
+    """
+
+    def __init__(self, overwrite: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.overwrite = overwrite
+        self._validations = 0  # of this fit
+        #: (global step, validations) of the newest last.ckpt this fit wrote
+        self._last_written: tuple[int, int] | None = None
+
+    @property
+    def state_key(self) -> str:
+        # ModelCheckpoint's key, so checkpoints of either class restore each other's state and
+        # readers that look for "ModelCheckpoint..." (the ablation's best_checkpoint) find it.
+        return "ModelCheckpoint" + super().state_key[len(type(self).__qualname__):]
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit" and self.dirpath and trainer.is_global_zero:
+            folder = Path(self.dirpath)
+            for leftover in folder.glob(".*" + self.FILE_EXTENSION + ".*.part"):  # a killed save's
+                leftover.unlink(missing_ok=True)
+            if self.overwrite and trainer.ckpt_path is None:
+                for name in checkpoints_in(folder):
+                    (folder / name).unlink()
+                log.info("checkpoint.overwrite: removed the checkpoints in %s", folder)
+        super().setup(trainer, pl_module, stage)
+
+    def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        if not _is_local_file_protocol(filepath):
+            return super()._save_checkpoint(trainer, filepath)
+        with atomic_path(filepath, replace=trainer.is_global_zero) as temporary:
+            super()._save_checkpoint(trainer, str(temporary))
+        self._last_checkpoint_saved = filepath
+        trainer.strategy.barrier()
+
+    def _save_last_checkpoint(self, trainer: pl.Trainer, monitor_candidates: dict) -> None:
+        if not self.save_last:
+            return
+        # The one last.ckpt of this folder is this run's (check_run_dir refuses another run's
+        # folder), so it is replaced, never versioned as last-v1.ckpt beside it.
+        self.last_model_path = self.format_checkpoint_name(monitor_candidates, self.CHECKPOINT_NAME_LAST)
+        super()._save_last_checkpoint(trainer, monitor_candidates)
+        self._last_written = (trainer.global_step, self._validations)
+
+    def _refresh_last(self, trainer: pl.Trainer) -> None:
+        """Write ``last.ckpt`` unless it already holds this step and validation (Lightning writes
+        it only together with a monitored checkpoint). Lightning's record of what it saved is
+        left as it was, so its monitored checkpoints (and the last.ckpt written with them) are
+        saved exactly as without this write."""
+        if (self.save_last and self._last_written != (trainer.global_step, self._validations)
+                and trainer.global_step > 0 and trainer.state.fn == TrainerFn.FITTING
+                and not trainer.sanity_checking and not trainer.fast_dev_run):
+            saved = self._last_global_step_saved, self._last_checkpoint_saved
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+            self._last_global_step_saved, self._last_checkpoint_saved = saved
+
+    @staticmethod
+    def _epoch_finished(trainer: pl.Trainer) -> bool:
+        """Whether the current training epoch ran all its batches. Lightning ends an epoch that a
+        stop (max_steps, max_time) cut short as if it were finished: a checkpoint of that state
+        would resume at the next epoch, skipping the rest of this one."""
+        return trainer.fit_loop.epoch_loop._num_ready_batches_reached()
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any,
+                           **kwargs: Any) -> None:
+        super().on_train_batch_end(trainer, pl_module, *args, **kwargs)
+        stopping = trainer.should_stop or 0 <= trainer.max_steps <= trainer.global_step
+        every_n = self._every_n_train_steps >= 1 and trainer.global_step % self._every_n_train_steps == 0
+        if stopping or every_n:  # the state a resume inside the epoch continues from exactly
+            self._refresh_last(trainer)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
+            self._validations += 1
+        super().on_validation_end(trainer, pl_module)
+        if not self._should_save_on_train_epoch_end(trainer):  # else at the epoch end, next
+            self._refresh_last(trainer)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._epoch_finished(trainer):
+            super().on_train_epoch_end(trainer, pl_module)
+            self._refresh_last(trainer)
+            return
+        # Stopped inside the epoch: last.ckpt keeps the state of the last batch's end.
+        save_last, self.save_last = self.save_last, False
+        try:
+            super().on_train_epoch_end(trainer, pl_module)
+        finally:
+            self.save_last = save_last
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_end(trainer, pl_module)
+        if self._epoch_finished(trainer):
+            self._refresh_last(trainer)
+
+
+def rng_states() -> dict[str, Any]:
+    """The global random states: torch CPU, every CUDA device's, numpy's and Python's, as
+    tensors and plain values (a checkpoint loads with ``weights_only=True``)."""
+    kind, keys, position, has_gauss, gauss = np.random.get_state()
+    return {"torch": torch.get_rng_state(),
+            "torch.cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
+            "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, gauss),
+            "python": random.getstate()}
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    """Restore :func:`rng_states` (the CUDA states where this process has as many devices)."""
+    torch.set_rng_state(states["torch"].cpu())
+    cuda = states.get("torch.cuda") or []
+    if cuda and torch.cuda.is_available() and torch.cuda.device_count() == len(cuda):
+        torch.cuda.set_rng_state_all([state.cpu() for state in cuda])
+    kind, keys, position, has_gauss, gauss = states["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, gauss))
+    version, internal, gauss_next = states["python"]
+    random.setstate((version, tuple(internal), gauss_next))

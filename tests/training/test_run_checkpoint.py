@@ -1,0 +1,142 @@
+"""Checkpoints and resume through the installed ``graphormer-urpe`` on the real ZINC-12k (tiny
+model, epochs of 3 batches): ``last.ckpt`` holds the final step of every fit, a run directory
+with checkpoints is never silently reused, ``--ckpt_path last`` says what it resumes, and a
+resumed run with dropout equals the uninterrupted one bit for bit."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_cli import TINY_BACKBONE, zinc_args
+
+REPO = Path(__file__).resolve().parents[2]
+COMMAND = Path(sys.executable).with_name("graphormer-urpe")
+DROPOUT = {"dropout": 0.1, "attention_dropout": 0.1, "activation_dropout": 0.1}
+
+
+def graphormer_urpe(*args: str) -> subprocess.CompletedProcess:
+    assert COMMAND.is_file(), f"{COMMAND} is not installed (pip install -e .)"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([str(COMMAND), *args], capture_output=True, text=True, timeout=600, env=env)
+
+
+def fit(run_dir: Path, data_root: Path, *extra: str, expect: int = 0) -> subprocess.CompletedProcess:
+    done = graphormer_urpe("fit", *zinc_args(run_dir, data_root, *extra))
+    assert done.returncode == expect, done.stderr[-3000:]
+    return done
+
+
+def error_line(done: subprocess.CompletedProcess) -> str:
+    """The one error line of a refused command (no traceback)."""
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if line.startswith("graphormer-urpe: error: ")]
+    assert len(lines) == 1, done.stderr[-3000:]
+    return lines[0]
+
+
+def last_step(run_dir: Path) -> int:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu",
+                      weights_only=False)["global_step"]
+
+
+def folder(run_dir: Path) -> dict[str, str]:
+    """Every file of the checkpoint folder (hidden ones too) and its SHA-256."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted((run_dir / "checkpoints").iterdir())}
+
+
+def assert_one_last_ckpt(run_dir: Path) -> None:
+    """``last.ckpt`` and no ``last-v1.ckpt``, no temporary file left, nothing but checkpoints."""
+    names = set(folder(run_dir))
+    assert "last.ckpt" in names and not any(n.startswith("last-") for n in names), names
+    assert all(n.endswith(".ckpt") and not n.startswith(".") for n in names), names
+
+
+def test_last_ckpt_holds_the_final_step_after_the_last_validation(zinc_data_root, tmp_path):
+    """max_epochs 3, validated every 2 epochs (at step 6): last.ckpt holds step 9, not 6.
+    (A stop by max_steps inside an epoch: the dropout test below.) Then a resumed fit whose
+    checkpoint writes fail (a file size limit below a checkpoint's size, EFBIG as on a full
+    disk) stops and leaves every checkpoint byte for byte, and no temporary file."""
+    run_dir = tmp_path / "run"
+    epochs = ["--trainer.max_steps", "-1", "--trainer.check_val_every_n_epoch", "2"]
+    fit(run_dir, zinc_data_root, "--trainer.max_epochs", "3", *epochs)
+    assert last_step(run_dir) == 9
+    assert_one_last_ckpt(run_dir)
+    assert any(n.startswith("epoch=1-step=6-") for n in folder(run_dir))  # the best validation one
+
+    before = folder(run_dir)
+    limit = (run_dir / "checkpoints" / "last.ckpt").stat().st_size // 2
+    failed = subprocess.run(
+        [str(COMMAND), "fit", *zinc_args(run_dir, zinc_data_root, "--trainer.max_epochs", "5", *epochs,
+                                         "--ckpt_path", "last")],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)},
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+    assert failed.returncode != 0 and "File too large" in failed.stderr, failed.stderr[-3000:]
+    assert folder(run_dir) == before
+
+
+def test_a_run_directory_with_checkpoints_is_resumed_or_overwritten_never_reused(zinc_data_root,
+                                                                                tmp_path):
+    """``--ckpt_path last`` into an empty folder starts from scratch and says so in one line; a
+    fit without ``--ckpt_path`` into a folder with checkpoints is refused in one line (exit 2)
+    naming the three ways on; ``--ckpt_path last`` where the folder has checkpoints but no
+    last.ckpt is refused; ``--checkpoint.overwrite true`` starts over; test reads last.ckpt. The
+    refusals leave every file byte for byte."""
+    run_dir, checkpoints = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    started = fit(run_dir, zinc_data_root, "--trainer.max_steps", "3", "--ckpt_path", "last")
+    notes = [line for line in started.stderr.splitlines() if "--ckpt_path last" in line]
+    assert notes == [f"--ckpt_path last: no checkpoint in {checkpoints}; training from scratch"], \
+        started.stderr[-3000:]
+    assert last_step(run_dir) == 3
+    before = folder(run_dir)
+
+    line = error_line(fit(run_dir, zinc_data_root, "--trainer.max_steps", "6", expect=2))
+    assert f"{checkpoints} already holds checkpoints" in line, line
+    for way in ("--ckpt_path last", "--trainer.default_root_dir", "--checkpoint.overwrite true"):
+        assert way in line, line
+    assert folder(run_dir) == before
+
+    (checkpoints / "last.ckpt").rename(tmp_path / "last.ckpt")
+    line = error_line(fit(run_dir, zinc_data_root, "--trainer.max_steps", "6", "--ckpt_path", "last",
+                          expect=2))
+    assert f"--ckpt_path last: {checkpoints} has no last.ckpt but holds epoch=0-step=3-" in line, line
+    (tmp_path / "last.ckpt").rename(checkpoints / "last.ckpt")
+    assert folder(run_dir) == before
+
+    fit(run_dir, zinc_data_root, "--trainer.max_steps", "2", "--checkpoint.overwrite", "true")
+    assert last_step(run_dir) == 2
+    assert set(folder(run_dir)) == {"last.ckpt"}  # the earlier run's checkpoints are gone
+
+    tested = graphormer_urpe("test", *zinc_args(run_dir, zinc_data_root, "--ckpt_path", "last"))
+    assert tested.returncode == 0, tested.stderr[-3000:]
+    assert f"Restoring states from the checkpoint path at {checkpoints / 'last.ckpt'}" \
+        in tested.stderr + tested.stdout
+
+
+def test_a_resumed_run_with_dropout_equals_the_uninterrupted_one_bit_for_bit(zinc_data_root, tmp_path):
+    """Dropout 0.1 everywhere: stopped at step 4 (inside epoch 1, after its validation), resumed
+    to 8 (crossing an epoch start and a validation), it ends with the weights and AdamW state of
+    the run that went to 8 at once: same data order and same dropout masks."""
+    backbone = json.dumps({**TINY_BACKBONE, **DROPOUT})
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    fit(straight, zinc_data_root, "--model.backbone", backbone, "--trainer.max_steps", "8")
+    fit(resumed, zinc_data_root, "--model.backbone", backbone, "--trainer.max_steps", "4")
+    assert last_step(resumed) == 4  # stopped by max_steps inside epoch 1, after its validation
+    fit(resumed, zinc_data_root, "--model.backbone", backbone, "--trainer.max_steps", "8",
+        "--ckpt_path", "last")
+    assert_one_last_ckpt(resumed)
+    load = lambda run: torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    reference, result = load(straight), load(resumed)
+    assert result["global_step"] == reference["global_step"] == 8
+    for name, value in reference["state_dict"].items():
+        assert torch.equal(result["state_dict"][name], value), name
+    for index, state in reference["optimizer_states"][0]["state"].items():
+        assert torch.equal(result["optimizer_states"][0]["state"][index]["exp_avg"], state["exp_avg"])
+    assert torch.equal(result["rng_states"]["torch"], reference["rng_states"]["torch"])
