@@ -1,8 +1,9 @@
 """``graphormer-urpe {fit,validate,test,predict}``: LightningCLI over the module and the datamodules.
 
-Facts that belong to the data (vocabulary sizes, number of targets, ``max_hops``, the widths of
-its optional node encodings, the task and the featurizer) are linked from the instantiated DataModule into the model, so a config names
-each of them once. A run's outputs all go under ``trainer.default_root_dir``: TensorBoard and
+Facts that belong to the data (:class:`~graphormer_urpe.data.facts.DataFacts`: vocabulary sizes,
+number of targets, ``max_hops``, the widths of its optional node encodings, the task and the
+featurizer) are linked from the instantiated DataModule into the model, so a config names each of
+them once. A run's outputs all go under ``trainer.default_root_dir``: TensorBoard and
 CSV logs, ``checkpoints/`` with the best model by the task's validation metric
 (``epoch=…-step=…-val_mae=….ckpt``) plus ``last.ckpt``, always the run's newest state (resume
 a killed or finished run with ``--ckpt_path last``; :mod:`~graphormer_urpe.training.run_checkpoint`),
@@ -32,6 +33,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter, LearningRateMonito
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_module
 
+from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.files import same_file
 from graphormer_urpe.training import finetune
 from graphormer_urpe.training.run_checkpoint import RunCheckpoint, check_run_dir
@@ -39,9 +41,6 @@ from graphormer_urpe.training.module import GraphormerModule
 from graphormer_urpe.training.schedule import check_schedule
 from graphormer_urpe.task import get_task
 
-#: DataModule attributes that the model takes as init arguments of the same name.
-LINKED_DATA_FACTS = ("num_atom_embeddings", "num_bond_embeddings", "num_targets", "max_hops",
-                     "node_encodings", "task", "featurizer")
 DEFAULT_RUN_DIR = "runs/default"
 PREDICTIONS_FILE = "predictions.csv"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -86,7 +85,7 @@ def _per_dataloader(predictions) -> list[list]:
 
 class GraphormerCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        for name in LINKED_DATA_FACTS:
+        for name in DataFacts.names():  # DataModule attributes, model init arguments
             parser.link_arguments(f"data.{name}", f"model.{name}", apply_on="instantiate")
         parser.link_arguments("data", "model.target_names", apply_on="instantiate",
                               compute_fn=lambda data: getattr(data, "target_columns", None))

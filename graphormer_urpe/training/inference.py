@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from graphormer_urpe.cores import process_pool
 from graphormer_urpe.data.batch import GraphBatch
+from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.files import STOP_SIGNALS
 from graphormer_urpe.nn.graphormer import PRESETS, Graphormer, GraphormerConfig
 from graphormer_urpe.task import get_task
@@ -38,29 +39,29 @@ DEFAULT_MAX_PAIRS = 1 << 16
 DEFAULT_BATCH_SIZE = 1024
 DEFAULT_MAX_NODES = 512
 
-#: Hyperparameters of ``GraphormerModule`` that only training uses.
+#: Hyperparameters of ``GraphormerModule`` that only training uses: its arguments other than
+#: InferenceModel's (a test keeps them so; importing the module here would import Lightning).
 TRAINING_HPARAMS = frozenset({"lr", "end_lr", "warmup_steps", "total_steps", "power", "weight_decay",
                               "betas", "eps", "no_weight_decay", "compile", "cuda_graphs",
                               "matmul_precision", "init_from", "reinit_head", "freeze_backbone_steps",
                               "head_lr", "warmup_fraction", "engine"})
 
 
-def build_backbone(num_atom_embeddings: int, num_bond_embeddings: int, num_targets: int, max_hops: int,
-                   task: str, preset: str, backbone: GraphormerConfig | Mapping[str, Any],
-                   node_encodings: Mapping[str, int] | None = None) -> tuple[Graphormer, GraphormerConfig]:
-    """The :class:`Graphormer` of these hyperparameters and its complete config (``backbone``'s
-    fields over the preset's); ValueError for an unknown preset or task. ``node_encodings`` None
-    (a checkpoint from before it existed) is none."""
+def build_backbone(facts: DataFacts, preset: str, backbone: GraphormerConfig | Mapping[str, Any]
+                   ) -> tuple[Graphormer, GraphormerConfig]:
+    """The :class:`Graphormer` of these data facts and architecture, and its complete config
+    (``backbone``'s fields over the preset's); ValueError for an unknown preset or task."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
-    task = get_task(task)
-    task.check_num_targets(num_targets)
+    task = get_task(facts.task)
+    task.check_num_targets(facts.num_targets)
     if isinstance(backbone, Mapping):  # a checkpoint's hyperparameters
         backbone = GraphormerConfig.from_dict(backbone)
     resolved = backbone.over(PRESETS[preset])
-    model = Graphormer(num_atom_embeddings=num_atom_embeddings, num_bond_embeddings=num_bond_embeddings,
-                       num_targets=task.head_width(num_targets), max_hops=max_hops, node_encodings=node_encodings,
-                       **resolved.as_dict())
+    model = Graphormer(num_atom_embeddings=facts.num_atom_embeddings,
+                       num_bond_embeddings=facts.num_bond_embeddings,
+                       num_targets=task.head_width(facts.num_targets), max_hops=facts.max_hops,
+                       node_encodings=facts.node_encodings, **resolved.as_dict())
     return model, resolved
 
 
@@ -76,26 +77,22 @@ class HParams(dict):
 
 class InferenceModel(nn.Module):
     """The backbone (``model``) and ``predict_step`` of a ``GraphormerModule``, built from its
-    checkpoint's hyperparameters (training-only ones are accepted and ignored; any other unknown
-    one is a TypeError) and loading its ``state_dict`` unchanged."""
+    checkpoint's hyperparameters: the :class:`~graphormer_urpe.data.facts.DataFacts`, ``preset``,
+    ``backbone`` and ``target_names`` (training-only ones are accepted and ignored; any other
+    unknown one is a TypeError); it loads the ``state_dict`` unchanged."""
 
-    def __init__(self, num_atom_embeddings: int, num_bond_embeddings: int, num_targets: int = 1,
-                 max_hops: int = 5, task: str = "regression", featurizer: str = "zinc",
-                 preset: str = "slim", backbone: GraphormerConfig | Mapping[str, Any] = GraphormerConfig(),
-                 target_names: list[str] | None = None, node_encodings: dict[str, int] | None = None,
-                 **training: Any) -> None:
+    def __init__(self, preset: str = "slim",
+                 backbone: GraphormerConfig | Mapping[str, Any] = GraphormerConfig(),
+                 target_names: list[str] | None = None, **hparams: Any) -> None:
         super().__init__()
+        facts, training = DataFacts.split(hparams)  # TypeError for a missing vocabulary size
         unknown = sorted(set(training) - TRAINING_HPARAMS)
         if unknown:
             raise TypeError(f"unexpected hyperparameters {unknown}")
-        self.model, resolved = build_backbone(num_atom_embeddings, num_bond_embeddings, num_targets,
-                                              max_hops, task, preset, backbone, node_encodings)
-        self.task = get_task(task)
-        self.hparams = HParams(num_atom_embeddings=num_atom_embeddings,
-                               num_bond_embeddings=num_bond_embeddings, num_targets=num_targets,
-                               max_hops=max_hops, task=task, featurizer=featurizer, preset=preset,
-                               backbone=resolved.as_dict(), target_names=target_names,
-                               node_encodings=node_encodings, **training)
+        self.model, resolved = build_backbone(facts, preset, backbone)
+        self.task = get_task(facts.task)
+        self.hparams = HParams(**facts.as_dict(), preset=preset, backbone=resolved.as_dict(),
+                               target_names=target_names, **training)
 
     def forward(self, batch: GraphBatch) -> Tensor:
         """Raw model outputs ``[B, num_targets]`` (logits for classification)."""

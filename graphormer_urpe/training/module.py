@@ -18,7 +18,7 @@ from torchmetrics import MetricCollection
 
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.data.encoding_registry import check_checkpoint_encodings
-from graphormer_urpe.nn.encodings import EdgePathBias, GraphToken, URPEScale, VirtualDistanceBias
+from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.nn.graphormer import Graphormer, GraphormerConfig
 from graphormer_urpe.training import finetune
 from graphormer_urpe.training.run_checkpoint import rng_states, set_rng_states
@@ -41,23 +41,31 @@ ParameterKind = Literal["weight", "embedding", "bias", "layernorm", "urpe_scale"
 PARAMETER_KINDS: tuple[str, ...] = ParameterKind.__args__
 
 
-def parameter_kind(module: torch.nn.Module, name: str) -> str:
-    """The kind of ``module``'s own parameter ``name``: ``weight`` (linear maps, the edge
-    encoding's per-hop matrices), ``embedding`` (lookup tables and learned tokens: atom, degree,
-    bond, spatial bias, graph token, virtual distance), ``bias`` (linear biases), ``layernorm``
-    (LayerNorm scale and shift) or ``urpe_scale`` (URPE's ``delta = C - 1``)."""
-    if isinstance(module, URPEScale):
-        return "urpe_scale"
-    if isinstance(module, torch.nn.LayerNorm):
+#: Normalisation layers: their scale and shift are the ``layernorm`` kind.
+NORM_LAYERS = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.RMSNorm,
+               torch.nn.modules.batchnorm._NormBase)  # batch and instance norms
+
+
+def parameter_kind(module: torch.nn.Module, param: torch.nn.Parameter) -> str:
+    """The kind of ``module``'s own parameter ``param``, by rule, so a new module gets one too:
+
+    1. the module's ``weight_decay_kind`` where it declares one (URPE's C tables:
+       ``urpe_scale``; the graph token and virtual distance, vectors that are learned tokens:
+       ``embedding``);
+    2. ``layernorm`` for the scale and shift of a normalisation layer (:data:`NORM_LAYERS`);
+    3. ``embedding`` for lookup tables (``nn.Embedding``, ``nn.EmbeddingBag``);
+    4. ``bias`` for any other vector (biases of linear and convolution layers);
+    5. ``weight`` for any other matrix or tensor (linear maps, the edge encoding's per-hop
+       matrices).
+    """
+    declared = getattr(module, "weight_decay_kind", None)
+    if declared is not None:
+        return declared
+    if isinstance(module, NORM_LAYERS):
         return "layernorm"
-    if isinstance(module, (torch.nn.Embedding, GraphToken, VirtualDistanceBias)):
+    if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
         return "embedding"
-    if isinstance(module, torch.nn.Linear) and name == "bias":
-        return "bias"
-    if isinstance(module, (torch.nn.Linear, EdgePathBias)):
-        return "weight"
-    raise TypeError(f"no weight-decay kind for parameter {name!r} of {type(module).__name__}; "
-                    "add its module to parameter_kind")
+    return "bias" if param.dim() <= 1 else "weight"
 
 
 def parameter_groups(model: torch.nn.Module, weight_decay: float,
@@ -78,9 +86,9 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float,
                          f"choose from {list(PARAMETER_KINDS)}")
     params: dict[str, list[torch.nn.Parameter]] = {kind: [] for kind in PARAMETER_KINDS}
     for module in model.modules():
-        for name, param in module.named_parameters(recurse=False):
+        for param in module.parameters(recurse=False):
             if param.requires_grad:
-                params[parameter_kind(module, name)].append(param)
+                params[parameter_kind(module, param)].append(param)
     return [{"params": group, "name": kind,
              "weight_decay": 0.0 if kind in no_weight_decay else weight_decay}
             for kind, group in params.items() if group]
@@ -122,12 +130,9 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
 
     Args:
         num_atom_embeddings, num_bond_embeddings, num_targets, max_hops, task, featurizer,
-            node_encodings: facts of the data; the CLI links them from the DataModule
-            (``node_encodings``: ``{name: width}`` of its optional per-node encodings, such as
-            ``{"rwse": 16}``; None: none). ``featurizer`` names how
-            SMILES become graphs (``zinc`` or ``ogb``), so inference can redo it from the
-            checkpoint alone.
-            For ``multiclass``, ``num_targets`` is the number of classes.
+            node_encodings: the facts of the data, the fields of
+            :class:`~graphormer_urpe.data.facts.DataFacts` (documented there); the CLI links
+            them from the DataModule.
         preset: backbone preset, a name in :data:`~graphormer_urpe.nn.graphormer.PRESETS`
             (``slim`` for ZINC, ``small`` / ``base`` for PCQM4Mv2).
         backbone: the fields of the preset to replace (:class:`GraphormerConfig`, e.g.
@@ -207,11 +212,11 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
         if compile and cuda_graphs:
             raise ValueError("compile (region-wise, dynamic shapes) and cuda_graphs (the whole "
                              "backbone, static shapes) exclude each other: set one")
-        self.model, resolved = build_backbone(num_atom_embeddings, num_bond_embeddings, num_targets,
-                                              max_hops, task, preset, backbone, node_encodings)
         # engine is how to train, not what: left out, a checkpoint is the same with or without it
         # (and a resumed run follows its own command line, which ckpt_path hparams would override).
         self.save_hyperparameters(ignore=["backbone", "engine"])
+        facts, _ = DataFacts.split(self.hparams)
+        self.model, resolved = build_backbone(facts, preset, backbone)
         # Plain values only (checkpoints load with weights_only=True), and complete.
         self.hparams["backbone"] = resolved.as_dict()
         if compile:

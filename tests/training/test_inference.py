@@ -14,13 +14,14 @@ from graphormer_urpe.training.inference import predict_smiles
 from graphormer_urpe.training.predictions import InputRow
 from graphormer_urpe.training.inference import TRAINING_HPARAMS, InferenceModel
 from graphormer_urpe.training.module import GraphormerModule
+from graphormer_urpe.data.facts import DataFacts
 
 TINY = {"num_layers": 2, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2}
 
 
 def test_training_hyperparameters_are_the_modules_other_arguments():
     module_args = set(inspect.signature(GraphormerModule).parameters)
-    inference_args = set(inspect.signature(InferenceModel).parameters) - {"training"}
+    inference_args = (set(inspect.signature(InferenceModel).parameters) - {"hparams"}) | set(DataFacts.names())
     assert TRAINING_HPARAMS == module_args - inference_args
     assert inference_args <= module_args
 

@@ -31,6 +31,46 @@ def test_every_parameter_is_in_exactly_one_named_group():
         assert id(table) in kinds["embedding"]
 
 
+def _table_kind(module: torch.nn.Module, name: str) -> str:
+    """The kinds as a per-module table assigned them before the rule (parameter_kind)."""
+    from graphormer_urpe.nn.encodings import EdgePathBias, GraphToken, URPEScale, VirtualDistanceBias
+
+    if isinstance(module, URPEScale):
+        return "urpe_scale"
+    if isinstance(module, torch.nn.LayerNorm):
+        return "layernorm"
+    if isinstance(module, (torch.nn.Embedding, GraphToken, VirtualDistanceBias)):
+        return "embedding"
+    if isinstance(module, torch.nn.Linear) and name == "bias":
+        return "bias"
+    assert isinstance(module, (torch.nn.Linear, EdgePathBias)), type(module)
+    return "weight"
+
+
+@pytest.mark.parametrize("backbone", [{"attention": "urpe"}, {"attention": "rpe"}])
+def test_todays_model_keeps_the_groups_of_the_table(backbone):
+    module = GraphormerModule(num_atom_embeddings=29, num_bond_embeddings=5, backbone={**TINY, **backbone},
+                              node_encodings={"rwse": 4})
+    expected: dict[str, list[int]] = {kind: [] for kind in PARAMETER_KINDS}
+    for sub in module.modules():
+        for name, param in sub.named_parameters(recurse=False):
+            expected[_table_kind(sub, name)].append(id(param))
+    groups = parameter_groups(module, 0.01)
+    assert {g["name"]: [id(p) for p in g["params"]] for g in groups} == {
+        kind: ids for kind, ids in expected.items() if ids}
+
+
+def test_a_new_module_type_gets_a_group_by_rule():
+    model = torch.nn.Sequential(torch.nn.Conv1d(2, 3, 1), torch.nn.BatchNorm1d(3), torch.nn.RMSNorm(3),
+                                torch.nn.EmbeddingBag(7, 3), torch.nn.Bilinear(3, 3, 2))
+    kinds = {g["name"]: {id(p) for p in g["params"]} for g in parameter_groups(model, 0.01)}
+    conv, batch_norm, rms_norm, bag, bilinear = model
+    assert kinds == {"weight": {id(conv.weight), id(bilinear.weight)},
+                     "embedding": {id(bag.weight)},
+                     "bias": {id(conv.bias), id(bilinear.bias)},
+                     "layernorm": {id(batch_norm.weight), id(batch_norm.bias), id(rms_norm.weight)}}
+
+
 def test_no_weight_decay_exempts_kinds_and_rejects_unknown_ones():
     optimizer = _module(weight_decay=0.1,
                         no_weight_decay=["layernorm", "bias"]).configure_optimizers()["optimizer"]
