@@ -68,6 +68,7 @@ from pathlib import Path
 
 import torch
 
+from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.data.local_data import local_data_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -224,8 +225,7 @@ def run_training(name: str, attention: str, path: str, args) -> dict:
     precision = spec.precision or args.fast_precision
     pl.seed_everything(0, verbose=False)
     module = GraphormerModule(
-        num_atom_embeddings=dm.num_atom_embeddings, num_bond_embeddings=dm.num_bond_embeddings,
-        num_targets=dm.num_targets, max_hops=dm.max_hops, featurizer=dm.featurizer,
+        **DataFacts.of(dm).as_dict(),
         preset=PRESET_DATA[name][1], backbone={"attention": attention, "attention_impl": impl, **width},
         warmup_steps=10, total_steps=10 * (args.warmup + args.steps), compile=spec.compile,
         cuda_graphs=spec.cuda_graphs, matmul_precision=spec.matmul_precision, engine=spec.engine)

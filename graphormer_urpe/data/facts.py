@@ -44,5 +44,10 @@ class DataFacts:
         facts = cls(**{k: v for k, v in hparams.items() if k in names})
         return facts, {k: v for k, v in hparams.items() if k not in names}
 
+    @classmethod
+    def of(cls, data: Any) -> "DataFacts":
+        """The facts a DataModule exposes (the attributes the CLI links)."""
+        return cls(**{name: getattr(data, name) for name in cls.names()})
+
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.names()}

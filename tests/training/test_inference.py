@@ -66,3 +66,14 @@ def test_predict_command_does_not_import_lightning(zinc_source, tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
     assert len((tmp_path / "out.csv").read_text().splitlines()) == 21
+
+
+def test_a_datamodules_facts_build_the_module_the_cli_links(tmp_path):
+    from graphormer_urpe.data import ZINCDataModule
+
+    facts = DataFacts.of(ZINCDataModule(root=str(tmp_path), rwse_steps=4))
+    assert facts == DataFacts(num_atom_embeddings=29, num_bond_embeddings=5, node_encodings={"rwse": 4})
+    assert set(DataFacts.names()) <= set(inspect.signature(GraphormerModule).parameters)
+    module = GraphormerModule(**facts.as_dict(), backbone=TINY)
+    assert {name: module.hparams[name] for name in DataFacts.names()} == facts.as_dict()
+    assert list(module.model.node_encoders) == ["rwse"]
