@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from graphormer_urpe.data.encoding_registry import EncodingParams
+from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.data.ogb_lsc import LAYOUTS, LSCLayout, read_split_dict_checked, require_layout
 from graphormer_urpe.training.checkpoint import load_module
 
@@ -96,10 +97,10 @@ def submit(args: argparse.Namespace) -> dict:
     layout = LAYOUTS[args.dataset]
     require_layout(args.root, layout)
     module = load_module(args.ckpt)
-    task = module.hparams.get("task", "regression")
-    if module.hparams.featurizer != "ogb" or module.hparams.num_targets != 1 or task != "regression":
-        raise SubmissionError(f"{args.ckpt} was trained for {task} with featurizer "
-                              f"{module.hparams.featurizer!r} and {module.hparams.num_targets} targets; "
+    facts = DataFacts.of_hparams(module.hparams)
+    if facts.featurizer != "ogb" or facts.num_targets != 1 or facts.task != "regression":
+        raise SubmissionError(f"{args.ckpt} was trained for {facts.task} with featurizer "
+                              f"{facts.featurizer!r} and {facts.num_targets} targets; "
                               f"{layout.name} needs an 'ogb'-featurized single-target regression model")
     if args.out_dir.exists() and not args.out_dir.is_dir():
         raise SubmissionError(f"--out-dir {args.out_dir} exists and is not a directory")
@@ -107,7 +108,7 @@ def submit(args: argparse.Namespace) -> dict:
     started = time.perf_counter()
     check_test_sizes(read_split_dict_checked(args.root, layout), layout)  # before featurizing
     data_class = next(c for c in (PCQM4MDataModule, PCQM4Mv2DataModule) if c.layout is layout)
-    params = EncodingParams.of_model(module.hparams.max_hops, module.hparams.get("node_encodings"))
+    params = EncodingParams.of_model(facts.max_hops, facts.node_encodings)
     data = data_class(root=args.root, eval_batch_size=args.batch_size, **params.as_dict())
     _, _, _, splits = data.store()  # checks the split dict against the table
     for split in ("train", "valid"):

@@ -45,6 +45,12 @@ class DataFacts:
         return facts, {k: v for k, v in hparams.items() if k not in names}
 
     @classmethod
+    def of_hparams(cls, hparams: Mapping[str, Any]) -> "DataFacts":
+        """The facts a checkpoint's hyperparameters record; optional ones an older checkpoint
+        lacks at their defaults (TypeError for a missing vocabulary size)."""
+        return cls.split(hparams)[0]
+
+    @classmethod
     def of(cls, data: Any) -> "DataFacts":
         """The facts a DataModule exposes (the attributes the CLI links)."""
         return cls(**{name: getattr(data, name) for name in cls.names()})

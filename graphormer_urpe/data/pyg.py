@@ -17,7 +17,8 @@ All are flat along dim 0, so PyG's own ``DataLoader`` batches them by concatenat
 
     dataset = ZINC(root, subset=True, pre_transform=GraphormerEncodings(max_hops=5))
     loader = torch_geometric.loader.DataLoader(dataset, batch_size=64, shuffle=True)
-    model = Graphormer(num_atom_embeddings=num_embeddings(ATOM_DIMS), ...)
+    model = Graphormer(GraphormerConfig(num_layers=2, hidden_dim=64),
+                       DataFacts(num_atom_embeddings=num_embeddings(ATOM_DIMS), ...))
     for batch in loader:
         out = model(to_graph_batch(batch, ATOM_DIMS, BOND_DIMS))
 

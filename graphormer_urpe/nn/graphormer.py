@@ -20,7 +20,6 @@ value and every parameter-count difference to the papers comes from.
 """
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
@@ -31,6 +30,7 @@ from torch import Tensor, nn
 
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.data.encoding_registry import CORE_ENCODINGS
+from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.nn.attention import URPEAttention, attention_kernel
 from graphormer_urpe.nn.dropout import Dropout
 from graphormer_urpe.nn.encodings import (
@@ -43,11 +43,76 @@ from graphormer_urpe.nn.encodings import (
     VirtualDistanceBias,
     distance_slots,
 )
+from graphormer_urpe.task import get_task
 
 AttentionKind = Literal["urpe", "rpe", "none"]
 ATTENTION_KINDS = ("urpe", "rpe", "none")
 #: Kernels for which ``-inf`` in ``attn_bias`` masks a key exactly as ``key_padding_mask`` does.
 _KERNELS_WITH_ADDITIVE_MASK = ("eager", "sdpa")
+
+
+@dataclass(frozen=True)
+class GraphormerConfig:
+    """The backbone's architecture: everything :class:`Graphormer` builds from that is not a fact
+    of the data (:class:`~graphormer_urpe.data.facts.DataFacts`). A field left
+    ``None`` keeps the preset's value, so partial overrides compose in any order
+    (``--model.backbone '{"num_layers": 4}'``, ``--model.backbone.attention rpe``, a config
+    overlay that sets one key).
+
+    Args:
+        num_layers: transformer layers.
+        hidden_dim: width of the token representations.
+        ffn_dim: hidden width of each feed-forward block.
+        num_heads: attention heads.
+        attention: ``urpe`` (B and C), ``rpe`` (B only: plain Graphormer) or ``none``.
+        share_urpe_scale: one C table for all layers instead of one per layer.
+        dropout: on the embeddings and on each residual branch.
+        attention_dropout: on the attention probabilities.
+        activation_dropout: after the FFN's GELU.
+        max_degree: larger degrees share the last degree embedding.
+        max_spd: larger shortest-path distances share the last B and C entries.
+        attention_impl: attention kernel (``eager``, ``sdpa``, or a registered fused kernel
+            such as ``triton``).
+    """
+
+    num_layers: int | None = None
+    hidden_dim: int | None = None
+    ffn_dim: int | None = None
+    num_heads: int | None = None
+    attention: AttentionKind | None = None
+    share_urpe_scale: bool | None = None
+    dropout: float | None = None
+    attention_dropout: float | None = None
+    activation_dropout: float | None = None
+    max_degree: int | None = None
+    max_spd: int | None = None
+    attention_impl: str | None = None
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> "GraphormerConfig":
+        """From a plain dict (a checkpoint's hyperparameters); unknown keys raise a ValueError
+        naming the valid ones."""
+        valid = [f.name for f in fields(cls)]
+        unknown = sorted(set(values) - set(valid))
+        if unknown:
+            raise ValueError(f"unknown backbone keys {unknown}; valid keys: {valid}")
+        return cls(**values)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields that are set (not ``None``)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) is not None}
+
+    def over(self, base: "GraphormerConfig") -> "GraphormerConfig":
+        """``base`` with this config's set fields replacing its own."""
+        return replace(base, **self.as_dict())
+
+    @staticmethod
+    def preset(name: str) -> "GraphormerConfig":
+        """The complete config of a preset (:data:`PRESETS`); ValueError naming the presets."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+        return PRESETS[name]
 
 
 class GraphormerLayer(nn.Module):
@@ -80,83 +145,68 @@ class GraphormerLayer(nn.Module):
 
 
 class Graphormer(nn.Module):
-    """Graph-level Graphormer: :class:`GraphBatch` -> ``[B, num_targets]``.
+    """Graph-level Graphormer: :class:`GraphBatch` -> ``[B, head width]``.
 
     Args:
-        num_atom_embeddings: atom id table size incl. padding id 0
-            (:func:`graphormer_urpe.data.features.num_embeddings`; ZINC: 29).
-        num_bond_embeddings: bond id table size incl. padding id 0 (ZINC: 5).
-        num_targets: outputs per graph.
-        max_hops: hops of each shortest path used by the edge encoding; the batches'
-            ``path_edges`` must hold exactly as many.
-        node_encodings: ``{name: width}`` of the data's per-node float encodings to embed (e.g.
-            ``{"rwse": 16}``): each gets a linear map to ``hidden_dim`` added to the atom
-            features; every batch must carry exactly these (:meth:`check_encodings`).
-        num_layers, hidden_dim, ffn_dim, num_heads, attention, share_urpe_scale, dropout,
-            attention_dropout, activation_dropout, max_degree, max_spd, attention_impl: the
-            architecture, documented on :class:`GraphormerConfig` (attention kernels:
-            :data:`~graphormer_urpe.nn.attention.ATTENTION_IMPLS`).
+        config: the architecture (:class:`GraphormerConfig`); fields left ``None`` are
+            Graphormer-slim's (``PRESETS["slim"]``).
+        facts: what the model takes from its data (:class:`~graphormer_urpe.data.facts.DataFacts`):
+            the vocabulary sizes (padding id 0 included; ZINC: 29 atom, 5 bond ids), the task
+            and ``num_targets`` (the head's width: :meth:`~graphormer_urpe.task.Task.head_width`),
+            ``max_hops`` (the batches' ``path_edges`` must hold exactly as many) and
+            ``node_encodings`` (``{name: width}`` of per-node float encodings such as
+            ``{"rwse": 16}``, each embedded by a linear map added to the atom features; every
+            batch must carry exactly these: :meth:`check_encodings`).
+
+    ``Graphormer(PRESETS["slim"], DataFacts(num_atom_embeddings=29, num_bond_embeddings=5))`` is
+    Graphormer-slim on ZINC; :meth:`from_preset` takes the same as keyword arguments.
     """
 
-    def __init__(
-        self,
-        num_atom_embeddings: int,
-        num_bond_embeddings: int,
-        num_targets: int = 1,
-        num_layers: int = 12,
-        hidden_dim: int = 80,
-        ffn_dim: int = 80,
-        num_heads: int = 8,
-        attention: AttentionKind = "urpe",
-        share_urpe_scale: bool = False,
-        dropout: float = 0.0,
-        attention_dropout: float = 0.1,
-        activation_dropout: float = 0.1,
-        max_degree: int = 62,
-        max_spd: int = 38,
-        max_hops: int = 5,
-        attention_impl: str = "eager",
-        node_encodings: Mapping[str, int] | None = None,
-    ) -> None:
+    def __init__(self, config: GraphormerConfig, facts: DataFacts) -> None:
         super().__init__()
-        if attention not in ATTENTION_KINDS:
-            raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {attention!r}")
-        attention_kernel(attention_impl)  # ValueError naming the choices when unknown
-        if attention == "urpe" and attention_impl == "sdpa":
+        config = config.over(PRESETS["slim"])
+        if config.attention not in ATTENTION_KINDS:
+            raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {config.attention!r}")
+        attention_kernel(config.attention_impl)  # ValueError naming the choices when unknown
+        if config.attention == "urpe" and config.attention_impl == "sdpa":
             raise ValueError("attention='urpe' needs a kernel that applies C after the softmax; "
                              "attention_impl='sdpa' cannot (use 'eager')")
-        for name, value in {"num_targets": num_targets, "num_layers": num_layers,
-                            "hidden_dim": hidden_dim, "ffn_dim": ffn_dim,
-                            "num_heads": num_heads}.items():
+        for name, value in {"num_layers": config.num_layers,
+                            "hidden_dim": config.hidden_dim, "ffn_dim": config.ffn_dim,
+                            "num_heads": config.num_heads}.items():
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        self.num_atom_embeddings = num_atom_embeddings
-        self.num_bond_embeddings = num_bond_embeddings
-        self.attention = attention
-        self.max_spd = max_spd
-        self.num_heads = num_heads
-        self.attention_impl = attention_impl
-        self.max_hops = max_hops
-        self.node_encodings = {name: int(width) for name, width in (node_encodings or {}).items()}
+        task = get_task(facts.task)  # ValueError naming the tasks when unknown
+        task.check_num_targets(facts.num_targets)
+        self.config, self.facts = config, facts
+        self.num_atom_embeddings = facts.num_atom_embeddings
+        self.num_bond_embeddings = facts.num_bond_embeddings
+        self.max_hops = facts.max_hops
+        self.node_encodings = {name: int(width) for name, width in (facts.node_encodings or {}).items()}
+        self.attention = attention = config.attention
+        self.max_spd = max_spd = config.max_spd
+        self.num_heads = num_heads = config.num_heads
+        self.attention_impl = config.attention_impl
+        hidden_dim, num_layers = config.hidden_dim, config.num_layers
 
-        self.atom_encoder = AtomEncoder(num_atom_embeddings, hidden_dim)
-        self.degree_encoder = DegreeEncoder(max_degree, hidden_dim)
+        self.atom_encoder = AtomEncoder(facts.num_atom_embeddings, hidden_dim)
+        self.degree_encoder = DegreeEncoder(config.max_degree, hidden_dim)
         self.graph_token = GraphToken(hidden_dim)
-        self.input_dropout = Dropout(dropout)
+        self.input_dropout = Dropout(config.dropout)
         if attention in ("urpe", "rpe"):
             self.spatial_bias = SpatialBias(max_spd, num_heads)
-            self.edge_bias = EdgePathBias(num_bond_embeddings, num_heads, max_hops)
+            self.edge_bias = EdgePathBias(facts.num_bond_embeddings, num_heads, facts.max_hops)
             self.virtual_distance = VirtualDistanceBias(num_heads)
         self.urpe_scales = None
         if attention == "urpe":
             self.urpe_scales = nn.ModuleList(
-                URPEScale(max_spd, num_heads) for _ in range(1 if share_urpe_scale else num_layers))
+                URPEScale(max_spd, num_heads) for _ in range(1 if config.share_urpe_scale else num_layers))
         self.layers = nn.ModuleList(
-            GraphormerLayer(hidden_dim, ffn_dim, num_heads, dropout, attention_dropout,
-                            activation_dropout, attention_impl)
+            GraphormerLayer(hidden_dim, config.ffn_dim, num_heads, config.dropout,
+                            config.attention_dropout, config.activation_dropout, config.attention_impl)
             for _ in range(num_layers))
         self.final_norm = nn.LayerNorm(hidden_dim)
-        self.head = nn.Linear(hidden_dim, num_targets)
+        self.head = nn.Linear(hidden_dim, task.head_width(facts.num_targets))
         if self.node_encodings:  # absent otherwise: the state dict of a model without them is unchanged
             self.node_encoders = nn.ModuleDict({name: nn.Linear(width, hidden_dim)
                                                 for name, width in self.node_encodings.items()})
@@ -178,18 +228,21 @@ class Graphormer(nn.Module):
                 module.reset_parameters()  # the encodings (their own embeddings included) and C
 
     @classmethod
-    def from_preset(cls, name: str, **overrides: Any) -> "Graphormer":
-        """Build a preset (:data:`PRESETS`) with some arguments replaced, e.g.
-        ``Graphormer.from_preset("slim", num_atom_embeddings=29, num_bond_embeddings=5)``."""
-        if name not in PRESETS:
-            raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
-        unknown = sorted(set(overrides) - set(inspect.signature(cls).parameters))
+    def from_preset(cls, name: str, **arguments: Any) -> "Graphormer":
+        """A preset (:data:`PRESETS`) with the data's facts and any architecture field as
+        keyword arguments, e.g. ``Graphormer.from_preset("slim", num_atom_embeddings=29,
+        num_bond_embeddings=5, attention="rpe")``."""
+        config_names = {f.name for f in fields(GraphormerConfig)}
+        unknown = sorted(set(arguments) - config_names - set(DataFacts.names()))
         if unknown:
-            raise ValueError(f"unknown Graphormer arguments {unknown}")
-        missing = [a for a in ("num_atom_embeddings", "num_bond_embeddings") if a not in overrides]
+            raise ValueError(f"unknown Graphormer arguments {unknown}; valid: "
+                             f"{sorted(config_names)} (architecture), {list(DataFacts.names())} (data)")
+        missing = [a for a in ("num_atom_embeddings", "num_bond_embeddings") if a not in arguments]
         if missing:
             raise ValueError(f"from_preset needs the data's vocabulary sizes: pass {missing}")
-        return cls(**{**PRESETS[name].as_dict(), **overrides})
+        config = GraphormerConfig(**{k: v for k, v in arguments.items() if k in config_names})
+        facts = DataFacts(**{k: v for k, v in arguments.items() if k not in config_names})
+        return cls(config.over(GraphormerConfig.preset(name)), facts)
 
     def urpe_scale_tables(self) -> Tensor:
         """The effective URPE scale ``C`` of every layer, float32 ``[num_layers, max_spd + 3, H]``
@@ -294,79 +347,19 @@ class Graphormer(nn.Module):
         return self.head(self.final_norm(h[:, 0]))
 
 
-@dataclass(frozen=True)
-class GraphormerConfig:
-    """The backbone's architecture: the :class:`Graphormer` arguments that are not facts of the
-    data (vocabulary sizes, ``num_targets`` and ``max_hops`` come from the data). A field left
-    ``None`` keeps the preset's value, so partial overrides compose in any order
-    (``--model.backbone '{"num_layers": 4}'``, ``--model.backbone.attention rpe``, a config
-    overlay that sets one key).
-
-    Args:
-        num_layers: transformer layers.
-        hidden_dim: width of the token representations.
-        ffn_dim: hidden width of each feed-forward block.
-        num_heads: attention heads.
-        attention: ``urpe`` (B and C), ``rpe`` (B only: plain Graphormer) or ``none``.
-        share_urpe_scale: one C table for all layers instead of one per layer.
-        dropout: on the embeddings and on each residual branch.
-        attention_dropout: on the attention probabilities.
-        activation_dropout: after the FFN's GELU.
-        max_degree: larger degrees share the last degree embedding.
-        max_spd: larger shortest-path distances share the last B and C entries.
-        attention_impl: attention kernel (``eager``, ``sdpa``, or a registered fused kernel
-            such as ``triton``).
-    """
-
-    num_layers: int | None = None
-    hidden_dim: int | None = None
-    ffn_dim: int | None = None
-    num_heads: int | None = None
-    attention: AttentionKind | None = None
-    share_urpe_scale: bool | None = None
-    dropout: float | None = None
-    attention_dropout: float | None = None
-    activation_dropout: float | None = None
-    max_degree: int | None = None
-    max_spd: int | None = None
-    attention_impl: str | None = None
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> "GraphormerConfig":
-        """From a plain dict (a checkpoint's hyperparameters); unknown keys raise a ValueError
-        naming the valid ones."""
-        valid = [f.name for f in fields(cls)]
-        unknown = sorted(set(values) - set(valid))
-        if unknown:
-            raise ValueError(f"unknown backbone keys {unknown}; valid keys: {valid}")
-        return cls(**values)
-
-    def as_dict(self) -> dict[str, Any]:
-        """The fields that are set (not ``None``)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if getattr(self, f.name) is not None}
-
-    def over(self, base: "GraphormerConfig") -> "GraphormerConfig":
-        """``base`` with this config's set fields replacing its own."""
-        return replace(base, **self.as_dict())
-
-
-def _preset(**values: Any) -> GraphormerConfig:
-    """A complete config: ``Graphormer``'s own defaults (Graphormer-slim) with ``values``."""
-    defaults = {name: p.default for name, p in inspect.signature(Graphormer).parameters.items()
-                if name in {f.name for f in fields(GraphormerConfig)}}
-    return GraphormerConfig(**{**defaults, **values})
-
-
-#: Architecture presets, complete :class:`GraphormerConfig` instances. ``slim`` is the code
-#: defaults (Graphormer-slim, ZINC). ``small`` is Graphormer-small (Graphormer v1's PCQM4M model:
+#: Architecture presets, complete :class:`GraphormerConfig` instances. ``slim`` is
+#: Graphormer-slim (Graphormer v1's ZINC model: 12 x 80, 8 heads, FFN 80), also the value of every
+#: field a config leaves ``None``. ``small`` is Graphormer-small (Graphormer v1's PCQM4M model:
 #: 6 x 512, 32 heads, FFN 512) with ``base``'s tables. ``base`` is Graphormer-base as
 #: trained on PCQM4Mv2 (Graphormer's ``graphormer_base`` architecture and
 #: ``examples/property_prediction/pcqv2.sh``: 12 x 768, 32 heads, FFN 768, dropout 0.0,
 #: attention 0.1, activation 0.1, 512-row degree and spatial tables). ``small``'s dropouts are
 #: Graphormer v1's PCQM4M-LSC recipe: input and residual 0.1, attention 0.1, none inside the FFN.
-PRESETS: dict[str, GraphormerConfig] = {"slim": _preset()}
-PRESETS["base"] = _preset(num_layers=12, hidden_dim=768, ffn_dim=768, num_heads=32, dropout=0.0,
+PRESETS: dict[str, GraphormerConfig] = {"slim": GraphormerConfig(
+    num_layers=12, hidden_dim=80, ffn_dim=80, num_heads=8, attention="urpe", share_urpe_scale=False,
+    dropout=0.0, attention_dropout=0.1, activation_dropout=0.1, max_degree=62, max_spd=38,
+    attention_impl="eager")}
+PRESETS["base"] = replace(PRESETS["slim"], num_layers=12, hidden_dim=768, ffn_dim=768, num_heads=32, dropout=0.0,
                           attention_dropout=0.1, activation_dropout=0.1, max_degree=510,
                           max_spd=510)
 PRESETS["small"] = replace(PRESETS["base"], num_layers=6, hidden_dim=512, ffn_dim=512,

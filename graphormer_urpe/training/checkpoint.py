@@ -56,6 +56,7 @@ def load_module(ckpt: str | Path, map_location: str = "cpu", *, inference_only: 
     that is not plain data, non-finite weights, and hyperparameters or weights that do not build
     this version's model.
     """
+    from graphormer_urpe.data.facts import DataFacts
     from graphormer_urpe.data.features import num_embeddings
     from graphormer_urpe.data.featurize import featurizer_spec
     from graphormer_urpe.task import get_task
@@ -88,11 +89,12 @@ def load_module(ckpt: str | Path, map_location: str = "cpu", *, inference_only: 
     hparams["compile"] = False  # inference needs no compile warm-up, whatever training used
     hparams["init_from"] = None  # its weights are in this checkpoint; the file may be gone
     try:
-        spec = featurizer_spec(hparams.get("featurizer", "zinc"))
-        get_task(hparams.get("task", "regression"))
+        facts = DataFacts.of_hparams(hparams)
+        spec = featurizer_spec(facts.featurizer)
+        get_task(facts.task)
         for kind, dims in (("atom", spec.atom_feature_dims), ("bond", spec.bond_feature_dims)):
-            if hparams.get(f"num_{kind}_embeddings") != num_embeddings(dims):
-                raise ValueError(f"num_{kind}_embeddings={hparams.get(f'num_{kind}_embeddings')!r} but "
+            if getattr(facts, f"num_{kind}_embeddings") != num_embeddings(dims):
+                raise ValueError(f"num_{kind}_embeddings={getattr(facts, f'num_{kind}_embeddings')!r} but "
                                  f"featurizer {spec.name!r} needs {num_embeddings(dims)}")
         module = model_class(**hparams)
         module.load_state_dict(checkpoint["state_dict"])

@@ -28,7 +28,7 @@ from graphormer_urpe.cores import process_pool
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.files import STOP_SIGNALS
-from graphormer_urpe.nn.graphormer import PRESETS, Graphormer, GraphormerConfig
+from graphormer_urpe.nn.graphormer import Graphormer, GraphormerConfig
 from graphormer_urpe.task import get_task
 from graphormer_urpe.training.predictions import InputRow, PredictionTable
 
@@ -51,17 +51,10 @@ def build_backbone(facts: DataFacts, preset: str, backbone: GraphormerConfig | M
                    ) -> tuple[Graphormer, GraphormerConfig]:
     """The :class:`Graphormer` of these data facts and architecture, and its complete config
     (``backbone``'s fields over the preset's); ValueError for an unknown preset or task."""
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
-    task = get_task(facts.task)
-    task.check_num_targets(facts.num_targets)
     if isinstance(backbone, Mapping):  # a checkpoint's hyperparameters
         backbone = GraphormerConfig.from_dict(backbone)
-    resolved = backbone.over(PRESETS[preset])
-    model = Graphormer(num_atom_embeddings=facts.num_atom_embeddings,
-                       num_bond_embeddings=facts.num_bond_embeddings,
-                       num_targets=task.head_width(facts.num_targets), max_hops=facts.max_hops,
-                       node_encodings=facts.node_encodings, **resolved.as_dict())
+    resolved = backbone.over(GraphormerConfig.preset(preset))
+    model = Graphormer(resolved, facts)
     return model, resolved
 
 
@@ -180,12 +173,12 @@ def predict_chunk(module, chunk: RawChunk, num_rows: int, max_pairs: int, batch_
     from graphormer_urpe.data.encoding_registry import EncodingParams
     from graphormer_urpe.data.featurize import featurizer_spec
 
-    hp = module.hparams
-    spec = featurizer_spec(hp.featurizer)
-    out = np.full((num_rows, hp.num_targets), np.nan, dtype=np.float32)
+    facts = DataFacts.of_hparams(module.hparams)
+    spec = featurizer_spec(facts.featurizer)
+    out = np.full((num_rows, facts.num_targets), np.nan, dtype=np.float32)
     device = next(module.parameters()).device
     node_ptr, edge_ptr = chunk.node_ptr, chunk.edge_ptr
-    params = EncodingParams.of_model(hp.max_hops, hp.get("node_encodings"))
+    params = EncodingParams.of_model(facts.max_hops, facts.node_encodings)
     with torch.inference_mode():
         for g0, g1 in size_batches(np.diff(node_ptr), max_pairs, batch_size):
             n0, n1, e0, e1 = node_ptr[g0], node_ptr[g1], edge_ptr[g0], edge_ptr[g1]

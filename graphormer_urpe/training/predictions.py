@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.files import AtomicFile
 from graphormer_urpe.task import get_task
 
@@ -118,7 +119,7 @@ def prediction_columns(module) -> list[str]:
     """The prediction columns of a loaded model: its task's
     (:meth:`~graphormer_urpe.task.Task.prediction_columns`), named after the targets
     when the checkpoint records them."""
-    hparams = module.hparams
-    names = hparams.get("target_names")
-    return get_task(hparams.get("task", "regression")).prediction_columns(
-        hparams.num_targets, list(names) if names is not None else None)
+    facts = DataFacts.of_hparams(module.hparams)
+    names = module.hparams.get("target_names")
+    return get_task(facts.task).prediction_columns(
+        facts.num_targets, list(names) if names is not None else None)

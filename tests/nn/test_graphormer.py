@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from graphormer_urpe.data.batch import GraphBatch
+from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.nn import PRESETS, Graphormer, GraphormerConfig, count_parameters
 
 SMALL = dict(num_layers=3, hidden_dim=32, ffn_dim=32, num_heads=4)
@@ -16,7 +17,7 @@ SMALL = dict(num_layers=3, hidden_dim=32, ffn_dim=32, num_heads=4)
 
 def _model(zinc_vocab, seed=0, **kwargs) -> Graphormer:
     torch.manual_seed(seed)
-    return Graphormer(**zinc_vocab, **{**SMALL, **kwargs})
+    return Graphormer.from_preset("slim", **zinc_vocab, **{**SMALL, **kwargs})
 
 
 def _randomise_scales(model: Graphormer, seed: int = 1) -> None:
@@ -235,6 +236,10 @@ def test_bad_configuration_and_input_raise_value_error(zinc_vocab, batch):
         Graphormer.from_preset("slim", num_bond_embeddings=5)
     with pytest.raises(ValueError, match="unknown preset"):
         Graphormer.from_preset("huge", **zinc_vocab)
+    with pytest.raises(ValueError, match="task"):
+        Graphormer(GraphormerConfig(), DataFacts(**zinc_vocab, task="ranking"))
+    with pytest.raises(ValueError, match="num_targets must be >= 1"):
+        Graphormer(GraphormerConfig(), DataFacts(**zinc_vocab, num_targets=0))
     with pytest.raises(ValueError, match="unknown Graphormer arguments"):
         Graphormer.from_preset("slim", **zinc_vocab, hidden_size=64)
     model = _model(zinc_vocab)
@@ -266,10 +271,17 @@ def test_the_data_must_carry_the_models_encodings(zinc_vocab, batch):
 
 
 def test_presets_and_code_defaults():
-    """``slim`` is the code defaults; ``from_preset`` builds exactly the preset."""
-    model = Graphormer(num_atom_embeddings=29, num_bond_embeddings=5)
+    """A config's unset fields are ``slim``'s; ``from_preset`` builds exactly the preset, its
+    keyword arguments split between the architecture and the data's facts."""
+    facts = DataFacts(num_atom_embeddings=29, num_bond_embeddings=5)
+    model = Graphormer(GraphormerConfig(), facts)
     slim = Graphormer.from_preset("slim", num_atom_embeddings=29, num_bond_embeddings=5)
+    assert model.config == slim.config == PRESETS["slim"] and model.facts == slim.facts == facts
     assert count_parameters(model) == count_parameters(slim)
+    rpe = Graphormer.from_preset("small", num_atom_embeddings=29, num_bond_embeddings=5,
+                                 attention="rpe", max_hops=3, num_targets=4, task="multiclass")
+    assert rpe.config == dataclasses.replace(PRESETS["small"], attention="rpe")
+    assert (rpe.facts.max_hops, rpe.head.out_features, rpe.edge_bias.max_hops) == (3, 4, 3)
     sizes = {name: (p.num_layers, p.hidden_dim, p.ffn_dim, p.num_heads)
              for name, p in PRESETS.items()}
     assert sizes == {"slim": (12, 80, 80, 8), "small": (6, 512, 512, 32),
@@ -300,7 +312,8 @@ def _graphormer_v1_count(atoms, bonds, degree_rows, spatial_rows, hop_rows, laye
 def test_parameter_counts_against_graphormer_v1(capsys):
     # Graphormer v1 ZINC tables: atom 64, edge 64, in/out degree 64, spatial 40, edge_dis 40.
     v1 = _graphormer_v1_count(64, 64, 64, 40, 40, 12, 80, 80, 8)
-    same_tables = Graphormer(64, 64, attention="rpe", max_degree=62, max_spd=38, max_hops=40)
+    same_tables = Graphormer.from_preset("slim", num_atom_embeddings=64, num_bond_embeddings=64,
+                                         attention="rpe", max_degree=62, max_spd=38, max_hops=40)
     # Our single degree table replaces v1's in- + out-degree tables (always equal on molecules).
     assert count_parameters(same_tables) == v1 - 64 * 80
 

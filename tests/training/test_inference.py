@@ -1,6 +1,7 @@
 """InferenceModel: a GraphormerModule's predictions from its checkpoint, without Lightning."""
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import inspect
 import subprocess
@@ -24,6 +25,15 @@ def test_training_hyperparameters_are_the_modules_other_arguments():
     inference_args = (set(inspect.signature(InferenceModel).parameters) - {"hparams"}) | set(DataFacts.names())
     assert TRAINING_HPARAMS == module_args - inference_args
     assert inference_args <= module_args
+
+
+def test_the_modules_data_fact_arguments_default_to_the_facts_defaults():
+    """``GraphormerModule`` spells out the facts as init arguments (the CLI links each); their
+    defaults are DataFacts' own, so a module built without one is the model DataFacts describes."""
+    params = inspect.signature(GraphormerModule).parameters
+    for field in dataclasses.fields(DataFacts):
+        expected = inspect.Parameter.empty if field.default is dataclasses.MISSING else field.default
+        assert params[field.name].default == expected, field.name
 
 
 @pytest.mark.parametrize("task, num_targets", [("regression", 2), ("classification", 3), ("multiclass", 4)])
