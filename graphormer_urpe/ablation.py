@@ -65,6 +65,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
+from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.files import atomic_write
 from graphormer_urpe.task import Task, get_task
 
@@ -227,7 +228,7 @@ def best_checkpoint(run_dir: Path) -> tuple[Path, float, int, int, Task]:
     import torch
 
     last = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
-    task = get_task(last.get("hyper_parameters", {}).get("task", "regression"))
+    task = get_task(DataFacts.recorded(last.get("hyper_parameters", {}), "task"))
     states = [state for key, state in last.get("callbacks", {}).items()
               if key.startswith("ModelCheckpoint") and state.get("monitor") == task.monitor]
     if not states or not states[0].get("best_model_path"):

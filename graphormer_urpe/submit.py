@@ -31,7 +31,6 @@ from pathlib import Path
 import numpy as np
 
 from graphormer_urpe.data.encoding_registry import EncodingParams
-from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.data.ogb_lsc import LAYOUTS, LSCLayout, read_split_dict_checked, require_layout
 from graphormer_urpe.training.checkpoint import load_module
 
@@ -97,7 +96,7 @@ def submit(args: argparse.Namespace) -> dict:
     layout = LAYOUTS[args.dataset]
     require_layout(args.root, layout)
     module = load_module(args.ckpt)
-    facts = DataFacts.of_hparams(module.hparams)
+    facts = module.facts
     if facts.featurizer != "ogb" or facts.num_targets != 1 or facts.task != "regression":
         raise SubmissionError(f"{args.ckpt} was trained for {facts.task} with featurizer "
                               f"{facts.featurizer!r} and {facts.num_targets} targets; "

@@ -34,12 +34,14 @@ def slim_zinc_checkpoint(path: Path) -> Path:
     import lightning
     import torch
 
+    from graphormer_urpe.data.facts import DataFacts
     from graphormer_urpe.data.features import num_embeddings
     from graphormer_urpe.data.featurize import ZINC_ATOM_FEATURE_DIMS, ZINC_BOND_FEATURE_DIMS
     from graphormer_urpe.training.module import GraphormerModule
 
-    module = GraphormerModule(num_embeddings(ZINC_ATOM_FEATURE_DIMS), num_embeddings(ZINC_BOND_FEATURE_DIMS),
-                              featurizer="zinc", preset="slim", backbone={"attention": "urpe"})
+    facts = DataFacts(num_embeddings(ZINC_ATOM_FEATURE_DIMS), num_embeddings(ZINC_BOND_FEATURE_DIMS),
+                      featurizer="zinc")
+    module = GraphormerModule(facts, preset="slim", backbone={"attention": "urpe"})
     torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams),
                 "pytorch-lightning_version": lightning.__version__}, path)
     return path

@@ -225,7 +225,7 @@ def run_training(name: str, attention: str, path: str, args) -> dict:
     precision = spec.precision or args.fast_precision
     pl.seed_everything(0, verbose=False)
     module = GraphormerModule(
-        **DataFacts.of(dm).as_dict(),
+        facts=DataFacts.of(dm),
         preset=PRESET_DATA[name][1], backbone={"attention": attention, "attention_impl": impl, **width},
         warmup_steps=10, total_steps=10 * (args.warmup + args.steps), compile=spec.compile,
         cuda_graphs=spec.cuda_graphs, matmul_precision=spec.matmul_precision, engine=spec.engine)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.training.module import GraphormerModule
 
 PLOT = Path(sys.executable).with_name("graphormer-urpe-plot")
@@ -16,7 +17,8 @@ def test_installed_command_writes_the_figure_and_exits_0(tmp_path):
     hparams = {"num_atom_embeddings": 29, "num_bond_embeddings": 5,
                "backbone": {"num_layers": 2, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2,
                             "max_spd": 6}}
-    torch.save({"state_dict": GraphormerModule(**hparams).state_dict(), "hyper_parameters": hparams},
+    # the facts saved flat, as checkpoints written before they were one object
+    torch.save({"state_dict": GraphormerModule(**DataFacts.nest(hparams)).state_dict(), "hyper_parameters": hparams},
                tmp_path / "g.ckpt")
     assert PLOT.is_file(), f"{PLOT} is not installed (pip install -e .)"
     result = subprocess.run([str(PLOT), str(tmp_path / "g.ckpt"), "--out", str(tmp_path / "figs")],

@@ -322,11 +322,11 @@ def test_bad_checkpoints_get_a_clear_error(esol_run, tmp_path, capsys, problem):
         elif problem == "edited heads":  # 16 is not divisible by 3
             hparams["backbone"] = {**TINY_BACKBONE, "num_heads": 3}
         elif problem == "edited featurizer":
-            hparams["featurizer"] = "zinc"
+            hparams["facts"]["featurizer"] = "zinc"
         elif problem == "edited task":
-            hparams["task"] = "ranking"
+            hparams["facts"]["task"] = "ranking"
         elif problem == "edited max_hops":
-            hparams["max_hops"] = "five"
+            hparams["facts"]["max_hops"] = "five"
         elif problem == "urpe C stored as weight":  # the layout before C was stored as delta = C - 1
             checkpoint["state_dict"] = {
                 (k.removesuffix("delta") + "weight" if ".urpe_scales." in k else k): v

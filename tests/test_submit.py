@@ -19,6 +19,7 @@ import torch
 from graphormer_urpe import submit
 from graphormer_urpe.data.ogb_lsc import PCQM4M, PCQM4MV2, RAW_TABLE, SPLIT_FILE, read_split_dict, write_root
 from graphormer_urpe.training.cli import main as cli_main
+from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.training.module import GraphormerModule
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,7 +73,8 @@ def test_pcqm4m_config_trains_through_the_cli(fitted_v1):
     checkpoint = torch.load(ckpt, weights_only=True)
     assert checkpoint["global_step"] == 2
     hparams = checkpoint["hyper_parameters"]
-    assert (hparams["preset"], hparams["featurizer"], hparams["num_atom_embeddings"]) == ("small", "ogb", 175)
+    assert (hparams["preset"], hparams["facts"]["featurizer"],
+            hparams["facts"]["num_atom_embeddings"]) == ("small", "ogb", 175)
     assert (hparams["lr"], hparams["warmup_steps"], hparams["total_steps"]) == (2e-4, 60_000, 1_000_000)
 
 
@@ -128,7 +130,7 @@ def test_pcqm4mv2_submission(pcqm_source, tmp_path):
 
 def _foreign_checkpoint(path: Path, problem: str, fitted: Path) -> None:
     if problem == "zinc model":
-        zinc = GraphormerModule(num_atom_embeddings=29, num_bond_embeddings=5, featurizer="zinc",
+        zinc = GraphormerModule(DataFacts(num_atom_embeddings=29, num_bond_embeddings=5, featurizer="zinc"),
                                 backbone=json.loads(TINY))
         torch.save({"state_dict": zinc.state_dict(), "hyper_parameters": dict(zinc.hparams)}, path)
     elif problem == "non-finite predictions":

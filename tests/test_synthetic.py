@@ -183,13 +183,14 @@ def test_plot_script_renders_a_trained_sequence_model(tmp_path):
 
 
 def test_plot_script_renders_graph_urpe_tables_from_a_lightning_checkpoint(tmp_path):
+    from graphormer_urpe.data.facts import DataFacts
     from graphormer_urpe.training.module import GraphormerModule
 
     plot = _plot_module()
     hparams = {"num_atom_embeddings": 29, "num_bond_embeddings": 5,
                "backbone": {"num_layers": 3, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 4,
                             "max_spd": 6}}
-    module = GraphormerModule(**hparams)
+    module = GraphormerModule(**DataFacts.nest(hparams))  # saved flat, as checkpoints before
     model = module.model
     with torch.no_grad():  # stand in for training: C varies with distance, layer and head
         for scale in model.urpe_scales:
@@ -202,7 +203,7 @@ def test_plot_script_renders_graph_urpe_tables_from_a_lightning_checkpoint(tmp_p
     paths = plot.main([str(tmp_path / "graph.ckpt"), "--out", str(tmp_path)])
     assert [p.name for p in paths] == ["graph-spd.png"] and paths[0].stat().st_size > 5_000
     rpe = {"num_atom_embeddings": 29, "num_bond_embeddings": 5, "backbone": {"attention": "rpe"}}
-    torch.save({"state_dict": GraphormerModule(**rpe).state_dict(), "hyper_parameters": rpe},
+    torch.save({"state_dict": GraphormerModule(**DataFacts.nest(rpe)).state_dict(), "hyper_parameters": rpe},
                tmp_path / "rpe.ckpt")
     with pytest.raises(ValueError, match="no URPE scale"):
         plot.main([str(tmp_path / "rpe.ckpt"), "--out", str(tmp_path)])

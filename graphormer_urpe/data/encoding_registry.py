@@ -42,6 +42,7 @@ import numpy as np
 
 from graphormer_urpe import algos
 from graphormer_urpe.algos import UNREACHABLE
+from graphormer_urpe.data.facts import DataFacts
 
 
 @dataclass(frozen=True)
@@ -224,14 +225,15 @@ class EncodingParams:
         return params
 
 
-def check_checkpoint_encodings(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
+def check_checkpoint_encodings(saved: Mapping[str, Any], current: DataFacts) -> None:
     """ValueError unless a checkpoint's model (hyperparameters ``saved``) reads the encodings of
-    the model about to load it (``current``, built from the data's facts), naming the data
-    options to change; a checkpoint without ``max_hops`` is not checked."""
-    if "max_hops" not in saved:
+    the model about to load it (``current``: the data's facts), naming the data options to
+    change; a checkpoint that records no ``max_hops`` is not checked."""
+    max_hops = DataFacts.recorded(saved, "max_hops")
+    if max_hops is None:
         return
-    theirs = EncodingParams.of_model(saved["max_hops"], saved.get("node_encodings"))
-    ours = EncodingParams.of_model(current["max_hops"], current.get("node_encodings"))
+    theirs = EncodingParams.of_model(max_hops, DataFacts.recorded(saved, "node_encodings"))
+    ours = EncodingParams.of_model(current.max_hops, current.node_encodings)
     if theirs != ours:
         options = " ".join(f"--data.init_args.{name} {value}" for name, value in theirs.as_dict().items()
                            if value != getattr(ours, name))

@@ -1,14 +1,16 @@
 """The facts a model takes from its data, declared once.
 
-A DataModule exposes each field of :class:`DataFacts` as an attribute of the same name; the CLI
-links each of them into ``GraphormerModule``'s init argument of that name, a checkpoint records
-them among its hyperparameters, and :func:`~graphormer_urpe.training.inference.build_backbone`
-builds the backbone from them.
+A DataModule exposes each field of :class:`DataFacts` as an attribute of the same name
+(:meth:`DataFacts.of` reads them); the CLI links that one object into ``GraphormerModule``'s
+``facts`` argument, a checkpoint records it as the plain dict ``hyper_parameters["facts"]``, and
+:class:`~graphormer_urpe.nn.graphormer.Graphormer` is built from it and the architecture.
+Checkpoints written before the facts were one object hold them as separate hyperparameters;
+:meth:`DataFacts.of_hparams` and :meth:`DataFacts.nest` read both forms.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 
@@ -38,17 +40,37 @@ class DataFacts:
         return tuple(f.name for f in fields(cls))
 
     @classmethod
-    def split(cls, hparams: Mapping[str, Any]) -> tuple["DataFacts", dict[str, Any]]:
-        """The facts among ``hparams`` (missing optional ones at their defaults) and the rest."""
+    def coerce(cls, value: "DataFacts | Mapping[str, Any]") -> "DataFacts":
+        """``value`` itself, or the facts of a plain dict (a checkpoint's ``facts``)."""
+        return value if isinstance(value, cls) else cls(**value)
+
+    @classmethod
+    def nest(cls, hparams: Mapping[str, Any]) -> dict[str, Any]:
+        """A checkpoint's hyperparameters with the facts as one ``facts`` dict, as
+        ``GraphormerModule`` takes them; those of a checkpoint written before, where each fact
+        was a hyperparameter of its own, are moved into it."""
+        if "facts" in hparams:
+            return dict(hparams)
         names = cls.names()
-        facts = cls(**{k: v for k, v in hparams.items() if k in names})
-        return facts, {k: v for k, v in hparams.items() if k not in names}
+        return {**{k: v for k, v in hparams.items() if k not in names},
+                "facts": {k: v for k, v in hparams.items() if k in names}}
 
     @classmethod
     def of_hparams(cls, hparams: Mapping[str, Any]) -> "DataFacts":
-        """The facts a checkpoint's hyperparameters record; optional ones an older checkpoint
-        lacks at their defaults (TypeError for a missing vocabulary size)."""
-        return cls.split(hparams)[0]
+        """The facts a checkpoint's hyperparameters record (either form: :meth:`nest`); optional
+        ones an older checkpoint lacks at their defaults (TypeError for a missing vocabulary
+        size)."""
+        return cls.coerce(cls.nest(hparams)["facts"])
+
+    @classmethod
+    def recorded(cls, hparams: Mapping[str, Any], name: str, default: Any = MISSING) -> Any:
+        """One fact as a checkpoint's hyperparameters record it (either form); where they do not
+        (a weights-only checkpoint may record none), ``default``, else the field's default
+        (None for the vocabulary sizes)."""
+        if default is MISSING:
+            field = next(f for f in fields(cls) if f.name == name)
+            default = None if field.default is MISSING else field.default
+        return cls.nest(hparams)["facts"].get(name, default)
 
     @classmethod
     def of(cls, data: Any) -> "DataFacts":

@@ -83,7 +83,7 @@ def load_module(ckpt: str | Path, map_location: str = "cpu", *, inference_only: 
             or not isinstance(checkpoint.get("hyper_parameters"), dict):
         raise CheckpointError(f"{ckpt} is not a Lightning checkpoint (no state_dict/hyper_parameters)")
     _check_finite(ckpt, checkpoint["state_dict"])
-    hparams = dict(checkpoint["hyper_parameters"])
+    hparams = DataFacts.nest(checkpoint["hyper_parameters"])  # either form of the facts
     hparams.pop("_instantiator", None)
     hparams.pop("_class_path", None)
     hparams["compile"] = False  # inference needs no compile warm-up, whatever training used

@@ -2,8 +2,8 @@
 
 Facts that belong to the data (:class:`~graphormer_urpe.data.facts.DataFacts`: vocabulary sizes,
 number of targets, ``max_hops``, the widths of its optional node encodings, the task and the
-featurizer) are linked from the instantiated DataModule into the model, so a config names each of
-them once. A run's outputs all go under ``trainer.default_root_dir``: TensorBoard and
+featurizer) are linked from the instantiated DataModule into the model as one object, so a
+config names each of them once, on the data. A run's outputs all go under ``trainer.default_root_dir``: TensorBoard and
 CSV logs, ``checkpoints/`` with the best model by the task's validation metric
 (``epoch=…-step=…-val_mae=….ckpt``) plus ``last.ckpt``, always the run's newest state (resume
 a killed or finished run with ``--ckpt_path last``; :mod:`~graphormer_urpe.training.run_checkpoint`),
@@ -84,9 +84,26 @@ def _per_dataloader(predictions) -> list[list]:
 
 
 class GraphormerCLI(LightningCLI):
+    def _parse_ckpt_path(self) -> None:
+        """As LightningCLI's: with ``--ckpt_path FILE`` the checkpoint's hyperparameters become
+        the model's arguments, except the facts (either form, :meth:`DataFacts.nest`): those
+        are linked from the data, not options of the model."""
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if not ckpt_path or not Path(ckpt_path).is_file():
+            return
+        hparams = torch.load(ckpt_path, weights_only=True, map_location="cpu").get("hyper_parameters", {})
+        hparams = {k: v for k, v in DataFacts.nest(hparams).items()
+                   if k not in ("facts", "_instantiator", "_class_path")}
+        if hparams:
+            try:
+                self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
+            except SystemExit:
+                sys.stderr.write("Parsing of ckpt_path hyperparameters failed!\n")
+                raise
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        for name in DataFacts.names():  # DataModule attributes, model init arguments
-            parser.link_arguments(f"data.{name}", f"model.{name}", apply_on="instantiate")
+        parser.link_arguments("data", "model.facts", apply_on="instantiate", compute_fn=DataFacts.of)
         parser.link_arguments("data", "model.target_names", apply_on="instantiate",
                               compute_fn=lambda data: getattr(data, "target_columns", None))
         parser.add_lightning_class_args(RunCheckpoint, "checkpoint")

@@ -66,7 +66,6 @@ from graphormer_urpe.files import atomic_write
 from graphormer_urpe.nn.encodings import EdgePathBias
 from graphormer_urpe.nn.graphormer import Graphormer
 from graphormer_urpe.training import finetune
-from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.training.inference import build_backbone
 from graphormer_urpe.training.module import GraphormerModule, parameter_groups
 from graphormer_urpe.training.schedule import warmup_polynomial_decay
@@ -341,7 +340,7 @@ class Ensemble:
     def _as_urpe(member: Member, backbone: dict) -> Graphormer:
         """The member's weights in the stacked (URPE) structure; an rpe member gets C = 1."""
         hp = member.module.hparams
-        model, _ = build_backbone(DataFacts.split(hp)[0], hp.preset, backbone)
+        model, _ = build_backbone(member.module.facts, hp.preset, backbone)
         missing, unexpected = model.load_state_dict(member.module.model.state_dict(), strict=False)
         if unexpected or any(".delta" not in key for key in missing):
             raise RuntimeError(f"{member.spec.label}: weights do not fit the stacked model "

@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from graphormer_urpe.data.facts import DataFacts
+
 log = logging.getLogger(__name__)
 
 #: Parameter-name prefix of the output head in the backbone (``Graphormer.head``).
@@ -94,8 +96,8 @@ def fit_state(model: nn.Module, state: Mapping[str, Tensor], hparams: Mapping[st
     reason = None
     if reinit_head:
         reason = "reinit_head is set"
-    elif hparams.get("task", task) != task:
-        reason = f"the checkpoint's task is {hparams['task']!r}, this run's {task!r}"
+    elif DataFacts.recorded(hparams, "task", task) != task:
+        reason = f"the checkpoint's task is {DataFacts.recorded(hparams, 'task')!r}, this run's {task!r}"
     elif any(name not in state or state[name].shape != own[name].shape for name in heads):
         widths = [_shape(state[n]) if n in state else None for n in sorted(heads)]
         reason = f"the checkpoint's head {widths} differs from this model's {[_shape(own[n]) for n in sorted(heads)]}"
@@ -107,13 +109,13 @@ def load_backbone(module, path: str | Path, reinit_head: bool = False) -> None:
     """Load ``path``'s backbone into ``module.model`` (a ``GraphormerModule``), head included
     where it fits (module docstring); logs what was loaded."""
     state, hparams = read_backbone_state(path)
-    ours, theirs = module.hparams.get("featurizer"), hparams.get("featurizer")
-    if theirs is not None and ours is not None and theirs != ours:
+    ours, theirs = module.facts.featurizer, DataFacts.recorded(hparams, "featurizer")
+    if theirs is not None and theirs != ours:
         raise InitFromError(
             f"model.init_from: {path} was trained on the {theirs!r} featurizer but the data uses "
             f"{ours!r}: their atom and bond vocabularies differ (for a CSV set "
             f"data.init_args.featurizer {theirs})")
-    fitted, reason = fit_state(module.model, state, hparams, module.hparams.task, reinit_head, str(path))
+    fitted, reason = fit_state(module.model, state, hparams, module.facts.task, reinit_head, str(path))
     module.model.load_state_dict(fitted)
     log.info("init_from %s: loaded %d backbone tensors; %s", path,
              sum(not n.startswith(HEAD_PREFIX) for n in fitted),

@@ -70,21 +70,21 @@ class HParams(dict):
 
 class InferenceModel(nn.Module):
     """The backbone (``model``) and ``predict_step`` of a ``GraphormerModule``, built from its
-    checkpoint's hyperparameters: the :class:`~graphormer_urpe.data.facts.DataFacts`, ``preset``,
-    ``backbone`` and ``target_names`` (training-only ones are accepted and ignored; any other
-    unknown one is a TypeError); it loads the ``state_dict`` unchanged."""
+    checkpoint's hyperparameters (:meth:`DataFacts.nest`: either form of the facts): ``facts``,
+    ``preset``, ``backbone`` and ``target_names`` (training-only ones are accepted and ignored;
+    any other unknown one is a TypeError); it loads the ``state_dict`` unchanged."""
 
-    def __init__(self, preset: str = "slim",
+    def __init__(self, facts: DataFacts | Mapping[str, Any], preset: str = "slim",
                  backbone: GraphormerConfig | Mapping[str, Any] = GraphormerConfig(),
-                 target_names: list[str] | None = None, **hparams: Any) -> None:
+                 target_names: list[str] | None = None, **training: Any) -> None:
         super().__init__()
-        facts, training = DataFacts.split(hparams)  # TypeError for a missing vocabulary size
         unknown = sorted(set(training) - TRAINING_HPARAMS)
         if unknown:
             raise TypeError(f"unexpected hyperparameters {unknown}")
-        self.model, resolved = build_backbone(facts, preset, backbone)
-        self.task = get_task(facts.task)
-        self.hparams = HParams(**facts.as_dict(), preset=preset, backbone=resolved.as_dict(),
+        self.facts = DataFacts.coerce(facts)  # TypeError for a missing vocabulary size
+        self.model, resolved = build_backbone(self.facts, preset, backbone)
+        self.task = get_task(self.facts.task)
+        self.hparams = HParams(facts=self.facts.as_dict(), preset=preset, backbone=resolved.as_dict(),
                                target_names=target_names, **training)
 
     def forward(self, batch: GraphBatch) -> Tensor:
@@ -173,7 +173,7 @@ def predict_chunk(module, chunk: RawChunk, num_rows: int, max_pairs: int, batch_
     from graphormer_urpe.data.encoding_registry import EncodingParams
     from graphormer_urpe.data.featurize import featurizer_spec
 
-    facts = DataFacts.of_hparams(module.hparams)
+    facts = module.facts
     spec = featurizer_spec(facts.featurizer)
     out = np.full((num_rows, facts.num_targets), np.nan, dtype=np.float32)
     device = next(module.parameters()).device
@@ -204,7 +204,7 @@ def predict_smiles(module, rows: list[InputRow], max_nodes: int = DEFAULT_MAX_NO
                    batch_size: int = DEFAULT_BATCH_SIZE) -> np.ndarray:
     """``[len(rows), num_targets]`` predictions in this process; NaN (with ``row.error`` set)
     where impossible."""
-    chunk = featurize_chunk((module.hparams.featurizer, max_nodes, [r.smiles for r in rows]))
+    chunk = featurize_chunk((module.facts.featurizer, max_nodes, [r.smiles for r in rows]))
     predictions = predict_chunk(module, chunk, len(rows), max_pairs, batch_size)
     _finish_rows(rows, chunk.errors, predictions)
     return predictions
@@ -254,7 +254,7 @@ def stream_predictions(module, rows: Iterable[InputRow], table: PredictionTable,
     thread each (on an accelerator this process predicts). At most ``2 * workers + 1`` chunks
     are in memory.
     """
-    settings = (module.hparams.featurizer, max_nodes, max_pairs, batch_size)
+    settings = (module.facts.featurizer, max_nodes, max_pairs, batch_size)
 
     def finish(chunk: list[InputRow], result: RawChunk | np.ndarray, errors: list[tuple[int, str]]) -> None:
         predictions = (predict_chunk(module, result, len(chunk), max_pairs, batch_size)

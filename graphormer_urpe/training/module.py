@@ -25,7 +25,7 @@ from graphormer_urpe.training.run_checkpoint import rng_states, set_rng_states
 from graphormer_urpe.training.engine import EngineHooks, TrainingEngine
 from graphormer_urpe.training.inference import build_backbone
 from graphormer_urpe.training.schedule import check_schedule, warmup_polynomial_decay
-from graphormer_urpe.task import TASKS, get_task
+from graphormer_urpe.task import get_task
 
 log = logging.getLogger(__name__)
 #: The checkpoint key of the global random states (:func:`~.run_checkpoint.rng_states`).
@@ -34,8 +34,6 @@ RNG_STATES = "rng_states"
 #: ``regression``: L1 loss, MAE. ``classification``: binary or multi-label 0/1 targets, one
 #: logit each, BCE, ROC-AUC. ``multiclass``: one integer class per graph, ``num_targets``
 #: logits, cross-entropy, accuracy. Each is a :class:`~graphormer_urpe.task.Task`.
-TaskName = Literal["regression", "classification", "multiclass"]
-assert TaskName.__args__ == tuple(TASKS)
 #: Kinds of parameter, one AdamW param group each (see :func:`parameter_groups`).
 ParameterKind = Literal["weight", "embedding", "bias", "layernorm", "urpe_scale"]
 PARAMETER_KINDS: tuple[str, ...] = ParameterKind.__args__
@@ -129,10 +127,9 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
     ROC-AUC) or multi-class classification (cross-entropy, accuracy); see :data:`Task`.
 
     Args:
-        num_atom_embeddings, num_bond_embeddings, num_targets, max_hops, task, featurizer,
-            node_encodings: the facts of the data, the fields of
-            :class:`~graphormer_urpe.data.facts.DataFacts` (documented there); the CLI links
-            them from the DataModule.
+        facts: the facts of the data (:class:`~graphormer_urpe.data.facts.DataFacts`, or its
+            plain dict as a checkpoint records it): vocabulary sizes, task, number of targets,
+            encoding parameters, featurizer. The CLI links it from the DataModule.
         preset: backbone preset, a name in :data:`~graphormer_urpe.nn.graphormer.PRESETS`
             (``slim`` for ZINC, ``small`` / ``base`` for PCQM4Mv2).
         backbone: the fields of the preset to replace (:class:`GraphormerConfig`, e.g.
@@ -176,13 +173,7 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
 
     def __init__(
         self,
-        num_atom_embeddings: int,
-        num_bond_embeddings: int,
-        num_targets: int = 1,
-        max_hops: int = 5,
-        task: TaskName = "regression",
-        featurizer: str = "zinc",
-        node_encodings: dict[str, int] | None = None,
+        facts: DataFacts,
         preset: str = "slim",
         backbone: GraphormerConfig = GraphormerConfig(),
         lr: float = 2e-4,
@@ -215,9 +206,10 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
         # engine is how to train, not what: left out, a checkpoint is the same with or without it
         # (and a resumed run follows its own command line, which ckpt_path hparams would override).
         self.save_hyperparameters(ignore=["backbone", "engine"])
-        facts, _ = DataFacts.split(self.hparams)
-        self.model, resolved = build_backbone(facts, preset, backbone)
+        self.facts = DataFacts.coerce(facts)
+        self.model, resolved = build_backbone(self.facts, preset, backbone)
         # Plain values only (checkpoints load with weights_only=True), and complete.
+        self.hparams["facts"] = self.facts.as_dict()
         self.hparams["backbone"] = resolved.as_dict()
         if compile:
             compile_backbone(self.model)
@@ -227,10 +219,10 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
         self._unchecked_loss: tuple[Tensor, int, int, int] | None = None
         self._resumed_rng: dict[str, Any] | None = None  # from the checkpoint a fit resumes
         self._engine = TrainingEngine(self) if engine else None
-        self.task = get_task(task)
+        self.task = get_task(self.facts.task)
         for stage in ("val", "test"):
             setattr(self, f"{stage}_metrics", MetricCollection(
-                {self.task.metric_name: self.task.metric(num_targets)}, prefix=f"{stage}/"))
+                {self.task.metric_name: self.task.metric(self.facts.num_targets)}, prefix=f"{stage}/"))
 
     def forward(self, batch: GraphBatch) -> Tensor:
         """Raw model outputs ``[B, num_targets]`` (logits for classification)."""
@@ -278,7 +270,7 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Before the weights load: there a model built for other encodings fails with a list of
         # parameter names instead of the data options to change.
-        check_checkpoint_encodings(checkpoint.get("hyper_parameters", {}), self.hparams)
+        check_checkpoint_encodings(checkpoint.get("hyper_parameters", {}), self.facts)
         self._resumed_rng = checkpoint.get(RNG_STATES)
 
     def on_train_start(self) -> None:

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 
-from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.files import AtomicFile
 from graphormer_urpe.task import get_task
 
@@ -119,7 +118,7 @@ def prediction_columns(module) -> list[str]:
     """The prediction columns of a loaded model: its task's
     (:meth:`~graphormer_urpe.task.Task.prediction_columns`), named after the targets
     when the checkpoint records them."""
-    facts = DataFacts.of_hparams(module.hparams)
+    facts = module.facts
     names = module.hparams.get("target_names")
     return get_task(facts.task).prediction_columns(
         facts.num_targets, list(names) if names is not None else None)

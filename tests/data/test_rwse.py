@@ -84,7 +84,7 @@ def test_rwse_run_is_cached_recorded_embedded_and_predicted_from_the_checkpoint(
     folders = sorted(p.name for p in work.glob("cache/**/encodings/*") if not p.name.startswith("."))
     assert folders == ["molecules-k5", "molecules-rwse4"], folders
     saved = torch.load(ckpt, map_location="cpu", weights_only=True)
-    assert saved["hyper_parameters"]["node_encodings"] == {"rwse": 4}
+    assert saved["hyper_parameters"]["facts"]["node_encodings"] == {"rwse": 4}
     assert saved["state_dict"]["model.node_encoders.rwse.weight"].shape == (16, 4)
     batch = next(iter(cli.datamodule.val_dataloader()))
     assert batch.rwse.shape == (*batch.node_mask.shape, 4) and (batch.rwse[~batch.node_mask] == 0).all()
@@ -122,9 +122,12 @@ def test_a_checkpoint_without_encoding_fields_loads_as_before(esol_rwse_run, eso
     cli = _fit_esol(esol_csv, tmp_path / "run", esol_rwse_run[1] / "cache")
     ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
     saved = torch.load(ckpt, map_location="cpu", weights_only=True)
-    assert saved["hyper_parameters"]["node_encodings"] == {}
+    hparams = saved["hyper_parameters"]
+    assert hparams["facts"]["node_encodings"] == {}
     old = tmp_path / "old.ckpt"
-    del saved["hyper_parameters"]["node_encodings"]
+    facts = hparams.pop("facts")  # then each fact was a hyperparameter of its own
+    del facts["node_encodings"]
+    hparams.update(facts)
     torch.save(saved, old)
     got, expected = _predict_test_split(cli, old, tmp_path, "old")
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)

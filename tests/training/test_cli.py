@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.training.cli import build_cli
 from graphormer_urpe.training.checkpoint import load_module
 
@@ -52,8 +53,9 @@ def test_fit_writes_logs_and_checkpoints_and_links_data_facts(zinc_data_root, tm
     cli = build_cli(["fit", *zinc_args(run_dir, zinc_data_root, "--trainer.max_steps", "3")])
     assert cli.trainer.global_step == 3
     hparams = cli.model.hparams
-    assert (hparams.num_atom_embeddings, hparams.num_bond_embeddings, hparams.num_targets,
-            hparams.max_hops, hparams.featurizer) == (29, 5, 1, 5, "zinc")
+    assert cli.model.facts == DataFacts(num_atom_embeddings=29, num_bond_embeddings=5, num_targets=1,
+                                        max_hops=5, featurizer="zinc", node_encodings={})
+    assert hparams.facts == cli.model.facts.as_dict()  # plain values in the checkpoint
     checkpoints = {p.name for p in (run_dir / "checkpoints").iterdir()}
     assert "last.ckpt" in checkpoints
     assert any(n.startswith("epoch=0-step=3-val_mae=") for n in checkpoints), checkpoints
@@ -104,6 +106,12 @@ def test_test_subcommand_reports_mae_from_a_checkpoint(zinc_data_root, tmp_path)
                      "--ckpt_path", str(run_dir / "checkpoints" / "last.ckpt")])
     mae = cli.trainer.callback_metrics["test/mae"].item()
     assert 0.0 < mae < 10.0
+    # A checkpoint written before the facts were one hyperparameter (each fact its own) tests the same.
+    old = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    old["hyper_parameters"].update(old["hyper_parameters"].pop("facts"))
+    torch.save(old, tmp_path / "old.ckpt")
+    cli = build_cli(["test", *zinc_args(run_dir, zinc_data_root), "--ckpt_path", str(tmp_path / "old.ckpt")])
+    assert cli.trainer.callback_metrics["test/mae"].item() == mae
 
 
 @pytest.mark.slow

@@ -238,7 +238,7 @@ def test_zinc_recipes_resolve_to_graphormers_values(overlay, expected):
         args += ["--config", str(REPO / "configs" / overlay)]
     cli = build_cli(args, run=False)
     hp, trainer, backbone = cli.model.hparams, cli.trainer, cli.model.hparams.backbone
-    got = {"batch": cli.datamodule.batch_size, "hops": hp.max_hops, "warmup": hp.warmup_steps,
+    got = {"batch": cli.datamodule.batch_size, "hops": cli.model.facts.max_hops, "warmup": hp.warmup_steps,
            "clip": trainer.gradient_clip_val, "val_every": trainer.check_val_every_n_epoch,
            "dropouts": (backbone["dropout"], backbone["attention_dropout"],
                         backbone["activation_dropout"])}

@@ -19,6 +19,7 @@ from graphormer_urpe.data.batch import BatchPadding
 from graphormer_urpe.data.collate import collate
 from graphormer_urpe.data.datamodule import ZINCDataModule
 from graphormer_urpe.nn.encodings import EdgePathBias
+from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.training.module import GraphormerModule
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,8 +30,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def zinc_module(dm: ZINCDataModule, **kwargs) -> GraphormerModule:
-    return GraphormerModule(num_atom_embeddings=dm.num_atom_embeddings,
-                            num_bond_embeddings=dm.num_bond_embeddings, **kwargs)
+    return GraphormerModule(DataFacts(num_atom_embeddings=dm.num_atom_embeddings,
+                                      num_bond_embeddings=dm.num_bond_embeddings), **kwargs)
 
 
 @pytest.mark.parametrize("attention", ["urpe", "rpe"])
@@ -70,8 +71,8 @@ def test_loss_masks_unknown_labels_without_a_data_dependent_shape(task, y):
     compiles to one graph in which every size is static (boolean indexing has a size read from
     the data: on a GPU, a host sync)."""
     y = torch.tensor(y)
-    module = GraphormerModule(num_atom_embeddings=29, num_bond_embeddings=5, task=task,
-                              num_targets=3 if task == "multiclass" else 2)
+    module = GraphormerModule(DataFacts(num_atom_embeddings=29, num_bond_embeddings=5, task=task,
+                                        num_targets=3 if task == "multiclass" else 2))
     pred = torch.randn(3, 3 if task == "multiclass" else 2, requires_grad=True)
     known = ~torch.isnan(y)
     if task == "regression":
@@ -154,12 +155,13 @@ def test_backbone_traces_to_one_graph_that_inductor_lowers(zinc_data_root, monke
 
 
 def test_non_finite_loss_stops_training_and_options_are_checked():
-    module = GraphormerModule(num_atom_embeddings=29, num_bond_embeddings=5)
+    module = GraphormerModule(DataFacts(num_atom_embeddings=29, num_bond_embeddings=5))
     module._check_loss(torch.tensor(0.5))
     with pytest.raises(FloatingPointError, match="training loss is nan at step 0"):
         module._check_loss(torch.tensor(float("nan")), batch_idx=3)
     with pytest.raises(ValueError, match="exclude each other"):
-        GraphormerModule(num_atom_embeddings=29, num_bond_embeddings=5, compile=True, cuda_graphs=True)
+        GraphormerModule(DataFacts(num_atom_embeddings=29, num_bond_embeddings=5), compile=True,
+                         cuda_graphs=True)
 
 
 def test_cuda_graphs_option_trains_on_cpu_without_graphs(zinc_data_root, tmp_path):

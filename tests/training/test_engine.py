@@ -17,6 +17,7 @@ import torch
 
 from graphormer_urpe.data.datamodule import ZINCDataModule
 from graphormer_urpe.training.cli import build_cli
+from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.training.module import GraphormerModule
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,9 +56,9 @@ def train(root: Path, engine: bool, steps: int, backbone: dict, callbacks=(), **
     trainer_args = {"logger": False, "enable_checkpointing": False, **trainer_args}
     dm = ZINCDataModule(root=str(root), batch_size=16, device_resident=True, static_shapes=True)
     pl.seed_everything(3, verbose=False)
-    module = GraphormerModule(num_atom_embeddings=dm.num_atom_embeddings,
-                              num_bond_embeddings=dm.num_bond_embeddings, backbone=backbone,
-                              lr=1e-3, warmup_steps=5, total_steps=40, engine=engine)
+    module = GraphormerModule(DataFacts(num_atom_embeddings=dm.num_atom_embeddings,
+                                        num_bond_embeddings=dm.num_bond_embeddings),
+                              backbone=backbone, lr=1e-3, warmup_steps=5, total_steps=40, engine=engine)
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, precision="32-true",
                          gradient_clip_val=0.05, limit_val_batches=0, num_sanity_val_steps=0,
                          enable_progress_bar=False, enable_model_summary=False, callbacks=list(callbacks),
@@ -287,9 +288,10 @@ def test_captured_step_equals_eager_and_never_syncs(zinc_data_root):
     def run(engine: bool, steps: int, callbacks=()):
         dm = ZINCDataModule(root=str(zinc_data_root), batch_size=16, device_resident=True, static_shapes=True)
         pl.seed_everything(3, verbose=False)
-        module = GraphormerModule(num_atom_embeddings=dm.num_atom_embeddings,
-                                  num_bond_embeddings=dm.num_bond_embeddings, backbone={**TINY, **NO_DROPOUT},
-                                  lr=1e-3, warmup_steps=5, total_steps=200, engine=engine)
+        module = GraphormerModule(DataFacts(num_atom_embeddings=dm.num_atom_embeddings,
+                                            num_bond_embeddings=dm.num_bond_embeddings),
+                                  backbone={**TINY, **NO_DROPOUT}, lr=1e-3, warmup_steps=5,
+                                  total_steps=200, engine=engine)
         trainer = pl.Trainer(accelerator="gpu", devices=1, max_steps=steps, precision="32-true",
                              gradient_clip_val=5.0, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
                              log_every_n_steps=1000, enable_checkpointing=False, enable_progress_bar=False,

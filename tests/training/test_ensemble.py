@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.training.cli import build_cli
 from graphormer_urpe.training.ensemble import Ensemble, MemberSpec
 
@@ -141,7 +142,7 @@ def test_urpe_with_frozen_c_is_rpe_bit_for_bit(zinc_data_root, one_torch_thread)
 
     def train(attention: str):
         torch.manual_seed(3)
-        module = GraphormerModule(29, 5, backbone={**TINY, "attention": attention})
+        module = GraphormerModule(DataFacts(29, 5), backbone={**TINY, "attention": attention})
         if attention == "urpe":
             for scale in module.model.urpe_scales:
                 scale.delta.requires_grad_(False)

@@ -11,6 +11,7 @@ import torch
 from graphormer_urpe.data.datamodule import ZINCDataModule
 from graphormer_urpe.data.resident import ResidentLoader
 from graphormer_urpe.training.cli import build_cli
+from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.training.module import GraphormerModule
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,11 +71,12 @@ def test_compiled_backbone_matches_eager(zinc_data_root, monkeypatch):
     dm.setup("validate")
     batches = [batch for _, batch in zip(range(2), dm.val_dataloader())]
     assert batches[0].x.shape[1] != batches[1].x.shape[1]
-    facts = {"num_atom_embeddings": dm.num_atom_embeddings, "num_bond_embeddings": dm.num_bond_embeddings,
-             "backbone": {**TINY_BACKBONE, "num_layers": 2}}
+    arguments = {"facts": DataFacts(num_atom_embeddings=dm.num_atom_embeddings,
+                                    num_bond_embeddings=dm.num_bond_embeddings),
+                 "backbone": {**TINY_BACKBONE, "num_layers": 2}}
     torch.manual_seed(0)
-    eager = GraphormerModule(**facts)
-    compiled = GraphormerModule(**facts, compile=True)
+    eager = GraphormerModule(**arguments)
+    compiled = GraphormerModule(**arguments, compile=True)
     assert compiled.state_dict().keys() == eager.state_dict().keys()
     compiled.load_state_dict(eager.state_dict())
     torch._dynamo.reset()

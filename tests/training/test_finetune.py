@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 import torch
 
+from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.training.module import GraphormerModule
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,7 +79,7 @@ def test_fine_tune_loads_the_backbone_then_tests_predicts_and_resumes(pretrained
         torch.testing.assert_close(after[name], before[name], rtol=0, atol=0, msg=name)
     assert not torch.equal(after["model.head.weight"], before["model.head.weight"])
     hparams = torch.load(last, map_location="cpu", weights_only=True)["hyper_parameters"]
-    assert (hparams["featurizer"], hparams["init_from"]) == ("zinc", str(source))
+    assert (hparams["facts"]["featurizer"], hparams["init_from"]) == ("zinc", str(source))
 
     source.unlink()  # a fine-tuned checkpoint needs its source no more: test, predict, resume
     tested = run("graphormer-urpe", "test", *esol_args(run_dir, esol_csv, "--ckpt_path", last))
@@ -147,16 +148,17 @@ def test_esol_recipe_runs_for_two_epochs_with_its_warmup_fraction(esol_csv, tmp_
 
 def test_warmup_fraction_replaces_warmup_steps_in_the_schedule_checks():
     """With a fraction, the warmup the checks see is the fraction's, not warmup_steps' default."""
-    GraphormerModule(num_atom_embeddings=29, num_bond_embeddings=5, warmup_fraction=0.1,
-                     total_steps=30, backbone=TINY)  # warmup_steps' default 60,000 > 30 is unused
+    # warmup_steps' default 60,000 > 30 is unused
+    GraphormerModule(DataFacts(num_atom_embeddings=29, num_bond_embeddings=5), warmup_fraction=0.1,
+                     total_steps=30, backbone=TINY)
     with pytest.raises(ValueError, match=r"model.warmup_fraction must be in \[0, 1\), got 1.5"):
-        GraphormerModule(num_atom_embeddings=29, num_bond_embeddings=5, warmup_fraction=1.5,
+        GraphormerModule(DataFacts(num_atom_embeddings=29, num_bond_embeddings=5), warmup_fraction=1.5,
                          total_steps=30, backbone=TINY)
 
 
 def test_head_lr_gives_the_head_its_own_param_groups():
-    module = GraphormerModule(num_atom_embeddings=29, num_bond_embeddings=5, lr=1e-3, head_lr=5e-3,
-                              warmup_steps=1, total_steps=10, backbone=TINY)
+    module = GraphormerModule(DataFacts(num_atom_embeddings=29, num_bond_embeddings=5), lr=1e-3,
+                              head_lr=5e-3, warmup_steps=1, total_steps=10, backbone=TINY)
     optimizer = module.configure_optimizers()["optimizer"]
     groups = {g["name"]: g for g in optimizer.param_groups}
     head = {id(p) for p in module.model.head.parameters()}

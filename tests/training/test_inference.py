@@ -1,46 +1,59 @@
 """InferenceModel: a GraphormerModule's predictions from its checkpoint, without Lightning."""
 from __future__ import annotations
 
-import dataclasses
 import gzip
 import inspect
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from graphormer_urpe.training.inference import predict_smiles
-from graphormer_urpe.training.predictions import InputRow
+from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.training.inference import TRAINING_HPARAMS, InferenceModel
 from graphormer_urpe.training.module import GraphormerModule
-from graphormer_urpe.data.facts import DataFacts
+from graphormer_urpe.training.predictions import InputRow
 
 TINY = {"num_layers": 2, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2}
 
 
 def test_training_hyperparameters_are_the_modules_other_arguments():
     module_args = set(inspect.signature(GraphormerModule).parameters)
-    inference_args = (set(inspect.signature(InferenceModel).parameters) - {"hparams"}) | set(DataFacts.names())
+    inference_args = set(inspect.signature(InferenceModel).parameters) - {"training"}
     assert TRAINING_HPARAMS == module_args - inference_args
     assert inference_args <= module_args
 
 
-def test_the_modules_data_fact_arguments_default_to_the_facts_defaults():
-    """``GraphormerModule`` spells out the facts as init arguments (the CLI links each); their
-    defaults are DataFacts' own, so a module built without one is the model DataFacts describes."""
-    params = inspect.signature(GraphormerModule).parameters
-    for field in dataclasses.fields(DataFacts):
-        expected = inspect.Parameter.empty if field.default is dataclasses.MISSING else field.default
-        assert params[field.name].default == expected, field.name
+def test_a_checkpoint_with_the_facts_as_separate_hyperparameters_still_loads(zinc_source, tmp_path):
+    """Checkpoints written before the facts were one object record each fact as a
+    hyperparameter of its own: the installed command predicts from them as from a new one."""
+    torch.manual_seed(0)
+    module = GraphormerModule(DataFacts(num_atom_embeddings=29, num_bond_embeddings=5, num_targets=2),
+                              backbone=TINY)
+    flat = {k: v for k, v in module.hparams.items() if k != "facts"} | module.hparams["facts"]
+    assert DataFacts.nest(flat) == dict(module.hparams) and DataFacts.of_hparams(flat) == module.facts
+    with gzip.open(zinc_source / "jtvae_test.smi.gz", "rt") as handle:
+        (tmp_path / "in.smi").write_text("".join(line for _, line in zip(range(20), handle)))
+    outputs = []
+    for name, hparams in (("new", dict(module.hparams)), ("flat", flat)):
+        torch.save({"state_dict": module.state_dict(), "hyper_parameters": hparams}, tmp_path / f"{name}.ckpt")
+        done = subprocess.run([str(Path(sys.executable).with_name("graphormer-urpe-predict")),
+                               "--ckpt", str(tmp_path / f"{name}.ckpt"), "--input", str(tmp_path / "in.smi"),
+                               "--output", str(tmp_path / f"{name}.csv"), "--quiet"],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        outputs.append((tmp_path / f"{name}.csv").read_text())
+    assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 21
 
 
 @pytest.mark.parametrize("task, num_targets", [("regression", 2), ("classification", 3), ("multiclass", 4)])
 def test_same_predictions_as_the_lightning_module_on_zinc(zinc_source, task, num_targets):
     torch.manual_seed(0)
-    module = GraphormerModule(num_atom_embeddings=29, num_bond_embeddings=5, num_targets=num_targets,
-                              task=task, backbone=TINY).eval()
+    module = GraphormerModule(DataFacts(num_atom_embeddings=29, num_bond_embeddings=5,
+                                        num_targets=num_targets, task=task), backbone=TINY).eval()
     with torch.no_grad():
         for scale in module.model.urpe_scales:
             scale.delta.uniform_(-0.5, 0.5)
@@ -57,12 +70,13 @@ def test_same_predictions_as_the_lightning_module_on_zinc(zinc_source, task, num
 
 def test_unknown_hyperparameter_is_refused():
     with pytest.raises(TypeError, match="unexpected hyperparameters"):
-        InferenceModel(num_atom_embeddings=29, num_bond_embeddings=5, backbone=TINY, learning_rate=1.0)
+        InferenceModel(facts={"num_atom_embeddings": 29, "num_bond_embeddings": 5}, backbone=TINY,
+                       learning_rate=1.0)
 
 
 def test_predict_command_does_not_import_lightning(zinc_source, tmp_path):
     torch.manual_seed(0)
-    module = GraphormerModule(num_atom_embeddings=29, num_bond_embeddings=5, backbone=TINY)
+    module = GraphormerModule(DataFacts(num_atom_embeddings=29, num_bond_embeddings=5), backbone=TINY)
     torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams)},
                tmp_path / "m.ckpt")
     with gzip.open(zinc_source / "jtvae_test.smi.gz", "rt") as handle:
@@ -83,7 +97,6 @@ def test_a_datamodules_facts_build_the_module_the_cli_links(tmp_path):
 
     facts = DataFacts.of(ZINCDataModule(root=str(tmp_path), rwse_steps=4))
     assert facts == DataFacts(num_atom_embeddings=29, num_bond_embeddings=5, node_encodings={"rwse": 4})
-    assert set(DataFacts.names()) <= set(inspect.signature(GraphormerModule).parameters)
-    module = GraphormerModule(**facts.as_dict(), backbone=TINY)
-    assert {name: module.hparams[name] for name in DataFacts.names()} == facts.as_dict()
+    module = GraphormerModule(facts, backbone=TINY)
+    assert module.facts == facts and module.hparams["facts"] == facts.as_dict()
     assert list(module.model.node_encoders) == ["rwse"]

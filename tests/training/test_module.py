@@ -4,13 +4,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.training.module import PARAMETER_KINDS, GraphormerModule, parameter_groups
 
 TINY = {"num_layers": 2, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2}
 
 
 def _module(**kwargs) -> GraphormerModule:
-    return GraphormerModule(num_atom_embeddings=29, num_bond_embeddings=5, backbone=TINY,
+    return GraphormerModule(DataFacts(num_atom_embeddings=29, num_bond_embeddings=5), backbone=TINY,
                             **{"warmup_steps": 10, "total_steps": 100, **kwargs})
 
 
@@ -49,8 +50,8 @@ def _table_kind(module: torch.nn.Module, name: str) -> str:
 
 @pytest.mark.parametrize("backbone", [{"attention": "urpe"}, {"attention": "rpe"}])
 def test_todays_model_keeps_the_groups_of_the_table(backbone):
-    module = GraphormerModule(num_atom_embeddings=29, num_bond_embeddings=5, backbone={**TINY, **backbone},
-                              node_encodings={"rwse": 4})
+    module = GraphormerModule(DataFacts(num_atom_embeddings=29, num_bond_embeddings=5,
+                                        node_encodings={"rwse": 4}), backbone={**TINY, **backbone})
     expected: dict[str, list[int]] = {kind: [] for kind in PARAMETER_KINDS}
     for sub in module.modules():
         for name, param in sub.named_parameters(recurse=False):
