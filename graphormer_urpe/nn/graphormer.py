@@ -359,9 +359,9 @@ PRESETS: dict[str, GraphormerConfig] = {"slim": GraphormerConfig(
     num_layers=12, hidden_dim=80, ffn_dim=80, num_heads=8, attention="urpe", share_urpe_scale=False,
     dropout=0.0, attention_dropout=0.1, activation_dropout=0.1, max_degree=62, max_spd=38,
     attention_impl="eager")}
-PRESETS["base"] = replace(PRESETS["slim"], num_layers=12, hidden_dim=768, ffn_dim=768, num_heads=32, dropout=0.0,
-                          attention_dropout=0.1, activation_dropout=0.1, max_degree=510,
-                          max_spd=510)
+PRESETS["base"] = replace(PRESETS["slim"], num_layers=12, hidden_dim=768, ffn_dim=768, num_heads=32,
+                          dropout=0.0, attention_dropout=0.1, activation_dropout=0.1,
+                          max_degree=510, max_spd=510)
 PRESETS["small"] = replace(PRESETS["base"], num_layers=6, hidden_dim=512, ffn_dim=512,
                            dropout=0.1, attention_dropout=0.1, activation_dropout=0.0)
 

@@ -3,8 +3,8 @@
 Facts that belong to the data (:class:`~graphormer_urpe.data.facts.DataFacts`: vocabulary sizes,
 number of targets, ``max_hops``, the widths of its optional node encodings, the task and the
 featurizer) are linked from the instantiated DataModule into the model as one object, so a
-config names each of them once, on the data. A run's outputs all go under ``trainer.default_root_dir``: TensorBoard and
-CSV logs, ``checkpoints/`` with the best model by the task's validation metric
+config names each of them once, on the data. A run's outputs all go under
+``trainer.default_root_dir``: TensorBoard and CSV logs, ``checkpoints/`` with the best model by the task's validation metric
 (``epoch=…-step=…-val_mae=….ckpt``) plus ``last.ckpt``, always the run's newest state (resume
 a killed or finished run with ``--ckpt_path last``; :mod:`~graphormer_urpe.training.run_checkpoint`),
 and for ``predict`` the predictions (``predictions.csv``, or ``--prediction_writer.output``).

@@ -94,10 +94,11 @@ def fit_state(model: nn.Module, state: Mapping[str, Tensor], hparams: Mapping[st
             "checkpoint's):\n  " + "\n  ".join(misfits))
     heads = {name for name in own if name.startswith(HEAD_PREFIX)}
     reason = None
+    theirs = DataFacts.recorded(hparams, "task", task)
     if reinit_head:
         reason = "reinit_head is set"
-    elif DataFacts.recorded(hparams, "task", task) != task:
-        reason = f"the checkpoint's task is {DataFacts.recorded(hparams, 'task')!r}, this run's {task!r}"
+    elif theirs != task:
+        reason = f"the checkpoint's task is {theirs!r}, this run's {task!r}"
     elif any(name not in state or state[name].shape != own[name].shape for name in heads):
         widths = [_shape(state[n]) if n in state else None for n in sorted(heads)]
         reason = f"the checkpoint's head {widths} differs from this model's {[_shape(own[n]) for n in sorted(heads)]}"

@@ -31,9 +31,6 @@ log = logging.getLogger(__name__)
 #: The checkpoint key of the global random states (:func:`~.run_checkpoint.rng_states`).
 RNG_STATES = "rng_states"
 
-#: ``regression``: L1 loss, MAE. ``classification``: binary or multi-label 0/1 targets, one
-#: logit each, BCE, ROC-AUC. ``multiclass``: one integer class per graph, ``num_targets``
-#: logits, cross-entropy, accuracy. Each is a :class:`~graphormer_urpe.task.Task`.
 #: Kinds of parameter, one AdamW param group each (see :func:`parameter_groups`).
 ParameterKind = Literal["weight", "embedding", "bias", "layernorm", "urpe_scale"]
 PARAMETER_KINDS: tuple[str, ...] = ParameterKind.__args__
@@ -124,7 +121,8 @@ def capture_backbone(model: Graphormer, device: torch.device):
 
 class GraphormerModule(EngineHooks, pl.LightningModule):
     """Graph-level regression (L1 loss, MAE), binary / multi-label classification (BCE,
-    ROC-AUC) or multi-class classification (cross-entropy, accuracy); see :data:`Task`.
+    ROC-AUC) or multi-class classification (cross-entropy, accuracy), as the data's
+    ``facts.task`` says: a :class:`~graphormer_urpe.task.Task` each.
 
     Args:
         facts: the facts of the data (:class:`~graphormer_urpe.data.facts.DataFacts`, or its
