@@ -12,13 +12,12 @@ attention (``urpe``, ``rpe``: plain Graphormer) and each path (:data:`PATHS`):
 * ``bucketed``: ``eager`` on batches of similar-sized graphs (``bucket_batches=16``: less
   padding);
 * ``resident``: device-resident data and, on CUDA, the Triton attention, float32, no compile;
-* ``graphs``: device-resident batches of one shape (``static_shapes=True``), the backbone
-  captured in CUDA graphs (``cuda_graphs=True``: ``torch.compile(mode="reduce-overhead")``,
-  eager attention, which inductor compiles), float32 with TF32 matmuls
-  (``matmul_precision="high"``); on CPU the same batches, trained eagerly;
-* ``engine``: the training engine (``engine=True``, :mod:`graphormer_urpe.training.engine`): the
-  same batches, the whole optimizer step (gather, forward, backward, clipping, fused AdamW) in one
-  CUDA graph on a GPU, the same step run eagerly on CPU,
+* ``engine``: the training engine (``engine=True``, :mod:`graphormer_urpe.training.engine`):
+  device-resident batches of one shape (``static_shapes=True``) gathered inside the step, the
+  whole optimizer step (gather, forward, backward, clipping, fused AdamW) in one CUDA graph on a
+  GPU, float32 with TF32 matmuls (``matmul_precision="high"``), the eager attention core; on CPU
+  the same step run eagerly, as a GPU records it (``capture_safe``);
+* ``engine-triton``: ``engine`` with the fused Triton attention core on CUDA,
 
 it runs ``--warmup`` + ``--steps`` optimizer steps of a Lightning ``Trainer`` (AdamW, gradient
 clipping 5.0, as in the configs; no validation, logging or checkpoints) and times only the last
@@ -39,11 +38,11 @@ Data: ZINC-12k from ``--zinc-root`` (built from ``--shared``/zinc when missing, 
 distribution). A "data only" table times one epoch of batches of each loader kind.
 
 ``--ensemble M`` adds the ZINC ablation's runs trained side by side as one stacked model
-(``graphormer-urpe-ablation --ensemble``, :mod:`graphormer_urpe.training.ensemble`): for 1 and
-``M`` members (URPE and RPE alternating, seeds 0, 1, ...), the ensemble's step on pre-gathered
-batches (ms per step, member steps per second), gathering the members' batches (ms per step)
-and, on CPU, the aten ops per step that launch a kernel (torch.profiler's leaf ops less views
-and allocations: the CPU proxy of kernel launches).
+(``graphormer-urpe-ablation --ensemble``, :mod:`graphormer_urpe.training.ensemble`), on
+``configs/zinc.yaml`` (batch ``--zinc-batch``, 20 hops): for 1 and ``M`` members (URPE and RPE
+alternating, seeds 0, 1, ...), eager and, on a GPU, captured in one CUDA graph, the whole step
+with each step's batches gathered as it goes (ms per step, member steps per second), the gather
+alone (ms per step) and, on CPU, the aten ops per step that launch a kernel.
 ``--ensemble-backbone`` (JSON) changes slim, e.g. a tiny width on CPU so host time shows.
 
 Prints tables, then one JSON line (device, torch version, date, every row, the ratios).
@@ -87,7 +86,6 @@ class TrainPath:
     precision: str | None = "32-true"
     triton: bool = False  # the fused attention on CUDA (eager on CPU)
     static_shapes: bool = False
-    cuda_graphs: bool = False
     matmul_precision: str | None = None
     bucket_batches: int = 0
     engine: bool = False
@@ -98,15 +96,15 @@ PATHS = {
     "bucketed": TrainPath(resident=False, bucket_batches=16),
     "fast": TrainPath(resident=True, compile=True, precision=None, triton=True),
     "resident": TrainPath(resident=True, triton=True),
-    "graphs": TrainPath(resident=True, static_shapes=True, cuda_graphs=True, matmul_precision="high"),
     "engine": TrainPath(resident=True, static_shapes=True, engine=True, matmul_precision="high"),
+    "engine-triton": TrainPath(resident=True, static_shapes=True, engine=True, triton=True, matmul_precision="high"),
 }
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true")
 
 
 def path_spec(path: str) -> TrainPath:
     """A ``--paths`` entry: a name of :data:`PATHS`, optionally with another Lightning precision
-    as ``NAME@PRECISION`` (e.g. ``fast@32-true``, ``graphs@bf16-mixed``)."""
+    as ``NAME@PRECISION`` (e.g. ``fast@32-true``, ``resident@bf16-mixed``)."""
     name, _, precision = path.partition("@")
     if name not in PATHS or (precision and precision not in PRECISIONS):
         raise ValueError(f"unknown path {path!r}: use NAME or NAME@PRECISION with NAME in {list(PATHS)} "
@@ -156,13 +154,21 @@ def make_step_timer(device: str, warmup: int, steps: int):
     return StepTimer()
 
 
-#: ATen operators that only make tensor metadata or allocate (no kernel on a GPU).
+#: ATen operators that only make tensor metadata, allocate or read a scalar (no kernel on a GPU).
 NO_KERNEL_OPS = frozenset(f"aten::{name}" for name in (
     "empty", "empty_strided", "empty_like", "as_strided", "view", "_reshape_alias", "_unsafe_view",
     "reshape", "expand", "expand_as", "t", "transpose", "permute", "slice", "select", "unsqueeze",
     "squeeze", "detach", "alias", "lift_fresh", "resolve_conj", "resolve_neg", "unbind", "split",
     "split_with_sizes", "chunk", "narrow", "set_", "result_type", "size", "stride", "resize_",
-    "view_as", "unflatten", "flatten", "_has_compatible_shallow_copy_type", "is_nonzero"))
+    "view_as", "unflatten", "flatten", "_has_compatible_shallow_copy_type", "is_nonzero", "to",
+    "_local_scalar_dense"))
+
+
+def kernel_ops(events) -> int:
+    """The profiler events that launch a kernel on a GPU, roughly: ATen operators that call no
+    other ATen operator, less :data:`NO_KERNEL_OPS`."""
+    return sum(1 for event in events if event.name.startswith("aten::") and event.name not in NO_KERNEL_OPS
+               and not any(child.name.startswith("aten::") for child in event.cpu_children))
 
 
 def make_op_counter(start: int, steps: int):
@@ -183,10 +189,7 @@ def make_op_counter(start: int, steps: int):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
             if self.profiler is not None and self.ops_per_step is None and trainer.global_step == start + steps:
                 self.profiler.__exit__(None, None, None)
-                leaves = [e for e in self.profiler.events() if e.name.startswith("aten::")
-                          and e.name not in NO_KERNEL_OPS
-                          and not any(c.name.startswith("aten::") for c in e.cpu_children)]
-                self.ops_per_step = round(len(leaves) / steps, 1)
+                self.ops_per_step = round(kernel_ops(self.profiler.events()) / steps, 1)
 
     return OpCounter()
 
@@ -205,7 +208,7 @@ def datamodule(name: str, args, batch_size: int, resident: bool, static_shapes: 
               "num_workers": 0 if resident else args.num_workers, "pin_memory": args.device == "cuda"}
     if PRESET_DATA[name][0] == "zinc":
         return ZINCDataModule(root=str(args.zinc_root), subset=True, source_dir=str(args.shared / "zinc"),
-                              build_workers=args.build_workers, **common)
+                              max_hops=args.zinc_hops, build_workers=args.build_workers, **common)
     return PCQM4Mv2DataModule(root=str(args.pcqm_root), build_workers=args.build_workers, **common)
 
 
@@ -228,7 +231,9 @@ def run_training(name: str, attention: str, path: str, args) -> dict:
         facts=DataFacts.of(dm),
         preset=PRESET_DATA[name][1], backbone={"attention": attention, "attention_impl": impl, **width},
         warmup_steps=10, total_steps=10 * (args.warmup + args.steps), compile=spec.compile,
-        cuda_graphs=spec.cuda_graphs, matmul_precision=spec.matmul_precision, engine=spec.engine)
+        matmul_precision=spec.matmul_precision, engine=spec.engine)
+    if module._engine is not None:
+        module._engine.capture_safe = True  # on CPU too: the step a GPU records
     timer = make_step_timer(args.device, args.warmup, args.steps)
     counter = make_op_counter(args.warmup + args.steps, args.count_ops) if args.count_ops else None
     trainer = pl.Trainer(
@@ -248,7 +253,7 @@ def run_training(name: str, attention: str, path: str, args) -> dict:
         "preset": "/".join(PRESET_DATA[name]), "attention": attention, "path": path,
         "attention_impl": impl, "precision": precision, "compile": spec.compile,
         "device_resident": spec.resident, "static_shapes": spec.static_shapes,
-        "cuda_graphs": spec.cuda_graphs, "matmul_precision": spec.matmul_precision or "highest",
+        "matmul_precision": spec.matmul_precision or "highest", "max_hops": dm.max_hops,
         "bucket_batches": spec.bucket_batches, "engine": spec.engine, "width": args.width,
         "batch_size": batch_size, "warmup_steps": args.warmup, "steps": args.steps,
         "warmup_s": round(timer.start - timer.run_start, 2), "seconds": round(seconds, 4),
@@ -259,7 +264,7 @@ def run_training(name: str, attention: str, path: str, args) -> dict:
         row["ops_per_step"] = counter.ops_per_step
     if args.device == "cuda":
         row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-    if spec.compile or spec.cuda_graphs:  # what torch.compile made of it (0 graphs: not compiled)
+    if spec.compile:  # what torch.compile made of it (0 graphs: not compiled)
         row["compiled_graphs"] = counters["stats"]["unique_graphs"]
         row["graph_breaks"] = sum(counters["graph_break"].values())
         row["cudagraph_skips"] = counters["inductor"]["cudagraph_skips"]
@@ -311,24 +316,13 @@ def run_data_only(name: str, args) -> list[dict]:
     return rows
 
 
-#: aten ops that launch no kernel (views, allocations, metadata).
-NO_KERNEL_OPS = frozenset(f"aten::{name}" for name in (
-    "view", "as_strided", "_unsafe_view", "_reshape_alias", "reshape", "resolve_conj", "resolve_neg",
-    "empty", "empty_strided", "empty_like", "detach", "alias", "expand", "permute", "t", "transpose",
-    "unsqueeze", "squeeze", "select", "slice", "unbind", "split", "chunk", "narrow", "flatten",
-    "result_type", "to", "lift_fresh", "_local_scalar_dense", "set_", "_has_compatible_shallow_copy_type"))
-
-
 def kernel_ops_per_call(fn) -> int:
-    """aten ops with no aten op below them that launch a kernel (not :data:`NO_KERNEL_OPS`) in one
-    call of ``fn``: on a CPU, the count of kernels the same work launches on a GPU, roughly."""
+    """:func:`kernel_ops` of one call of ``fn``."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         fn()
-    return sum(1 for event in prof.events() if event.name.startswith("aten::")
-               and event.name not in NO_KERNEL_OPS
-               and not any(child.name.startswith("aten::") for child in event.cpu_children))
+    return kernel_ops(prof.events())
 
 
 def run_ensemble_rows(args) -> list[dict]:
@@ -352,32 +346,40 @@ def run_ensemble_rows(args) -> list[dict]:
                     "--model.warmup_steps", "10", "--model.total_steps", "1000000",
                     "--data.init_args.root", str(args.zinc_root),
                     "--data.init_args.source_dir", str(args.shared / "zinc"),
-                    "--data.init_args.batch_size", str(args.zinc_batch))))
-            ensemble = Ensemble(specs, f"{work}/{members}/state")
-            orders = ensemble.epoch_orders()
-            batches = [ensemble.member_batches(orders, i) for i in range(args.warmup + args.steps)]
-            for batch in batches[:args.warmup]:
-                ensemble.train_step(batch)
-            synchronize(args.device)
-            start = time.perf_counter()
-            for batch in batches[args.warmup:]:
-                ensemble.train_step(batch)
-            synchronize(args.device)
-            step_s = (time.perf_counter() - start) / args.steps
-            start = time.perf_counter()
-            for i in range(args.steps):
-                ensemble.member_batches(orders, i)
-            synchronize(args.device)
-            gather_s = (time.perf_counter() - start) / args.steps
-            row = {"members": members, "backbone": backbone or "slim", "batch_size": args.zinc_batch,
-                   "ms_per_step": round(1000 * step_s, 3),
-                   "member_steps_per_s": round(members / step_s, 2),
-                   "gather_ms_per_step": round(1000 * gather_s, 3)}
-            if args.device == "cpu":
-                row["kernel_ops_per_step"] = kernel_ops_per_call(lambda: ensemble.train_step(batches[0]))
-            rows.append(row)
-            print(f"  ensemble of {members}: {row['ms_per_step']:.2f} ms/step, "
-                  f"{row['member_steps_per_s']:.2f} member steps/s", flush=True)
+                    "--data.init_args.batch_size", str(args.zinc_batch),
+                    "--data.init_args.max_hops", str(args.zinc_hops))))
+            for captured in ((False, True) if args.device == "cuda" else (False,)):
+                ensemble = Ensemble(specs, f"{work}/{members}/state-{captured}", cuda_graph=captured)
+                orders = ensemble.epoch_orders()
+                # Batches gathered as training gathers them, one step at a time: pre-gathering
+                # every step's batches would hold them all (~40 GB at batch 256 x 6 members).
+                for index in range(args.warmup):
+                    ensemble.train_step(ensemble.member_batches(orders, index % ensemble.batches_per_epoch))
+                synchronize(args.device)
+                start = time.perf_counter()
+                for index in range(args.warmup, args.warmup + args.steps):
+                    ensemble.train_step(ensemble.member_batches(orders, index % ensemble.batches_per_epoch))
+                synchronize(args.device)
+                step_s = (time.perf_counter() - start) / args.steps
+                start = time.perf_counter()
+                for index in range(args.steps):
+                    ensemble.member_batches(orders, index % ensemble.batches_per_epoch)
+                synchronize(args.device)
+                gather_s = (time.perf_counter() - start) / args.steps
+                row = {"members": members, "captured": captured, "backbone": backbone or "slim",
+                       "batch_size": args.zinc_batch, "max_hops": ensemble.template.model.max_hops,
+                       "ms_per_step": round(1000 * step_s, 3),
+                       "member_steps_per_s": round(members / step_s, 2),
+                       "gather_ms_per_step": round(1000 * gather_s, 3)}
+                if args.device == "cpu":
+                    batch = ensemble.member_batches(orders, 0)
+                    row["kernel_ops_per_step"] = kernel_ops_per_call(lambda: ensemble.train_step(batch))
+                rows.append(row)
+                print(f"  ensemble of {members}{' captured' if captured else ''}: {row['ms_per_step']:.2f} "
+                      f"ms/step, {row['member_steps_per_s']:.2f} member steps/s", flush=True)
+                del ensemble
+                if args.device == "cuda":
+                    torch.cuda.empty_cache()
     return rows
 
 
@@ -393,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="timed steps")
     parser.add_argument("--zinc-batch", type=int, default=None)
     parser.add_argument("--pcqm-batch", type=int, default=None)
+    parser.add_argument("--zinc-hops", type=int, default=20,
+                        help="max_hops of the ZINC rows (default: the paper's recipe, configs/zinc.yaml)")
     parser.add_argument("--num-workers", type=int, default=None,
                         help="DataLoader processes of the eager path (default: 0 on CPU, 6 on CUDA)")
     parser.add_argument("--fast-precision", default="bf16-mixed", help="Lightning precision of the fast path")
@@ -517,7 +521,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{'ensemble (ZINC, one stacked model)':40s} {'ms/step':>9s} {'member steps/s':>15s} "
               f"{'gather ms':>10s}" + ("  kernel ops/step" if args.device == "cpu" else ""))
         for row in results["ensemble"]:
-            print(f"{row['members']:3d} member(s), batch {row['batch_size']:4d}{'':18s} {row['ms_per_step']:9.2f} "
+            kind = "captured" if row["captured"] else "eager"
+            print(f"{row['members']:3d} member(s), batch {row['batch_size']:4d}, {kind:8s}{'':8s} {row['ms_per_step']:9.2f} "
                   f"{row['member_steps_per_s']:15.2f} {row['gather_ms_per_step']:10.2f}"
                   + (f"  {row['kernel_ops_per_step']:15d}" if "kernel_ops_per_step" in row else ""))
     if results["data_only"]:

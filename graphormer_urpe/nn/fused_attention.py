@@ -150,22 +150,25 @@ if triton is not None:
         return out
 
     @triton.jit
-    def _dropout_scale(seed, dropout_p, pid_bh, offs_m, offs_n, len_q, len_k):
+    def _dropout_scale(Seed, dropout_p, pid_bh, offs_m, offs_n, len_q, len_k):
         """``keep / (1 - p)`` per (query, key) tile entry. The Philox stream is indexed by the
         entry's flat position in ``[B·H, Lq, Lk]``, so the forward and both backward kernels (and
-        :func:`dropout_keep_scale`) regenerate the same mask whatever their tiling."""
+        :func:`dropout_keep_scale`) regenerate the same mask whatever their tiling. The seed is
+        read from device memory (``Seed``, one int64), so a CUDA graph that draws it with
+        ``torch.randint`` gets a new mask every replay."""
+        seed = tl.load(Seed)
         rows = pid_bh.to(tl.int64) * len_q + offs_m
         keep = tl.rand(seed, rows[:, None] * len_k + offs_n[None, :]) >= dropout_p
         return tl.where(keep, 1.0 / (1.0 - dropout_p), 0.0)
 
-    @triton.jit(do_not_specialize=["seed"])
-    def _dropout_scale_kernel(Out, seed, dropout_p, len_q, len_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    @triton.jit
+    def _dropout_scale_kernel(Out, Seed, dropout_p, len_q, len_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
         pid_m = tl.program_id(0)
         pid_bh = tl.program_id(1)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         for start_n in range(0, len_k, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
-            keep_scale = _dropout_scale(seed, dropout_p, pid_bh, offs_m, offs_n, len_q, len_k)
+            keep_scale = _dropout_scale(Seed, dropout_p, pid_bh, offs_m, offs_n, len_q, len_k)
             offsets = (pid_bh.to(tl.int64) * len_q + offs_m)[:, None] * len_k + offs_n[None, :]
             tl.store(Out + offsets, keep_scale, mask=(offs_m < len_q)[:, None] & (offs_n < len_k)[None, :])
 
@@ -193,7 +196,7 @@ if triton is not None:
             valid = valid & (padding == 0)
         return valid
 
-    @triton.jit(do_not_specialize=["seed"])
+    @triton.jit
     def _urpe_fwd_kernel(
         Q, K, V, Bias, Scale, Mask, Out, OutF32, Lse,
         stride_qb, stride_qh, stride_qm, stride_qd,
@@ -203,7 +206,7 @@ if triton is not None:
         stride_cb, stride_ch, stride_cm, stride_cn,
         stride_mb, stride_mn,
         stride_ob, stride_oh, stride_om, stride_od,
-        num_heads, len_q, len_k, head_dim, sm_scale, dropout_p, seed,
+        num_heads, len_q, len_k, head_dim, sm_scale, dropout_p, Seed,
         HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr,
         STORE_OUT_F32: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -253,7 +256,7 @@ if triton is not None:
                 )
                 p = p * scale.to(tl.float32)
             if DROPOUT:
-                p = p * _dropout_scale(seed, dropout_p, pid_bh, offs_m, offs_n, len_q, len_k)
+                p = p * _dropout_scale(Seed, dropout_p, pid_bh, offs_m, offs_n, len_q, len_k)
             v = tl.load(
                 V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
                 mask=(offs_n < len_k)[:, None] & d_valid[None, :], other=0.0,
@@ -275,7 +278,7 @@ if triton is not None:
         lse = tl.where(empty_row, float("inf"), m_i + tl.log(tl.where(empty_row, 1.0, l_i)))
         tl.store(Lse + pid_bh * len_q + offs_m, lse, mask=row_valid)
 
-    @triton.jit(do_not_specialize=["seed"])
+    @triton.jit
     def _urpe_bwd_dkdv_kernel(
         Q, K, V, Bias, Scale, Mask, DO, Lse, Delta, DK, DV, DBias, DScale,
         stride_qb, stride_qh, stride_qm, stride_qd,
@@ -287,7 +290,7 @@ if triton is not None:
         stride_dob, stride_doh, stride_dom, stride_dod,
         stride_dkb, stride_dkh, stride_dkn, stride_dkd,
         stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-        num_heads, len_q, len_k, head_dim, sm_scale, dropout_p, seed,
+        num_heads, len_q, len_k, head_dim, sm_scale, dropout_p, Seed,
         HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr,
         STORE_DBIAS: tl.constexpr, STORE_DSCALE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -341,7 +344,7 @@ if triton is not None:
             d_pc = _dot(do, tl.trans(v), INPUT_PRECISION, DOT_UPCAST)  # dO V^T: ∂L/∂(P ⊙ C), [M, N]
             a = p
             if DROPOUT:
-                keep_scale = _dropout_scale(seed, dropout_p, pid_bh, offs_m, offs_n, len_q, len_k)
+                keep_scale = _dropout_scale(Seed, dropout_p, pid_bh, offs_m, offs_n, len_q, len_k)
                 a = a * keep_scale
                 d_pc = d_pc * keep_scale
             dp = d_pc
@@ -371,7 +374,7 @@ if triton is not None:
             dv.to(DV.dtype.element_ty), mask=kv_valid,
         )
 
-    @triton.jit(do_not_specialize=["seed"])
+    @triton.jit
     def _urpe_bwd_dq_kernel(
         Q, K, V, Bias, Scale, Mask, DO, Lse, Delta, DQ,
         stride_qb, stride_qh, stride_qm, stride_qd,
@@ -382,7 +385,7 @@ if triton is not None:
         stride_mb, stride_mn,
         stride_dob, stride_doh, stride_dom, stride_dod,
         stride_dqb, stride_dqh, stride_dqm, stride_dqd,
-        num_heads, len_q, len_k, head_dim, sm_scale, dropout_p, seed,
+        num_heads, len_q, len_k, head_dim, sm_scale, dropout_p, Seed,
         HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_MASK: tl.constexpr, DROPOUT: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
         INPUT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr, SPLIT: tl.constexpr,
@@ -428,7 +431,7 @@ if triton is not None:
             p = tl.where(tile_valid, tl.exp(s - lse[:, None]), 0.0)
             dp = _dot(do, tl.trans(v), INPUT_PRECISION, DOT_UPCAST)
             if DROPOUT:
-                dp = dp * _dropout_scale(seed, dropout_p, pid_bh, offs_m, offs_n, len_q, len_k)
+                dp = dp * _dropout_scale(Seed, dropout_p, pid_bh, offs_m, offs_n, len_q, len_k)
             if HAS_SCALE:
                 scale = tl.load(
                     Scale + scale_base + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn,
@@ -590,7 +593,9 @@ def fused_urpe_attention(
         key_padding_mask: bool ``[B, Lk]``, True at padding keys.
         dropout_p: dropout on ``P ⊙ C`` (pass 0 in evaluation). The mask is never stored: every
             kernel regenerates it from ``seed`` (see :func:`dropout_keep_scale`).
-        seed: Philox seed of the dropout mask; None draws one from torch's default generator.
+        seed: Philox seed of the dropout mask: an int, a one-element int64 tensor on q's device,
+            or None, which draws one on the device from torch's default generator (no host
+            sync, so the call can be recorded in a CUDA graph and every replay draws anew).
 
     Returns:
         ``[B, H, Lq, d]`` in q's dtype, a view of ``[B, Lq, H, d]`` storage.
@@ -607,21 +612,31 @@ def fused_urpe_attention(
         raise ValueError(f"fused_urpe_attention supports float32, bfloat16, float16; got {q.dtype}")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"fused_urpe_attention needs 0 <= dropout_p < 1; got {dropout_p}")
-    if seed is None:
-        seed = _draw_seed() if dropout_p > 0 else 0
     return _FusedURPEAttention.apply(
-        q, k, v, attn_bias, attn_scale, key_padding_mask, float(dropout_p), int(seed),
+        q, k, v, attn_bias, attn_scale, key_padding_mask, float(dropout_p), seed_tensor(seed, q.device, dropout_p > 0),
         _launch_config(q.shape[-1], q.dtype),
     )
 
 
-def _draw_seed() -> int:
-    """A Philox seed from torch's default generator, so ``torch.manual_seed`` reproduces runs."""
-    return int(torch.randint(0, 2**31 - 1, (), dtype=torch.int64).item())
+def seed_tensor(seed: int | Tensor | None, device: torch.device, draw: bool = True) -> Tensor:
+    """The kernels' Philox seed as a one-element int64 tensor on ``device``: ``seed`` as given,
+    or (None) drawn there from torch's default generator, so ``torch.manual_seed`` reproduces
+    runs and, on a GPU, a recorded CUDA graph draws a new seed every replay; 0 without
+    ``draw`` (no dropout: the kernels never read it)."""
+    device = torch.device(device)
+    if isinstance(seed, Tensor):
+        if seed.numel() != 1 or seed.dtype != torch.int64 or seed.device.type != device.type:
+            raise ValueError(f"seed must be one int64 on {device}; got {seed.dtype} "
+                             f"{list(seed.shape)} on {seed.device}")
+        return seed.reshape(1)
+    if seed is None and draw:
+        return torch.randint(0, 2**31 - 1, (1,), dtype=torch.int64, device=device)
+    # A fill, not a copy from host memory (which a CUDA graph capture refuses).
+    return torch.full((1,), int(seed or 0), dtype=torch.int64, device=device)
 
 
 def dropout_keep_scale(
-    shape: tuple[int, int, int, int], dropout_p: float, seed: int, device: torch.device | str
+    shape: tuple[int, int, int, int], dropout_p: float, seed: int | Tensor, device: torch.device | str
 ) -> Tensor:
     """The float32 ``[B, H, Lq, Lk]`` multiplier ``keep / (1 - p)`` that the fused kernels apply
     to ``P ⊙ C`` for this ``seed``: eager attention with ``attn_scale = C * dropout_keep_scale(...)``
@@ -632,7 +647,7 @@ def dropout_keep_scale(
     out = torch.empty(shape, dtype=torch.float32, device=device)
     tile = _launch_config(16, torch.bfloat16)["dkdv"]
     grid = (triton.cdiv(len_q, tile["BLOCK_M"]), batch * heads)
-    _dropout_scale_kernel[grid](out, seed, float(dropout_p), len_q, len_k,
+    _dropout_scale_kernel[grid](out, seed_tensor(seed, torch.device(device)), float(dropout_p), len_q, len_k,
                                 BLOCK_M=tile["BLOCK_M"], BLOCK_N=tile["BLOCK_N"])
     return out
 

@@ -187,6 +187,8 @@ class Graphormer(nn.Module):
         self.max_spd = max_spd = config.max_spd
         self.num_heads = num_heads = config.num_heads
         self.attention_impl = config.attention_impl
+        #: No per-batch host reads (set by :meth:`make_capture_safe`); not saved.
+        self.capture_safe = False
         hidden_dim, num_layers = config.hidden_dim, config.num_layers
 
         self.atom_encoder = AtomEncoder(facts.num_atom_embeddings, hidden_dim)
@@ -291,20 +293,38 @@ class Graphormer(nn.Module):
             raise ValueError(f"GraphBatch fields {bad} do not match node_mask [B={b}, N={n}] "
                              f"(x [B, N, F], degree [B, N], spd [B, N, N], path_edges [B, N, N, K], "
                              f"edge_attr [E+1, Fe])")
-        if batch.x.device.type != "cpu":
+        if batch.x.device.type != "cpu" or self.capture_safe:
             # On an accelerator an out-of-range id fails loudly (device-side assert); checking here
-            # would cost a host sync every step and stop the next step from being queued.
+            # would cost a host sync every step and stop the next step from being queued. A
+            # capture-safe model had its whole split's ids checked once (make_capture_safe).
             return
-        # On CPU an out-of-range id would silently read a wrong row: one check for all four bounds.
-        x_lo, x_hi, e_lo, e_hi = torch.stack([
-            t.to(torch.int32) for t in (batch.x.min(), batch.x.max(), batch.edge_attr.min(),
-                                        batch.edge_attr.max())]).tolist()
+        self.check_ids(batch.x, batch.edge_attr)
+
+    def check_ids(self, atom_ids, bond_ids) -> None:
+        """ValueError when atom or bond ids (tensors or numpy arrays) fall outside the model's
+        tables. On CPU an out-of-range id would silently read a wrong row."""
+        if not (len(atom_ids) and len(bond_ids)):
+            return
+        x_lo, x_hi, e_lo, e_hi = (int(bound) for bound in (atom_ids.min(), atom_ids.max(),
+                                                           bond_ids.min(), bond_ids.max()))
         if x_lo < 0 or x_hi >= self.num_atom_embeddings:
             raise ValueError(f"atom ids span [{x_lo}, {x_hi}] but num_atom_embeddings="
                              f"{self.num_atom_embeddings}")
         if e_lo < 0 or e_hi >= self.num_bond_embeddings:
             raise ValueError(f"bond ids span [{e_lo}, {e_hi}] but num_bond_embeddings="
                              f"{self.num_bond_embeddings}")
+
+    def make_capture_safe(self, atom_ids, bond_ids) -> None:
+        """Switch the training forward to what a CUDA graph can hold, on any device: no value read
+        back to the host and no shape that depends on the data. The ids of everything it will see
+        (a whole training split: ``atom_ids``, ``bond_ids``) are checked here, once, instead of
+        per batch, and the multi-hop edge sum takes the gather (:attr:`EdgePathBias.capturable`).
+        The training engine and the stacked ensemble call it; the values stay the same up to
+        float rounding (the gather sums the hops in another order)."""
+        self.check_ids(atom_ids, bond_ids)
+        self.capture_safe = True
+        if getattr(self, "edge_bias", None) is not None:
+            self.edge_bias.capturable = True
 
     def attention_inputs(self, batch: GraphBatch) -> tuple[Tensor | None, Iterable[Tensor | None]]:
         """``B`` ``[B, H, N+1, N+1]`` (None for ``"none"``) and the ``C`` each layer uses

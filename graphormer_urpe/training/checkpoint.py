@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from graphormer_urpe.training.inference import predict_smiles
+from graphormer_urpe.training.inference import RETIRED_HPARAMS, predict_smiles
 from graphormer_urpe.training.predictions import InputRow
 
 #: A molecule every featurizer accepts: a loaded model must predict it (hand-edited checkpoints).
@@ -84,8 +84,8 @@ def load_module(ckpt: str | Path, map_location: str = "cpu", *, inference_only: 
         raise CheckpointError(f"{ckpt} is not a Lightning checkpoint (no state_dict/hyper_parameters)")
     _check_finite(ckpt, checkpoint["state_dict"])
     hparams = DataFacts.nest(checkpoint["hyper_parameters"])  # either form of the facts
-    hparams.pop("_instantiator", None)
-    hparams.pop("_class_path", None)
+    for name in ("_instantiator", "_class_path", *RETIRED_HPARAMS):
+        hparams.pop(name, None)
     hparams["compile"] = False  # inference needs no compile warm-up, whatever training used
     hparams["init_from"] = None  # its weights are in this checkpoint; the file may be gone
     try:

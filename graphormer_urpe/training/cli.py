@@ -37,6 +37,7 @@ from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.files import same_file
 from graphormer_urpe.training import finetune
 from graphormer_urpe.training.run_checkpoint import RunCheckpoint, check_run_dir
+from graphormer_urpe.training.inference import RETIRED_HPARAMS
 from graphormer_urpe.training.module import GraphormerModule
 from graphormer_urpe.training.schedule import check_schedule
 from graphormer_urpe.task import get_task
@@ -94,7 +95,7 @@ class GraphormerCLI(LightningCLI):
             return
         hparams = torch.load(ckpt_path, weights_only=True, map_location="cpu").get("hyper_parameters", {})
         hparams = {k: v for k, v in DataFacts.nest(hparams).items()
-                   if k not in ("facts", "_instantiator", "_class_path")}
+                   if k not in ("facts", "_instantiator", "_class_path", *RETIRED_HPARAMS)}
         if hparams:
             try:
                 self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)

@@ -9,7 +9,7 @@ with :class:`TrainingEngine`. One step is
     \ell &= \text{loss}(f_\theta(\text{batch}), y), \quad g = \nabla_\theta \ell, \quad
         g \leftarrow g \cdot \min\big(1, \tfrac{c}{\lVert g \rVert_2 + 10^{-6}}\big) \\
     \text{skip} &= \lnot \text{isfinite}(\ell) \lor \lnot \text{isfinite}(\lVert g \rVert_2), \quad
-        \eta = \eta(u + 1) \ (:func:`~.schedule.polynomial_decay_lr`), \quad
+        \eta_g = \hat\eta_g \, r(u + 1) \ (:func:`~.schedule.relative_lr`), \quad
         \theta \leftarrow \text{AdamW}(\theta, g, \eta) \text{ unless skip}
 
 all on the device, with no device-to-host sync: the batch is gathered from the epoch order on
@@ -17,10 +17,16 @@ the device (:class:`~graphormer_urpe.data.resident.BatchSlot`), the clipping is
 ``torch.nn.utils.clip_grad_norm_`` (Lightning's ``gradient_clip_val``), the AdamW is torch's
 fused one with a device tensor for the learning rate and ``found_inf`` masking (a skipped step
 leaves parameters, moments and the step count untouched, as under a gradient scaler), and the
-update counter ``u`` lives on the device. On a GPU the step is recorded once in a CUDA graph
+update counter ``u`` lives on the device. Each param group ``g`` gets its own peak
+:math:`\hat\eta_g` (``model.lr``, or ``model.head_lr`` for the head's groups) times the schedule's
+factor, as the host ``LambdaLR`` computes it. On a GPU the step is recorded once in a CUDA graph
 (``torch.cuda.graph``) and replayed: one launch per step instead of ~800, and new dropout masks
-every replay (the default CUDA generator's offset advances with each replay). On CPU the same
-function runs eagerly.
+every replay (the default CUDA generator's offset advances with each replay; the fused Triton
+attention draws its dropout seed there too). With ``model.freeze_backbone_steps`` the frozen and
+the unfrozen phase each record their own graph (they update different parameters). On CPU the
+same function runs eagerly, with the eager step's sums (bit for bit the eager step); with
+``capture_safe`` it runs what a GPU records (:meth:`~graphormer_urpe.nn.graphormer.Graphormer.make_capture_safe`),
+which the tests check for host reads and data-dependent shapes.
 
 Lightning stays in charge of everything else, in its ordinary automatic optimization: the
 engine runs inside the optimizer-step hook, so ``global_step``, the host ``LambdaLR`` (whose
@@ -36,7 +42,8 @@ skipped steps change nothing, no checkpoint ever holds a diverged model.
 
 Needs device-resident batches of one shape (``data.device_resident`` and ``data.static_shapes``),
 one device, a non-mixed precision (``32-true``), no gradient accumulation, clipping by norm (or
-none), and neither ``compile`` nor ``cuda_graphs``.
+none), and no ``compile``. A checkpoint of the eager step resumes under the engine and the reverse
+(:func:`~.module.set_optimizer_kernel`).
 """
 from __future__ import annotations
 
@@ -47,8 +54,7 @@ import torch
 from torch import Tensor
 
 from graphormer_urpe.data.resident import BatchSlot, ResidentLoader, gather_static
-from graphormer_urpe.nn.encodings import EdgePathBias
-from graphormer_urpe.training.schedule import polynomial_decay_lr
+from graphormer_urpe.training.schedule import relative_lr
 
 log = logging.getLogger(__name__)
 #: Untimed, update-free steps before a CUDA graph is recorded (they initialise the optimizer
@@ -88,11 +94,17 @@ class TrainingEngine(pl.Callback):
 
     def __init__(self, module: pl.LightningModule) -> None:
         hp = module.hparams
-        if hp.get("compile") or hp.get("cuda_graphs"):
-            raise ValueError("engine records the whole step itself: set compile and cuda_graphs false")
+        if hp.get("compile"):
+            raise ValueError("engine records the whole step itself: set model.compile false")
         self.module = module
+        #: Train with the forward a CUDA graph holds (:meth:`Graphormer.make_capture_safe`); None:
+        #: on a GPU only (on a CPU the eager step's sum keeps the engine equal to it bit for bit).
+        self.capture_safe: bool | None = None
         self._ready = False
-        self._graph: torch.cuda.CUDAGraph | None = None
+        #: One recorded step per phase of ``freeze_backbone_steps`` (frozen or not): the two
+        #: phases update different parameters.
+        self._graphs: dict[bool, torch.cuda.CUDAGraph] = {}
+        self._frozen: bool | None = None
         self._order_source: Tensor | None = None
         self._host_updates = -1  # the update count the device counter holds
         self.total_skipped = 0
@@ -117,11 +129,11 @@ class TrainingEngine(pl.Callback):
             raise ValueError("model.engine needs " + "; ".join(problems))
         loader.slots = True
         self.clip = float(trainer.gradient_clip_val or 0.0)
-        self._ready, self._graph, self._order_source = False, None, None  # a new fit: new optimizer
+        self._ready, self._graphs, self._order_source = False, {}, None  # a new fit: new optimizer
 
     # The step ------------------------------------------------------------------------------------
     def _build(self, trainer: pl.Trainer, slot: BatchSlot) -> None:
-        """Static buffers, and on a GPU the recorded graph."""
+        """Static buffers (the same tensors every step, so a recorded graph can read them)."""
         module, device = self.module, slot.order.device
         self.split = trainer.train_dataloader.split
         self.optimizer = trainer.optimizers[0]
@@ -131,20 +143,29 @@ class TrainingEngine(pl.Callback):
         self.start = zero(torch.int64)
         self.offsets = torch.arange(slot.size, device=device)
         self.updates = zero(torch.float64)  # optimizer updates done (u)
-        # The fused kernel reads a tensor lr as float32 on a GPU and as a double on CPU (there,
-        # the host schedule's lr to the bit).
-        self.lr = zero(torch.float32 if device.type == "cuda" else torch.float64)
+        # One learning rate per param group: its peak (the LambdaLR's base lr: model.lr, or
+        # model.head_lr for the head's groups) times the schedule's factor. The fused kernel reads
+        # a tensor lr as float32 on a GPU and as a double on CPU (there, the host schedule's lr to
+        # the bit).
+        lr_dtype = torch.float32 if device.type == "cuda" else torch.float64
+        self.peak_lrs = [float(group.get("initial_lr", group["lr"])) for group in self.optimizer.param_groups]
+        self.lrs = [zero(lr_dtype) for _ in self.peak_lrs]
         self.found_inf = zero()  # 1.0: skip this update (fused AdamW's found_inf contract)
         self.force_skip = zero()  # 1.0 while warming up before a capture
         self.loss = zero()
         self.loss_sum, self.finite_steps, self.skipped = zero(torch.float64), zero(), zero()
         self.optimizer.found_inf = self.found_inf
-        for layer in module.modules():
-            if isinstance(layer, EdgePathBias):
-                layer.capturable = device.type != "cpu"  # the CPU keeps the eager step's sum
+        if self.capture_safe if self.capture_safe is not None else device.type == "cuda":
+            graphs = self.split.graphs
+            module.model.make_capture_safe(graphs.x, graphs.edge_attr)
         self._ready = True
-        if device.type != "cuda":
-            return
+
+    def _capture(self, trainer: pl.Trainer, slot: BatchSlot) -> torch.cuda.CUDAGraph:
+        """The step recorded in a CUDA graph after :data:`CAPTURE_WARMUP_STEPS` update-free steps
+        on a side stream (they initialise the optimizer state of the parameters this phase
+        trains and let cuDNN / cuBLAS pick their kernels outside the capture). The interval's
+        statistics are kept across it."""
+        kept = [stat.clone() for stat in (self.loss_sum, self.finite_steps, self.skipped)]
         self._feed(trainer, slot)
         self.force_skip.fill_(1.0)
         side = torch.cuda.Stream()
@@ -155,11 +176,12 @@ class TrainingEngine(pl.Callback):
         torch.cuda.current_stream().wait_stream(side)
         self.force_skip.fill_(0.0)
         self._host_updates = -1  # the warmup advanced the device counter
-        self._graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self._graph):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
             self._step()
-        for stat in (self.loss_sum, self.finite_steps, self.skipped):
-            stat.zero_()
+        for stat, value in zip((self.loss_sum, self.finite_steps, self.skipped), kept):
+            stat.copy_(value)
+        return graph
 
     def _step(self) -> None:
         """One optimizer step, device-side only (recorded as is into a CUDA graph)."""
@@ -167,7 +189,8 @@ class TrainingEngine(pl.Callback):
         items = self.order.index_select(0, self.start + self.offsets)
         batch = gather_static(split.graphs, split.graph_ids.index_select(0, items), split.padding,
                               split.y.index_select(0, items), split.positions.index_select(0, items))
-        self.optimizer.zero_grad(set_to_none=True)
+        # Zeroed in place, not freed: the same gradient tensors every step (a recorded graph's).
+        self.optimizer.zero_grad(set_to_none=False)
         loss = module._loss(module.model(batch), batch.y)
         loss.backward()
         if self.clip > 0:  # what Lightning's gradient_clip_val calls, on the same parameters
@@ -176,10 +199,12 @@ class TrainingEngine(pl.Callback):
             norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
         finite = torch.isfinite(loss) & torch.isfinite(norm) & (self.force_skip == 0)
         self.found_inf.copy_((~finite).float())
-        self.lr.copy_(polynomial_decay_lr(self.updates + 1, *module.schedule))
+        factor = relative_lr(self.updates + 1, *module.schedule)
+        for lr, peak in zip(self.lrs, self.peak_lrs):
+            lr.copy_(peak * factor)
         host_lrs = [group["lr"] for group in self.optimizer.param_groups]
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.lr
+        for group, lr in zip(self.optimizer.param_groups, self.lrs):
+            group["lr"] = lr
         try:
             self.optimizer.step()
         finally:
@@ -210,12 +235,26 @@ class TrainingEngine(pl.Callback):
             raise TypeError(f"model.engine trains on BatchSlot batches, got {type(slot).__name__}")
         if not self._ready:
             self._build(trainer, slot)
+        frozen = bool(getattr(self.module.model, "_backbone_frozen", False))
+        if frozen != self._frozen:
+            self._enter_phase(frozen)
+        if slot.order.device.type == "cuda" and frozen not in self._graphs:
+            self._graphs[frozen] = self._capture(trainer, slot)
         self._feed(trainer, slot)
-        if self._graph is not None:
-            self._graph.replay()
+        if frozen in self._graphs:
+            self._graphs[frozen].replay()
         else:
             self._step()
         return self.loss
+
+    def _enter_phase(self, frozen: bool) -> None:
+        """A phase of ``freeze_backbone_steps`` begins: parameters without ``requires_grad`` lose
+        their gradient tensors, so AdamW skips them (as in the eager step, whose gradients are
+        freed every step)."""
+        for param in self.params:
+            if not param.requires_grad:
+                param.grad = None
+        self._frozen = frozen
 
     # Reporting -----------------------------------------------------------------------------------
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch,

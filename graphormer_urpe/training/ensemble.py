@@ -63,11 +63,10 @@ from graphormer_urpe.data.dataset import EncodedGraphDataset, SeededShuffleSampl
 from graphormer_urpe.data.encoding_registry import ENCODINGS
 from graphormer_urpe.data.resident import ResidentSplit, TensorGraphs
 from graphormer_urpe.files import atomic_write
-from graphormer_urpe.nn.encodings import EdgePathBias
 from graphormer_urpe.nn.graphormer import Graphormer
 from graphormer_urpe.training import finetune
 from graphormer_urpe.training.inference import build_backbone
-from graphormer_urpe.training.module import GraphormerModule, parameter_groups
+from graphormer_urpe.training.module import GraphormerModule, parameter_groups, set_optimizer_kernel
 from graphormer_urpe.training.schedule import warmup_polynomial_decay
 
 log = logging.getLogger(__name__)
@@ -149,29 +148,6 @@ def stack_batches(batches: Sequence[GraphBatch]) -> dict[str, Tensor]:
             for name in _batch_fields(batches[0])}
 
 
-def vmappable(model: Graphormer) -> Graphormer:
-    """``model`` (a structure-only copy) made fit for :func:`torch.func.vmap`: the multi-hop
-    edge sum takes the gather path everywhere (``embedding_bag`` has no vmap rule), and the
-    forward skips its CPU check of id ranges (a read of per-member values: the ensemble checks
-    the training split's ids once instead, :func:`check_ids`)."""
-    for module in model.modules():
-        if isinstance(module, EdgePathBias):
-            module.capturable = True  # the gather: no embedding_bag, no data-dependent shapes
-    model._check_batch = lambda batch: None
-    return model
-
-
-def check_ids(dataset: EncodedGraphDataset, model: Graphormer) -> None:
-    """ValueError when the split's atom or bond ids exceed the model's tables (the check the
-    forward makes per batch on a CPU)."""
-    graphs = dataset.graphs
-    for name, ids, size in (("atom", graphs.x, model.num_atom_embeddings),
-                            ("bond", graphs.edge_attr, model.num_bond_embeddings)):
-        if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= size):
-            raise ValueError(f"{name} ids span [{int(ids.min())}, {int(ids.max())}] but the "
-                             f"model's table has {size} rows")
-
-
 def _trainer_settings(trainer: pl.Trainer) -> dict[str, Any]:
     """The trainer options the ensemble follows; others that change training are refused."""
     unsupported = {
@@ -236,9 +212,7 @@ class Ensemble:
         self.buffers = {name: b.to(self.device) for name, b in buffers.items()}
         init_args = inspect.signature(GraphormerModule).parameters  # not the CLI's _instantiator
         self.template = GraphormerModule(**{**{k: v for k, v in hp.items() if k in init_args},
-                                            "backbone": backbone, "compile": False,
-                                            "cuda_graphs": False})
-        vmappable(self.template.model)
+                                            "backbone": backbone, "compile": False})
         self.template.to(self.device)
         if hp.get("matmul_precision"):
             torch.set_float32_matmul_precision(hp["matmul_precision"])
@@ -252,7 +226,9 @@ class Ensemble:
         dm.prepare_data()
         dm.setup("fit")
         self.train_data = dm.train_dataset()
-        check_ids(self.train_data, self.template.model)
+        # No per-batch host reads (vmap has none of the per-member values) nor embedding_bag
+        # (no vmap rule): the split's ids are checked once here.
+        self.template.model.make_capture_safe(self.train_data.graphs.x, self.train_data.graphs.edge_attr)
         self.batch_size = dm.batch_size
         self.padding = BatchPadding.covering(self.train_data.num_nodes, self.train_data.num_edges,
                                              self.batch_size)
@@ -275,7 +251,8 @@ class Ensemble:
             raise ValueError(f"no training batch per epoch ({len(self.train_data)} graphs, batch size "
                              f"{self.batch_size}, limit_train_batches {self.settings['limit_train_batches']})")
         self.val_loader = dm.val_dataloader()
-        check_ids(dm.splits["val"], self.template.model)
+        val_graphs = dm.splits["val"].graphs
+        self.template.model.check_ids(val_graphs.x, val_graphs.edge_attr)
         self.num_val_batches = _limit(len(self.val_loader), self.settings["limit_val_batches"])
 
         # AdamW over the stacked parameters, the kinds' groups of the solo run; its schedule.
@@ -568,6 +545,7 @@ class Ensemble:
             for name, p in self.params.items():
                 p.copy_(state["params"][name])
         self.optimizer.load_state_dict(state["optimizer"])
+        set_optimizer_kernel(self.optimizer, fused=True, capturable=self.cuda_graph)
         self._point_lr()
         self.scheduler.load_state_dict(state["scheduler"])
         self.step, self.epoch, self.best = state["step"], state["epoch"], state["best"]

@@ -42,9 +42,13 @@ DEFAULT_MAX_NODES = 512
 #: Hyperparameters of ``GraphormerModule`` that only training uses: its arguments other than
 #: InferenceModel's (a test keeps them so; importing the module here would import Lightning).
 TRAINING_HPARAMS = frozenset({"lr", "end_lr", "warmup_steps", "total_steps", "power", "weight_decay",
-                              "betas", "eps", "no_weight_decay", "compile", "cuda_graphs",
+                              "betas", "eps", "no_weight_decay", "compile",
                               "matmul_precision", "init_from", "reinit_head", "freeze_backbone_steps",
                               "head_lr", "warmup_fraction", "engine"})
+#: Options of earlier versions that their checkpoints still record; dropped wherever a
+#: checkpoint's hyperparameters are read (``cuda_graphs``: the forward-only CUDA-graph capture,
+#: replaced by the training engine).
+RETIRED_HPARAMS = frozenset({"cuda_graphs"})
 
 
 def build_backbone(facts: DataFacts, preset: str, backbone: GraphormerConfig | Mapping[str, Any]

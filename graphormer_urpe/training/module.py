@@ -105,18 +105,22 @@ def compile_backbone(model: Graphormer) -> None:
         model.edge_bias.compile(dynamic=True)
 
 
-def capture_backbone(model: Graphormer, device: torch.device):
-    """``model``'s forward compiled for CUDA graphs (``torch.compile(mode="reduce-overhead",
-    dynamic=False)``: one graph for the forward and one for the backward per batch shape), or
-    ``model``'s plain call, with a log line, where CUDA graphs are unavailable (not on a GPU).
-
-    Either is a function, not a submodule, so parameter names and checkpoints stay the same.
-    """
-    if device.type != "cuda":
-        log.warning("cuda_graphs: CUDA graphs need a GPU; training on %s without them", device)
-        return model.__call__
-    log.info("cuda_graphs: compiling the backbone for CUDA graphs (the first steps take a while)")
-    return torch.compile(model.forward, mode="reduce-overhead", dynamic=False)
+def set_optimizer_kernel(optimizer: torch.optim.Optimizer, fused: bool | None, capturable: bool) -> None:
+    """Give every param group of ``optimizer`` (an Adam-family optimizer whose state may come from
+    a checkpoint) the ``fused`` and ``capturable`` flags, and each step counter the device these
+    want (the parameter's for either, else the CPU). ``Optimizer.load_state_dict`` restores the
+    flags a checkpoint was saved with: an eager run's checkpoint resumed by the training engine
+    would otherwise keep the unfused kernel (which refuses the engine's ``found_inf``), and a GPU
+    engine's checkpoint resumed on a CPU the capturable one."""
+    for group in optimizer.param_groups:
+        group["fused"], group["capturable"] = fused, capturable
+        if fused:
+            group["foreach"] = None  # fused and foreach exclude each other
+    on_device = bool(fused or capturable)
+    for param, state in optimizer.state.items():
+        step = state.get("step")
+        if isinstance(step, Tensor):
+            state["step"] = step.to(param.device if on_device else "cpu")
 
 
 class GraphormerModule(EngineHooks, pl.LightningModule):
@@ -140,12 +144,6 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
             by default every kind decays, as in Graphormer (:func:`parameter_groups`).
         compile: compile the backbone with ``torch.compile(dynamic=True)``, region by region
             (:func:`compile_backbone`).
-        cuda_graphs: on a GPU, capture each training step's forward and backward in CUDA
-            graphs: the whole backbone is compiled with ``torch.compile(mode="reduce-overhead",
-            dynamic=False)`` for training (validation, test and prediction stay eager). Needs
-            batches of one shape (``data.static_shapes``) and a kernel inductor can compile
-            (``attention_impl: eager``); exclusive with ``compile``. On CPU it logs that CUDA
-            graphs need a GPU and trains eagerly.
         matmul_precision: ``torch.set_float32_matmul_precision`` at setup (``high``: TF32 matmuls
             on GPUs that have them); ``None`` leaves the process setting alone.
         target_names: the targets' names (the CSV DataModule's ``target_columns``), recorded so
@@ -154,7 +152,7 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
             whole optimizer step (gather, forward, loss, backward, clipping, fused AdamW with an
             on-device learning rate, skipping non-finite steps) as one function without host
             syncs, on a GPU recorded in one CUDA graph. Needs ``data.device_resident`` and
-            ``data.static_shapes``; exclusive with ``compile`` and ``cuda_graphs``.
+            ``data.static_shapes``; exclusive with ``compile``.
         init_from: fine-tuning: a checkpoint of this project (training or weights-only) whose
             backbone weights replace the initial ones when ``fit`` starts (not when it resumes
             with ``--ckpt_path``); every parameter must fit, else the run stops naming each
@@ -185,7 +183,6 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
         no_weight_decay: list[ParameterKind] | None = None,
         compile: bool = False,
         target_names: list[str] | None = None,
-        cuda_graphs: bool = False,
         matmul_precision: Literal["highest", "high", "medium"] | None = None,
         engine: bool = False,
         init_from: str | None = None,
@@ -198,9 +195,6 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
         # before any data is read; a warmup fraction of a length not yet known counts as none
         check_schedule(lr, end_lr, finetune.warmup_steps(warmup_steps, warmup_fraction, total_steps or 0),
                        total_steps)
-        if compile and cuda_graphs:
-            raise ValueError("compile (region-wise, dynamic shapes) and cuda_graphs (the whole "
-                             "backbone, static shapes) exclude each other: set one")
         # engine is how to train, not what: left out, a checkpoint is the same with or without it
         # (and a resumed run follows its own command line, which ckpt_path hparams would override).
         self.save_hyperparameters(ignore=["backbone", "engine"])
@@ -211,9 +205,8 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
         self.hparams["backbone"] = resolved.as_dict()
         if compile:
             compile_backbone(self.model)
-        # Training forward, built at the first training step (it depends on the device).
-        self._train_forward = None
-        self._train_shape: tuple | None = None
+        #: The optimizer's kernel choice (fused, capturable), set in configure_optimizers.
+        self._optimizer_kernel: dict[str, bool] | None = None
         self._unchecked_loss: tuple[Tensor, int, int, int] | None = None
         self._resumed_rng: dict[str, Any] | None = None  # from the checkpoint a fit resumes
         self._engine = TrainingEngine(self) if engine else None
@@ -234,7 +227,7 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
     def training_step(self, batch: GraphBatch, batch_idx: int) -> Tensor:
         if self._engine is not None:
             return self._engine.training_step(batch)
-        loss = self._loss(self._training_forward(batch), batch.y)
+        loss = self._loss(self.model(batch), batch.y)
         self._check_loss(loss.detach(), batch_idx)
         self.log("train/loss", loss, prog_bar=True, batch_size=batch.num_graphs)
         return loss
@@ -272,6 +265,11 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
         self._resumed_rng = checkpoint.get(RNG_STATES)
 
     def on_train_start(self) -> None:
+        # A checkpoint restores the optimizer's kernel flags of the run that saved it (eager or
+        # the engine, CPU or GPU); this run's own choice applies.
+        if self._optimizer_kernel is not None:
+            for optimizer in self.trainer.optimizers:
+                set_optimizer_kernel(optimizer, **self._optimizer_kernel)
         # A resumed fit continues the saved random states (dropout), restored here: after the
         # sanity check and anything else set up draws, right before the first step (the loaders
         # draw from their own generators, not from these).
@@ -291,23 +289,6 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
 
     def on_train_batch_start(self, batch: GraphBatch, batch_idx: int) -> None:
         finetune.freeze_backbone(self.model, self.global_step < self.hparams.get("freeze_backbone_steps", 0))
-
-    def _training_forward(self, batch: GraphBatch) -> Tensor:
-        """The backbone's forward for training: captured in CUDA graphs with ``cuda_graphs`` on
-        a GPU (:func:`capture_backbone`), else the plain (maybe region-compiled) backbone."""
-        if not self.hparams.get("cuda_graphs"):
-            return self.model(batch)
-        if self._train_forward is None:
-            self._train_forward = capture_backbone(self.model, self.device)
-        shape = tuple(getattr(batch, f).shape for f in ("x", "edge_attr", "path_edges"))
-        if self._train_shape is not None and shape != self._train_shape:
-            log.warning("cuda_graphs: a training batch changed shape (%s -> %s); every new shape "
-                        "compiles and records new graphs: set data static_shapes: true",
-                        self._train_shape, shape)
-        self._train_shape = shape
-        if self.device.type == "cuda":
-            torch.compiler.cudagraph_mark_step_begin()  # the previous step's buffers may be reused
-        return self._train_forward(batch)
 
     def on_train_epoch_start(self) -> None:
         # The training order is a function of (seed, epoch). Lightning's own set_epoch call passes
@@ -372,7 +353,9 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
                        "" if hp.total_steps else ", from the trainer")
         scheduler = warmup_polynomial_decay(optimizer, warmup_steps, total_steps, hp.end_lr,
                                             hp.power)
-        #: polynomial_decay_lr's arguments after the update number (the engine's on-device lr)
-        self.schedule = (warmup_steps, total_steps, hp.lr, hp.end_lr, hp.power)
+        #: relative_lr's arguments after the update number (the engine's on-device lr factor)
+        self.schedule = (warmup_steps, total_steps, hp.end_lr / hp.lr, hp.power)
+        self._optimizer_kernel = {"fused": optimizer.defaults["fused"],
+                                  "capturable": optimizer.defaults["capturable"]}
         return {"optimizer": optimizer,
                 "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}

@@ -234,7 +234,7 @@ def test_kernels_compile_for_hopper_without_gpu(monkeypatch, tmp_path):
 
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")  # the GPU default; silences a notice
-    pointer_types = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.uint8: "*u8"}
+    pointer_types = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.uint8: "*u8", torch.int64: "*i64"}
     compiled = {}
 
     def compile_launch(kernel, args, kwargs):
@@ -262,7 +262,7 @@ def test_kernels_compile_for_hopper_without_gpu(monkeypatch, tmp_path):
     bias, scale = (torch.randn(2, 2, 40, 40, requires_grad=True) for _ in range(2))
     mask = torch.zeros(2, 40, dtype=torch.bool)
     config = fused_attention._launch_config(32, torch.bfloat16)
-    out = fused_attention._FusedURPEAttention.apply(q, k, v, bias, scale, mask, 0.1, 7, config)
+    out = fused_attention._FusedURPEAttention.apply(q, k, v, bias, scale, mask, 0.1, torch.tensor([7]), config)
     out.float().sum().backward()
     assert sorted(compiled) == ["_urpe_bwd_dkdv_kernel", "_urpe_bwd_dq_kernel", "_urpe_fwd_kernel"]
     assert all(len(cubin) > 0 for cubin in compiled.values())
@@ -302,6 +302,32 @@ def test_dispatcher_uses_eager_on_cpu():
     torch.manual_seed(0)
     assert torch.equal(dropped, eager_attention(q, k, v, bias, scale, mask, 0.5, False)[0])
     assert not torch.equal(dropped, expected)
+
+
+def test_kernel_dropout_seed_is_drawn_on_the_device_without_a_host_read(fused):
+    """With no seed given, the dropout seed is drawn on the tensors' device from torch's default
+    generator and read by the kernels from device memory: no operator reads a value back to the
+    host (what a CUDA graph needs, so each replay draws a new mask), ``torch.manual_seed``
+    reproduces the output, and the next call draws another mask."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class NoHostReads(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            assert func._overloadpacket.__name__ not in ("_local_scalar_dense", "item", "nonzero"), func
+            return func(*args, **(kwargs or {}))
+
+    tensors, mask = _inputs(2, 2, 16, 16, 8, (2, 2, 16, 16), (2, 2, 16, 16), padded=True, seed=10)
+    q, k, v, bias, scale = [t.float().to(DEVICE) for t in tensors]
+    outs = []
+    for manual_seed in (0, 0, None):
+        if manual_seed is not None:
+            torch.manual_seed(manual_seed)
+        with NoHostReads():
+            outs.append(fused.fused_urpe_attention(q, k, v, bias, scale, mask.to(DEVICE), dropout_p=0.3))
+    assert torch.equal(outs[0], outs[1]) and not torch.equal(outs[1], outs[2])
+    with pytest.raises(ValueError, match="seed must be one int64"):
+        fused.fused_urpe_attention(q, k, v, bias, scale, mask.to(DEVICE), dropout_p=0.3,
+                                   seed=torch.zeros(2, dtype=torch.int64, device=DEVICE))
 
 
 def test_registered_as_attention_impl():

@@ -264,16 +264,3 @@ def test_the_captured_step_equals_the_eager_one_without_host_syncs(zinc_data_roo
         torch.testing.assert_close(graphed.params[name], value, rtol=1e-5, atol=1e-6)
 
 
-def test_bench_train_times_the_ensemble(zinc_data_root, monkeypatch, capsys):
-    """bench_train's ensemble rows: one and two members; two launch fewer than twice the kernels."""
-    from test_cuda_graphs import load_bench_train
-
-    bench = load_bench_train(monkeypatch)
-    assert bench.main(["--device", "cpu", "--presets", "zinc", "--attention", "urpe", "--paths", "eager",
-                       "--warmup", "1", "--steps", "1", "--zinc-batch", "8", "--skip-data-only",
-                       "--ensemble", "2", "--ensemble-backbone", json.dumps(TINY),
-                       "--zinc-root", str(zinc_data_root)]) == 0
-    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["ensemble"]
-    assert [row["members"] for row in rows] == [1, 2]
-    assert all(row["ms_per_step"] > 0 and row["gather_ms_per_step"] > 0 for row in rows)
-    assert rows[0]["kernel_ops_per_step"] < rows[1]["kernel_ops_per_step"] < 2 * rows[0]["kernel_ops_per_step"]

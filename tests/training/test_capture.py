@@ -1,19 +1,20 @@
-"""The shape-stable, sync-free training step that CUDA graphs capture (``cuda_graphs``,
-``static_shapes``), checked on CPU: padding changes no loss or gradient, the loss has no
-data-dependent shape, the compiled edge encoding equals the eager one, the CLI and the benchmark
-run the option (on CPU without graphs)."""
+"""The shape-stable, sync-free training step that a GPU records in a CUDA graph (the training
+engine and the stacked ensemble on ``static_shapes`` batches), checked on CPU: padding changes no
+loss or gradient, the loss has no data-dependent shape, the compiled edge encoding equals the
+eager one, and the whole step at the paper's ZINC recipe shape (one run and six stacked) makes no
+host read, no data-dependent shape, and keeps every buffer in place across steps."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import sys
+import math
+import traceback
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from graphormer_urpe.data.batch import BatchPadding
 from graphormer_urpe.data.collate import collate
@@ -154,106 +155,144 @@ def test_backbone_traces_to_one_graph_that_inductor_lowers(zinc_data_root, monke
     assert left_to_aten <= {"aten.rand.default"}
 
 
-def test_non_finite_loss_stops_training_and_options_are_checked():
+def test_non_finite_loss_stops_training():
     module = GraphormerModule(DataFacts(num_atom_embeddings=29, num_bond_embeddings=5))
     module._check_loss(torch.tensor(0.5))
     with pytest.raises(FloatingPointError, match="training loss is nan at step 0"):
         module._check_loss(torch.tensor(float("nan")), batch_idx=3)
-    with pytest.raises(ValueError, match="exclude each other"):
-        GraphormerModule(DataFacts(num_atom_embeddings=29, num_bond_embeddings=5), compile=True,
-                         cuda_graphs=True)
 
 
-def test_cuda_graphs_option_trains_on_cpu_without_graphs(zinc_data_root, tmp_path):
-    """`graphormer-urpe fit` with the CUDA-graph overlay after the fast one, 3 steps on real ZINC
-    on CPU: says that CUDA graphs need a GPU, trains with batches of one shape, and the
-    checkpoint keeps the plain parameter names."""
-    import subprocess
-
-    script = Path(sys.executable).with_name("graphormer-urpe")
-    result = subprocess.run(
-        [str(script), "fit", "--config", str(REPO / "configs" / "zinc.yaml"),
-         "--config", str(REPO / "configs" / "fast.yaml"), "--config", str(REPO / "configs" / "cuda_graphs.yaml"),
-         "--trainer.default_root_dir", str(tmp_path / "run"), "--trainer.max_steps", "3",
-         "--trainer.limit_val_batches", "2", "--trainer.enable_model_summary", "false",
-         "--model.backbone", json.dumps({"num_layers": 2, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2}),
-         "--model.warmup_steps", "1", "--data.init_args.root", str(zinc_data_root),
-         "--data.init_args.batch_size", "16"],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    output = result.stdout + result.stderr
-    assert "cuda_graphs: CUDA graphs need a GPU; training on cpu without them" in output
-    assert "static_shapes: training batches of 16 graphs padded to N=37 nodes" in output
-    checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
-    assert checkpoint["global_step"] == 3 and checkpoint["hyper_parameters"]["cuda_graphs"]
-    assert all(name.startswith(("model.", "val_metrics.", "test_metrics.")) for name in checkpoint["state_dict"])
+#: Operators a CUDA graph cannot record: a value read back to the host, or an output whose shape
+#: depends on the data (boolean indexing is checked apart: its nonzero runs below the mode).
+NOT_CAPTURABLE = frozenset({"_local_scalar_dense", "item", "nonzero", "nonzero_static", "masked_select",
+                            "unique", "_unique", "_unique2", "unique_dim", "unique_consecutive", "equal",
+                            "is_nonzero", "repeat_interleave", "bincount", "masked_scatter", "argwhere"})
 
 
-def load_bench_train(monkeypatch):
-    spec = importlib.util.spec_from_file_location("bench_train", REPO / "scripts" / "bench_train.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench_train", module)  # its dataclass looks itself up there
-    spec.loader.exec_module(module)
-    return module
+class CaptureGuard(TorchDispatchMode):
+    """Records every operator that a CUDA graph could not hold (:data:`NOT_CAPTURABLE`, and
+    indexing with a boolean mask), with the line of this project that called it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused: list[str] = []
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.ops += 1
+        name = func._overloadpacket.__name__
+        masks = name in ("index", "index_put", "index_put_", "_index_put_impl_") and any(
+            isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
+            for i in (args[1] if len(args) > 1 and isinstance(args[1], (list, tuple)) else ()))
+        if name in NOT_CAPTURABLE or masks:
+            caller = next((f"{frame.filename}:{frame.lineno}" for frame in reversed(traceback.extract_stack())
+                           if "graphormer_urpe" in frame.filename), "?")
+            self.refused.append(f"aten.{name} at {caller}")
+        return func(*args, **kwargs)
 
 
-def test_bench_train_graphs_path_and_a_failing_row(zinc_data_root, monkeypatch, capsys):
-    """bench_train's graphs path runs on CPU; a row that raises is recorded with its error and
-    the next row still runs."""
-    bench = load_bench_train(monkeypatch)
-    run_training = bench.run_training
-
-    def eager_fails(name, attention, path, args):
-        if path == "eager":
-            raise RuntimeError("boom\nsecond line")
-        return run_training(name, attention, path, args)
-
-    monkeypatch.setattr(bench, "run_training", eager_fails)
-    assert bench.main(["--device", "cpu", "--presets", "zinc", "--attention", "urpe",
-                       "--paths", "eager,graphs,resident@32-true", "--warmup", "1", "--steps", "2",
-                       "--zinc-batch", "8", "--skip-data-only", "--zinc-root", str(zinc_data_root)]) == 0
-    out = capsys.readouterr().out
-    rows = json.loads(out.strip().splitlines()[-1])["training"]
-    assert [row["path"] for row in rows] == ["eager", "graphs", "resident@32-true"]
-    assert rows[0]["error"] == "RuntimeError: boom"
-    assert "failed: RuntimeError: boom" in out
-    graphs = rows[1]
-    assert graphs["cuda_graphs"] and graphs["static_shapes"] and graphs["matmul_precision"] == "high"
-    assert graphs["attention_impl"] == "eager" and graphs["precision"] == "32-true" and graphs["ms_per_step"] > 0
-    assert graphs["compiled_graphs"] == 0  # on CPU the captured path trains eagerly
-    assert rows[2]["ms_per_step"] > 0 and not rows[2]["compile"] and "compiled_graphs" not in rows[2]
-    assert torch.get_float32_matmul_precision() == "highest"  # restored after the row
+def test_capture_guard_catches_host_reads_and_data_dependent_shapes():
+    """The guard the two tests below rely on: it names a host read, a boolean mask and a
+    nonzero, and lets fixed-shape work through."""
+    x = torch.arange(6.0)
+    with CaptureGuard() as guard:
+        torch.where(x > 2, x, 0.0).sum().mul(2)
+    assert guard.refused == [] and guard.ops >= 4
+    with CaptureGuard() as guard:
+        float(x.sum())
+        x[x > 2]
+        (x > 2).nonzero()
+    assert [entry.split(" at ")[0] for entry in guard.refused] == [
+        "aten._local_scalar_dense", "aten.index", "aten.nonzero"]
 
 
-def test_cuda_graphs_overlay_follows_the_fast_overlay():
-    from graphormer_urpe.training.cli import build_cli
-
-    cli = build_cli(["--config", str(REPO / "configs" / "zinc.yaml"), "--config", str(REPO / "configs" / "fast.yaml"),
-                     "--config", str(REPO / "configs" / "cuda_graphs.yaml")], run=False)
-    hparams = cli.model.hparams
-    assert hparams.cuda_graphs and not hparams.compile and hparams.matmul_precision == "high"
-    assert hparams.backbone["attention_impl"] == "eager" and hparams.backbone["attention"] == "urpe"
-    assert cli.datamodule.static_shapes and cli.datamodule.device_resident
-    assert str(cli.trainer.precision) == "32-true"
+def tensor_addresses(tensors) -> dict[str, int]:
+    return {name: t.data_ptr() for name, t in tensors.items() if isinstance(t, torch.Tensor)}
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-def test_captured_training_equals_eager_training_on_a_gpu(zinc_data_root):
-    """On a GPU: 6 steps with the backbone captured in CUDA graphs reach the weights of 6 eager
-    steps over the same padded batches (no dropout)."""
+def optimizer_addresses(optimizer) -> dict[str, int]:
+    return {f"{index}.{key}": value.data_ptr()
+            for index, (param, state) in enumerate(optimizer.state.items())
+            for key, value in state.items() if isinstance(value, torch.Tensor)}
+
+
+#: The paper's ZINC recipe (configs/zinc.yaml): Graphormer-slim + URPE, batch 256, 20 hops,
+#: dropout 0.1 in the inputs, residual branches and attention.
+RECIPE_BACKBONE = {"attention": "urpe", "dropout": 0.1, "attention_dropout": 0.1, "activation_dropout": 0.0}
+
+
+def test_engine_step_at_the_recipe_shape_is_capturable(zinc_data_root):
+    """One run (W = 1): the training engine's whole step, as a GPU records it (``capture_safe``),
+    at the recipe's shape with dropout on and clipping, runs 3 steps without an operator a CUDA
+    graph refuses, and keeps parameters, gradients, AdamW state and the step's input buffers at
+    the same addresses from step 2 on (a replayed graph reads and writes fixed addresses)."""
     import lightning.pytorch as pl
 
-    weights = []
-    for cuda_graphs in (False, True):
-        dm = ZINCDataModule(root=str(zinc_data_root), batch_size=64, device_resident=True, static_shapes=True)
-        torch.manual_seed(0)
-        module = zinc_module(dm, backbone={"num_layers": 4, **NO_DROPOUT}, cuda_graphs=cuda_graphs,
-                             warmup_steps=2, total_steps=20)
-        trainer = pl.Trainer(accelerator="cuda", devices=1, max_steps=6, gradient_clip_val=5.0,
-                             limit_val_batches=0, logger=False, enable_checkpointing=False,
-                             enable_progress_bar=False)
-        trainer.fit(module, datamodule=dm)
-        weights.append({name: p.detach().cpu() for name, p in module.named_parameters()})
-        torch._dynamo.reset()
-    for name, expected in weights[0].items():
-        torch.testing.assert_close(weights[1][name], expected, rtol=1e-3, atol=1e-5, msg=lambda m: f"{name}: {m}")
+    dm = ZINCDataModule(root=str(zinc_data_root), batch_size=256, max_hops=20, device_resident=True,
+                        static_shapes=True)
+    pl.seed_everything(0, verbose=False)
+    module = GraphormerModule(DataFacts.of(dm), preset="slim", backbone=RECIPE_BACKBONE,
+                              warmup_steps=2, total_steps=10, engine=True)
+    engine = module._engine
+    engine.capture_safe = True
+    guard, addresses, losses = CaptureGuard(), [], []
+    step = engine._step
+
+    def guarded_step():
+        with guard:
+            step()
+        losses.append(float(engine.loss))
+        addresses.append({**tensor_addresses({n: p for n, p in module.named_parameters()}),
+                          **tensor_addresses({f"{n}.grad": p.grad for n, p in module.named_parameters()}),
+                          **optimizer_addresses(engine.optimizer),
+                          **tensor_addresses({name: getattr(engine, name) for name in (
+                              "order", "start", "offsets", "updates", "found_inf", "loss", "loss_sum")}),
+                          **tensor_addresses({f"lr{i}": lr for i, lr in enumerate(engine.lrs)})})
+
+    engine._step = guarded_step
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=3, precision="32-true", gradient_clip_val=5.0,
+                         limit_val_batches=0, num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, datamodule=dm)
+    assert trainer.global_step == 3 and len(losses) == 3 and all(map(math.isfinite, losses))
+    assert module.model.capture_safe and module.model.edge_bias.capturable
+    assert guard.ops > 1000 and guard.refused == []
+    assert addresses[1] == addresses[2]
+    assert sum(name.endswith(".grad") for name in addresses[2]) == len(list(module.parameters()))
+
+
+def test_ensemble_step_of_six_at_the_recipe_shape_is_capturable(zinc_data_root, tmp_path):
+    """Six stacked runs (W = 6: URPE and RPE x seeds 0, 1, 2): the stacked step (forward under
+    vmap, backward, RPE masks, clipping per member, AdamW) at the recipe's shape with dropout on
+    runs 2 steps without an operator a CUDA graph refuses, with parameters, gradients and AdamW
+    state at the same addresses across them."""
+    from graphormer_urpe.training.ensemble import Ensemble, MemberSpec
+
+    specs = [MemberSpec(f"{arm}-s{seed}", (
+        "--config", str(REPO / "configs" / "zinc.yaml"), "--model.backbone", json.dumps({"attention": arm}),
+        "--seed_everything", str(seed), "--data.init_args.seed", str(seed),
+        "--trainer.default_root_dir", str(tmp_path / f"{arm}-s{seed}"), "--trainer.precision", "32-true",
+        "--trainer.gradient_clip_val", "5.0", "--trainer.max_steps", "10", "--model.warmup_steps", "2",
+        "--data.init_args.root", str(zinc_data_root)))
+        for seed in range(3) for arm in ("urpe", "rpe")]
+    ensemble = Ensemble(specs, tmp_path / "state")
+    assert ensemble.batch_size == 256 and ensemble.template.model.max_hops == 20
+    assert ensemble.template.model.capture_safe
+    guard, addresses = CaptureGuard(), []
+    body = ensemble._step_body
+
+    def guarded_body(batch):
+        with guard:
+            losses = body(batch)
+        addresses.append({**tensor_addresses(ensemble.params),
+                          **tensor_addresses({f"{n}.grad": p.grad for n, p in ensemble.params.items()}),
+                          **optimizer_addresses(ensemble.optimizer)})
+        return losses
+
+    ensemble._step_body = guarded_body
+    orders = ensemble.epoch_orders()
+    losses = [ensemble.train_step(ensemble.member_batches(orders, index)) for index in range(2)]
+    assert all(torch.isfinite(loss).all() and loss.shape == (6,) for loss in losses)
+    assert guard.ops > 1000 and guard.refused == []
+    assert addresses[0] == addresses[1]
