@@ -69,6 +69,7 @@ import torch
 
 from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.data.local_data import local_data_dir
+from graphormer_urpe.nn.dropout import CPU_DROPOUT
 
 REPO = Path(__file__).resolve().parents[1]
 #: benchmark name -> (data set, backbone preset)
@@ -164,11 +165,33 @@ NO_KERNEL_OPS = frozenset(f"aten::{name}" for name in (
     "_local_scalar_dense"))
 
 
+#: Operators that run as one kernel (or one multi-tensor launch) on a GPU but as a loop of
+#: smaller operators on a CPU: each counts once, its CPU operators not.
+ONE_GPU_KERNEL = ("aten::_foreach_", "aten::_fused_", "aten::native_dropout", "aten::bernoulli", CPU_DROPOUT)
+
+
 def kernel_ops(events) -> int:
     """The profiler events that launch a kernel on a GPU, roughly: ATen operators that call no
-    other ATen operator, less :data:`NO_KERNEL_OPS`."""
-    return sum(1 for event in events if event.name.startswith("aten::") and event.name not in NO_KERNEL_OPS
-               and not any(child.name.startswith("aten::") for child in event.cpu_children))
+    other ATen operator, less :data:`NO_KERNEL_OPS`, with :data:`ONE_GPU_KERNEL` operators counted
+    once each instead of their CPU parts."""
+    def inside_one_kernel(event) -> bool:
+        parent = event.cpu_parent
+        while parent is not None:
+            if parent.name.startswith(ONE_GPU_KERNEL):
+                return True
+            parent = parent.cpu_parent
+        return False
+
+    count = 0
+    for event in events:
+        if event.name in NO_KERNEL_OPS or inside_one_kernel(event):
+            continue
+        if event.name.startswith(ONE_GPU_KERNEL):
+            count += 1
+        elif event.name.startswith("aten::") and not any(child.name.startswith("aten::")
+                                                         for child in event.cpu_children):
+            count += 1
+    return count
 
 
 def make_op_counter(start: int, steps: int):

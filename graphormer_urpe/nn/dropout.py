@@ -17,14 +17,20 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
+#: The profiler's name for the CPU mask path: one fused kernel on a GPU (``native_dropout``), so
+#: operator counts that stand for GPU kernels count it once (``scripts/bench_train.py``).
+CPU_DROPOUT = "graphormer_urpe::dropout"
+
+
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     """``F.dropout(x, p, training)``, with the mask drawn by ``uniform_`` on a CPU."""
     if not training or p == 0.0:
         return x
     if x.device.type != "cpu" or torch.compiler.is_compiling() or not 0.0 < p < 1.0:
         return F.dropout(x, p, training)  # also p == 1 and the error for p outside [0, 1]
-    keep = torch.rand(x.shape, dtype=torch.float32, device=x.device) >= p
-    return x * keep.to(x.dtype).mul_(1.0 / (1.0 - p))
+    with torch.profiler.record_function(CPU_DROPOUT):
+        keep = torch.rand(x.shape, dtype=torch.float32, device=x.device) >= p
+        return x * keep.to(x.dtype).mul_(1.0 / (1.0 - p))
 
 
 class Dropout(nn.Dropout):

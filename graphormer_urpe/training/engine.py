@@ -47,12 +47,14 @@ none), and no ``compile``. A checkpoint of the eager step resumes under the engi
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import lightning.pytorch as pl
 import torch
 from torch import Tensor
 
+from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.data.resident import BatchSlot, ResidentLoader, gather_static
 from graphormer_urpe.training.schedule import relative_lr
 
@@ -92,11 +94,14 @@ class TrainingEngine(pl.Callback):
     switches the training loader to :class:`BatchSlot` batches, and reports the device-side
     statistics at each logging interval."""
 
-    def __init__(self, module: pl.LightningModule) -> None:
+    def __init__(self, module: pl.LightningModule, required: bool = True) -> None:
         hp = module.hparams
         if hp.get("compile"):
             raise ValueError("engine records the whole step itself: set model.compile false")
         self.module = module
+        #: ``model.engine true``: a run it cannot train is an error; else (the default) that run
+        #: takes Lightning's own step, with a log line.
+        self.required = required
         #: Train with the forward a CUDA graph holds (:meth:`Graphormer.make_capture_safe`); None:
         #: on a GPU only (on a CPU the eager step's sum keeps the engine equal to it bit for bit).
         self.capture_safe: bool | None = None
@@ -110,38 +115,50 @@ class TrainingEngine(pl.Callback):
         self.total_skipped = 0
 
     # Settings ------------------------------------------------------------------------------------
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        loader = trainer.train_dataloader
+    @staticmethod
+    def unsupported(trainer: pl.Trainer) -> list[str]:
+        """What the trainer's settings ask for that the engine does not do, as the settings it needs."""
         problems = []
-        if not (isinstance(loader, ResidentLoader) and loader.drop_last and loader.split.padding):
-            problems.append("device-resident batches of one shape (data.init_args.device_resident "
-                            "true and data.init_args.static_shapes true)")
-        if "mixed" in str(trainer.precision):
-            problems.append(f"a precision without autocast (trainer.precision 32-true, not "
-                            f"{trainer.precision})")
+        if getattr(trainer.precision_plugin, "scaler", None) is not None:  # 16-mixed on a GPU
+            problems.append("a precision without a loss scaler (trainer.precision 32-true or "
+                            "bf16-mixed, not 16-mixed)")
         if trainer.accumulate_grad_batches != 1:
             problems.append("no gradient accumulation (trainer.accumulate_grad_batches 1)")
         if trainer.gradient_clip_val and (trainer.gradient_clip_algorithm or "norm") != "norm":
             problems.append("clipping by norm (trainer.gradient_clip_algorithm norm)")
         if trainer.world_size != 1:
             problems.append("one device (trainer.devices 1)")
-        if problems:
-            raise ValueError("model.engine needs " + "; ".join(problems))
-        loader.slots = True
+        return problems
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.module._engine is not self:  # the run took Lightning's step (GraphormerModule.setup)
+            return
+        loader = trainer.train_dataloader
+        # Batches of one shape on the device: the engine gathers them itself, inside the step
+        # (and inside the recorded graph on a GPU). Any other batches are stepped as they come.
+        self.slots = isinstance(loader, ResidentLoader) and loader.drop_last and loader.split.padding is not None
+        if self.slots:
+            loader.slots = True
+        elif pl_module.device.type == "cuda":
+            log.warning("engine: the training batches vary in shape, so each step runs without a "
+                        "CUDA graph; data.init_args.device_resident true and static_shapes true let "
+                        "it record the step once")
         self.clip = float(trainer.gradient_clip_val or 0.0)
         self._ready, self._graphs, self._order_source = False, {}, None  # a new fit: new optimizer
 
     # The step ------------------------------------------------------------------------------------
-    def _build(self, trainer: pl.Trainer, slot: BatchSlot) -> None:
-        """Static buffers (the same tensors every step, so a recorded graph can read them)."""
-        module, device = self.module, slot.order.device
-        self.split = trainer.train_dataloader.split
+    def _build(self, trainer: pl.Trainer, slot: BatchSlot | None) -> None:
+        """Static buffers (the same tensors every step, so a recorded graph can read them); the
+        epoch order's with batches of one shape (``slot``)."""
+        module, device = self.module, self.module.device
         self.optimizer = trainer.optimizers[0]
         self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
         zero = lambda dtype=torch.float32: torch.zeros((), dtype=dtype, device=device)  # noqa: E731
-        self.order = torch.empty_like(slot.order)
-        self.start = zero(torch.int64)
-        self.offsets = torch.arange(slot.size, device=device)
+        if slot is not None:
+            self.split = trainer.train_dataloader.split
+            self.order = torch.empty_like(slot.order)
+            self.start = zero(torch.int64)
+            self.offsets = torch.arange(slot.size, device=device)
         self.updates = zero(torch.float64)  # optimizer updates done (u)
         # One learning rate per param group: its peak (the LambdaLR's base lr: model.lr, or
         # model.head_lr for the head's groups) times the schedule's factor. The fused kernel reads
@@ -155,7 +172,8 @@ class TrainingEngine(pl.Callback):
         self.loss = zero()
         self.loss_sum, self.finite_steps, self.skipped = zero(torch.float64), zero(), zero()
         self.optimizer.found_inf = self.found_inf
-        if self.capture_safe if self.capture_safe is not None else device.type == "cuda":
+        capture_safe = device.type == "cuda" if self.capture_safe is None else self.capture_safe
+        if capture_safe and slot is not None:  # the split's ids are checked once, here
             graphs = self.split.graphs
             module.model.make_capture_safe(graphs.x, graphs.edge_attr)
         self._ready = True
@@ -183,15 +201,26 @@ class TrainingEngine(pl.Callback):
             stat.copy_(value)
         return graph
 
-    def _step(self) -> None:
-        """One optimizer step, device-side only (recorded as is into a CUDA graph)."""
-        module, split = self.module, self.split
-        items = self.order.index_select(0, self.start + self.offsets)
-        batch = gather_static(split.graphs, split.graph_ids.index_select(0, items), split.padding,
-                              split.y.index_select(0, items), split.positions.index_select(0, items))
-        # Zeroed in place, not freed: the same gradient tensors every step (a recorded graph's).
-        self.optimizer.zero_grad(set_to_none=False)
-        loss = module._loss(module.model(batch), batch.y)
+    def _step(self, batch: GraphBatch | None = None) -> None:
+        """One optimizer step on ``batch``, or (None) on the batch gathered from the epoch order;
+        device-side only (recorded as is into a CUDA graph)."""
+        module = self.module
+        if batch is None:
+            split = self.split
+            items = self.order.index_select(0, self.start + self.offsets)
+            batch = gather_static(split.graphs, split.graph_ids.index_select(0, items), split.padding,
+                                  split.y.index_select(0, items), split.positions.index_select(0, items))
+        # Freed, not zeroed: backward then hands each gradient over without a kernel (zeroing in
+        # place would add a zero and an add per parameter). In a recorded graph the gradients
+        # live in the graph's memory pool, so every replay writes them at the same addresses.
+        self.optimizer.zero_grad(set_to_none=True)
+        device = self.loss.device.type
+        # Under Lightning's bf16 autocast (it wraps training_step), without the cast cache: a
+        # recorded graph cannot keep one.
+        autocast = (torch.autocast(device, dtype=torch.get_autocast_dtype(device), cache_enabled=False)
+                    if torch.is_autocast_enabled(device) else contextlib.nullcontext())
+        with autocast:
+            loss = module._loss(module.model(batch), batch.y)
         loss.backward()
         if self.clip > 0:  # what Lightning's gradient_clip_val calls, on the same parameters
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.clip)
@@ -216,44 +245,40 @@ class TrainingEngine(pl.Callback):
         self.finite_steps.add_(finite.float())
         self.skipped.add_(1.0 - finite.float())
 
-    def _feed(self, trainer: pl.Trainer, slot: BatchSlot) -> None:
-        """The step's inputs: the epoch order (once per epoch), the batch start, and the update
-        count after a resume (host values, copied without a sync)."""
-        if slot.order is not self._order_source:
-            self.order.copy_(slot.order)
-            self._order_source = slot.order
-        self.start.fill_(slot.start)
+    def _feed(self, trainer: pl.Trainer, slot: BatchSlot | None) -> None:
+        """The step's inputs: the epoch order (once per epoch) and the batch start of ``slot``,
+        and the update count after a resume (host values, copied without a sync)."""
+        if slot is not None:
+            if slot.order is not self._order_source:
+                self.order.copy_(slot.order)
+                self._order_source = slot.order
+            self.start.fill_(slot.start)
         if self._host_updates != trainer.global_step:
             self.updates.fill_(trainer.global_step)
         self._host_updates = trainer.global_step + 1
 
-    def training_step(self, slot: BatchSlot) -> Tensor:
-        """Run one whole optimizer step on ``slot``'s batch; the step's loss (a device tensor,
-        not read here)."""
+    def training_step(self, batch: BatchSlot | GraphBatch) -> Tensor:
+        """Run one whole optimizer step on ``batch`` (a :class:`BatchSlot` to gather, or a
+        gathered batch); the step's loss (a device tensor, not read here)."""
         trainer = self.module.trainer
-        if not isinstance(slot, BatchSlot):
-            raise TypeError(f"model.engine trains on BatchSlot batches, got {type(slot).__name__}")
+        slot = batch if isinstance(batch, BatchSlot) else None
         if not self._ready:
             self._build(trainer, slot)
         frozen = bool(getattr(self.module.model, "_backbone_frozen", False))
         if frozen != self._frozen:
             self._enter_phase(frozen)
-        if slot.order.device.type == "cuda" and frozen not in self._graphs:
+        if slot is not None and slot.order.device.type == "cuda" and frozen not in self._graphs:
             self._graphs[frozen] = self._capture(trainer, slot)
         self._feed(trainer, slot)
         if frozen in self._graphs:
             self._graphs[frozen].replay()
         else:
-            self._step()
+            self._step(None if slot is not None else batch)
         return self.loss
 
     def _enter_phase(self, frozen: bool) -> None:
-        """A phase of ``freeze_backbone_steps`` begins: parameters without ``requires_grad`` lose
-        their gradient tensors, so AdamW skips them (as in the eager step, whose gradients are
-        freed every step)."""
-        for param in self.params:
-            if not param.requires_grad:
-                param.grad = None
+        """A phase of ``freeze_backbone_steps`` begins (its own recorded graph on a GPU: the
+        parameters it updates differ)."""
         self._frozen = frozen
 
     # Reporting -----------------------------------------------------------------------------------
@@ -262,6 +287,26 @@ class TrainingEngine(pl.Callback):
         # The steps at which Lightning writes its logs (the same rule, read from its connector).
         if self._ready and trainer._logger_connector.should_update_logs:
             self.report(trainer)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._ready:
+            self.check()
+
+    def check(self) -> None:
+        """FloatingPointError if every step since the last report was skipped (one read of the
+        device counters): before a checkpoint is written and when training ends, so a run whose
+        every step diverges stops instead of saving its unchanged model as if it trained."""
+        if not self._ready:
+            return
+        finite, skipped = torch.stack([self.finite_steps, self.skipped]).tolist()
+        if skipped and not finite:
+            self._diverged(int(skipped))
+
+    def _diverged(self, skipped: int) -> None:
+        raise FloatingPointError(
+            f"every training step of the last {skipped} had a non-finite loss or gradient (up to "
+            f"step {self.module.trainer.global_step}); no update was applied and no checkpoint "
+            "holds a diverged model: check the targets for huge values and lower the learning rate")
 
     def report(self, trainer: pl.Trainer) -> dict[str, float]:
         """Read and reset the interval's statistics (one device-to-host copy), log them, and raise
@@ -276,10 +321,7 @@ class TrainingEngine(pl.Callback):
                         "step %d; %d skipped in all", skipped, finite + skipped, trainer.global_step,
                         self.total_skipped)
             if not finite:
-                raise FloatingPointError(
-                    f"every training step of the last {int(skipped)} had a non-finite loss or gradient "
-                    f"(up to step {trainer.global_step}); no update was applied and no checkpoint "
-                    "holds a diverged model: check the targets and lower the learning rate")
+                self._diverged(int(skipped))
         stats = {"train/skipped_steps": float(self.total_skipped)}
         if finite:
             stats["train/loss"] = loss_sum / finite

@@ -149,10 +149,13 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
         target_names: the targets' names (the CSV DataModule's ``target_columns``), recorded so
             predictions can be labelled from the checkpoint alone; ``None`` = unnamed.
         engine: train with the training engine (:mod:`~graphormer_urpe.training.engine`): the
-            whole optimizer step (gather, forward, loss, backward, clipping, fused AdamW with an
+            whole optimizer step (forward, loss, backward, clipping, fused AdamW with an
             on-device learning rate, skipping non-finite steps) as one function without host
-            syncs, on a GPU recorded in one CUDA graph. Needs ``data.device_resident`` and
-            ``data.static_shapes``; exclusive with ``compile``.
+            syncs; on a GPU, with ``data.device_resident`` and ``data.static_shapes``, the batch
+            gather too, recorded in one CUDA graph. ``None`` (default): wherever the run allows
+            it (not with ``compile``, ``16-mixed``, gradient accumulation, clipping by value or
+            several devices: there Lightning's own step trains, with a log line); ``True``: those
+            settings are an error; ``False``: Lightning's step.
         init_from: fine-tuning: a checkpoint of this project (training or weights-only) whose
             backbone weights replace the initial ones when ``fit`` starts (not when it resumes
             with ``--ckpt_path``); every parameter must fit, else the run stops naming each
@@ -184,7 +187,7 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
         compile: bool = False,
         target_names: list[str] | None = None,
         matmul_precision: Literal["highest", "high", "medium"] | None = None,
-        engine: bool = False,
+        engine: bool | None = None,
         init_from: str | None = None,
         reinit_head: bool = False,
         freeze_backbone_steps: int = 0,
@@ -209,7 +212,8 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
         self._optimizer_kernel: dict[str, bool] | None = None
         self._unchecked_loss: tuple[Tensor, int, int, int] | None = None
         self._resumed_rng: dict[str, Any] | None = None  # from the checkpoint a fit resumes
-        self._engine = TrainingEngine(self) if engine else None
+        self._engine = (TrainingEngine(self, required=bool(engine))
+                        if engine or (engine is None and not compile) else None)
         self.task = get_task(self.facts.task)
         for stage in ("val", "test"):
             setattr(self, f"{stage}_metrics", MetricCollection(
@@ -256,6 +260,8 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._check_loss(None)
+        if self._engine is not None:
+            self._engine.check()
         checkpoint[RNG_STATES] = rng_states()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -278,6 +284,15 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
             self._resumed_rng = None
 
     def setup(self, stage: str) -> None:
+        # Before the optimizer is built: the engine's needs its fused kernel, Lightning's step not.
+        if stage == "fit" and self._engine is not None:
+            problems = self._engine.unsupported(self.trainer)
+            if problems and self._engine.required:
+                raise ValueError("model.engine needs " + "; ".join(problems))
+            if problems:
+                log.info("training with Lightning's step: the training engine needs %s",
+                         "; ".join(problems))
+                self._engine = None
         if self.hparams.get("matmul_precision"):
             torch.set_float32_matmul_precision(self.hparams.matmul_precision)
 

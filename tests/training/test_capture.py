@@ -225,8 +225,10 @@ RECIPE_BACKBONE = {"attention": "urpe", "dropout": 0.1, "attention_dropout": 0.1
 def test_engine_step_at_the_recipe_shape_is_capturable(zinc_data_root):
     """One run (W = 1): the training engine's whole step, as a GPU records it (``capture_safe``),
     at the recipe's shape with dropout on and clipping, runs 3 steps without an operator a CUDA
-    graph refuses, and keeps parameters, gradients, AdamW state and the step's input buffers at
-    the same addresses from step 2 on (a replayed graph reads and writes fixed addresses)."""
+    graph refuses, and keeps parameters, AdamW state, the learning rates and the step's input
+    buffers at the same addresses from step 2 on (a replayed graph reads and writes fixed
+    addresses; its gradients live in the graph's own memory pool, so they are not kept between
+    eager steps)."""
     import lightning.pytorch as pl
 
     dm = ZINCDataModule(root=str(zinc_data_root), batch_size=256, max_hops=20, device_resident=True,
@@ -239,12 +241,12 @@ def test_engine_step_at_the_recipe_shape_is_capturable(zinc_data_root):
     guard, addresses, losses = CaptureGuard(), [], []
     step = engine._step
 
-    def guarded_step():
+    def guarded_step(batch=None):
+        assert batch is None  # the engine gathers the batch itself, inside the step
         with guard:
             step()
         losses.append(float(engine.loss))
         addresses.append({**tensor_addresses({n: p for n, p in module.named_parameters()}),
-                          **tensor_addresses({f"{n}.grad": p.grad for n, p in module.named_parameters()}),
                           **optimizer_addresses(engine.optimizer),
                           **tensor_addresses({name: getattr(engine, name) for name in (
                               "order", "start", "offsets", "updates", "found_inf", "loss", "loss_sum")}),
@@ -259,7 +261,7 @@ def test_engine_step_at_the_recipe_shape_is_capturable(zinc_data_root):
     assert module.model.capture_safe and module.model.edge_bias.capturable
     assert guard.ops > 1000 and guard.refused == []
     assert addresses[1] == addresses[2]
-    assert sum(name.endswith(".grad") for name in addresses[2]) == len(list(module.parameters()))
+    assert len(addresses[2]) > 3 * len(list(module.parameters()))  # parameters, two moments, step
 
 
 def test_ensemble_step_of_six_at_the_recipe_shape_is_capturable(zinc_data_root, tmp_path):

@@ -51,9 +51,11 @@ class Record(pl.Callback):
             self.around["after"] = self.snapshot(trainer, module)
 
 
-def train(root: Path, engine: bool, steps: int, backbone: dict, callbacks=(), module_args=None, **trainer_args):
+def train(root: Path, engine: bool, steps: int, backbone: dict, callbacks=(), module_args=None, data_args=None,
+          **trainer_args):
     trainer_args = {"logger": False, "enable_checkpointing": False, **trainer_args}
-    dm = ZINCDataModule(root=str(root), batch_size=16, device_resident=True, static_shapes=True)
+    dm = ZINCDataModule(root=str(root), batch_size=16,
+                        **(data_args or {"device_resident": True, "static_shapes": True}))
     pl.seed_everything(3, verbose=False)
     module = GraphormerModule(DataFacts(num_atom_embeddings=dm.num_atom_embeddings,
                                         num_bond_embeddings=dm.num_bond_embeddings),
@@ -95,16 +97,21 @@ def assert_same_training(actual, expected, exact: bool) -> None:
     assert [g["lr"] for g in state["param_groups"]] == [g["lr"] for g in ref_state["param_groups"]]
 
 
-def test_engine_step_equals_the_eager_lightning_step(zinc_data_root, monkeypatch):
+@pytest.mark.parametrize("data_args", [None, {"bucket_batches": 4}], ids=["one shape", "DataLoader"])
+def test_engine_step_equals_the_eager_lightning_step(zinc_data_root, monkeypatch, data_args):
     """24 steps with dropout and clipping active: the same batches, dropout masks, losses,
     parameters and AdamW moments as Lightning's eager step; bit for bit when both use the fused
-    AdamW kernel, within float32 rounding against the eager CPU default (the per-tensor loop)."""
+    AdamW kernel, within float32 rounding against the eager CPU default (the per-tensor loop).
+    On batches of one shape the engine gathers them itself; on the DataLoader's batches of
+    varying shapes it steps them as they come."""
     def run(engine: bool):
         record = Record()
-        module, trainer = train(zinc_data_root, engine, 24, TINY, [record])
+        module, trainer = train(zinc_data_root, engine, 24, TINY, [record], data_args=data_args)
+        assert (module._engine is not None) == engine
         return module, trainer, record
 
     engine = run(True)
+    assert engine[0]._engine.slots == (data_args is None)
     assert_same_training(engine, run(False), exact=False)
     monkeypatch.setattr(torch.optim, "AdamW", FusedAdamW)
     assert_same_training(engine, run(False), exact=True)
@@ -268,12 +275,24 @@ def test_cli_engine_resumes_a_checkpoint_of_the_eager_step(zinc_data_root, tmp_p
         torch.testing.assert_close(value, reference[name], rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
 
 
-def test_engine_refuses_unsupported_settings(zinc_data_root, tmp_path):
-    """One clear error naming the options the engine needs."""
-    with pytest.raises(ValueError, match="model.engine needs device-resident batches of one shape"):
-        fit(tmp_path / "run", zinc_data_root, 2, "--data.init_args.static_shapes", "false")
+def test_engine_settings(zinc_data_root, tmp_path, caplog):
+    """Asked for (configs/engine.yaml), the engine refuses what it does not do in one error naming
+    the options it needs; by default those runs take Lightning's own step, with a log line, and
+    every other run trains with the engine, whatever its batches."""
+    with pytest.raises(ValueError, match=r"model.engine needs clipping by norm \(trainer.gradient_clip_algorithm norm\)"):
+        fit(tmp_path / "run", zinc_data_root, 2, "--trainer.gradient_clip_val", "1.0",
+            "--trainer.gradient_clip_algorithm", "value")
     with pytest.raises(ValueError, match="set model.compile false"):
         fit(tmp_path / "run", zinc_data_root, 2, "--model.compile", "true")
+    with caplog.at_level("INFO", logger="graphormer_urpe"):
+        lightning_step = fit(tmp_path / "lightning", zinc_data_root, 2, "--model.engine", "null",
+                             "--trainer.accumulate_grad_batches", "2")
+    assert lightning_step.model._engine is None
+    assert "training with Lightning's step: the training engine needs no gradient accumulation" in caplog.text
+    varying = fit(tmp_path / "varying", zinc_data_root, 2, "--model.engine", "null",
+                  "--data.init_args.static_shapes", "false", "--data.init_args.device_resident", "false")
+    assert varying.model._engine is not None and not varying.model._engine.slots
+    assert varying.trainer.global_step == 2
 
 
 def test_console_scripts_train_with_the_engine_and_test_its_checkpoint(zinc_data_root, tmp_path):

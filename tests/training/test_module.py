@@ -96,11 +96,12 @@ def test_decay_alone_keeps_c_at_one():
 
 @pytest.mark.parametrize("precision, fused", [("32-true", True), ("bf16-mixed", False)])
 def test_fused_adamw_only_without_mixed_precision(precision, fused):
-    """On CUDA the fused AdamW is used, except under mixed precision, where Lightning refuses
-    gradient clipping with an optimizer that unscales inside its kernel."""
+    """On CUDA Lightning's step uses the fused AdamW, except under mixed precision, where
+    Lightning refuses gradient clipping with an optimizer that unscales inside its kernel (the
+    training engine clips itself and always uses it)."""
     import lightning.pytorch as pl
 
-    module = _module()
+    module = _module(engine=False)
     module.trainer = pl.Trainer(accelerator="cpu", precision=precision, max_steps=100, logger=False,
                                 enable_checkpointing=False, enable_progress_bar=False)
     module._device = torch.device("cuda", 0)  # what a CUDA run reports; AdamW(fused=True) also runs on CPU
