@@ -199,8 +199,8 @@ class EdgePathBias(nn.Module):
     and reduction instead (:meth:`sum_hops_gather`), which inductor fuses into one kernel (again
     nothing of size ``[B, N, N, K, H]``) and whose backward is a scatter-add that CUDA graphs can
     capture: ``embedding_bag``'s CUDA backward reads a count back to the host (so the training
-    engine and the ensemble set :attr:`capturable`, which forces the gather). On a CPU (eager,
-    not capturable) only the hops present are gathered and summed (:meth:`sum_hops_packed`): most
+    engine and the ensemble set :attr:`gather_hops`, which forces the gather). On a CPU (eager,
+    without gather_hops) only the hops present are gathered and summed (:meth:`sum_hops_packed`): most
     (pair, hop) slots are absent at 20 hops, and ``embedding_bag``'s backward (a sort of all
     ``B N N K`` indices) took twice as long as even the full gather's scatter-add.
 
@@ -215,9 +215,9 @@ class EdgePathBias(nn.Module):
         self.max_hops = max_hops
         self.embedding = nn.Embedding(num_bond_embeddings, num_heads, padding_idx=0)
         self.hop_weight = nn.Parameter(torch.empty(max_hops, num_heads, num_heads))
-        #: Sum hops with the gather everywhere (set by the training engine, whose CUDA graph
-        #: cannot hold embedding_bag's host read-back); not a parameter, not saved.
-        self.capturable = False
+        #: Sum hops with the gather on every device (set by Graphormer.make_capture_safe: a CUDA
+        #: graph cannot hold embedding_bag's host read-back nor the CPU's packed sum); not saved.
+        self.gather_hops = False
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -237,14 +237,14 @@ class EdgePathBias(nn.Module):
         present = hops >= 0
         table = hop_tables.reshape(k * num_rows, -1)
         compiling = torch.compiler.is_compiling()
-        if hop_tables.device.type == "cpu" and not compiling and not self.capturable:
+        if hop_tables.device.type == "cpu" and not compiling and not self.gather_hops:
             summed = self.sum_hops_packed(table, hops, present, num_rows)
         else:
             # Row of hop k's table for each path edge; absent hops point anywhere valid, weight 0.
             index = torch.where(present, hops, 0) + torch.arange(k, device=hops.device,
                                                                   dtype=hops.dtype) * num_rows
             weights = present.to(hop_tables.dtype)
-            gather = self.capturable or compiling
+            gather = self.gather_hops or compiling
             summed = (self.sum_hops_gather if gather else self.sum_hops_bag)(table, index, weights)
         count = present.sum(dim=-1, keepdim=True).clamp_min(1)
         return (summed / count).view(batch, n, n, -1).permute(0, 3, 1, 2)

@@ -318,13 +318,13 @@ class Graphormer(nn.Module):
         """Switch the training forward to what a CUDA graph can hold, on any device: no value read
         back to the host and no shape that depends on the data. The ids of everything it will see
         (a whole training split: ``atom_ids``, ``bond_ids``) are checked here, once, instead of
-        per batch, and the multi-hop edge sum takes the gather (:attr:`EdgePathBias.capturable`).
+        per batch, and the multi-hop edge sum takes the gather (:attr:`EdgePathBias.gather_hops`).
         The training engine and the stacked ensemble call it; the values stay the same up to
         float rounding (the gather sums the hops in another order)."""
         self.check_ids(atom_ids, bond_ids)
         self.capture_safe = True
         if getattr(self, "edge_bias", None) is not None:
-            self.edge_bias.capturable = True
+            self.edge_bias.gather_hops = True
 
     def attention_inputs(self, batch: GraphBatch) -> tuple[Tensor | None, Iterable[Tensor | None]]:
         """``B`` ``[B, H, N+1, N+1]`` (None for ``"none"``) and the ``C`` each layer uses

@@ -258,7 +258,7 @@ def test_engine_step_at_the_recipe_shape_is_capturable(zinc_data_root):
                          enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module, datamodule=dm)
     assert trainer.global_step == 3 and len(losses) == 3 and all(map(math.isfinite, losses))
-    assert module.model.capture_safe and module.model.edge_bias.capturable
+    assert module.model.capture_safe and module.model.edge_bias.gather_hops
     assert guard.ops > 1000 and guard.refused == []
     assert addresses[1] == addresses[2]
     assert len(addresses[2]) > 3 * len(list(module.parameters()))  # parameters, two moments, step
