@@ -348,12 +348,22 @@ class Graphormer(nn.Module):
                                for scale in self.urpe_scales)
         return attn_bias, URPEScale.lookup_many(self.urpe_scales, scale_slots)
 
-    def forward(self, batch: GraphBatch) -> Tensor:
-        self._check_batch(batch)
+    def node_features(self, batch: GraphBatch) -> Tensor:
+        """Each atom's input vector ``[B, N, D]``: its atom and degree embeddings plus the node
+        encodings; what :meth:`forward` starts from."""
         node_mask = batch.node_mask
         nodes = self.atom_encoder(batch.x) + self.degree_encoder(batch.encodings["degree"], node_mask)
         for name, encoder in (self.node_encoders.items() if self.node_encodings else ()):
             nodes = nodes + encoder(batch.encodings[name].to(nodes.dtype)) * node_mask[..., None]
+        return nodes
+
+    def forward(self, batch: GraphBatch, nodes: Tensor | None = None) -> Tensor:
+        """Outputs ``[B, head width]``; ``nodes`` replaces :meth:`node_features` (attributions:
+        :mod:`graphormer_urpe.explain` scales them along a path)."""
+        self._check_batch(batch)
+        node_mask = batch.node_mask
+        if nodes is None:
+            nodes = self.node_features(batch)
         h = self.input_dropout(self.graph_token(nodes))  # [B, N+1, D]
         token_is_real = torch.zeros_like(node_mask[:, :1])
         key_padding_mask = torch.cat([token_is_real, ~node_mask], dim=1)  # [B, N+1]

@@ -170,29 +170,36 @@ def size_batches(num_nodes: np.ndarray, max_pairs: int, batch_size: int) -> Iter
         start = end
 
 
-def predict_chunk(module, chunk: RawChunk, num_rows: int, max_pairs: int, batch_size: int) -> np.ndarray:
-    """``[num_rows, T]`` predictions of one featurized chunk (NaN for its rejected rows)."""
+def chunk_batches(facts: DataFacts, chunk: RawChunk, max_pairs: int, batch_size: int,
+                  repeat: int = 1) -> Iterator[tuple[slice, GraphBatch]]:
+    """The encoded, padded batches of a featurized chunk, sized by :func:`size_batches`: each
+    with the slice of ``chunk.position`` it holds. ``repeat``: each graph that many times in a
+    row (an integrated-gradients path, :mod:`graphormer_urpe.explain`)."""
     from graphormer_urpe.data.collate import collate
     from graphormer_urpe.data.encode import encode_flat
     from graphormer_urpe.data.encoding_registry import EncodingParams
     from graphormer_urpe.data.featurize import featurizer_spec
 
-    facts = module.facts
     spec = featurizer_spec(facts.featurizer)
-    out = np.full((num_rows, facts.num_targets), np.nan, dtype=np.float32)
-    device = next(module.parameters()).device
     node_ptr, edge_ptr = chunk.node_ptr, chunk.edge_ptr
     params = EncodingParams.of_model(facts.max_hops, facts.node_encodings)
+    for g0, g1 in size_batches(np.diff(node_ptr), max_pairs, batch_size):
+        n0, n1, e0, e1 = node_ptr[g0], node_ptr[g1], edge_ptr[g0], edge_ptr[g1]
+        flat = encode_flat(chunk.x[n0:n1], node_ptr[g0:g1 + 1] - n0, chunk.edge_index[:, e0:e1],
+                           chunk.edge_attr[e0:e1], edge_ptr[g0:g1 + 1] - e0,
+                           np.full((g1 - g0, 1), np.nan, np.float32), params=params,
+                           atom_feature_dims=spec.atom_feature_dims,
+                           bond_feature_dims=spec.bond_feature_dims)
+        yield slice(g0, g1), collate(flat, np.repeat(np.arange(g1 - g0), repeat))
+
+
+def predict_chunk(module, chunk: RawChunk, num_rows: int, max_pairs: int, batch_size: int) -> np.ndarray:
+    """``[num_rows, T]`` predictions of one featurized chunk (NaN for its rejected rows)."""
+    out = np.full((num_rows, module.facts.num_targets), np.nan, dtype=np.float32)
+    device = next(module.parameters()).device
     with torch.inference_mode():
-        for g0, g1 in size_batches(np.diff(node_ptr), max_pairs, batch_size):
-            n0, n1, e0, e1 = node_ptr[g0], node_ptr[g1], edge_ptr[g0], edge_ptr[g1]
-            flat = encode_flat(chunk.x[n0:n1], node_ptr[g0:g1 + 1] - n0, chunk.edge_index[:, e0:e1],
-                               chunk.edge_attr[e0:e1], edge_ptr[g0:g1 + 1] - e0,
-                               np.full((g1 - g0, 1), np.nan, np.float32), params=params,
-                               atom_feature_dims=spec.atom_feature_dims,
-                               bond_feature_dims=spec.bond_feature_dims)
-            batch = collate(flat, np.arange(g1 - g0))
-            out[chunk.position[g0:g1]] = module.predict_step(batch.to(device), 0)["prediction"].cpu().numpy()
+        for graphs, batch in chunk_batches(module.facts, chunk, max_pairs, batch_size):
+            out[chunk.position[graphs]] = module.predict_step(batch.to(device), 0)["prediction"].cpu().numpy()
     return out
 
 

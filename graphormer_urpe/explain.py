@@ -1,0 +1,275 @@
+r"""``graphormer-urpe-explain``: which atoms drive a prediction, drawn on the molecule.
+
+    graphormer-urpe-explain --ckpt runs/zinc_urpe/checkpoints/last.ckpt --input molecules.csv --out explained
+
+Attribution by integrated gradients (Sundararajan, Taly and Yan, 2017) on each atom's input
+vector :math:`h_i` (its atom and degree embeddings plus any node encodings,
+:meth:`~graphormer_urpe.nn.graphormer.Graphormer.node_features`), along the straight path from
+the baseline :math:`b` to the molecule, where every atom of :math:`b` is the molecule's mean
+atom :math:`\bar h` (the bonds, the shortest paths and the graph token unchanged):
+
+.. math::
+    a_i = (h_i - \bar h) \cdot \frac{1}{S} \sum_{k=1}^{S}
+          \frac{\partial f}{\partial h_i}\Big(b + \tfrac{k - 1/2}{S}\,(h - b)\Big),
+
+summed over the embedding's dimensions: one number per atom. The contributions add up to
+:math:`f(h) - f(b)` up to the quadrature error (completeness), which every row reports as
+``gap``. (A zero baseline would not do: the first layer normalises each atom's vector, so the
+output barely moves along most of the path from 0 and then jumps next to it.) :math:`f` is the model's raw output for ``--target``: the value (regression), the logit
+(classification), the class's logit (multiclass).
+
+Output in ``--out``: ``<row>.png`` and ``<row>.svg`` per molecule (``row``: the input's 1-based
+data row), each atom coloured by its contribution (red raises the output, blue lowers it; the
+scale is per molecule) with the value beside it; ``attributions.csv`` (``row``, ``smiles``,
+``prediction``, ``output``, ``baseline``, ``gap``, ``atoms``: the contributions in RDKit's atom
+order as a JSON list, ``error``); ``index.html``, all of them on one page. A row whose SMILES
+cannot be featurized gets its reason in ``error`` and no picture; the others are still drawn.
+Input as ``graphormer-urpe-predict`` reads it: a CSV with a ``smiles`` column, or one SMILES a
+line.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import html
+import json
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from graphormer_urpe.data.batch import GraphBatch
+from graphormer_urpe.files import AtomicFile, stop_on_signals
+from graphormer_urpe.training.checkpoint import CheckpointError, load_module
+from graphormer_urpe.training.inference import DEFAULT_MAX_NODES, chunk_batches, featurize_chunk
+from graphormer_urpe.training.predictions import InputRow, open_smiles
+
+log = logging.getLogger(__name__)
+
+DEFAULT_STEPS = 32
+#: Padded node pairs per integrated-gradients batch (molecules x path points x (N + 1)^2).
+MAX_PAIRS = 1 << 17
+PICTURE_SIZE = 400
+
+
+@dataclass
+class Explanation:
+    """One molecule's attribution: the contributions ``atoms [n]`` (RDKit's atom order), the raw
+    output ``f(h)`` and baseline ``f(b)`` of the target, its prediction (the task's transform of
+    ``f(h)``) and ``gap = sum(atoms) - (output - baseline)``, the quadrature error."""
+
+    atoms: np.ndarray
+    output: float
+    baseline: float
+    prediction: float
+
+    @property
+    def gap(self) -> float:
+        return float(self.atoms.sum() - (self.output - self.baseline))
+
+
+def integrated_gradients(module, batch: GraphBatch, steps: int, target: int) -> list[Explanation]:
+    """Attributions for the molecules of ``batch``, each present ``steps + 2`` times in a row
+    (:func:`~.training.inference.chunk_batches` with ``repeat``): copy 0 is the baseline, copy 1
+    the molecule, copies 2.. the midpoints of the path."""
+    model = module.model
+    per_graph = steps + 2
+    graphs = batch.num_graphs // per_graph
+    real = batch.node_mask[..., None]
+    with torch.no_grad():
+        nodes = model.node_features(batch)  # [G * (S + 2), N, D]; a molecule's copies are equal
+        mean = (nodes * real).sum(1, keepdim=True) / real.sum(1, keepdim=True).clamp_min(1)
+        baseline = torch.where(real, mean, nodes)  # every atom the molecule's mean atom
+    alphas = torch.cat([torch.tensor([0.0, 1.0]), (torch.arange(steps, dtype=torch.float32) + 0.5) / steps])
+    alphas = alphas.to(nodes).repeat(graphs).view(-1, 1, 1)
+    path = (baseline + alphas * (nodes - baseline)).requires_grad_()
+    with torch.enable_grad():
+        raw = model(batch, path).float()  # [G * (S + 2), head width]
+        outputs = raw[:, target].view(graphs, per_graph)
+        (gradients,) = torch.autograd.grad(outputs[:, 2:].sum(), path)
+    shape = (graphs, per_graph, *nodes.shape[1:])
+    contributions = ((nodes - baseline).view(shape)[:, 1] * gradients.view(shape)[:, 2:].mean(1)).sum(-1)
+    atoms = batch.node_mask.view(graphs, per_graph, -1)[:, 0].sum(1).tolist()
+    predictions = module.task.predictions(raw.detach().view(graphs, per_graph, -1)[:, 1])
+    outputs = outputs.detach()
+    return [Explanation(contributions[g, :atoms[g]].double().cpu().numpy(), float(outputs[g, 1]),
+                        float(outputs[g, 0]), float(predictions[g, target])) for g in range(graphs)]
+
+
+def explain_smiles(module, smiles: list[str], steps: int = DEFAULT_STEPS, target: int = 0,
+                   max_nodes: int = DEFAULT_MAX_NODES) -> list[Explanation | str]:
+    """Per SMILES its :class:`Explanation`, or the reason it cannot be featurized."""
+    if not 0 <= target < module.model.head.out_features:
+        raise ValueError(f"--target {target}: the model has {module.model.head.out_features} outputs")
+    if steps < 1:
+        raise ValueError(f"--steps must be >= 1, got {steps}")
+    module.eval()
+    chunk = featurize_chunk((module.facts.featurizer, max_nodes, smiles))
+    results: list[Explanation | str] = [""] * len(smiles)
+    for position, reason in chunk.errors:
+        results[position] = reason
+    device = next(module.parameters()).device
+    per_graph = steps + 2
+    for graphs, batch in chunk_batches(module.facts, chunk, MAX_PAIRS // per_graph, max(1, 1024 // per_graph),
+                                       repeat=per_graph):
+        for position, explanation in zip(chunk.position[graphs],
+                                         integrated_gradients(module, batch.to(device), steps, target)):
+            results[position] = explanation
+    return results
+
+
+# ------------------------------------------------------------------------------ pictures
+def atom_colours(values: np.ndarray) -> dict[int, tuple[float, float, float]]:
+    """White to red for positive contributions, white to blue for negative, scaled by the
+    molecule's largest magnitude."""
+    scale = float(np.abs(values).max()) or 1.0
+    colours = {}
+    for index, value in enumerate(values):
+        t = min(1.0, abs(float(value)) / scale)
+        colours[index] = (1.0, 1.0 - 0.75 * t, 1.0 - 0.75 * t) if value >= 0 else (1.0 - 0.75 * t, 1.0 - 0.75 * t, 1.0)
+    return colours
+
+
+def draw(smiles: str, featurizer: str, values: np.ndarray, png: Path, svg: Path) -> None:
+    """The molecule with each atom coloured by its contribution and labelled with it."""
+    from rdkit import Chem
+    from rdkit.Chem.Draw import rdMolDraw2D
+
+    from graphormer_urpe.data.featurize import clean_smiles
+
+    mol = Chem.MolFromSmiles(clean_smiles(smiles) if featurizer == "ogb" else smiles)
+    if mol is None or mol.GetNumAtoms() != len(values):
+        raise ValueError(f"the drawing's {0 if mol is None else mol.GetNumAtoms()} atoms do not match "
+                         f"the model's {len(values)}")
+    for atom, value in zip(mol.GetAtoms(), values):
+        atom.SetProp("atomNote", f"{value:+.2f}")
+    colours = atom_colours(values)
+    atoms = list(range(len(values)))
+    radii = {index: 0.45 for index in atoms}
+    for drawer, path in ((rdMolDraw2D.MolDraw2DCairo(PICTURE_SIZE, PICTURE_SIZE), png),
+                         (rdMolDraw2D.MolDraw2DSVG(PICTURE_SIZE, PICTURE_SIZE), svg)):
+        drawer.drawOptions().annotationFontScale = 0.7
+        rdMolDraw2D.PrepareAndDrawMolecule(drawer, mol, highlightAtoms=atoms, highlightAtomColors=colours,
+                                           highlightAtomRadii=radii, highlightBonds=[])
+        drawer.FinishDrawing()
+        data = drawer.GetDrawingText()
+        with AtomicFile(path, binary=isinstance(data, bytes)) as output:
+            output.handle.write(data)
+            output.commit()
+
+
+# ------------------------------------------------------------------------------ command
+COLUMNS = ["row", "smiles", "prediction", "output", "baseline", "gap", "atoms", "error"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="graphormer-urpe-explain", description=__doc__.split("\n")[0])
+    parser.add_argument("--ckpt", required=True, help="Lightning checkpoint (.ckpt) of any config")
+    parser.add_argument("--input", required=True,
+                        help="CSV with a 'smiles' column, or one SMILES a line")
+    parser.add_argument("--out", required=True, help="directory for the pictures, attributions.csv and index.html")
+    parser.add_argument("--target", type=int, default=0,
+                        help="which output to explain: target (or class) index, default 0")
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
+                        help=f"points on the integrated-gradients path (default {DEFAULT_STEPS})")
+    parser.add_argument("--max-nodes", type=int, default=DEFAULT_MAX_NODES,
+                        help=f"larger molecules get an error row (default {DEFAULT_MAX_NODES})")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    with stop_on_signals():
+        return _explain(args)
+
+
+def _fail(message: str) -> int:
+    print(f"graphormer-urpe-explain: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _explain(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    source, out = Path(args.input), Path(args.out)
+    if not source.is_file():
+        return _fail(f"input file {source} does not exist" if not source.exists()
+                     else f"input {source} is not a regular file")
+    if out.exists() and not out.is_dir():
+        return _fail(f"--out {out} is a file, not a directory")
+    if args.steps < 1 or args.max_nodes < 1:
+        return _fail("--steps and --max-nodes must be >= 1")
+    try:
+        module = load_module(args.ckpt, inference_only=True)
+        with open(source, newline="", encoding="utf-8-sig") as handle:
+            rows: list[InputRow] = list(open_smiles(handle, source).rows)
+    except (CheckpointError, ValueError, UnicodeDecodeError, csv.Error) as exc:
+        return _fail(str(exc))
+    if not 0 <= args.target < module.model.head.out_features:
+        return _fail(f"--target {args.target}: the model has {module.model.head.out_features} outputs "
+                     f"({module.facts.task})")
+    out.mkdir(parents=True, exist_ok=True)
+    from tqdm import tqdm
+
+    records = []
+    featurizer = module.facts.featurizer
+    step = 64  # molecules explained and drawn together
+    with tqdm(total=len(rows), unit="mol", disable=args.quiet, file=sys.stderr, desc="explain") as progress:
+        for start in range(0, len(rows), step):
+            part = rows[start:start + step]
+            results = explain_smiles(module, [("" if row.error else row.smiles) for row in part], args.steps,
+                                     args.target, args.max_nodes)
+            for offset, (row, result) in enumerate(zip(part, results)):
+                number = start + offset + 1
+                record = {"row": number, "smiles": row.smiles, "error": row.error or ""}
+                if isinstance(result, Explanation) and not row.error:
+                    try:
+                        draw(row.smiles, featurizer, result.atoms, out / f"{number}.png", out / f"{number}.svg")
+                    except ValueError as exc:
+                        record["error"] = f"cannot draw: {exc}"
+                    record.update(prediction=f"{result.prediction:.6g}", output=f"{result.output:.6g}",
+                                  baseline=f"{result.baseline:.6g}", gap=f"{result.gap:.3g}",
+                                  atoms=json.dumps([round(float(v), 5) for v in result.atoms]))
+                elif not record["error"]:
+                    record["error"] = result
+                records.append(record)
+            progress.update(len(part))
+    with AtomicFile(out / "attributions.csv") as table:
+        writer = csv.DictWriter(table.handle, COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(records)
+        table.commit()
+    with AtomicFile(out / "index.html") as page:
+        page.handle.write(index_html(records, args.ckpt, args.target))
+        page.commit()
+    failed = sum(bool(r["error"]) for r in records)
+    log.info("explained %d molecules in %s (%d without a picture)", len(records) - failed, out, failed)
+    return 0
+
+
+def index_html(records: list[dict], ckpt: str, target: int) -> str:
+    """One page: every molecule's picture, SMILES, prediction and the integrated-gradients gap."""
+    cells = []
+    for record in records:
+        text = html.escape(record["smiles"])
+        if record["error"]:
+            cells.append(f'<figure><figcaption>{record["row"]}: {text}<br><b>{html.escape(record["error"])}'
+                         "</b></figcaption></figure>")
+        else:
+            cells.append(f'<figure><img src="{record["row"]}.svg" alt="{text}"><figcaption>{record["row"]}: {text}<br>prediction '
+                         f'{record["prediction"]} (output {record["output"]}, baseline {record["baseline"]}, '
+                         f'gap {record["gap"]})</figcaption></figure>')
+    return ("<!doctype html><meta charset=\"utf-8\"><title>graphormer-urpe-explain</title>"
+            "<style>body{font-family:sans-serif}figure{display:inline-block;width:320px;margin:8px;"
+            "vertical-align:top}img{width:300px}figcaption{font-size:12px;word-break:break-all}</style>"
+            f"<h1>Atom contributions</h1><p>Checkpoint {html.escape(str(ckpt))}, output {target}: red atoms "
+            "raise it, blue lower it (scale per molecule); integrated gradients from the molecule with "
+            "every atom replaced by its mean atom (the baseline).</p>" + "".join(cells) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
