@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import traceback
 from pathlib import Path
 
@@ -231,6 +232,7 @@ def test_engine_step_at_the_recipe_shape_is_capturable(zinc_data_root):
     eager steps)."""
     import lightning.pytorch as pl
 
+    torch.set_num_threads(os.cpu_count() or 1)  # large tensors: all cores (the fixture restores 1)
     dm = ZINCDataModule(root=str(zinc_data_root), batch_size=256, max_hops=20, device_resident=True,
                         static_shapes=True)
     pl.seed_everything(0, verbose=False)
@@ -271,6 +273,7 @@ def test_ensemble_step_of_six_at_the_recipe_shape_is_capturable(zinc_data_root, 
     state at the same addresses across them."""
     from graphormer_urpe.training.ensemble import Ensemble, MemberSpec
 
+    torch.set_num_threads(os.cpu_count() or 1)  # large tensors: all cores (the fixture restores 1)
     specs = [MemberSpec(f"{arm}-s{seed}", (
         "--config", str(REPO / "configs" / "zinc.yaml"), "--model.backbone", json.dumps({"attention": arm}),
         "--seed_everything", str(seed), "--data.init_args.seed", str(seed),
