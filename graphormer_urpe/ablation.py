@@ -216,18 +216,18 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
 
 def checkpoint_step(path: Path) -> int:
     """The optimizer steps a checkpoint holds (its ``global_step``)."""
-    import torch
+    from graphormer_urpe.training.checkpoint import read_checkpoint
 
-    return int(torch.load(path, map_location="cpu", weights_only=False)["global_step"])
+    return int(read_checkpoint(path)["global_step"])
 
 
 def best_checkpoint(run_dir: Path) -> tuple[Path, float, int, int, Task]:
     """``(best path, its validation score, its step, last step, the task)`` from the
     ModelCheckpoint state that ``last.ckpt`` carries (the CLI's checkpoint callback monitors the
     task's validation metric, e.g. ``val/mae``)."""
-    import torch
+    from graphormer_urpe.training.checkpoint import read_checkpoint
 
-    last = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    last = read_checkpoint(run_dir / "checkpoints" / "last.ckpt")
     task = get_task(DataFacts.recorded(last.get("hyper_parameters", {}), "task"))
     states = [state for key, state in last.get("callbacks", {}).items()
               if key.startswith("ModelCheckpoint") and state.get("monitor") == task.monitor]
@@ -235,7 +235,7 @@ def best_checkpoint(run_dir: Path) -> tuple[Path, float, int, int, Task]:
         raise RuntimeError(f"{run_dir}: last.ckpt has no best {task.monitor} checkpoint (was "
                            "validation run? the budget must cover at least one validation)")
     path = Path(states[0]["best_model_path"])
-    best = torch.load(path, map_location="cpu", weights_only=False)
+    best = read_checkpoint(path)
     return (path, float(states[0]["best_model_score"]), int(best["global_step"]), int(last["global_step"]),
             task)
 
@@ -407,6 +407,15 @@ class Grid:
         (:func:`hold`); ``ValueError`` when another runner holds one."""
         dirs = [run.dir for run in self.runs] + ([self.dir / "ensemble"] if self.ensemble else [])
         self._locks = [hold(directory) for directory in dirs]
+
+    def check_checkpoints(self) -> None:
+        """Read (as plain data, :func:`checkpoint_step`) the ``last.ckpt`` of every unfinished
+        run, which it resumes or tests from: a damaged or crafted one is refused (``ValueError``
+        naming it) before any run starts."""
+        for run in self.runs:
+            last = run.dir / "checkpoints" / "last.ckpt"
+            if last.exists() and "result" not in run.load_record():
+                checkpoint_step(last)
 
     def run(self) -> list[dict]:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -698,6 +707,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 raise SystemExit(f"graphormer-urpe-ablation: error: {error}") from None
         try:
             grid.lock()
+            grid.check_checkpoints()
         except ValueError as error:
             print(f"graphormer-urpe-ablation: error: {error}", file=sys.stderr)
             raise SystemExit(2) from None

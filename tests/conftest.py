@@ -156,3 +156,30 @@ def one_torch_thread():
     yield
     torch.set_num_threads(threads)
 
+
+
+class _RunsCodeWhenUnpickled:
+    """Unpickling this object creates ``marker``: the proof that a load ran code from the file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), "w")
+
+
+@pytest.fixture
+def plant_crafted_checkpoint():
+    """``plant(path) -> marker``: writes at ``path`` a torch file shaped like a Lightning checkpoint
+    (and an ensemble state) whose loading with ``weights_only=False`` creates ``marker``."""
+    def plant(path: Path) -> Path:
+        import torch
+
+        marker = path.with_name(path.name + ".code-ran")
+        payload = _RunsCodeWhenUnpickled(marker)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"state_dict": {}, "hyper_parameters": {"hook": payload}, "global_step": payload,
+                    "members": payload}, path)
+        return marker
+
+    return plant

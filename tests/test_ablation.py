@@ -289,3 +289,23 @@ def test_ensemble_refuses_a_recipe_it_cannot_train_with_one_line(zinc_data_root,
     with pytest.raises(SystemExit, match="error: --ensemble does not support these trainer "
                                          r"settings: \['accumulate_grad_batches'\]"):
         main(command[3:])  # the arguments after `python -m graphormer_urpe.ablation`
+
+
+@pytest.mark.parametrize("planted", ["rpe-s0/checkpoints/last.ckpt", "ensemble/state.pt"])
+def test_crafted_state_in_a_run_directory_is_refused_without_running_its_code(
+        zinc_data_root, tmp_path, plant_crafted_checkpoint, planted):
+    """Resuming reads the run's last.ckpt (and, with --ensemble, the ensemble's state.pt) as plain
+    data: a planted file whose unpickling runs code is refused in one line before any run."""
+    crafted = tmp_path / "runs" / "tiny" / planted
+    marker = plant_crafted_checkpoint(crafted)
+    ensemble = ["--ensemble"] if planted.startswith("ensemble") else []
+    done = subprocess.run(runner_command(tmp_path, zinc_data_root, "--arms", "rpe", *ensemble),
+                          cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                          text=True, timeout=600)
+    what = "ensemble state" if ensemble else "checkpoint"
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"graphormer-urpe-ablation: error: {what} {crafted} cannot be read: it holds objects other "
+        "than tensors and plain values, which are never loaded"), done.stderr[-3000:]
+    assert not marker.exists()
+    assert ensemble or ": fit" not in done.stdout  # refused before the run started

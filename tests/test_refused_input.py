@@ -261,3 +261,20 @@ def test_damaged_ablation_results_are_refused_at_start_and_kept(tmp_path, capsys
     assert err[-1].startswith(f"graphormer-urpe-ablation: error: {results}: ")
     assert not (tmp_path / "runs").exists()  # no run started
     assert results.read_text() == content  # never rewritten
+
+
+@pytest.mark.parametrize("command", ["test --ckpt_path FILE", "fit --ckpt_path last"])
+def test_crafted_checkpoint_is_refused_in_one_line_without_running_its_code(
+        esol_csv, tmp_path, plant_crafted_checkpoint, command):
+    """A checkpoint is data: one whose unpickling would run code is refused by name, in one
+    line, before any data is read, and its code never runs."""
+    subcommand, _, which = command.split()
+    crafted = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    marker = plant_crafted_checkpoint(crafted)
+    done = run_command([subcommand, *esol_args(tmp_path, esol_csv)[1:],
+                        "--ckpt_path", str(crafted) if which == "FILE" else "last"])
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert error_lines(done.stderr) == [
+        f"graphormer-urpe: error: checkpoint {crafted} cannot be read: it holds objects other than "
+        "tensors and plain values, which are never loaded"]
+    assert not marker.exists() and not (tmp_path / "cache").exists()

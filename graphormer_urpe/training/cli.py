@@ -36,6 +36,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_module
 from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.files import same_file
 from graphormer_urpe.training import finetune
+from graphormer_urpe.training.checkpoint import read_checkpoint
 from graphormer_urpe.training.run_checkpoint import RunCheckpoint, check_run_dir
 from graphormer_urpe.training.module import GraphormerModule
 from graphormer_urpe.training.schedule import check_schedule
@@ -92,7 +93,8 @@ class GraphormerCLI(LightningCLI):
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if not ckpt_path or not Path(ckpt_path).is_file():
             return
-        hparams = torch.load(ckpt_path, weights_only=True, map_location="cpu").get("hyper_parameters", {})
+        hparams = read_checkpoint(ckpt_path).get("hyper_parameters", {})
+        self._verified_ckpt_path = ckpt_path
         hparams = {k: v for k, v in DataFacts.nest(hparams).items()
                    if k not in ("facts", "_instantiator", "_class_path")}
         if hparams:
@@ -135,6 +137,9 @@ class GraphormerCLI(LightningCLI):
         if self.subcommand is not None:  # before any data is read
             config.ckpt_path = check_run_dir(checkpoint.dirpath, config.get("ckpt_path"),
                                              checkpoint.overwrite, self.subcommand == "fit")
+            verified = getattr(self, "_verified_ckpt_path", None)
+            if config.ckpt_path and config.ckpt_path != verified and Path(config.ckpt_path).is_file():
+                read_checkpoint(config.ckpt_path)  # `last`: a crafted file is refused here, in one line
         if config.trainer.logger in (None, True):
             config.trainer.logger = [
                 Namespace(class_path=f"lightning.pytorch.loggers.{cls}",

@@ -16,15 +16,14 @@ schedule).
 from __future__ import annotations
 
 import logging
-import pickle
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from graphormer_urpe.data.facts import DataFacts
+from graphormer_urpe.training.checkpoint import CheckpointError, read_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -39,18 +38,10 @@ class InitFromError(ValueError):
 def read_backbone_state(path: str | Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
     """``(backbone state_dict, hyperparameters or {})`` of a training or weights-only checkpoint."""
     path = Path(path)
-    if not path.is_file():
-        raise InitFromError(f"model.init_from: checkpoint {path} does not exist")
     try:
-        # weights_only: a checkpoint is data, never code to run (this project's hparams are plain)
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        raise InitFromError(f"model.init_from: {path} holds objects other than tensors and plain "
-                            "values, which are never loaded") from None
-    except Exception as exc:  # noqa: BLE001 - any failure to read is a bad file
-        reason = str(exc).splitlines()[0] if str(exc) else ""
-        raise InitFromError(f"model.init_from: {path} cannot be read as a checkpoint "
-                            f"({type(exc).__name__}: {reason})") from None
+        checkpoint = read_checkpoint(path)
+    except CheckpointError as exc:
+        raise InitFromError(f"model.init_from: {exc}") from None
     hparams: dict[str, Any] = {}
     if isinstance(checkpoint, Mapping) and isinstance(checkpoint.get("state_dict"), Mapping):
         state, hparams = checkpoint["state_dict"], dict(checkpoint.get("hyper_parameters") or {})
