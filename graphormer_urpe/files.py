@@ -63,38 +63,69 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+#: Names of a process's open files (``/dev/stdout`` is whatever standard output is: a pipe, a
+#: terminal, a file the shell opened): written through the open file, never replaced.
+_OPEN_FILE_NAMES = ("/dev/stdout", "/dev/stderr", "/dev/fd/", "/proc/")
+
+
+def written_in_place(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is written where it stands rather than replaced by a rename: an existing
+    file that is not a regular one (a device such as ``/dev/null``, a FIFO, a socket) or a name
+    of an open file (:data:`_OPEN_FILE_NAMES`). Renaming a file onto those would replace the
+    device, pipe or file the user named instead of writing to it."""
+    absolute = Path(path).absolute()
+    return (absolute.exists() and not absolute.is_file()) or str(absolute).startswith(_OPEN_FILE_NAMES)
+
+
+def _open(fd_or_path: int | str | os.PathLike, binary: bool) -> IO:
+    return open(fd_or_path, "wb") if binary else open(fd_or_path, "w", newline="", encoding="utf-8")
+
+
 class AtomicFile:
     """A file written beside ``path`` and moved onto it by :meth:`commit`; removed by
     :meth:`discard` or on leaving the ``with`` block without a commit. Creating it checks that
     ``path`` can be written. ``handle``: the open temporary (text with ``newline=""`` and UTF-8,
-    or binary)."""
+    or binary).
+
+    A symbolic link is written through: its target gets the content (created if missing) and the
+    link stays. A device, a FIFO or a path under ``/dev`` or ``/proc`` (:func:`written_in_place`)
+    is opened and written directly: there is no file to replace, so a failure may leave part of
+    the content written there."""
 
     def __init__(self, path: str | os.PathLike, binary: bool = False) -> None:
         self.path = Path(path)
         if self.path.is_dir():
             raise IsADirectoryError(f"{self.path} is a directory")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, self._temporary = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.",
-                                               suffix=".part")
+        self._temporary: str | None = None
+        if written_in_place(self.path):
+            self.handle: IO = _open(self.path, binary)
+            return
+        self._destination = Path(os.path.realpath(self.path))
+        self._destination.parent.mkdir(parents=True, exist_ok=True)
+        fd, self._temporary = tempfile.mkstemp(dir=self._destination.parent,
+                                               prefix=f".{self._destination.name}.", suffix=".part")
         try:
-            self.handle: IO = (open(fd, "wb") if binary
-                               else open(fd, "w", newline="", encoding="utf-8"))
+            self.handle = _open(fd, binary)
         except BaseException:
             os.close(fd)
             os.unlink(self._temporary)
             raise
 
     def commit(self) -> None:
-        """fsync, the permissions a previous file had (else a new file's under the umask), rename."""
+        """fsync, the permissions a previous file had (else a new file's under the umask), rename;
+        for a file written in place, flush and close."""
         self.handle.flush()
+        if self._temporary is None:
+            self.handle.close()
+            return
         os.fsync(self.handle.fileno())
         self.handle.close()
-        _replace(self._temporary, self.path)
+        _replace(self._temporary, self._destination)
 
     def discard(self) -> None:
         with contextlib.suppress(OSError):  # a full disk fails the flush of closing again
             self.handle.close()
-        if os.path.exists(self._temporary):
+        if self._temporary is not None and os.path.exists(self._temporary):
             os.unlink(self._temporary)
 
     def __enter__(self) -> AtomicFile:

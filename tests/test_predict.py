@@ -264,6 +264,59 @@ def test_new_output_gets_ordinary_permissions(esol_run, tmp_path):
     assert (tmp_path / "out.csv").stat().st_mode & 0o777 == 0o644
 
 
+PREDICT = Path(sys.executable).with_name("graphormer-urpe-predict")
+
+
+@pytest.mark.parametrize("kind", ["symlink", "dangling symlink", "fifo", "character device", "/dev/stdout"])
+def test_output_that_is_not_a_regular_file_is_written_through_never_replaced(esol_run, tmp_path, kind):
+    """``--output`` naming a symbolic link writes its target (the link stays); a FIFO, a device
+    (as /dev/null is) or /dev/stdout is written in place, never replaced by a regular file."""
+    import stat
+    import threading
+
+    _, ckpt = esol_run
+    source = tmp_path / "in.smi"
+    source.write_text("CCO\nc1ccccc1\n")
+    output, target = tmp_path / "out.csv", tmp_path / "target.csv"
+    received: list[str] = []
+    reader = None
+    if kind == "symlink":
+        target.write_text("old predictions\n")
+        output.symlink_to(target)
+    elif kind == "dangling symlink":
+        output.symlink_to(target)
+    elif kind == "fifo":
+        os.mkfifo(output)
+        reader = threading.Thread(target=lambda: received.append(output.read_text()), daemon=True)
+        reader.start()
+    elif kind == "character device":
+        try:  # the null device's numbers, in the test's own folder
+            os.mknod(output, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        except PermissionError:
+            pytest.skip("creating a device file needs root")
+    else:
+        output = Path(kind)
+    done = subprocess.run([str(PREDICT), "--ckpt", str(ckpt), "--input", str(source), "--output",
+                           str(output), "--quiet", "--workers", "0"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    if reader is not None:
+        reader.join(timeout=60)
+    written = {"symlink": lambda: target.read_text(), "dangling symlink": lambda: target.read_text(),
+               "fifo": lambda: received[0], "character device": lambda: "",
+               "/dev/stdout": lambda: done.stdout}[kind]()
+    if kind != "character device":
+        lines = written.splitlines()
+        assert lines[0].startswith("row,smiles,prediction") and len(lines) == 3, written
+    if kind.endswith("symlink"):
+        assert output.is_symlink() and os.readlink(output) == str(target)
+    elif kind == "fifo":
+        assert stat.S_ISFIFO(os.lstat(output).st_mode)
+    elif kind == "character device":
+        assert stat.S_ISCHR(os.lstat(output).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary
+
+
 # ------------------------------------------------------------------------------ checkpoints
 def _overwrite_entry_bytes(ckpt: Path, bad: Path) -> None:
     """A copy of ``ckpt`` with bytes of its largest tensor entry changed in place (CRC stale)."""
