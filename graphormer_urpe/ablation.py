@@ -66,7 +66,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from graphormer_urpe.data.facts import DataFacts
-from graphormer_urpe.files import atomic_write
+from graphormer_urpe.files import atomic_write, hold_directory
 from graphormer_urpe.task import Task, get_task
 
 #: What each arm changes in the recipe's ``model.backbone`` (merged into it; everything else in
@@ -177,27 +177,6 @@ def merge_results(path: Path, new: Sequence[dict]) -> list[dict]:
                          key=lambda e: (str(e.get("recipe")), e["attention"], e["seed"]))
         write_json(path, ordered)
     return ordered
-
-
-def hold(directory: Path) -> Any:
-    """An exclusive lock on ``directory`` (``fcntl.flock`` on its :data:`LOCK_FILE`, which then
-    holds this process's pid) for as long as the returned file stays open; the kernel drops it
-    when the process ends, killed or not. ``ValueError`` naming the holder's pid when another
-    process holds it: one run directory is trained by one process."""
-    directory.mkdir(parents=True, exist_ok=True)
-    handle = open(directory / LOCK_FILE, "a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        holder = handle.read().strip() or "unknown"
-        handle.close()
-        raise ValueError(f"{directory} is in use by another graphormer-urpe-ablation (pid "
-                         f"{holder}); wait for it to end, or choose another --name or --runs-dir") from None
-    handle.truncate(0)
-    handle.write(f"{os.getpid()}\n")
-    handle.flush()
-    return handle
 
 
 # --------------------------------------------------------------------------------------------
@@ -404,9 +383,12 @@ class Grid:
 
     def lock(self) -> None:
         """Hold every run directory of this grid (and the ensemble's) until the process ends
-        (:func:`hold`); ``ValueError`` when another runner holds one."""
+        (:func:`~graphormer_urpe.files.hold_directory` on :data:`LOCK_FILE`); ``ValueError`` when
+        another runner holds one."""
         dirs = [run.dir for run in self.runs] + ([self.dir / "ensemble"] if self.ensemble else [])
-        self._locks = [hold(directory) for directory in dirs]
+        self._locks = [hold_directory(directory, LOCK_FILE, "graphormer-urpe-ablation",
+                                      "wait for it to end, or choose another --name or --runs-dir")
+                       for directory in dirs]
 
     def check_checkpoints(self) -> None:
         """Read (as plain data, :func:`checkpoint_step`) the ``last.ckpt`` of every unfinished
@@ -414,7 +396,7 @@ class Grid:
         naming it) before any run starts."""
         for run in self.runs:
             last = run.dir / "checkpoints" / "last.ckpt"
-            if last.exists() and "result" not in run.load_record():
+            if last.exists() and "result" not in read_json(run.record_path, {}):
                 checkpoint_step(last)
 
     def run(self) -> list[dict]:
@@ -447,6 +429,7 @@ class Grid:
         import torch
 
         from graphormer_urpe.training.ensemble import Ensemble, MemberSpec
+        from graphormer_urpe.training.run_checkpoint import hold_run_dir
 
         pending = [(run, run.load_record()) for run in self.runs]
         pending = [(run, record) for run, record in pending
@@ -474,12 +457,18 @@ class Grid:
         self.log(f"{self.name}: fit {len(pending)} runs as one ensemble: "
                  + ", ".join(run.label for run, _ in pending))
         try:
+            # each member's run directory is held as its solo fit would hold it
+            held = [hold_run_dir(run.dir) for run, _ in pending]
             ensemble = Ensemble([MemberSpec(run.label, tuple(run.cli_args)) for run, _ in pending],
                                 self.dir / "ensemble", progress=progress, cuda_graph=self.cuda_graph)
             ensemble.fit()
         except (ValueError, FloatingPointError) as error:  # a recipe it cannot train, a diverged
-            # member, a saved state of other runs: one line that says which, no traceback
+            # member, a saved state of other runs, a run directory in use: one line that says
+            # which, no traceback
             raise SystemExit(f"graphormer-urpe-ablation: error: {error}") from None
+        for handle in held:  # trained: the run directories are free again
+            if handle is not None:
+                handle.close()
         for (run, record), attempt in zip(pending, attempts):
             attempt.update(wall_s=round(time.perf_counter() - start, 1), returncode=0)
             record["fit_done"] = True

@@ -1,4 +1,5 @@
-"""Files that appear whole or not at all, the same-file test, and stopping on signals.
+"""Files that appear whole or not at all, the same-file test, stopping on signals, and the lock
+that gives a folder to one process.
 
 A file is written to a temporary sibling (``.<name>.<random>.part``), flushed to disk (fsync)
 and renamed onto its path with ``os.replace``, which is atomic within one file system: a reader,
@@ -9,6 +10,7 @@ a full disk, ``SystemExit`` from :func:`stop_on_signals`).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
@@ -210,3 +212,23 @@ class AtomicDirectory:
 
     def __exit__(self, *exc_info) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def hold_directory(directory: Path, lock_name: str, holder: str, advice: str) -> IO:
+    """An exclusive lock on ``directory`` (``fcntl.flock`` on its file ``lock_name``, which then
+    holds this process's pid) for as long as the returned file stays open; the kernel drops it
+    when the process ends, killed or not. ``ValueError`` when another process holds it:
+    ``<directory> is in use by another <holder> (pid N); <advice>``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    handle = open(directory / lock_name, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        pid = handle.read().strip() or "unknown"
+        handle.close()
+        raise ValueError(f"{directory} is in use by another {holder} (pid {pid}); {advice}") from None
+    handle.truncate(0)
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle

@@ -183,3 +183,28 @@ def plant_crafted_checkpoint():
         return marker
 
     return plant
+
+
+@pytest.fixture
+def start_lock_holder():
+    """``start(command, lock, **popen_kwargs) -> process``: the command started, once it holds
+    ``lock`` (a :func:`~graphormer_urpe.files.hold_directory` lock file naming its pid)."""
+    import subprocess
+    import time
+
+    started = []
+
+    def start(command: list[str], lock: Path, **popen_kwargs) -> subprocess.Popen:
+        process = subprocess.Popen(command, text=True, **popen_kwargs)
+        started.append(process)
+        deadline = time.monotonic() + 300
+        while process.poll() is None and time.monotonic() < deadline and not (
+                lock.exists() and lock.read_text().strip()):
+            time.sleep(0.05)
+        assert lock.read_text().strip() == str(process.pid)
+        return process
+
+    yield start
+    for process in started:  # one that a test left running
+        process.kill()
+        process.communicate()

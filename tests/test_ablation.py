@@ -126,7 +126,8 @@ def test_killed_grid_resumes_merges_results_and_writes_the_table(zinc_data_root,
     assert read_json(results, []) == entries
 
 
-def test_one_runner_per_run_directory_and_steps_from_the_checkpoint(zinc_data_root, tmp_path):
+def test_one_runner_per_run_directory_and_steps_from_the_checkpoint(zinc_data_root, tmp_path,
+                                                                   start_lock_holder):
     """A second runner on the same runs stops at once (exit 2), naming the first one's pid; the
     first one's run ends at its max_steps (5: inside an epoch of 2 batches, after the validation
     at step 4), which its result reports from the checkpoint's global_step."""
@@ -134,14 +135,9 @@ def test_one_runner_per_run_directory_and_steps_from_the_checkpoint(zinc_data_ro
                              "--model.total_steps", "5")
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     lock = tmp_path / "runs" / "tiny" / "rpe-s0" / "ablation.lock"
-    first = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+    first = start_lock_holder(command, lock, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 300
-        while first.poll() is None and time.monotonic() < deadline and not (
-                lock.exists() and lock.read_text().strip()):
-            time.sleep(0.05)
-        assert lock.read_text().strip() == str(first.pid)
         second = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
         assert first.poll() is None, "the first runner must still hold its runs"
         assert second.returncode == 2, second.stdout[-3000:] + second.stderr[-3000:]

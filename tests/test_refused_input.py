@@ -278,3 +278,19 @@ def test_crafted_checkpoint_is_refused_in_one_line_without_running_its_code(
         f"graphormer-urpe: error: checkpoint {crafted} cannot be read: it holds objects other than "
         "tensors and plain values, which are never loaded"]
     assert not marker.exists() and not (tmp_path / "cache").exists()
+
+
+def test_second_fit_into_a_run_directory_in_use_is_refused(esol_csv, tmp_path, start_lock_holder):
+    """Two fits into one run directory at once: the second stops before reading any data, naming
+    the first one's pid (each would overwrite the other's checkpoints); the first goes on."""
+    first = start_lock_holder([str(COMMAND), *esol_args(tmp_path, esol_csv)[:-2], "--trainer.max_steps",
+                               "100000", "--data.init_args.cache_root", str(tmp_path / "first_cache")],
+                              tmp_path / "run" / "fit.lock", stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    second = run_command([*esol_args(tmp_path, esol_csv), "--checkpoint.overwrite", "true"])
+    assert first.poll() is None, "the first fit must still be running"
+    assert second.returncode == 2, second.stderr[-3000:]
+    assert error_lines(second.stderr) == [
+        f"graphormer-urpe: error: {tmp_path / 'run'} is in use by another training run (pid "
+        f"{first.pid}); wait for it to end, or choose another --trainer.default_root_dir"]
+    assert not (tmp_path / "cache").exists()  # refused before the CSV was featurized

@@ -37,7 +37,7 @@ from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.files import same_file
 from graphormer_urpe.training import finetune
 from graphormer_urpe.training.checkpoint import read_checkpoint
-from graphormer_urpe.training.run_checkpoint import RunCheckpoint, check_run_dir
+from graphormer_urpe.training.run_checkpoint import RunCheckpoint, check_run_dir, hold_run_dir
 from graphormer_urpe.training.module import GraphormerModule
 from graphormer_urpe.training.schedule import check_schedule
 from graphormer_urpe.task import get_task
@@ -122,6 +122,8 @@ class GraphormerCLI(LightningCLI):
         config.trainer.default_root_dir = run_dir
         if self.subcommand == "fit":
             check_schedule_config(config)  # before any data is read
+            # before the checkpoint folder is checked: a second fit must not remove the first's
+            self._run_dir_lock = hold_run_dir(run_dir)
         if self.subcommand == "predict":
             config_files = [*(self.config.get("config") or []), *(config.get("config") or [])]
             check_prediction_output(config, config_files)  # before the data and the model are built

@@ -13,6 +13,8 @@
   (resume with ``--ckpt_path last``, choose another ``--trainer.default_root_dir``, or start over
   with ``--checkpoint.overwrite true``); ``--ckpt_path last`` is the folder's ``last.ckpt``, or a
   fresh start when the folder holds no checkpoint at all.
+* :func:`hold_run_dir`: a ``fit`` holds its run directory's :data:`FIT_LOCK` while it runs, so a
+  second ``fit`` into it (which would overwrite the first one's checkpoints) stops at once.
 * :func:`rng_states` / :func:`set_rng_states`: the global random states (torch CPU and CUDA,
   numpy, Python ``random``) a checkpoint carries, so dropout continues as in an uninterrupted
   run (:class:`~graphormer_urpe.training.module.GraphormerModule` saves and restores them).
@@ -29,15 +31,29 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 
-from graphormer_urpe.files import atomic_path
+from graphormer_urpe.files import atomic_path, hold_directory
 
 log = logging.getLogger(__name__)
 
 LAST = ModelCheckpoint.CHECKPOINT_NAME_LAST + ModelCheckpoint.FILE_EXTENSION
 OVERWRITE_OPTION = "--checkpoint.overwrite true"
+#: In a run directory: held (``fcntl.flock``) by the process that trains it, and names its pid.
+FIT_LOCK = "fit.lock"
+
+
+def hold_run_dir(run_dir: str | os.PathLike) -> Any:
+    """The lock of the run directory (:func:`~graphormer_urpe.files.hold_directory` on
+    :data:`FIT_LOCK`), held until the returned file is closed or the process ends; ``ValueError``
+    (one line, exit status 2) naming the pid of another process that trains it. Only the first
+    process of a run takes it: the other processes of a multi-process (DDP) run are its own."""
+    if rank_zero_only.rank != 0 or os.environ.get("NODE_RANK", "0") != "0":
+        return None
+    return hold_directory(Path(run_dir), FIT_LOCK, "training run",
+                          "wait for it to end, or choose another --trainer.default_root_dir")
 
 
 def checkpoints_in(dirpath: str | os.PathLike) -> list[str]:
