@@ -294,3 +294,27 @@ def test_second_fit_into_a_run_directory_in_use_is_refused(esol_csv, tmp_path, s
         f"graphormer-urpe: error: {tmp_path / 'run'} is in use by another training run (pid "
         f"{first.pid}); wait for it to end, or choose another --trainer.default_root_dir"]
     assert not (tmp_path / "cache").exists()  # refused before the CSV was featurized
+
+
+@pytest.mark.parametrize("data", ["classification task", "other target column"])
+def test_checkpoint_of_other_data_is_refused_by_name(ogb_checkpoint, esol_csv, tmp_path, data):
+    """``test --ckpt_path`` with a checkpoint trained on another task or another target column
+    would report a metric of a model answering another question: refused in one line naming
+    the difference, before the data is featurized."""
+    if data == "classification task":
+        table = pd.read_csv(esol_csv)
+        table["soluble"] = (table[ESOL_TARGET] > -3).astype(int)
+        csv, extra = tmp_path / "soluble.csv", ["--data.init_args.task", "classification",
+                                                 "--data.init_args.target_columns", "[soluble]"]
+        table.to_csv(csv, index=False)
+        difference = (f"task 'regression', the data's 'classification'; target columns "
+                      f"['{ESOL_TARGET}'], the data's ['soluble']")
+    else:
+        csv, extra = esol_csv, ["--data.init_args.target_columns", "[Molecular Weight]"]
+        difference = f"target columns ['{ESOL_TARGET}'], the data's ['Molecular Weight']"
+    done = run_command(["test", *esol_args(tmp_path, csv, *extra)[1:], "--ckpt_path", str(ogb_checkpoint)])
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert error_lines(done.stderr) == [
+        f"graphormer-urpe: error: --ckpt_path {ogb_checkpoint} was trained on other data (checkpoint's "
+        f"{difference}): use a checkpoint of this data, or configure the data it was trained on"]
+    assert not (tmp_path / "cache").exists()  # refused before the CSV was featurized

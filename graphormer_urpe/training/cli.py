@@ -93,9 +93,7 @@ class GraphormerCLI(LightningCLI):
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if not ckpt_path or not Path(ckpt_path).is_file():
             return
-        hparams = read_checkpoint(ckpt_path).get("hyper_parameters", {})
-        self._verified_ckpt_path = ckpt_path
-        hparams = {k: v for k, v in DataFacts.nest(hparams).items()
+        hparams = {k: v for k, v in DataFacts.nest(self._checkpoint_hparams(ckpt_path)).items()
                    if k not in ("facts", "_instantiator", "_class_path")}
         if hparams:
             try:
@@ -103,6 +101,24 @@ class GraphormerCLI(LightningCLI):
             except SystemExit:
                 sys.stderr.write("Parsing of ckpt_path hyperparameters failed!\n")
                 raise
+
+    def _checkpoint_hparams(self, ckpt_path: str) -> dict:
+        """The hyperparameters of the checkpoint the command starts from, read once (as plain
+        data: :func:`~graphormer_urpe.training.checkpoint.read_checkpoint`, which refuses a
+        damaged or crafted file in one line)."""
+        cached = getattr(self, "_checkpoint", None)
+        if cached is None or cached[0] != ckpt_path:
+            checkpoint = read_checkpoint(ckpt_path)
+            hparams = checkpoint.get("hyper_parameters") if isinstance(checkpoint, dict) else None
+            self._checkpoint = cached = (ckpt_path, hparams if isinstance(hparams, dict) else {})
+        return cached[1]
+
+    def after_instantiate_classes(self) -> None:
+        """Before any data is read or built: the checkpoint the command starts from was trained
+        on data of this kind (:func:`check_checkpoint_data`)."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        if config.get("ckpt_path") and Path(config.ckpt_path).is_file():
+            check_checkpoint_data(config.ckpt_path, self._checkpoint_hparams(config.ckpt_path), self.model)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data", "model.facts", apply_on="instantiate", compute_fn=DataFacts.of)
@@ -139,9 +155,8 @@ class GraphormerCLI(LightningCLI):
         if self.subcommand is not None:  # before any data is read
             config.ckpt_path = check_run_dir(checkpoint.dirpath, config.get("ckpt_path"),
                                              checkpoint.overwrite, self.subcommand == "fit")
-            verified = getattr(self, "_verified_ckpt_path", None)
-            if config.ckpt_path and config.ckpt_path != verified and Path(config.ckpt_path).is_file():
-                read_checkpoint(config.ckpt_path)  # `last`: a crafted file is refused here, in one line
+            if config.ckpt_path and Path(config.ckpt_path).is_file():
+                self._checkpoint_hparams(config.ckpt_path)  # `last`: a crafted file is refused now
         if config.trainer.logger in (None, True):
             config.trainer.logger = [
                 Namespace(class_path=f"lightning.pytorch.loggers.{cls}",
@@ -158,6 +173,28 @@ def _data_task(data: Namespace) -> str:
         module, _, name = data.class_path.rpartition(".")
         task = getattr(getattr(importlib.import_module(module), name), "task", None)
     return task or "regression"
+
+
+def check_checkpoint_data(ckpt_path: str, saved: dict, model: GraphormerModule) -> None:
+    """``ValueError`` (one line) naming each way the checkpoint's recorded data (its task,
+    featurizer, target columns, number of targets) differs from the data the model was built
+    for: its head would be read as another task's or another column's, or its weights would not
+    fit. What a checkpoint does not record is not checked."""
+    recorded = DataFacts.nest(saved)["facts"]
+    ours = model.facts.as_dict()
+    theirs_and_ours = [(name, recorded.get(name), ours[name]) for name in ("task", "featurizer", "num_targets")]
+    theirs_and_ours.append(("target columns", saved.get("target_names"), model.hparams.get("target_names")))
+    differences = [f"{name} {theirs!r}, the data's {current!r}" for name, theirs, current in theirs_and_ours
+                   if theirs is not None and current is not None and _plain(theirs) != _plain(current)]
+    if differences:
+        raise ValueError(f"--ckpt_path {ckpt_path} was trained on other data (checkpoint's "
+                         f"{'; '.join(differences)}): use a checkpoint of this data, or configure "
+                         "the data it was trained on")
+
+
+def _plain(value):
+    """Lists and tuples compare alike (a checkpoint stores lists, a config may give tuples)."""
+    return list(value) if isinstance(value, (list, tuple)) else value
 
 
 def check_schedule_config(config: Namespace) -> None:
