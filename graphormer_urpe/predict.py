@@ -8,8 +8,8 @@ a line (UTF-8, a byte-order mark is ignored). Output: one CSV row per input row,
 prediction column per target (``prediction_<target name>`` when the checkpoint records its
 targets' names, else ``prediction`` / ``prediction_<k>``) and ``error``. An input column whose
 name the output uses gets the prefix ``input_``. A row whose SMILES is empty, rejected by RDKit,
-contains white space (RDKit would silently read only its first word), has an atom outside the
-featurizer's vocabulary, or is larger than ``--max-nodes`` gets an empty prediction and the
+contains white space (RDKit would silently read only its first word) or a character that is
+not ASCII (RDKit reads ``CCÖ`` as ``CC``), has an atom outside the featurizer's vocabulary, or is larger than ``--max-nodes`` gets an empty prediction and the
 reason; every other row is still predicted.
 
 Safety: the output is written to a temporary file beside it and renamed at the end, so a failure

@@ -24,6 +24,7 @@ from graphormer_urpe.training.predictions import InputRow, PredictionTable
 from graphormer_urpe.training.cli import build_cli
 
 REPO = Path(__file__).resolve().parents[1]
+PREDICT = Path(sys.executable).with_name("graphormer-urpe-predict")
 TINY_BACKBONE = {"num_layers": 2, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2}
 ESOL_TARGET = "measured log solubility in mols per litre"
 
@@ -153,6 +154,22 @@ def test_smiles_with_white_space_inside_are_error_rows(esol_run, tmp_path):
     assert rows[2][f"prediction_{ESOL_TARGET}"] and not rows[2]["error"]
 
 
+def test_smiles_with_a_non_ascii_character_are_error_rows(esol_run, tmp_path):
+    # RDKit parses "CCÖ" as CC, silently dropping the Ö.
+    _, ckpt = esol_run
+    source = tmp_path / "in.smi"
+    source.write_text("CC\u00d6\nCCO\nC\u00e9C\n", encoding="utf-8")
+    done = subprocess.run([str(PREDICT), "--ckpt", str(ckpt), "--input", str(source), "--output",
+                           str(tmp_path / "out.csv"), "--quiet"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = read_output(tmp_path / "out.csv")
+    assert [r["smiles"] for r in rows] == ["CC\u00d6", "CCO", "C\u00e9C"]
+    assert rows[0]["error"] == "SMILES 'CC\u00d6' has a character that is not ASCII ('\u00d6' at position 3); " \
+                               "RDKit would drop it or misread the molecule"
+    assert rows[0][f"prediction_{ESOL_TARGET}"] == rows[2][f"prediction_{ESOL_TARGET}"] == ""
+    assert "not ASCII" in rows[2]["error"] and rows[1][f"prediction_{ESOL_TARGET}"] and not rows[1]["error"]
+
+
 def test_charge_outside_the_zinc_vocabulary_is_an_error_row(zinc_ckpt, zinc_smiles, tmp_path):
     source = tmp_path / "in.smi"
     source.write_text("\n".join(["C[S-2]", "C[S-]", "C[N+2]", *zinc_smiles[:20]]) + "\n")
@@ -264,13 +281,12 @@ def test_new_output_gets_ordinary_permissions(esol_run, tmp_path):
     assert (tmp_path / "out.csv").stat().st_mode & 0o777 == 0o644
 
 
-PREDICT = Path(sys.executable).with_name("graphormer-urpe-predict")
-
-
-@pytest.mark.parametrize("kind", ["symlink", "dangling symlink", "fifo", "character device", "/dev/stdout"])
+# Standard output as /dev/fd/1, not /dev/stdout: a regression that replaces the file would
+# replace the machine's /dev/stdout; /dev/fd is /proc, where no file can be created.
+@pytest.mark.parametrize("kind", ["symlink", "dangling symlink", "fifo", "character device", "/dev/fd/1"])
 def test_output_that_is_not_a_regular_file_is_written_through_never_replaced(esol_run, tmp_path, kind):
     """``--output`` naming a symbolic link writes its target (the link stays); a FIFO, a device
-    (as /dev/null is) or /dev/stdout is written in place, never replaced by a regular file."""
+    (as /dev/null is) or standard output is written in place, never replaced by a regular file."""
     import stat
     import threading
 
@@ -304,7 +320,7 @@ def test_output_that_is_not_a_regular_file_is_written_through_never_replaced(eso
         reader.join(timeout=60)
     written = {"symlink": lambda: target.read_text(), "dangling symlink": lambda: target.read_text(),
                "fifo": lambda: received[0], "character device": lambda: "",
-               "/dev/stdout": lambda: done.stdout}[kind]()
+               "/dev/fd/1": lambda: done.stdout}[kind]()
     if kind != "character device":
         lines = written.splitlines()
         assert lines[0].startswith("row,smiles,prediction") and len(lines) == 3, written
