@@ -58,7 +58,8 @@ def bad_files(esol_csv, tmp_path_factory) -> dict[str, Path]:
     work = tmp_path_factory.mktemp("bad_files")
     table = pd.read_csv(esol_csv)
     files = {"empty": work / "empty.csv", "header only": work / "header.csv",
-             "latin-1": work / "latin1.csv", "multiclass 0/30": work / "classes.csv"}
+             "latin-1": work / "latin1.csv", "multiclass 0/30": work / "classes.csv",
+             "target column twice": work / "twice.csv"}
     files["empty"].write_text("")
     files["header only"].write_text(esol_csv.read_text().splitlines()[0] + "\n")
     latin = table.copy()
@@ -67,6 +68,9 @@ def bad_files(esol_csv, tmp_path_factory) -> dict[str, Path]:
     classes = table[["smiles"]].copy()
     classes["label"] = [0 if v < -3 else 30 for v in table[ESOL_TARGET]]  # two classes, ids 0, 30
     classes.to_csv(files["multiclass 0/30"], index=False)
+    # ESOL's own predictions under the measured column's name: which one would a run train on?
+    twice = table.rename(columns={"ESOL predicted log solubility in mols per litre": ESOL_TARGET})
+    twice.to_csv(files["target column twice"], index=False)
     return files
 
 
@@ -130,6 +134,8 @@ FILE_REFUSALS = {
     "latin-1": r"latin1.csv is not UTF-8 text \(line 5: b'Amigdalin \\xe9ther.*\); save it as UTF-8",
     "multiclass 0/30": r"classes.csv: multiclass column 'label' must hold class ids 0..K-1 .* it has "
                        r"\[0, 30\] but not \[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, ...\]: renumber the classes 0..1",
+    "target column twice": r"twice.csv names more than one column 'measured log solubility in mols per litre' "
+                           r"\(columns \[2, 9\] of the header\): rename them so that each name is one column",
 }
 
 

@@ -43,6 +43,15 @@ def resolve_columns(path: str | os.PathLike, smiles_column: str = "smiles",
     missing = [c for c in targets if c not in columns]
     if missing:
         raise ValueError(f"{path} has no target column(s) {missing} (columns: {columns})")
+    # pandas renames a repeated column name ("y", "y.1"), so a run would silently read the first
+    names = list(_read_csv(path, header=None, nrows=1, dtype=str, keep_default_na=False).iloc[0])
+    repeated = sorted({name for name in names if names.count(name) > 1
+                       and (target_columns is None or name in (smiles_column, *targets))})
+    if repeated:
+        positions = [[i + 1 for i, name in enumerate(names) if name == r] for r in repeated]
+        raise ValueError(f"{path} names more than one column {', '.join(map(repr, repeated))} "
+                         f"(columns {'; '.join(map(str, positions))} of the header): rename them so "
+                         "that each name is one column")
     if head.empty:
         raise ValueError(f"{path} has a header but no data rows")
     return targets
