@@ -23,6 +23,8 @@ REQUIRE_DATA_ENV = "GRAPHORMER_URPE_REQUIRE_DATA"
 #: Per socket operation, so that a download attempt without a network fails instead of hanging.
 DOWNLOAD_TIMEOUT_S = 30
 #: MoleculeNet ESOL as PyG's ``MoleculeNet("ESOL")`` downloads it (deepchem's copy).
+#: The folder of long data builds in pytest's cache (``.pytest_cache/d/<this>``).
+DATA_BUILD_CACHE = "graphormer_urpe_datasets"
 ESOL_URL = "https://deepchemdata.s3-us-west-1.amazonaws.com/datasets/delaney-processed.csv"
 
 
@@ -100,8 +102,14 @@ def pcqm_source() -> Path:
 @pytest.fixture(scope="session")
 def data_build_cache(request) -> Path:
     """A directory kept across test sessions (under ``.pytest_cache``) for datasets that take long
-    to build; callers key subdirectories by everything that affects the build."""
-    return Path(request.config.cache.mkdir("graphormer_urpe_datasets"))
+    to build; callers key subdirectories by everything that affects the build. The same folder
+    without pytest's cache plugin (``-p no:cacheprovider``), which then gives no ``config.cache``."""
+    cache = getattr(request.config, "cache", None)
+    if cache is not None:
+        return Path(cache.mkdir(DATA_BUILD_CACHE))
+    path = Path(request.config.rootpath) / ".pytest_cache" / "d" / DATA_BUILD_CACHE
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def _zinc_build_key(source: Path) -> str:
