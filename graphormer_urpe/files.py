@@ -53,6 +53,18 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
     return Path(a).resolve() == Path(b).resolve()
 
 
+def check_writable_dir(directory: str | os.PathLike, option: str) -> None:
+    """One-line ``ValueError`` naming ``option`` unless a file can be created in ``directory``
+    (created if missing; a read-only or full file system, a path through a file): checked before
+    the long work whose results go there."""
+    try:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{option} {directory} cannot be written ({exc.strerror or exc})") from None
+
+
 def fsync_dir(path: Path) -> None:
     """Flush a folder's entries (a rename into it) to disk, where the platform can."""
     try:

@@ -89,6 +89,11 @@ OPTION_REFUSALS = {
     "--model.warmup_steps=-1": "model.warmup_steps must be >= 0, got -1",
     "--model.warmup_steps=2": r"model.warmup_steps \(2\) must be below the schedule's total_steps "
                               r"\(2, from trainer.max_steps\)",
+    "--data.init_args.max_hops=256": "max_hops must be at most 255, got 256",
+    "--data.init_args.seed=-1": r"data.init_args.seed must be an integer from 0 to 4294967295 \(2\*\*32 - 1\), got -1",
+    "--seed_everything=4294967296": r"seed_everything must be an integer from 0 to 4294967295 \(2\*\*32 - 1\), "
+                                    r"got 4294967296",
+    "--trainer.max_steps=0": r"trainer.max_steps must be >= 1, or -1 for no limit, got 0",
 }
 
 
@@ -105,9 +110,12 @@ def test_bad_option_is_one_line_exit_2_before_any_data_is_read(esol_csv, tmp_pat
 
 
 def test_installed_command_refuses_in_one_line(esol_csv, tmp_path):
-    """The jsonargparse-wrapped DataModule error and a model error, through the console script."""
+    """The jsonargparse-wrapped DataModule error, a model error and a seed Lightning would refuse
+    with a traceback, through the console script."""
     for option, message in (("--data.init_args.batch_size=0", "batch_size must be >= 1, got 0"),
-                            ("--model.lr=0", "model.lr must be > 0, got 0.0")):
+                            ("--model.lr=0", "model.lr must be > 0, got 0.0"),
+                            ("--seed_everything=-1", "seed_everything must be an integer from 0 to "
+                                                     "4294967295 (2**32 - 1), got -1")):
         done = run_command(esol_args(tmp_path, esol_csv, option))
         assert done.returncode == 2, done.stderr[-3000:]
         assert error_lines(done.stderr) == [f"graphormer-urpe: error: {message}"]
@@ -302,11 +310,12 @@ def test_second_fit_into_a_run_directory_in_use_is_refused(esol_csv, tmp_path, s
     assert not (tmp_path / "cache").exists()  # refused before the CSV was featurized
 
 
-@pytest.mark.parametrize("data", ["classification task", "other target column"])
+@pytest.mark.parametrize("data", ["classification task", "other target column", "zinc featurizer"])
 def test_checkpoint_of_other_data_is_refused_by_name(ogb_checkpoint, esol_csv, tmp_path, data):
     """``test --ckpt_path`` with a checkpoint trained on another task or another target column
-    would report a metric of a model answering another question: refused in one line naming
-    the difference, before the data is featurized."""
+    would report a metric of a model answering another question, and one of another featurizer
+    fails on its weights: refused in one line naming the difference, before the data is
+    featurized."""
     if data == "classification task":
         table = pd.read_csv(esol_csv)
         table["soluble"] = (table[ESOL_TARGET] > -3).astype(int)
@@ -315,12 +324,28 @@ def test_checkpoint_of_other_data_is_refused_by_name(ogb_checkpoint, esol_csv, t
         table.to_csv(csv, index=False)
         difference = (f"task 'regression', the data's 'classification'; target columns "
                       f"['{ESOL_TARGET}'], the data's ['soluble']")
-    else:
+    elif data == "other target column":
         csv, extra = esol_csv, ["--data.init_args.target_columns", "[Molecular Weight]"]
         difference = f"target columns ['{ESOL_TARGET}'], the data's ['Molecular Weight']"
+    else:  # its embedding tables would not fit: a state_dict error after the data build
+        csv, extra = esol_csv, ["--data.init_args.featurizer", "zinc"]
+        difference = "featurizer 'ogb', the data's 'zinc'"
     done = run_command(["test", *esol_args(tmp_path, csv, *extra)[1:], "--ckpt_path", str(ogb_checkpoint)])
     assert done.returncode == 2, done.stderr[-3000:]
     assert error_lines(done.stderr) == [
         f"graphormer-urpe: error: --ckpt_path {ogb_checkpoint} was trained on other data (checkpoint's "
         f"{difference}): use a checkpoint of this data, or configure the data it was trained on"]
     assert not (tmp_path / "cache").exists()  # refused before the CSV was featurized
+
+
+def test_run_directory_that_cannot_be_written_is_refused_before_the_data(esol_csv, tmp_path):
+    """A run directory that cannot hold the logs and checkpoints (here under a regular file; a
+    read-only file system fails the same way) is one line before the data is featurized, not an
+    OSError from the logger after the build."""
+    (tmp_path / "file").write_text("")
+    run_dir = tmp_path / "file" / "run"
+    done = run_command([*esol_args(tmp_path, esol_csv), "--trainer.default_root_dir", str(run_dir)])
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert error_lines(done.stderr) == [
+        f"graphormer-urpe: error: --trainer.default_root_dir {run_dir} cannot be written (Not a directory)"]
+    assert not (tmp_path / "cache").exists()

@@ -33,8 +33,9 @@ from lightning.pytorch.callbacks import BasePredictionWriter, LearningRateMonito
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_module
 
+from graphormer_urpe.data.dataset import check_seed
 from graphormer_urpe.data.facts import DataFacts
-from graphormer_urpe.files import same_file
+from graphormer_urpe.files import check_writable_dir, same_file
 from graphormer_urpe.training import finetune
 from graphormer_urpe.training.checkpoint import read_checkpoint
 from graphormer_urpe.training.run_checkpoint import RunCheckpoint, check_run_dir, hold_run_dir
@@ -102,6 +103,14 @@ class GraphormerCLI(LightningCLI):
                 sys.stderr.write("Parsing of ckpt_path hyperparameters failed!\n")
                 raise
 
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        super().parse_arguments(parser, args)
+        # before Lightning seeds with it: its own out-of-range error is a traceback
+        subcommand = self.config.get("subcommand")
+        seed = (self.config[subcommand] if subcommand else self.config).get("seed_everything")
+        if seed is not None and not isinstance(seed, bool):
+            check_seed("seed_everything", seed)
+
     def _checkpoint_hparams(self, ckpt_path: str) -> dict:
         """The hyperparameters of the checkpoint the command starts from, read once (as plain
         data: :func:`~graphormer_urpe.training.checkpoint.read_checkpoint`, which refuses a
@@ -138,6 +147,9 @@ class GraphormerCLI(LightningCLI):
         config.trainer.default_root_dir = run_dir
         if self.subcommand == "fit":
             check_schedule_config(config)  # before any data is read
+        if self.subcommand is not None:  # its logs (and a fit's checkpoints) go there
+            check_writable_dir(run_dir, "--trainer.default_root_dir")
+        if self.subcommand == "fit":
             # before the checkpoint folder is checked: a second fit must not remove the first's
             self._run_dir_lock = hold_run_dir(run_dir)
         if self.subcommand == "predict":
@@ -202,6 +214,8 @@ def check_schedule_config(config: Namespace) -> None:
     config, with ``trainer.max_steps`` standing in for an unset ``model.total_steps``: a bad
     schedule is refused before the data is built, not at the first optimizer step."""
     model, max_steps = config.model, config.trainer.get("max_steps")
+    if max_steps is not None and (max_steps == 0 or max_steps < -1):
+        raise ValueError(f"trainer.max_steps must be >= 1, or -1 for no limit, got {max_steps}")
     total_steps = model.get("total_steps")
     if total_steps is None and max_steps is not None and max_steps > 0:
         total_steps = max_steps
