@@ -14,6 +14,7 @@ import fcntl
 import os
 import shutil
 import signal
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,6 +64,30 @@ def check_writable_dir(directory: str | os.PathLike, option: str) -> None:
             pass
     except OSError as exc:
         raise ValueError(f"{option} {directory} cannot be written ({exc.strerror or exc})") from None
+
+
+def unreadable_as_a_file(path: str | os.PathLike) -> str | None:
+    """Why ``path`` cannot be read as an input file, in words that follow its name (``"does not
+    exist"``, ``"is a directory"``, ``"is a FIFO (named pipe), not a regular file"``, ...), or
+    None for a regular file. Inputs are read more than once (a header, then the rows), which a
+    pipe, a terminal or standard input cannot give."""
+    if str(path) == "-":
+        return "is '-', but standard input is not read: give a file"
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "does not exist" + (" (a symbolic link to a missing file)" if os.path.islink(path) else "")
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "is a directory"
+    for is_kind, kind in ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+                          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if is_kind(mode):
+            return f"is {kind}, not a regular file"
+    return "is not a regular file"
 
 
 def fsync_dir(path: Path) -> None:

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from graphormer_urpe.cores import usable_cores
-from graphormer_urpe.files import AtomicFile, same_file, stop_on_signals
+from graphormer_urpe.files import AtomicFile, same_file, stop_on_signals, unreadable_as_a_file
 from graphormer_urpe.training.checkpoint import CheckpointError, load_module
 from graphormer_urpe.training.inference import (
     DEFAULT_BATCH_SIZE, DEFAULT_MAX_NODES, DEFAULT_MAX_PAIRS, stream_predictions)
@@ -116,8 +116,9 @@ def _check_device(name: str) -> torch.device:
 def _check_paths(source: Path, target: Path, ckpt: Path) -> None:
     """The output is never a file the command reads: the input or the checkpoint (any spelling,
     symbolic or hard link)."""
-    if not source.is_file():
-        raise FileNotFoundError(f"input file {source} does not exist")
+    problem = unreadable_as_a_file(source)
+    if problem:
+        raise ValueError(f"--input {source} {problem}")
     if target.is_dir():
         raise IsADirectoryError(f"--output {target} is a directory")
     for option, name, path in (("--input", "input file", source), ("--ckpt", "checkpoint", ckpt)):

@@ -238,6 +238,27 @@ def test_output_that_is_the_checkpoint_is_refused(esol_run, tmp_path, spelling):
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
+@pytest.mark.parametrize("kind", ["directory", "fifo", "-", "/dev/stdin"])
+def test_input_that_is_not_a_regular_file_is_named_for_what_it_is(esol_run, tmp_path, kind):
+    """Not "does not exist" for a folder, a pipe or standard input: one line saying what it is."""
+    _, ckpt = esol_run
+    source = {"directory": tmp_path / "folder", "fifo": tmp_path / "pipe", "-": Path("-"),
+              "/dev/stdin": Path("/dev/stdin")}[kind]
+    if kind == "directory":
+        source.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(source)
+    done = subprocess.run([str(PREDICT), "--ckpt", str(ckpt), "--input", str(source), "--output",
+                           str(tmp_path / "out.csv")], stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    what = {"directory": "is a directory", "fifo": "is a FIFO (named pipe), not a regular file",
+            "-": "is '-', but standard input is not read: give a file",
+            "/dev/stdin": "is a character device, not a regular file"}[kind]  # stdin is /dev/null here
+    assert done.stderr.strip().splitlines() == [f"graphormer-urpe-predict: error: --input {source} {what}"]
+    assert not (tmp_path / "out.csv").exists()
+
+
 def test_unwritable_output_fails_before_any_work(tmp_path, capsys):
     source = tmp_path / "in.smi"
     source.write_text("CCO\n")

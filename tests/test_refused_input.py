@@ -59,7 +59,7 @@ def bad_files(esol_csv, tmp_path_factory) -> dict[str, Path]:
     table = pd.read_csv(esol_csv)
     files = {"empty": work / "empty.csv", "header only": work / "header.csv",
              "latin-1": work / "latin1.csv", "multiclass 0/30": work / "classes.csv",
-             "target column twice": work / "twice.csv"}
+             "target column twice": work / "twice.csv", "directory": work / "folder.csv"}
     files["empty"].write_text("")
     files["header only"].write_text(esol_csv.read_text().splitlines()[0] + "\n")
     latin = table.copy()
@@ -71,6 +71,7 @@ def bad_files(esol_csv, tmp_path_factory) -> dict[str, Path]:
     # ESOL's own predictions under the measured column's name: which one would a run train on?
     twice = table.rename(columns={"ESOL predicted log solubility in mols per litre": ESOL_TARGET})
     twice.to_csv(files["target column twice"], index=False)
+    files["directory"].mkdir()
     return files
 
 
@@ -144,6 +145,7 @@ FILE_REFUSALS = {
                        r"\[0, 30\] but not \[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, ...\]: renumber the classes 0..1",
     "target column twice": r"twice.csv names more than one column 'measured log solubility in mols per litre' "
                            r"\(columns \[2, 9\] of the header\): rename them so that each name is one column",
+    "directory": "CSV file .*folder.csv is a directory",
 }
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from graphormer_urpe.files import unreadable_as_a_file
 from graphormer_urpe.task import TASKS
 
 SPLIT_NAMES = ("train", "val", "test")
@@ -31,8 +32,9 @@ def resolve_columns(path: str | os.PathLike, smiles_column: str = "smiles",
     import pandas as pd
 
     path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"CSV file {path} does not exist")
+    problem = unreadable_as_a_file(path)
+    if problem:
+        raise ValueError(f"CSV file {path} {problem}")
     head = _read_csv(path, nrows=1)
     columns = list(head.columns)
     if smiles_column not in columns:

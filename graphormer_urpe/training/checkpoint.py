@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from graphormer_urpe.files import unreadable_as_a_file
 from graphormer_urpe.training.inference import predict_smiles
 from graphormer_urpe.training.predictions import InputRow
 
@@ -55,8 +56,9 @@ def read_checkpoint(path: str | Path, map_location="cpu", *, what: str = "checkp
     code. :class:`CheckpointError` naming the file when it is missing, a damaged archive (zip
     CRCs), or holds anything else (a crafted file refused here has not run anything)."""
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{what} {path} does not exist")
+    problem = unreadable_as_a_file(path)
+    if problem:
+        raise CheckpointError(f"{what} {path} {problem}")
     _verify_archive(path, what)
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
