@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 #: Parameter-name prefix of the output head in the backbone (``Graphormer.head``).
 HEAD_PREFIX = "head."
+#: The atom embedding table every Graphormer backbone has (a sequence model has none).
+ATOM_EMBEDDING = "atom_encoder.embedding.weight"
 
 
 class InitFromError(ValueError):
@@ -101,7 +103,12 @@ def load_backbone(module, path: str | Path, reinit_head: bool = False) -> None:
     """Load ``path``'s backbone into ``module.model`` (a ``GraphormerModule``), head included
     where it fits (module docstring); logs what was loaded."""
     state, hparams = read_backbone_state(path)
-    ours, theirs = module.facts.featurizer, DataFacts.recorded(hparams, "featurizer")
+    if ATOM_EMBEDDING not in state:  # before a fact that it does not record is blamed
+        raise InitFromError(
+            f"model.init_from: {path} is not a Graphormer checkpoint: it has no atom embedding "
+            f"{ATOM_EMBEDDING} (its tensors: {', '.join(sorted(state)[:3])}, ...); give a checkpoint "
+            "of graphormer-urpe fit (a sequence model of graphormer-urpe-synthetic cannot start a graph model)")
+    ours, theirs = module.facts.featurizer, DataFacts.recorded(hparams, "featurizer", None)
     if theirs is not None and theirs != ours:
         raise InitFromError(
             f"model.init_from: {path} was trained on the {theirs!r} featurizer but the data uses "
