@@ -357,3 +357,15 @@ def test_run_directory_that_cannot_be_written_is_refused_before_the_data(esol_cs
     assert error_lines(done.stderr) == [
         f"graphormer-urpe: error: --trainer.default_root_dir {run_dir} cannot be written (Not a directory)"]
     assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("kind", ["missing", "directory"])
+def test_ckpt_path_that_is_no_checkpoint_file_is_one_line_before_the_data(esol_csv, tmp_path, kind):
+    ckpt = tmp_path / "model.ckpt"
+    if kind == "directory":
+        ckpt.mkdir()
+    done = run_command(["test", *esol_args(tmp_path, esol_csv)[1:], "--ckpt_path", str(ckpt)])
+    assert done.returncode == 2, done.stderr[-3000:]
+    what = "does not exist" if kind == "missing" else "is a directory"
+    assert error_lines(done.stderr) == [f"graphormer-urpe: error: checkpoint {ckpt} {what}"]
+    assert not (tmp_path / "cache").exists()

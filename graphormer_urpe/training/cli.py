@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import BasePredictionWriter, LearningRateMonitor
+from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_module
 
@@ -44,6 +45,8 @@ from graphormer_urpe.training.schedule import check_schedule
 from graphormer_urpe.task import get_task
 
 DEFAULT_RUN_DIR = "runs/default"
+#: ``--ckpt_path`` values that Lightning resolves itself (``last`` is resolved here).
+LIGHTNING_CKPT_NAMES = ("best", "hpc", "registry")  # also registry:<name>
 PREDICTIONS_FILE = "predictions.csv"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
@@ -167,8 +170,10 @@ class GraphormerCLI(LightningCLI):
         if self.subcommand is not None:  # before any data is read
             config.ckpt_path = check_run_dir(checkpoint.dirpath, config.get("ckpt_path"),
                                              checkpoint.overwrite, self.subcommand == "fit")
-            if config.ckpt_path and Path(config.ckpt_path).is_file():
-                self._checkpoint_hparams(config.ckpt_path)  # `last`: a crafted file is refused now
+            ckpt_path = config.ckpt_path
+            if (ckpt_path and _is_local_file_protocol(ckpt_path)
+                    and ckpt_path.split(":")[0] not in LIGHTNING_CKPT_NAMES):
+                self._checkpoint_hparams(ckpt_path)  # a missing, damaged or crafted file: one line now
         if config.trainer.logger in (None, True):
             config.trainer.logger = [
                 Namespace(class_path=f"lightning.pytorch.loggers.{cls}",
