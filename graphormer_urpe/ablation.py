@@ -457,8 +457,8 @@ class Grid:
         self.log(f"{self.name}: fit {len(pending)} runs as one ensemble: "
                  + ", ".join(run.label for run, _ in pending))
         try:
-            # each member's run directory is held as its solo fit would hold it
-            held = [hold_run_dir(run.dir) for run, _ in pending]
+            for run, _ in pending:  # each member's run directory, as its solo fit would hold it
+                hold_run_dir(run.dir)
             ensemble = Ensemble([MemberSpec(run.label, tuple(run.cli_args)) for run, _ in pending],
                                 self.dir / "ensemble", progress=progress, cuda_graph=self.cuda_graph)
             ensemble.fit()
@@ -466,9 +466,6 @@ class Grid:
             # member, a saved state of other runs, a run directory in use: one line that says
             # which, no traceback
             raise SystemExit(f"graphormer-urpe-ablation: error: {error}") from None
-        for handle in held:  # trained: the run directories are free again
-            if handle is not None:
-                handle.close()
         for (run, record), attempt in zip(pending, attempts):
             attempt.update(wall_s=round(time.perf_counter() - start, 1), returncode=0)
             record["fit_done"] = True

@@ -39,7 +39,8 @@ from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.files import check_writable_dir, same_file
 from graphormer_urpe.training import finetune
 from graphormer_urpe.training.checkpoint import read_checkpoint
-from graphormer_urpe.training.run_checkpoint import RunCheckpoint, check_run_dir, hold_run_dir
+from graphormer_urpe.training.run_checkpoint import (RunCheckpoint, check_run_dir, hold_run_dir,
+                                                      run_dirs_released_after)
 from graphormer_urpe.training.module import GraphormerModule
 from graphormer_urpe.training.schedule import check_schedule
 from graphormer_urpe.task import get_task
@@ -154,7 +155,7 @@ class GraphormerCLI(LightningCLI):
             check_writable_dir(run_dir, "--trainer.default_root_dir")
         if self.subcommand == "fit":
             # before the checkpoint folder is checked: a second fit must not remove the first's
-            self._run_dir_lock = hold_run_dir(run_dir)
+            hold_run_dir(run_dir)
         if self.subcommand == "predict":
             config_files = [*(self.config.get("config") or []), *(config.get("config") or [])]
             check_prediction_output(config, config_files)  # before the data and the model are built
@@ -298,14 +299,15 @@ def configure_logging() -> None:
 
 def build_cli(args: list[str] | None = None, run: bool = True) -> GraphormerCLI:
     configure_logging()
-    return GraphormerCLI(
-        GraphormerModule,
-        pl.LightningDataModule,
-        subclass_mode_data=True,
-        save_config_kwargs={"overwrite": True},
-        args=args,
-        run=run,
-    )
+    with run_dirs_released_after():  # a fit holds its run directory while it runs
+        return GraphormerCLI(
+            GraphormerModule,
+            pl.LightningDataModule,
+            subclass_mode_data=True,
+            save_config_kwargs={"overwrite": True},
+            args=args,
+            run=run,
+        )
 
 
 def main(args: list[str] | None = None) -> int:

@@ -21,9 +21,11 @@
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,15 +47,35 @@ OVERWRITE_OPTION = "--checkpoint.overwrite true"
 FIT_LOCK = "fit.lock"
 
 
-def hold_run_dir(run_dir: str | os.PathLike) -> Any:
-    """The lock of the run directory (:func:`~graphormer_urpe.files.hold_directory` on
-    :data:`FIT_LOCK`), held until the returned file is closed or the process ends; ``ValueError``
-    (one line, exit status 2) naming the pid of another process that trains it. Only the first
-    process of a run takes it: the other processes of a multi-process (DDP) run are its own."""
+#: The run directories this process holds (by real path) and their lock files.
+_held_run_dirs: dict[str, Any] = {}
+
+
+def hold_run_dir(run_dir: str | os.PathLike) -> None:
+    """Hold the run directory's lock (:func:`~graphormer_urpe.files.hold_directory` on
+    :data:`FIT_LOCK`) until the enclosing :func:`run_dirs_released_after` block ends, else until
+    this process ends; ``ValueError`` (one line, exit status 2) naming the pid of another process
+    that trains it. A directory this process holds already is held on. Only the first process of
+    a run takes it: the other processes of a multi-process (DDP) run are its own."""
     if rank_zero_only.rank != 0 or os.environ.get("NODE_RANK", "0") != "0":
-        return None
-    return hold_directory(Path(run_dir), FIT_LOCK, "training run",
-                          "wait for it to end, or choose another --trainer.default_root_dir")
+        return
+    key = os.path.realpath(run_dir)
+    if key not in _held_run_dirs:
+        _held_run_dirs[key] = hold_directory(Path(run_dir), FIT_LOCK, "training run",
+                                             "wait for it to end, or choose another --trainer.default_root_dir")
+
+
+@contextlib.contextmanager
+def run_dirs_released_after() -> Iterator[None]:
+    """The run directories that :func:`hold_run_dir` takes within the block are released when it
+    ends, however it ends: a fit holds its directory while it runs, also as one call of a longer
+    process (a notebook, a test session)."""
+    before = set(_held_run_dirs)
+    try:
+        yield
+    finally:
+        for key in set(_held_run_dirs) - before:
+            _held_run_dirs.pop(key).close()
 
 
 def checkpoints_in(dirpath: str | os.PathLike) -> list[str]:
