@@ -66,7 +66,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from graphormer_urpe.data.facts import DataFacts
-from graphormer_urpe.files import atomic_write
+from graphormer_urpe.files import atomic_write, hold_directory
 from graphormer_urpe.task import Task, get_task
 
 #: What each arm changes in the recipe's ``model.backbone`` (merged into it; everything else in
@@ -179,27 +179,6 @@ def merge_results(path: Path, new: Sequence[dict]) -> list[dict]:
     return ordered
 
 
-def hold(directory: Path) -> Any:
-    """An exclusive lock on ``directory`` (``fcntl.flock`` on its :data:`LOCK_FILE`, which then
-    holds this process's pid) for as long as the returned file stays open; the kernel drops it
-    when the process ends, killed or not. ``ValueError`` naming the holder's pid when another
-    process holds it: one run directory is trained by one process."""
-    directory.mkdir(parents=True, exist_ok=True)
-    handle = open(directory / LOCK_FILE, "a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        holder = handle.read().strip() or "unknown"
-        handle.close()
-        raise ValueError(f"{directory} is in use by another graphormer-urpe-ablation (pid "
-                         f"{holder}); wait for it to end, or choose another --name or --runs-dir") from None
-    handle.truncate(0)
-    handle.write(f"{os.getpid()}\n")
-    handle.flush()
-    return handle
-
-
 # --------------------------------------------------------------------------------------------
 # One run: fit (resumed from last.ckpt), then test the best validation checkpoint
 # --------------------------------------------------------------------------------------------
@@ -216,18 +195,18 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
 
 def checkpoint_step(path: Path) -> int:
     """The optimizer steps a checkpoint holds (its ``global_step``)."""
-    import torch
+    from graphormer_urpe.training.checkpoint import read_checkpoint
 
-    return int(torch.load(path, map_location="cpu", weights_only=False)["global_step"])
+    return int(read_checkpoint(path)["global_step"])
 
 
 def best_checkpoint(run_dir: Path) -> tuple[Path, float, int, int, Task]:
     """``(best path, its validation score, its step, last step, the task)`` from the
     ModelCheckpoint state that ``last.ckpt`` carries (the CLI's checkpoint callback monitors the
     task's validation metric, e.g. ``val/mae``)."""
-    import torch
+    from graphormer_urpe.training.checkpoint import read_checkpoint
 
-    last = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    last = read_checkpoint(run_dir / "checkpoints" / "last.ckpt")
     task = get_task(DataFacts.recorded(last.get("hyper_parameters", {}), "task"))
     states = [state for key, state in last.get("callbacks", {}).items()
               if key.startswith("ModelCheckpoint") and state.get("monitor") == task.monitor]
@@ -235,7 +214,7 @@ def best_checkpoint(run_dir: Path) -> tuple[Path, float, int, int, Task]:
         raise RuntimeError(f"{run_dir}: last.ckpt has no best {task.monitor} checkpoint (was "
                            "validation run? the budget must cover at least one validation)")
     path = Path(states[0]["best_model_path"])
-    best = torch.load(path, map_location="cpu", weights_only=False)
+    best = read_checkpoint(path)
     return (path, float(states[0]["best_model_score"]), int(best["global_step"]), int(last["global_step"]),
             task)
 
@@ -404,9 +383,21 @@ class Grid:
 
     def lock(self) -> None:
         """Hold every run directory of this grid (and the ensemble's) until the process ends
-        (:func:`hold`); ``ValueError`` when another runner holds one."""
+        (:func:`~graphormer_urpe.files.hold_directory` on :data:`LOCK_FILE`); ``ValueError`` when
+        another runner holds one."""
         dirs = [run.dir for run in self.runs] + ([self.dir / "ensemble"] if self.ensemble else [])
-        self._locks = [hold(directory) for directory in dirs]
+        self._locks = [hold_directory(directory, LOCK_FILE, "graphormer-urpe-ablation",
+                                      "wait for it to end, or choose another --name or --runs-dir")
+                       for directory in dirs]
+
+    def check_checkpoints(self) -> None:
+        """Read (as plain data, :func:`checkpoint_step`) the ``last.ckpt`` of every unfinished
+        run, which it resumes or tests from: a damaged or crafted one is refused (``ValueError``
+        naming it) before any run starts."""
+        for run in self.runs:
+            last = run.dir / "checkpoints" / "last.ckpt"
+            if last.exists() and "result" not in read_json(run.record_path, {}):
+                checkpoint_step(last)
 
     def run(self) -> list[dict]:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -438,6 +429,7 @@ class Grid:
         import torch
 
         from graphormer_urpe.training.ensemble import Ensemble, MemberSpec
+        from graphormer_urpe.training.run_checkpoint import hold_run_dir
 
         pending = [(run, run.load_record()) for run in self.runs]
         pending = [(run, record) for run, record in pending
@@ -465,11 +457,14 @@ class Grid:
         self.log(f"{self.name}: fit {len(pending)} runs as one ensemble: "
                  + ", ".join(run.label for run, _ in pending))
         try:
+            for run, _ in pending:  # each member's run directory, as its solo fit would hold it
+                hold_run_dir(run.dir)
             ensemble = Ensemble([MemberSpec(run.label, tuple(run.cli_args)) for run, _ in pending],
                                 self.dir / "ensemble", progress=progress, cuda_graph=self.cuda_graph)
             ensemble.fit()
         except (ValueError, FloatingPointError) as error:  # a recipe it cannot train, a diverged
-            # member, a saved state of other runs: one line that says which, no traceback
+            # member, a saved state of other runs, a run directory in use: one line that says
+            # which, no traceback
             raise SystemExit(f"graphormer-urpe-ablation: error: {error}") from None
         for (run, record), attempt in zip(pending, attempts):
             attempt.update(wall_s=round(time.perf_counter() - start, 1), returncode=0)
@@ -698,6 +693,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 raise SystemExit(f"graphormer-urpe-ablation: error: {error}") from None
         try:
             grid.lock()
+            grid.check_checkpoints()
         except ValueError as error:
             print(f"graphormer-urpe-ablation: error: {error}", file=sys.stderr)
             raise SystemExit(2) from None

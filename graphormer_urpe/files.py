@@ -1,4 +1,5 @@
-"""Files that appear whole or not at all, the same-file test, and stopping on signals.
+"""Files that appear whole or not at all, the same-file test, stopping on signals, and the lock
+that gives a folder to one process.
 
 A file is written to a temporary sibling (``.<name>.<random>.part``), flushed to disk (fsync)
 and renamed onto its path with ``os.replace``, which is atomic within one file system: a reader,
@@ -9,9 +10,11 @@ a full disk, ``SystemExit`` from :func:`stop_on_signals`).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,6 +54,42 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
     return Path(a).resolve() == Path(b).resolve()
 
 
+def check_writable_dir(directory: str | os.PathLike, option: str) -> None:
+    """One-line ``ValueError`` naming ``option`` unless a file can be created in ``directory``
+    (created if missing; a read-only or full file system, a path through a file): checked before
+    the long work whose results go there."""
+    try:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{option} {directory} cannot be written ({exc.strerror or exc})") from None
+
+
+def unreadable_as_a_file(path: str | os.PathLike) -> str | None:
+    """Why ``path`` cannot be read as an input file, in words that follow its name (``"does not
+    exist"``, ``"is a directory"``, ``"is a FIFO (named pipe), not a regular file"``, ...), or
+    None for a regular file. Inputs are read more than once (a header, then the rows), which a
+    pipe, a terminal or standard input cannot give."""
+    if str(path) == "-":
+        return "is '-', but standard input is not read: give a file"
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "does not exist" + (" (a symbolic link to a missing file)" if os.path.islink(path) else "")
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "is a directory"
+    for is_kind, kind in ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+                          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if is_kind(mode):
+            return f"is {kind}, not a regular file"
+    return "is not a regular file"
+
+
 def fsync_dir(path: Path) -> None:
     """Flush a folder's entries (a rename into it) to disk, where the platform can."""
     try:
@@ -63,38 +102,69 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+#: Names of a process's open files (``/dev/stdout`` is whatever standard output is: a pipe, a
+#: terminal, a file the shell opened): written through the open file, never replaced.
+_OPEN_FILE_NAMES = ("/dev/stdout", "/dev/stderr", "/dev/fd/", "/proc/")
+
+
+def written_in_place(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is written where it stands rather than replaced by a rename: an existing
+    file that is not a regular one (a device such as ``/dev/null``, a FIFO, a socket) or a name
+    of an open file (:data:`_OPEN_FILE_NAMES`). Renaming a file onto those would replace the
+    device, pipe or file the user named instead of writing to it."""
+    absolute = Path(path).absolute()
+    return (absolute.exists() and not absolute.is_file()) or str(absolute).startswith(_OPEN_FILE_NAMES)
+
+
+def _open(fd_or_path: int | str | os.PathLike, binary: bool) -> IO:
+    return open(fd_or_path, "wb") if binary else open(fd_or_path, "w", newline="", encoding="utf-8")
+
+
 class AtomicFile:
     """A file written beside ``path`` and moved onto it by :meth:`commit`; removed by
     :meth:`discard` or on leaving the ``with`` block without a commit. Creating it checks that
     ``path`` can be written. ``handle``: the open temporary (text with ``newline=""`` and UTF-8,
-    or binary)."""
+    or binary).
+
+    A symbolic link is written through: its target gets the content (created if missing) and the
+    link stays. A device, a FIFO or a path under ``/dev`` or ``/proc`` (:func:`written_in_place`)
+    is opened and written directly: there is no file to replace, so a failure may leave part of
+    the content written there."""
 
     def __init__(self, path: str | os.PathLike, binary: bool = False) -> None:
         self.path = Path(path)
         if self.path.is_dir():
             raise IsADirectoryError(f"{self.path} is a directory")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, self._temporary = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.",
-                                               suffix=".part")
+        self._temporary: str | None = None
+        if written_in_place(self.path):
+            self.handle: IO = _open(self.path, binary)
+            return
+        self._destination = Path(os.path.realpath(self.path))
+        self._destination.parent.mkdir(parents=True, exist_ok=True)
+        fd, self._temporary = tempfile.mkstemp(dir=self._destination.parent,
+                                               prefix=f".{self._destination.name}.", suffix=".part")
         try:
-            self.handle: IO = (open(fd, "wb") if binary
-                               else open(fd, "w", newline="", encoding="utf-8"))
+            self.handle = _open(fd, binary)
         except BaseException:
             os.close(fd)
             os.unlink(self._temporary)
             raise
 
     def commit(self) -> None:
-        """fsync, the permissions a previous file had (else a new file's under the umask), rename."""
+        """fsync, the permissions a previous file had (else a new file's under the umask), rename;
+        for a file written in place, flush and close."""
         self.handle.flush()
+        if self._temporary is None:
+            self.handle.close()
+            return
         os.fsync(self.handle.fileno())
         self.handle.close()
-        _replace(self._temporary, self.path)
+        _replace(self._temporary, self._destination)
 
     def discard(self) -> None:
         with contextlib.suppress(OSError):  # a full disk fails the flush of closing again
             self.handle.close()
-        if os.path.exists(self._temporary):
+        if self._temporary is not None and os.path.exists(self._temporary):
             os.unlink(self._temporary)
 
     def __enter__(self) -> AtomicFile:
@@ -179,3 +249,23 @@ class AtomicDirectory:
 
     def __exit__(self, *exc_info) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def hold_directory(directory: Path, lock_name: str, holder: str, advice: str) -> IO:
+    """An exclusive lock on ``directory`` (``fcntl.flock`` on its file ``lock_name``, which then
+    holds this process's pid) for as long as the returned file stays open; the kernel drops it
+    when the process ends, killed or not. ``ValueError`` when another process holds it:
+    ``<directory> is in use by another <holder> (pid N); <advice>``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    handle = open(directory / lock_name, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        pid = handle.read().strip() or "unknown"
+        handle.close()
+        raise ValueError(f"{directory} is in use by another {holder} (pid {pid}); {advice}") from None
+    handle.truncate(0)
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle

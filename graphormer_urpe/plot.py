@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -48,9 +49,10 @@ SYMBOL = {"bias": "B", "scale": "C"}
 
 def load_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
     """``(state_dict, metadata)`` of a synthetic-grid ``.pt``, a Lightning ``.ckpt`` or a bare
-    state_dict. Lightning checkpoints hold more than tensors, hence ``weights_only=False``: only
-    open checkpoints you trust."""
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    state_dict, read as plain data (:func:`~graphormer_urpe.training.checkpoint.read_checkpoint`)."""
+    from graphormer_urpe.training.checkpoint import read_checkpoint
+
+    checkpoint = read_checkpoint(path)
     if not isinstance(checkpoint, Mapping):
         raise ValueError(f"{path} holds a {type(checkpoint).__name__}, not a checkpoint dict")
     if "state_dict" in checkpoint:
@@ -279,8 +281,13 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
 
 
 def console_main() -> int:
-    """``graphormer-urpe-plot``: :func:`main` with an exit status."""
-    main()
+    """``graphormer-urpe-plot``: :func:`main` with an exit status: 2 and one line for a file it
+    cannot plot (damaged, crafted, or neither kind of model)."""
+    try:
+        main()
+    except ValueError as exc:
+        print(f"graphormer-urpe-plot: error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -8,8 +8,8 @@ a line (UTF-8, a byte-order mark is ignored). Output: one CSV row per input row,
 prediction column per target (``prediction_<target name>`` when the checkpoint records its
 targets' names, else ``prediction`` / ``prediction_<k>``) and ``error``. An input column whose
 name the output uses gets the prefix ``input_``. A row whose SMILES is empty, rejected by RDKit,
-contains white space (RDKit would silently read only its first word), has an atom outside the
-featurizer's vocabulary, or is larger than ``--max-nodes`` gets an empty prediction and the
+contains white space (RDKit would silently read only its first word) or a character that is
+not ASCII (RDKit reads ``CCÖ`` as ``CC``), has an atom outside the featurizer's vocabulary, or is larger than ``--max-nodes`` gets an empty prediction and the
 reason; every other row is still predicted.
 
 Safety: the output is written to a temporary file beside it and renamed at the end, so a failure
@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from graphormer_urpe.cores import usable_cores
-from graphormer_urpe.files import AtomicFile, same_file, stop_on_signals
+from graphormer_urpe.files import AtomicFile, same_file, stop_on_signals, unreadable_as_a_file
 from graphormer_urpe.training.checkpoint import CheckpointError, load_module
 from graphormer_urpe.training.inference import (
     DEFAULT_BATCH_SIZE, DEFAULT_MAX_NODES, DEFAULT_MAX_PAIRS, stream_predictions)
@@ -116,8 +116,9 @@ def _check_device(name: str) -> torch.device:
 def _check_paths(source: Path, target: Path, ckpt: Path) -> None:
     """The output is never a file the command reads: the input or the checkpoint (any spelling,
     symbolic or hard link)."""
-    if not source.is_file():
-        raise FileNotFoundError(f"input file {source} does not exist")
+    problem = unreadable_as_a_file(source)
+    if problem:
+        raise ValueError(f"--input {source} {problem}")
     if target.is_dir():
         raise IsADirectoryError(f"--output {target} is a directory")
     for option, name, path in (("--input", "input file", source), ("--ckpt", "checkpoint", ckpt)):

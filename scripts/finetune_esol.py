@@ -83,9 +83,9 @@ def test_rmse(ckpt: Path, split: str, seed: int) -> float:
 
 def checkpoint_record(ckpt: Path) -> tuple[int, float]:
     """``(optimizer steps, best validation score)`` recorded in a run's ``last.ckpt``."""
-    import torch
+    from graphormer_urpe.training.checkpoint import read_checkpoint
 
-    last = torch.load(ckpt, map_location="cpu", weights_only=False)
+    last = read_checkpoint(ckpt)
     state = next(v for k, v in last["callbacks"].items() if k.startswith("ModelCheckpoint"))
     return int(last["global_step"]), float(state["best_model_score"])
 
@@ -105,9 +105,9 @@ def arm(work: Path, split: str, seed: int, init_from: Path | None) -> dict:
          "--data.init_args.split", split, "--data.init_args.encode_threads", "1",
          "--data.init_args.build_workers", "1", "--trainer.default_root_dir", str(run),
          "--trainer.enable_progress_bar", "false", *extra], run / "fit.log")
-    import torch
+    from graphormer_urpe.training.checkpoint import read_checkpoint
 
-    last = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    last = read_checkpoint(run / "checkpoints" / "last.ckpt")
     state = next(v for k, v in last["callbacks"].items() if k.startswith("ModelCheckpoint"))
     best = Path(state["best_model_path"])
     result = {"split": split, "seed": seed, "arm": "finetune" if init_from else "scratch",

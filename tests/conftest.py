@@ -23,6 +23,8 @@ REQUIRE_DATA_ENV = "GRAPHORMER_URPE_REQUIRE_DATA"
 #: Per socket operation, so that a download attempt without a network fails instead of hanging.
 DOWNLOAD_TIMEOUT_S = 30
 #: MoleculeNet ESOL as PyG's ``MoleculeNet("ESOL")`` downloads it (deepchem's copy).
+#: The folder of long data builds in pytest's cache (``.pytest_cache/d/<this>``).
+DATA_BUILD_CACHE = "graphormer_urpe_datasets"
 ESOL_URL = "https://deepchemdata.s3-us-west-1.amazonaws.com/datasets/delaney-processed.csv"
 
 
@@ -100,8 +102,14 @@ def pcqm_source() -> Path:
 @pytest.fixture(scope="session")
 def data_build_cache(request) -> Path:
     """A directory kept across test sessions (under ``.pytest_cache``) for datasets that take long
-    to build; callers key subdirectories by everything that affects the build."""
-    return Path(request.config.cache.mkdir("graphormer_urpe_datasets"))
+    to build; callers key subdirectories by everything that affects the build. The same folder
+    without pytest's cache plugin (``-p no:cacheprovider``), which then gives no ``config.cache``."""
+    cache = getattr(request.config, "cache", None)
+    if cache is not None:
+        return Path(cache.mkdir(DATA_BUILD_CACHE))
+    path = Path(request.config.rootpath) / ".pytest_cache" / "d" / DATA_BUILD_CACHE
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def _zinc_build_key(source: Path) -> str:
@@ -156,3 +164,55 @@ def one_torch_thread():
     yield
     torch.set_num_threads(threads)
 
+
+
+class _RunsCodeWhenUnpickled:
+    """Unpickling this object creates ``marker``: the proof that a load ran code from the file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), "w")
+
+
+@pytest.fixture
+def plant_crafted_checkpoint():
+    """``plant(path) -> marker``: writes at ``path`` a torch file shaped like a Lightning checkpoint
+    (and an ensemble state) whose loading with ``weights_only=False`` creates ``marker``."""
+    def plant(path: Path) -> Path:
+        import torch
+
+        marker = path.with_name(path.name + ".code-ran")
+        payload = _RunsCodeWhenUnpickled(marker)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"state_dict": {}, "hyper_parameters": {"hook": payload}, "global_step": payload,
+                    "members": payload}, path)
+        return marker
+
+    return plant
+
+
+@pytest.fixture
+def start_lock_holder():
+    """``start(command, lock, **popen_kwargs) -> process``: the command started, once it holds
+    ``lock`` (a :func:`~graphormer_urpe.files.hold_directory` lock file naming its pid)."""
+    import subprocess
+    import time
+
+    started = []
+
+    def start(command: list[str], lock: Path, **popen_kwargs) -> subprocess.Popen:
+        process = subprocess.Popen(command, text=True, **popen_kwargs)
+        started.append(process)
+        deadline = time.monotonic() + 300
+        while process.poll() is None and time.monotonic() < deadline and not (
+                lock.exists() and lock.read_text().strip()):
+            time.sleep(0.05)
+        assert lock.read_text().strip() == str(process.pid)
+        return process
+
+    yield start
+    for process in started:  # one that a test left running
+        process.kill()
+        process.communicate()

@@ -126,7 +126,8 @@ def test_killed_grid_resumes_merges_results_and_writes_the_table(zinc_data_root,
     assert read_json(results, []) == entries
 
 
-def test_one_runner_per_run_directory_and_steps_from_the_checkpoint(zinc_data_root, tmp_path):
+def test_one_runner_per_run_directory_and_steps_from_the_checkpoint(zinc_data_root, tmp_path,
+                                                                   start_lock_holder):
     """A second runner on the same runs stops at once (exit 2), naming the first one's pid; the
     first one's run ends at its max_steps (5: inside an epoch of 2 batches, after the validation
     at step 4), which its result reports from the checkpoint's global_step."""
@@ -134,14 +135,9 @@ def test_one_runner_per_run_directory_and_steps_from_the_checkpoint(zinc_data_ro
                              "--model.total_steps", "5")
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     lock = tmp_path / "runs" / "tiny" / "rpe-s0" / "ablation.lock"
-    first = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+    first = start_lock_holder(command, lock, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 300
-        while first.poll() is None and time.monotonic() < deadline and not (
-                lock.exists() and lock.read_text().strip()):
-            time.sleep(0.05)
-        assert lock.read_text().strip() == str(first.pid)
         second = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
         assert first.poll() is None, "the first runner must still hold its runs"
         assert second.returncode == 2, second.stdout[-3000:] + second.stderr[-3000:]
@@ -289,3 +285,23 @@ def test_ensemble_refuses_a_recipe_it_cannot_train_with_one_line(zinc_data_root,
     with pytest.raises(SystemExit, match="error: --ensemble does not support these trainer "
                                          r"settings: \['accumulate_grad_batches'\]"):
         main(command[3:])  # the arguments after `python -m graphormer_urpe.ablation`
+
+
+@pytest.mark.parametrize("planted", ["rpe-s0/checkpoints/last.ckpt", "ensemble/state.pt"])
+def test_crafted_state_in_a_run_directory_is_refused_without_running_its_code(
+        zinc_data_root, tmp_path, plant_crafted_checkpoint, planted):
+    """Resuming reads the run's last.ckpt (and, with --ensemble, the ensemble's state.pt) as plain
+    data: a planted file whose unpickling runs code is refused in one line before any run."""
+    crafted = tmp_path / "runs" / "tiny" / planted
+    marker = plant_crafted_checkpoint(crafted)
+    ensemble = ["--ensemble"] if planted.startswith("ensemble") else []
+    done = subprocess.run(runner_command(tmp_path, zinc_data_root, "--arms", "rpe", *ensemble),
+                          cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                          text=True, timeout=600)
+    what = "ensemble state" if ensemble else "checkpoint"
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"graphormer-urpe-ablation: error: {what} {crafted} cannot be read: it holds objects other "
+        "than tensors and plain values, which are never loaded"), done.stderr[-3000:]
+    assert not marker.exists()
+    assert ensemble or ": fit" not in done.stdout  # refused before the run started

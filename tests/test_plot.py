@@ -26,3 +26,16 @@ def test_installed_command_writes_the_figure_and_exits_0(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == [str(tmp_path / "figs" / "g-spd.png")]
     assert (tmp_path / "figs" / "g-spd.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_crafted_checkpoint_is_refused_in_one_line_without_running_its_code(tmp_path,
+                                                                          plant_crafted_checkpoint):
+    crafted = tmp_path / "crafted.ckpt"
+    marker = plant_crafted_checkpoint(crafted)
+    result = subprocess.run([str(PLOT), str(crafted), "--out", str(tmp_path / "figs")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines() == [
+        f"graphormer-urpe-plot: error: checkpoint {crafted} cannot be read: it holds objects other "
+        "than tensors and plain values, which are never loaded"]
+    assert not marker.exists() and not (tmp_path / "figs").exists()

@@ -24,6 +24,7 @@ from graphormer_urpe.training.predictions import InputRow, PredictionTable
 from graphormer_urpe.training.cli import build_cli
 
 REPO = Path(__file__).resolve().parents[1]
+PREDICT = Path(sys.executable).with_name("graphormer-urpe-predict")
 TINY_BACKBONE = {"num_layers": 2, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2}
 ESOL_TARGET = "measured log solubility in mols per litre"
 
@@ -153,6 +154,22 @@ def test_smiles_with_white_space_inside_are_error_rows(esol_run, tmp_path):
     assert rows[2][f"prediction_{ESOL_TARGET}"] and not rows[2]["error"]
 
 
+def test_smiles_with_a_non_ascii_character_are_error_rows(esol_run, tmp_path):
+    # RDKit parses "CCÖ" as CC, silently dropping the Ö.
+    _, ckpt = esol_run
+    source = tmp_path / "in.smi"
+    source.write_text("CC\u00d6\nCCO\nC\u00e9C\n", encoding="utf-8")
+    done = subprocess.run([str(PREDICT), "--ckpt", str(ckpt), "--input", str(source), "--output",
+                           str(tmp_path / "out.csv"), "--quiet"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = read_output(tmp_path / "out.csv")
+    assert [r["smiles"] for r in rows] == ["CC\u00d6", "CCO", "C\u00e9C"]
+    assert rows[0]["error"] == "SMILES 'CC\u00d6' has a character that is not ASCII ('\u00d6' at position 3); " \
+                               "RDKit would drop it or misread the molecule"
+    assert rows[0][f"prediction_{ESOL_TARGET}"] == rows[2][f"prediction_{ESOL_TARGET}"] == ""
+    assert "not ASCII" in rows[2]["error"] and rows[1][f"prediction_{ESOL_TARGET}"] and not rows[1]["error"]
+
+
 def test_charge_outside_the_zinc_vocabulary_is_an_error_row(zinc_ckpt, zinc_smiles, tmp_path):
     source = tmp_path / "in.smi"
     source.write_text("\n".join(["C[S-2]", "C[S-]", "C[N+2]", *zinc_smiles[:20]]) + "\n")
@@ -221,6 +238,27 @@ def test_output_that_is_the_checkpoint_is_refused(esol_run, tmp_path, spelling):
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
+@pytest.mark.parametrize("kind", ["directory", "fifo", "-", "/dev/stdin"])
+def test_input_that_is_not_a_regular_file_is_named_for_what_it_is(esol_run, tmp_path, kind):
+    """Not "does not exist" for a folder, a pipe or standard input: one line saying what it is."""
+    _, ckpt = esol_run
+    source = {"directory": tmp_path / "folder", "fifo": tmp_path / "pipe", "-": Path("-"),
+              "/dev/stdin": Path("/dev/stdin")}[kind]
+    if kind == "directory":
+        source.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(source)
+    done = subprocess.run([str(PREDICT), "--ckpt", str(ckpt), "--input", str(source), "--output",
+                           str(tmp_path / "out.csv")], stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    what = {"directory": "is a directory", "fifo": "is a FIFO (named pipe), not a regular file",
+            "-": "is '-', but standard input is not read: give a file",
+            "/dev/stdin": "is a character device, not a regular file"}[kind]  # stdin is /dev/null here
+    assert done.stderr.strip().splitlines() == [f"graphormer-urpe-predict: error: --input {source} {what}"]
+    assert not (tmp_path / "out.csv").exists()
+
+
 def test_unwritable_output_fails_before_any_work(tmp_path, capsys):
     source = tmp_path / "in.smi"
     source.write_text("CCO\n")
@@ -262,6 +300,58 @@ def test_new_output_gets_ordinary_permissions(esol_run, tmp_path):
     finally:
         os.umask(umask)
     assert (tmp_path / "out.csv").stat().st_mode & 0o777 == 0o644
+
+
+# Standard output as /dev/fd/1, not /dev/stdout: a regression that replaces the file would
+# replace the machine's /dev/stdout; /dev/fd is /proc, where no file can be created.
+@pytest.mark.parametrize("kind", ["symlink", "dangling symlink", "fifo", "character device", "/dev/fd/1"])
+def test_output_that_is_not_a_regular_file_is_written_through_never_replaced(esol_run, tmp_path, kind):
+    """``--output`` naming a symbolic link writes its target (the link stays); a FIFO, a device
+    (as /dev/null is) or standard output is written in place, never replaced by a regular file."""
+    import stat
+    import threading
+
+    _, ckpt = esol_run
+    source = tmp_path / "in.smi"
+    source.write_text("CCO\nc1ccccc1\n")
+    output, target = tmp_path / "out.csv", tmp_path / "target.csv"
+    received: list[str] = []
+    reader = None
+    if kind == "symlink":
+        target.write_text("old predictions\n")
+        output.symlink_to(target)
+    elif kind == "dangling symlink":
+        output.symlink_to(target)
+    elif kind == "fifo":
+        os.mkfifo(output)
+        reader = threading.Thread(target=lambda: received.append(output.read_text()), daemon=True)
+        reader.start()
+    elif kind == "character device":
+        try:  # the null device's numbers, in the test's own folder
+            os.mknod(output, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        except PermissionError:
+            pytest.skip("creating a device file needs root")
+    else:
+        output = Path(kind)
+    done = subprocess.run([str(PREDICT), "--ckpt", str(ckpt), "--input", str(source), "--output",
+                           str(output), "--quiet", "--workers", "0"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    if reader is not None:
+        reader.join(timeout=60)
+    written = {"symlink": lambda: target.read_text(), "dangling symlink": lambda: target.read_text(),
+               "fifo": lambda: received[0], "character device": lambda: "",
+               "/dev/fd/1": lambda: done.stdout}[kind]()
+    if kind != "character device":
+        lines = written.splitlines()
+        assert lines[0].startswith("row,smiles,prediction") and len(lines) == 3, written
+    if kind.endswith("symlink"):
+        assert output.is_symlink() and os.readlink(output) == str(target)
+    elif kind == "fifo":
+        assert stat.S_ISFIFO(os.lstat(output).st_mode)
+    elif kind == "character device":
+        assert stat.S_ISCHR(os.lstat(output).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary
 
 
 # ------------------------------------------------------------------------------ checkpoints

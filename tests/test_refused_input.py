@@ -58,7 +58,8 @@ def bad_files(esol_csv, tmp_path_factory) -> dict[str, Path]:
     work = tmp_path_factory.mktemp("bad_files")
     table = pd.read_csv(esol_csv)
     files = {"empty": work / "empty.csv", "header only": work / "header.csv",
-             "latin-1": work / "latin1.csv", "multiclass 0/30": work / "classes.csv"}
+             "latin-1": work / "latin1.csv", "multiclass 0/30": work / "classes.csv",
+             "target column twice": work / "twice.csv", "directory": work / "folder.csv"}
     files["empty"].write_text("")
     files["header only"].write_text(esol_csv.read_text().splitlines()[0] + "\n")
     latin = table.copy()
@@ -67,6 +68,10 @@ def bad_files(esol_csv, tmp_path_factory) -> dict[str, Path]:
     classes = table[["smiles"]].copy()
     classes["label"] = [0 if v < -3 else 30 for v in table[ESOL_TARGET]]  # two classes, ids 0, 30
     classes.to_csv(files["multiclass 0/30"], index=False)
+    # ESOL's own predictions under the measured column's name: which one would a run train on?
+    twice = table.rename(columns={"ESOL predicted log solubility in mols per litre": ESOL_TARGET})
+    twice.to_csv(files["target column twice"], index=False)
+    files["directory"].mkdir()
     return files
 
 
@@ -85,6 +90,11 @@ OPTION_REFUSALS = {
     "--model.warmup_steps=-1": "model.warmup_steps must be >= 0, got -1",
     "--model.warmup_steps=2": r"model.warmup_steps \(2\) must be below the schedule's total_steps "
                               r"\(2, from trainer.max_steps\)",
+    "--data.init_args.max_hops=256": "max_hops must be at most 255, got 256",
+    "--data.init_args.seed=-1": r"data.init_args.seed must be an integer from 0 to 4294967295 \(2\*\*32 - 1\), got -1",
+    "--seed_everything=4294967296": r"seed_everything must be an integer from 0 to 4294967295 \(2\*\*32 - 1\), "
+                                    r"got 4294967296",
+    "--trainer.max_steps=0": r"trainer.max_steps must be >= 1, or -1 for no limit, got 0",
 }
 
 
@@ -101,9 +111,12 @@ def test_bad_option_is_one_line_exit_2_before_any_data_is_read(esol_csv, tmp_pat
 
 
 def test_installed_command_refuses_in_one_line(esol_csv, tmp_path):
-    """The jsonargparse-wrapped DataModule error and a model error, through the console script."""
+    """The jsonargparse-wrapped DataModule error, a model error and a seed Lightning would refuse
+    with a traceback, through the console script."""
     for option, message in (("--data.init_args.batch_size=0", "batch_size must be >= 1, got 0"),
-                            ("--model.lr=0", "model.lr must be > 0, got 0.0")):
+                            ("--model.lr=0", "model.lr must be > 0, got 0.0"),
+                            ("--seed_everything=-1", "seed_everything must be an integer from 0 to "
+                                                     "4294967295 (2**32 - 1), got -1")):
         done = run_command(esol_args(tmp_path, esol_csv, option))
         assert done.returncode == 2, done.stderr[-3000:]
         assert error_lines(done.stderr) == [f"graphormer-urpe: error: {message}"]
@@ -130,6 +143,9 @@ FILE_REFUSALS = {
     "latin-1": r"latin1.csv is not UTF-8 text \(line 5: b'Amigdalin \\xe9ther.*\); save it as UTF-8",
     "multiclass 0/30": r"classes.csv: multiclass column 'label' must hold class ids 0..K-1 .* it has "
                        r"\[0, 30\] but not \[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, ...\]: renumber the classes 0..1",
+    "target column twice": r"twice.csv names more than one column 'measured log solubility in mols per litre' "
+                           r"\(columns \[2, 9\] of the header\): rename them so that each name is one column",
+    "directory": "CSV file .*folder.csv is a directory",
 }
 
 
@@ -145,9 +161,11 @@ def test_bad_csv_is_one_line_exit_2(bad_files, tmp_path, capsys, problem):
     assert len(lines) == 1 and re.search(FILE_REFUSALS[problem], lines[0]), lines
 
 
-def test_truncated_processed_zinc_file_is_rebuilt(zinc_root, tmp_path):
-    """A ZINC root whose processed train.pt was cut in half: the run says which file and why,
-    rebuilds it from the raw files and trains."""
+@pytest.mark.parametrize("damage", ["truncated", "crafted"])
+def test_truncated_processed_zinc_file_is_rebuilt(zinc_root, tmp_path, plant_crafted_checkpoint, damage):
+    """A ZINC root whose processed train.pt was cut in half, or replaced by a file whose
+    unpickling runs code (which PyG's own reader would run): the run says which file and why,
+    rebuilds it from the raw files and trains; the planted code never runs."""
     data = tmp_path / "data" / "ZINC"
     (data / "subset").mkdir(parents=True)
     (data / "raw").symlink_to(zinc_root / "raw", target_is_directory=True)
@@ -156,7 +174,10 @@ def test_truncated_processed_zinc_file_is_rebuilt(zinc_root, tmp_path):
     for name in ("pre_filter.pt", "pre_transform.pt", "train.pt", "val.pt", "test.pt"):
         (processed / name).write_bytes((zinc_root / "subset" / "processed" / name).read_bytes())
     intact = (processed / "train.pt").read_bytes()
-    (processed / "train.pt").write_bytes(intact[:len(intact) // 2])
+    if damage == "truncated":
+        (processed / "train.pt").write_bytes(intact[:len(intact) // 2])
+    else:
+        marker = plant_crafted_checkpoint(processed / "train.pt")
     done = run_command(["fit", "--config", str(REPO / "configs" / "zinc.yaml"),
                         "--data.init_args.root", str(tmp_path / "data"),
                         "--trainer.default_root_dir", str(tmp_path / "run"),
@@ -167,6 +188,7 @@ def test_truncated_processed_zinc_file_is_rebuilt(zinc_root, tmp_path):
     assert f"ZINC processed file {processed / 'train.pt'} is damaged, rebuilding it" in done.stderr
     assert (processed / "train.pt").stat().st_size == len(intact)
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
+    assert damage == "truncated" or not marker.exists()
 
 
 # ------------------------------------------------------------------- huge molecule (item 10)
@@ -261,3 +283,89 @@ def test_damaged_ablation_results_are_refused_at_start_and_kept(tmp_path, capsys
     assert err[-1].startswith(f"graphormer-urpe-ablation: error: {results}: ")
     assert not (tmp_path / "runs").exists()  # no run started
     assert results.read_text() == content  # never rewritten
+
+
+@pytest.mark.parametrize("command", ["test --ckpt_path FILE", "fit --ckpt_path last"])
+def test_crafted_checkpoint_is_refused_in_one_line_without_running_its_code(
+        esol_csv, tmp_path, plant_crafted_checkpoint, command):
+    """A checkpoint is data: one whose unpickling would run code is refused by name, in one
+    line, before any data is read, and its code never runs."""
+    subcommand, _, which = command.split()
+    crafted = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    marker = plant_crafted_checkpoint(crafted)
+    done = run_command([subcommand, *esol_args(tmp_path, esol_csv)[1:],
+                        "--ckpt_path", str(crafted) if which == "FILE" else "last"])
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert error_lines(done.stderr) == [
+        f"graphormer-urpe: error: checkpoint {crafted} cannot be read: it holds objects other than "
+        "tensors and plain values, which are never loaded"]
+    assert not marker.exists() and not (tmp_path / "cache").exists()
+
+
+def test_second_fit_into_a_run_directory_in_use_is_refused(esol_csv, tmp_path, start_lock_holder):
+    """Two fits into one run directory at once: the second stops before reading any data, naming
+    the first one's pid (each would overwrite the other's checkpoints); the first goes on."""
+    first = start_lock_holder([str(COMMAND), *esol_args(tmp_path, esol_csv)[:-2], "--trainer.max_steps",
+                               "100000", "--data.init_args.cache_root", str(tmp_path / "first_cache")],
+                              tmp_path / "run" / "fit.lock", stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    second = run_command([*esol_args(tmp_path, esol_csv), "--checkpoint.overwrite", "true"])
+    assert first.poll() is None, "the first fit must still be running"
+    assert second.returncode == 2, second.stderr[-3000:]
+    assert error_lines(second.stderr) == [
+        f"graphormer-urpe: error: {tmp_path / 'run'} is in use by another training run (pid "
+        f"{first.pid}); wait for it to end, or choose another --trainer.default_root_dir"]
+    assert not (tmp_path / "cache").exists()  # refused before the CSV was featurized
+
+
+@pytest.mark.parametrize("data", ["classification task", "other target column", "zinc featurizer"])
+def test_checkpoint_of_other_data_is_refused_by_name(ogb_checkpoint, esol_csv, tmp_path, data):
+    """``test --ckpt_path`` with a checkpoint trained on another task or another target column
+    would report a metric of a model answering another question, and one of another featurizer
+    fails on its weights: refused in one line naming the difference, before the data is
+    featurized."""
+    if data == "classification task":
+        table = pd.read_csv(esol_csv)
+        table["soluble"] = (table[ESOL_TARGET] > -3).astype(int)
+        csv, extra = tmp_path / "soluble.csv", ["--data.init_args.task", "classification",
+                                                 "--data.init_args.target_columns", "[soluble]"]
+        table.to_csv(csv, index=False)
+        difference = (f"task 'regression', the data's 'classification'; target columns "
+                      f"['{ESOL_TARGET}'], the data's ['soluble']")
+    elif data == "other target column":
+        csv, extra = esol_csv, ["--data.init_args.target_columns", "[Molecular Weight]"]
+        difference = f"target columns ['{ESOL_TARGET}'], the data's ['Molecular Weight']"
+    else:  # its embedding tables would not fit: a state_dict error after the data build
+        csv, extra = esol_csv, ["--data.init_args.featurizer", "zinc"]
+        difference = "featurizer 'ogb', the data's 'zinc'"
+    done = run_command(["test", *esol_args(tmp_path, csv, *extra)[1:], "--ckpt_path", str(ogb_checkpoint)])
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert error_lines(done.stderr) == [
+        f"graphormer-urpe: error: --ckpt_path {ogb_checkpoint} was trained on other data (checkpoint's "
+        f"{difference}): use a checkpoint of this data, or configure the data it was trained on"]
+    assert not (tmp_path / "cache").exists()  # refused before the CSV was featurized
+
+
+def test_run_directory_that_cannot_be_written_is_refused_before_the_data(esol_csv, tmp_path):
+    """A run directory that cannot hold the logs and checkpoints (here under a regular file; a
+    read-only file system fails the same way) is one line before the data is featurized, not an
+    OSError from the logger after the build."""
+    (tmp_path / "file").write_text("")
+    run_dir = tmp_path / "file" / "run"
+    done = run_command([*esol_args(tmp_path, esol_csv), "--trainer.default_root_dir", str(run_dir)])
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert error_lines(done.stderr) == [
+        f"graphormer-urpe: error: --trainer.default_root_dir {run_dir} cannot be written (Not a directory)"]
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("kind", ["missing", "directory"])
+def test_ckpt_path_that_is_no_checkpoint_file_is_one_line_before_the_data(esol_csv, tmp_path, kind):
+    ckpt = tmp_path / "model.ckpt"
+    if kind == "directory":
+        ckpt.mkdir()
+    done = run_command(["test", *esol_args(tmp_path, esol_csv)[1:], "--ckpt_path", str(ckpt)])
+    assert done.returncode == 2, done.stderr[-3000:]
+    what = "does not exist" if kind == "missing" else "is a directory"
+    assert error_lines(done.stderr) == [f"graphormer-urpe: error: checkpoint {ckpt} {what}"]
+    assert not (tmp_path / "cache").exists()

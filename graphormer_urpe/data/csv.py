@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from graphormer_urpe.files import unreadable_as_a_file
 from graphormer_urpe.task import TASKS
 
 SPLIT_NAMES = ("train", "val", "test")
@@ -31,8 +32,9 @@ def resolve_columns(path: str | os.PathLike, smiles_column: str = "smiles",
     import pandas as pd
 
     path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"CSV file {path} does not exist")
+    problem = unreadable_as_a_file(path)
+    if problem:
+        raise ValueError(f"CSV file {path} {problem}")
     head = _read_csv(path, nrows=1)
     columns = list(head.columns)
     if smiles_column not in columns:
@@ -43,6 +45,15 @@ def resolve_columns(path: str | os.PathLike, smiles_column: str = "smiles",
     missing = [c for c in targets if c not in columns]
     if missing:
         raise ValueError(f"{path} has no target column(s) {missing} (columns: {columns})")
+    # pandas renames a repeated column name ("y", "y.1"), so a run would silently read the first
+    names = list(_read_csv(path, header=None, nrows=1, dtype=str, keep_default_na=False).iloc[0])
+    repeated = sorted({name for name in names if names.count(name) > 1
+                       and (target_columns is None or name in (smiles_column, *targets))})
+    if repeated:
+        positions = [[i + 1 for i, name in enumerate(names) if name == r] for r in repeated]
+        raise ValueError(f"{path} names more than one column {', '.join(map(repr, repeated))} "
+                         f"(columns {'; '.join(map(str, positions))} of the header): rename them so "
+                         "that each name is one column")
     if head.empty:
         raise ValueError(f"{path} has a header but no data rows")
     return targets

@@ -26,10 +26,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from graphormer_urpe.algos import MAX_HOPS_LIMIT
 from graphormer_urpe.cores import usable_cores
 from graphormer_urpe.data.batch import BatchPadding, GraphBatch
 from graphormer_urpe.data.collate import FlatGraphs
-from graphormer_urpe.data.dataset import EncodedGraphDataset, SeededShuffleSampler
+from graphormer_urpe.data.dataset import EncodedGraphDataset, SeededShuffleSampler, check_seed
 from graphormer_urpe.data.encode import encode_smiles_store, flat_graphs_from_pyg
 from graphormer_urpe.data.encoding_registry import EncodingParams
 from graphormer_urpe.data.features import num_embeddings
@@ -98,13 +99,15 @@ class GraphDataModule(pl.LightningDataModule):
         for name, value in (("max_hops", max_hops), ("batch_size", batch_size), ("max_nodes", max_nodes)):
             if int(value) < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if int(max_hops) > MAX_HOPS_LIMIT:  # the encoder's path arrays hold at most this many hops
+            raise ValueError(f"max_hops must be at most {MAX_HOPS_LIMIT}, got {max_hops}")
         #: Every encoding parameter: which encodings the batches carry, their widths, their caches.
         self.encoding_params = EncodingParams(max_hops=int(max_hops), rwse_steps=int(rwse_steps))
         self.batch_size = int(batch_size)
         self.eval_batch_size = int(eval_batch_size or batch_size)
         self.num_workers = int(num_workers)
         self.max_nodes = int(max_nodes)
-        self.seed = int(seed)
+        self.seed = check_seed("data.init_args.seed", seed)
         self.pin_memory = bool(pin_memory)
         self.encode_threads = usable_cores() if encode_threads is None else int(encode_threads)
         self.build_workers = build_workers

@@ -9,6 +9,7 @@ Both serve the ``DataLoader`` path and the device-resident one (:mod:`.resident`
 """
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
@@ -69,6 +70,18 @@ class EncodedGraphDataset(Dataset):
     def __getitems__(self, items: Sequence[int]) -> GraphBatch:
         items = np.asarray(items, dtype=np.int64)
         return collate(self.graphs, self.graph_ids[items], self.y[items], self.positions[items], self.padding)
+
+
+#: Seeds are numpy's (and Lightning's ``seed_everything``'s): 0 to 2**32 - 1.
+MAX_SEED = 2**32 - 1
+
+
+def check_seed(name: str, seed) -> int:
+    """``seed`` as an int; one-line ``ValueError`` naming the option outside ``[0, MAX_SEED]``
+    (numpy refuses such a seed only when the first epoch starts)."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"{name} must be an integer from 0 to {MAX_SEED} (2**32 - 1), got {seed!r}")
+    return int(seed)
 
 
 class SeededShuffleSampler(Sampler[int]):

@@ -33,13 +33,24 @@ def feature_offsets(feature_dims: Sequence[int]) -> np.ndarray:
     return 1 + np.concatenate([[0], np.cumsum(dims)[:-1]])
 
 
+def check_integer_features(raw: np.ndarray, kind: str) -> None:
+    """``ValueError`` unless ``raw`` holds integers: each column is a vocabulary of ids (an atom
+    or bond type); a float would be truncated to an id, and NaN would become one."""
+    if not np.issubdtype(raw.dtype, np.integer):
+        raise ValueError(f"{kind} features are {raw.dtype}, not integers: Graphormer embeds each "
+                         "column as ids of a vocabulary (e.g. atom types); convert features that "
+                         "hold ids with .long(), and make continuous ones categories")
+
+
 def to_shared_ids(raw: np.ndarray, feature_dims: Sequence[int], kind: str = "atom") -> np.ndarray:
     """Map raw per-column values ``[M, F]`` (or ``[M]`` for one column) to shared ids ``[M, F]``.
 
     Raises ``ValueError`` naming the column when a value lies outside ``[0, dims[c])``, which would
-    otherwise silently alias another column's ids.
+    otherwise silently alias another column's ids, and for values that are not integers
+    (:func:`check_integer_features`).
     """
     raw = np.asarray(raw)
+    check_integer_features(raw, kind)
     if raw.ndim == 1:
         raw = raw.reshape(-1, 1)
     offsets = feature_offsets(feature_dims)

@@ -48,6 +48,8 @@ def clean_smiles(smiles: str) -> str:
     RDKit reads a SMILES up to its first white space and silently drops the rest, so
     ``"CCO extra words"`` or a line break inside a field would be predicted as ``CCO``. The one
     exception is a CXSMILES extension, ``"<smiles> |...|"``, which RDKit reads as a whole.
+    A SMILES is ASCII: RDKit drops some other characters without a word (``"CCÖ"`` parses as
+    ``CC``), so any is a ``ValueError`` too.
     """
     if not isinstance(smiles, str):
         raise ValueError(f"SMILES must be a string, got {type(smiles).__name__}")
@@ -57,6 +59,10 @@ def clean_smiles(smiles: str) -> str:
             extension and not (len(extension) > 1 and extension[0] == extension[-1] == "|")):
         raise ValueError(f"SMILES {smiles!r} contains white space (RDKit would read only "
                          f"{stripped.split()[0]!r})")
+    if not core.isascii():
+        position, character = next((i, c) for i, c in enumerate(core) if not c.isascii())
+        raise ValueError(f"SMILES {smiles!r} has a character that is not ASCII ({character!r} at "
+                         f"position {position + 1}); RDKit would drop it or misread the molecule")
     return stripped
 
 

@@ -40,7 +40,7 @@ from torch_geometric.transforms import BaseTransform
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.data.collate import FlatGraphs, collate
 from graphormer_urpe.data.encoding_registry import CORE_ENCODINGS, ENCODING_BY_NAME, EncodingParams
-from graphormer_urpe.data.features import to_shared_ids
+from graphormer_urpe.data.features import check_integer_features, to_shared_ids
 
 
 class GraphormerEncodings(BaseTransform):
@@ -57,6 +57,12 @@ class GraphormerEncodings(BaseTransform):
         self.max_hops = self.params.max_hops
 
     def forward(self, data: Data) -> Data:
+        for name, kind in (("x", "atom"), ("edge_attr", "bond")):  # what to_graph_batch embeds
+            if data.get(name) is None:
+                raise ValueError(f"the graph has no {name}: Graphormer embeds integer {kind} "
+                                 f"features (a {kind} type per {'node' if kind == 'atom' else 'edge'} "
+                                 "at least); add them before GraphormerEncodings")
+            check_integer_features(data[name].numpy(), f"{kind} ({name})")
         n = int(data.num_nodes)
         edge_index = np.ascontiguousarray(data.edge_index.numpy(), dtype=np.int64)
         node_ptr = np.array([0, n], dtype=np.int64)

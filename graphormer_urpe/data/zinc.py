@@ -25,11 +25,12 @@ pattern may differ from the official graph, labels differ by ~0.005 on average).
 from __future__ import annotations
 
 import gzip
+import contextlib
 import json
 import logging
 import os
 import pickle
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -189,12 +190,32 @@ def load_zinc(root: str | os.PathLike = "data/ZINC", subset: bool = True, split:
             log.info("building ZINC raw files in %s from %s", raw_dir, source)
             build_zinc_raw(raw_dir, source, num_workers)
     processed = Path(root) / ("subset" if subset else "full") / "processed" / f"{split}.pt"
+    with processed_files_read_as_data():
+        try:
+            return ZINC(str(root), subset=subset, split=split, force_reload=force_reload)
+        except Exception as err:  # noqa: BLE001 - torch.load fails in many ways on a damaged file
+            if force_reload or not processed.is_file():
+                raise
+            reason = str(err).splitlines()[0] if str(err) else ""
+            log.warning("ZINC processed file %s is damaged, rebuilding it: %s: %s", processed,
+                        type(err).__name__, reason)
+        return ZINC(str(root), subset=subset, split=split, force_reload=True)
+
+
+@contextlib.contextmanager
+def processed_files_read_as_data() -> Iterator[None]:
+    """Within the block PyG reads a dataset's processed files (``processed/*.pt``) as plain data
+    only (:func:`~graphormer_urpe.training.checkpoint.read_checkpoint`): its own reader retries a
+    file that holds other objects with ``weights_only=False``, which would run a planted file's
+    code. Such a file fails to load instead, and is rebuilt as a damaged one."""
+    from torch_geometric.io import fs
+
+    from graphormer_urpe.training.checkpoint import read_checkpoint
+
+    pyg_reader = fs.torch_load
+    fs.torch_load = lambda path, map_location=None: read_checkpoint(
+        path, map_location, what="processed file")
     try:
-        return ZINC(str(root), subset=subset, split=split, force_reload=force_reload)
-    except Exception as err:  # noqa: BLE001 - torch.load fails in many ways on a damaged file
-        if force_reload or not processed.is_file():
-            raise
-        reason = str(err).splitlines()[0] if str(err) else ""
-        log.warning("ZINC processed file %s is damaged, rebuilding it: %s: %s", processed,
-                    type(err).__name__, reason)
-    return ZINC(str(root), subset=subset, split=split, force_reload=True)
+        yield
+    finally:
+        fs.torch_load = pyg_reader

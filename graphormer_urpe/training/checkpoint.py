@@ -1,9 +1,11 @@
 """Checkpoints of :class:`~graphormer_urpe.training.module.GraphormerModule` verified before use.
 
-:func:`load_module` reads a Lightning checkpoint as data only (``torch.load(weights_only=True)``:
-never code to run) after checking its zip CRCs, then checks that its weights are finite, that
-its hyperparameters build this version's model for their featurizer and task, and that the model
-predicts a probe molecule; any failure is a :class:`CheckpointError` naming the file.
+:func:`read_checkpoint` is the one way this package opens a torch file (a checkpoint, a model's
+weights, a saved training state): as data only (``torch.load(weights_only=True)``: never code to
+run) after checking its zip CRCs. :func:`load_module` reads a Lightning checkpoint with it, then
+checks that its weights are finite, that its hyperparameters build this version's model for
+their featurizer and task, and that the model predicts a probe molecule; any failure is a
+:class:`CheckpointError` naming the file.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from graphormer_urpe.files import unreadable_as_a_file
 from graphormer_urpe.training.inference import RETIRED_HPARAMS, predict_smiles
 from graphormer_urpe.training.predictions import InputRow
 
@@ -24,19 +27,19 @@ class CheckpointError(ValueError):
     """A checkpoint that is missing, unreadable, damaged or not a graphormer-urpe model."""
 
 
-def _verify_archive(ckpt: Path) -> None:
+def _verify_archive(ckpt: Path, what: str) -> None:
     import zlib
 
     if not zipfile.is_zipfile(ckpt):
-        raise CheckpointError(f"checkpoint {ckpt} cannot be read: not a PyTorch checkpoint archive "
+        raise CheckpointError(f"{what} {ckpt} cannot be read: not a PyTorch checkpoint archive "
                               "(truncated, damaged or another kind of file)")
     try:
         with zipfile.ZipFile(ckpt) as archive:
             damaged = archive.testzip()
     except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as exc:
-        raise CheckpointError(f"checkpoint {ckpt} cannot be read: damaged archive ({exc})") from None
+        raise CheckpointError(f"{what} {ckpt} cannot be read: damaged archive ({exc})") from None
     if damaged is not None:
-        raise CheckpointError(f"checkpoint {ckpt} is damaged: its entry {damaged} fails the CRC check")
+        raise CheckpointError(f"{what} {ckpt} is damaged: its entry {damaged} fails the CRC check")
 
 
 def _check_finite(ckpt: Path, state_dict: dict) -> None:
@@ -45,6 +48,26 @@ def _check_finite(ckpt: Path, state_dict: dict) -> None:
     if bad:
         raise CheckpointError(f"checkpoint {ckpt} has non-finite weights (NaN or inf) in {len(bad)} "
                               f"tensor(s): {', '.join(bad[:5])}")
+
+
+def read_checkpoint(path: str | Path, map_location="cpu", *, what: str = "checkpoint"):
+    """The content of the torch file ``path`` (``what`` it is, for the messages), read as plain
+    data: tensors, numbers, strings and containers of them, never objects whose unpickling runs
+    code. :class:`CheckpointError` naming the file when it is missing, a damaged archive (zip
+    CRCs), or holds anything else (a crafted file refused here has not run anything)."""
+    path = Path(path)
+    problem = unreadable_as_a_file(path)
+    if problem:
+        raise CheckpointError(f"{what} {path} {problem}")
+    _verify_archive(path, what)
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError:
+        raise CheckpointError(f"{what} {path} cannot be read: it holds objects other than "
+                              "tensors and plain values, which are never loaded") from None
+    except Exception as exc:  # noqa: BLE001 - any failure of a verified archive is a bad file
+        reason = str(exc).splitlines()[0] if str(exc) else ""
+        raise CheckpointError(f"{what} {path} cannot be read ({type(exc).__name__}: {reason})") from None
 
 
 def load_module(ckpt: str | Path, map_location: str = "cpu", *, inference_only: bool = False):
@@ -67,18 +90,7 @@ def load_module(ckpt: str | Path, map_location: str = "cpu", *, inference_only: 
         from graphormer_urpe.training.module import GraphormerModule as model_class
 
     ckpt = Path(ckpt)
-    if not ckpt.is_file():
-        raise CheckpointError(f"checkpoint {ckpt} does not exist")
-    _verify_archive(ckpt)
-    try:
-        # weights_only: a checkpoint is data, never code to run (our hparams are plain values).
-        checkpoint = torch.load(ckpt, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError:
-        raise CheckpointError(f"checkpoint {ckpt} cannot be read: it holds objects other than "
-                              "tensors and plain values, which are never loaded") from None
-    except Exception as exc:  # noqa: BLE001 - any failure of a verified archive is a bad file
-        reason = str(exc).splitlines()[0] if str(exc) else ""
-        raise CheckpointError(f"checkpoint {ckpt} cannot be read ({type(exc).__name__}: {reason})") from None
+    checkpoint = read_checkpoint(ckpt, map_location)
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict) \
             or not isinstance(checkpoint.get("hyper_parameters"), dict):
         raise CheckpointError(f"{ckpt} is not a Lightning checkpoint (no state_dict/hyper_parameters)")

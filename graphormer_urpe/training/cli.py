@@ -29,20 +29,26 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 from jsonargparse import Namespace
+from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.callbacks import BasePredictionWriter, LearningRateMonitor
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_module
 
+from graphormer_urpe.data.dataset import check_seed
 from graphormer_urpe.data.facts import DataFacts
-from graphormer_urpe.files import same_file
+from graphormer_urpe.files import check_writable_dir, same_file
 from graphormer_urpe.training import finetune
-from graphormer_urpe.training.run_checkpoint import RunCheckpoint, check_run_dir
+from graphormer_urpe.training.checkpoint import read_checkpoint
 from graphormer_urpe.training.inference import RETIRED_HPARAMS
+from graphormer_urpe.training.run_checkpoint import (RunCheckpoint, check_run_dir, hold_run_dir,
+                                                      run_dirs_released_after)
 from graphormer_urpe.training.module import GraphormerModule
 from graphormer_urpe.training.schedule import check_schedule
 from graphormer_urpe.task import get_task
 
 DEFAULT_RUN_DIR = "runs/default"
+#: ``--ckpt_path`` values that Lightning resolves itself (``last`` is resolved here).
+LIGHTNING_CKPT_NAMES = ("best", "hpc", "registry")  # also registry:<name>
 PREDICTIONS_FILE = "predictions.csv"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
@@ -93,8 +99,7 @@ class GraphormerCLI(LightningCLI):
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if not ckpt_path or not Path(ckpt_path).is_file():
             return
-        hparams = torch.load(ckpt_path, weights_only=True, map_location="cpu").get("hyper_parameters", {})
-        hparams = {k: v for k, v in DataFacts.nest(hparams).items()
+        hparams = {k: v for k, v in DataFacts.nest(self._checkpoint_hparams(ckpt_path)).items()
                    if k not in ("facts", "_instantiator", "_class_path", *RETIRED_HPARAMS)}
         if hparams:
             try:
@@ -102,6 +107,32 @@ class GraphormerCLI(LightningCLI):
             except SystemExit:
                 sys.stderr.write("Parsing of ckpt_path hyperparameters failed!\n")
                 raise
+
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        super().parse_arguments(parser, args)
+        # before Lightning seeds with it: its own out-of-range error is a traceback
+        subcommand = self.config.get("subcommand")
+        seed = (self.config[subcommand] if subcommand else self.config).get("seed_everything")
+        if seed is not None and not isinstance(seed, bool):
+            check_seed("seed_everything", seed)
+
+    def _checkpoint_hparams(self, ckpt_path: str) -> dict:
+        """The hyperparameters of the checkpoint the command starts from, read once (as plain
+        data: :func:`~graphormer_urpe.training.checkpoint.read_checkpoint`, which refuses a
+        damaged or crafted file in one line)."""
+        cached = getattr(self, "_checkpoint", None)
+        if cached is None or cached[0] != ckpt_path:
+            checkpoint = read_checkpoint(ckpt_path)
+            hparams = checkpoint.get("hyper_parameters") if isinstance(checkpoint, dict) else None
+            self._checkpoint = cached = (ckpt_path, hparams if isinstance(hparams, dict) else {})
+        return cached[1]
+
+    def after_instantiate_classes(self) -> None:
+        """Before any data is read or built: the checkpoint the command starts from was trained
+        on data of this kind (:func:`check_checkpoint_data`)."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        if config.get("ckpt_path") and Path(config.ckpt_path).is_file():
+            check_checkpoint_data(config.ckpt_path, self._checkpoint_hparams(config.ckpt_path), self.model)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data", "model.facts", apply_on="instantiate", compute_fn=DataFacts.of)
@@ -121,6 +152,11 @@ class GraphormerCLI(LightningCLI):
         config.trainer.default_root_dir = run_dir
         if self.subcommand == "fit":
             check_schedule_config(config)  # before any data is read
+        if self.subcommand is not None:  # its logs (and a fit's checkpoints) go there
+            check_writable_dir(run_dir, "--trainer.default_root_dir")
+        if self.subcommand == "fit":
+            # before the checkpoint folder is checked: a second fit must not remove the first's
+            hold_run_dir(run_dir)
         if self.subcommand == "predict":
             config_files = [*(self.config.get("config") or []), *(config.get("config") or [])]
             check_prediction_output(config, config_files)  # before the data and the model are built
@@ -136,6 +172,10 @@ class GraphormerCLI(LightningCLI):
         if self.subcommand is not None:  # before any data is read
             config.ckpt_path = check_run_dir(checkpoint.dirpath, config.get("ckpt_path"),
                                              checkpoint.overwrite, self.subcommand == "fit")
+            ckpt_path = config.ckpt_path
+            if (ckpt_path and _is_local_file_protocol(ckpt_path)
+                    and ckpt_path.split(":")[0] not in LIGHTNING_CKPT_NAMES):
+                self._checkpoint_hparams(ckpt_path)  # a missing, damaged or crafted file: one line now
         if config.trainer.logger in (None, True):
             config.trainer.logger = [
                 Namespace(class_path=f"lightning.pytorch.loggers.{cls}",
@@ -154,11 +194,35 @@ def _data_task(data: Namespace) -> str:
     return task or "regression"
 
 
+def check_checkpoint_data(ckpt_path: str, saved: dict, model: GraphormerModule) -> None:
+    """``ValueError`` (one line) naming each way the checkpoint's recorded data (its task,
+    featurizer, target columns, number of targets) differs from the data the model was built
+    for: its head would be read as another task's or another column's, or its weights would not
+    fit. What a checkpoint does not record is not checked."""
+    recorded = DataFacts.nest(saved)["facts"]
+    ours = model.facts.as_dict()
+    theirs_and_ours = [(name, recorded.get(name), ours[name]) for name in ("task", "featurizer", "num_targets")]
+    theirs_and_ours.append(("target columns", saved.get("target_names"), model.hparams.get("target_names")))
+    differences = [f"{name} {theirs!r}, the data's {current!r}" for name, theirs, current in theirs_and_ours
+                   if theirs is not None and current is not None and _plain(theirs) != _plain(current)]
+    if differences:
+        raise ValueError(f"--ckpt_path {ckpt_path} was trained on other data (checkpoint's "
+                         f"{'; '.join(differences)}): use a checkpoint of this data, or configure "
+                         "the data it was trained on")
+
+
+def _plain(value):
+    """Lists and tuples compare alike (a checkpoint stores lists, a config may give tuples)."""
+    return list(value) if isinstance(value, (list, tuple)) else value
+
+
 def check_schedule_config(config: Namespace) -> None:
     """The learning-rate schedule's checks (:func:`~.schedule.check_schedule`) on the parsed
     config, with ``trainer.max_steps`` standing in for an unset ``model.total_steps``: a bad
     schedule is refused before the data is built, not at the first optimizer step."""
     model, max_steps = config.model, config.trainer.get("max_steps")
+    if max_steps is not None and (max_steps == 0 or max_steps < -1):
+        raise ValueError(f"trainer.max_steps must be >= 1, or -1 for no limit, got {max_steps}")
     total_steps = model.get("total_steps")
     if total_steps is None and max_steps is not None and max_steps > 0:
         total_steps = max_steps
@@ -236,14 +300,15 @@ def configure_logging() -> None:
 
 def build_cli(args: list[str] | None = None, run: bool = True) -> GraphormerCLI:
     configure_logging()
-    return GraphormerCLI(
-        GraphormerModule,
-        pl.LightningDataModule,
-        subclass_mode_data=True,
-        save_config_kwargs={"overwrite": True},
-        args=args,
-        run=run,
-    )
+    with run_dirs_released_after():  # a fit holds its run directory while it runs
+        return GraphormerCLI(
+            GraphormerModule,
+            pl.LightningDataModule,
+            subclass_mode_data=True,
+            save_config_kwargs={"overwrite": True},
+            args=args,
+            run=run,
+        )
 
 
 def main(args: list[str] | None = None) -> int:

@@ -65,6 +65,7 @@ from graphormer_urpe.data.resident import ResidentSplit, TensorGraphs
 from graphormer_urpe.files import atomic_write
 from graphormer_urpe.nn.graphormer import Graphormer
 from graphormer_urpe.training import finetune
+from graphormer_urpe.training.checkpoint import read_checkpoint
 from graphormer_urpe.training.inference import build_backbone
 from graphormer_urpe.training.module import GraphormerModule, parameter_groups, set_optimizer_kernel
 from graphormer_urpe.training.schedule import warmup_polynomial_decay
@@ -537,7 +538,7 @@ class Ensemble:
     def _resume(self) -> None:
         if not self.state_path.exists():
             return
-        state = torch.load(self.state_path, map_location=self.device, weights_only=False)
+        state = read_checkpoint(self.state_path, self.device, what="ensemble state")
         if state["members"] != [list(m.spec.cli_args) for m in self.members]:
             raise ValueError(f"{self.state_path} belongs to other runs; remove it or choose "
                              "another directory")

@@ -16,20 +16,21 @@ schedule).
 from __future__ import annotations
 
 import logging
-import pickle
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from graphormer_urpe.data.facts import DataFacts
+from graphormer_urpe.training.checkpoint import CheckpointError, read_checkpoint
 
 log = logging.getLogger(__name__)
 
 #: Parameter-name prefix of the output head in the backbone (``Graphormer.head``).
 HEAD_PREFIX = "head."
+#: The atom embedding table every Graphormer backbone has (a sequence model has none).
+ATOM_EMBEDDING = "atom_encoder.embedding.weight"
 
 
 class InitFromError(ValueError):
@@ -39,18 +40,10 @@ class InitFromError(ValueError):
 def read_backbone_state(path: str | Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
     """``(backbone state_dict, hyperparameters or {})`` of a training or weights-only checkpoint."""
     path = Path(path)
-    if not path.is_file():
-        raise InitFromError(f"model.init_from: checkpoint {path} does not exist")
     try:
-        # weights_only: a checkpoint is data, never code to run (this project's hparams are plain)
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        raise InitFromError(f"model.init_from: {path} holds objects other than tensors and plain "
-                            "values, which are never loaded") from None
-    except Exception as exc:  # noqa: BLE001 - any failure to read is a bad file
-        reason = str(exc).splitlines()[0] if str(exc) else ""
-        raise InitFromError(f"model.init_from: {path} cannot be read as a checkpoint "
-                            f"({type(exc).__name__}: {reason})") from None
+        checkpoint = read_checkpoint(path)
+    except CheckpointError as exc:
+        raise InitFromError(f"model.init_from: {exc}") from None
     hparams: dict[str, Any] = {}
     if isinstance(checkpoint, Mapping) and isinstance(checkpoint.get("state_dict"), Mapping):
         state, hparams = checkpoint["state_dict"], dict(checkpoint.get("hyper_parameters") or {})
@@ -110,7 +103,12 @@ def load_backbone(module, path: str | Path, reinit_head: bool = False) -> None:
     """Load ``path``'s backbone into ``module.model`` (a ``GraphormerModule``), head included
     where it fits (module docstring); logs what was loaded."""
     state, hparams = read_backbone_state(path)
-    ours, theirs = module.facts.featurizer, DataFacts.recorded(hparams, "featurizer")
+    if ATOM_EMBEDDING not in state:  # before a fact that it does not record is blamed
+        raise InitFromError(
+            f"model.init_from: {path} is not a Graphormer checkpoint: it has no atom embedding "
+            f"{ATOM_EMBEDDING} (its tensors: {', '.join(sorted(state)[:3])}, ...); give a checkpoint "
+            "of graphormer-urpe fit (a sequence model of graphormer-urpe-synthetic cannot start a graph model)")
+    ours, theirs = module.facts.featurizer, DataFacts.recorded(hparams, "featurizer", None)
     if theirs is not None and theirs != ours:
         raise InitFromError(
             f"model.init_from: {path} was trained on the {theirs!r} featurizer but the data uses "

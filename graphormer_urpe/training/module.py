@@ -30,6 +30,8 @@ from graphormer_urpe.task import get_task
 log = logging.getLogger(__name__)
 #: The checkpoint key of the global random states (:func:`~.run_checkpoint.rng_states`).
 RNG_STATES = "rng_states"
+#: Checkpoint key of the learning-rate schedule it was trained with (``GraphormerModule.schedule``).
+LR_SCHEDULE = "lr_schedule"
 
 #: Kinds of parameter, one AdamW param group each (see :func:`parameter_groups`).
 ParameterKind = Literal["weight", "embedding", "bias", "layernorm", "urpe_scale"]
@@ -212,6 +214,7 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
         self._optimizer_kernel: dict[str, bool] | None = None
         self._unchecked_loss: tuple[Tensor, int, int, int] | None = None
         self._resumed_rng: dict[str, Any] | None = None  # from the checkpoint a fit resumes
+        self._resumed_schedule: list | None = None  # the lr schedule of that checkpoint
         self._engine = (TrainingEngine(self, required=bool(engine))
                         if engine or (engine is None and not compile) else None)
         self.task = get_task(self.facts.task)
@@ -263,12 +266,15 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
         if self._engine is not None:
             self._engine.check()
         checkpoint[RNG_STATES] = rng_states()
+        if getattr(self, "schedule", None) is not None:
+            checkpoint[LR_SCHEDULE] = list(self.schedule)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Before the weights load: there a model built for other encodings fails with a list of
         # parameter names instead of the data options to change.
         check_checkpoint_encodings(checkpoint.get("hyper_parameters", {}), self.facts)
         self._resumed_rng = checkpoint.get(RNG_STATES)
+        self._resumed_schedule = checkpoint.get(LR_SCHEDULE)
 
     def on_train_start(self) -> None:
         # A checkpoint restores the optimizer's kernel flags of the run that saved it (eager or
@@ -349,6 +355,18 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
                         "total_steps unset to follow the trainer", given, int(budget))
         return given
 
+    def _warn_if_the_schedule_changed(self) -> None:
+        """A resumed fit whose schedule is not its checkpoint's (typically a larger
+        ``trainer.max_steps`` without ``model.total_steps``, which then sets the schedule's length)
+        cannot end where one uninterrupted run would: its first steps followed the other schedule."""
+        saved = self._resumed_schedule
+        if saved is None or [float(v) for v in saved] == [float(v) for v in self.schedule]:
+            return
+        log.warning("resuming with another learning-rate schedule (warmup %d, total %d steps) than "
+                    "the checkpoint was trained with (warmup %d, total %d steps): the run will not "
+                    "equal an uninterrupted one; give every fit of a resumed run the same "
+                    "--model.total_steps", self.schedule[0], self.schedule[1], saved[0], saved[1])
+
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
         groups = finetune.head_lr_groups(parameter_groups(self, hp.weight_decay, hp.get("no_weight_decay") or ()),
@@ -372,5 +390,6 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
         self.schedule = (warmup_steps, total_steps, hp.end_lr / hp.lr, hp.power)
         self._optimizer_kernel = {"fused": optimizer.defaults["fused"],
                                   "capturable": optimizer.defaults["capturable"]}
+        self._warn_if_the_schedule_changed()
         return {"optimizer": optimizer,
                 "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}

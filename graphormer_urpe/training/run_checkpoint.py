@@ -13,15 +13,19 @@
   (resume with ``--ckpt_path last``, choose another ``--trainer.default_root_dir``, or start over
   with ``--checkpoint.overwrite true``); ``--ckpt_path last`` is the folder's ``last.ckpt``, or a
   fresh start when the folder holds no checkpoint at all.
+* :func:`hold_run_dir`: a ``fit`` holds its run directory's :data:`FIT_LOCK` while it runs, so a
+  second ``fit`` into it (which would overwrite the first one's checkpoints) stops at once.
 * :func:`rng_states` / :func:`set_rng_states`: the global random states (torch CPU and CUDA,
   numpy, Python ``random``) a checkpoint carries, so dropout continues as in an uninterrupted
   run (:class:`~graphormer_urpe.training.module.GraphormerModule` saves and restores them).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +33,49 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 
-from graphormer_urpe.files import atomic_path
+from graphormer_urpe.files import atomic_path, hold_directory
 
 log = logging.getLogger(__name__)
 
 LAST = ModelCheckpoint.CHECKPOINT_NAME_LAST + ModelCheckpoint.FILE_EXTENSION
 OVERWRITE_OPTION = "--checkpoint.overwrite true"
+#: In a run directory: held (``fcntl.flock``) by the process that trains it, and names its pid.
+FIT_LOCK = "fit.lock"
+
+
+#: The run directories this process holds (by real path) and their lock files.
+_held_run_dirs: dict[str, Any] = {}
+
+
+def hold_run_dir(run_dir: str | os.PathLike) -> None:
+    """Hold the run directory's lock (:func:`~graphormer_urpe.files.hold_directory` on
+    :data:`FIT_LOCK`) until the enclosing :func:`run_dirs_released_after` block ends, else until
+    this process ends; ``ValueError`` (one line, exit status 2) naming the pid of another process
+    that trains it. A directory this process holds already is held on. Only the first process of
+    a run takes it: the other processes of a multi-process (DDP) run are its own."""
+    if rank_zero_only.rank != 0 or os.environ.get("NODE_RANK", "0") != "0":
+        return
+    key = os.path.realpath(run_dir)
+    if key not in _held_run_dirs:
+        _held_run_dirs[key] = hold_directory(Path(run_dir), FIT_LOCK, "training run",
+                                             "wait for it to end, or choose another --trainer.default_root_dir")
+
+
+@contextlib.contextmanager
+def run_dirs_released_after() -> Iterator[None]:
+    """The run directories that :func:`hold_run_dir` takes within the block are released when it
+    ends, however it ends: a fit holds its directory while it runs, also as one call of a longer
+    process (a notebook, a test session)."""
+    before = set(_held_run_dirs)
+    try:
+        yield
+    finally:
+        for key in set(_held_run_dirs) - before:
+            _held_run_dirs.pop(key).close()
 
 
 def checkpoints_in(dirpath: str | os.PathLike) -> list[str]:

@@ -45,3 +45,15 @@ def test_a_missing_data_set_skips_in_one_line_or_fails_when_required(pytester, t
     expected.parent.mkdir(parents=True)
     expected.write_bytes(b"")
     pytester.runpytest().assert_outcomes(passed=1)
+
+
+def test_data_fixtures_work_without_pytests_cache_plugin(pytester):
+    """``pytest -p no:cacheprovider`` (no ``config.cache``): the suite's conftest in a child session
+    keeps long data builds in the same folder as with the plugin."""
+    pytester.makeconftest(CONFTEST.read_text())
+    pytester.makepyfile(test_cache_folder=(
+        "def test_folder(data_build_cache, pytestconfig):\n"
+        "    assert data_build_cache == pytestconfig.rootpath / '.pytest_cache' / 'd' / 'graphormer_urpe_datasets'\n"
+        "    assert data_build_cache.is_dir()\n"))
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+    pytester.runpytest().assert_outcomes(passed=1)

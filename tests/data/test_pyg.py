@@ -60,3 +60,25 @@ def test_docs_worked_example_trains_on_real_zinc(zinc_root, tmp_path, monkeypatc
     targets = torch.cat([d.y for d in val])
     baseline = (targets - torch.cat([d.y for d in namespace["train"]]).mean()).abs().mean().item()
     assert np.isfinite(namespace["val_mae"]) and namespace["val_mae"] < baseline
+
+
+@pytest.mark.parametrize("graph", ["float x", "NaN in x", "float edge_attr", "no edge_attr"])
+def test_transform_refuses_features_that_are_not_integer_ids(zinc_root, graph):
+    """Real ZINC graphs whose features cannot be embedded: refused by name when the transform
+    runs, not truncated to ids (NaN included) or failing later inside the batching."""
+    data = ZINC(str(zinc_root), subset=True, split="val")[0]
+    if graph == "float x":
+        data.x = data.x.float() + 0.5
+    elif graph == "NaN in x":
+        data.x = data.x.float()
+        data.x[0] = float("nan")
+    elif graph == "float edge_attr":
+        data.edge_attr = data.edge_attr.float()
+    else:
+        del data.edge_attr
+    message = {"float x": r"atom \(x\) features are float32, not integers",
+               "NaN in x": r"atom \(x\) features are float32, not integers",
+               "float edge_attr": r"bond \(edge_attr\) features are float32, not integers",
+               "no edge_attr": "the graph has no edge_attr: Graphormer embeds integer bond features"}[graph]
+    with pytest.raises(ValueError, match=message):
+        GraphormerEncodings(max_hops=5)(data)

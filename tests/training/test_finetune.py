@@ -123,6 +123,22 @@ def test_a_checkpoint_that_does_not_fit_is_refused_naming_each_misfit(pretrained
     assert not (run_dir / "checkpoints").exists()
 
 
+def test_a_sequence_model_is_refused_as_no_graphormer_checkpoint(esol_csv, tmp_path):
+    """A checkpoint of graphormer-urpe-synthetic (a sequence Transformer) records no featurizer:
+    it is named for what it is, not blamed on the featurizer."""
+    from graphormer_urpe.nn.sequence import SequenceTransformer
+
+    model = SequenceTransformer(vocab_size=10, num_classes=10, max_len=8, embed_dim=16, num_heads=2,
+                                num_layers=1, ffn_dim=16)
+    torch.save({"state_dict": model.state_dict(), "task": "pi", "vocab_size": 10}, tmp_path / "cell.pt")
+    done = run("graphormer-urpe", "fit", *esol_args(tmp_path / "ft", esol_csv, "--model.init_from",
+                                                    tmp_path / "cell.pt", "--trainer.max_steps", "1"), ok=False)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and "featurizer" not in done.stderr
+    assert f"graphormer-urpe: error: model.init_from: {tmp_path / 'cell.pt'} is not a Graphormer checkpoint: " \
+           "it has no atom embedding atom_encoder.embedding.weight" in done.stderr
+
+
 def test_missing_init_from_is_one_clear_line(esol_csv, tmp_path):
     done = run("graphormer-urpe", "fit", *esol_args(tmp_path / "ft", esol_csv, "--model.init_from",
                                                     tmp_path / "nope.ckpt", "--trainer.max_steps", "1"), ok=False)

@@ -140,3 +140,31 @@ def test_a_resumed_run_with_dropout_equals_the_uninterrupted_one_bit_for_bit(zin
     for index, state in reference["optimizer_states"][0]["state"].items():
         assert torch.equal(result["optimizer_states"][0]["state"][index]["exp_avg"], state["exp_avg"])
     assert torch.equal(result["rng_states"]["torch"], reference["rng_states"]["torch"])
+
+
+def test_a_resume_that_changes_the_schedule_says_so_and_one_that_keeps_it_is_exact(zinc_data_root, tmp_path):
+    """Validating every 3 steps, with dropout: 3 steps then ``--ckpt_path last`` to 6 equals 6 steps
+    at once when both keep the schedule (the same ``model.total_steps``). Without it each fit's
+    schedule ends at its own ``max_steps``, so the first 3 steps decayed faster: the resumed fit
+    says so in one warning instead of silently ending elsewhere."""
+    backbone = json.dumps({**TINY_BACKBONE, **DROPOUT})
+    common = ["--model.backbone", backbone, "--model.warmup_steps", "2", "--model.total_steps", "6",
+              "--trainer.val_check_interval", "3", "--trainer.check_val_every_n_epoch", "null",
+              "--trainer.limit_train_batches", "1.0"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    fit(straight, zinc_data_root, *common, "--trainer.max_steps", "6")
+    fit(resumed, zinc_data_root, *common, "--trainer.max_steps", "3")
+    kept = fit(resumed, zinc_data_root, *common, "--trainer.max_steps", "6", "--ckpt_path", "last")
+    assert "another learning-rate schedule" not in kept.stderr
+    load = lambda run: torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    reference, result = load(straight), load(resumed)
+    assert result["global_step"] == reference["global_step"] == 6
+    for name, value in reference["state_dict"].items():
+        assert torch.equal(result["state_dict"][name], value), name
+    # the schedule's length left to trainer.max_steps: 3 steps, then 6
+    other_schedule = [*common[:4], "--model.total_steps", "null", *common[6:]]
+    fit(tmp_path / "other", zinc_data_root, *other_schedule, "--trainer.max_steps", "3")
+    changed = fit(tmp_path / "other", zinc_data_root, *other_schedule, "--trainer.max_steps", "6",
+                  "--ckpt_path", "last")
+    assert ("resuming with another learning-rate schedule (warmup 2, total 6 steps) than the checkpoint "
+            "was trained with (warmup 2, total 3 steps)") in changed.stderr
