@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from graphormer_urpe.data.batch import GraphBatch
-from graphormer_urpe.files import AtomicFile, stop_on_signals
+from graphormer_urpe.files import AtomicFile, stop_on_signals, unreadable_as_a_file
 from graphormer_urpe.training.checkpoint import CheckpointError, load_module
 from graphormer_urpe.training.inference import DEFAULT_MAX_NODES, chunk_batches, featurize_chunk
 from graphormer_urpe.training.predictions import InputRow, open_smiles
@@ -196,9 +196,9 @@ def _fail(message: str) -> int:
 def _explain(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     source, out = Path(args.input), Path(args.out)
-    if not source.is_file():
-        return _fail(f"input file {source} does not exist" if not source.exists()
-                     else f"input {source} is not a regular file")
+    problem = unreadable_as_a_file(source)
+    if problem:
+        return _fail(f"--input {source} {problem}")
     if out.exists() and not out.is_dir():
         return _fail(f"--out {out} is a file, not a directory")
     if args.steps < 1 or args.max_nodes < 1:

@@ -122,8 +122,8 @@ def test_bad_arguments_are_one_line_before_any_work(tmp_path):
     (tmp_path / "in.smi").write_text("CCO\n")
     (tmp_path / "file").write_text("x")
     cases = [
-        (["--input", str(tmp_path / "missing.smi"), "--out", str(tmp_path / "o")], "input file"),
-        (["--input", str(tmp_path), "--out", str(tmp_path / "o")], "is not a regular file"),
+        (["--input", str(tmp_path / "missing.smi"), "--out", str(tmp_path / "o")], "missing.smi does not exist"),
+        (["--input", str(tmp_path), "--out", str(tmp_path / "o")], "is a directory"),
         (["--input", str(tmp_path / "in.smi"), "--out", str(tmp_path / "file")], "is a file, not a directory"),
         (["--input", str(tmp_path / "in.smi"), "--out", str(tmp_path / "o"), "--target", "1"],
          "--target 1: the model has 1 outputs"),
