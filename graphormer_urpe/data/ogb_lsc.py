@@ -104,7 +104,11 @@ def allow_numpy_arrays(pyg_data: bool = False) -> Iterator[None]:
     """Within the block, ``torch.load(weights_only=True)`` (the default) also accepts plain numpy
     arrays, as in OGB's ``split_dict.pt`` (and, with ``pyg_data``, PyG's ``Data`` containers, as in
     OGB's processed file); the allow-list is restored on exit."""
-    allowed = _numpy_array_globals() + (_pyg_data_globals() if pyg_data else [])
+    # Only what is not allowed yet: leaving the block removes what it added, and PyG allows its
+    # Data class itself (ZINC's processed files would then no longer load).
+    present = torch.serialization.get_safe_globals()
+    allowed = [entry for entry in _numpy_array_globals() + (_pyg_data_globals() if pyg_data else [])
+               if not any(entry is other for other in present)]
     with torch.serialization.safe_globals(allowed):
         yield
 

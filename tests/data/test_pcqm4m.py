@@ -53,9 +53,14 @@ def test_layouts_have_the_official_names_and_sizes():
 @pytest.mark.parametrize("layout", [PCQM4M, PCQM4MV2], ids=lambda layout: layout.name)
 def test_featurization_equals_ogbs_own_dataset(layout, pcqm_source, tmp_path):
     write_root(tmp_path, pcqm_source, layout)
+    import torch_geometric.data  # noqa: F401 - PyG allows its own classes on import
+
+    before = set(map(str, torch.serialization.get_safe_globals()))
     dataset, ogb_splits = ogb_dataset(tmp_path, layout)
-    # The numpy allow-list lasted only for the call (PyG registers its own classes on import).
+    # The numpy allow-list lasted only for the call, and what was allowed before still is (PyG's
+    # Data: without it ZINC's processed files no longer load as data).
     assert np.ndarray not in torch.serialization.get_safe_globals()
+    assert set(map(str, torch.serialization.get_safe_globals())) == before
     graphs, graph_of_row, y, splits = DATAMODULES[layout.name](root=str(tmp_path), build_workers=2).store()
     assert list(splits) == list(layout.splits)
     for split in layout.splits:
