@@ -100,13 +100,19 @@ def integrated_gradients(module, batch: GraphBatch, steps: int, target: int) -> 
                         float(outputs[g, 0]), float(predictions[g, target])) for g in range(graphs)]
 
 
+def check_options(module, target: int, steps: int) -> None:
+    """ValueError for a target the model does not output or fewer than one path point."""
+    if not 0 <= target < module.model.head.out_features:
+        raise ValueError(f"--target {target}: the model has {module.model.head.out_features} outputs "
+                         f"({module.facts.task})")
+    if steps < 1:
+        raise ValueError(f"--steps must be >= 1, got {steps}")
+
+
 def explain_smiles(module, smiles: list[str], steps: int = DEFAULT_STEPS, target: int = 0,
                    max_nodes: int = DEFAULT_MAX_NODES) -> list[Explanation | str]:
     """Per SMILES its :class:`Explanation`, or the reason it cannot be featurized."""
-    if not 0 <= target < module.model.head.out_features:
-        raise ValueError(f"--target {target}: the model has {module.model.head.out_features} outputs")
-    if steps < 1:
-        raise ValueError(f"--steps must be >= 1, got {steps}")
+    check_options(module, target, steps)
     module.eval()
     chunk = featurize_chunk((module.facts.featurizer, max_nodes, smiles))
     results: list[Explanation | str] = [""] * len(smiles)
@@ -201,17 +207,15 @@ def _explain(args: argparse.Namespace) -> int:
         return _fail(f"--input {source} {problem}")
     if out.exists() and not out.is_dir():
         return _fail(f"--out {out} is a file, not a directory")
-    if args.steps < 1 or args.max_nodes < 1:
-        return _fail("--steps and --max-nodes must be >= 1")
+    if args.max_nodes < 1:
+        return _fail(f"--max-nodes must be >= 1, got {args.max_nodes}")
     try:
         module = load_module(args.ckpt, inference_only=True)
+        check_options(module, args.target, args.steps)
         with open(source, newline="", encoding="utf-8-sig") as handle:
             rows: list[InputRow] = list(open_smiles(handle, source).rows)
     except (CheckpointError, ValueError, UnicodeDecodeError, csv.Error) as exc:
         return _fail(str(exc))
-    if not 0 <= args.target < module.model.head.out_features:
-        return _fail(f"--target {args.target}: the model has {module.model.head.out_features} outputs "
-                     f"({module.facts.task})")
     out.mkdir(parents=True, exist_ok=True)
     from tqdm import tqdm
 

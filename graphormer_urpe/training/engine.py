@@ -40,9 +40,10 @@ read from the device every ``trainer.log_every_n_steps`` (one sync per interval)
 interval in which every step was skipped stops training with a ``FloatingPointError``, and since
 skipped steps change nothing, no checkpoint ever holds a diverged model.
 
-Needs device-resident batches of one shape (``data.device_resident`` and ``data.static_shapes``),
-one device, a non-mixed precision (``32-true``), no gradient accumulation, clipping by norm (or
-none), and no ``compile``. A checkpoint of the eager step resumes under the engine and the reverse
+It steps any batches; it records the step in a CUDA graph when they are device-resident and of
+one shape (``data.device_resident`` and ``data.static_shapes``), and gathers them inside the step.
+It needs one device, no loss scaler (``32-true`` or ``bf16-mixed``), no gradient accumulation,
+clipping by norm (or none), and no ``compile`` (:meth:`TrainingEngine.unsupported`). A checkpoint of the eager step resumes under the engine and the reverse
 (:func:`~.module.set_optimizer_kernel`).
 """
 from __future__ import annotations
@@ -109,7 +110,6 @@ class TrainingEngine(pl.Callback):
         #: One recorded step per phase of ``freeze_backbone_steps`` (frozen or not): the two
         #: phases update different parameters.
         self._graphs: dict[bool, torch.cuda.CUDAGraph] = {}
-        self._frozen: bool | None = None
         self._order_source: Tensor | None = None
         self._host_updates = -1  # the update count the device counter holds
         self.total_skipped = 0
@@ -265,8 +265,6 @@ class TrainingEngine(pl.Callback):
         if not self._ready:
             self._build(trainer, slot)
         frozen = bool(getattr(self.module.model, "_backbone_frozen", False))
-        if frozen != self._frozen:
-            self._enter_phase(frozen)
         if slot is not None and slot.order.device.type == "cuda" and frozen not in self._graphs:
             self._graphs[frozen] = self._capture(trainer, slot)
         self._feed(trainer, slot)
@@ -275,11 +273,6 @@ class TrainingEngine(pl.Callback):
         else:
             self._step(None if slot is not None else batch)
         return self.loss
-
-    def _enter_phase(self, frozen: bool) -> None:
-        """A phase of ``freeze_backbone_steps`` begins (its own recorded graph on a GPU: the
-        parameters it updates differ)."""
-        self._frozen = frozen
 
     # Reporting -----------------------------------------------------------------------------------
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch,

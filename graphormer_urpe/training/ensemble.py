@@ -546,7 +546,7 @@ class Ensemble:
             for name, p in self.params.items():
                 p.copy_(state["params"][name])
         self.optimizer.load_state_dict(state["optimizer"])
-        set_optimizer_kernel(self.optimizer, fused=True, capturable=self.cuda_graph)
+        set_optimizer_kernel(self.optimizer)
         self._point_lr()
         self.scheduler.load_state_dict(state["scheduler"])
         self.step, self.epoch, self.best = state["step"], state["epoch"], state["best"]

@@ -107,17 +107,18 @@ def compile_backbone(model: Graphormer) -> None:
         model.edge_bias.compile(dynamic=True)
 
 
-def set_optimizer_kernel(optimizer: torch.optim.Optimizer, fused: bool | None, capturable: bool) -> None:
+def set_optimizer_kernel(optimizer: torch.optim.Optimizer) -> None:
     """Give every param group of ``optimizer`` (an Adam-family optimizer whose state may come from
-    a checkpoint) the ``fused`` and ``capturable`` flags, and each step counter the device these
-    want (the parameter's for either, else the CPU). ``Optimizer.load_state_dict`` restores the
-    flags a checkpoint was saved with: an eager run's checkpoint resumed by the training engine
-    would otherwise keep the unfused kernel (which refuses the engine's ``found_inf``), and a GPU
-    engine's checkpoint resumed on a CPU the capturable one."""
+    a checkpoint) the ``fused``, ``capturable`` and ``foreach`` flags it was built with (its ``defaults``, which
+    loading leaves alone), and each step counter the device these want (the parameter's for
+    either, else the CPU). ``Optimizer.load_state_dict`` restores the flags a checkpoint was saved
+    with: an eager run's checkpoint resumed by the training engine would otherwise keep the unfused
+    kernel (which refuses the engine's ``found_inf``), and a GPU engine's checkpoint resumed on a
+    CPU the capturable one."""
+    kernel = {flag: optimizer.defaults[flag] for flag in ("fused", "capturable", "foreach")}
     for group in optimizer.param_groups:
-        group["fused"], group["capturable"] = fused, capturable
-        if fused:
-            group["foreach"] = None  # fused and foreach exclude each other
+        group.update(kernel)
+    fused, capturable = kernel["fused"], kernel["capturable"]
     on_device = bool(fused or capturable)
     for param, state in optimizer.state.items():
         step = state.get("step")
@@ -210,8 +211,6 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
         self.hparams["backbone"] = resolved.as_dict()
         if compile:
             compile_backbone(self.model)
-        #: The optimizer's kernel choice (fused, capturable), set in configure_optimizers.
-        self._optimizer_kernel: dict[str, bool] | None = None
         self._unchecked_loss: tuple[Tensor, int, int, int] | None = None
         self._resumed_rng: dict[str, Any] | None = None  # from the checkpoint a fit resumes
         self._resumed_schedule: list | None = None  # the lr schedule of that checkpoint
@@ -279,9 +278,8 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
     def on_train_start(self) -> None:
         # A checkpoint restores the optimizer's kernel flags of the run that saved it (eager or
         # the engine, CPU or GPU); this run's own choice applies.
-        if self._optimizer_kernel is not None:
-            for optimizer in self.trainer.optimizers:
-                set_optimizer_kernel(optimizer, **self._optimizer_kernel)
+        for optimizer in self.trainer.optimizers:
+            set_optimizer_kernel(optimizer)
         # A resumed fit continues the saved random states (dropout), restored here: after the
         # sanity check and anything else set up draws, right before the first step (the loaders
         # draw from their own generators, not from these).
@@ -388,8 +386,6 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
                                             hp.power)
         #: relative_lr's arguments after the update number (the engine's on-device lr factor)
         self.schedule = (warmup_steps, total_steps, hp.end_lr / hp.lr, hp.power)
-        self._optimizer_kernel = {"fused": optimizer.defaults["fused"],
-                                  "capturable": optimizer.defaults["capturable"]}
         self._warn_if_the_schedule_changed()
         return {"optimizer": optimizer,
                 "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}
