@@ -25,8 +25,8 @@ clipping 5.0, as in the configs; no validation, logging or checkpoints) and time
 The URPE/RPE time ratio per preset and path is the cost of URPE (target on GPU: <= 1.05).
 A row that fails records its error (type and first line) and the benchmark goes on.
 
-``--count-ops P`` profiles ``P`` more steps after the timed ones (``torch.profiler``, CPU
-activity) and reports ``ops_per_step``: the leaf ATen operators per optimizer step (those that
+``--count-ops P`` profiles ``P`` more steps after the timed ones (``torch.profiler``) and lists
+the operators that take the most device time (CUDA kernels on a GPU) and reports ``ops_per_step``: the leaf ATen operators per optimizer step (those that
 call no other ATen operator), less those that only make views or allocate
 (:data:`NO_KERNEL_OPS`): about one kernel launch each on a GPU. With ``--width`` (hidden and
 FFN width; the preset's depth and heads are kept) the CPU's ms per step is then mostly host time.
@@ -170,6 +170,10 @@ NO_KERNEL_OPS = frozenset(f"aten::{name}" for name in (
 ONE_GPU_KERNEL = ("aten::_foreach_", "aten::_fused_", "aten::native_dropout", "aten::bernoulli", CPU_DROPOUT)
 
 
+#: Operators listed per row by ``--count-ops`` (where the device time goes).
+TOP_OPS = 12
+
+
 def kernel_ops(events) -> int:
     """The profiler events that launch a kernel on a GPU, roughly: ATen operators that call no
     other ATen operator, less :data:`NO_KERNEL_OPS`, with :data:`ONE_GPU_KERNEL` operators counted
@@ -194,25 +198,48 @@ def kernel_ops(events) -> int:
     return count
 
 
-def make_op_counter(start: int, steps: int):
-    """A callback profiling optimizer steps ``start + 1 .. start + steps`` (CPU activity); its
-    ``ops_per_step`` counts the leaf ATen operators per step."""
+def top_ops(profiler, device: str, steps: int, count: int = TOP_OPS) -> list[dict]:
+    """The ``count`` operators that take the most device time per step: CUDA kernels by GPU time
+    on a GPU, ATen operators by self CPU time on a CPU (ms per step, and calls per step)."""
+    from torch.autograd import DeviceType
+
+    if device == "cuda":
+        events = [e for e in profiler.key_averages() if e.device_type == DeviceType.CUDA]
+        time_us = lambda e: e.self_device_time_total  # noqa: E731
+    else:
+        events = [e for e in profiler.key_averages() if e.key.startswith("aten::")]
+        time_us = lambda e: e.self_cpu_time_total  # noqa: E731
+    events.sort(key=time_us, reverse=True)
+    return [{"name": e.key[:90], "ms_per_step": round(time_us(e) / 1000 / steps, 3),
+             "calls_per_step": round(e.count / steps, 1)} for e in events[:count]]
+
+
+def make_op_counter(start: int, steps: int, device: str):
+    """A callback profiling optimizer steps ``start + 1 .. start + steps``; its ``ops_per_step``
+    counts the leaf ATen operators per step and ``top_ops`` says where the device time goes
+    (:func:`top_ops`; on a GPU the kernels of a replayed CUDA graph are recorded too)."""
     import lightning.pytorch as pl
     from torch.profiler import ProfilerActivity, profile
 
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+
     class OpCounter(pl.Callback):
         def __init__(self) -> None:
-            self.profiler, self.ops_per_step = None, None
+            self.profiler, self.ops_per_step, self.top_ops = None, None, None
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
             if trainer.global_step == start and self.profiler is None:
-                self.profiler = profile(activities=[ProfilerActivity.CPU])
+                self.profiler = profile(activities=activities)
                 self.profiler.__enter__()
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
             if self.profiler is not None and self.ops_per_step is None and trainer.global_step == start + steps:
+                if device == "cuda":
+                    import torch
+                    torch.cuda.synchronize()
                 self.profiler.__exit__(None, None, None)
                 self.ops_per_step = round(kernel_ops(self.profiler.events()) / steps, 1)
+                self.top_ops = top_ops(self.profiler, device, steps)
 
     return OpCounter()
 
@@ -258,7 +285,7 @@ def run_training(name: str, attention: str, path: str, args) -> dict:
     if module._engine is not None:
         module._engine.capture_safe = True  # on CPU too: the step a GPU records
     timer = make_step_timer(args.device, args.warmup, args.steps)
-    counter = make_op_counter(args.warmup + args.steps, args.count_ops) if args.count_ops else None
+    counter = make_op_counter(args.warmup + args.steps, args.count_ops, args.device) if args.count_ops else None
     trainer = pl.Trainer(
         accelerator=args.device, devices=1, max_steps=args.warmup + args.steps + args.count_ops, max_epochs=-1,
         precision=precision, gradient_clip_val=5.0, limit_val_batches=0, num_sanity_val_steps=0,
@@ -285,6 +312,7 @@ def run_training(name: str, attention: str, path: str, args) -> dict:
     }
     if counter is not None:
         row["ops_per_step"] = counter.ops_per_step
+        row["top_ops"] = counter.top_ops
     if args.device == "cuda":
         row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     if spec.compile:  # what torch.compile made of it (0 graphs: not compiled)
@@ -537,6 +565,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"{row['steps_per_s']:8.2f} {row['graphs_per_s']:9.1f}")
         print(line + (f"  {row['peak_memory_gib']:8.2f}" if "peak_memory_gib" in row else "")
               + (f"  {row['ops_per_step']} ops/step" if row.get("ops_per_step") is not None else ""))
+    for row in results["training"]:
+        if row.get("top_ops"):
+            print(f"\nwhere the time goes: {row['preset']} {row['attention']} {row['path']} "
+                  f"({'GPU kernels' if args.device == 'cuda' else 'ATen ops, self CPU time'}; ms/step, calls/step)")
+            for op in row["top_ops"]:
+                print(f"  {op['ms_per_step']:9.3f}  {op['calls_per_step']:7.1f}  {op['name']}")
     for key, ratio in ratios.items():
         flag = "ok" if ratio <= 1.05 else "above 1.05"
         print(f"URPE / RPE time, {key}: {ratio:.3f} ({flag})")

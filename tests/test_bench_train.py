@@ -39,15 +39,23 @@ def gpu_benchmark_command() -> list[str]:
 def test_the_gpu_benchmark_command_runs_on_cpu(zinc_data_root, monkeypatch, capsys):
     """Every row of the GPU command: eager, the engine and the engine with the Triton core (its
     eager fallback on CPU), URPE and RPE, at the recipe's 20 hops; the engine's step (as a GPU
-    records it) has fewer kernel-launching operators than the eager step; the ensemble of 1 and
+    records it) has fewer kernel-launching operators than the eager step; each row lists its
+    costliest operators; the ensemble of 1 and
     6 members gathers its batches as it goes, and 6 stacked members launch far fewer kernels than
     6 runs."""
     bench = load_bench_train(monkeypatch)
     argv = gpu_benchmark_command()
     assert "--ensemble" in argv and argv[argv.index("--zinc-batch") + 1] == "256"
     assert bench.main([*argv, *ON_CPU, "--zinc-root", str(zinc_data_root)]) == 0
-    results = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    out = capsys.readouterr().out
+    results = json.loads(out.strip().splitlines()[-1])
     rows = {(row["path"], row["attention"]): row for row in results["training"]}
+    # Where each row's time goes: its costliest operators, most first, printed and in the JSON.
+    for row in rows.values():
+        times = [op["ms_per_step"] for op in row["top_ops"]]
+        assert len(times) == bench.TOP_OPS and times == sorted(times, reverse=True) and times[0] > 0
+        assert all(op["name"].startswith("aten::") and op["calls_per_step"] > 0 for op in row["top_ops"])
+    assert out.count("where the time goes:") == len(rows)
     assert set(rows) == {(path, attention) for path in ("eager", "engine", "engine-triton")
                          for attention in ("urpe", "rpe")}
     assert all("error" not in row and row["ms_per_step"] > 0 and row["max_hops"] == 20 for row in rows.values())

@@ -197,7 +197,7 @@ class EdgePathBias(nn.Module):
     batch (``[K, E+1, H]``) and summed along each path with :func:`F.embedding_bag`, so no
     ``[B, N, N, K, H]`` tensor is materialised. Under ``torch.compile`` the sum is a plain gather
     and reduction instead (:meth:`sum_hops_gather`), which inductor fuses into one kernel (again
-    nothing of size ``[B, N, N, K, H]``) and whose backward is a scatter-add that CUDA graphs can
+    nothing of size ``[B, N, N, K, H]``) and whose backward (embedding's) CUDA graphs can
     capture: ``embedding_bag``'s CUDA backward reads a count back to the host (so the training
     engine and the ensemble set :attr:`gather_hops`, which forces the gather). On a CPU (eager,
     without gather_hops) only the hops present are gathered and summed (:meth:`sum_hops_packed`): most
@@ -243,9 +243,10 @@ class EdgePathBias(nn.Module):
             # Row of hop k's table for each path edge; absent hops point anywhere valid, weight 0.
             index = torch.where(present, hops, 0) + torch.arange(k, device=hops.device,
                                                                   dtype=hops.dtype) * num_rows
-            weights = present.to(hop_tables.dtype)
-            gather = self.gather_hops or compiling
-            summed = (self.sum_hops_gather if gather else self.sum_hops_bag)(table, index, weights)
+            if self.gather_hops or compiling:
+                summed = self.sum_hops_gather(table, index, present)
+            else:
+                summed = self.sum_hops_bag(table, index, present.to(hop_tables.dtype))
         count = present.sum(dim=-1, keepdim=True).clamp_min(1)
         return (summed / count).view(batch, n, n, -1).permute(0, 3, 1, 2)
 
@@ -270,9 +271,17 @@ class EdgePathBias(nn.Module):
         return summed.index_add(0, pair, table.index_select(0, rows))
 
     @staticmethod
-    def sum_hops_gather(table: Tensor, index: Tensor, weights: Tensor) -> Tensor:
-        """:meth:`sum_hops_bag` as a gather and a reduction (fused under ``torch.compile``)."""
-        return (table[index] * weights.unsqueeze(-1)).sum(dim=1)
+    def sum_hops_gather(table: Tensor, index: Tensor, present: Tensor) -> Tensor:
+        """``sum_k table[index[p, k]]`` over the hops present: table ``[R, H]``, index and
+        present ``[P, K]`` -> ``[P, H]``, as a gather and a reduction (fused under
+        ``torch.compile``) with no data-dependent size. Absent hops read an appended zero row
+        that is ``padding_idx``, so the backward skips them. Most slots are absent at 20 hops:
+        as duplicates of a few rows in a plain index's backward (``index_put_`` with
+        ``accumulate``), one GPU warp would add up each row's duplicates in turn; embedding's
+        backward splits them into parallel partial sums, without a host sync."""
+        pad = table.shape[0]
+        rows = torch.where(present, index, pad)
+        return F.embedding(rows, F.pad(table, (0, 0, 0, 1)), padding_idx=pad).sum(dim=1)
 
 
 class URPEScale(nn.Module):

@@ -74,7 +74,7 @@ def test_packed_hop_sum_equals_the_gather_and_bag_paths_with_gradients(zinc_grap
     weights = present.double()
     results = []
     for sum_hops in (lambda t: EdgePathBias.sum_hops_packed(t, hops, present, rows),
-                     lambda t: EdgePathBias.sum_hops_gather(t, index, weights),
+                     lambda t: EdgePathBias.sum_hops_gather(t, index, present),
                      lambda t: EdgePathBias.sum_hops_bag(t, index, weights)):
         table = torch.randn(k * rows, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0),
                             requires_grad=True)
