@@ -23,8 +23,9 @@ $(STAMP): pyproject.toml setup.py $(wildcard cython_ext/*.pyx)
 quickstart: $(STAMP)
 	$(BIN)/python scripts/quickstart.py
 
+# Two test processes (pytest-xdist), whole files each, so module fixtures are built once.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
 
 clean:
 	rm -rf build graphormer_urpe/*.so cython_ext/*.c

@@ -14,6 +14,7 @@ import pytest
 import graphormer_urpe.data.featurize as featurize_module
 import graphormer_urpe.data.zinc as zinc_module
 from graphormer_urpe.data import local_data
+from graphormer_urpe.data.store import _build_lock
 
 pytest_plugins = ["pytester"]  # tests/data/test_local_data.py runs this file's fixtures in a child session
 
@@ -132,11 +133,12 @@ def zinc_root(data_build_cache) -> Path:
     source = zinc_module.resolve_zinc_source(None)
     if source is not None:
         root = data_build_cache / f"zinc-{_zinc_build_key(source)}"
-        zinc_module.load_zinc(root, subset=True, split="train", source_dir=source)
+        with _build_lock(root):  # test workers (pytest -n) build it once, one after another
+            zinc_module.load_zinc(root, subset=True, split="train", source_dir=source)
         return root
     root = data_build_cache / "zinc-download"
     try:
-        with download_timeout():
+        with download_timeout(), _build_lock(root):
             zinc_module.load_zinc(root, subset=True, split="train")
     except OSError as err:
         failed = err

@@ -190,7 +190,7 @@ def load_zinc(root: str | os.PathLike = "data/ZINC", subset: bool = True, split:
             log.info("building ZINC raw files in %s from %s", raw_dir, source)
             build_zinc_raw(raw_dir, source, num_workers)
     processed = Path(root) / ("subset" if subset else "full") / "processed" / f"{split}.pt"
-    with processed_files_read_as_data():
+    with pyg_files_read_as_data():
         try:
             return ZINC(str(root), subset=subset, split=split, force_reload=force_reload)
         except Exception as err:  # noqa: BLE001 - torch.load fails in many ways on a damaged file
@@ -202,20 +202,77 @@ def load_zinc(root: str | os.PathLike = "data/ZINC", subset: bool = True, split:
         return ZINC(str(root), subset=subset, split=split, force_reload=True)
 
 
+def _storage_from_bytes(data: bytes):
+    """``torch.storage._load_from_bytes`` (how a pickled tensor stores its data) as data only."""
+    import io
+
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+class RawZincUnpickler(pickle.Unpickler):
+    """Reads ZINC's raw ``{split}.pickle`` files as data: lists of dicts of tensors, written by
+    :func:`build_zinc_raw` (tensors as ``torch.from_numpy`` of numpy arrays) or pickled by torch
+    (PyG's download). Any other callable in the file, which plain ``pickle.load`` would call, is
+    refused with the file's name: a planted raw file cannot run code."""
+
+    #: (module, name) of the callables those files use; everything else is refused.
+    ALLOWED = frozenset({
+        ("torch", "from_numpy"), ("torch._C", "_VariableFunctionsClass"),
+        ("torch._utils", "_rebuild_tensor_v2"), ("torch._utils", "_rebuild_tensor"),
+        ("collections", "OrderedDict"), ("numpy", "ndarray"), ("numpy", "dtype"),
+        ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+    })
+
+    def __init__(self, file) -> None:
+        super().__init__(file)
+        self.path = getattr(file, "name", "a ZINC raw file")
+
+    def refuse(self, call: str):
+        raise pickle.UnpicklingError(f"{self.path}: not a ZINC raw file: it calls {call} when "
+                                     "loaded; delete it to rebuild or download it")
+
+    def attribute(self, owner, name: str):
+        """``getattr`` as a pickle of ``torch.from_numpy`` spells it, and nothing else."""
+        if owner is torch._C._VariableFunctionsClass and name == "from_numpy":
+            return torch.from_numpy
+        self.refuse(f"getattr(..., {name!r})")
+
+    def find_class(self, module: str, name: str):
+        if (module, name) == ("torch.storage", "_load_from_bytes"):
+            return _storage_from_bytes
+        if (module, name) == ("builtins", "getattr"):
+            return self.attribute
+        if (module, name) in self.ALLOWED:
+            return super().find_class(module, name)
+        self.refuse(f"{module}.{name}")
+
+
+class _RawZincPickle:
+    """Stands in for the ``pickle`` module inside PyG's ZINC (its ``process`` calls ``load``)."""
+
+    @staticmethod
+    def load(file):
+        return RawZincUnpickler(file).load()
+
+
 @contextlib.contextmanager
-def processed_files_read_as_data() -> Iterator[None]:
-    """Within the block PyG reads a dataset's processed files (``processed/*.pt``) as plain data
-    only (:func:`~graphormer_urpe.training.checkpoint.read_checkpoint`): its own reader retries a
-    file that holds other objects with ``weights_only=False``, which would run a planted file's
-    code. Such a file fails to load instead, and is rebuilt as a damaged one."""
+def pyg_files_read_as_data() -> Iterator[None]:
+    """Within the block PyG's ZINC reads its files as plain data only. Raw pickles go through
+    :class:`RawZincUnpickler` (PyG uses ``pickle.load``). Processed files (``processed/*.pt``) go
+    through :func:`~graphormer_urpe.training.checkpoint.read_checkpoint`: PyG's own reader
+    retries a file that holds other objects with ``weights_only=False``, which would run a
+    planted file's code; such a file fails to load instead, and is rebuilt as a damaged one."""
+    from torch_geometric.datasets import zinc as pyg_zinc
     from torch_geometric.io import fs
 
     from graphormer_urpe.training.checkpoint import read_checkpoint
 
-    pyg_reader = fs.torch_load
+    pyg_reader, pyg_pickle = fs.torch_load, pyg_zinc.pickle
     fs.torch_load = lambda path, map_location=None: read_checkpoint(
         path, map_location, what="processed file")
+    pyg_zinc.pickle = _RawZincPickle
     try:
         yield
     finally:
-        fs.torch_load = pyg_reader
+        fs.torch_load, pyg_zinc.pickle = pyg_reader, pyg_pickle

@@ -122,3 +122,42 @@ def test_missing_raw_file_with_complete_processed_rebuilds_cleanly(zinc_root, zi
         assert all((root / "raw" / name).is_file() for name in zinc._RAW_FILES)
         assert len(dataset) == 1_000 and dataset._data.x.equal(expected._data.x)
     assert sorted(p.name for p in root.iterdir()) == ["raw", "subset"]  # nothing stray left
+
+
+class _OpensAFileWhenUnpickled:
+    def __init__(self, marker) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), "w")
+
+
+def test_a_planted_raw_pickle_is_refused_without_running_its_code(zinc_root, tmp_path):
+    """PyG's ZINC reads raw ``{split}.pickle`` with ``pickle.load``: a raw file whose unpickling
+    calls anything but the tensor and array builders is refused, naming the file and the call,
+    and its code never runs. Raw files with tensors pickled by torch (PyG's download) load."""
+    import io
+    import pickle
+
+    import torch
+
+    from graphormer_urpe.data.zinc import RawZincUnpickler
+
+    root = tmp_path / "ZINC"
+    (root / "raw").mkdir(parents=True)
+    for name in ("train.index", "val.pickle", "val.index", "test.pickle", "test.index"):
+        (root / "raw" / name).symlink_to(zinc_root / "raw" / name)
+    marker = tmp_path / "code-ran"
+    with open(root / "raw" / "train.pickle", "wb") as f:
+        pickle.dump([{"atom_type": _OpensAFileWhenUnpickled(marker)}], f)
+    with pytest.raises(pickle.UnpicklingError, match=r"train\.pickle: not a ZINC raw file: it calls "
+                                                     r"(builtins|io)\.open when loaded"):
+        load_zinc(root, subset=True, split="train")
+    assert not marker.exists()
+
+    with open(zinc_root / "raw" / "test.pickle", "rb") as f:
+        ours = RawZincUnpickler(f).load()
+    assert isinstance(ours[0]["atom_type"], torch.Tensor)
+    by_torch = [{key: value.clone() for key, value in mol.items()} for mol in ours[:50]]
+    again = RawZincUnpickler(io.BytesIO(pickle.dumps(by_torch))).load()
+    assert all(a[key].equal(b[key]) for a, b in zip(again, by_torch) for key in a)
