@@ -2,6 +2,12 @@
 
     graphormer-urpe-predict --ckpt runs/zinc_urpe/checkpoints/last.ckpt --input mols.csv --output preds.csv
 
+With several checkpoints of one task (``--ckpt A.ckpt B.ckpt C.ckpt``: the same recipe trained
+with other seeds) the prediction columns hold the models' mean, and a ``std...`` column after
+them holds each target's standard deviation over the models (``prediction_logS`` ->
+``std_logS``): how much models trained alike disagree on that molecule, a first sign of an
+unreliable prediction (``docs/uncertainty.md`` measures how well it ranks the errors).
+
 Input: a CSV whose header has a ``smiles`` column (any case), or any other file with one SMILES
 a line (UTF-8, a byte-order mark is ignored). Output: one CSV row per input row, in input order:
 ``row`` (1-based data row), the input's columns (``smiles`` for a one-SMILES-a-line file), one
@@ -40,7 +46,7 @@ from graphormer_urpe.cores import usable_cores
 from graphormer_urpe.files import AtomicFile, same_file, stop_on_signals, unreadable_as_a_file
 from graphormer_urpe.training.checkpoint import CheckpointError, load_module
 from graphormer_urpe.training.inference import (
-    DEFAULT_BATCH_SIZE, DEFAULT_MAX_NODES, DEFAULT_MAX_PAIRS, stream_predictions)
+    DEFAULT_BATCH_SIZE, DEFAULT_MAX_NODES, DEFAULT_MAX_PAIRS, ModelEnsemble, stream_predictions)
 from graphormer_urpe.training.predictions import (
     PredictionTable, count_lines, open_smiles, prediction_columns)
 
@@ -75,7 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
                "at the defaults) on top of ~0.4 GB "
                "of libraries and model, whatever the input's length. Lower --max-pairs and --max-nodes "
                "for bigger models or smaller machines.")
-    parser.add_argument("--ckpt", required=True, help="Lightning checkpoint (.ckpt) of any config")
+    parser.add_argument("--ckpt", required=True, nargs="+", metavar="CKPT",
+                        help="Lightning checkpoint (.ckpt) of any config; several (the same task "
+                             "trained with other seeds): their mean, and std columns")
     parser.add_argument("--input", required=True,
                         help="CSV with a 'smiles' column (other columns are kept), or one SMILES a line")
     parser.add_argument("--output", required=True, help="CSV to write (never the input nor the checkpoint)")
@@ -113,15 +121,16 @@ def _check_device(name: str) -> torch.device:
     return device
 
 
-def _check_paths(source: Path, target: Path, ckpt: Path) -> None:
-    """The output is never a file the command reads: the input or the checkpoint (any spelling,
+def _check_paths(source: Path, target: Path, ckpts: list[Path]) -> None:
+    """The output is never a file the command reads: the input or a checkpoint (any spelling,
     symbolic or hard link)."""
     problem = unreadable_as_a_file(source)
     if problem:
         raise ValueError(f"--input {source} {problem}")
     if target.is_dir():
         raise IsADirectoryError(f"--output {target} is a directory")
-    for option, name, path in (("--input", "input file", source), ("--ckpt", "checkpoint", ckpt)):
+    for option, name, path in (("--input", "input file", source),
+                               *(("--ckpt", "checkpoint", ckpt) for ckpt in ckpts)):
         if same_file(path, target):
             raise ValueError(f"--output {target} is the {name} {path} ({option}): it would be "
                              "overwritten; choose another output")
@@ -138,14 +147,15 @@ def _predict(args: argparse.Namespace) -> int:
     source, target = Path(args.input), Path(args.output)
     try:
         device = _check_device(args.device)
-        _check_paths(source, target, Path(args.ckpt))
+        _check_paths(source, target, [Path(ckpt) for ckpt in args.ckpt])
         output = AtomicFile(target)  # fails now, not after the predictions, if unwritable
     except (FileNotFoundError, ValueError, OSError) as exc:
         print(f"graphormer-urpe-predict: error: {exc}", file=sys.stderr)
         return 2
     with output, open(source, newline="", encoding="utf-8-sig") as handle:
         try:
-            module = load_module(args.ckpt, inference_only=True).to(device)
+            models = [load_module(ckpt, inference_only=True) for ckpt in args.ckpt]
+            module = (models[0] if len(models) == 1 else ModelEnsemble(models, args.ckpt)).to(device)
             table_input = open_smiles(handle, source)
         except (CheckpointError, ValueError, UnicodeDecodeError) as exc:
             print(f"graphormer-urpe-predict: error: {exc}", file=sys.stderr)

@@ -214,6 +214,15 @@ def top_ops(profiler, device: str, steps: int, count: int = TOP_OPS) -> list[dic
              "calls_per_step": round(e.count / steps, 1)} for e in events[:count]]
 
 
+def print_top_ops(row: dict, device: str) -> None:
+    """The row's :func:`top_ops`, as soon as it is measured (a run stopped later keeps them)."""
+    if row.get("top_ops"):
+        print(f"    where the time goes ({'GPU kernels' if device == 'cuda' else 'ATen ops, self CPU time'}; "
+              "ms/step, calls/step):")
+        for op in row["top_ops"]:
+            print(f"    {op['ms_per_step']:9.3f}  {op['calls_per_step']:7.1f}  {op['name']}", flush=True)
+
+
 def make_op_counter(start: int, steps: int, device: str):
     """A callback profiling optimizer steps ``start + 1 .. start + steps``; its ``ops_per_step``
     counts the leaf ATen operators per step and ``top_ops`` says where the device time goes
@@ -522,8 +531,6 @@ def main(argv: list[str] | None = None) -> int:
 
             if not (PCQM4MV2.path(args.pcqm_root) / RAW_TABLE).is_file():
                 write_root(args.pcqm_root, args.shared / "pcqm4mv2" / "pcqm4mv2_first2k_3d.csv.gz", PCQM4MV2)
-        if args.ensemble:
-            results["ensemble"] = run_ensemble_rows(args)
         for name in presets:
             if not args.skip_data_only and name in ("zinc", "pcqm4mv2"):
                 results["data_only"] += run_data_only(name, args)
@@ -537,6 +544,9 @@ def main(argv: list[str] | None = None) -> int:
                         outcome += (f" compiled graphs {row['compiled_graphs']}, graph breaks {row['graph_breaks']}, "
                                     f"cudagraph skips {row['cudagraph_skips']}")
                     print(f"  {row['preset']:14s} {attention:5s} {path:12s} {outcome}", flush=True)
+                    print_top_ops(row, args.device)
+        if args.ensemble:  # after the single runs: each row sets up its members (a minute on a GPU)
+            results["ensemble"] = run_ensemble_rows(args)
     finally:
         if temporary:
             shutil.rmtree(args.pcqm_root, ignore_errors=True)
@@ -565,12 +575,6 @@ def main(argv: list[str] | None = None) -> int:
                 f"{row['steps_per_s']:8.2f} {row['graphs_per_s']:9.1f}")
         print(line + (f"  {row['peak_memory_gib']:8.2f}" if "peak_memory_gib" in row else "")
               + (f"  {row['ops_per_step']} ops/step" if row.get("ops_per_step") is not None else ""))
-    for row in results["training"]:
-        if row.get("top_ops"):
-            print(f"\nwhere the time goes: {row['preset']} {row['attention']} {row['path']} "
-                  f"({'GPU kernels' if args.device == 'cuda' else 'ATen ops, self CPU time'}; ms/step, calls/step)")
-            for op in row["top_ops"]:
-                print(f"  {op['ms_per_step']:9.3f}  {op['calls_per_step']:7.1f}  {op['name']}")
     for key, ratio in ratios.items():
         flag = "ok" if ratio <= 1.05 else "above 1.05"
         print(f"URPE / RPE time, {key}: {ratio:.3f} ({flag})")

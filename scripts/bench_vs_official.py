@@ -9,13 +9,16 @@ imports for training (``data``, ``pytorch_lightning``) are stood in for.
 
 Both models get the ZINC-12k recipe's backbone (``configs/zinc.yaml``: 12 x 80, 8 heads, 20-hop
 edge paths, dropout 0.1 on the input and residual branches, attention dropout 0.1) and the same
-batch: the first ``--batch-size`` test graphs (the exact official ZINC-12k test graphs), turned
-into v1's inputs from this package's encoding (so both see the same shortest paths). Our
-weights are copied into v1's tables first, and the outputs are compared in float64 with dropout
-off (``agreement`` in the JSON: v1's unused table rows are zeroed, its out-degree table too, as
-v1 indexes it with the in-degree). Then each step, forward + L1 loss + backward +
-``torch.optim.AdamW``, float32, dropout on, alternates between official, ours RPE and ours URPE
-in one process; the table shows the median of ``--steps`` after ``--warmup`` untimed steps.
+batches: ``--batches`` consecutive batches of ``--batch-size`` test graphs (the exact official
+ZINC-12k test graphs; batch ``i`` holds graphs ``i * batch_size ..``), turned into v1's inputs
+from this package's encoding (so both see the same shortest paths). Our weights are copied into
+v1's tables first, and the outputs are compared in float64 with dropout off on every batch
+(``agreement`` in the JSON: the largest difference; v1's unused table rows are zeroed, its
+out-degree table too, as v1 indexes it with the in-degree). Then each step, forward + L1 loss +
+backward + ``torch.optim.AdamW``, float32, dropout on, alternates between official, ours RPE and
+ours URPE in one process, and the batches rotate: step ``i`` of every model takes batch
+``i % batches``. The table shows the median of ``--steps`` after ``--warmup`` untimed steps, over
+all batches, and the ratio to official per batch (its median step on that batch).
 
     python scripts/bench_vs_official.py --official /tmp/graphormer_v1/graphormer --data-root data
 """
@@ -113,6 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
                         help="official Graphormer v1's graphormer/ directory (branch v1.0)")
     parser.add_argument("--data-root", default="data", help="ZINCDataModule root (default: data)")
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batches", type=int, default=5, help="test batches, rotating step by step")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per model (median)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -126,9 +130,9 @@ def main(argv: list[str] | None = None) -> dict:
     dm = ZINCDataModule(root=args.data_root, max_hops=MAX_HOPS, batch_size=args.batch_size)
     dm.prepare_data()
     dm.setup("test")
-    batch = next(iter(dm.test_dataloader()))
-    theirs_batch = official_inputs(batch)
-    y = batch.y.view(-1)
+    loader = iter(dm.test_dataloader())  # in order: batch i holds test graphs i * batch_size ..
+    batches = [next(loader) for _ in range(args.batches)]
+    theirs_batches = [official_inputs(batch) for batch in batches]
 
     def ours(attention: str) -> Graphormer:
         torch.manual_seed(0)
@@ -143,48 +147,56 @@ def main(argv: list[str] | None = None) -> dict:
         warmup_updates=40000, tot_updates=400000, peak_lr=2e-4, end_lr=1e-9, edge_type="multi_hop",
         multi_hop_max_dist=MAX_HOPS, attention_dropout_rate=RECIPE["attention_dropout"])
     copy_weights(models["ours RPE"], official)
+    agreement = 0.0
     with torch.no_grad():  # the same function: float64, dropout off
-        mine = models["ours RPE"].double().eval()(batch)
-        theirs = official.double().eval()(types.SimpleNamespace(
-            **{**vars(theirs_batch), "attn_bias": theirs_batch.attn_bias.double()}))
-        agreement = float((mine - theirs).abs().max())
+        for batch, theirs_batch in zip(batches, theirs_batches):
+            mine = models["ours RPE"].double().eval()(batch)
+            theirs = official.double().eval()(types.SimpleNamespace(
+                **{**vars(theirs_batch), "attn_bias": theirs_batch.attn_bias.double()}))
+            agreement = max(agreement, float((mine - theirs).abs().max()))
     official.float().train()
     models = {"official v1": official, **{k: m.float().train() for k, m in models.items()}}
-    inputs = {"official v1": theirs_batch}
     step_fns = {}
     for name, model in models.items():
         optimizer = torch.optim.AdamW(model.parameters(), lr=2e-4, weight_decay=0.01)
-        data = inputs.get(name, batch)
+        inputs = theirs_batches if name == "official v1" else batches
 
-        def step(model=model, optimizer=optimizer, data=data):
+        def step(index, model=model, optimizer=optimizer, inputs=inputs):
             optimizer.zero_grad(set_to_none=True)
-            loss = torch.nn.functional.l1_loss(model(data).view(-1), y)
+            loss = torch.nn.functional.l1_loss(model(inputs[index]).view(-1), batches[index].y.view(-1))
             loss.backward()
             optimizer.step()
         step_fns[name] = step
 
-    times = {name: [] for name in step_fns}
+    times = {name: [[] for _ in batches] for name in step_fns}
     for i in range(args.warmup + args.steps):
         for name, step in step_fns.items():
             start = time.perf_counter()
-            step()
+            step(i % len(batches))
             if i >= args.warmup:
-                times[name].append(time.perf_counter() - start)
-    medians = {name: 1e3 * statistics.median(t) for name, t in times.items()}
+                times[name][i % len(batches)].append(time.perf_counter() - start)
+    medians = {name: 1e3 * statistics.median([t for per_batch in ts for t in per_batch])
+               for name, ts in times.items()}
+    per_batch = {name: [1e3 * statistics.median(t) for t in ts] for name, ts in times.items()}
+    ratios = {name: [ms / base for ms, base in zip(per_batch[name], per_batch["official v1"])]
+              for name in times}
     base = medians["official v1"]
-    n = int(batch.node_mask.shape[1])
-    print(f"ZINC-12k test graphs 0..{args.batch_size - 1} (N={n}, {MAX_HOPS} hops), slim, float32, "
+    sizes = [int(batch.node_mask.shape[1]) for batch in batches]
+    print(f"ZINC-12k test graphs 0..{args.batches * args.batch_size - 1} in {args.batches} batches of "
+          f"{args.batch_size} (N={', '.join(map(str, sizes))}; {MAX_HOPS} hops), slim, float32, "
           f"{torch.get_num_threads()} thread(s); median of {args.steps} alternating steps")
-    print(f"{'model':<12} {'ms/step':>9} {'vs official':>12}")
+    print(f"{'model':<12} {'ms/step':>9} {'vs official':>12}   per batch vs official")
     for name, ms in medians.items():
-        print(f"{name:<12} {ms:>9.1f} {ms / base:>11.2f}x")
+        print(f"{name:<12} {ms:>9.1f} {ms / base:>11.2f}x   " + " ".join(f"{r:.2f}" for r in ratios[name]))
     print(f"outputs, ours RPE vs official with the same weights (float64, eval): max |diff| {agreement:.1e}")
     result = {"official_ms": round(base, 1), "rpe_ms": round(medians["ours RPE"], 1),
               "urpe_ms": round(medians["ours URPE"], 1),
               "urpe_vs_official": round(medians["ours URPE"] / base, 3),
               "rpe_vs_official": round(medians["ours RPE"] / base, 3),
-              "agreement": agreement, "batch_size": args.batch_size, "max_nodes": n,
-              "threads": torch.get_num_threads(), "steps": args.steps}
+              "urpe_vs_official_per_batch": [round(r, 3) for r in ratios["ours URPE"]],
+              "rpe_vs_official_per_batch": [round(r, 3) for r in ratios["ours RPE"]],
+              "agreement": agreement, "batch_size": args.batch_size, "batches": args.batches,
+              "max_nodes": sizes, "threads": torch.get_num_threads(), "steps": args.steps}
     print(json.dumps(result))
     return result
 

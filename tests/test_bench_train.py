@@ -55,7 +55,7 @@ def test_the_gpu_benchmark_command_runs_on_cpu(zinc_data_root, monkeypatch, caps
         times = [op["ms_per_step"] for op in row["top_ops"]]
         assert len(times) == bench.TOP_OPS and times == sorted(times, reverse=True) and times[0] > 0
         assert all(op["name"].startswith("aten::") and op["calls_per_step"] > 0 for op in row["top_ops"])
-    assert out.count("where the time goes:") == len(rows)
+    assert out.count("where the time goes") == len(rows)
     assert set(rows) == {(path, attention) for path in ("eager", "engine", "engine-triton")
                          for attention in ("urpe", "rpe")}
     assert all("error" not in row and row["ms_per_step"] > 0 and row["max_hops"] == 20 for row in rows.values())

@@ -529,3 +529,46 @@ def test_installed_command_shows_progress(esol_run, tmp_path):
     helped = subprocess.run([str(Path(sys.executable).parent / "graphormer-urpe-predict"), "--help"],
                             capture_output=True, text=True, timeout=300)
     assert "--max-pairs" in helped.stdout and "Peak memory" in helped.stdout
+
+
+def test_several_checkpoints_predict_their_mean_with_a_std_column(esol_run, esol_csv, zinc_ckpt, tmp_path):
+    """``--ckpt A B`` (the installed command, real ESOL molecules): the prediction column is the
+    two models' mean and ``std_<target>`` their standard deviation, each model as predicted alone;
+    models of another task are refused in one line, before any work."""
+    _, first = esol_run
+    work = tmp_path / "seed1"
+    build_cli([
+        "fit", "--config", str(REPO / "configs" / "esol.yaml"), "--seed_everything", "1",
+        "--trainer.default_root_dir", str(work / "run"),
+        "--trainer.max_steps", "3", "--trainer.limit_val_batches", "1",
+        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+        "--model.backbone", json.dumps(TINY_BACKBONE), "--model.warmup_steps", "1",
+        "--data.init_args.path", str(esol_csv), "--data.init_args.cache_root", str(work / "cache"),
+    ])
+    second = work / "run" / "checkpoints" / "last.ckpt"
+    source = tmp_path / "mols.csv"
+    source.write_text("".join(open(esol_csv).readlines()[:81]))  # header and 80 molecules
+    done = subprocess.run([str(PREDICT), "--ckpt", str(first), str(second), "--input", str(source),
+                           "--output", str(tmp_path / "both.csv"), "--quiet"],
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    both = read_output(tmp_path / "both.csv")
+    alone = []
+    for ckpt in (first, second):
+        assert predict_main(["--ckpt", str(ckpt), "--input", str(source), "--output",
+                             str(tmp_path / "alone.csv"), "--quiet", "--workers", "0"]) == 0
+        alone.append(np.array([float(r[f"prediction_{ESOL_TARGET}"]) for r in read_output(tmp_path / "alone.csv")]))
+    mean = np.array([float(r[f"prediction_{ESOL_TARGET}"]) for r in both])
+    std = np.array([float(r[f"std_{ESOL_TARGET}"]) for r in both])
+    assert len(both) == 80 and list(both[0])[-1] == "error" and not any(r["error"] for r in both)
+    np.testing.assert_allclose(mean, (alone[0] + alone[1]) / 2, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(std, np.abs(alone[0] - alone[1]) / 2, rtol=1e-4, atol=1e-5)
+    assert std.max() > 0
+
+    refused = subprocess.run([str(PREDICT), "--ckpt", str(first), str(zinc_ckpt), "--input", str(source),
+                              "--output", str(tmp_path / "mixed.csv")],
+                             capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    lines = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert refused.returncode == 2 and len(lines) == 1, refused.stderr
+    assert f"{zinc_ckpt} cannot join an ensemble with {first}: other data facts" in lines[0]
+    assert not (tmp_path / "mixed.csv").exists()

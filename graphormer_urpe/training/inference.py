@@ -100,6 +100,43 @@ class InferenceModel(nn.Module):
         return {"index": batch.index, "prediction": self.task.predictions(self(batch))}
 
 
+class ModelEnsemble(nn.Module):
+    """Models of one task predicting together (a deep ensemble: the same recipe trained with
+    different seeds, Lakshminarayanan et al., 2017). ``prediction`` is the members' mean (of
+    values, or of probabilities) and ``std`` their standard deviation over members (population),
+    a measure of how much they disagree on a molecule. Members must share the featurizer, the
+    encodings, the task and the targets (else a ValueError naming the first that differs;
+    ``labels`` name the members in it, e.g. their checkpoint paths)."""
+
+    def __init__(self, members: list[nn.Module], labels: list[str] | None = None) -> None:
+        super().__init__()
+        if len(members) < 2:
+            raise ValueError(f"an ensemble needs at least two models, got {len(members)}")
+        labels = labels or [f"model {k + 1}" for k in range(len(members))]
+        first = members[0]
+        for label, member in zip(labels[1:], members[1:]):
+            for what, mine, theirs in (
+                    ("data facts (featurizer, encodings, task, targets)",
+                     member.facts.as_dict(), first.facts.as_dict()),
+                    ("target names", member.hparams.get("target_names"), first.hparams.get("target_names"))):
+                if mine != theirs:
+                    raise ValueError(f"{label} cannot join an ensemble with {labels[0]}: other {what} "
+                                     f"({mine} vs {theirs})")
+        self.members = nn.ModuleList(members)
+        self.facts, self.hparams = first.facts, first.hparams
+
+    def predict_step(self, batch: GraphBatch, batch_idx: int = 0) -> dict[str, Tensor]:
+        """``index``, ``prediction`` (the members' mean) and ``std`` (over members), ``[B, T]``."""
+        each = torch.stack([member.predict_step(batch, batch_idx)["prediction"] for member in self.members])
+        return {"index": batch.index, "prediction": each.mean(0), "std": each.std(0, correction=0)}
+
+
+def output_width(module) -> int:
+    """Values per molecule that :func:`predict_chunk` returns: the targets (and for a
+    :class:`ModelEnsemble` their standard deviations after them)."""
+    return module.facts.num_targets * (2 if isinstance(module, ModelEnsemble) else 1)
+
+
 # ---------------------------------------------------------------------------- prediction
 @dataclass
 class RawChunk:
@@ -194,12 +231,15 @@ def chunk_batches(facts: DataFacts, chunk: RawChunk, max_pairs: int, batch_size:
 
 
 def predict_chunk(module, chunk: RawChunk, num_rows: int, max_pairs: int, batch_size: int) -> np.ndarray:
-    """``[num_rows, T]`` predictions of one featurized chunk (NaN for its rejected rows)."""
-    out = np.full((num_rows, module.facts.num_targets), np.nan, dtype=np.float32)
+    """``[num_rows, output_width(module)]`` predictions of one featurized chunk (NaN for its
+    rejected rows): the targets, then (an ensemble) their standard deviations."""
+    out = np.full((num_rows, output_width(module)), np.nan, dtype=np.float32)
     device = next(module.parameters()).device
     with torch.inference_mode():
         for graphs, batch in chunk_batches(module.facts, chunk, max_pairs, batch_size):
-            out[chunk.position[graphs]] = module.predict_step(batch.to(device), 0)["prediction"].cpu().numpy()
+            step = module.predict_step(batch.to(device), 0)
+            values = torch.cat([step["prediction"], step["std"]], 1) if "std" in step else step["prediction"]
+            out[chunk.position[graphs]] = values.cpu().numpy()
     return out
 
 
