@@ -91,8 +91,10 @@ def assert_same_training(actual, expected, exact: bool) -> None:
     state, ref_state = (t.optimizers[0].state_dict() for t in (trainer, ref_trainer))
     for key, values in ref_state["state"].items():
         for field in ("exp_avg", "exp_avg_sq", "step"):
+            # Moments within float32 rounding: a tiny gradient that is a sum of cancelling terms
+            # can differ by a few 1e-9 between the two AdamW kernels' rounding.
             torch.testing.assert_close(state["state"][key][field], values[field],
-                                       **({"rtol": 0, "atol": 0} if exact else {"rtol": 1e-4, "atol": 1e-9}))
+                                       **({"rtol": 0, "atol": 0} if exact else {"rtol": 1e-4, "atol": 1e-8}))
     # the host schedule (what checkpoints and the learning-rate monitor record) agrees
     assert [g["lr"] for g in state["param_groups"]] == [g["lr"] for g in ref_state["param_groups"]]
 
