@@ -42,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from graphormer_urpe.arguments import non_negative_int, positive_int
 from graphormer_urpe.cores import usable_cores
 from graphormer_urpe.files import AtomicFile, same_file, stop_on_signals, unreadable_as_a_file
 from graphormer_urpe.training.checkpoint import CheckpointError, load_module
@@ -55,20 +56,6 @@ log = logging.getLogger(__name__)
 #: Bytes per padded pair a predicting process needs for Graphormer-slim (measured, README).
 _SLIM_BYTES_PER_PAIR = 200
 DEFAULT_CHUNK_ROWS = 1024
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,19 +74,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--input", required=True,
                         help="CSV with a 'smiles' column (other columns are kept), or one SMILES a line")
     parser.add_argument("--output", required=True, help="CSV to write (never the input nor the checkpoint)")
-    parser.add_argument("--max-nodes", type=_positive_int, default=DEFAULT_MAX_NODES,
+    parser.add_argument("--max-nodes", type=positive_int, default=DEFAULT_MAX_NODES,
                         help="larger molecules get an error row instead of a prediction (default "
                              f"{DEFAULT_MAX_NODES})")
-    parser.add_argument("--max-pairs", type=_positive_int, default=DEFAULT_MAX_PAIRS,
+    parser.add_argument("--max-pairs", type=positive_int, default=DEFAULT_MAX_PAIRS,
                         help="padded node pairs B*(N+1)^2 per batch: bounds peak memory "
                              f"(default {DEFAULT_MAX_PAIRS})")
-    parser.add_argument("--batch-size", type=_positive_int, default=DEFAULT_BATCH_SIZE,
+    parser.add_argument("--batch-size", type=positive_int, default=DEFAULT_BATCH_SIZE,
                         help=f"most molecules per batch (default {DEFAULT_BATCH_SIZE})")
-    parser.add_argument("--workers", type=_non_negative_int, default=usable_cores(),
+    parser.add_argument("--workers", type=non_negative_int, default=usable_cores(),
                         help="processes that featurize and, on the CPU, predict with one torch thread "
                              "each; 0 = all in this process with torch's threads (default: the CPU "
                              "cores available)")
-    parser.add_argument("--chunk-rows", type=_positive_int, default=DEFAULT_CHUNK_ROWS,
+    parser.add_argument("--chunk-rows", type=positive_int, default=DEFAULT_CHUNK_ROWS,
                         help="rows read, sorted by size and batched together (default "
                              f"{DEFAULT_CHUNK_ROWS})")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from graphormer_urpe.arguments import positive_int
 from graphormer_urpe.data.encoding_registry import EncodingParams
 from graphormer_urpe.data.ogb_lsc import LAYOUTS, LSCLayout, read_split_dict_checked, require_layout
 from graphormer_urpe.training.checkpoint import load_module
@@ -41,13 +42,6 @@ class SubmissionError(ValueError):
     """Input that cannot give a valid submission (exit status 2)."""
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     parser.add_argument("--dataset", required=True, choices=sorted(LAYOUTS),
@@ -55,7 +49,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ckpt", required=True, help="Lightning checkpoint of an 'ogb'-featurized model")
     parser.add_argument("--root", required=True, help="directory holding the version's OGB-LSC folder")
     parser.add_argument("--out-dir", required=True, type=Path)
-    parser.add_argument("--batch-size", type=_positive, default=1024)
+    parser.add_argument("--batch-size", type=positive_int, default=1024)
     parser.add_argument("--accelerator", default="auto")
     parser.add_argument("--precision", default="32-true")
     return parser.parse_args(argv)

@@ -188,7 +188,7 @@ def test_non_positive_batch_size_is_a_usage_error(esol_run, tmp_path, capsys, va
     source.write_text("CCO\n")
     with pytest.raises(SystemExit) as exit_info:
         run(ckpt, source, tmp_path / "out.csv", "--batch-size", value)
-    assert exit_info.value.code == 2 and "positive integer" in capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--batch-size: must be >= 1, got" in capsys.readouterr().err
     assert not (tmp_path / "out.csv").exists()
 
 

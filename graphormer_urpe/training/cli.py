@@ -5,7 +5,7 @@ number of targets, ``max_hops``, the widths of its optional node encodings, the 
 featurizer) are linked from the instantiated DataModule into the model as one object, so a
 config names each of them once, on the data. A run's outputs all go under
 ``trainer.default_root_dir``: TensorBoard and CSV logs, ``checkpoints/`` with the best model by the task's validation metric
-(``epoch=…-step=…-val_mae=….ckpt``) plus ``last.ckpt``, always the run's newest state (resume
+(``epoch=…-step=…-val_<metric>=….ckpt``: ``val_mae``, ``val_auroc``, ``val_accuracy``) plus ``last.ckpt``, always the run's newest state (resume
 a killed or finished run with ``--ckpt_path last``; :mod:`~graphormer_urpe.training.run_checkpoint`),
 and for ``predict`` the predictions (``predictions.csv``, or ``--prediction_writer.output``).
 A ``fit`` into a run directory that already holds checkpoints is refused unless it resumes
