@@ -33,6 +33,7 @@ from graphormer_urpe.data.collate import FlatGraphs
 from graphormer_urpe.data.dataset import EncodedGraphDataset, SeededShuffleSampler, check_seed
 from graphormer_urpe.data.encode import encode_smiles_store, flat_graphs_from_pyg
 from graphormer_urpe.data.encoding_registry import EncodingParams
+from graphormer_urpe.data.facts import DEFAULT_MAX_HOPS
 from graphormer_urpe.data.features import num_embeddings
 from graphormer_urpe.data.featurize import featurizer_spec
 from graphormer_urpe.data.ogb_lsc import PCQM4M, PCQM4MV2, LSCLayout
@@ -90,7 +91,7 @@ class GraphDataModule(pl.LightningDataModule):
     #: ``"regression"`` or ``"classification"`` (linked into the model by the CLI).
     task: str = "regression"
 
-    def __init__(self, max_hops: int = 5, batch_size: int = 128, num_workers: int = 0,
+    def __init__(self, max_hops: int = DEFAULT_MAX_HOPS, batch_size: int = 128, num_workers: int = 0,
                  max_nodes: int = 128, seed: int = 0, eval_batch_size: int | None = None,
                  pin_memory: bool = False, encode_threads: int | None = None, build_workers: int | None = None,
                  device_resident: bool = False, static_shapes: bool = False,

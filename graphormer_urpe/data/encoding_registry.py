@@ -42,7 +42,7 @@ import numpy as np
 
 from graphormer_urpe import algos
 from graphormer_urpe.algos import UNREACHABLE
-from graphormer_urpe.data.facts import DataFacts
+from graphormer_urpe.data.facts import DEFAULT_MAX_HOPS, DataFacts
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,7 @@ class EncodingParams:
         rwse_steps: random-walk steps of :data:`RWSE` (0: off).
     """
 
-    max_hops: int = 5
+    max_hops: int = DEFAULT_MAX_HOPS
     rwse_steps: int = 0
 
     def __post_init__(self) -> None:

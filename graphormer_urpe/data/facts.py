@@ -14,6 +14,12 @@ from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 
+#: Edges kept per shortest path (the multi-hop edge encoding's ``K``) when nothing says
+#: otherwise: every encoder's and data module's default, and the value of checkpoints saved
+#: before ``max_hops`` was recorded. The recipes set their own (``configs/zinc.yaml``: 20).
+DEFAULT_MAX_HOPS = 5
+
+
 @dataclass(frozen=True)
 class DataFacts:
     """Args:
@@ -30,7 +36,7 @@ class DataFacts:
     num_atom_embeddings: int
     num_bond_embeddings: int
     num_targets: int = 1
-    max_hops: int = 5
+    max_hops: int = DEFAULT_MAX_HOPS
     task: str = "regression"
     featurizer: str = "zinc"
     node_encodings: dict[str, int] | None = None

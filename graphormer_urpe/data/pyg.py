@@ -40,6 +40,7 @@ from torch_geometric.transforms import BaseTransform
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.data.collate import FlatGraphs, collate
 from graphormer_urpe.data.encoding_registry import CORE_ENCODINGS, ENCODING_BY_NAME, EncodingParams
+from graphormer_urpe.data.facts import DEFAULT_MAX_HOPS
 from graphormer_urpe.data.features import check_integer_features, to_shared_ids
 
 
@@ -52,7 +53,7 @@ class GraphormerEncodings(BaseTransform):
         rwse_steps: and the other :class:`~.encoding_registry.EncodingParams` fields.
     """
 
-    def __init__(self, max_hops: int = 5, **params: int) -> None:
+    def __init__(self, max_hops: int = DEFAULT_MAX_HOPS, **params: int) -> None:
         self.params = EncodingParams(max_hops=int(max_hops), **params)
         self.max_hops = self.params.max_hops
 
