@@ -9,8 +9,9 @@
    columns) and once with each alone.
 3. Score: test RMSE of each model and of the mean; how the std ranks the errors (Spearman's rank
    correlation of std with |error|; RMSE of the half with the smallest std against the other
-   half); how often the measured value lies within 1 and 2 std of the mean. Print the table and a
-   final JSON line, and write both to ``<work>/uncertainty_esol.{md,json}``.
+   half); how often the measured value lies within 1 and 2 std of the mean, also after scaling
+   the std by one factor fitted on the validation split (the RMS of error / std there). Print the
+   table and a final JSON line, and write both to ``<work>/uncertainty_esol.{md,json}``.
 
     python scripts/uncertainty_esol.py [--work runs/uncertainty_esol] [--seeds 0 1 2 3 4] [--jobs 2]
 """
@@ -53,8 +54,8 @@ def train(work: Path, seed: int) -> Path:
     return Path(done.read_text())
 
 
-def write_test_split(path: Path) -> np.ndarray:
-    """The scaffold split's test rows of ESOL (as the runs' DataModule splits it) as a CSV of
+def write_split(path: Path, split: str) -> np.ndarray:
+    """The scaffold split's ``split`` rows of ESOL (as the runs' DataModule splits it) as a CSV of
     SMILES; returns their measured values."""
     from graphormer_urpe.data import CSVDataModule
 
@@ -62,7 +63,7 @@ def write_test_split(path: Path) -> np.ndarray:
                          featurizer="zinc", encode_threads=1, build_workers=1,
                          cache_root=str(path.parent / "cache"))
     smiles, y, _ = data._read()
-    rows = data.store()[3]["test"]
+    rows = data.store()[3][split]
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["smiles"])
@@ -104,8 +105,13 @@ def main() -> None:
     with ThreadPoolExecutor(args.jobs) as pool:
         ckpts = list(pool.map(lambda seed: train(args.work, seed), args.seeds))
     source = args.work / "test_smiles.csv"
-    y = write_test_split(source)
+    y = write_split(source, "test")
     mean, std = predict(ckpts, source, args.work / "ensemble.csv")
+    # One scale for the std, fitted on the validation split (the Gaussian likelihood's best s:
+    # the RMS of error / std there), then judged on the test split.
+    val_y = write_split(args.work / "val_smiles.csv", "val")
+    val_mean, val_std = predict(ckpts, args.work / "val_smiles.csv", args.work / "ensemble_val.csv")
+    scale = float(np.sqrt(np.mean(((val_mean - val_y) / val_std) ** 2)))
     singles = [rmse(predict([ckpt], source, args.work / f"seed{seed}.csv")[0] - y)
                for seed, ckpt in zip(args.seeds, ckpts)]
     error = np.abs(mean - y)
@@ -118,6 +124,8 @@ def main() -> None:
         "rmse_lower_half_std": rmse(error[confident]), "rmse_upper_half_std": rmse(error[~confident]),
         "within_1_std": float(np.mean(error <= std)), "within_2_std": float(np.mean(error <= 2 * std)),
         "median_std": float(np.median(std)),
+        "std_scale_from_val": scale, "within_1_scaled_std": float(np.mean(error <= scale * std)),
+        "within_2_scaled_std": float(np.mean(error <= 2 * scale * std)),
     }
     table = "\n".join([
         f"ESOL scaffold split, {len(y)} test molecules, {len(args.seeds)} models (seeds "
@@ -132,6 +140,8 @@ def main() -> None:
         f"| test RMSE, half with the largest std | {result['rmse_upper_half_std']:.3f} |",
         f"| measured value within 1 std / 2 std of the mean | {result['within_1_std']:.0%} / {result['within_2_std']:.0%} |",
         f"| median std (log mol/L) | {result['median_std']:.3f} |",
+        f"| std scale fitted on the validation split (RMS of error / std there) | {scale:.2f} |",
+        f"| measured value within 1 / 2 scaled std of the mean | {result['within_1_scaled_std']:.0%} / {result['within_2_scaled_std']:.0%} |",
     ])
     print(table)
     (args.work / "uncertainty_esol.md").write_text(table + "\n")
