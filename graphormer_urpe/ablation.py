@@ -597,7 +597,7 @@ def plot_learned_tables(entries: Sequence[dict], runs_dir: Path, out_dir: Path,
     same seed (same y axis), then that URPE run's scale C of every layer, for distances up to
     ``max_spd`` (ZINC-12k's largest). Checkpoints are the runs' best validation ones."""
     from graphormer_urpe.plot import plot_spd_panels
-    from graphormer_urpe.training.checkpoint import load_module
+    from graphormer_urpe.training.load import load_module
 
     urpe = min((e for e in entries if e["attention"] == "urpe"), key=lambda e: e["val_mae"],
                default=None)

@@ -167,7 +167,7 @@ def graph_tables(path: Path) -> tuple[np.ndarray, np.ndarray]:
     Lightning checkpoint of :class:`~graphormer_urpe.training.module.GraphormerModule` (the model
     is rebuilt from its hyperparameters; C is :meth:`Graphormer.urpe_scale_tables`). With a
     shared C, only one table is returned."""
-    from graphormer_urpe.training.checkpoint import load_module
+    from graphormer_urpe.training.load import load_module
 
     model = load_module(path).model
     if model.attention != "urpe":

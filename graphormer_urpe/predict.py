@@ -22,7 +22,7 @@ Safety: the output is written to a temporary file beside it and renamed at the e
 never leaves a truncated table nor destroys a previous one; an output that is the input file or
 the checkpoint (however spelled: a symbolic or hard link too), or that cannot be written, is
 refused before any work. A checkpoint is verified before use
-(:func:`~graphormer_urpe.training.checkpoint.load_module`): zip CRCs, finite weights,
+(:func:`~graphormer_urpe.training.load.load_module`): zip CRCs, finite weights,
 hyperparameters that build this version's model (exit 2 otherwise).
 
 Memory and speed: the input is streamed in chunks of ``--chunk-rows`` rows; ``--workers``
@@ -45,7 +45,8 @@ import torch
 from graphormer_urpe.arguments import non_negative_int, positive_int
 from graphormer_urpe.cores import usable_cores
 from graphormer_urpe.files import AtomicFile, same_file, stop_on_signals, unreadable_as_a_file
-from graphormer_urpe.training.checkpoint import CheckpointError, load_module
+from graphormer_urpe.training.checkpoint import CheckpointError
+from graphormer_urpe.training.load import load_module
 from graphormer_urpe.training.inference import (
     DEFAULT_BATCH_SIZE, DEFAULT_MAX_NODES, DEFAULT_MAX_PAIRS, ModelEnsemble, stream_predictions)
 from graphormer_urpe.training.predictions import (

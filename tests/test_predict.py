@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from graphormer_urpe.predict import main as predict_main
-from graphormer_urpe.training.checkpoint import load_module
+from graphormer_urpe.training.load import load_module
 from graphormer_urpe.training.inference import stream_predictions
 from graphormer_urpe.training.predictions import InputRow, PredictionTable
 from graphormer_urpe.training.cli import build_cli

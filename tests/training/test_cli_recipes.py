@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from graphormer_urpe.training.checkpoint import load_module
+from graphormer_urpe.training.load import load_module
 from graphormer_urpe.training.cli import build_cli, main
 
 REPO = Path(__file__).resolve().parents[2]
