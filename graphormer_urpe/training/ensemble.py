@@ -47,6 +47,7 @@ import inspect
 import logging
 import math
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -372,7 +373,11 @@ class Ensemble:
                 self._eager_steps += 1
             else:
                 losses = self._replay(batch)
-        self.scheduler.step()
+        with warnings.catch_warnings():
+            # The schedule rides on a stand-in optimizer that never steps (the members' AdamW
+            # reads its rate): torch's "scheduler.step() before optimizer.step()" does not apply.
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+            self.scheduler.step()
         self.step += 1
         return losses
 
