@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from graphormer_urpe.arguments import positive_int
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.files import AtomicFile, stop_on_signals, unreadable_as_a_file
 from graphormer_urpe.training.checkpoint import CheckpointError
@@ -183,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="which output to explain: target (or class) index, default 0")
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
                         help=f"points on the integrated-gradients path (default {DEFAULT_STEPS})")
-    parser.add_argument("--max-nodes", type=int, default=DEFAULT_MAX_NODES,
+    parser.add_argument("--max-nodes", type=positive_int, default=DEFAULT_MAX_NODES,
                         help=f"larger molecules get an error row (default {DEFAULT_MAX_NODES})")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
@@ -208,8 +209,6 @@ def _explain(args: argparse.Namespace) -> int:
         return _fail(f"--input {source} {problem}")
     if out.exists() and not out.is_dir():
         return _fail(f"--out {out} is a file, not a directory")
-    if args.max_nodes < 1:
-        return _fail(f"--max-nodes must be >= 1, got {args.max_nodes}")
     try:
         module = load_module(args.ckpt, inference_only=True)
         check_options(module, args.target, args.steps)

@@ -81,13 +81,20 @@ def test_rmse(ckpt: Path, split: str, seed: int) -> float:
     return float(np.sqrt(np.mean(np.concatenate(errors) ** 2)))
 
 
-def checkpoint_record(ckpt: Path) -> tuple[int, float]:
-    """``(optimizer steps, best validation score)`` recorded in a run's ``last.ckpt``."""
+def checkpoint_state(ckpt: Path) -> tuple[int, dict]:
+    """A run's ``last.ckpt``: its optimizer steps and its ``ModelCheckpoint`` state (the best
+    checkpoint's ``best_model_path`` and ``best_model_score``)."""
     from graphormer_urpe.training.checkpoint import read_checkpoint
 
     last = read_checkpoint(ckpt)
     state = next(v for k, v in last["callbacks"].items() if k.startswith("ModelCheckpoint"))
-    return int(last["global_step"]), float(state["best_model_score"])
+    return int(last["global_step"]), state
+
+
+def checkpoint_record(ckpt: Path) -> tuple[int, float]:
+    """``(optimizer steps, best validation score)`` recorded in a run's ``last.ckpt``."""
+    steps, state = checkpoint_state(ckpt)
+    return steps, float(state["best_model_score"])
 
 
 def arm(work: Path, split: str, seed: int, init_from: Path | None) -> dict:
@@ -105,10 +112,7 @@ def arm(work: Path, split: str, seed: int, init_from: Path | None) -> dict:
          "--data.init_args.split", split, "--data.init_args.encode_threads", "1",
          "--data.init_args.build_workers", "1", "--trainer.default_root_dir", str(run),
          "--trainer.enable_progress_bar", "false", *extra], run / "fit.log")
-    from graphormer_urpe.training.checkpoint import read_checkpoint
-
-    last = read_checkpoint(run / "checkpoints" / "last.ckpt")
-    state = next(v for k, v in last["callbacks"].items() if k.startswith("ModelCheckpoint"))
+    _, state = checkpoint_state(run / "checkpoints" / "last.ckpt")
     best = Path(state["best_model_path"])
     result = {"split": split, "seed": seed, "arm": "finetune" if init_from else "scratch",
               "best": best.name, "val_mae": float(state["best_model_score"]),

@@ -29,7 +29,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-from finetune_esol import ESOL_CONFIGS, SHARED, cli  # noqa: E402  (the same recipe and runner)
+from finetune_esol import ESOL_CONFIGS, SHARED, checkpoint_state, cli  # noqa: E402  (the same recipe and runner)
 
 ESOL = SHARED / "moleculenet" / "esol.csv"
 TARGET = "measured log solubility in mols per litre"
@@ -45,30 +45,31 @@ def train(work: Path, seed: int) -> Path:
              "--data.init_args.encode_threads", "1", "--data.init_args.build_workers", "1",
              "--model.freeze_backbone_steps", "0", "--trainer.default_root_dir", str(run),
              "--trainer.enable_progress_bar", "false", "--checkpoint.overwrite", "true"], run / "fit.log")
-        from graphormer_urpe.training.checkpoint import read_checkpoint
-
-        last = read_checkpoint(run / "checkpoints" / "last.ckpt")
-        state = next(v for k, v in last["callbacks"].items() if k.startswith("ModelCheckpoint"))
+        _, state = checkpoint_state(run / "checkpoints" / "last.ckpt")
         done.write_text(state["best_model_path"])
         print(f"seed {seed}: best validation MAE {float(state['best_model_score']):.4f}", flush=True)
     return Path(done.read_text())
 
 
-def write_split(path: Path, split: str) -> np.ndarray:
-    """The scaffold split's ``split`` rows of ESOL (as the runs' DataModule splits it) as a CSV of
-    SMILES; returns their measured values."""
+def write_splits(work: Path, splits: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """Each scaffold split of ESOL in ``splits`` (as the runs' DataModule splits it) as a CSV of
+    SMILES, ``<work>/<split>_smiles.csv``; returns their measured values."""
     from graphormer_urpe.data import CSVDataModule
 
     data = CSVDataModule(path=str(ESOL), target_columns=[TARGET], split="scaffold",
                          featurizer="zinc", encode_threads=1, build_workers=1,
-                         cache_root=str(path.parent / "cache"))
+                         cache_root=str(work / "cache"))
     smiles, y, _ = data._read()
-    rows = data.store()[3][split]
-    with open(path, "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["smiles"])
-        writer.writerows([smiles[row]] for row in rows)
-    return np.asarray(y, dtype=np.float64)[rows, 0]
+    rows_of = data.store()[3]
+    measured = {}
+    for split in splits:
+        rows = rows_of[split]
+        with open(work / f"{split}_smiles.csv", "w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["smiles"])
+            writer.writerows([smiles[row]] for row in rows)
+        measured[split] = np.asarray(y, dtype=np.float64)[rows, 0]
+    return measured
 
 
 def predict(ckpts: list[Path], source: Path, output: Path) -> tuple[np.ndarray, np.ndarray | None]:
@@ -104,12 +105,11 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(args.jobs) as pool:
         ckpts = list(pool.map(lambda seed: train(args.work, seed), args.seeds))
-    source = args.work / "test_smiles.csv"
-    y = write_split(source, "test")
+    measured = write_splits(args.work, ("test", "val"))
+    source, y, val_y = args.work / "test_smiles.csv", measured["test"], measured["val"]
     mean, std = predict(ckpts, source, args.work / "ensemble.csv")
     # One scale for the std, fitted on the validation split (the Gaussian likelihood's best s:
     # the RMS of error / std there), then judged on the test split.
-    val_y = write_split(args.work / "val_smiles.csv", "val")
     val_mean, val_std = predict(ckpts, args.work / "val_smiles.csv", args.work / "ensemble_val.csv")
     scale = float(np.sqrt(np.mean(((val_mean - val_y) / val_std) ** 2)))
     singles = [rmse(predict([ckpt], source, args.work / f"seed{seed}.csv")[0] - y)

@@ -30,7 +30,7 @@ from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.files import STOP_SIGNALS
 from graphormer_urpe.nn.graphormer import Graphormer, GraphormerConfig
 from graphormer_urpe.task import get_task
-from graphormer_urpe.training.predictions import InputRow, PredictionTable
+from graphormer_urpe.training.predictions import InputRow, PredictionTable, prediction_columns
 
 #: Padded node pairs ``B * (N + 1)^2`` per batch (graph token included): ~100 ZINC molecules;
 #: larger batches are slower on the CPU (their [B, H, N+1, N+1] tensors leave the caches). The
@@ -131,12 +131,6 @@ class ModelEnsemble(nn.Module):
         return {"index": batch.index, "prediction": each.mean(0), "std": each.std(0, correction=0)}
 
 
-def output_width(module) -> int:
-    """Values per molecule that :func:`predict_chunk` returns: the targets (and for a
-    :class:`ModelEnsemble` their standard deviations after them)."""
-    return module.facts.num_targets * (2 if isinstance(module, ModelEnsemble) else 1)
-
-
 # ---------------------------------------------------------------------------- prediction
 @dataclass
 class RawChunk:
@@ -231,9 +225,9 @@ def chunk_batches(facts: DataFacts, chunk: RawChunk, max_pairs: int, batch_size:
 
 
 def predict_chunk(module, chunk: RawChunk, num_rows: int, max_pairs: int, batch_size: int) -> np.ndarray:
-    """``[num_rows, output_width(module)]`` predictions of one featurized chunk (NaN for its
-    rejected rows): the targets, then (an ensemble) their standard deviations."""
-    out = np.full((num_rows, output_width(module)), np.nan, dtype=np.float32)
+    """``[num_rows, len(prediction_columns(module))]`` predictions of one featurized chunk (NaN
+    for its rejected rows): the targets, then (an ensemble) their standard deviations."""
+    out = np.full((num_rows, len(prediction_columns(module))), np.nan, dtype=np.float32)
     device = next(module.parameters()).device
     with torch.inference_mode():
         for graphs, batch in chunk_batches(module.facts, chunk, max_pairs, batch_size):

@@ -26,7 +26,6 @@ def _check_finite(ckpt: Path, state_dict: dict) -> None:
                               f"tensor(s): {', '.join(bad[:5])}")
 
 
-
 def load_module(ckpt: str | Path, map_location: str = "cpu", *, inference_only: bool = False):
     """The verified :class:`GraphormerModule` stored in a Lightning checkpoint, in eval mode;
     with ``inference_only`` its :class:`~graphormer_urpe.training.inference.InferenceModel`
