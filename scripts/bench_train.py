@@ -25,9 +25,10 @@ clipping 5.0, as in the configs; no validation, logging or checkpoints) and time
 The URPE/RPE time ratio per preset and path is the cost of URPE (target on GPU: <= 1.05).
 A row that fails records its error (type and first line) and the benchmark goes on.
 
-``--count-ops P`` profiles ``P`` more steps after the timed ones (``torch.profiler``) and lists
-the operators that take the most device time (CUDA kernels on a GPU) and reports ``ops_per_step``: the leaf ATen operators per optimizer step (those that
-call no other ATen operator), less those that only make views or allocate
+``--count-ops P`` profiles ``P`` more steps after the timed ones (``torch.profiler``), lists the
+operators that take the most device time (CUDA kernels on a GPU) and reports ``ops_per_step``:
+the leaf ATen operators per optimizer step (those that call no other ATen operator), less those
+that only make views or allocate
 (:data:`NO_KERNEL_OPS`): about one kernel launch each on a GPU. With ``--width`` (hidden and
 FFN width; the preset's depth and heads are kept) the CPU's ms per step is then mostly host time.
 These are the CPU proxies for the launch-bound GPU step; on a GPU, ``steps_per_s`` is the figure.
@@ -244,7 +245,6 @@ def make_op_counter(start: int, steps: int, device: str):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
             if self.profiler is not None and self.ops_per_step is None and trainer.global_step == start + steps:
                 if device == "cuda":
-                    import torch
                     torch.cuda.synchronize()
                 self.profiler.__exit__(None, None, None)
                 self.ops_per_step = round(kernel_ops(self.profiler.events()) / steps, 1)

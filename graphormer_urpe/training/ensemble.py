@@ -47,7 +47,6 @@ import inspect
 import logging
 import math
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -273,11 +272,16 @@ class Ensemble:
                                            fused=True, capturable=self.cuda_graph)
         self._point_lr()
         self.total_steps = hp["total_steps"] or self._step_budget()
-        self.scheduler = warmup_polynomial_decay(torch.optim.SGD([torch.zeros(1)], lr=hp["lr"]),
+        # The schedule rides on a stand-in optimizer (the members' AdamW reads its rate). It steps
+        # once here, a no-op (its one tensor has no gradient), so torch's check for
+        # "scheduler.step() before optimizer.step()" does not warn at the first step.
+        stand_in = torch.optim.SGD([torch.zeros(1)], lr=hp["lr"])
+        self.scheduler = warmup_polynomial_decay(stand_in,
                                                  finetune.warmup_steps(hp["warmup_steps"],
                                                                        hp.get("warmup_fraction"),
                                                                        self.total_steps),
                                                  self.total_steps, hp["end_lr"], hp["power"])
+        stand_in.step()
         self._graph: torch.cuda.CUDAGraph | None = None
         self._eager_steps = 0
         self.step, self.epoch = 0, 0
@@ -373,11 +377,7 @@ class Ensemble:
                 self._eager_steps += 1
             else:
                 losses = self._replay(batch)
-        with warnings.catch_warnings():
-            # The schedule rides on a stand-in optimizer that never steps (the members' AdamW
-            # reads its rate): torch's "scheduler.step() before optimizer.step()" does not apply.
-            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
-            self.scheduler.step()
+        self.scheduler.step()
         self.step += 1
         return losses
 
