@@ -17,6 +17,7 @@ _LAZY = {
     "PCQM4Mv2DataModule": "datamodule",
     "CSVDataModule": "datamodule",
     "SMILESTableDataModule": "datamodule",
+    "DescriptorDataModule": "descriptors",
     "EncodedGraphDataset": "dataset",
     "SeededShuffleSampler": "dataset",
     "FlatGraphs": "collate",

@@ -185,6 +185,45 @@ def scaffold_split(smiles: Sequence[str], fractions: Sequence[float]) -> dict[st
     return {name: np.array(sorted(rows), dtype=np.int64) for name, rows in parts.items()}
 
 
+def read_split_file(path: str | os.PathLike, num_rows: int) -> dict[str, np.ndarray]:
+    """``{train, val, test: rows}`` of a JSON split file: an object with those three keys, each a
+    list of 0-based data rows of the CSV (the header is not a row), or chemprop's
+    ``--splits-file`` form, a list holding one such object. ``ValueError`` naming the file for
+    anything else: a missing key, a row that is not an integer in ``[0, num_rows)``, a row in two
+    splits."""
+    import json
+
+    path = Path(path)
+    problem = unreadable_as_a_file(path)
+    if problem:
+        raise ValueError(f"split file {path} {problem}")
+    try:
+        content = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"split file {path} is not JSON ({err})") from None
+    if isinstance(content, list) and len(content) == 1:
+        content = content[0]
+    if not isinstance(content, dict) or set(content) != set(SPLIT_NAMES):
+        raise ValueError(f"split file {path} must hold {{\"train\": [rows], \"val\": [rows], "
+                         "\"test\": [rows]}} (or a list of one such object)")
+    parts = {}
+    for name in SPLIT_NAMES:
+        rows = content[name]
+        if not isinstance(rows, list) or not all(isinstance(r, int) and not isinstance(r, bool) for r in rows):
+            raise ValueError(f"split file {path}: {name!r} must be a list of integer rows")
+        bad = [r for r in rows if not 0 <= r < num_rows]
+        if bad:
+            raise ValueError(f"split file {path}: {name!r} has rows {_few(np.array(bad))} outside the "
+                             f"CSV's {num_rows} data rows (0-based, header not counted)")
+        parts[name] = np.array(rows, dtype=np.int64)
+    for i, a in enumerate(SPLIT_NAMES):
+        for b in SPLIT_NAMES[i + 1:]:
+            both = np.intersect1d(parts[a], parts[b])
+            if len(both):
+                raise ValueError(f"split file {path}: rows {_few(both)} are in both {a!r} and {b!r}")
+    return parts
+
+
 def _cut(order: np.ndarray, fractions: Sequence[float]) -> list[np.ndarray]:
     bounds = np.round(np.cumsum(fractions[:2]) * len(order)).astype(int)
     return np.split(order, bounds)

@@ -38,6 +38,7 @@ from graphormer_urpe.data.features import num_embeddings
 from graphormer_urpe.data.featurize import featurizer_spec
 from graphormer_urpe.data.ogb_lsc import PCQM4M, PCQM4MV2, LSCLayout
 from graphormer_urpe.data.resident import ResidentLoader, ResidentSplit, TensorGraphs
+from graphormer_urpe.files import unreadable_as_a_file
 
 log = logging.getLogger(__name__)
 
@@ -437,7 +438,8 @@ class CSVDataModule(SMILESTableDataModule):
     (default: every other column), ``task`` ``regression``, ``classification`` (binary or
     multi-label 0/1 columns) or ``multiclass`` (one column of class ids; ``num_targets`` is the
     number of classes, the largest id + 1), ``split`` random or scaffold with
-    ``split_fractions``. Featurized and encoded once into ``cache_root`` (default ``data/csv``),
+    ``split_fractions``, or the rows of a JSON ``split_file`` (:func:`.csv.read_split_file`; it
+    replaces ``split``: chemprop's ``--splits-file`` reads the same file). Featurized and encoded once into ``cache_root`` (default ``data/csv``),
     keyed by the file's content. ``featurizer``: ``ogb`` (default; any molecule RDKit reads) or
     ``zinc`` (ZINC's 28 atom tokens, to fine-tune a ZINC-trained model; rows with another atom
     are skipped with one warning). Rows whose molecule has more than ``max_nodes`` atoms are
@@ -448,7 +450,8 @@ class CSVDataModule(SMILESTableDataModule):
     def __init__(self, path: str, smiles_column: str = "smiles", target_columns: list[str] | None = None,
                  task: str = "regression", split: str = "random",
                  split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1), cache_root: str = "data/csv",
-                 batch_size: int = 32, featurizer: str = "ogb", **kwargs) -> None:
+                 batch_size: int = 32, featurizer: str = "ogb", split_file: str | None = None,
+                 **kwargs) -> None:
         super().__init__(batch_size=batch_size, **kwargs)
         from graphormer_urpe.data import csv as property_csv
 
@@ -460,6 +463,11 @@ class CSVDataModule(SMILESTableDataModule):
         self.path = Path(path)
         self.smiles_column = smiles_column
         self.split = split
+        self.split_file = None if split_file is None else Path(split_file)
+        if self.split_file is not None:
+            problem = unreadable_as_a_file(self.split_file)
+            if problem:
+                raise ValueError(f"split file {self.split_file} {problem}")
         self.split_fractions = property_csv.check_fractions(split_fractions)
         self.cache_root = Path(cache_root)
         self.task = task
@@ -510,6 +518,15 @@ class CSVDataModule(SMILESTableDataModule):
             raise ValueError(f"{self.path}: no row has a SMILES that RDKit accepts and "
                              "finite targets")
         property_csv.check_targets(self.path, y[valid], self.target_columns, self.task)
+        if self.split_file is not None:
+            parts = property_csv.read_split_file(self.split_file, len(y))
+            for name, rows in parts.items():
+                skipped = np.setdiff1d(rows, valid)
+                if len(skipped):
+                    log.warning("%s: split %r skips %d of its rows whose molecule or target cannot be "
+                                "used (rows %s; see above)", self.split_file, name, len(skipped),
+                                skipped[:10].tolist())
+            return {name: rows[np.isin(rows, valid)] for name, rows in parts.items()}
         if self.split == "random":
             parts = property_csv.random_split(len(valid), self.split_fractions, self.seed)
         else:

@@ -22,6 +22,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from graphormer_urpe import pretrained
 from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.training.checkpoint import CheckpointError, read_checkpoint
 
@@ -38,8 +39,12 @@ class InitFromError(ValueError):
 
 
 def read_backbone_state(path: str | Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """``(backbone state_dict, hyperparameters or {})`` of a training or weights-only checkpoint."""
-    path = Path(path)
+    """``(backbone state_dict, hyperparameters or {})`` of a training or weights-only checkpoint,
+    or of a shipped backbone (``pretrained:<name>``, :mod:`graphormer_urpe.pretrained`)."""
+    try:
+        path = pretrained.resolve(path)
+    except ValueError as exc:
+        raise InitFromError(str(exc)) from None
     try:
         checkpoint = read_checkpoint(path)
     except CheckpointError as exc:

@@ -1,0 +1,207 @@
+"""A small molecule property set, side by side: graphormer-urpe fine-tuned from the shipped
+backbone, graphormer-urpe from scratch, and chemprop with its defaults, on identical splits.
+
+For each split kind (``random``: drawn with the seed; ``scaffold``: Bemis-Murcko, the same for
+every seed) and seed, the split is written ONCE to ``<work>/splits/<split>-seed<S>.json`` (the
+rows ``CSVDataModule`` draws, in chemprop's ``--splits-file`` form) and every arm reads that file:
+
+- ``finetuned``: ``graphormer-urpe fit --config configs/csv.yaml`` (starts from
+  ``pretrained:zinc-descriptors``);
+- ``scratch``: the same recipe with ``--model.init_from null``;
+- ``chemprop``: ``chemprop train`` with its defaults (D-MPNN, 50 epochs) when chemprop is
+  installed (``pip install -e .[bench]``), else the arm is left out with a note.
+
+Each arm then predicts the split's test molecules through its own installed command
+(``graphormer-urpe-predict`` / ``chemprop predict``) and is scored on them here: test RMSE and
+MAE, and the run's wall time (training + prediction). Runs go ``--jobs`` at a time, each on one
+torch thread; a run whose ``result.json`` exists is not repeated (kill and rerun to resume).
+Prints a table and, last, one JSON line.
+
+    python scripts/bench_small_data.py [--csv FILE --smiles-column smiles --target-column NAME]
+        [--seeds 0 1 2 3 4] [--splits random scaffold] [--arms finetuned scratch chemprop]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+ESOL = REPO.parent / "shared" / "data" / "moleculenet" / "esol.csv"
+ESOL_TARGET = "measured log solubility in mols per litre"
+ARMS = ("finetuned", "scratch", "chemprop")
+SPLITS = ("random", "scaffold")
+
+
+def one_thread_env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def run_logged(command: list[str], log: Path) -> None:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as out:
+        out.write(" ".join(command) + "\n")
+        out.flush()
+        done = subprocess.run(command, cwd=REPO, env=one_thread_env(), stdout=out, stderr=subprocess.STDOUT)
+    if done.returncode:
+        raise RuntimeError(f"failed ({done.returncode}): {' '.join(command)}; see {log}")
+
+
+def write_splits(args: argparse.Namespace, work: Path) -> dict[tuple[str, int], Path]:
+    """The split files (and each split's test CSV) of every (split, seed)."""
+    import pandas as pd
+
+    from graphormer_urpe.data import CSVDataModule
+
+    table = pd.read_csv(args.csv)
+    files = {}
+    for split in args.splits:
+        for seed in args.seeds:
+            path = work / "splits" / f"{split}-seed{seed}.json"
+            files[(split, seed)] = path
+            if path.is_file():
+                continue
+            data = CSVDataModule(path=str(args.csv), smiles_column=args.smiles_column,
+                                 target_columns=[args.target_column], split=split, seed=seed,
+                                 cache_root=str(work / "cache"), encode_threads=1, build_workers=1)
+            rows = {name: [int(r) for r in data.store()[3][name]] for name in ("train", "val", "test")}
+            path.parent.mkdir(parents=True, exist_ok=True)
+            table.iloc[rows["test"]][[args.smiles_column, args.target_column]].to_csv(
+                path.with_suffix(".test.csv"), index=False)
+            path.write_text(json.dumps([rows]))
+    return files
+
+
+def best_checkpoint(run: Path) -> Path:
+    """The run's checkpoint of best validation metric (its last one if it never validated)."""
+    from graphormer_urpe.training.checkpoint import read_checkpoint
+
+    last = run / "checkpoints" / "last.ckpt"
+    state = next(v for k, v in read_checkpoint(last)["callbacks"].items() if k.startswith("ModelCheckpoint"))
+    return Path(state["best_model_path"]) if state.get("best_model_path") else last
+
+
+def train_graphormer(args: argparse.Namespace, run: Path, splits: Path, seed: int, scratch: bool) -> Path:
+    command = [str(Path(sys.executable).with_name("graphormer-urpe")), "fit", "--config", "configs/csv.yaml",
+               "--data.init_args.path", str(args.csv), "--data.init_args.smiles_column", args.smiles_column,
+               "--data.init_args.target_columns", json.dumps([args.target_column]),
+               "--data.init_args.split_file", str(splits), "--data.init_args.cache_root", str(run.parent.parent / "cache"),
+               "--data.init_args.encode_threads", "1", "--data.init_args.build_workers", "1",
+               "--seed_everything", str(seed), "--data.init_args.seed", str(seed),
+               "--trainer.default_root_dir", str(run), "--trainer.enable_progress_bar", "false",
+               *(["--model.init_from", "null"] if scratch else []), *args.graphormer_args]
+    run_logged(command, run / "run.log")
+    predictions = run / "test_predictions.csv"
+    run_logged([str(Path(sys.executable).with_name("graphormer-urpe-predict")), "--ckpt", str(best_checkpoint(run)),
+                "--input", str(splits.with_suffix(".test.csv")), "--output", str(predictions),
+                "--workers", "0", "--quiet"], run / "run.log")
+    return predictions
+
+
+def train_chemprop(args: argparse.Namespace, run: Path, splits: Path, seed: int) -> Path:
+    chemprop = shutil.which("chemprop", path=str(Path(sys.executable).parent)) or shutil.which("chemprop")
+    run_logged([chemprop, "train", "-i", str(args.csv), "-s", args.smiles_column, "--target-columns",
+                args.target_column, "--task-type", "regression", "--splits-file", str(splits),
+                "--data-seed", str(seed), "--pytorch-seed", str(seed), "-n", "0", "-o", str(run / "model"),
+                *args.chemprop_args], run / "run.log")
+    model = next((run / "model").rglob("best.pt"))
+    predictions = run / "test_predictions.csv"
+    run_logged([chemprop, "predict", "-i", str(splits.with_suffix(".test.csv")), "-s", args.smiles_column,
+                "--model-paths", str(model), "-o", str(predictions), "-n", "0"], run / "run.log")
+    return predictions
+
+
+def score(predictions: Path, test_csv: Path, target: str) -> tuple[float, float]:
+    """``(RMSE, MAE)`` of a predictions file against the test CSV, row by row."""
+    import numpy as np
+    import pandas as pd
+
+    truth = pd.read_csv(test_csv)[target].to_numpy(dtype=float)
+    table = pd.read_csv(predictions)
+    column = next(c for c in table.columns if c.startswith("prediction")) if any(
+        c.startswith("prediction") for c in table.columns) else target
+    predicted = table[column].to_numpy(dtype=float)
+    if len(predicted) != len(truth) or not np.isfinite(predicted).all():
+        raise RuntimeError(f"{predictions}: {len(predicted)} predictions for {len(truth)} test molecules")
+    error = predicted - truth
+    return float(np.sqrt(np.mean(error ** 2))), float(np.mean(np.abs(error)))
+
+
+def one_run(args: argparse.Namespace, work: Path, arm: str, split: str, seed: int, splits: Path) -> dict:
+    run = work / split / arm / f"seed{seed}"
+    result_file = run / "result.json"
+    if result_file.is_file():
+        return json.loads(result_file.read_text())
+    if run.exists():  # an unfinished run: start it again
+        shutil.rmtree(run)
+    started = time.perf_counter()
+    if arm == "chemprop":
+        predictions = train_chemprop(args, run, splits, seed)
+    else:
+        predictions = train_graphormer(args, run, splits, seed, scratch=arm == "scratch")
+    rmse, mae = score(predictions, splits.with_suffix(".test.csv"), args.target_column)
+    result = {"arm": arm, "split": split, "seed": seed, "test_rmse": rmse, "test_mae": mae,
+              "wall_s": round(time.perf_counter() - started, 1)}
+    result_file.write_text(json.dumps(result))
+    print(f"{split:8s} {arm:9s} seed {seed}: test RMSE {rmse:.3f}, MAE {mae:.3f} ({result['wall_s']:.0f} s)",
+          flush=True)
+    return result
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    mean = sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+    return mean, std
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--csv", type=Path, default=ESOL)
+    parser.add_argument("--smiles-column", default="smiles")
+    parser.add_argument("--target-column", default=ESOL_TARGET)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--splits", nargs="+", default=list(SPLITS), choices=SPLITS)
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time, one torch thread each")
+    parser.add_argument("--work", type=Path, default=REPO / "runs" / "bench_small_data")
+    parser.add_argument("--graphormer-args", type=shlex.split, default=[],
+                        help="more options for graphormer-urpe fit, one string (--graphormer-args='--a 1')")
+    parser.add_argument("--chemprop-args", type=shlex.split, default=[],
+                        help="more options for chemprop train, one string")
+    args = parser.parse_args()
+    args.csv = args.csv.resolve()
+    work = args.work.resolve()
+    arms = list(args.arms)
+    if "chemprop" in arms and shutil.which("chemprop", path=str(Path(sys.executable).parent)) is None \
+            and shutil.which("chemprop") is None:
+        print("chemprop is not installed (pip install -e .[bench]): its arm is left out", flush=True)
+        arms.remove("chemprop")
+    files = write_splits(args, work)
+    jobs = [(arm, split, seed) for split in args.splits for seed in args.seeds for arm in arms]
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        results = list(pool.map(lambda job: one_run(args, work, *job, files[job[1:]]), jobs))
+    summary = {"csv": args.csv.name, "target": args.target_column, "seeds": args.seeds, "rows": []}
+    print(f"\n{args.csv.name}: test RMSE / MAE, mean ± std over seeds {args.seeds}")
+    print(f"| split | arm | test RMSE | test MAE | wall s per run |\n| --- | --- | ---: | ---: | ---: |")
+    for split in args.splits:
+        for arm in arms:
+            mine = [r for r in results if r["split"] == split and r["arm"] == arm]
+            rmse, mae, wall = (mean_std([r[k] for r in mine]) for k in ("test_rmse", "test_mae", "wall_s"))
+            print(f"| {split} | {arm} | {rmse[0]:.3f} ± {rmse[1]:.3f} | {mae[0]:.3f} ± {mae[1]:.3f} | {wall[0]:.0f} |")
+            summary["rows"].append({"split": split, "arm": arm, "test_rmse": [r["test_rmse"] for r in mine],
+                                    "test_mae": [r["test_mae"] for r in mine],
+                                    "rmse_mean": rmse[0], "rmse_std": rmse[1], "mae_mean": mae[0],
+                                    "mae_std": mae[1], "wall_s_mean": wall[0]})
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
