@@ -434,11 +434,11 @@ class PCQM4Mv2DataModule(OGBLSCDataModule):
 
 
 class CSVDataModule(SMILESTableDataModule):
-    """A molecule property CSV (see :mod:`.csv`): ``smiles_column`` + ``target_columns``
+    """A molecule property CSV (see :mod:`.property_csv`): ``smiles_column`` + ``target_columns``
     (default: every other column), ``task`` ``regression``, ``classification`` (binary or
     multi-label 0/1 columns) or ``multiclass`` (one column of class ids; ``num_targets`` is the
     number of classes, the largest id + 1), ``split`` random or scaffold with
-    ``split_fractions``, or the rows of a JSON ``split_file`` (:func:`.csv.read_split_file`; it
+    ``split_fractions``, or the rows of a JSON ``split_file`` (:func:`.property_csv.read_split_file`; it
     replaces ``split``: chemprop's ``--splits-file`` reads the same file). Featurized and encoded once into ``cache_root`` (default ``data/csv``),
     keyed by the file's content. ``featurizer``: ``ogb`` (default; any molecule RDKit reads) or
     ``zinc`` (ZINC's 28 atom tokens, to fine-tune a ZINC-trained model; rows with another atom
@@ -453,7 +453,7 @@ class CSVDataModule(SMILESTableDataModule):
                  batch_size: int = 32, featurizer: str = "ogb", split_file: str | None = None,
                  **kwargs) -> None:
         super().__init__(batch_size=batch_size, **kwargs)
-        from graphormer_urpe.data import csv as property_csv
+        from graphormer_urpe.data import property_csv
 
         if task not in property_csv.TASKS:
             raise ValueError(f"task must be one of {list(property_csv.TASKS)}, got {task!r}")
@@ -485,7 +485,7 @@ class CSVDataModule(SMILESTableDataModule):
         return self._num_classes or len(self.target_columns)
 
     def _read(self) -> tuple[list[str], np.ndarray, list[str]]:
-        from graphormer_urpe.data import csv as property_csv
+        from graphormer_urpe.data import property_csv
 
         return property_csv.read_property_csv(self.path, self.smiles_column, self.target_columns)
 
@@ -500,7 +500,7 @@ class CSVDataModule(SMILESTableDataModule):
                 lambda: self._read()[:2])
 
     def split_rows(self, graph_of_row: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
-        from graphormer_urpe.data import csv as property_csv
+        from graphormer_urpe.data import property_csv
         from graphormer_urpe.data.featurize import REJECTED_ROW, TOO_LARGE_ROW
 
         bad_targets = property_csv.nonfinite_target_rows(y)

@@ -73,7 +73,7 @@ def read_smiles_file(path: str | os.PathLike, smiles_column: str = "smiles") -> 
     one SMILES per line (its first field; gzip when the name ends in ``.gz``)."""
     path = Path(path)
     if ".csv" in path.suffixes:
-        from graphormer_urpe.data import csv as property_csv
+        from graphormer_urpe.data import property_csv
 
         property_csv.resolve_columns(path, smiles_column, target_columns=None)
         table = property_csv._read_csv(path, usecols=[smiles_column], dtype=str, keep_default_na=False)
@@ -124,7 +124,7 @@ class DescriptorDataModule(SMILESTableDataModule):
                  cache_root: str = "data/descriptors", batch_size: int = 128, featurizer: str = "ogb",
                  **kwargs) -> None:
         super().__init__(batch_size=batch_size, **kwargs)
-        from graphormer_urpe.data import csv as property_csv
+        from graphormer_urpe.data import property_csv
         from graphormer_urpe.data.featurize import featurizer_spec
         from graphormer_urpe.files import unreadable_as_a_file
 
@@ -155,13 +155,15 @@ class DescriptorDataModule(SMILESTableDataModule):
 
         def read() -> tuple[list[str], np.ndarray]:
             smiles = read_smiles_file(self.path, self.smiles_column)
+            if not any(smiles):
+                raise ValueError(f"SMILES file {self.path} holds no SMILES")
             raw = cached_descriptors(work_dir / "descriptors", file, smiles, self.build_workers)
             return smiles, standardize(raw)
 
         return work_dir.with_name(work_dir.name + suffix), source, read
 
     def split_rows(self, graph_of_row: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
-        from graphormer_urpe.data import csv as property_csv
+        from graphormer_urpe.data import property_csv
 
         valid = np.flatnonzero((graph_of_row >= 0) & np.isfinite(y).any(axis=1))
         property_csv.warn_rejected_rows(self.path, np.setdiff1d(np.arange(len(y)), valid), len(y),

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
-from graphormer_urpe.data.csv import murcko_scaffold
+from graphormer_urpe.data.property_csv import murcko_scaffold
 from graphormer_urpe.data.datamodule import CSVDataModule
 
 ESOL_TARGET = "measured log solubility in mols per litre"

@@ -11,7 +11,7 @@ import pytest
 
 from graphormer_urpe.data import CSVDataModule, DescriptorDataModule
 from graphormer_urpe.data import descriptors as desc
-from graphormer_urpe.data.csv import read_split_file
+from graphormer_urpe.data.property_csv import read_split_file
 
 
 def zinc_smiles_file(zinc_source: Path, path: Path, count: int, bad_line: int | None = None) -> list[str]:
@@ -92,3 +92,10 @@ def test_a_bad_split_file_is_refused_by_name(tmp_path, content, message):
     with pytest.raises(ValueError, match=message) as info:
         read_split_file(path, 1128)
     assert str(path) in str(info.value)
+
+
+def test_an_empty_smiles_file_is_one_line(tmp_path):
+    (tmp_path / "empty.smi").write_text("\n\n")
+    data = DescriptorDataModule(path=str(tmp_path / "empty.smi"), cache_root=str(tmp_path / "cache"), build_workers=1)
+    with pytest.raises(ValueError, match=r"empty\.smi holds no SMILES"):
+        data.store()

@@ -1,0 +1,56 @@
+"""scripts/bench_small_data.py on real ESOL: every arm reads the one split file written per
+(split, seed), which holds exactly the rows CSVDataModule draws; each arm predicts the test
+molecules through its installed command and is scored on them; a finished run is not repeated."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from graphormer_urpe.data import CSVDataModule
+
+REPO = Path(__file__).resolve().parents[1]
+TARGET = "measured log solubility in mols per litre"
+TINY = {"num_layers": 2, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2}
+
+
+def bench(work: Path, esol: Path, *extra: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "scripts/bench_small_data.py", "--csv", str(esol), "--seeds", "3",
+               "--splits", "scaffold", "--jobs", "1", "--work", str(work), *extra,
+               f"--graphormer-args=--trainer.max_steps 2 --model.backbone '{json.dumps(TINY)}' "
+               "--trainer.enable_model_summary false"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return done
+
+
+def test_scratch_arm_on_the_shared_split_file(esol_csv, tmp_path):
+    work = tmp_path / "bench"
+    done = bench(work, esol_csv, "--arms", "scratch")
+    split_file = work / "splits" / "scaffold-seed3.json"
+    rows = json.loads(split_file.read_text())[0]
+    expected = CSVDataModule(path=str(esol_csv), target_columns=[TARGET], split="scaffold", seed=3,
+                             cache_root=str(tmp_path / "cache"), build_workers=1, encode_threads=1).store()[3]
+    for name in ("train", "val", "test"):
+        np.testing.assert_array_equal(rows[name], expected[name])
+    test_csv = pd.read_csv(split_file.with_suffix(".test.csv"))
+    assert len(test_csv) == len(rows["test"]) > 100
+    assert list(test_csv["smiles"]) == list(pd.read_csv(esol_csv)["smiles"].iloc[rows["test"]])
+
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    (row,) = summary["rows"]
+    assert (row["split"], row["arm"]) == ("scaffold", "scratch")
+    predictions = pd.read_csv(work / "scaffold" / "scratch" / "seed3" / "test_predictions.csv")
+    error = predictions[f"prediction_{TARGET}"].to_numpy() - test_csv[TARGET].to_numpy()
+    assert row["test_rmse"] == [float(np.sqrt(np.mean(error ** 2)))]
+    assert "| scaffold | scratch |" in done.stdout
+
+    again = bench(work, esol_csv, "--arms", "scratch")  # the finished run is read, not repeated
+    assert "seed 3: test RMSE" not in again.stdout
+    assert json.loads(again.stdout.strip().splitlines()[-1]) == summary
