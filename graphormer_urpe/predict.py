@@ -7,6 +7,8 @@ with other seeds) the prediction columns hold the models' mean, and a ``std...``
 them holds each target's standard deviation over the models (``prediction_logS`` ->
 ``std_logS``): how much models trained alike disagree on that molecule, a first sign of an
 unreliable prediction (``docs/uncertainty.md`` measures how well it ranks the errors).
+``--mc-dropout N`` gives the same columns from one checkpoint trained with dropout: N predictions
+with dropout on (Monte Carlo dropout), their mean and standard deviation.
 
 Input: a CSV whose header has a ``smiles`` column (any case), or any other file with one SMILES
 a line (UTF-8, a byte-order mark is ignored). Output: one CSV row per input row, in input order:
@@ -48,7 +50,7 @@ from graphormer_urpe.files import AtomicFile, same_file, stop_on_signals, unread
 from graphormer_urpe.training.checkpoint import CheckpointError
 from graphormer_urpe.training.load import load_module
 from graphormer_urpe.training.inference import (
-    DEFAULT_BATCH_SIZE, DEFAULT_MAX_NODES, DEFAULT_MAX_PAIRS, ModelEnsemble, stream_predictions)
+    DEFAULT_BATCH_SIZE, DEFAULT_MAX_NODES, DEFAULT_MAX_PAIRS, MCDropout, ModelEnsemble, stream_predictions)
 from graphormer_urpe.training.predictions import (
     PredictionTable, count_lines, open_smiles, prediction_columns)
 
@@ -72,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ckpt", required=True, nargs="+", metavar="CKPT",
                         help="Lightning checkpoint (.ckpt) of any config; several (the same task "
                              "trained with other seeds): their mean, and std columns")
+    parser.add_argument("--mc-dropout", type=positive_int, default=None, metavar="N",
+                        help="one checkpoint predicting N times with its dropout on: the mean, and "
+                             "std columns (a model trained with dropout; masks seeded by --seed)")
+    parser.add_argument("--seed", type=non_negative_int, default=0,
+                        help="seed of the --mc-dropout masks (default 0)")
     parser.add_argument("--input", required=True,
                         help="CSV with a 'smiles' column (other columns are kept), or one SMILES a line")
     parser.add_argument("--output", required=True, help="CSV to write (never the input nor the checkpoint)")
@@ -142,8 +149,13 @@ def _predict(args: argparse.Namespace) -> int:
         return 2
     with output, open(source, newline="", encoding="utf-8-sig") as handle:
         try:
+            if args.mc_dropout is not None and len(args.ckpt) > 1:
+                raise ValueError("--mc-dropout takes one --ckpt (several checkpoints already give a std)")
             models = [load_module(ckpt, inference_only=True) for ckpt in args.ckpt]
-            module = (models[0] if len(models) == 1 else ModelEnsemble(models, args.ckpt)).to(device)
+            if args.mc_dropout is not None:
+                module = MCDropout(models[0], args.mc_dropout, args.seed).to(device)
+            else:
+                module = (models[0] if len(models) == 1 else ModelEnsemble(models, args.ckpt)).to(device)
             table_input = open_smiles(handle, source)
         except (CheckpointError, ValueError, UnicodeDecodeError) as exc:
             print(f"graphormer-urpe-predict: error: {exc}", file=sys.stderr)

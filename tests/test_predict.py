@@ -572,3 +572,44 @@ def test_several_checkpoints_predict_their_mean_with_a_std_column(esol_run, esol
     assert refused.returncode == 2 and len(lines) == 1, refused.stderr
     assert f"{zinc_ckpt} cannot join an ensemble with {first}: other data facts" in lines[0]
     assert not (tmp_path / "mixed.csv").exists()
+
+
+def test_mc_dropout_predicts_a_mean_and_std_from_one_checkpoint(esol_run, esol_csv, tmp_path):
+    """``--mc-dropout N`` (the installed command, real ESOL molecules): a std column that is
+    positive, the same file whatever the number of processes and for the same seed, another
+    for another seed; a model without dropout, and several checkpoints, are refused in one line."""
+    _, ckpt = esol_run
+    source = tmp_path / "mols.csv"
+    source.write_text("".join(open(esol_csv).readlines()[:41]))  # header and 40 molecules
+
+    def predict(out: str, *extra: str, ok: bool = True) -> subprocess.CompletedProcess:
+        done = subprocess.run([str(PREDICT), "--input", str(source), "--output", str(tmp_path / out), "--quiet",
+                               *extra], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        assert (done.returncode == 0) == ok, done.stderr
+        return done
+
+    predict("plain.csv", "--ckpt", str(ckpt), "--workers", "0")
+    predict("mc.csv", "--ckpt", str(ckpt), "--mc-dropout", "8", "--workers", "0")
+    predict("mc2.csv", "--ckpt", str(ckpt), "--mc-dropout", "8", "--workers", "2")
+    predict("other.csv", "--ckpt", str(ckpt), "--mc-dropout", "8", "--seed", "1", "--workers", "0")
+    plain, mc = read_output(tmp_path / "plain.csv"), read_output(tmp_path / "mc.csv")
+    column = f"prediction_{ESOL_TARGET}"
+    assert list(mc[0]) == [*plain[0]][:-1] + [f"std_{ESOL_TARGET}", "error"]
+    std = np.array([float(r[f"std_{ESOL_TARGET}"]) for r in mc])
+    assert len(mc) == 40 and (std > 0).all()
+    deterministic = np.array([float(r[column]) for r in plain])
+    sampled = np.array([float(r[column]) for r in mc])
+    assert not np.allclose(sampled, deterministic) and np.abs(sampled - deterministic).max() < 10 * std.max()
+    assert (tmp_path / "mc2.csv").read_text() == (tmp_path / "mc.csv").read_text()
+    assert (tmp_path / "other.csv").read_text() != (tmp_path / "mc.csv").read_text()
+
+    saved = torch.load(ckpt, map_location="cpu", weights_only=True)
+    for key in ("dropout", "attention_dropout", "activation_dropout"):
+        saved["hyper_parameters"]["backbone"][key] = 0.0
+    torch.save(saved, tmp_path / "no_dropout.ckpt")
+    for extra, message in ((["--ckpt", str(tmp_path / "no_dropout.ckpt")], "trained without dropout"),
+                           (["--ckpt", str(ckpt), str(ckpt)], "--mc-dropout takes one --ckpt")):
+        refused = predict("refused.csv", *extra, "--mc-dropout", "4", ok=False)
+        lines = [line for line in refused.stderr.splitlines() if line.strip()]
+        assert refused.returncode == 2 and len(lines) == 1 and message in lines[0], refused.stderr
+        assert not (tmp_path / "refused.csv").exists()

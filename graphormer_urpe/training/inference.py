@@ -15,6 +15,7 @@ featurize the chunks and, on the CPU, predict them with one torch thread each.
 from __future__ import annotations
 
 import signal
+import zlib
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -125,10 +126,60 @@ class ModelEnsemble(nn.Module):
         self.members = nn.ModuleList(members)
         self.facts, self.hparams = first.facts, first.hparams
 
+    #: Predicts a ``std`` beside each prediction (:func:`~.predictions.prediction_columns`).
+    predicts_std = True
+
     def predict_step(self, batch: GraphBatch, batch_idx: int = 0) -> dict[str, Tensor]:
         """``index``, ``prediction`` (the members' mean) and ``std`` (over members), ``[B, T]``."""
         each = torch.stack([member.predict_step(batch, batch_idx)["prediction"] for member in self.members])
         return {"index": batch.index, "prediction": each.mean(0), "std": each.std(0, correction=0)}
+
+
+class MCDropout(nn.Module):
+    """One model predicting ``samples`` times with its dropout on (Monte Carlo dropout, Gal and
+    Ghahramani, 2016): ``prediction`` is the samples' mean and ``std`` their standard deviation
+    (population), as :class:`ModelEnsemble` gives over models. Each batch's masks are drawn from
+    ``seed`` and the batch's content (its atoms), so the same batch gets the same masks whichever
+    process predicts it and wherever it is in the input. ``ValueError`` for a model without
+    dropout (every sample would agree)."""
+
+    predicts_std = True
+
+    def __init__(self, model: nn.Module, samples: int, seed: int = 0) -> None:
+        super().__init__()
+        if samples < 2:
+            raise ValueError(f"MC dropout needs at least 2 samples, got {samples}")
+        rates = {k: model.hparams["backbone"].get(k, 0.0) for k in ("dropout", "attention_dropout", "activation_dropout")}
+        if not any(rates.values()):
+            raise ValueError(f"the model was trained without dropout ({', '.join(f'{k} 0' for k in rates)}): "
+                             "its MC-dropout samples would all agree; use several checkpoints instead")
+        self.model, self.samples, self.seed = model, int(samples), int(seed)
+        self.facts, self.hparams = model.facts, model.hparams
+
+    def predict_step(self, batch: GraphBatch, batch_idx: int = 0) -> dict[str, Tensor]:
+        """``index``, ``prediction`` (the samples' mean) and ``std`` (over samples), ``[B, T]``."""
+        # 32 bits: the CPU generator (a Mersenne Twister) keeps only a seed's low 32 bits
+        content = zlib.crc32(batch.x.cpu().numpy().tobytes(), zlib.crc32(str(self.seed).encode()))
+        with torch.random.fork_rng(devices=[batch.x.device] if batch.x.is_cuda else []), _dropout_on(self.model):
+            torch.manual_seed(content)
+            each = torch.stack([self.model.predict_step(batch, batch_idx)["prediction"]
+                                for _ in range(self.samples)])
+        return {"index": batch.index, "prediction": each.mean(0), "std": each.std(0, correction=0)}
+
+
+class _dropout_on:
+    """Dropout layers in training mode inside the block (nothing else in the backbone depends on
+    the mode), restored after."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def __enter__(self) -> None:
+        self.was_training = self.model.training
+        self.model.train()
+
+    def __exit__(self, *exc) -> None:
+        self.model.train(self.was_training)
 
 
 # ---------------------------------------------------------------------------- prediction

@@ -117,12 +117,13 @@ def write_predictions(path: str | Path, rows: Sequence[InputRow], predictions: n
 def prediction_columns(module) -> list[str]:
     """The prediction columns of a loaded model: its task's
     (:meth:`~graphormer_urpe.task.Task.prediction_columns`), named after the targets
-    when the checkpoint records them; for a ``ModelEnsemble`` (the members' mean) also
-    ``std...`` for each (``prediction_logS`` -> ``std_logS``)."""
+    when the checkpoint records them; for a model that also predicts a spread
+    (``ModelEnsemble``, ``MCDropout``: ``predicts_std``) also ``std...`` for each
+    (``prediction_logS`` -> ``std_logS``)."""
     facts = module.facts
     names = module.hparams.get("target_names")
     columns = get_task(facts.task).prediction_columns(
         facts.num_targets, list(names) if names is not None else None)
-    if hasattr(module, "members"):  # an ensemble: each column's std over the members after them
+    if getattr(module, "predicts_std", False):  # each column's std after them
         columns += ["std" + column.removeprefix("prediction") for column in columns]
     return columns
