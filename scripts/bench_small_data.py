@@ -80,16 +80,21 @@ def write_splits(args: argparse.Namespace, work: Path) -> dict[tuple[str, int], 
     return files
 
 
-def best_checkpoint(run: Path) -> Path:
-    """The run's checkpoint of best validation metric (its last one if it never validated)."""
+def best_checkpoint(run: Path) -> tuple[Path, float | None]:
+    """The run's checkpoint of best validation MAE and that MAE (its last one and None if it never
+    validated)."""
     from graphormer_urpe.training.checkpoint import read_checkpoint
 
     last = run / "checkpoints" / "last.ckpt"
     state = next(v for k, v in read_checkpoint(last)["callbacks"].items() if k.startswith("ModelCheckpoint"))
-    return Path(state["best_model_path"]) if state.get("best_model_path") else last
+    if not state.get("best_model_path"):
+        return last, None
+    return Path(state["best_model_path"]), float(state["best_model_score"])
 
 
-def train_graphormer(args: argparse.Namespace, run: Path, splits: Path, seed: int, scratch: bool) -> Path:
+def train_graphormer(args: argparse.Namespace, run: Path, splits: Path, seed: int, scratch: bool
+                     ) -> tuple[Path | None, float]:
+    """``(test predictions, or None with --validation-only; best validation MAE)``."""
     command = [str(Path(sys.executable).with_name("graphormer-urpe")), "fit", "--config", "configs/csv.yaml",
                "--data.init_args.path", str(args.csv), "--data.init_args.smiles_column", args.smiles_column,
                "--data.init_args.target_columns", json.dumps([args.target_column]),
@@ -99,11 +104,14 @@ def train_graphormer(args: argparse.Namespace, run: Path, splits: Path, seed: in
                "--trainer.default_root_dir", str(run), "--trainer.enable_progress_bar", "false",
                *(["--model.init_from", "null"] if scratch else []), *args.graphormer_args]
     run_logged(command, run / "run.log")
+    best, val_mae = best_checkpoint(run)
+    if args.validation_only:
+        return None, val_mae
     predictions = run / "test_predictions.csv"
-    run_logged([str(Path(sys.executable).with_name("graphormer-urpe-predict")), "--ckpt", str(best_checkpoint(run)),
+    run_logged([str(Path(sys.executable).with_name("graphormer-urpe-predict")), "--ckpt", str(best),
                 "--input", str(splits.with_suffix(".test.csv")), "--output", str(predictions),
                 "--workers", "0", "--quiet"], run / "run.log")
-    return predictions
+    return predictions, val_mae
 
 
 def train_chemprop(args: argparse.Namespace, run: Path, splits: Path, seed: int) -> Path:
@@ -144,15 +152,18 @@ def one_run(args: argparse.Namespace, work: Path, arm: str, split: str, seed: in
         shutil.rmtree(run)
     started = time.perf_counter()
     if arm == "chemprop":
-        predictions = train_chemprop(args, run, splits, seed)
+        predictions, val_mae = train_chemprop(args, run, splits, seed), None
     else:
-        predictions = train_graphormer(args, run, splits, seed, scratch=arm == "scratch")
-    rmse, mae = score(predictions, splits.with_suffix(".test.csv"), args.target_column)
-    result = {"arm": arm, "split": split, "seed": seed, "test_rmse": rmse, "test_mae": mae,
+        predictions, val_mae = train_graphormer(args, run, splits, seed, scratch=arm == "scratch")
+    result = {"arm": arm, "split": split, "seed": seed, "val_mae": val_mae,
               "wall_s": round(time.perf_counter() - started, 1)}
+    if predictions is not None:
+        result["test_rmse"], result["test_mae"] = score(predictions, splits.with_suffix(".test.csv"),
+                                                        args.target_column)
     result_file.write_text(json.dumps(result))
-    print(f"{split:8s} {arm:9s} seed {seed}: test RMSE {rmse:.3f}, MAE {mae:.3f} ({result['wall_s']:.0f} s)",
-          flush=True)
+    scores = f"test RMSE {result['test_rmse']:.3f}, MAE {result['test_mae']:.3f}, " if predictions else ""
+    validation = f"validation MAE {val_mae:.3f} " if val_mae is not None else ""
+    print(f"{split:8s} {arm:9s} seed {seed}: {scores}{validation}({result['wall_s']:.0f} s)", flush=True)
     return result
 
 
@@ -171,6 +182,9 @@ def main() -> None:
     parser.add_argument("--splits", nargs="+", default=list(SPLITS), choices=SPLITS)
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time, one torch thread each")
+    parser.add_argument("--validation-only", action="store_true",
+                        help="graphormer arms only, no test predictions: the best validation MAE per "
+                             "run (to choose a recipe without seeing the test molecules)")
     parser.add_argument("--work", type=Path, default=REPO / "runs" / "bench_small_data")
     parser.add_argument("--graphormer-args", type=shlex.split, default=[],
                         help="more options for graphormer-urpe fit, one string (--graphormer-args='--a 1')")
@@ -179,7 +193,7 @@ def main() -> None:
     args = parser.parse_args()
     args.csv = args.csv.resolve()
     work = args.work.resolve()
-    arms = list(args.arms)
+    arms = [arm for arm in args.arms if not (args.validation_only and arm == "chemprop")]
     if "chemprop" in arms and shutil.which("chemprop", path=str(Path(sys.executable).parent)) is None \
             and shutil.which("chemprop") is None:
         print("chemprop is not installed (pip install -e .[bench]): its arm is left out", flush=True)
@@ -189,6 +203,16 @@ def main() -> None:
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         results = list(pool.map(lambda job: one_run(args, work, *job, files[job[1:]]), jobs))
     summary = {"csv": args.csv.name, "target": args.target_column, "seeds": args.seeds, "rows": []}
+    if args.validation_only:
+        print(f"\n{args.csv.name}: best validation MAE per run, mean ± std over seeds {args.seeds}")
+        for split in args.splits:
+            for arm in arms:
+                values = [r["val_mae"] for r in results if r["split"] == split and r["arm"] == arm]
+                mean, std = mean_std(values)
+                print(f"| {split} | {arm} | {mean:.4f} ± {std:.4f} |")
+                summary["rows"].append({"split": split, "arm": arm, "val_mae": values})
+        print(json.dumps(summary))
+        return
     print(f"\n{args.csv.name}: test RMSE / MAE, mean ± std over seeds {args.seeds}")
     print(f"| split | arm | test RMSE | test MAE | wall s per run |\n| --- | --- | ---: | ---: | ---: |")
     for split in args.splits:
@@ -196,7 +220,8 @@ def main() -> None:
             mine = [r for r in results if r["split"] == split and r["arm"] == arm]
             rmse, mae, wall = (mean_std([r[k] for r in mine]) for k in ("test_rmse", "test_mae", "wall_s"))
             print(f"| {split} | {arm} | {rmse[0]:.3f} ± {rmse[1]:.3f} | {mae[0]:.3f} ± {mae[1]:.3f} | {wall[0]:.0f} |")
-            summary["rows"].append({"split": split, "arm": arm, "test_rmse": [r["test_rmse"] for r in mine],
+            summary["rows"].append({"split": split, "arm": arm, "val_mae": [r["val_mae"] for r in mine],
+                                    "test_rmse": [r["test_rmse"] for r in mine],
                                     "test_mae": [r["test_mae"] for r in mine],
                                     "rmse_mean": rmse[0], "rmse_std": rmse[1], "mae_mean": mae[0],
                                     "mae_std": mae[1], "wall_s_mean": wall[0]})
