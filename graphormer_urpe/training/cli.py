@@ -22,6 +22,7 @@ import importlib
 import linecache
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -314,8 +315,14 @@ def build_cli(args: list[str] | None = None, run: bool = True) -> GraphormerCLI:
 def main(args: list[str] | None = None) -> int:
     """The command: exit status 0, 2 for refused input (one line naming the option or file, as
     argparse does), 1 for a diverged run or a full disk."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
     try:
         build_cli(args)
+    except SIGTERMException:  # raised after the step in progress, which last.ckpt then holds
+        print("graphormer-urpe: stopped by SIGTERM after the step in progress; a fit's "
+              "checkpoints/last.ckpt holds that step: resume with --ckpt_path last", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except FloatingPointError as exc:  # a diverged run: say why, without a traceback
         print(f"graphormer-urpe: error: {exc}", file=sys.stderr)
         return 1

@@ -191,7 +191,10 @@ class RunCheckpoint(ModelCheckpoint):
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any,
                            **kwargs: Any) -> None:
         super().on_train_batch_end(trainer, pl_module, *args, **kwargs)
-        stopping = trainer.should_stop or 0 <= trainer.max_steps <= trainer.global_step
+        # SIGTERM (a `kill`, a scheduler's preemption): Lightning stops right after this hook
+        # with SIGTERMException, so this batch's end is the state a resume continues from.
+        stopping = (trainer.should_stop or trainer.received_sigterm
+                    or 0 <= trainer.max_steps <= trainer.global_step)
         every_n = self._every_n_train_steps >= 1 and trainer.global_step % self._every_n_train_steps == 0
         if stopping or every_n:  # the state a resume inside the epoch continues from exactly
             self._refresh_last(trainer)

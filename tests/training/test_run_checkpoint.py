@@ -168,3 +168,37 @@ def test_a_resume_that_changes_the_schedule_says_so_and_one_that_keeps_it_is_exa
                   "--ckpt_path", "last")
     assert ("resuming with another learning-rate schedule (warmup 2, total 6 steps) than the checkpoint "
             "was trained with (warmup 2, total 3 steps)") in changed.stderr
+
+
+def test_a_fit_stopped_by_sigterm_keeps_its_last_step_in_last_ckpt(zinc_data_root, tmp_path):
+    """``kill`` (SIGTERM) in the middle of a fit that never validated: the step in progress ends,
+    last.ckpt holds it, the command says so in one line with exit status 143, and
+    ``--ckpt_path last`` continues from that step."""
+    import signal
+    import time
+
+    run_dir = tmp_path / "run"
+    long_fit = ["--trainer.limit_train_batches", "1.0", "--trainer.max_epochs", "-1",
+                "--trainer.max_steps", "100000", "--model.total_steps", "100000",
+                "--trainer.check_val_every_n_epoch", "1000"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([str(COMMAND), "fit", *zinc_args(run_dir, zinc_data_root, *long_fit)],
+                               stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    metrics = run_dir / "csv" / "version_0" / "metrics.csv"
+    deadline = time.monotonic() + 300
+    while not (metrics.is_file() and len(metrics.read_text().splitlines()) > 1):  # it has trained
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
+        time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "Traceback" not in stderr
+    assert "graphormer-urpe: stopped by SIGTERM after the step in progress" in stderr
+    stopped = last_step(run_dir)
+    assert stopped > 0
+    assert_one_last_ckpt(run_dir)
+    assert set(folder(run_dir)) == {"last.ckpt"}  # it never validated: no other checkpoint
+
+    fit(run_dir, zinc_data_root, *long_fit[:-4], "--trainer.max_steps", str(stopped + 2),
+        "--model.total_steps", "100000", "--trainer.check_val_every_n_epoch", "1000", "--ckpt_path", "last")
+    assert last_step(run_dir) == stopped + 2
