@@ -195,7 +195,7 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
 
 def checkpoint_step(path: Path) -> int:
     """The optimizer steps a checkpoint holds (its ``global_step``)."""
-    from graphormer_urpe.training.checkpoint import read_checkpoint
+    from graphormer_urpe.checkpoint import read_checkpoint
 
     return int(read_checkpoint(path)["global_step"])
 
@@ -204,7 +204,7 @@ def best_checkpoint(run_dir: Path) -> tuple[Path, float, int, int, Task]:
     """``(best path, its validation score, its step, last step, the task)`` from the
     ModelCheckpoint state that ``last.ckpt`` carries (the CLI's checkpoint callback monitors the
     task's validation metric, e.g. ``val/mae``)."""
-    from graphormer_urpe.training.checkpoint import read_checkpoint
+    from graphormer_urpe.checkpoint import read_checkpoint
 
     last = read_checkpoint(run_dir / "checkpoints" / "last.ckpt")
     task = get_task(DataFacts.recorded(last.get("hyper_parameters", {}), "task"))

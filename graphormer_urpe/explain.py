@@ -45,7 +45,7 @@ from torch import Tensor
 from graphormer_urpe.arguments import positive_int
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.files import AtomicFile, stop_on_signals, unreadable_as_a_file
-from graphormer_urpe.training.checkpoint import CheckpointError
+from graphormer_urpe.checkpoint import CheckpointError
 from graphormer_urpe.training.load import load_module
 from graphormer_urpe.training.inference import DEFAULT_MAX_NODES, chunk_batches, featurize_chunk
 from graphormer_urpe.training.predictions import InputRow, open_smiles

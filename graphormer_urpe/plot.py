@@ -49,8 +49,8 @@ SYMBOL = {"bias": "B", "scale": "C"}
 
 def load_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
     """``(state_dict, metadata)`` of a synthetic-grid ``.pt``, a Lightning ``.ckpt`` or a bare
-    state_dict, read as plain data (:func:`~graphormer_urpe.training.checkpoint.read_checkpoint`)."""
-    from graphormer_urpe.training.checkpoint import read_checkpoint
+    state_dict, read as plain data (:func:`~graphormer_urpe.checkpoint.read_checkpoint`)."""
+    from graphormer_urpe.checkpoint import read_checkpoint
 
     checkpoint = read_checkpoint(path)
     if not isinstance(checkpoint, Mapping):

@@ -47,7 +47,7 @@ import torch
 from graphormer_urpe.arguments import non_negative_int, positive_int
 from graphormer_urpe.cores import usable_cores
 from graphormer_urpe.files import AtomicFile, same_file, stop_on_signals, unreadable_as_a_file
-from graphormer_urpe.training.checkpoint import CheckpointError
+from graphormer_urpe.checkpoint import CheckpointError
 from graphormer_urpe.training.load import load_module
 from graphormer_urpe.training.inference import (
     DEFAULT_BATCH_SIZE, DEFAULT_MAX_NODES, DEFAULT_MAX_PAIRS, MCDropout, ModelEnsemble, stream_predictions)

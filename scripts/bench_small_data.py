@@ -83,7 +83,7 @@ def write_splits(args: argparse.Namespace, work: Path) -> dict[tuple[str, int], 
 def best_checkpoint(run: Path) -> tuple[Path, float | None]:
     """The run's checkpoint of best validation MAE and that MAE (its last one and None if it never
     validated)."""
-    from graphormer_urpe.training.checkpoint import read_checkpoint
+    from graphormer_urpe.checkpoint import read_checkpoint
 
     last = run / "checkpoints" / "last.ckpt"
     state = next(v for k, v in read_checkpoint(last)["callbacks"].items() if k.startswith("ModelCheckpoint"))

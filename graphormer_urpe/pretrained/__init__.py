@@ -36,7 +36,7 @@ def export(checkpoint: str | Path, out: str | Path) -> dict:
     hyperparameters (without ``init_from``) to ``out``; returns what was written."""
     import torch
 
-    from graphormer_urpe.training.checkpoint import read_checkpoint
+    from graphormer_urpe.checkpoint import read_checkpoint
 
     saved = read_checkpoint(Path(checkpoint))
     state = {k.removeprefix("model."): v.float().contiguous() if v.is_floating_point() else v

@@ -39,7 +39,7 @@ from graphormer_urpe.data.dataset import check_seed
 from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.files import check_writable_dir, same_file
 from graphormer_urpe.training import finetune
-from graphormer_urpe.training.checkpoint import read_checkpoint
+from graphormer_urpe.checkpoint import read_checkpoint
 from graphormer_urpe.training.inference import RETIRED_HPARAMS
 from graphormer_urpe.training.run_checkpoint import (RunCheckpoint, check_run_dir, hold_run_dir,
                                                       run_dirs_released_after)
@@ -119,7 +119,7 @@ class GraphormerCLI(LightningCLI):
 
     def _checkpoint_hparams(self, ckpt_path: str) -> dict:
         """The hyperparameters of the checkpoint the command starts from, read once (as plain
-        data: :func:`~graphormer_urpe.training.checkpoint.read_checkpoint`, which refuses a
+        data: :func:`~graphormer_urpe.checkpoint.read_checkpoint`, which refuses a
         damaged or crafted file in one line)."""
         cached = getattr(self, "_checkpoint", None)
         if cached is None or cached[0] != ckpt_path:

@@ -65,7 +65,7 @@ from graphormer_urpe.data.resident import ResidentSplit, TensorGraphs
 from graphormer_urpe.files import atomic_write
 from graphormer_urpe.nn.graphormer import Graphormer
 from graphormer_urpe.training import finetune
-from graphormer_urpe.training.checkpoint import read_checkpoint
+from graphormer_urpe.checkpoint import read_checkpoint
 from graphormer_urpe.training.inference import build_backbone
 from graphormer_urpe.training.module import GraphormerModule, parameter_groups, set_optimizer_kernel
 from graphormer_urpe.training.schedule import warmup_polynomial_decay

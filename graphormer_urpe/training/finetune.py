@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from graphormer_urpe import pretrained
 from graphormer_urpe.data.facts import DataFacts
-from graphormer_urpe.training.checkpoint import CheckpointError, read_checkpoint
+from graphormer_urpe.checkpoint import CheckpointError, read_checkpoint
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """A model from a checkpoint, verified before use: :func:`load_module` reads a Lightning
-checkpoint with :func:`~graphormer_urpe.training.checkpoint.read_checkpoint` (plain data, zip
+checkpoint with :func:`~graphormer_urpe.checkpoint.read_checkpoint` (plain data, zip
 CRCs checked), then checks that its weights are finite, that its hyperparameters build this
 version's model for their featurizer and task, and that the model predicts a probe molecule; any
-failure is a :class:`~graphormer_urpe.training.checkpoint.CheckpointError` naming the file.
+failure is a :class:`~graphormer_urpe.checkpoint.CheckpointError` naming the file.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from graphormer_urpe.training.checkpoint import CheckpointError, read_checkpoint
+from graphormer_urpe.checkpoint import CheckpointError, read_checkpoint
 from graphormer_urpe.training.inference import RETIRED_HPARAMS, predict_smiles
 from graphormer_urpe.training.predictions import InputRow
 
