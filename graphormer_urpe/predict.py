@@ -42,6 +42,7 @@ import logging
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from graphormer_urpe.arguments import non_negative_int, positive_int
@@ -79,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "std columns (a model trained with dropout; masks seeded by --seed)")
     parser.add_argument("--seed", type=non_negative_int, default=0,
                         help="seed of the --mc-dropout masks (default 0)")
+    parser.add_argument("--evaluate", nargs="+", default=None, metavar="COLUMN",
+                        help="input columns holding measured values, one per target (regression): "
+                             "print RMSE, MAE and, with a std, how well it ranks and covers the "
+                             "errors (one JSON line per target)")
     parser.add_argument("--input", required=True,
                         help="CSV with a 'smiles' column (other columns are kept), or one SMILES a line")
     parser.add_argument("--output", required=True, help="CSV to write (never the input nor the checkpoint)")
@@ -157,6 +162,8 @@ def _predict(args: argparse.Namespace) -> int:
             else:
                 module = (models[0] if len(models) == 1 else ModelEnsemble(models, args.ckpt)).to(device)
             table_input = open_smiles(handle, source)
+            if args.evaluate is not None:
+                _check_evaluate(args.evaluate, table_input.columns, module, source, target)
         except (CheckpointError, ValueError, UnicodeDecodeError) as exc:
             print(f"graphormer-urpe-predict: error: {exc}", file=sys.stderr)
             return 2
@@ -180,7 +187,55 @@ def _predict(args: argparse.Namespace) -> int:
                 return 1
         output.commit()
     log.info("wrote %d rows to %s (%d without prediction)", table.rows_written, target, table.failed)
+    if args.evaluate is not None:
+        _evaluate(args.evaluate, source, target, prediction_columns(module), module.facts.num_targets)
     return 0
+
+
+def _check_evaluate(columns: list[str], header: list[str] | None, module, source: Path, target: Path) -> None:
+    """``--evaluate`` needs a CSV with these columns, one per target of a regression model, and
+    an output it can read back (a regular file)."""
+    if target.exists() and not target.is_file():
+        raise ValueError(f"--evaluate reads the predictions back from --output, so {target} must be a "
+                         "regular file")
+    if header is None:
+        raise ValueError(f"--evaluate needs a CSV input with a header; {source} is one SMILES a line")
+    missing = [c for c in columns if c not in header]
+    if missing:
+        raise ValueError(f"--evaluate: {source} has no column(s) {missing} (columns: {header})")
+    if module.facts.task != "regression":
+        raise ValueError(f"--evaluate scores regression models; this one is {module.facts.task!r}")
+    if len(columns) != module.facts.num_targets:
+        raise ValueError(f"--evaluate needs one column per target: the model has {module.facts.num_targets}, "
+                         f"got {len(columns)}")
+
+
+def _evaluate(columns: list[str], source: Path, target: Path, names: list[str], num_targets: int) -> None:
+    """Score the written predictions against the input's measured values (:mod:`..uncertainty`)."""
+    import json
+
+    from graphormer_urpe.uncertainty import regression_scores
+
+    def numbers(values) -> np.ndarray:
+        out = []
+        for value in values:
+            try:
+                out.append(float(value))
+            except (TypeError, ValueError):  # empty or not a number: not measured
+                out.append(float("nan"))
+        return np.array(out)
+
+    with open(source, newline="", encoding="utf-8-sig") as handle:
+        measured = list(csv.DictReader(handle))
+    with open(target, newline="", encoding="utf-8") as handle:
+        predicted = list(csv.DictReader(handle))
+    for k, column in enumerate(columns):
+        std = numbers(r[names[num_targets + k]] for r in predicted) if len(names) > num_targets else None
+        scores = regression_scores(numbers(r[column] for r in measured),
+                                   numbers(r[names[k]] for r in predicted), std)
+        log.info("%s against %s: %s", names[k], column,
+                 ", ".join(f"{key} {value:.4g}" for key, value in scores.items()))
+        print(json.dumps({"prediction": names[k], "measured": column, **scores}))
 
 
 if __name__ == "__main__":

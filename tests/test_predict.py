@@ -613,3 +613,54 @@ def test_mc_dropout_predicts_a_mean_and_std_from_one_checkpoint(esol_run, esol_c
         lines = [line for line in refused.stderr.splitlines() if line.strip()]
         assert refused.returncode == 2 and len(lines) == 1 and message in lines[0], refused.stderr
         assert not (tmp_path / "refused.csv").exists()
+
+
+def test_evaluate_scores_predictions_and_their_std_against_measured_values(esol_run, esol_csv, tmp_path):
+    """``--evaluate COLUMN`` (the installed command, real ESOL molecules): one JSON line whose
+    errors and uncertainty scores equal those computed here from the written file; a missing
+    column, a plain SMILES list or the wrong number of columns is refused in one line."""
+    from scipy.stats import norm, spearmanr
+
+    _, ckpt = esol_run
+    source = tmp_path / "mols.csv"
+    source.write_text("".join(open(esol_csv).readlines()[:61]))  # header and 60 molecules
+
+    def predict(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(PREDICT), "--ckpt", str(ckpt), "--input", str(source), "--output",
+                               str(tmp_path / "out.csv"), "--quiet", "--workers", "0", *extra],
+                              capture_output=True, text=True, stdin=subprocess.DEVNULL)
+
+    done = predict("--mc-dropout", "8", "--evaluate", ESOL_TARGET)
+    assert done.returncode == 0, done.stderr
+    scores = json.loads(done.stdout.strip().splitlines()[-1])
+    rows = read_output(tmp_path / "out.csv")
+    measured = np.array([float(r[ESOL_TARGET]) for r in rows])
+    mean = np.array([float(r[f"prediction_{ESOL_TARGET}"]) for r in rows])
+    std = np.array([float(r[f"std_{ESOL_TARGET}"]) for r in rows])
+    error = mean - measured
+    assert (scores["prediction"], scores["measured"], scores["molecules"]) == \
+        (f"prediction_{ESOL_TARGET}", ESOL_TARGET, 60)
+    assert scores["rmse"] == pytest.approx(np.sqrt(np.mean(error ** 2)))
+    assert scores["mae"] == pytest.approx(np.mean(np.abs(error)))
+    assert scores["spearman"] == pytest.approx(spearmanr(std, np.abs(error)).statistic)
+    assert scores["nll"] == pytest.approx(np.mean(-norm.logpdf(measured, mean, std)), rel=1e-6)
+    expected = [p for p in np.linspace(0.01, 0.99, 99)]
+    observed = [np.mean((measured >= norm.interval(p, mean, std)[0]) & (measured <= norm.interval(p, mean, std)[1]))
+                for p in expected]
+    assert scores["miscalibration_area"] == pytest.approx(np.mean(np.abs(np.array(observed) - expected)), abs=1e-9)
+    assert scores["within_1_std"] == pytest.approx(np.mean(np.abs(error) <= std))
+
+    plain = predict("--evaluate", ESOL_TARGET)
+    assert plain.returncode == 0 and set(json.loads(plain.stdout.strip().splitlines()[-1])) == \
+        {"prediction", "measured", "molecules", "rmse", "mae"}
+
+    (tmp_path / "list.smi").write_text("CCO\nc1ccccc1\n")
+    (tmp_path / "out.csv").unlink()
+    for extra, message in (
+            (["--evaluate", "solubility"], "has no column(s) ['solubility']"),
+            (["--evaluate", ESOL_TARGET, "smiles"], "one column per target: the model has 1, got 2"),
+            (["--evaluate", ESOL_TARGET, "--input", str(tmp_path / "list.smi")], "needs a CSV input with a header")):
+        refused = predict(*extra)
+        lines = [line for line in refused.stderr.splitlines() if line.strip()]
+        assert refused.returncode == 2 and len(lines) == 1 and message in lines[0], refused.stderr
+        assert not (tmp_path / "out.csv").exists()

@@ -79,7 +79,7 @@ class GraphDataModule(pl.LightningDataModule):
             smaller batch of each epoch is dropped), padded to the training split's largest node
             count and to the most edges any ``batch_size`` of its graphs have
             (:meth:`~.batch.BatchPadding.covering`). Needed to capture training steps in CUDA
-            graphs (``GraphormerModule(cuda_graphs=True)``); padding changes no loss or gradient.
+            graphs (the training engine, with ``device_resident``); padding changes no loss or gradient.
             Evaluation batches are not padded.
         bucket_batches: train on batches of similar-sized graphs, sorted by node count within
             windows of this many batches of the shuffled order (:class:`SeededShuffleSampler`);
