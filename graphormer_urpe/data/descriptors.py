@@ -17,7 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
+from graphormer_urpe.data import property_csv
 from graphormer_urpe.data.datamodule import SMILESTableDataModule
+from graphormer_urpe.data.featurize import featurizer_spec, file_fingerprint, parallel_map
+from graphormer_urpe.files import unreadable_as_a_file
 
 #: Left out: ``Ipc`` (spans 50 orders of magnitude), ``qed`` (a composite of the others and the
 #: slowest), ``SPS`` and the eight ``BCUT2D_*`` (slow; charges and masses are covered by others).
@@ -73,11 +76,7 @@ def read_smiles_file(path: str | os.PathLike, smiles_column: str = "smiles") -> 
     one SMILES per line (its first field; gzip when the name ends in ``.gz``)."""
     path = Path(path)
     if ".csv" in path.suffixes:
-        from graphormer_urpe.data import property_csv
-
-        property_csv.resolve_columns(path, smiles_column, target_columns=None)
-        table = property_csv._read_csv(path, usecols=[smiles_column], dtype=str, keep_default_na=False)
-        return [s.strip() for s in table[smiles_column]]
+        return property_csv.read_smiles_column(path, smiles_column)
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:
         return [line.split()[0] if line.strip() else "" for line in f]
@@ -89,7 +88,6 @@ def cached_descriptors(directory: Path, source: dict, smiles: Sequence[str], num
     entry ``directory`` keyed by ``source`` and the RDKit version."""
     import rdkit
 
-    from graphormer_urpe.data.featurize import parallel_map
     from graphormer_urpe.data.store import cached_entry
 
     names = descriptor_names()
@@ -124,10 +122,6 @@ class DescriptorDataModule(SMILESTableDataModule):
                  cache_root: str = "data/descriptors", batch_size: int = 128, featurizer: str = "ogb",
                  **kwargs) -> None:
         super().__init__(batch_size=batch_size, **kwargs)
-        from graphormer_urpe.data import property_csv
-        from graphormer_urpe.data.featurize import featurizer_spec
-        from graphormer_urpe.files import unreadable_as_a_file
-
         self.path = Path(path)
         problem = unreadable_as_a_file(self.path)
         if problem:
@@ -145,8 +139,6 @@ class DescriptorDataModule(SMILESTableDataModule):
         return len(self.target_columns)
 
     def table_source(self) -> tuple[Path, dict, Callable[[], tuple[Sequence[str], np.ndarray]]]:
-        from graphormer_urpe.data.featurize import file_fingerprint
-
         file = file_fingerprint(self.path)
         source = {**file, "smiles_column": self.smiles_column, "targets": "standardized rdkit descriptors",
                   "names": self.target_columns}
@@ -163,8 +155,6 @@ class DescriptorDataModule(SMILESTableDataModule):
         return work_dir.with_name(work_dir.name + suffix), source, read
 
     def split_rows(self, graph_of_row: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
-        from graphormer_urpe.data import property_csv
-
         valid = np.flatnonzero((graph_of_row >= 0) & np.isfinite(y).any(axis=1))
         property_csv.warn_rejected_rows(self.path, np.setdiff1d(np.arange(len(y)), valid), len(y),
                                         "that RDKit or the featurizer rejects")

@@ -59,6 +59,20 @@ def resolve_columns(path: str | os.PathLike, smiles_column: str = "smiles",
     return targets
 
 
+def read_smiles_column(path: str | os.PathLike, smiles_column: str = "smiles") -> list[str]:
+    """The stripped SMILES of ``smiles_column`` of a CSV that may have no other column;
+    ``ValueError`` naming the file for a missing file or column."""
+    path = Path(path)
+    problem = unreadable_as_a_file(path)
+    if problem:
+        raise ValueError(f"CSV file {path} {problem}")
+    columns = list(_read_csv(path, nrows=0).columns)
+    if smiles_column not in columns:
+        raise ValueError(f"{path} has no SMILES column {smiles_column!r} (columns: {columns})")
+    table = _read_csv(path, usecols=[smiles_column], dtype=str, keep_default_na=False)
+    return [s.strip() for s in table[smiles_column]]
+
+
 def _read_csv(path: Path, **kwargs):
     """``pandas.read_csv`` with one-line ``ValueError`` naming the file for an empty file and
     for bytes that are not UTF-8."""

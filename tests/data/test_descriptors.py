@@ -99,3 +99,11 @@ def test_an_empty_smiles_file_is_one_line(tmp_path):
     data = DescriptorDataModule(path=str(tmp_path / "empty.smi"), cache_root=str(tmp_path / "cache"), build_workers=1)
     with pytest.raises(ValueError, match=r"empty\.smi holds no SMILES"):
         data.store()
+
+
+def test_a_csv_with_a_smiles_column_alone_is_read(zinc_source, tmp_path):
+    smiles = zinc_smiles_file(zinc_source, tmp_path / "zinc.smi", 30)
+    (tmp_path / "zinc.csv").write_text("smiles\n" + "\n".join(smiles) + "\n")
+    assert desc.read_smiles_file(tmp_path / "zinc.csv") == smiles
+    with pytest.raises(ValueError, match=r"zinc\.csv has no SMILES column 'SMILES'"):
+        desc.read_smiles_file(tmp_path / "zinc.csv", smiles_column="SMILES")
