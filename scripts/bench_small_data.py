@@ -34,6 +34,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from graphormer_urpe.ablation import best_checkpoint
+
 REPO = Path(__file__).resolve().parents[1]
 ESOL = REPO.parent / "shared" / "data" / "moleculenet" / "esol.csv"
 ESOL_TARGET = "measured log solubility in mols per litre"
@@ -80,18 +82,6 @@ def write_splits(args: argparse.Namespace, work: Path) -> dict[tuple[str, int], 
     return files
 
 
-def best_checkpoint(run: Path) -> tuple[Path, float | None]:
-    """The run's checkpoint of best validation MAE and that MAE (its last one and None if it never
-    validated)."""
-    from graphormer_urpe.checkpoint import read_checkpoint
-
-    last = run / "checkpoints" / "last.ckpt"
-    state = next(v for k, v in read_checkpoint(last)["callbacks"].items() if k.startswith("ModelCheckpoint"))
-    if not state.get("best_model_path"):
-        return last, None
-    return Path(state["best_model_path"]), float(state["best_model_score"])
-
-
 def train_graphormer(args: argparse.Namespace, run: Path, splits: Path, seed: int, scratch: bool
                      ) -> tuple[Path | None, float]:
     """``(test predictions, or None with --validation-only; best validation MAE)``."""
@@ -104,7 +94,7 @@ def train_graphormer(args: argparse.Namespace, run: Path, splits: Path, seed: in
                "--trainer.default_root_dir", str(run), "--trainer.enable_progress_bar", "false",
                *(["--model.init_from", "null"] if scratch else []), *args.graphormer_args]
     run_logged(command, run / "run.log")
-    best, val_mae = best_checkpoint(run)
+    best, val_mae, *_ = best_checkpoint(run)
     if args.validation_only:
         return None, val_mae
     predictions = run / "test_predictions.csv"

@@ -22,7 +22,7 @@ TINY = {"num_layers": 2, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2}
 def bench(work: Path, esol: Path, *extra: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "scripts/bench_small_data.py", "--csv", str(esol), "--seeds", "3",
                "--splits", "scaffold", "--jobs", "1", "--work", str(work), *extra,
-               f"--graphormer-args=--trainer.max_steps 2 --model.backbone '{json.dumps(TINY)}' "
+               f"--graphormer-args=--trainer.max_steps 2 --trainer.val_check_interval 2 --model.backbone '{json.dumps(TINY)}' "
                "--trainer.enable_model_summary false"]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})

@@ -14,6 +14,7 @@ featurize the chunks and, on the CPU, predict them with one torch thread each.
 """
 from __future__ import annotations
 
+import contextlib
 import signal
 import zlib
 from collections import deque
@@ -167,19 +168,16 @@ class MCDropout(nn.Module):
         return {"index": batch.index, "prediction": each.mean(0), "std": each.std(0, correction=0)}
 
 
-class _dropout_on:
+@contextlib.contextmanager
+def _dropout_on(model: nn.Module) -> Iterator[None]:
     """Dropout layers in training mode inside the block (nothing else in the backbone depends on
     the mode), restored after."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model
-
-    def __enter__(self) -> None:
-        self.was_training = self.model.training
-        self.model.train()
-
-    def __exit__(self, *exc) -> None:
-        self.model.train(self.was_training)
+    was_training = model.training
+    model.train()
+    try:
+        yield
+    finally:
+        model.train(was_training)
 
 
 # ---------------------------------------------------------------------------- prediction
@@ -277,7 +275,7 @@ def chunk_batches(facts: DataFacts, chunk: RawChunk, max_pairs: int, batch_size:
 
 def predict_chunk(module, chunk: RawChunk, num_rows: int, max_pairs: int, batch_size: int) -> np.ndarray:
     """``[num_rows, len(prediction_columns(module))]`` predictions of one featurized chunk (NaN
-    for its rejected rows): the targets, then (an ensemble) their standard deviations."""
+    for its rejected rows): the targets, then (an ensemble, MC dropout) their standard deviations."""
     out = np.full((num_rows, len(prediction_columns(module))), np.nan, dtype=np.float32)
     device = next(module.parameters()).device
     with torch.inference_mode():
