@@ -510,6 +510,19 @@ class Ensemble:
             callback.last_model_path = str(last)
             _atomic_save(self._member_checkpoint(index), last)
 
+    def _local_best(self, member: Member, best: tuple[str, float] | None) -> tuple[str, float] | None:
+        """A saved best checkpoint, found by name in the member's checkpoint directory (a state
+        moved with its run directories still finds them). A missing file is forgotten, so the
+        next validation saves a new best instead of pointing at nothing."""
+        if best is None:
+            return None
+        path = Path(member.checkpoint.dirpath) / Path(best[0]).name
+        if not path.exists():
+            self.progress(f"ensemble: {member.spec.label}'s best checkpoint {path} is missing; "
+                          "the next validation saves a new one")
+            return None
+        return str(path), best[1]
+
     def _restore_callbacks(self) -> None:
         for member, best in zip(self.members, self.best):
             if best is not None:
@@ -554,11 +567,13 @@ class Ensemble:
         set_optimizer_kernel(self.optimizer)
         self._point_lr()
         self.scheduler.load_state_dict(state["scheduler"])
-        self.step, self.epoch, self.best = state["step"], state["epoch"], state["best"]
+        self.step, self.epoch = state["step"], state["epoch"]
+        self.best = [self._local_best(member, best) for member, best in zip(self.members, state["best"])]
         torch.set_rng_state(state["rng"].cpu())
         if state["cuda_rng"] is not None and self.device.type == "cuda":
             torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda_rng"]])
         self._restore_callbacks()
+        self._drop_rows_after_state()
         self.progress(f"ensemble: resuming at step {self.step} (epoch {self.epoch}) from {self.state_path}")
 
     # The loop ------------------------------------------------------------------------------
@@ -581,6 +596,22 @@ class Ensemble:
                 if new:
                     writer.writeheader()
                 writer.writerow(row)
+
+    def _drop_rows_after_state(self) -> None:
+        """Metric rows logged after the saved state (a run stopped between two saves) are
+        removed: the resumed run logs those steps again."""
+        for member in self.members:
+            path = member.run_dir / METRICS_FILE
+            if not path.exists():
+                continue
+            with open(path, newline="") as handle:
+                rows = list(csv.DictReader(handle))
+            kept = [row for row in rows if int(row["step"]) < self.step]
+            if len(kept) < len(rows):
+                with atomic_write(path) as handle:
+                    writer = csv.DictWriter(handle, ["epoch", "step", "train/loss", "val/mae"])
+                    writer.writeheader()
+                    writer.writerows(kept)
 
     def fit(self, stop_at_step: int | None = None) -> None:
         """Train to the budget (or to the first epoch end at or after ``stop_at_step``: a chunk,

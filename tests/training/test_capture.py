@@ -1,8 +1,9 @@
 """The shape-stable, sync-free training step that a GPU records in a CUDA graph (the training
 engine and the stacked ensemble on ``static_shapes`` batches), checked on CPU: padding changes no
 loss or gradient, the loss has no data-dependent shape, the compiled edge encoding equals the
-eager one, and the whole step at the paper's ZINC recipe shape (one run and six stacked) makes no
-host read, no data-dependent shape, and keeps every buffer in place across steps."""
+eager one, and the whole step at the paper's ZINC recipe shape (one run, and the six stacked runs
+of the paper's ablation resumed from their saved state) makes no host read, no data-dependent
+shape, and keeps every buffer in place across steps."""
 from __future__ import annotations
 
 import json
@@ -266,24 +267,45 @@ def test_engine_step_at_the_recipe_shape_is_capturable(zinc_data_root):
     assert len(addresses[2]) > 3 * len(list(module.parameters()))  # parameters, two moments, step
 
 
-def test_ensemble_step_of_six_at_the_recipe_shape_is_capturable(zinc_data_root, tmp_path):
-    """Six stacked runs (W = 6: URPE and RPE x seeds 0, 1, 2): the stacked step (forward under
-    vmap, backward, RPE masks, clipping per member, AdamW) at the recipe's shape with dropout on
-    runs 2 steps without an operator a CUDA graph refuses, with parameters, gradients and AdamW
-    state at the same addresses across them."""
-    from graphormer_urpe.training.ensemble import Ensemble, MemberSpec
+def test_the_paper_ablation_in_progress_trains_two_more_capturable_steps(zinc_data_root, tmp_path, monkeypatch):
+    """The paper's ZINC ablation in progress (``results/runs/zinc-paper``: six stacked runs, URPE
+    and RPE x seeds 0, 1, 2, trained on a GPU in pieces) resumes from its saved state on a CPU and
+    trains two more steps at the recipe's shape (slim, batch 256, 20 hops, dropout on): without
+    an operator a CUDA graph refuses, with parameters, gradients and AdamW state at the same
+    addresses across the steps, and a saved state two steps on. So the state the next piece
+    starts from can never be unusable."""
+    import csv
+    import shutil
+
+    from graphormer_urpe.checkpoint import read_checkpoint
+    from graphormer_urpe.training.ensemble import METRICS_FILE, STATE_FILE, Ensemble, MemberSpec
+
+    # The members' arguments name configs/, data/ and results/runs/ relative to the repository
+    # root: a copy of the run directories beside the configs and the test's ZINC.
+    runs = Path("results") / "runs" / "zinc-paper"
+    shutil.copytree(REPO / runs, tmp_path / "work" / runs)
+    (tmp_path / "work" / "configs").symlink_to(REPO / "configs", target_is_directory=True)
+    (tmp_path / "work" / "data").symlink_to(zinc_data_root, target_is_directory=True)
+    monkeypatch.chdir(tmp_path / "work")
+    state_path = runs / "ensemble" / STATE_FILE
+    saved = read_checkpoint(state_path, "cpu", what="ensemble state")
+    run_dirs = [Path(args[args.index("--trainer.default_root_dir") + 1]) for args in saved["members"]]
+    assert sorted(d.name for d in run_dirs) == [f"{arm}-s{seed}" for arm in ("rpe", "urpe") for seed in (0, 1, 2)]
 
     torch.set_num_threads(os.cpu_count() or 1)  # large tensors: all cores (the fixture restores 1)
-    specs = [MemberSpec(f"{arm}-s{seed}", (
-        "--config", str(REPO / "configs" / "zinc.yaml"), "--model.backbone", json.dumps({"attention": arm}),
-        "--seed_everything", str(seed), "--data.init_args.seed", str(seed),
-        "--trainer.default_root_dir", str(tmp_path / f"{arm}-s{seed}"), "--trainer.precision", "32-true",
-        "--trainer.gradient_clip_val", "5.0", "--trainer.max_steps", "10", "--model.warmup_steps", "2",
-        "--data.init_args.root", str(zinc_data_root)))
-        for seed in range(3) for arm in ("urpe", "rpe")]
-    ensemble = Ensemble(specs, tmp_path / "state")
+    lines: list[str] = []
+    ensemble = Ensemble([MemberSpec(f"zinc-paper/{d.name}", tuple(args)) for d, args in zip(run_dirs, saved["members"])],
+                        runs / "ensemble", device="cpu", progress=lines.append)
+    assert ensemble.step == saved["step"] > 0 and ensemble.epoch == saved["epoch"]
     assert ensemble.batch_size == 256 and ensemble.template.model.max_hops == 20
     assert ensemble.template.model.capture_safe
+    # Best checkpoints stay on the machine that trained them: each is named as missing, and the
+    # next validation saves a new one.
+    assert sum("best checkpoint" in line and "missing" in line for line in lines) == len(run_dirs)
+    ensemble.settings["max_steps"] = saved["step"] + 2
+    # The recipe's bf16 autocast is a GPU's: a CPU's bf16 matmuls are ~5x slower than float32,
+    # and the state (float32 weights and AdamW moments) is the same for both.
+    ensemble.autocast_dtype = None
     guard, addresses = CaptureGuard(), []
     body = ensemble._step_body
 
@@ -296,8 +318,22 @@ def test_ensemble_step_of_six_at_the_recipe_shape_is_capturable(zinc_data_root, 
         return losses
 
     ensemble._step_body = guarded_body
-    orders = ensemble.epoch_orders()
-    losses = [ensemble.train_step(ensemble.member_batches(orders, index)) for index in range(2)]
-    assert all(torch.isfinite(loss).all() and loss.shape == (6,) for loss in losses)
+    ensemble.fit()
     assert guard.ops > 1000 and guard.refused == []
-    assert addresses[0] == addresses[1]
+    assert len(addresses) == 2 and addresses[0] == addresses[1]
+
+    resumed = read_checkpoint(state_path, "cpu", what="ensemble state")
+    assert resumed["step"] == saved["step"] + 2
+    assert resumed["scheduler"]["last_epoch"] == saved["scheduler"]["last_epoch"] + 2
+    moved = 0
+    for name, before in saved["params"].items():
+        after = resumed["params"][name]
+        assert after.shape == before.shape and torch.isfinite(after).all(), name
+        moved += not torch.equal(after, before)
+    assert moved > len(saved["params"]) // 2  # two AdamW steps move most tensors
+    for run_dir in run_dirs:
+        last = read_checkpoint(run_dir / "checkpoints" / "last.ckpt", "cpu", what="checkpoint")
+        assert last["global_step"] == saved["step"] + 2
+        with open(run_dir / METRICS_FILE, newline="") as handle:
+            steps = [int(row["step"]) for row in csv.DictReader(handle)]
+        assert steps == sorted(steps) and steps[-1] < saved["step"]  # nothing logged twice

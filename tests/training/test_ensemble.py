@@ -15,7 +15,7 @@ import torch
 
 from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.training.cli import build_cli
-from graphormer_urpe.training.ensemble import Ensemble, MemberSpec
+from graphormer_urpe.training.ensemble import METRICS_FILE, Ensemble, MemberSpec
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = {"num_layers": 2, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2}
@@ -179,6 +179,9 @@ def test_a_stopped_ensemble_resumes_exactly(zinc_data_root, tmp_path, one_torch_
     first = Ensemble(specs(tmp_path, zinc_data_root, backbone, "resumed"), tmp_path / "r")
     first.fit(stop_at_step=1)  # the chunk ends with the first epoch (3 steps)
     assert first.step == 3 and (tmp_path / "r" / "state.pt").exists()
+    for member in ("urpe-s0", "rpe-s1"):  # a row logged after the save, then killed
+        with open(tmp_path / "resumed" / member / METRICS_FILE, "a", newline="") as handle:
+            handle.write("1,3,9.9,\r\n")
     resumed = Ensemble(specs(tmp_path, zinc_data_root, backbone, "resumed"), tmp_path / "r")
     assert resumed.step == 3
     resumed.fit()
@@ -191,6 +194,9 @@ def test_a_stopped_ensemble_resumes_exactly(zinc_data_root, tmp_path, one_torch_
         assert all(torch.equal(a["state_dict"][k], v) for k, v in b["state_dict"].items())
         state = lambda c: c["callbacks"][next(iter(c["callbacks"]))]  # noqa: E731
         assert Path(state(a)["best_model_path"]).name == Path(state(b)["best_model_path"]).name
+        for column in ("train/loss", "val/mae"):  # each step logged once, as without the stop
+            assert (logged(tmp_path / "resumed" / member / METRICS_FILE, column)
+                    == logged(tmp_path / "straight" / member / METRICS_FILE, column))
     # Another set of runs refuses the state.
     with pytest.raises(ValueError, match="belongs to other runs"):
         Ensemble(specs(tmp_path, zinc_data_root, backbone, "other"), tmp_path / "r")
