@@ -8,7 +8,9 @@ them holds each target's standard deviation over the models (``prediction_logS``
 ``std_logS``): how much models trained alike disagree on that molecule, a first sign of an
 unreliable prediction (``docs/uncertainty.md`` measures how well it ranks the errors).
 ``--mc-dropout N`` gives the same columns from one checkpoint trained with dropout: N predictions
-with dropout on (Monte Carlo dropout), their mean and standard deviation.
+with dropout on (Monte Carlo dropout), their mean and standard deviation. ``--calibrate VAL.csv``
+scales each std by the factor that fits the errors on labelled held-out molecules (their
+measured values in the columns of the model's targets), so it can be read as a Gaussian error bar.
 
 Input: a CSV whose header has a ``smiles`` column (any case), or any other file with one SMILES
 a line (UTF-8, a byte-order mark is ignored). Output: one CSV row per input row, in input order:
@@ -51,7 +53,8 @@ from graphormer_urpe.files import AtomicFile, same_file, stop_on_signals, unread
 from graphormer_urpe.checkpoint import CheckpointError
 from graphormer_urpe.training.load import load_module
 from graphormer_urpe.training.inference import (
-    DEFAULT_BATCH_SIZE, DEFAULT_MAX_NODES, DEFAULT_MAX_PAIRS, MCDropout, ModelEnsemble, stream_predictions)
+    DEFAULT_BATCH_SIZE, DEFAULT_MAX_NODES, DEFAULT_MAX_PAIRS, MCDropout, ModelEnsemble, ScaledStd,
+    stream_predictions)
 from graphormer_urpe.training.predictions import (
     PredictionTable, count_lines, open_smiles, prediction_columns)
 
@@ -84,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="input columns holding measured values, one per target (regression): "
                              "print RMSE, MAE and, with a std, how well it ranks and covers the "
                              "errors (one JSON line per target)")
+    parser.add_argument("--calibrate", default=None, metavar="CSV",
+                        help="molecules with measured values in the model's target columns, unseen "
+                             "in training (e.g. the validation split): each std column is scaled "
+                             "to fit their errors (needs a std: several --ckpt or --mc-dropout)")
     parser.add_argument("--input", required=True,
                         help="CSV with a 'smiles' column (other columns are kept), or one SMILES a line")
     parser.add_argument("--output", required=True, help="CSV to write (never the input nor the checkpoint)")
@@ -145,9 +152,12 @@ def main(argv: list[str] | None = None) -> int:
 def _predict(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     source, target = Path(args.input), Path(args.output)
+    calibration = Path(args.calibrate) if args.calibrate is not None else None
     try:
         device = _check_device(args.device)
         _check_paths(source, target, [Path(ckpt) for ckpt in args.ckpt])
+        if calibration is not None:
+            _check_paths(calibration, target, [Path(ckpt) for ckpt in args.ckpt])
         output = AtomicFile(target)  # fails now, not after the predictions, if unwritable
     except (FileNotFoundError, ValueError, OSError) as exc:
         print(f"graphormer-urpe-predict: error: {exc}", file=sys.stderr)
@@ -164,32 +174,96 @@ def _predict(args: argparse.Namespace) -> int:
             table_input = open_smiles(handle, source)
             if args.evaluate is not None:
                 _check_evaluate(args.evaluate, table_input.columns, module, source, target)
+            if calibration is not None:
+                measured_columns = _check_calibrate(module, calibration)
         except (CheckpointError, ValueError, UnicodeDecodeError) as exc:
             print(f"graphormer-urpe-predict: error: {exc}", file=sys.stderr)
             return 2
-        from tqdm import tqdm
-
-        table = PredictionTable(output.handle, prediction_columns(module), table_input.columns)
-        total = count_lines(source) - (table_input.columns is not None)
-        with tqdm(total=max(total, 0), unit="mol", disable=args.quiet, file=sys.stderr,
-                  mininterval=1.0, desc="predict") as progress:
+        if calibration is not None:
             try:
-                stream_predictions(module, table_input.rows, table, max_nodes=args.max_nodes,
-                                   max_pairs=args.max_pairs, batch_size=args.batch_size,
-                                   chunk_rows=args.chunk_rows, workers=args.workers, progress=progress)
-            except (UnicodeDecodeError, csv.Error) as exc:
-                print(f"graphormer-urpe-predict: error: {source}: {exc}; nothing written",
+                module = _calibrated(module, calibration, measured_columns, args)
+            except (UnicodeDecodeError, csv.Error, ValueError) as exc:
+                print(f"graphormer-urpe-predict: error: {calibration}: {exc}; nothing written",
                       file=sys.stderr)
                 return 2
-            except OSError as exc:  # e.g. disk full: the previous output stays as it was
-                print(f"graphormer-urpe-predict: error: cannot write {target}: {exc}; nothing written",
-                      file=sys.stderr)
-                return 1
+        table = PredictionTable(output.handle, prediction_columns(module), table_input.columns)
+        try:
+            _stream(module, table_input, table, source, args, "predict")
+        except (UnicodeDecodeError, csv.Error) as exc:
+            print(f"graphormer-urpe-predict: error: {source}: {exc}; nothing written", file=sys.stderr)
+            return 2
+        except OSError as exc:  # e.g. disk full: the previous output stays as it was
+            print(f"graphormer-urpe-predict: error: cannot write {target}: {exc}; nothing written",
+                  file=sys.stderr)
+            return 1
         output.commit()
     log.info("wrote %d rows to %s (%d without prediction)", table.rows_written, target, table.failed)
     if args.evaluate is not None:
-        _evaluate(args.evaluate, source, target, prediction_columns(module), module.facts.num_targets)
+        names, num_targets = prediction_columns(module), module.facts.num_targets
+        for k, (measured, predicted, std) in enumerate(
+                _read_back(args.evaluate, source, target, names, num_targets)):
+            _report(names[k], args.evaluate[k], measured, predicted, std)
     return 0
+
+
+def _stream(module, table_input, table: PredictionTable, source: Path, args: argparse.Namespace,
+            desc: str) -> None:
+    """Predict every row of ``table_input`` into ``table``, with a progress bar named ``desc``."""
+    from tqdm import tqdm
+
+    total = count_lines(source) - (table_input.columns is not None)
+    with tqdm(total=max(total, 0), unit="mol", disable=args.quiet, file=sys.stderr,
+              mininterval=1.0, desc=desc) as progress:
+        stream_predictions(module, table_input.rows, table, max_nodes=args.max_nodes,
+                           max_pairs=args.max_pairs, batch_size=args.batch_size,
+                           chunk_rows=args.chunk_rows, workers=args.workers, progress=progress)
+
+
+def _check_calibrate(module, calibration: Path) -> list[str]:
+    """``--calibrate`` scales a std of a regression model whose checkpoint names its targets,
+    and needs a CSV with those columns: the measured columns, in target order."""
+    if not getattr(module, "predicts_std", False):
+        raise ValueError("--calibrate scales the std columns: give several --ckpt or --mc-dropout N")
+    if module.facts.task != "regression":
+        raise ValueError(f"--calibrate scales a regression model's std; this one is {module.facts.task!r}")
+    names = module.hparams.get("target_names")
+    if not names:
+        raise ValueError("--calibrate reads the measured values from the columns of the model's targets, "
+                         "and this checkpoint records no target names")
+    with open(calibration, newline="", encoding="utf-8-sig") as handle:
+        header = open_smiles(handle, calibration).columns
+    if header is None:
+        raise ValueError(f"--calibrate needs a CSV with a header; {calibration} is one SMILES a line")
+    missing = [name for name in names if name not in header]
+    if missing:
+        raise ValueError(f"--calibrate: {calibration} has no column(s) {missing} of the model's "
+                         f"targets (columns: {header})")
+    return list(names)
+
+
+def _calibrated(module, calibration: Path, columns: list[str], args: argparse.Namespace) -> ScaledStd:
+    """``module`` with each target's std scaled by :func:`~graphormer_urpe.uncertainty.std_scale`
+    fitted on the molecules of ``calibration`` (predicted to a temporary file, then read back)."""
+    import tempfile
+
+    from graphormer_urpe.uncertainty import std_scale
+
+    names, num_targets = prediction_columns(module), module.facts.num_targets
+    with tempfile.TemporaryDirectory() as scratch:
+        predicted = Path(scratch) / "calibration.csv"
+        with open(calibration, newline="", encoding="utf-8-sig") as handle, \
+                open(predicted, "w", newline="", encoding="utf-8") as out:
+            table_input = open_smiles(handle, calibration)
+            _stream(module, table_input, PredictionTable(out, names, table_input.columns),
+                    calibration, args, "calibrate")
+        scales = []
+        for k, (measured, prediction, std) in enumerate(
+                _read_back(columns, calibration, predicted, names, num_targets)):
+            scale, count = std_scale(measured, prediction, std)
+            log.info("%s scaled by %.4g (fitted on %d molecules of %s)", names[num_targets + k], scale,
+                     count, calibration)
+            scales.append(scale)
+    return ScaledStd(module, scales)
 
 
 def _check_evaluate(columns: list[str], header: list[str] | None, module, source: Path, target: Path) -> None:
@@ -210,32 +284,38 @@ def _check_evaluate(columns: list[str], header: list[str] | None, module, source
                          f"got {len(columns)}")
 
 
-def _evaluate(columns: list[str], source: Path, target: Path, names: list[str], num_targets: int) -> None:
-    """Score the written predictions against the input's measured values (:mod:`..uncertainty`)."""
-    import json
+def _numbers(values) -> np.ndarray:
+    out = []
+    for value in values:
+        try:
+            out.append(float(value))
+        except (TypeError, ValueError):  # empty or not a number: not measured
+            out.append(float("nan"))
+    return np.array(out)
 
-    from graphormer_urpe.uncertainty import regression_scores
 
-    def numbers(values) -> np.ndarray:
-        out = []
-        for value in values:
-            try:
-                out.append(float(value))
-            except (TypeError, ValueError):  # empty or not a number: not measured
-                out.append(float("nan"))
-        return np.array(out)
-
+def _read_back(columns: list[str], source: Path, target: Path, names: list[str], num_targets: int):
+    """Per target: ``(measured, predicted, std or None)`` arrays, the measured values from
+    ``source``'s ``columns`` and the predictions written to ``target`` (same rows, in order)."""
     with open(source, newline="", encoding="utf-8-sig") as handle:
         measured = list(csv.DictReader(handle))
     with open(target, newline="", encoding="utf-8") as handle:
         predicted = list(csv.DictReader(handle))
     for k, column in enumerate(columns):
-        std = numbers(r[names[num_targets + k]] for r in predicted) if len(names) > num_targets else None
-        scores = regression_scores(numbers(r[column] for r in measured),
-                                   numbers(r[names[k]] for r in predicted), std)
-        log.info("%s against %s: %s", names[k], column,
-                 ", ".join(f"{key} {value:.4g}" for key, value in scores.items()))
-        print(json.dumps({"prediction": names[k], "measured": column, **scores}))
+        std = _numbers(r[names[num_targets + k]] for r in predicted) if len(names) > num_targets else None
+        yield _numbers(r[column] for r in measured), _numbers(r[names[k]] for r in predicted), std
+
+
+def _report(name: str, column: str, measured: np.ndarray, predicted: np.ndarray, std) -> None:
+    """Score the predictions against the measured values (:mod:`..uncertainty`): a log line and
+    a JSON line."""
+    import json
+
+    from graphormer_urpe.uncertainty import regression_scores
+
+    scores = regression_scores(measured, predicted, std)
+    log.info("%s against %s: %s", name, column, ", ".join(f"{key} {value:.4g}" for key, value in scores.items()))
+    print(json.dumps({"prediction": name, "measured": column, **scores}))
 
 
 if __name__ == "__main__":

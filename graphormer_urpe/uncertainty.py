@@ -53,3 +53,16 @@ def regression_scores(measured: np.ndarray, predicted: np.ndarray, std: np.ndarr
         within_2_std=float(np.mean(np.abs(error) <= 2 * sigma)),
     )
     return scores
+
+
+def std_scale(measured: np.ndarray, predicted: np.ndarray, std: np.ndarray) -> tuple[float, int]:
+    r"""The factor :math:`s` for which :math:`N(\hat y, (s \sigma)^2)` makes the measured values
+    most likely (sigma scaling, Levi et al., 2022; chemprop's ``zscaling``):
+    :math:`s^2 = \mathrm{mean}((y - \hat y)^2 / \sigma^2)`, over the molecules where all three are
+    finite and the std is positive; with their number. ``ValueError`` if there is none."""
+    measured, predicted, std = (np.asarray(a, np.float64) for a in (measured, predicted, std))
+    usable = np.isfinite(measured) & np.isfinite(predicted) & np.isfinite(std) & (std > 0)
+    if not usable.any():
+        raise ValueError("no molecule with a measured value, a prediction and a positive std")
+    z = (predicted[usable] - measured[usable]) / std[usable]
+    return float(np.sqrt(np.mean(z ** 2))), int(usable.sum())

@@ -10,7 +10,8 @@
 3. Score: test RMSE of each model and of the mean; how the std ranks the errors (Spearman's rank
    correlation of std with |error|; RMSE of the half with the smallest std against the other
    half); how often the measured value lies within 1 and 2 std of the mean, also after scaling
-   the std by one factor fitted on the validation split (the RMS of error / std there). Print the
+   the std by one factor fitted on the validation split (the installed command's ``--calibrate``:
+   the RMS of error / std there). Print the
    table and a final JSON line, and write both to ``<work>/uncertainty_esol.{md,json}``.
 
     python scripts/uncertainty_esol.py [--work runs/uncertainty_esol] [--seeds 0 1 2 3 4] [--jobs 2]
@@ -53,7 +54,7 @@ def train(work: Path, seed: int) -> Path:
 
 def write_splits(work: Path, splits: tuple[str, ...]) -> dict[str, np.ndarray]:
     """Each scaffold split of ESOL in ``splits`` (as the runs' DataModule splits it) as a CSV of
-    SMILES, ``<work>/<split>_smiles.csv``; returns their measured values."""
+    SMILES and measured values, ``<work>/<split>_smiles.csv``; returns the measured values."""
     from graphormer_urpe.data import CSVDataModule
 
     data = CSVDataModule(path=str(ESOL), target_columns=[TARGET], split="scaffold",
@@ -66,16 +67,16 @@ def write_splits(work: Path, splits: tuple[str, ...]) -> dict[str, np.ndarray]:
         rows = rows_of[split]
         with open(work / f"{split}_smiles.csv", "w", newline="") as handle:
             writer = csv.writer(handle)
-            writer.writerow(["smiles"])
-            writer.writerows([smiles[row]] for row in rows)
+            writer.writerow(["smiles", TARGET])
+            writer.writerows([smiles[row], y[row][0]] for row in rows)
         measured[split] = np.asarray(y, dtype=np.float64)[rows, 0]
     return measured
 
 
-def predict(ckpts: list[Path], source: Path, output: Path) -> tuple[np.ndarray, np.ndarray | None]:
+def predict(ckpts: list[Path], source: Path, output: Path, *extra: str) -> tuple[np.ndarray, np.ndarray | None]:
     """The installed command's mean (and std, for several checkpoints) per molecule."""
     subprocess.run([str(PREDICT), "--ckpt", *map(str, ckpts), "--input", str(source), "--output",
-                    str(output), "--quiet", "--workers", "1"], check=True)
+                    str(output), "--quiet", "--workers", "1", *extra], check=True)
     with open(output, newline="") as handle:
         rows = list(csv.DictReader(handle))
     if any(row["error"] for row in rows):
@@ -106,12 +107,13 @@ def main() -> None:
     with ThreadPoolExecutor(args.jobs) as pool:
         ckpts = list(pool.map(lambda seed: train(args.work, seed), args.seeds))
     measured = write_splits(args.work, ("test", "val"))
-    source, y, val_y = args.work / "test_smiles.csv", measured["test"], measured["val"]
+    source, y = args.work / "test_smiles.csv", measured["test"]
     mean, std = predict(ckpts, source, args.work / "ensemble.csv")
     # One scale for the std, fitted on the validation split (the Gaussian likelihood's best s:
     # the RMS of error / std there), then judged on the test split.
-    val_mean, val_std = predict(ckpts, args.work / "val_smiles.csv", args.work / "ensemble_val.csv")
-    scale = float(np.sqrt(np.mean(((val_mean - val_y) / val_std) ** 2)))
+    _, scaled_std = predict(ckpts, source, args.work / "ensemble_calibrated.csv",
+                            "--calibrate", str(args.work / "val_smiles.csv"))
+    scale = float(np.median(scaled_std / std))
     singles = [rmse(predict([ckpt], source, args.work / f"seed{seed}.csv")[0] - y)
                for seed, ckpt in zip(args.seeds, ckpts)]
     error = np.abs(mean - y)
@@ -124,8 +126,8 @@ def main() -> None:
         "rmse_lower_half_std": rmse(error[confident]), "rmse_upper_half_std": rmse(error[~confident]),
         "within_1_std": float(np.mean(error <= std)), "within_2_std": float(np.mean(error <= 2 * std)),
         "median_std": float(np.median(std)),
-        "std_scale_from_val": scale, "within_1_scaled_std": float(np.mean(error <= scale * std)),
-        "within_2_scaled_std": float(np.mean(error <= 2 * scale * std)),
+        "std_scale_from_val": scale, "within_1_scaled_std": float(np.mean(error <= scaled_std)),
+        "within_2_scaled_std": float(np.mean(error <= 2 * scaled_std)),
     }
     table = "\n".join([
         f"ESOL scaffold split, {len(y)} test molecules, {len(args.seeds)} models (seeds "

@@ -664,3 +664,47 @@ def test_evaluate_scores_predictions_and_their_std_against_measured_values(esol_
         lines = [line for line in refused.stderr.splitlines() if line.strip()]
         assert refused.returncode == 2 and len(lines) == 1 and message in lines[0], refused.stderr
         assert not (tmp_path / "out.csv").exists()
+
+
+def test_calibrate_scales_each_std_to_fit_the_errors_of_held_out_molecules(esol_run, esol_csv, tmp_path):
+    """``--calibrate CSV`` (the installed command, real ESOL molecules): the std column is the
+    uncalibrated one times the scale fitted on the calibration molecules' errors, which is the
+    root mean square of their errors in std units (so there it becomes 1); the predictions are
+    unchanged; a model without a std, a CSV without the target's column or without a header is
+    refused in one line and nothing is written."""
+    _, ckpt = esol_run
+    lines = open(esol_csv).readlines()
+    source, calibration = tmp_path / "mols.csv", tmp_path / "val.csv"
+    source.write_text("".join(lines[:61]))  # header and 60 molecules
+    calibration.write_text("".join([lines[0], *lines[61:161]]))  # 100 others
+
+    def predict(out: str, *extra: str, input_: Path = source) -> subprocess.CompletedProcess:
+        return subprocess.run([str(PREDICT), "--ckpt", str(ckpt), "--input", str(input_), "--output",
+                               str(tmp_path / out), "--quiet", "--workers", "0", *extra],
+                              capture_output=True, text=True, stdin=subprocess.DEVNULL)
+
+    mean_column, std_column = f"prediction_{ESOL_TARGET}", f"std_{ESOL_TARGET}"
+    for out, input_ in (("raw.csv", source), ("val_raw.csv", calibration)):
+        assert predict(out, "--mc-dropout", "8", input_=input_).returncode == 0
+    done = predict("out.csv", "--mc-dropout", "8", "--calibrate", str(calibration))
+    assert done.returncode == 0, done.stderr
+    val = read_output(tmp_path / "val_raw.csv")
+    z = np.array([(float(r[mean_column]) - float(r[ESOL_TARGET])) / float(r[std_column]) for r in val])
+    scale = float(np.sqrt(np.mean(z ** 2)))
+    assert f"{std_column} scaled by {scale:.4g} (fitted on 100 molecules of {calibration})" in done.stderr
+    raw, calibrated = read_output(tmp_path / "raw.csv"), read_output(tmp_path / "out.csv")
+    assert [r[mean_column] for r in calibrated] == [r[mean_column] for r in raw]
+    np.testing.assert_allclose([float(r[std_column]) for r in calibrated],
+                               [float(r[std_column]) * scale for r in raw], rtol=1e-5)
+
+    (tmp_path / "list.smi").write_text("CCO\nc1ccccc1\n")
+    (tmp_path / "no_target.csv").write_text("smiles,logS\nCCO,1.0\n")
+    for extra, message in (
+            (["--calibrate", str(calibration)], "--calibrate scales the std columns"),
+            (["--mc-dropout", "4", "--calibrate", str(tmp_path / "no_target.csv")],
+             f"has no column(s) ['{ESOL_TARGET}']"),
+            (["--mc-dropout", "4", "--calibrate", str(tmp_path / "list.smi")], "needs a CSV with a header")):
+        refused = predict("refused.csv", *extra)
+        lines = [line for line in refused.stderr.splitlines() if line.strip()]
+        assert refused.returncode == 2 and len(lines) == 1 and message in lines[0], refused.stderr
+        assert not (tmp_path / "refused.csv").exists()

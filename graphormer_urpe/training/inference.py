@@ -18,7 +18,7 @@ import contextlib
 import signal
 import zlib
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,6 +166,24 @@ class MCDropout(nn.Module):
             each = torch.stack([self.model.predict_step(batch, batch_idx)["prediction"]
                                 for _ in range(self.samples)])
         return {"index": batch.index, "prediction": each.mean(0), "std": each.std(0, correction=0)}
+
+
+class ScaledStd(nn.Module):
+    """A model that predicts a ``std`` (:class:`ModelEnsemble`, :class:`MCDropout`) with that std
+    multiplied by one factor per target, fitted on molecules with measured values
+    (:func:`~graphormer_urpe.uncertainty.std_scale`) so that it reads as a Gaussian's."""
+
+    predicts_std = True
+
+    def __init__(self, model: nn.Module, scale: Sequence[float]) -> None:
+        super().__init__()
+        self.model = model
+        self.facts, self.hparams = model.facts, model.hparams
+        self.register_buffer("scale", torch.tensor(list(scale), dtype=torch.float32))
+
+    def predict_step(self, batch: GraphBatch, batch_idx: int = 0) -> dict[str, Tensor]:
+        out = self.model.predict_step(batch, batch_idx)
+        return {**out, "std": out["std"] * self.scale.to(out["std"].dtype)}
 
 
 @contextlib.contextmanager
