@@ -25,6 +25,8 @@ import contextlib
 import logging
 import os
 import random
+import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -134,6 +136,9 @@ class RunCheckpoint(ModelCheckpoint):
         self._validations = 0  # of this fit
         #: (global step, validations) of the newest last.ckpt this fit wrote
         self._last_written: tuple[int, int] | None = None
+        #: Lightning's SIGTERM handler while a fit holds the signal back, and a held-back SIGTERM
+        self._lightning_sigterm: Any = None
+        self._held_sigterm: tuple[int, Any] | None = None
 
     @property
     def state_key(self) -> str:
@@ -188,10 +193,47 @@ class RunCheckpoint(ModelCheckpoint):
         would resume at the next epoch, skipping the rest of this one."""
         return trainer.fit_loop.epoch_loop._num_ready_batches_reached()
 
+    # SIGTERM (a `kill`, a scheduler's preemption) ------------------------------------------
+    # Lightning's handler only sets trainer.received_sigterm; its loops raise SIGTERMException
+    # at the next check: after the step's end (past this callback's on_train_batch_end, the
+    # learning-rate update and the loggers) or inside a validation. A SIGTERM that arrived after
+    # the on_train_batch_end below stopped the run with no checkpoint of its last step. So while
+    # a fit trains, the signal is held back to the next training batch's end, where last.ckpt is
+    # written before Lightning stops: the step in progress and any validation in progress end.
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        current = signal.getsignal(signal.SIGTERM)
+        if threading.current_thread() is threading.main_thread() and callable(current):
+            self._lightning_sigterm = current
+            signal.signal(signal.SIGTERM, self._hold_sigterm)
+
+    def _hold_sigterm(self, signum: int, frame: Any) -> None:
+        self._held_sigterm = (signum, frame)
+
+    def _pass_on_sigterm(self) -> None:
+        held, self._held_sigterm = self._held_sigterm, None
+        if held is not None and self._lightning_sigterm is not None:
+            self._lightning_sigterm(*held)
+
+    def _release_sigterm(self) -> None:
+        if self._lightning_sigterm is not None:
+            if signal.getsignal(signal.SIGTERM) == self._hold_sigterm:
+                signal.signal(signal.SIGTERM, self._lightning_sigterm)
+            self._pass_on_sigterm()
+            self._lightning_sigterm = None
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        super().on_exception(trainer, pl_module, exception)
+        self._release_sigterm()
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._release_sigterm()
+        super().teardown(trainer, pl_module, stage)
+
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any,
                            **kwargs: Any) -> None:
         super().on_train_batch_end(trainer, pl_module, *args, **kwargs)
-        # SIGTERM (a `kill`, a scheduler's preemption): Lightning stops right after this hook
+        self._pass_on_sigterm()  # a held-back SIGTERM: Lightning stops right after this hook
         # with SIGTERMException, so this batch's end is the state a resume continues from.
         stopping = (trainer.should_stop or trainer.received_sigterm
                     or 0 <= trainer.max_steps <= trainer.global_step)

@@ -202,3 +202,28 @@ def test_a_fit_stopped_by_sigterm_keeps_its_last_step_in_last_ckpt(zinc_data_roo
     fit(run_dir, zinc_data_root, *long_fit[:-4], "--trainer.max_steps", str(stopped + 2),
         "--model.total_steps", "100000", "--trainer.check_val_every_n_epoch", "1000", "--ckpt_path", "last")
     assert last_step(run_dir) == stopped + 2
+
+
+def test_a_sigterm_during_a_validation_is_held_to_the_next_step_end(zinc_data_root, tmp_path, monkeypatch):
+    """A SIGTERM that arrives after a step's checkpoint hook (here: in the validation after step
+    3) is held back: the validation ends, step 4 runs, and last.ckpt holds it when the fit stops.
+    Lightning alone would stop inside the validation with no last.ckpt at all."""
+    import signal
+
+    from graphormer_urpe.training.cli import build_cli
+    from graphormer_urpe.training.module import GraphormerModule
+
+    validate = GraphormerModule.validation_step
+
+    def signal_then_validate(self, batch, batch_idx=0):
+        if self.trainer.global_step == 3 and batch_idx == 0 and not self.trainer.sanity_checking:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return validate(self, batch, batch_idx)
+
+    monkeypatch.setattr(GraphormerModule, "validation_step", signal_then_validate)
+    handler = signal.getsignal(signal.SIGTERM)
+    run_dir = tmp_path / "run"
+    with pytest.raises(SystemExit):  # Lightning's SIGTERMException
+        build_cli(["fit", *zinc_args(run_dir, zinc_data_root, "--trainer.max_steps", "20")])
+    assert last_step(run_dir) == 4
+    assert signal.getsignal(signal.SIGTERM) == handler  # the fit gave the signal back
