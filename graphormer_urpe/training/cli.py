@@ -38,13 +38,12 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_module
 from graphormer_urpe.data.dataset import check_seed
 from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.files import check_writable_dir, same_file
-from graphormer_urpe.training import finetune
 from graphormer_urpe.checkpoint import read_checkpoint
 from graphormer_urpe.training.inference import RETIRED_HPARAMS
 from graphormer_urpe.training.run_checkpoint import (RunCheckpoint, check_run_dir, hold_run_dir,
                                                       run_dirs_released_after)
 from graphormer_urpe.training.module import GraphormerModule
-from graphormer_urpe.training.schedule import check_schedule
+from graphormer_urpe.training.schedule import schedule_lengths
 from graphormer_urpe.task import get_task
 
 DEFAULT_RUN_DIR = "runs/default"
@@ -224,14 +223,10 @@ def check_schedule_config(config: Namespace) -> None:
     model, max_steps = config.model, config.trainer.get("max_steps")
     if max_steps is not None and (max_steps == 0 or max_steps < -1):
         raise ValueError(f"trainer.max_steps must be >= 1, or -1 for no limit, got {max_steps}")
-    total_steps = model.get("total_steps")
-    if total_steps is None and max_steps is not None and max_steps > 0:
-        total_steps = max_steps
     # A fraction of a length known only once the data is built counts as no warmup here.
-    warmup_steps = finetune.warmup_steps(model.warmup_steps, model.get("warmup_fraction"),
-                                         total_steps or 0)
-    check_schedule(model.lr, model.end_lr, warmup_steps, total_steps,
-                   "" if model.get("total_steps") is not None else ", from trainer.max_steps")
+    schedule_lengths(model.lr, model.end_lr, model.warmup_steps, model.get("warmup_fraction"),
+                     model.get("total_steps"), max_steps if max_steps is not None and max_steps > 0 else None,
+                     "trainer.max_steps")
 
 
 def check_prediction_output(config: Namespace, config_files: list) -> None:

@@ -64,11 +64,10 @@ from graphormer_urpe.data.encoding_registry import ENCODINGS
 from graphormer_urpe.data.resident import ResidentSplit, TensorGraphs
 from graphormer_urpe.files import atomic_write
 from graphormer_urpe.nn.graphormer import Graphormer
-from graphormer_urpe.training import finetune
 from graphormer_urpe.checkpoint import read_checkpoint
 from graphormer_urpe.training.inference import build_backbone
 from graphormer_urpe.training.module import GraphormerModule, parameter_groups, set_optimizer_kernel
-from graphormer_urpe.training.schedule import warmup_polynomial_decay
+from graphormer_urpe.training.schedule import schedule_lengths, warmup_polynomial_decay
 
 log = logging.getLogger(__name__)
 
@@ -271,16 +270,15 @@ class Ensemble:
                                            weight_decay=hp["weight_decay"],
                                            fused=True, capturable=self.cuda_graph)
         self._point_lr()
-        self.total_steps = hp["total_steps"] or self._step_budget()
+        warmup_steps, self.total_steps = schedule_lengths(hp["lr"], hp["end_lr"], hp["warmup_steps"],
+                                                          hp.get("warmup_fraction"), hp["total_steps"],
+                                                          self._step_budget())
         # The schedule rides on a stand-in optimizer (the members' AdamW reads its rate). It steps
         # once here, a no-op (its one tensor has no gradient), so torch's check for
         # "scheduler.step() before optimizer.step()" does not warn at the first step.
         stand_in = torch.optim.SGD([torch.zeros(1)], lr=hp["lr"])
-        self.scheduler = warmup_polynomial_decay(stand_in,
-                                                 finetune.warmup_steps(hp["warmup_steps"],
-                                                                       hp.get("warmup_fraction"),
-                                                                       self.total_steps),
-                                                 self.total_steps, hp["end_lr"], hp["power"])
+        self.scheduler = warmup_polynomial_decay(stand_in, warmup_steps, self.total_steps,
+                                                 hp["end_lr"], hp["power"])
         stand_in.step()
         self._graph: torch.cuda.CUDAGraph | None = None
         self._eager_steps = 0

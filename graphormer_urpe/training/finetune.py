@@ -154,12 +154,3 @@ def head_lr_groups(groups: list[dict[str, Any]], head: nn.Module, head_lr: float
         if own:
             out.append({**group, "params": own, "lr": head_lr, "name": f"head/{group['name']}"})
     return out
-
-
-def warmup_steps(steps: int, fraction: float | None, total_steps: int) -> int:
-    """The warmup length: ``steps``, or ``fraction`` of ``total_steps`` when given."""
-    if fraction is None:
-        return steps
-    if not 0 <= fraction < 1:
-        raise ValueError(f"model.warmup_fraction must be in [0, 1), got {fraction}")
-    return int(round(fraction * total_steps))

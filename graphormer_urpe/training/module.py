@@ -24,7 +24,7 @@ from graphormer_urpe.training import finetune
 from graphormer_urpe.training.run_checkpoint import rng_states, set_rng_states
 from graphormer_urpe.training.engine import EngineHooks, TrainingEngine
 from graphormer_urpe.training.inference import build_backbone
-from graphormer_urpe.training.schedule import check_schedule, warmup_polynomial_decay
+from graphormer_urpe.training.schedule import schedule_lengths, warmup_polynomial_decay
 from graphormer_urpe.task import get_task
 
 log = logging.getLogger(__name__)
@@ -199,8 +199,7 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
     ) -> None:
         super().__init__()
         # before any data is read; a warmup fraction of a length not yet known counts as none
-        check_schedule(lr, end_lr, finetune.warmup_steps(warmup_steps, warmup_fraction, total_steps or 0),
-                       total_steps)
+        schedule_lengths(lr, end_lr, warmup_steps, warmup_fraction, total_steps)
         # engine is how to train, not what: left out, a checkpoint is the same with or without it
         # (and a resumed run follows its own command line, which ckpt_path hparams would override).
         self.save_hyperparameters(ignore=["backbone", "engine"])
@@ -336,22 +335,22 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
         (``classification``) or per class (``multiclass``)."""
         return {"index": batch.index, "prediction": self.task.predictions(self(batch))}
 
-    def schedule_steps(self) -> int:
-        """``total_steps`` of the schedule: the given one, else the trainer's step budget; warns
-        when the two disagree (the lr would not reach ``end_lr``, or stay there for long)."""
-        given = self.hparams.total_steps
-        trainer = self._trainer
+    def schedule_lengths(self) -> tuple[int, int]:
+        """``(warmup, total)`` of the schedule (:func:`~.schedule.schedule_lengths`): the total
+        given, else the trainer's step budget; warns when the two disagree (the lr would not
+        reach ``end_lr``, or stay there for long)."""
+        hp, trainer = self.hparams, self._trainer
         budget = trainer.estimated_stepping_batches if trainer is not None else math.inf
-        if given is None:
-            if not math.isfinite(budget):
-                raise ValueError("the schedule needs a length: set model.total_steps or "
-                                 "trainer.max_steps (or trainer.max_epochs)")
-            return int(budget)
-        if math.isfinite(budget) and int(budget) != given:
+        warmup, total = schedule_lengths(hp.lr, hp.end_lr, hp.warmup_steps, hp.get("warmup_fraction"),
+                                         hp.total_steps, budget)
+        if total is None:
+            raise ValueError("the schedule needs a length: set model.total_steps or "
+                             "trainer.max_steps (or trainer.max_epochs)")
+        if hp.total_steps is not None and math.isfinite(budget) and int(budget) != total:
             log.warning("the learning-rate schedule decays over model.total_steps=%d but the "
                         "trainer stops after %d steps (trainer.max_steps / max_epochs); leave "
-                        "total_steps unset to follow the trainer", given, int(budget))
-        return given
+                        "total_steps unset to follow the trainer", total, int(budget))
+        return warmup, total
 
     def _warn_if_the_schedule_changed(self) -> None:
         """A resumed fit whose schedule is not its checkpoint's (typically a larger
@@ -378,10 +377,7 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
                                       weight_decay=hp.weight_decay,
                                       fused=engine or (self.device.type == "cuda" and not mixed),
                                       capturable=engine and self.device.type == "cuda")
-        total_steps = self.schedule_steps()
-        warmup_steps = finetune.warmup_steps(hp.warmup_steps, hp.get("warmup_fraction"), total_steps)
-        check_schedule(hp.lr, hp.end_lr, warmup_steps, total_steps,
-                       "" if hp.total_steps else ", from the trainer")
+        warmup_steps, total_steps = self.schedule_lengths()
         scheduler = warmup_polynomial_decay(optimizer, warmup_steps, total_steps, hp.end_lr,
                                             hp.power)
         #: relative_lr's arguments after the update number (the engine's on-device lr factor)

@@ -18,6 +18,8 @@ on-device learning rate (:func:`polynomial_decay_lr`, :mod:`.engine`) both use i
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 from torch.optim import Optimizer
@@ -65,6 +67,32 @@ def check_schedule(lr: float, end_lr: float, warmup_steps: int, total_steps: int
     if total_steps is not None and total_steps <= warmup_steps:
         raise ValueError(f"model.warmup_steps ({warmup_steps}) must be below the schedule's "
                          f"total_steps ({total_steps}{total_from}): lower model.warmup_steps")
+
+
+def warmup_length(steps: int, fraction: float | None, total_steps: int | None) -> int:
+    """The warmup: ``steps``, or ``fraction`` of ``total_steps`` when given (0 while the total
+    is not known yet)."""
+    if fraction is None:
+        return steps
+    if not 0 <= fraction < 1:
+        raise ValueError(f"model.warmup_fraction must be in [0, 1), got {fraction}")
+    return int(round(fraction * (total_steps or 0)))
+
+
+def schedule_lengths(lr: float, end_lr: float, warmup_steps: int, warmup_fraction: float | None,
+                     total_steps: int | None, budget: float | None = None,
+                     budget_from: str = "the trainer") -> tuple[int, int | None]:
+    """``(warmup, total)`` of a model's schedule, checked (:func:`check_schedule`): the total is
+    ``total_steps`` when given, else the training's step ``budget`` (from ``budget_from``; None or
+    infinite: not known yet, None); the warmup is :func:`warmup_length` of that total. The one
+    place the CLI's early check, a solo run and the stacked ensemble take their lengths from."""
+    total = total_steps
+    if total is None and budget is not None and math.isfinite(budget):
+        total = int(budget)
+    warmup = warmup_length(warmup_steps, warmup_fraction, total)
+    check_schedule(lr, end_lr, warmup, total,
+                   "" if total_steps is not None or total is None else f", from {budget_from}")
+    return warmup, total
 
 
 def warmup_polynomial_decay(optimizer: Optimizer, warmup_steps: int, total_steps: int,
