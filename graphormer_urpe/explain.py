@@ -26,6 +26,12 @@ order as a JSON list, ``error``); ``index.html``, all of them on one page. A row
 cannot be featurized gets its reason in ``error`` and no picture; the others are still drawn.
 Input as ``graphormer-urpe-predict`` reads it: a CSV with a ``smiles`` column, or one SMILES a
 line.
+
+``--view attention`` draws a second, cheaper view instead: the attention the graph token (whose
+final state the prediction head reads) pays to each atom in the last layer, averaged over the
+heads; with URPE after the scale ``C``, so a molecule's weights need not add up to 1. It says
+where the last layer looks, not how each atom moves the output (no sign, no completeness):
+``baseline`` and ``gap`` stay empty.
 """
 from __future__ import annotations
 
@@ -102,6 +108,38 @@ def integrated_gradients(module, batch: GraphBatch, steps: int, target: int) -> 
                         float(outputs[g, 0]), float(predictions[g, target])) for g in range(graphs)]
 
 
+def graph_token_attention(module, batch: GraphBatch, target: int) -> list[Explanation]:
+    """Per molecule of ``batch``: the last layer's attention from the graph token to each atom,
+    averaged over heads (with URPE, after ``C``), as an :class:`Explanation` without baseline.
+    The layer's weights are requested through hooks (eager kernel for that one call)."""
+    model = module.model
+    attention = model.layers[-1].attn
+    captured: dict[str, Tensor] = {}
+
+    def request(_, args, kwargs):
+        return args, {**kwargs, "need_weights": True}
+
+    def keep(_, args, kwargs, output):
+        captured["weights"] = output[1]
+        return output[0]
+
+    kernel, attention.attention_impl = attention.attention_impl, "eager"
+    hooks = [attention.register_forward_pre_hook(request, with_kwargs=True),
+             attention.register_forward_hook(keep, with_kwargs=True)]
+    try:
+        with torch.no_grad():
+            raw = model(batch).float()
+    finally:
+        attention.attention_impl = kernel
+        for hook in hooks:
+            hook.remove()
+    weights = captured["weights"][:, :, 0, 1:].float().mean(1)  # [B, N]: token row, atom columns
+    atoms = batch.node_mask.sum(1).tolist()
+    predictions = module.task.predictions(raw)
+    return [Explanation(weights[g, :atoms[g]].double().cpu().numpy(), float(raw[g, target]), float("nan"),
+                        float(predictions[g, target])) for g in range(batch.num_graphs)]
+
+
 def check_options(module, target: int, steps: int) -> None:
     """ValueError for a target the model does not output or fewer than one path point."""
     if not 0 <= target < module.model.head.out_features:
@@ -111,21 +149,30 @@ def check_options(module, target: int, steps: int) -> None:
         raise ValueError(f"--steps must be >= 1, got {steps}")
 
 
+#: What ``--view`` draws: integrated gradients, or the graph token's attention.
+VIEWS = ("gradients", "attention")
+
+
 def explain_smiles(module, smiles: list[str], steps: int = DEFAULT_STEPS, target: int = 0,
-                   max_nodes: int = DEFAULT_MAX_NODES) -> list[Explanation | str]:
-    """Per SMILES its :class:`Explanation`, or the reason it cannot be featurized."""
+                   max_nodes: int = DEFAULT_MAX_NODES, view: str = "gradients") -> list[Explanation | str]:
+    """Per SMILES its :class:`Explanation` in ``view`` (:data:`VIEWS`), or the reason it cannot
+    be featurized."""
     check_options(module, target, steps)
+    if view not in VIEWS:
+        raise ValueError(f"view must be one of {VIEWS}, got {view!r}")
     module.eval()
     chunk = featurize_chunk((module.facts.featurizer, max_nodes, smiles))
     results: list[Explanation | str] = [""] * len(smiles)
     for position, reason in chunk.errors:
         results[position] = reason
     device = next(module.parameters()).device
-    per_graph = steps + 2
+    per_graph = steps + 2 if view == "gradients" else 1
     for graphs, batch in chunk_batches(module.facts, chunk, MAX_PAIRS // per_graph, max(1, 1024 // per_graph),
                                        repeat=per_graph):
-        for position, explanation in zip(chunk.position[graphs],
-                                         integrated_gradients(module, batch.to(device), steps, target)):
+        batch = batch.to(device)
+        explained = (integrated_gradients(module, batch, steps, target) if view == "gradients"
+                     else graph_token_attention(module, batch, target))
+        for position, explanation in zip(chunk.position[graphs], explained):
             results[position] = explanation
     return results
 
@@ -182,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", required=True, help="directory for the pictures, attributions.csv and index.html")
     parser.add_argument("--target", type=int, default=0,
                         help="which output to explain: target (or class) index, default 0")
+    parser.add_argument("--view", choices=VIEWS, default="gradients",
+                        help="gradients: each atom's contribution (integrated gradients; default); "
+                             "attention: the graph token's attention to each atom in the last layer")
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
                         help=f"points on the integrated-gradients path (default {DEFAULT_STEPS})")
     parser.add_argument("--max-nodes", type=positive_int, default=DEFAULT_MAX_NODES,
@@ -226,7 +276,7 @@ def _explain(args: argparse.Namespace) -> int:
         for start in range(0, len(rows), step):
             part = rows[start:start + step]
             results = explain_smiles(module, [("" if row.error else row.smiles) for row in part], args.steps,
-                                     args.target, args.max_nodes)
+                                     args.target, args.max_nodes, args.view)
             for offset, (row, result) in enumerate(zip(part, results)):
                 number = start + offset + 1
                 record = {"row": number, "smiles": row.smiles, "error": row.error or ""}
@@ -236,8 +286,9 @@ def _explain(args: argparse.Namespace) -> int:
                     except ValueError as exc:
                         record["error"] = f"cannot draw: {exc}"
                     record.update(prediction=f"{result.prediction:.6g}", output=f"{result.output:.6g}",
-                                  baseline=f"{result.baseline:.6g}", gap=f"{result.gap:.3g}",
                                   atoms=json.dumps([round(float(v), 5) for v in result.atoms]))
+                    if args.view == "gradients":
+                        record.update(baseline=f"{result.baseline:.6g}", gap=f"{result.gap:.3g}")
                 elif not record["error"]:
                     record["error"] = result
                 records.append(record)
@@ -248,15 +299,15 @@ def _explain(args: argparse.Namespace) -> int:
         writer.writerows(records)
         table.commit()
     with AtomicFile(out / "index.html") as page:
-        page.handle.write(index_html(records, args.ckpt, args.target))
+        page.handle.write(index_html(records, args.ckpt, args.target, args.view))
         page.commit()
     failed = sum(bool(r["error"]) for r in records)
     log.info("explained %d molecules in %s (%d without a picture)", len(records) - failed, out, failed)
     return 0
 
 
-def index_html(records: list[dict], ckpt: str, target: int) -> str:
-    """One page: every molecule's picture, SMILES, prediction and the integrated-gradients gap."""
+def index_html(records: list[dict], ckpt: str, target: int, view: str = "gradients") -> str:
+    """One page: every molecule's picture, SMILES, prediction and (integrated gradients) the gap."""
     cells = []
     for record in records:
         text = html.escape(record["smiles"])
@@ -264,15 +315,21 @@ def index_html(records: list[dict], ckpt: str, target: int) -> str:
             cells.append(f'<figure><figcaption>{record["row"]}: {text}<br><b>{html.escape(record["error"])}'
                          "</b></figcaption></figure>")
         else:
+            detail = (f'output {record["output"]}, baseline {record["baseline"]}, gap {record["gap"]}'
+                      if view == "gradients" else f'output {record["output"]}')
             cells.append(f'<figure><img src="{record["row"]}.svg" alt="{text}"><figcaption>{record["row"]}: {text}<br>prediction '
-                         f'{record["prediction"]} (output {record["output"]}, baseline {record["baseline"]}, '
-                         f'gap {record["gap"]})</figcaption></figure>')
+                         f'{record["prediction"]} ({detail})</figcaption></figure>')
+    if view == "gradients":
+        title, legend = ("Atom contributions", "red atoms raise it, blue lower it (scale per molecule); integrated "
+                         "gradients from the molecule with every atom replaced by its mean atom (the baseline).")
+    else:
+        title, legend = ("Graph-token attention", "the deeper the red, the more attention the graph token pays to "
+                         "the atom in the last layer (mean over heads, after URPE's C; scale per molecule).")
     return ("<!doctype html><meta charset=\"utf-8\"><title>graphormer-urpe-explain</title>"
             "<style>body{font-family:sans-serif}figure{display:inline-block;width:320px;margin:8px;"
             "vertical-align:top}img{width:300px}figcaption{font-size:12px;word-break:break-all}</style>"
-            f"<h1>Atom contributions</h1><p>Checkpoint {html.escape(str(ckpt))}, output {target}: red atoms "
-            "raise it, blue lower it (scale per molecule); integrated gradients from the molecule with "
-            "every atom replaced by its mean atom (the baseline).</p>" + "".join(cells) + "\n")
+            f"<h1>{title}</h1><p>Checkpoint {html.escape(str(ckpt))}, output {target}: {legend}</p>"
+            + "".join(cells) + "\n")
 
 
 if __name__ == "__main__":

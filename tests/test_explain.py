@@ -134,3 +134,61 @@ def test_bad_arguments_are_one_line_before_any_work(tmp_path):
         assert done.returncode == 2 and message in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+def test_the_attention_view_is_the_graph_tokens_row_of_the_last_layer(zinc_source, tmp_path):
+    """``view="attention"``: per atom, the last layer's attention from the graph token, averaged
+    over heads, after URPE's C (recomputed here from that layer's own inputs); the output is the
+    one the gradients view explains; with C = 1 (plain softmax) the atoms' weights add up to 1
+    minus the token's weight on itself."""
+    module = load_module(checkpoint(tmp_path / "m.ckpt", "zinc"), inference_only=True)
+    smiles = zinc_smiles(zinc_source, 6)
+    attention = explain_smiles(module, smiles, view="attention")
+    gradients = explain_smiles(module, smiles, steps=4)
+    from rdkit import Chem
+
+    for text, seen, explained in zip(smiles, attention, gradients):
+        assert len(seen.atoms) == Chem.MolFromSmiles(text).GetNumAtoms()
+        assert (seen.atoms >= 0).all() and np.isnan(seen.baseline)
+        assert seen.output == pytest.approx(explained.output, rel=1e-5, abs=1e-6)
+    # The same row recomputed from the inputs the last layer's attention receives.
+    layer = module.model.layers[-1].attn
+    inputs = []
+    hook = layer.register_forward_pre_hook(lambda _, args: inputs.append(args))
+    try:
+        explain_smiles(module, smiles[:1], view="attention")
+    finally:
+        hook.remove()
+    with torch.no_grad():
+        _, weights = layer(*inputs[0][:4], need_weights=True)
+    np.testing.assert_allclose(attention[0].atoms, weights[0, :, 0, 1:].mean(0)[:len(attention[0].atoms)].double().numpy(),
+                               rtol=1e-5, atol=1e-7)
+    with torch.no_grad():
+        for scale in module.model.urpe_scales:
+            scale.delta.zero_()
+    inputs.clear()
+    hook = layer.register_forward_pre_hook(lambda _, args: inputs.append(args))
+    try:
+        (one,) = explain_smiles(module, smiles[:1], view="attention")
+    finally:
+        hook.remove()
+    with torch.no_grad():
+        _, plain = layer(*inputs[0][:4], need_weights=True)
+    token_on_itself = float(plain[0, :, 0, 0].mean())
+    assert one.atoms.sum() == pytest.approx(1 - token_on_itself, rel=1e-4)
+
+
+def test_the_command_draws_the_attention_view(zinc_source, tmp_path):
+    ckpt = checkpoint(tmp_path / "m.ckpt", "zinc")
+    source = tmp_path / "in.smi"
+    source.write_text("\n".join(zinc_smiles(zinc_source, 3)) + "\n")
+    out = tmp_path / "attention"
+    done = subprocess.run([EXPLAIN, "--ckpt", str(ckpt), "--input", str(source), "--out", str(out), "--quiet",
+                           "--view", "attention"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    with open(out / "attributions.csv", newline="") as handle:
+        table = list(csv.DictReader(handle))
+    assert len(table) == 3 and all(not r["error"] and not r["baseline"] and not r["gap"] for r in table)
+    assert all(min(json.loads(r["atoms"])) >= 0 for r in table)
+    assert all((out / f"{n}.png").stat().st_size > 1000 for n in (1, 2, 3))
+    assert "Graph-token attention" in (out / "index.html").read_text()
