@@ -24,7 +24,9 @@ scale is per molecule) with the value beside it; ``attributions.csv`` (``row``, 
 ``prediction``, ``output``, ``baseline``, ``gap``, ``atoms``: the contributions in RDKit's atom
 order as a JSON list, ``error``); ``index.html``, all of them on one page. A row whose SMILES
 cannot be featurized gets its reason in ``error`` and no picture; the others are still drawn.
-Input as ``graphormer-urpe-predict`` reads it: a CSV with a ``smiles`` column, or one SMILES a
+Several checkpoints of one task (``--ckpt A B C``) explain their mean: every number is the mean
+over the models, and a ``std`` column after ``prediction`` holds the spread of their predictions
+(as ``graphormer-urpe-predict`` gives it). Input as ``graphormer-urpe-predict`` reads it: a CSV with a ``smiles`` column, or one SMILES a
 line.
 
 ``--view attention`` draws a second, cheaper view instead: the attention the graph token (whose
@@ -53,7 +55,7 @@ from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.files import AtomicFile, stop_on_signals, unreadable_as_a_file
 from graphormer_urpe.checkpoint import CheckpointError
 from graphormer_urpe.training.load import load_module
-from graphormer_urpe.training.inference import DEFAULT_MAX_NODES, chunk_batches, featurize_chunk
+from graphormer_urpe.training.inference import DEFAULT_MAX_NODES, ModelEnsemble, chunk_batches, featurize_chunk
 from graphormer_urpe.training.predictions import InputRow, open_smiles
 
 log = logging.getLogger(__name__)
@@ -74,6 +76,8 @@ class Explanation:
     output: float
     baseline: float
     prediction: float
+    #: with several checkpoints: the std of their predictions (each field above is their mean)
+    std: float | None = None
 
     @property
     def gap(self) -> float:
@@ -156,7 +160,12 @@ VIEWS = ("gradients", "attention")
 def explain_smiles(module, smiles: list[str], steps: int = DEFAULT_STEPS, target: int = 0,
                    max_nodes: int = DEFAULT_MAX_NODES, view: str = "gradients") -> list[Explanation | str]:
     """Per SMILES its :class:`Explanation` in ``view`` (:data:`VIEWS`), or the reason it cannot
-    be featurized."""
+    be featurized. For a :class:`~.training.inference.ModelEnsemble` every field is the mean over
+    its models (the mean of their attributions explains their mean output: integrated gradients
+    is linear in the function) and ``std`` the spread of their predictions."""
+    if isinstance(module, ModelEnsemble):
+        each = [explain_smiles(member, smiles, steps, target, max_nodes, view) for member in module.members]
+        return [_mean_explanation(list(results)) for results in zip(*each)]
     check_options(module, target, steps)
     if view not in VIEWS:
         raise ValueError(f"view must be one of {VIEWS}, got {view!r}")
@@ -175,6 +184,15 @@ def explain_smiles(module, smiles: list[str], steps: int = DEFAULT_STEPS, target
         for position, explanation in zip(chunk.position[graphs], explained):
             results[position] = explanation
     return results
+
+
+def _mean_explanation(results: list[Explanation | str]) -> Explanation | str:
+    if isinstance(results[0], str):  # the models share the featurizer: one reason for all
+        return results[0]
+    predictions = np.array([r.prediction for r in results])
+    return Explanation(np.mean([r.atoms for r in results], axis=0), float(np.mean([r.output for r in results])),
+                       float(np.mean([r.baseline for r in results])), float(predictions.mean()),
+                       float(predictions.std()))
 
 
 # ------------------------------------------------------------------------------ pictures
@@ -223,7 +241,9 @@ COLUMNS = ["row", "smiles", "prediction", "output", "baseline", "gap", "atoms", 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="graphormer-urpe-explain", description=__doc__.split("\n")[0])
-    parser.add_argument("--ckpt", required=True, help="Lightning checkpoint (.ckpt) of any config")
+    parser.add_argument("--ckpt", required=True, nargs="+", metavar="CKPT",
+                        help="Lightning checkpoint (.ckpt) of any config; several (one task): the mean "
+                             "of their attributions and predictions, and the predictions' std")
     parser.add_argument("--input", required=True,
                         help="CSV with a 'smiles' column, or one SMILES a line")
     parser.add_argument("--out", required=True, help="directory for the pictures, attributions.csv and index.html")
@@ -260,8 +280,9 @@ def _explain(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         return _fail(f"--out {out} is a file, not a directory")
     try:
-        module = load_module(args.ckpt, inference_only=True)
-        check_options(module, args.target, args.steps)
+        models = [load_module(ckpt, inference_only=True) for ckpt in args.ckpt]
+        module = models[0] if len(models) == 1 else ModelEnsemble(models, args.ckpt)
+        check_options(models[0], args.target, args.steps)
         with open(source, newline="", encoding="utf-8-sig") as handle:
             rows: list[InputRow] = list(open_smiles(handle, source).rows)
     except (CheckpointError, ValueError, UnicodeDecodeError, csv.Error) as exc:
@@ -287,19 +308,22 @@ def _explain(args: argparse.Namespace) -> int:
                         record["error"] = f"cannot draw: {exc}"
                     record.update(prediction=f"{result.prediction:.6g}", output=f"{result.output:.6g}",
                                   atoms=json.dumps([round(float(v), 5) for v in result.atoms]))
+                    if result.std is not None:
+                        record["std"] = f"{result.std:.6g}"
                     if args.view == "gradients":
                         record.update(baseline=f"{result.baseline:.6g}", gap=f"{result.gap:.3g}")
                 elif not record["error"]:
                     record["error"] = result
                 records.append(record)
             progress.update(len(part))
+    columns = COLUMNS if len(models) == 1 else [*COLUMNS[:3], "std", *COLUMNS[3:]]
     with AtomicFile(out / "attributions.csv") as table:
-        writer = csv.DictWriter(table.handle, COLUMNS, lineterminator="\n")
+        writer = csv.DictWriter(table.handle, columns, lineterminator="\n")
         writer.writeheader()
         writer.writerows(records)
         table.commit()
     with AtomicFile(out / "index.html") as page:
-        page.handle.write(index_html(records, args.ckpt, args.target, args.view))
+        page.handle.write(index_html(records, ", ".join(args.ckpt), args.target, args.view))
         page.commit()
     failed = sum(bool(r["error"]) for r in records)
     log.info("explained %d molecules in %s (%d without a picture)", len(records) - failed, out, failed)
@@ -317,8 +341,9 @@ def index_html(records: list[dict], ckpt: str, target: int, view: str = "gradien
         else:
             detail = (f'output {record["output"]}, baseline {record["baseline"]}, gap {record["gap"]}'
                       if view == "gradients" else f'output {record["output"]}')
+            spread = f' ± {record["std"]}' if record.get("std") else ""
             cells.append(f'<figure><img src="{record["row"]}.svg" alt="{text}"><figcaption>{record["row"]}: {text}<br>prediction '
-                         f'{record["prediction"]} ({detail})</figcaption></figure>')
+                         f'{record["prediction"]}{spread} ({detail})</figcaption></figure>')
     if view == "gradients":
         title, legend = ("Atom contributions", "red atoms raise it, blue lower it (scale per molecule); integrated "
                          "gradients from the molecule with every atom replaced by its mean atom (the baseline).")
@@ -328,7 +353,7 @@ def index_html(records: list[dict], ckpt: str, target: int, view: str = "gradien
     return ("<!doctype html><meta charset=\"utf-8\"><title>graphormer-urpe-explain</title>"
             "<style>body{font-family:sans-serif}figure{display:inline-block;width:320px;margin:8px;"
             "vertical-align:top}img{width:300px}figcaption{font-size:12px;word-break:break-all}</style>"
-            f"<h1>{title}</h1><p>Checkpoint {html.escape(str(ckpt))}, output {target}: {legend}</p>"
+            f"<h1>{title}</h1><p>Checkpoint(s) {html.escape(str(ckpt))}, output {target}: {legend}</p>"
             + "".join(cells) + "\n")
 
 

@@ -27,11 +27,11 @@ EXPLAIN = str(Path(sys.executable).with_name("graphormer-urpe-explain"))
 PREDICT = str(Path(sys.executable).with_name("graphormer-urpe-predict"))
 
 
-def checkpoint(path: Path, featurizer: str, task: str = "regression", num_targets: int = 1) -> Path:
+def checkpoint(path: Path, featurizer: str, task: str = "regression", num_targets: int = 1, seed: int = 0) -> Path:
     """A small model with URPE's C away from 1 and a head 100 times the initial one (so its
     outputs move well above float32 rounding between atoms), saved as a training checkpoint."""
     spec = featurizer_spec(featurizer)
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     module = GraphormerModule(DataFacts(num_atom_embeddings=num_embeddings(spec.atom_feature_dims),
                                         num_bond_embeddings=num_embeddings(spec.bond_feature_dims),
                                         featurizer=featurizer, task=task, num_targets=num_targets),
@@ -192,3 +192,41 @@ def test_the_command_draws_the_attention_view(zinc_source, tmp_path):
     assert all(min(json.loads(r["atoms"])) >= 0 for r in table)
     assert all((out / f"{n}.png").stat().st_size > 1000 for n in (1, 2, 3))
     assert "Graph-token attention" in (out / "index.html").read_text()
+
+
+def test_several_checkpoints_explain_their_mean_prediction_with_its_std(zinc_source, tmp_path):
+    """``--ckpt A B`` (the installed command, real ZINC molecules): the mean of the two models'
+    attributions, which adds up to the change of their mean output (to 1 %), the prediction and
+    ``std`` that graphormer-urpe-predict gives for the same two checkpoints, ``std`` on the page;
+    a checkpoint of another featurizer is refused in one line."""
+    ckpts = [str(checkpoint(tmp_path / f"m{seed}.ckpt", "zinc", seed=seed)) for seed in (0, 1)]
+    source = tmp_path / "in.smi"
+    source.write_text("\n".join(zinc_smiles(zinc_source, 4)) + "\n")
+    out = tmp_path / "explained"
+    done = subprocess.run([EXPLAIN, "--ckpt", *ckpts, "--input", str(source), "--out", str(out), "--quiet"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    with open(out / "attributions.csv", newline="") as handle:
+        table = list(csv.DictReader(handle))
+    assert list(table[0]) == [*COLUMNS[:3], "std", *COLUMNS[3:]]
+    predicted = tmp_path / "pred.csv"
+    assert subprocess.run([PREDICT, "--ckpt", *ckpts, "--input", str(source), "--output", str(predicted),
+                           "--quiet", "--workers", "0"], capture_output=True, timeout=300).returncode == 0
+    with open(predicted, newline="") as handle:
+        predictions = list(csv.DictReader(handle))
+    moved = 0
+    for row, predicted_row in zip(table, predictions):
+        assert float(row["prediction"]) == pytest.approx(float(predicted_row["prediction"]), rel=1e-4, abs=1e-5)
+        assert float(row["std"]) == pytest.approx(float(predicted_row["std"]), rel=1e-3, abs=1e-5)
+        change = float(row["output"]) - float(row["baseline"])
+        assert abs(sum(json.loads(row["atoms"])) - change) <= 0.01 * abs(change) + 1e-4
+        moved += float(row["std"]) > 0
+    assert moved == len(table)
+    assert " ± " in (out / "index.html").read_text()
+
+    other = checkpoint(tmp_path / "ogb.ckpt", "ogb")
+    refused = subprocess.run([EXPLAIN, "--ckpt", ckpts[0], str(other), "--input", str(source), "--out",
+                              str(tmp_path / "refused"), "--quiet"], capture_output=True, text=True, timeout=300)
+    lines = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert refused.returncode == 2 and len(lines) == 1 and "cannot join an ensemble" in lines[0], refused.stderr
+    assert not (tmp_path / "refused").exists()
