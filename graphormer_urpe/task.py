@@ -20,7 +20,7 @@ neither).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -58,6 +58,14 @@ class Task:
         """``(per-label losses, mask)`` with unknown labels already replaced."""
         raise NotImplementedError
 
+    def with_loss(self, loss: str | None) -> "Task":
+        """This task training with ``loss`` (``model.loss``; None: its own). Only regression
+        has a choice (:class:`RegressionTask`); ValueError otherwise."""
+        if loss is not None:
+            raise ValueError(f"model.loss={loss!r}: a {self.name} model trains with its own loss "
+                             "(the choice of loss is for regression)")
+        return self
+
     def loss(self, outputs: Tensor, y: Tensor) -> Tensor:
         """Mean loss over the known labels of ``y`` (NaN = unknown); 0 if none is known."""
         losses, known = self.losses(outputs.float(), y, ~torch.isnan(y))
@@ -83,11 +91,25 @@ class Task:
         return ["prediction"] if num_targets == 1 else [f"prediction_{k}" for k in range(num_targets)]
 
 
+@dataclass(frozen=True)
 class RegressionTask(Task):
-    """Values: L1 loss, MAE (the ZINC / PCQM4Mv2 objective and metric)."""
+    """Values: L1 loss, MAE (the ZINC / PCQM4Mv2 objective and metric). ``squared``
+    (``model.loss: mse``): squared error instead, for a target judged by RMSE; the metric that
+    selects checkpoints stays MAE."""
+
+    squared: bool = False
+
+    #: ``model.loss`` choices: L1 (the default) or squared error
+    LOSSES = ("l1", "mse")
 
     def losses(self, outputs: Tensor, y: Tensor, known: Tensor) -> tuple[Tensor, Tensor]:
-        return F.l1_loss(outputs, torch.where(known, y, outputs.detach()), reduction="none"), known
+        error = F.mse_loss if self.squared else F.l1_loss
+        return error(outputs, torch.where(known, y, outputs.detach()), reduction="none"), known
+
+    def with_loss(self, loss: str | None) -> "RegressionTask":
+        if loss is not None and loss not in self.LOSSES:
+            raise ValueError(f"model.loss must be one of {list(self.LOSSES)}, got {loss!r}")
+        return replace(self, squared=loss == "mse")
 
     def metric(self, num_targets: int):
         from torchmetrics import MeanAbsoluteError

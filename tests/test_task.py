@@ -26,6 +26,24 @@ def test_regression_loss_is_the_l1_mean_over_known_labels():
     assert outputs.grad[2].abs().sum() == 0 and outputs.grad[0, 1] == 0  # unknown: no gradient
 
 
+def test_regression_with_loss_mse_is_the_squared_error_mean_over_known_labels():
+    outputs = torch.tensor([[1.0, 2.0], [3.0, -1.0], [0.5, 0.0]], requires_grad=True)
+    y = torch.tensor([[0.0, NAN], [5.0, 1.0], [NAN, NAN]])
+    task = get_task("regression").with_loss("mse")
+    loss = task.loss(outputs, y)
+    known = ~torch.isnan(y)
+    torch.testing.assert_close(loss, F.mse_loss(outputs[known], y[known]))
+    loss.backward()
+    assert torch.isfinite(outputs.grad).all() and outputs.grad[2].abs().sum() == 0
+    assert task.monitor == "val/mae"  # checkpoints are still chosen by MAE
+    assert get_task("regression").with_loss("l1") == get_task("regression").with_loss(None) == get_task("regression")
+    with pytest.raises(ValueError, match="model.loss must be one of"):
+        get_task("regression").with_loss("huber")
+    for name in ("classification", "multiclass"):
+        with pytest.raises(ValueError, match="trains with its own loss"):
+            get_task(name).with_loss("mse")
+
+
 def test_classification_loss_is_bce_over_known_labels():
     outputs = torch.tensor([[2.0, -1.0, 0.3], [-0.5, 0.7, 1.2]], requires_grad=True)
     y = torch.tensor([[1.0, NAN, 0.0], [0.0, 1.0, NAN]])

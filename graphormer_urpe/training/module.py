@@ -171,6 +171,8 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
             schedule); ``None``: ``lr``.
         warmup_fraction: warmup as a fraction of the schedule's total steps, replacing
             ``warmup_steps`` (short fine-tuning runs whose length follows ``max_epochs``).
+        loss: regression only: ``l1`` (default) or ``mse`` (squared error, for a target judged
+            by RMSE); checkpoints are still selected by validation MAE.
     """
 
     def __init__(
@@ -196,6 +198,7 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
         freeze_backbone_steps: int = 0,
         head_lr: float | None = None,
         warmup_fraction: float | None = None,
+        loss: Literal["l1", "mse"] | None = None,
     ) -> None:
         super().__init__()
         # before any data is read; a warmup fraction of a length not yet known counts as none
@@ -215,7 +218,7 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
         self._resumed_schedule: list | None = None  # the lr schedule of that checkpoint
         self._engine = (TrainingEngine(self, required=bool(engine))
                         if engine or (engine is None and not compile) else None)
-        self.task = get_task(self.facts.task)
+        self.task = get_task(self.facts.task).with_loss(loss)
         for stage in ("val", "test"):
             setattr(self, f"{stage}_metrics", MetricCollection(
                 {self.task.metric_name: self.task.metric(self.facts.num_targets)}, prefix=f"{stage}/"))
