@@ -63,7 +63,7 @@ class Task:
         has a choice (:class:`RegressionTask`); ValueError otherwise."""
         if loss is not None:
             raise ValueError(f"model.loss={loss!r}: a {self.name} model trains with its own loss "
-                             "(the choice of loss is for regression)")
+                             "(the choice of loss is for regression): set --model.loss null")
         return self
 
     def loss(self, outputs: Tensor, y: Tensor) -> Tensor:
