@@ -666,7 +666,7 @@ def test_evaluate_scores_predictions_and_their_std_against_measured_values(esol_
         assert not (tmp_path / "out.csv").exists()
 
 
-def test_calibrate_scales_each_std_to_fit_the_errors_of_held_out_molecules(esol_run, esol_csv, tmp_path):
+def test_calibrate_scales_each_std_to_fit_the_errors_of_held_out_molecules(esol_run, esol_csv, tmp_path, capsys):
     """``--calibrate CSV`` (the installed command, real ESOL molecules): the std column is the
     uncalibrated one times the scale fitted on the calibration molecules' errors, which is the
     root mean square of their errors in std units (so there it becomes 1); the predictions are
@@ -699,12 +699,14 @@ def test_calibrate_scales_each_std_to_fit_the_errors_of_held_out_molecules(esol_
 
     (tmp_path / "list.smi").write_text("CCO\nc1ccccc1\n")
     (tmp_path / "no_target.csv").write_text("smiles,logS\nCCO,1.0\n")
-    for extra, message in (
+    for extra, message in (  # main() of the same command, in this process: no start-up per case
             (["--calibrate", str(calibration)], "--calibrate scales the std columns"),
             (["--mc-dropout", "4", "--calibrate", str(tmp_path / "no_target.csv")],
              f"has no column(s) ['{ESOL_TARGET}']"),
             (["--mc-dropout", "4", "--calibrate", str(tmp_path / "list.smi")], "needs a CSV with a header")):
-        refused = predict("refused.csv", *extra)
-        lines = [line for line in refused.stderr.splitlines() if line.strip()]
-        assert refused.returncode == 2 and len(lines) == 1 and message in lines[0], refused.stderr
+        capsys.readouterr()
+        status = predict_main(["--ckpt", str(ckpt), "--input", str(source), "--output", str(tmp_path / "refused.csv"),
+                               "--quiet", "--workers", "0", *extra])
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert status == 2 and len(lines) == 1 and message in lines[0], lines
         assert not (tmp_path / "refused.csv").exists()
