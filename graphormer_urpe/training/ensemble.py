@@ -77,6 +77,8 @@ FINE_TUNING_HPARAMS = ("init_from", "head_lr", "freeze_backbone_steps")
 #: Eager steps (on a side stream) before the step is captured in a CUDA graph.
 GRAPH_WARMUP_STEPS = 3
 METRICS_FILE = Path("csv") / "ensemble" / "metrics.csv"
+#: The columns of each member's :data:`METRICS_FILE`.
+METRICS_COLUMNS = ("epoch", "step", "train/loss", "val/mae")
 #: Trainer precisions the stacked step runs (autocast dtype or None).
 PRECISIONS = {"32-true": None, "32": None, "bf16-mixed": torch.bfloat16}
 #: A GraphBatch field's value in a graph that pads a batch to its full number of graphs: no
@@ -590,7 +592,7 @@ class Ensemble:
             path.parent.mkdir(parents=True, exist_ok=True)
             new = not path.exists()
             with open(path, "a", newline="") as handle:
-                writer = csv.DictWriter(handle, ["epoch", "step", "train/loss", "val/mae"])
+                writer = csv.DictWriter(handle, METRICS_COLUMNS)
                 if new:
                     writer.writeheader()
                 writer.writerow(row)
@@ -607,7 +609,7 @@ class Ensemble:
             kept = [row for row in rows if int(row["step"]) < self.step]
             if len(kept) < len(rows):
                 with atomic_write(path) as handle:
-                    writer = csv.DictWriter(handle, ["epoch", "step", "train/loss", "val/mae"])
+                    writer = csv.DictWriter(handle, METRICS_COLUMNS)
                     writer.writeheader()
                     writer.writerows(kept)
 
