@@ -65,9 +65,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
-from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.files import atomic_write, hold_directory
-from graphormer_urpe.task import Task, get_task
+from graphormer_urpe.task import get_task
 
 #: What each arm changes in the recipe's ``model.backbone`` (merged into it; everything else in
 #: the backbone, e.g. a smaller model, stays as the recipe has it).
@@ -200,25 +199,6 @@ def checkpoint_step(path: Path) -> int:
     return int(read_checkpoint(path)["global_step"])
 
 
-def best_checkpoint(run_dir: Path) -> tuple[Path, float, int, int, Task]:
-    """``(best path, its validation score, its step, last step, the task)`` from the
-    ModelCheckpoint state that ``last.ckpt`` carries (the CLI's checkpoint callback monitors the
-    task's validation metric, e.g. ``val/mae``)."""
-    from graphormer_urpe.checkpoint import read_checkpoint
-
-    last = read_checkpoint(run_dir / "checkpoints" / "last.ckpt")
-    task = get_task(DataFacts.recorded(last.get("hyper_parameters", {}), "task"))
-    states = [state for key, state in last.get("callbacks", {}).items()
-              if key.startswith("ModelCheckpoint") and state.get("monitor") == task.monitor]
-    if not states or not states[0].get("best_model_path"):
-        raise RuntimeError(f"{run_dir}: last.ckpt has no best {task.monitor} checkpoint (was "
-                           "validation run? the budget must cover at least one validation)")
-    path = Path(states[0]["best_model_path"])
-    best = read_checkpoint(path)
-    return (path, float(states[0]["best_model_score"]), int(best["global_step"]), int(last["global_step"]),
-            task)
-
-
 def metric_of(entry: dict) -> str:
     """The metric a result entry records (``val_<metric>``, ``test_<metric>``); ``mae`` for
     entries written before results named their task."""
@@ -308,6 +288,8 @@ class Run:
             self._subprocess("fit", [*self.cli_args, *resume], record)
             record["fit_done"] = True
             write_json(self.record_path, record)
+        from graphormer_urpe.training.load import best_checkpoint
+
         best, val_score, best_step, steps, task = best_checkpoint(self.dir)
         test_logger = json.dumps({"class_path": "lightning.pytorch.loggers.CSVLogger",
                                   "init_args": {"save_dir": str(self.dir), "name": "test",
@@ -597,7 +579,7 @@ def plot_learned_tables(entries: Sequence[dict], runs_dir: Path, out_dir: Path,
     same seed (same y axis), then that URPE run's scale C of every layer, for distances up to
     ``max_spd`` (ZINC-12k's largest). Checkpoints are the runs' best validation ones."""
     from graphormer_urpe.plot import plot_spd_panels
-    from graphormer_urpe.training.load import load_module
+    from graphormer_urpe.training.load import best_checkpoint, load_module
 
     urpe = min((e for e in entries if e["attention"] == "urpe"), key=lambda e: e["val_mae"],
                default=None)

@@ -54,7 +54,7 @@ from graphormer_urpe.arguments import positive_int
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.files import AtomicFile, stop_on_signals, unreadable_as_a_file
 from graphormer_urpe.checkpoint import CheckpointError
-from graphormer_urpe.training.load import load_module
+from graphormer_urpe.training.load import checkpoint_files, load_module
 from graphormer_urpe.training.inference import DEFAULT_MAX_NODES, ModelEnsemble, chunk_batches, featurize_chunk
 from graphormer_urpe.training.predictions import InputRow, open_smiles
 
@@ -242,8 +242,9 @@ COLUMNS = ["row", "smiles", "prediction", "output", "baseline", "gap", "atoms", 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="graphormer-urpe-explain", description=__doc__.split("\n")[0])
     parser.add_argument("--ckpt", required=True, nargs="+", metavar="CKPT",
-                        help="Lightning checkpoint (.ckpt) of any config; several (one task): the mean "
-                             "of their attributions and predictions, and the predictions' std")
+                        help="Lightning checkpoint (.ckpt) of any config, or a run directory (its best "
+                             "checkpoint) or a folder of them; several (one task): the mean of their "
+                             "attributions and predictions, and the predictions' std")
     parser.add_argument("--input", required=True,
                         help="CSV with a 'smiles' column, or one SMILES a line")
     parser.add_argument("--out", required=True, help="directory for the pictures, attributions.csv and index.html")
@@ -280,8 +281,9 @@ def _explain(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         return _fail(f"--out {out} is a file, not a directory")
     try:
-        models = [load_module(ckpt, inference_only=True) for ckpt in args.ckpt]
-        module = models[0] if len(models) == 1 else ModelEnsemble(models, args.ckpt)
+        ckpts = checkpoint_files(args.ckpt)
+        models = [load_module(ckpt, inference_only=True) for ckpt in ckpts]
+        module = models[0] if len(models) == 1 else ModelEnsemble(models, list(map(str, ckpts)))
         check_options(models[0], args.target, args.steps)
         with open(source, newline="", encoding="utf-8-sig") as handle:
             rows: list[InputRow] = list(open_smiles(handle, source).rows)
@@ -323,7 +325,7 @@ def _explain(args: argparse.Namespace) -> int:
         writer.writerows(records)
         table.commit()
     with AtomicFile(out / "index.html") as page:
-        page.handle.write(index_html(records, ", ".join(args.ckpt), args.target, args.view))
+        page.handle.write(index_html(records, ", ".join(map(str, ckpts)), args.target, args.view))
         page.commit()
     failed = sum(bool(r["error"]) for r in records)
     log.info("explained %d molecules in %s (%d without a picture)", len(records) - failed, out, failed)

@@ -3,7 +3,8 @@
     graphormer-urpe-predict --ckpt runs/zinc_urpe/checkpoints/last.ckpt --input mols.csv --output preds.csv
 
 With several checkpoints of one task (``--ckpt A.ckpt B.ckpt C.ckpt``: the same recipe trained
-with other seeds) the prediction columns hold the models' mean, and a ``std...`` column after
+with other seeds; a run directory stands for its best-validation checkpoint, and a folder of run
+directories, such as an ensemble's or an ablation's, for the best checkpoint of each) the prediction columns hold the models' mean, and a ``std...`` column after
 them holds each target's standard deviation over the models (``prediction_logS`` ->
 ``std_logS``): how much models trained alike disagree on that molecule, a first sign of an
 unreliable prediction (``docs/uncertainty.md`` measures how well it ranks the errors).
@@ -51,7 +52,7 @@ from graphormer_urpe.arguments import non_negative_int, positive_int
 from graphormer_urpe.cores import usable_cores
 from graphormer_urpe.files import AtomicFile, same_file, stop_on_signals, unreadable_as_a_file
 from graphormer_urpe.checkpoint import CheckpointError
-from graphormer_urpe.training.load import load_module
+from graphormer_urpe.training.load import checkpoint_files, load_module
 from graphormer_urpe.training.inference import (
     DEFAULT_BATCH_SIZE, DEFAULT_MAX_NODES, DEFAULT_MAX_PAIRS, MCDropout, ModelEnsemble, ScaledStd,
     stream_predictions)
@@ -76,7 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
                "of libraries and model, whatever the input's length. Lower --max-pairs and --max-nodes "
                "for bigger models or smaller machines.")
     parser.add_argument("--ckpt", required=True, nargs="+", metavar="CKPT",
-                        help="Lightning checkpoint (.ckpt) of any config; several (the same task "
+                        help="Lightning checkpoint (.ckpt) of any config, or a run directory (its "
+                             "best-validation checkpoint) or a folder of run directories (an ablation "
+                             "grid, an ensemble's members: the best of each); several (the same task "
                              "trained with other seeds): their mean, and std columns")
     parser.add_argument("--mc-dropout", type=positive_int, default=None, metavar="N",
                         help="one checkpoint predicting N times with its dropout on: the mean, and "
@@ -155,22 +158,25 @@ def _predict(args: argparse.Namespace) -> int:
     calibration = Path(args.calibrate) if args.calibrate is not None else None
     try:
         device = _check_device(args.device)
-        _check_paths(source, target, [Path(ckpt) for ckpt in args.ckpt])
-        if calibration is not None:
-            _check_paths(calibration, target, [Path(ckpt) for ckpt in args.ckpt])
+        ckpts = checkpoint_files(args.ckpt)
+        if ckpts != [Path(ckpt) for ckpt in args.ckpt]:  # a run directory stood for its best
+            log.info("models: %s", ", ".join(map(str, ckpts)))
+        for read in (source, calibration):
+            if read is not None:
+                _check_paths(read, target, ckpts)
         output = AtomicFile(target)  # fails now, not after the predictions, if unwritable
-    except (FileNotFoundError, ValueError, OSError) as exc:
+    except (FileNotFoundError, ValueError, OSError, CheckpointError) as exc:
         print(f"graphormer-urpe-predict: error: {exc}", file=sys.stderr)
         return 2
     with output, open(source, newline="", encoding="utf-8-sig") as handle:
         try:
-            if args.mc_dropout is not None and len(args.ckpt) > 1:
-                raise ValueError("--mc-dropout takes one --ckpt (several checkpoints already give a std)")
-            models = [load_module(ckpt, inference_only=True) for ckpt in args.ckpt]
+            if args.mc_dropout is not None and len(ckpts) > 1:
+                raise ValueError("--mc-dropout takes one checkpoint (several checkpoints already give a std)")
+            models = [load_module(ckpt, inference_only=True) for ckpt in ckpts]
             if args.mc_dropout is not None:
                 module = MCDropout(models[0], args.mc_dropout, args.seed).to(device)
             else:
-                module = (models[0] if len(models) == 1 else ModelEnsemble(models, args.ckpt)).to(device)
+                module = (models[0] if len(models) == 1 else ModelEnsemble(models, list(map(str, ckpts)))).to(device)
             table_input = open_smiles(handle, source)
             if args.evaluate is not None:
                 _check_evaluate(args.evaluate, table_input.columns, module, source, target)

@@ -15,8 +15,9 @@ import pytest
 import torch
 import yaml
 
-from graphormer_urpe.ablation import (backbone_overrides, best_checkpoint, format_table, main,
+from graphormer_urpe.ablation import (backbone_overrides, format_table, main,
                                       merge_results, read_json)
+from graphormer_urpe.training.load import best_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_BACKBONE = {"num_layers": 2, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2}

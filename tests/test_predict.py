@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from graphormer_urpe.predict import main as predict_main
-from graphormer_urpe.training.load import load_module
+from graphormer_urpe.training.load import best_checkpoint, load_module
 from graphormer_urpe.training.inference import stream_predictions
 from graphormer_urpe.training.predictions import InputRow, PredictionTable
 from graphormer_urpe.training.cli import build_cli
@@ -36,7 +36,7 @@ def esol_run(esol_csv, tmp_path_factory):
     cli = build_cli([
         "fit", "--config", str(REPO / "configs" / "esol.yaml"),
         "--trainer.default_root_dir", str(work / "run"),
-        "--trainer.max_steps", "3", "--trainer.limit_val_batches", "1",
+        "--trainer.max_steps", "3", "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "3",
         "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
         "--model.backbone", json.dumps(TINY_BACKBONE), "--model.warmup_steps", "1",
         "--data.init_args.path", str(esol_csv),
@@ -531,16 +531,16 @@ def test_installed_command_shows_progress(esol_run, tmp_path):
     assert "--max-pairs" in helped.stdout and "Peak memory" in helped.stdout
 
 
-def test_several_checkpoints_predict_their_mean_with_a_std_column(esol_run, esol_csv, zinc_ckpt, tmp_path):
+def test_several_checkpoints_predict_their_mean_with_a_std_column(esol_run, esol_csv, zinc_ckpt, tmp_path, capsys):
     """``--ckpt A B`` (the installed command, real ESOL molecules): the prediction column is the
     two models' mean and ``std_<target>`` their standard deviation, each model as predicted alone;
-    models of another task are refused in one line, before any work."""
+    a folder of their run directories predicts as their best checkpoints; models of another task are refused in one line, before any work."""
     _, first = esol_run
     work = tmp_path / "seed1"
     build_cli([
         "fit", "--config", str(REPO / "configs" / "esol.yaml"), "--seed_everything", "1",
         "--trainer.default_root_dir", str(work / "run"),
-        "--trainer.max_steps", "3", "--trainer.limit_val_batches", "1",
+        "--trainer.max_steps", "3", "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "3",
         "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
         "--model.backbone", json.dumps(TINY_BACKBONE), "--model.warmup_steps", "1",
         "--data.init_args.path", str(esol_csv), "--data.init_args.cache_root", str(work / "cache"),
@@ -564,6 +564,20 @@ def test_several_checkpoints_predict_their_mean_with_a_std_column(esol_run, esol
     np.testing.assert_allclose(mean, (alone[0] + alone[1]) / 2, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(std, np.abs(alone[0] - alone[1]) / 2, rtol=1e-4, atol=1e-5)
     assert std.max() > 0
+
+    # A folder of run directories (copied elsewhere) stands for each run's best checkpoint.
+    runs = tmp_path / "runs"
+    for name, ckpt in (("a", first), ("b", second)):
+        shutil.copytree(ckpt.parents[1], runs / name)
+    best = [best_checkpoint(runs / name)[0] for name in ("a", "b")]
+    assert [path.parents[1] for path in best] == [runs / "a", runs / "b"]
+    for option, output in ((["--ckpt", str(runs)], "folder.csv"), (["--ckpt", *map(str, best)], "files.csv")):
+        assert predict_main([*option, "--input", str(source), "--output", str(tmp_path / output),
+                             "--quiet", "--workers", "0"]) == 0
+    assert read_output(tmp_path / "folder.csv") == read_output(tmp_path / "files.csv")
+    assert predict_main(["--ckpt", str(tmp_path / "seed1" / "cache"), "--input", str(source), "--output",
+                         str(tmp_path / "none.csv")]) == 2
+    assert "neither a run directory" in capsys.readouterr().err and not (tmp_path / "none.csv").exists()
 
     refused = subprocess.run([str(PREDICT), "--ckpt", str(first), str(zinc_ckpt), "--input", str(source),
                               "--output", str(tmp_path / "mixed.csv")],
@@ -608,7 +622,7 @@ def test_mc_dropout_predicts_a_mean_and_std_from_one_checkpoint(esol_run, esol_c
         saved["hyper_parameters"]["backbone"][key] = 0.0
     torch.save(saved, tmp_path / "no_dropout.ckpt")
     for extra, message in ((["--ckpt", str(tmp_path / "no_dropout.ckpt")], "trained without dropout"),
-                           (["--ckpt", str(ckpt), str(ckpt)], "--mc-dropout takes one --ckpt")):
+                           (["--ckpt", str(ckpt), str(ckpt)], "--mc-dropout takes one checkpoint")):
         refused = predict("refused.csv", *extra, "--mc-dropout", "4", ok=False)
         lines = [line for line in refused.stderr.splitlines() if line.strip()]
         assert refused.returncode == 2 and len(lines) == 1 and message in lines[0], refused.stderr

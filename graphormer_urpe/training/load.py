@@ -3,9 +3,14 @@ checkpoint with :func:`~graphormer_urpe.checkpoint.read_checkpoint` (plain data,
 CRCs checked), then checks that its weights are finite, that its hyperparameters build this
 version's model for their featurizer and task, and that the model predicts a probe molecule; any
 failure is a :class:`~graphormer_urpe.checkpoint.CheckpointError` naming the file.
+
+:func:`best_checkpoint` finds a run directory's best-validation checkpoint, and
+:func:`checkpoint_files` turns what a user names as checkpoints (files, run directories, or a
+folder of runs such as an ablation grid or an ensemble's members) into checkpoint files.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -13,6 +18,9 @@ import torch
 from graphormer_urpe.checkpoint import CheckpointError, read_checkpoint
 from graphormer_urpe.training.inference import RETIRED_HPARAMS, predict_smiles
 from graphormer_urpe.training.predictions import InputRow
+
+#: Where a run directory keeps its checkpoints, and the newest state among them.
+RUN_LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
 
 #: A molecule every featurizer accepts: a loaded model must predict it (hand-edited checkpoints).
 _PROBE_SMILES = "CCO"
@@ -72,3 +80,49 @@ def load_module(ckpt: str | Path, map_location: str = "cpu", *, inference_only: 
         raise CheckpointError(f"checkpoint {ckpt} does not match this version's GraphormerModule "
                               f"({type(exc).__name__}: {exc})") from None
     return module
+
+
+def best_checkpoint(run_dir: Path):
+    """``(best path, its validation score, its step, last step, the task)`` of a run directory,
+    from the ModelCheckpoint state its ``checkpoints/last.ckpt`` carries (the CLI's checkpoint
+    callback monitors the task's validation metric, e.g. ``val/mae``). The best file is looked up
+    by name in the run's own ``checkpoints/`` first, so a run directory moved or copied elsewhere
+    gives its own file. :class:`CheckpointError` when there is none."""
+    from graphormer_urpe.data.facts import DataFacts
+    from graphormer_urpe.task import get_task
+
+    run_dir = Path(run_dir)
+    last = read_checkpoint(run_dir / RUN_LAST_CHECKPOINT)
+    task = get_task(DataFacts.recorded(last.get("hyper_parameters", {}), "task"))
+    states = [state for key, state in last.get("callbacks", {}).items()
+              if key.startswith("ModelCheckpoint") and state.get("monitor") == task.monitor]
+    if not states or not states[0].get("best_model_path"):
+        raise CheckpointError(f"{run_dir}: last.ckpt has no best {task.monitor} checkpoint (was "
+                              "validation run? the budget must cover at least one validation)")
+    recorded = Path(states[0]["best_model_path"])
+    path = run_dir / RUN_LAST_CHECKPOINT.parent / recorded.name
+    if not path.exists():  # a best checkpoint saved outside the run's checkpoints/
+        path = recorded
+    best = read_checkpoint(path)
+    return (path, float(states[0]["best_model_score"]), int(best["global_step"]), int(last["global_step"]),
+            task)
+
+
+def checkpoint_files(names: Sequence[str | Path]) -> list[Path]:
+    """The checkpoint files that ``names`` mean, in order: a file is itself; a run directory
+    (one with ``checkpoints/last.ckpt``) is its best-validation checkpoint
+    (:func:`best_checkpoint`); a directory of run directories (an ablation grid, an ensemble's
+    members) is the best checkpoint of each, in name order. :class:`CheckpointError` for a
+    directory that is neither, or a run without a best checkpoint."""
+    files = []
+    for name in map(Path, names):
+        if not name.is_dir():
+            files.append(name)  # a missing or unreadable file is named when it is read
+            continue
+        runs = [name] if (name / RUN_LAST_CHECKPOINT).exists() else sorted(
+            run for run in name.iterdir() if (run / RUN_LAST_CHECKPOINT).exists())
+        if not runs:
+            raise CheckpointError(f"{name} is a directory that is neither a run directory (no "
+                                  f"{RUN_LAST_CHECKPOINT}) nor a folder of run directories")
+        files.extend(best_checkpoint(run)[0] for run in runs)
+    return files
