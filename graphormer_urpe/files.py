@@ -1,5 +1,5 @@
-"""Files that appear whole or not at all, the same-file test, stopping on signals, and the lock
-that gives a folder to one process.
+"""Files that appear whole or not at all (JSON ones too), the same-file test, stopping on signals,
+and the lock that gives a folder to one process.
 
 A file is written to a temporary sibling (``.<name>.<random>.part``), flushed to disk (fsync)
 and renamed onto its path with ``os.replace``, which is atomic within one file system: a reader,
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import signal
@@ -18,7 +19,7 @@ import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 #: Signals that stop a command like Ctrl-C: ``kill``, a closed terminal or SSH session.
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
@@ -269,3 +270,20 @@ def hold_directory(directory: Path, lock_name: str, holder: str, advice: str) ->
     handle.write(f"{os.getpid()}\n")
     handle.flush()
     return handle
+
+
+def read_json(path: Path, default: Any) -> Any:
+    """The JSON value at ``path``, ``default`` when it is missing; ``ValueError`` naming the file
+    when it is not JSON."""
+    if not path.exists():
+        return default
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not valid JSON ({error}); fix or remove it") from None
+
+
+def write_json(path: Path, value: Any) -> None:
+    """``value`` as indented JSON, written whole or not at all (:func:`atomic_write`)."""
+    with atomic_write(path) as handle:
+        handle.write(json.dumps(value, indent=1) + "\n")

@@ -41,6 +41,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.colors import TwoSlopeNorm  # noqa: E402
 
+from graphormer_urpe.ablation_results import BASELINE  # noqa: E402
+
 SEQUENCE_TABLE = re.compile(r"(?:^|\.)layers\.(\d+)\.(bias|scale)\.table$")
 # The neutral value of each table: B adds, C multiplies.
 CENTER = {"bias": 0.0, "scale": 1.0}
@@ -170,7 +172,7 @@ def graph_tables(path: Path) -> tuple[np.ndarray, np.ndarray]:
     from graphormer_urpe.training.load import load_module
 
     model = load_module(path).model
-    if model.attention != "urpe":
+    if model.urpe_scales is None:
         raise ValueError(f"the graph model was trained with attention={model.attention!r}: it has "
                          "no URPE scale C (train with attention 'urpe')")
     scales = model.urpe_scale_tables().numpy()
@@ -258,6 +260,33 @@ def plot_checkpoint(path: Path, out_dir: Path, length: int | None = None,
         return plot_graph(path, out_dir, stem, max_spd)
     raise ValueError(f"{path}: found neither sequence tables (layers.<l>.scale.table) nor a "
                      "Lightning checkpoint of a graph model (hyper_parameters and state_dict)")
+
+
+def plot_learned_tables(entries: Sequence[dict], runs_dir: Path, out_dir: Path,
+                        max_spd: int = 21) -> Path:
+    """``<out_dir>/<recipe>-tables.png``: over shortest-path distance, one line per head, the
+    spatial bias B of the URPE run with the lowest validation MAE and of the RPE run with the
+    same seed (same y axis), then that URPE run's scale C of every layer, for distances up to
+    ``max_spd`` (ZINC-12k's largest). Checkpoints are the runs' best validation ones."""
+    from graphormer_urpe.training.load import best_checkpoint, load_module
+
+    urpe = min((e for e in entries if e["attention"] == "urpe"), key=lambda e: e["val_mae"],
+               default=None)
+    if urpe is None:
+        raise ValueError("no finished urpe run to plot")
+    recipe, seed = urpe["recipe"], urpe["seed"]
+    rpe = next((e for e in entries if e["attention"] == BASELINE and e["seed"] == seed
+                and e["recipe"] == recipe), None)
+    models = {arm: load_module(best_checkpoint(runs_dir / recipe / f"{arm}-s{seed}")[0]).model
+              for arm in ["urpe"] + ([BASELINE] if rpe else [])}
+    panels = [(f"B, {arm} (val {e['val_mae']:.3f}, test {e['test_mae']:.3f})", "bias",
+               models[arm].spatial_bias.embedding.weight.detach().float().numpy())
+              for arm, e in (("urpe", urpe), (BASELINE, rpe)) if e is not None]
+    panels += [(f"C, urpe layer {layer}", "scale", table)
+               for layer, table in enumerate(models["urpe"].urpe_scale_tables().numpy())]
+    return plot_spd_panels(panels, out_dir / f"{recipe}-tables.png",
+                           f"{recipe}, seed {seed}: best-validation checkpoints, one line per head",
+                           max_spd)
 
 
 def main(argv: Sequence[str] | None = None) -> list[Path]:

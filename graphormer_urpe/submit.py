@@ -66,7 +66,7 @@ def predict_split(module, data, split: str, trainer) -> tuple[np.ndarray, np.nda
     order = np.argsort(index, kind="stable")
     if not np.array_equal(index[order], np.arange(len(index))):
         raise RuntimeError(f"{split}: predictions do not cover each row exactly once")
-    labels = data.ogb_split(split).y.reshape(-1)
+    labels = data.table_split(split).y.reshape(-1)
     return pred[order], np.asarray(labels, dtype=np.float32)
 
 
@@ -85,7 +85,7 @@ def submit(args: argparse.Namespace) -> dict:
     import lightning.pytorch as pl
     import ogb.lsc
 
-    from graphormer_urpe.data.datamodule import PCQM4MDataModule, PCQM4Mv2DataModule
+    from graphormer_urpe.data import PCQM4MDataModule, PCQM4Mv2DataModule
 
     layout = LAYOUTS[args.dataset]
     require_layout(args.root, layout)

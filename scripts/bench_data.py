@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
-    from graphormer_urpe.data.datamodule import PCQM4Mv2DataModule, ZINCDataModule
+    from graphormer_urpe.data import PCQM4Mv2DataModule, ZINCDataModule
     from graphormer_urpe.data.ogb_lsc import PCQM4MV2, write_root
 
     temporary = args.root is None

@@ -155,7 +155,7 @@ def run_measured(argv: list[str]) -> dict:
 
 
 def child_build(root: Path, workers: int) -> None:
-    from graphormer_urpe.data.datamodule import PCQM4Mv2DataModule
+    from graphormer_urpe.data import PCQM4Mv2DataModule
 
     start = time.perf_counter()
     PCQM4Mv2DataModule(root=str(root), build_workers=workers, encode_threads=workers).prepare_data()
@@ -168,7 +168,7 @@ def child_build(root: Path, workers: int) -> None:
 
 
 def child_train_start(root: Path) -> None:
-    from graphormer_urpe.data.datamodule import PCQM4Mv2DataModule
+    from graphormer_urpe.data import PCQM4Mv2DataModule
 
     start = time.perf_counter()
     data = PCQM4Mv2DataModule(root=str(root), batch_size=256)

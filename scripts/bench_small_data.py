@@ -72,7 +72,7 @@ def write_splits(args: argparse.Namespace, work: Path) -> dict[tuple[str, int], 
             if path.is_file():
                 continue
             data = CSVDataModule(path=str(args.csv), smiles_column=args.smiles_column,
-                                 target_columns=[args.target_column], split=split, seed=seed,
+                                 target_columns=[args.target_column], split=split, split_seed=seed,
                                  cache_root=str(work / "cache"), encode_threads=1, build_workers=1)
             rows = {name: [int(r) for r in data.store()[3][name]] for name in ("train", "val", "test")}
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -260,7 +260,7 @@ def batch_size_of(name: str, args) -> int:
 
 def datamodule(name: str, args, batch_size: int, resident: bool, static_shapes: bool = False,
                bucket_batches: int = 0):
-    from graphormer_urpe.data.datamodule import PCQM4Mv2DataModule, ZINCDataModule
+    from graphormer_urpe.data import PCQM4Mv2DataModule, ZINCDataModule
 
     common = {"batch_size": batch_size, "device_resident": resident, "static_shapes": static_shapes,
               "bucket_batches": bucket_batches,

@@ -72,7 +72,7 @@ def test_rmse(ckpt: Path, split: str, seed: int) -> float:
     module = load_module(ckpt, inference_only=True)
     data = CSVDataModule(path=str(SHARED / "moleculenet" / "esol.csv"),
                          target_columns=["measured log solubility in mols per litre"], split=split,
-                         seed=seed, featurizer="zinc", encode_threads=1, build_workers=1)
+                         split_seed=seed, featurizer="zinc", encode_threads=1, build_workers=1)
     data.setup("test")
     errors = []
     with torch.inference_mode():
@@ -109,7 +109,7 @@ def arm(work: Path, split: str, seed: int, init_from: Path | None) -> dict:
     extra = ["--model.init_from", str(init_from)] if init_from else ["--model.freeze_backbone_steps", "0"]
     started = time.perf_counter()
     cli(["fit", *ESOL_CONFIGS, "--seed_everything", str(seed), "--data.init_args.seed", str(seed),
-         "--data.init_args.split", split, "--data.init_args.encode_threads", "1",
+         "--data.init_args.split_seed", str(seed), "--data.init_args.split", split, "--data.init_args.encode_threads", "1",
          "--data.init_args.build_workers", "1", "--trainer.default_root_dir", str(run),
          "--trainer.enable_progress_bar", "false", *extra], run / "fit.log")
     _, state = checkpoint_state(run / "checkpoints" / "last.ckpt")

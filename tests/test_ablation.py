@@ -15,8 +15,9 @@ import pytest
 import torch
 import yaml
 
-from graphormer_urpe.ablation import (backbone_overrides, format_table, main,
-                                      merge_results, read_json)
+from graphormer_urpe.ablation import backbone_overrides, main
+from graphormer_urpe.ablation_results import format_table, merge_results
+from graphormer_urpe.files import read_json
 from graphormer_urpe.training.load import best_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,11 +11,11 @@ from graphormer_urpe.data.batch import GraphBatch
 
 _LAZY = {
     "GraphDataModule": "datamodule",
-    "ZINCDataModule": "datamodule",
-    "OGBLSCDataModule": "datamodule",
-    "PCQM4MDataModule": "datamodule",
-    "PCQM4Mv2DataModule": "datamodule",
-    "CSVDataModule": "datamodule",
+    "ZINCDataModule": "zinc",
+    "OGBLSCDataModule": "ogb_lsc",
+    "PCQM4MDataModule": "ogb_lsc",
+    "PCQM4Mv2DataModule": "ogb_lsc",
+    "CSVDataModule": "property_csv",
     "SMILESTableDataModule": "datamodule",
     "DescriptorDataModule": "descriptors",
     "EncodedGraphDataset": "dataset",

@@ -1,11 +1,15 @@
-"""Lightning DataModules over encoded graphs: a base class, one for SMILES tables, one per dataset.
+"""The base Lightning DataModules over encoded graphs: :class:`GraphDataModule` and, for tables of
+SMILES, :class:`SMILESTableDataModule`. Each dataset's DataModule lives beside its data:
+:class:`~.zinc.ZINCDataModule`, :class:`~.ogb_lsc.PCQM4MDataModule` /
+:class:`~.ogb_lsc.PCQM4Mv2DataModule`, :class:`~.property_csv.CSVDataModule` and
+:class:`~.descriptors.DescriptorDataModule` (all importable from :mod:`graphormer_urpe.data`).
 
 Every data family (ZINC, PCQM4M / PCQM4Mv2, CSV) turns its splits into :class:`~.collate.FlatGraphs`
 (features as shared ids + cached encodings, memory-mapped, :mod:`.encode`); each split is an
 :class:`~.dataset.EncodedGraphDataset` that collates whole batches, in the seeded order of
 :class:`~.dataset.SeededShuffleSampler` for training. Graphs with more than ``max_nodes`` nodes are
 dropped from TRAINING only (the count is logged); validation, test and prediction serve every graph
-(a CSV table skips such rows in every split, before featurizing them: :class:`CSVDataModule`).
+(a CSV table skips such rows in every split, before featurizing them: :class:`~.property_csv.CSVDataModule`).
 
 ``device_resident=True`` swaps each ``DataLoader`` for a :class:`~.resident.ResidentLoader`: the
 split on the trainer's device, batches gathered there, same items, order and batches.
@@ -31,14 +35,12 @@ from graphormer_urpe.cores import usable_cores
 from graphormer_urpe.data.batch import BatchPadding, GraphBatch
 from graphormer_urpe.data.collate import FlatGraphs
 from graphormer_urpe.data.dataset import EncodedGraphDataset, SeededShuffleSampler, check_seed
-from graphormer_urpe.data.encode import encode_smiles_store, flat_graphs_from_pyg
+from graphormer_urpe.data.encode import encode_smiles_store
 from graphormer_urpe.data.encoding_registry import EncodingParams
 from graphormer_urpe.data.facts import DEFAULT_MAX_HOPS
 from graphormer_urpe.data.features import num_embeddings
-from graphormer_urpe.data.featurize import featurizer_spec
-from graphormer_urpe.data.ogb_lsc import PCQM4M, PCQM4MV2, LSCLayout
+from graphormer_urpe.data.featurize import cached_smiles_graphs, featurizer_spec
 from graphormer_urpe.data.resident import ResidentLoader, ResidentSplit, TensorGraphs
-from graphormer_urpe.files import unreadable_as_a_file
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +91,8 @@ class GraphDataModule(pl.LightningDataModule):
     """
 
     featurizer: str = ""
-    #: ``"regression"`` or ``"classification"`` (linked into the model by the CLI).
+    #: The task (:data:`graphormer_urpe.task.TASKS`: regression, classification, multiclass), linked
+    #: into the model by the CLI.
     task: str = "regression"
 
     def __init__(self, max_hops: int = DEFAULT_MAX_HOPS, batch_size: int = 128, num_workers: int = 0,
@@ -245,45 +248,6 @@ class GraphDataModule(pl.LightningDataModule):
         return self._loader(self._split("predict"), self.eval_batch_size, None)
 
 
-class ZINCDataModule(GraphDataModule):
-    """ZINC (subset: 10,000 / 1,000 / 1,000; full: 220,011 / 24,445 / 5,000) via PyG's ``ZINC``
-    under ``<root>/ZINC``, built offline from ``source_dir`` or the local data copies when its raw
-    files are missing (:func:`.zinc.resolve_zinc_source`). Prediction serves ``predict_split``. Other
-    arguments: :class:`GraphDataModule`'s."""
-
-    featurizer = "zinc"
-
-    def __init__(self, root: str = "data", subset: bool = True, source_dir: str | None = None,
-                 predict_split: str = "test", **kwargs) -> None:
-        super().__init__(**kwargs)
-        from graphormer_urpe.data.zinc import SPLITS
-
-        if predict_split not in SPLITS:
-            raise ValueError(f"predict_split must be one of {SPLITS}, got {predict_split!r}")
-        self.root = Path(root) / "ZINC"
-        self.subset = bool(subset)
-        self.source_dir = source_dir
-        self.predict_split = predict_split
-
-    @property
-    def num_targets(self) -> int:
-        return 1
-
-    def build(self) -> None:
-        for split in ("train", "val", "test"):
-            self.load_split(split)
-
-    def load_split(self, split: str) -> EncodedGraphDataset:
-        from graphormer_urpe.data.zinc import load_zinc
-
-        split = self.predict_split if split == "predict" else split
-        dataset = load_zinc(self.root, subset=self.subset, split=split, source_dir=self.source_dir,
-                            num_workers=self.build_workers)
-        return EncodedGraphDataset(flat_graphs_from_pyg(
-            dataset, (dataset.processed_dir, split), self.encoding_params,
-            self.atom_feature_dims, self.bond_feature_dims, self.encode_threads))
-
-
 #: ``(molecules, graph_of_row [R], y [R, T], {table split: rows})`` of a SMILES table.
 TableStore = tuple[FlatGraphs, np.ndarray, np.ndarray, dict[str, np.ndarray]]
 
@@ -330,8 +294,6 @@ class SMILESTableDataModule(GraphDataModule):
     def store(self) -> TableStore:
         """``(distinct molecules, graph_of_row [R], y [R, T], {table split: rows})``, built once."""
         if self._store is None:
-            from graphormer_urpe.data.featurize import cached_smiles_graphs
-
             work_dir, source, read = self.table_source()
             arrays = cached_smiles_graphs(work_dir / "graphs", source, read, self.featurizer, self.build_workers,
                                           max_atoms=self.table_max_atoms)
@@ -350,191 +312,3 @@ class SMILESTableDataModule(GraphDataModule):
 
     def load_split(self, split: str) -> EncodedGraphDataset:
         return self.table_split(self.split_names[split])
-
-
-class OGBLSCDataModule(SMILESTableDataModule):
-    """An OGB-LSC PCQM4M version (:attr:`layout`, see :mod:`.ogb_lsc`) from its official layout
-    under ``root``: HOMO-LUMO gap regression on ``ogb`` features. Stages map to OGB splits:
-    fit -> train / valid, test -> ``test_split`` (default valid: the test sets have no public
-    labels), predict -> ``predict_split`` (default: the first test set; ``GraphBatch.index`` =
-    position in that split, the order of OGB's submission file). ``download=True`` fetches OGB's
-    archive when the layout is missing. The split dict is checked against the table (rows in
-    range, disjoint, labelled where they must be) before anything is served. Other arguments:
-    :class:`GraphDataModule`'s.
-    """
-
-    layout: LSCLayout
-
-    def __init__(self, root: str = "data", test_split: str = "valid", predict_split: str | None = None,
-                 download: bool = False, batch_size: int = 256, **kwargs) -> None:
-        super().__init__(batch_size=batch_size, **kwargs)
-        splits = self.layout.splits
-        predict_split = predict_split or self.layout.test_splits[0]
-        for name, value in (("test_split", test_split), ("predict_split", predict_split)):
-            if value not in splits:
-                raise ValueError(f"{name} must be one of {splits} for {self.layout.name}, got {value!r}")
-        self.root = Path(root)
-        self.split_names = {"train": "train", "val": "valid", "test": test_split, "predict": predict_split}
-        self.download = bool(download)
-
-    @property
-    def num_targets(self) -> int:
-        return 1
-
-    def table_source(self) -> tuple[Path, dict, Callable[[], tuple[Sequence[str], np.ndarray]]]:
-        from graphormer_urpe.data import ogb_lsc
-        from graphormer_urpe.data.featurize import file_fingerprint
-
-        folder = self.layout.path(self.root)
-        table = folder / ogb_lsc.RAW_TABLE
-        if not table.is_file():
-            if not self.download:
-                raise ValueError(f"{self.layout.name} table {table} is missing (expected the OGB-LSC "
-                                 "layout; download=True fetches it)")
-            ogb_lsc.download(self.root, self.layout)
-        ogb_lsc.require_layout(self.root, self.layout)  # the split dict too, before featurizing
-        ogb_lsc.read_split_dict_checked(self.root, self.layout)  # what needs no table
-        return (folder / "processed_graphormer_urpe", file_fingerprint(table),
-                lambda: ogb_lsc.read_table(self.root, self.layout))
-
-    def split_rows(self, graph_of_row: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
-        from graphormer_urpe.data import ogb_lsc
-
-        folder = self.layout.path(self.root)
-        rejected = np.flatnonzero(graph_of_row < 0)
-        if len(rejected):
-            raise ValueError(f"{folder / ogb_lsc.RAW_TABLE}: RDKit rejects the SMILES of rows "
-                             f"{rejected[:10].tolist()}")
-        splits = ogb_lsc.read_split_dict(self.root, self.layout)
-        ogb_lsc.check_split_dict(splits, len(graph_of_row), y.reshape(len(graph_of_row), -1)[:, 0],
-                                 folder / ogb_lsc.SPLIT_FILE, self.layout)
-        return splits
-
-    def ogb_split(self, name: str) -> EncodedGraphDataset:
-        """The rows of OGB split ``name`` (e.g. ``"test-dev"``) in split order."""
-        return self.table_split(name)
-
-    def ogb_split_loader(self, name: str) -> DataLoader | ResidentLoader:
-        """Evaluation loader (``eval_batch_size``, split order) over OGB split ``name``."""
-        return self._loader(self.ogb_split(name), self.eval_batch_size, None)
-
-
-class PCQM4MDataModule(OGBLSCDataModule):
-    """PCQM4M (OGB-LSC 2021, v1): ``<root>/pcqm4m_kddcup2021/`` with splits train / valid / test
-    (3,045,360 / 380,670 / 377,423); prediction serves ``test`` by default."""
-
-    layout = PCQM4M
-
-
-class PCQM4Mv2DataModule(OGBLSCDataModule):
-    """PCQM4Mv2: ``<root>/pcqm4m-v2/`` with splits train / valid / test-dev / test-challenge
-    (3,378,606 / 73,545 / 147,037 / 147,432); prediction serves ``test-dev`` by default."""
-
-    layout = PCQM4MV2
-
-
-class CSVDataModule(SMILESTableDataModule):
-    """A molecule property CSV (see :mod:`.property_csv`): ``smiles_column`` + ``target_columns``
-    (default: every other column), ``task`` ``regression``, ``classification`` (binary or
-    multi-label 0/1 columns) or ``multiclass`` (one column of class ids; ``num_targets`` is the
-    number of classes, the largest id + 1), ``split`` random or scaffold with
-    ``split_fractions``, or the rows of a JSON ``split_file`` (:func:`.property_csv.read_split_file`; it
-    replaces ``split``: chemprop's ``--splits-file`` reads the same file). Featurized and encoded once into ``cache_root`` (default ``data/csv``),
-    keyed by the file's content. ``featurizer``: ``ogb`` (default; any molecule RDKit reads) or
-    ``zinc`` (ZINC's 28 atom tokens, to fine-tune a ZINC-trained model; rows with another atom
-    are skipped with one warning). Rows whose molecule has more than ``max_nodes`` atoms are
-    skipped in every split, counted with the rejected rows (their size is read from the SMILES,
-    so a huge polymer is never featurized nor encoded). Prediction serves the test split. Other
-    arguments: :class:`GraphDataModule`'s."""
-
-    def __init__(self, path: str, smiles_column: str = "smiles", target_columns: list[str] | None = None,
-                 task: str = "regression", split: str = "random",
-                 split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1), cache_root: str = "data/csv",
-                 batch_size: int = 32, featurizer: str = "ogb", split_file: str | None = None,
-                 **kwargs) -> None:
-        super().__init__(batch_size=batch_size, **kwargs)
-        from graphormer_urpe.data import property_csv
-
-        if task not in property_csv.TASKS:
-            raise ValueError(f"task must be one of {list(property_csv.TASKS)}, got {task!r}")
-        if split not in ("random", "scaffold"):
-            raise ValueError(f"split must be 'random' or 'scaffold', got {split!r}")
-        self.featurizer = featurizer_spec(featurizer).name
-        self.path = Path(path)
-        self.smiles_column = smiles_column
-        self.split = split
-        self.split_file = None if split_file is None else Path(split_file)
-        if self.split_file is not None:
-            problem = unreadable_as_a_file(self.split_file)
-            if problem:
-                raise ValueError(f"split file {self.split_file} {problem}")
-        self.split_fractions = property_csv.check_fractions(split_fractions)
-        self.cache_root = Path(cache_root)
-        self.task = task
-        self.table_max_atoms = self.max_nodes
-        self.target_columns = property_csv.resolve_columns(self.path, smiles_column, target_columns)
-        self._num_classes = None
-        if task == "multiclass":  # the model's width is needed before the data is built
-            _, y, _ = self._read()
-            usable = np.delete(y, property_csv.nonfinite_target_rows(y), axis=0)
-            property_csv.check_targets(self.path, usable, self.target_columns, task)
-            self._num_classes = max(int(np.nanmax(usable)) + 1, 2)
-
-    @property
-    def num_targets(self) -> int:
-        return self._num_classes or len(self.target_columns)
-
-    def _read(self) -> tuple[list[str], np.ndarray, list[str]]:
-        from graphormer_urpe.data import property_csv
-
-        return property_csv.read_property_csv(self.path, self.smiles_column, self.target_columns)
-
-    def table_source(self) -> tuple[Path, dict, Callable[[], tuple[Sequence[str], np.ndarray]]]:
-        from graphormer_urpe.data.featurize import file_fingerprint
-
-        source = {**file_fingerprint(self.path), "smiles_column": self.smiles_column,
-                  "target_columns": self.target_columns}
-        # one work directory per featurizer (the ogb one keeps its original name)
-        suffix = "" if self.featurizer == "ogb" else f"-{self.featurizer}"
-        return (self.cache_root / f"{self.path.stem}-{source['blake2b'][:12]}{suffix}", source,
-                lambda: self._read()[:2])
-
-    def split_rows(self, graph_of_row: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
-        from graphormer_urpe.data import property_csv
-        from graphormer_urpe.data.featurize import REJECTED_ROW, TOO_LARGE_ROW
-
-        bad_targets = property_csv.nonfinite_target_rows(y)
-        property_csv.warn_rejected_rows(self.path, np.flatnonzero(graph_of_row == REJECTED_ROW), len(y),
-                                        "whose SMILES RDKit rejects" if self.featurizer == "ogb"
-                                        else f"whose SMILES RDKit or the {self.featurizer!r} featurizer rejects")
-        property_csv.warn_rejected_rows(self.path, np.flatnonzero(graph_of_row == TOO_LARGE_ROW), len(y),
-                                        f"with more than max_nodes={self.max_nodes} atoms")
-        property_csv.warn_rejected_rows(self.path, bad_targets, len(y),
-                                        "with an infinite or out-of-range target")
-        usable = graph_of_row >= 0
-        usable[bad_targets] = False
-        valid = np.flatnonzero(usable)
-        if len(valid) == 0:
-            raise ValueError(f"{self.path}: no row has a SMILES that RDKit accepts and "
-                             "finite targets")
-        property_csv.check_targets(self.path, y[valid], self.target_columns, self.task)
-        if self.split_file is not None:
-            parts = property_csv.read_split_file(self.split_file, len(y))
-            for name, rows in parts.items():
-                skipped = np.setdiff1d(rows, valid)
-                if len(skipped):
-                    log.warning("%s: split %r skips %d of its rows whose molecule or target cannot be "
-                                "used (rows %s; see above)", self.split_file, name, len(skipped),
-                                skipped[:10].tolist())
-            return {name: rows[np.isin(rows, valid)] for name, rows in parts.items()}
-        if self.split == "random":
-            parts = property_csv.random_split(len(valid), self.split_fractions, self.seed)
-        else:
-            smiles = self._read()[0]
-            parts = property_csv.scaffold_split([smiles[r] for r in valid], self.split_fractions)
-        return {name: valid[rows] for name, rows in parts.items()}
-
-    def predict_smiles(self) -> list[str]:
-        """The SMILES of the predict split's items, in order (as in the file)."""
-        smiles, _, _ = self._read()
-        return [smiles[row] for row in self.store()[3]["test"]]

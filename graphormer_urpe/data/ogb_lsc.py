@@ -31,12 +31,17 @@ from __future__ import annotations
 import contextlib
 import gzip
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader
+
+from graphormer_urpe.data.datamodule import SMILESTableDataModule
+from graphormer_urpe.data.featurize import file_fingerprint
+from graphormer_urpe.data.resident import ResidentLoader
 
 RELEASE_MARKER = "RELEASE_v1.txt"
 RAW_TABLE = Path("raw") / "data.csv.gz"
@@ -290,3 +295,75 @@ def write_root(root: str | os.PathLike, source_csv: str | os.PathLike, layout: L
     torch.save({s: np.asarray(rows[s], dtype=np.int64) for s in splits}, folder / SPLIT_FILE)
     (folder / RELEASE_MARKER).write_text(f"{layout.name} fixture in the OGB-LSC layout (graphormer_urpe)\n")
     return folder
+
+
+class OGBLSCDataModule(SMILESTableDataModule):
+    """An OGB-LSC PCQM4M version (:attr:`layout`, one of the layouts above) from its official layout
+    under ``root``: HOMO-LUMO gap regression on ``ogb`` features. Stages map to OGB splits:
+    fit -> train / valid, test -> ``test_split`` (default valid: the test sets have no public
+    labels), predict -> ``predict_split`` (default: the first test set; ``GraphBatch.index`` =
+    position in that split, the order of OGB's submission file). ``download=True`` fetches OGB's
+    archive when the layout is missing. The split dict is checked against the table (rows in
+    range, disjoint, labelled where they must be) before anything is served. Other arguments:
+    :class:`GraphDataModule`'s.
+    """
+
+    layout: LSCLayout
+
+    def __init__(self, root: str = "data", test_split: str = "valid", predict_split: str | None = None,
+                 download: bool = False, batch_size: int = 256, **kwargs) -> None:
+        super().__init__(batch_size=batch_size, **kwargs)
+        splits = self.layout.splits
+        predict_split = predict_split or self.layout.test_splits[0]
+        for name, value in (("test_split", test_split), ("predict_split", predict_split)):
+            if value not in splits:
+                raise ValueError(f"{name} must be one of {splits} for {self.layout.name}, got {value!r}")
+        self.root = Path(root)
+        self.split_names = {"train": "train", "val": "valid", "test": test_split, "predict": predict_split}
+        self.download = bool(download)
+
+    @property
+    def num_targets(self) -> int:
+        return 1
+
+    def table_source(self) -> tuple[Path, dict, Callable[[], tuple[Sequence[str], np.ndarray]]]:
+        folder = self.layout.path(self.root)
+        table = folder / RAW_TABLE
+        if not table.is_file():
+            if not self.download:
+                raise ValueError(f"{self.layout.name} table {table} is missing (expected the OGB-LSC "
+                                 "layout; download=True fetches it)")
+            download(self.root, self.layout)
+        require_layout(self.root, self.layout)  # the split dict too, before featurizing
+        read_split_dict_checked(self.root, self.layout)  # what needs no table
+        return (folder / "processed_graphormer_urpe", file_fingerprint(table),
+                lambda: read_table(self.root, self.layout))
+
+    def split_rows(self, graph_of_row: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
+        folder = self.layout.path(self.root)
+        rejected = np.flatnonzero(graph_of_row < 0)
+        if len(rejected):
+            raise ValueError(f"{folder / RAW_TABLE}: RDKit rejects the SMILES of rows "
+                             f"{rejected[:10].tolist()}")
+        splits = read_split_dict(self.root, self.layout)
+        check_split_dict(splits, len(graph_of_row), y.reshape(len(graph_of_row), -1)[:, 0],
+                                 folder / SPLIT_FILE, self.layout)
+        return splits
+
+    def ogb_split_loader(self, name: str) -> DataLoader | ResidentLoader:
+        """Evaluation loader (``eval_batch_size``, split order) over OGB split ``name``."""
+        return self._loader(self.table_split(name), self.eval_batch_size, None)
+
+
+class PCQM4MDataModule(OGBLSCDataModule):
+    """PCQM4M (OGB-LSC 2021, v1): ``<root>/pcqm4m_kddcup2021/`` with splits train / valid / test
+    (3,045,360 / 380,670 / 377,423); prediction serves ``test`` by default."""
+
+    layout = PCQM4M
+
+
+class PCQM4Mv2DataModule(OGBLSCDataModule):
+    """PCQM4Mv2: ``<root>/pcqm4m-v2/`` with splits train / valid / test-dev / test-challenge
+    (3,378,606 / 73,545 / 147,037 / 147,432); prediction serves ``test-dev`` by default."""
+
+    layout = PCQM4MV2

@@ -12,15 +12,21 @@ DeepChem/chemprop).
 """
 from __future__ import annotations
 
+import logging
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from graphormer_urpe.data.datamodule import SMILESTableDataModule
+from graphormer_urpe.data.dataset import check_seed
+from graphormer_urpe.data.featurize import REJECTED_ROW, TOO_LARGE_ROW, featurizer_spec, file_fingerprint
 from graphormer_urpe.files import unreadable_as_a_file
 from graphormer_urpe.task import TASKS
+
+log = logging.getLogger(__name__)
 
 SPLIT_NAMES = ("train", "val", "test")
 
@@ -29,8 +35,6 @@ def resolve_columns(path: str | os.PathLike, smiles_column: str = "smiles",
                     target_columns: Sequence[str] | None = None) -> list[str]:
     """The target columns (``None`` = every column but the SMILES), checked against the file's
     header; ``ValueError`` naming the file for a missing file or column."""
-    import pandas as pd
-
     path = Path(path)
     problem = unreadable_as_a_file(path)
     if problem:
@@ -248,3 +252,103 @@ def check_fractions(fractions: Sequence[float]) -> tuple[float, float, float]:
     if len(fractions) != 3 or min(fractions) < 0 or abs(sum(fractions) - 1) > 1e-6:
         raise ValueError(f"split_fractions must be three non-negative numbers summing to 1, got {fractions}")
     return fractions
+
+
+class CSVDataModule(SMILESTableDataModule):
+    """A molecule property CSV (the file format above): ``smiles_column`` + ``target_columns``
+    (default: every other column), ``task`` ``regression``, ``classification`` (binary or
+    multi-label 0/1 columns) or ``multiclass`` (one column of class ids; ``num_targets`` is the
+    number of classes, the largest id + 1), ``split`` random (drawn from ``split_seed``, not from
+    the training ``seed``, so runs with other seeds share one test set) or scaffold with
+    ``split_fractions``, or the rows of a JSON ``split_file`` (:func:`read_split_file`; it
+    replaces ``split``: chemprop's ``--splits-file`` reads the same file). Featurized and encoded once into ``cache_root`` (default ``data/csv``),
+    keyed by the file's content. ``featurizer``: ``ogb`` (default; any molecule RDKit reads) or
+    ``zinc`` (ZINC's 28 atom tokens, to fine-tune a ZINC-trained model; rows with another atom
+    are skipped with one warning). Rows whose molecule has more than ``max_nodes`` atoms are
+    skipped in every split, counted with the rejected rows (their size is read from the SMILES,
+    so a huge polymer is never featurized nor encoded). Prediction serves the test split. Other
+    arguments: :class:`GraphDataModule`'s."""
+
+    def __init__(self, path: str, smiles_column: str = "smiles", target_columns: list[str] | None = None,
+                 task: str = "regression", split: str = "random",
+                 split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1), cache_root: str = "data/csv",
+                 batch_size: int = 32, featurizer: str = "ogb", split_file: str | None = None,
+                 split_seed: int = 0, **kwargs) -> None:
+        super().__init__(batch_size=batch_size, **kwargs)
+        if task not in TASKS:
+            raise ValueError(f"task must be one of {list(TASKS)}, got {task!r}")
+        if split not in ("random", "scaffold"):
+            raise ValueError(f"split must be 'random' or 'scaffold', got {split!r}")
+        self.featurizer = featurizer_spec(featurizer).name
+        self.path = Path(path)
+        self.smiles_column = smiles_column
+        self.split = split
+        self.split_file = None if split_file is None else Path(split_file)
+        if self.split_file is not None:
+            problem = unreadable_as_a_file(self.split_file)
+            if problem:
+                raise ValueError(f"split file {self.split_file} {problem}")
+        self.split_fractions = check_fractions(split_fractions)
+        self.split_seed = check_seed("data.init_args.split_seed", split_seed)
+        self.cache_root = Path(cache_root)
+        self.task = task
+        self.table_max_atoms = self.max_nodes
+        self.target_columns = resolve_columns(self.path, smiles_column, target_columns)
+        self._num_classes = None
+        if task == "multiclass":  # the model's width is needed before the data is built
+            _, y, _ = self._read()
+            usable = np.delete(y, nonfinite_target_rows(y), axis=0)
+            check_targets(self.path, usable, self.target_columns, task)
+            self._num_classes = max(int(np.nanmax(usable)) + 1, 2)
+
+    @property
+    def num_targets(self) -> int:
+        return self._num_classes or len(self.target_columns)
+
+    def _read(self) -> tuple[list[str], np.ndarray, list[str]]:
+        return read_property_csv(self.path, self.smiles_column, self.target_columns)
+
+    def table_source(self) -> tuple[Path, dict, Callable[[], tuple[Sequence[str], np.ndarray]]]:
+        source = {**file_fingerprint(self.path), "smiles_column": self.smiles_column,
+                  "target_columns": self.target_columns}
+        # one work directory per featurizer (the ogb one keeps its original name)
+        suffix = "" if self.featurizer == "ogb" else f"-{self.featurizer}"
+        return (self.cache_root / f"{self.path.stem}-{source['blake2b'][:12]}{suffix}", source,
+                lambda: self._read()[:2])
+
+    def split_rows(self, graph_of_row: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
+        bad_targets = nonfinite_target_rows(y)
+        warn_rejected_rows(self.path, np.flatnonzero(graph_of_row == REJECTED_ROW), len(y),
+                                        "whose SMILES RDKit rejects" if self.featurizer == "ogb"
+                                        else f"whose SMILES RDKit or the {self.featurizer!r} featurizer rejects")
+        warn_rejected_rows(self.path, np.flatnonzero(graph_of_row == TOO_LARGE_ROW), len(y),
+                                        f"with more than max_nodes={self.max_nodes} atoms")
+        warn_rejected_rows(self.path, bad_targets, len(y),
+                                        "with an infinite or out-of-range target")
+        usable = graph_of_row >= 0
+        usable[bad_targets] = False
+        valid = np.flatnonzero(usable)
+        if len(valid) == 0:
+            raise ValueError(f"{self.path}: no row has a SMILES that RDKit accepts and "
+                             "finite targets")
+        check_targets(self.path, y[valid], self.target_columns, self.task)
+        if self.split_file is not None:
+            parts = read_split_file(self.split_file, len(y))
+            for name, rows in parts.items():
+                skipped = np.setdiff1d(rows, valid)
+                if len(skipped):
+                    log.warning("%s: split %r skips %d of its rows whose molecule or target cannot be "
+                                "used (rows %s; see above)", self.split_file, name, len(skipped),
+                                skipped[:10].tolist())
+            return {name: rows[np.isin(rows, valid)] for name, rows in parts.items()}
+        if self.split == "random":
+            parts = random_split(len(valid), self.split_fractions, self.split_seed)
+        else:
+            smiles = self._read()[0]
+            parts = scaffold_split([smiles[r] for r in valid], self.split_fractions)
+        return {name: valid[rows] for name, rows in parts.items()}
+
+    def predict_smiles(self) -> list[str]:
+        """The SMILES of the predict split's items, in order (as in the file)."""
+        smiles, _, _ = self._read()
+        return [smiles[row] for row in self.store()[3]["test"]]

@@ -11,8 +11,9 @@ with ``r_s`` the data's optional per-node encodings (``node_encodings``, e.g. RW
 linear map each, ``Attn`` = :class:`~graphormer_urpe.nn.attention.URPEAttention`,
 ``B = spatial(SPD) + edge path + graph-token virtual distance`` (shared by all layers, as in
 Graphormer) and ``C^{(l)}`` the URPE scale table indexed by SPD (one per layer, or one shared by
-all layers with ``share_urpe_scale``). ``attention`` selects the variant: ``"urpe"`` (B and C),
-``"rpe"`` (B only: plain Graphormer) or ``"none"`` (neither: a plain transformer over atoms).
+all layers with ``share_urpe_scale``). ``attention`` selects the variant (:data:`ATTENTION_VARIANTS`):
+``"urpe"`` (B and C), ``"rpe"`` (B only: plain Graphormer) or ``"none"`` (neither: a plain
+transformer over atoms).
 
 Defaults are Graphormer-slim on ZINC (``PRESETS["slim"]``, a :class:`GraphormerConfig`); see
 ``docs/model.md`` for where every
@@ -45,8 +46,36 @@ from graphormer_urpe.nn.encodings import (
 )
 from graphormer_urpe.task import get_task
 
-AttentionKind = Literal["urpe", "rpe", "none"]
-ATTENTION_KINDS = ("urpe", "rpe", "none")
+
+
+@dataclass(frozen=True)
+class AttentionVariant:
+    """What an ``attention`` choice adds to softmax attention over the atoms.
+
+    Args:
+        bias: B (spatial + edge-path encodings, graph-token distance) added before the softmax.
+        scale: C (URPE's per-distance scale tables) multiplied in after the softmax.
+    """
+
+    bias: bool
+    scale: bool
+
+
+#: Every ``attention`` choice: a new variant is one entry here plus what its flags build below.
+ATTENTION_VARIANTS: dict[str, AttentionVariant] = {
+    "urpe": AttentionVariant(bias=True, scale=True),
+    "rpe": AttentionVariant(bias=True, scale=False),  # plain Graphormer
+    "none": AttentionVariant(bias=False, scale=False),  # a plain transformer over atoms
+}
+AttentionKind = Literal[tuple(ATTENTION_VARIANTS)]  # the choices LightningCLI lists and checks
+
+
+def attention_variant(name: str) -> AttentionVariant:
+    """The variant called ``name``; a ``ValueError`` naming the choices when unknown."""
+    if name not in ATTENTION_VARIANTS:
+        raise ValueError(f"attention must be one of {tuple(ATTENTION_VARIANTS)}, got {name!r}")
+    return ATTENTION_VARIANTS[name]
+
 #: Kernels for which ``-inf`` in ``attn_bias`` masks a key exactly as ``key_padding_mask`` does.
 _KERNELS_WITH_ADDITIVE_MASK = ("eager", "sdpa")
 
@@ -165,12 +194,11 @@ class Graphormer(nn.Module):
     def __init__(self, config: GraphormerConfig, facts: DataFacts) -> None:
         super().__init__()
         config = config.over(PRESETS["slim"])
-        if config.attention not in ATTENTION_KINDS:
-            raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {config.attention!r}")
+        variant = attention_variant(config.attention)
         attention_kernel(config.attention_impl)  # ValueError naming the choices when unknown
-        if config.attention == "urpe" and config.attention_impl == "sdpa":
-            raise ValueError("attention='urpe' needs a kernel that applies C after the softmax; "
-                             "attention_impl='sdpa' cannot (use 'eager')")
+        if variant.scale and config.attention_impl == "sdpa":
+            raise ValueError(f"attention={config.attention!r} needs a kernel that applies C after the "
+                             "softmax; attention_impl='sdpa' cannot (use 'eager')")
         for name, value in {"num_layers": config.num_layers,
                             "hidden_dim": config.hidden_dim, "ffn_dim": config.ffn_dim,
                             "num_heads": config.num_heads}.items():
@@ -183,7 +211,7 @@ class Graphormer(nn.Module):
         self.num_bond_embeddings = facts.num_bond_embeddings
         self.max_hops = facts.max_hops
         self.node_encodings = {name: int(width) for name, width in (facts.node_encodings or {}).items()}
-        self.attention = attention = config.attention
+        self.attention = config.attention
         self.max_spd = max_spd = config.max_spd
         self.num_heads = num_heads = config.num_heads
         self.attention_impl = config.attention_impl
@@ -195,12 +223,12 @@ class Graphormer(nn.Module):
         self.degree_encoder = DegreeEncoder(config.max_degree, hidden_dim)
         self.graph_token = GraphToken(hidden_dim)
         self.input_dropout = Dropout(config.dropout)
-        if attention in ("urpe", "rpe"):
+        if variant.bias:
             self.spatial_bias = SpatialBias(max_spd, num_heads)
             self.edge_bias = EdgePathBias(facts.num_bond_embeddings, num_heads, facts.max_hops)
             self.virtual_distance = VirtualDistanceBias(num_heads)
         self.urpe_scales = None
-        if attention == "urpe":
+        if variant.scale:
             self.urpe_scales = nn.ModuleList(
                 URPEScale(max_spd, num_heads) for _ in range(1 if config.share_urpe_scale else num_layers))
         self.layers = nn.ModuleList(
@@ -331,7 +359,7 @@ class Graphormer(nn.Module):
         (``[B, H, N+1, N+1]``, the same tensor for every layer when shared; None unless
         ``"urpe"``), in layer order: a list, or without autograd a generator that looks each
         layer's C up when it is reached."""
-        if self.attention == "none":
+        if not ATTENTION_VARIANTS[self.attention].bias:
             return None, [None] * len(self.layers)
         slots = distance_slots(batch.encodings["spd"], self.max_spd)  # [B, N, N]
         node_bias = self.spatial_bias(slots) + self.edge_bias(batch.edge_attr, batch.encodings["path_edges"])

@@ -59,11 +59,11 @@ from torch import Tensor
 from torch.func import functional_call, stack_module_state, vmap
 
 from graphormer_urpe.data.batch import BatchPadding, GraphBatch
-from graphormer_urpe.data.dataset import EncodedGraphDataset, SeededShuffleSampler
+from graphormer_urpe.data.dataset import SeededShuffleSampler
 from graphormer_urpe.data.encoding_registry import ENCODINGS
 from graphormer_urpe.data.resident import ResidentSplit, TensorGraphs
 from graphormer_urpe.files import atomic_write
-from graphormer_urpe.nn.graphormer import Graphormer
+from graphormer_urpe.nn.graphormer import Graphormer, attention_variant
 from graphormer_urpe.checkpoint import read_checkpoint
 from graphormer_urpe.training.inference import build_backbone
 from graphormer_urpe.training.module import GraphormerModule, parameter_groups, set_optimizer_kernel
@@ -117,7 +117,7 @@ class Member:
     @property
     def frozen_scale(self) -> bool:
         """True for an ``rpe`` member: stacked as URPE with C frozen at 1."""
-        return self.module.hparams.backbone["attention"] == "rpe"
+        return not attention_variant(self.module.hparams.backbone["attention"]).scale
 
 
 def build_member(spec: MemberSpec) -> Member:
@@ -140,14 +140,10 @@ def pad_graphs(batch: GraphBatch, num_graphs: int) -> GraphBatch:
         (extra, *tensors[name].shape[1:]), fill)]) for name, fill in GRAPH_PADDING.items() if name in tensors}})
 
 
-def _batch_fields(batch: GraphBatch) -> dict[str, Tensor]:
-    return batch.tensors()
-
-
 def stack_batches(batches: Sequence[GraphBatch]) -> dict[str, Tensor]:
     """Member batches of one shape stacked field by field to ``[M, ...]`` (vmap's inputs)."""
     return {name: torch.stack([getattr(b, name) for b in batches])
-            for name in _batch_fields(batches[0])}
+            for name in batches[0].tensors()}
 
 
 def _trainer_settings(trainer: pl.Trainer) -> dict[str, Any]:
@@ -302,7 +298,7 @@ class Ensemble:
         first = self.members[0]
         for member in self.members:
             backbone = member.module.hparams.backbone
-            if backbone["attention"] not in ("urpe", "rpe") or backbone.get("share_urpe_scale"):
+            if not attention_variant(backbone["attention"]).bias or backbone.get("share_urpe_scale"):
                 raise ValueError(f"{member.spec.label}: --ensemble trains the arms urpe and rpe "
                                  f"(attention {backbone['attention']!r}, share_urpe_scale "
                                  f"{backbone.get('share_urpe_scale')})")
@@ -459,7 +455,7 @@ class Ensemble:
                 break
             batch = batch.to(self.device)
             with self._autocast():
-                pred = self._predict(self.params, self.buffers, _batch_fields(batch)).float()
+                pred = self._predict(self.params, self.buffers, batch.tensors()).float()
             known = ~torch.isnan(batch.y)
             error = torch.where(known, pred - batch.y, 0.0).abs()
             abs_error += error.flatten(1).sum(1).double()

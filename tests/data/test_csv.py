@@ -4,10 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 from graphormer_urpe.data.property_csv import murcko_scaffold
-from graphormer_urpe.data.datamodule import CSVDataModule
+from graphormer_urpe.data import CSVDataModule
 
 ESOL_TARGET = "measured log solubility in mols per litre"
 
@@ -44,12 +43,16 @@ def test_esol_splits_cover_every_molecule_once(esol, cache_root, split):
         assert 0.75 * len(table) <= len(splits["train"]) <= 0.8 * len(table)
 
 
-def test_random_split_depends_on_seed(esol, cache_root):
-    def test_rows(seed):
+def test_random_split_depends_on_the_split_seed_not_the_training_seed(esol, cache_root):
+    """Runs with other training seeds (an ensemble, an ablation) share one test set."""
+    def test_rows(seed=0, split_seed=0):
         return CSVDataModule(path=str(esol), target_columns=[ESOL_TARGET], cache_root=str(cache_root),
-                             seed=seed).store()[3]["test"]
+                             seed=seed, split_seed=split_seed).store()[3]["test"]
 
-    assert np.array_equal(test_rows(0), test_rows(0)) and not np.array_equal(test_rows(0), test_rows(1))
+    assert np.array_equal(test_rows(), test_rows(seed=1))
+    assert not np.array_equal(test_rows(), test_rows(split_seed=1))
+    with pytest.raises(ValueError, match="split_seed"):
+        test_rows(split_seed=-1)
 
 
 def test_rejected_smiles_skipped_with_one_warning(tmp_path):

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from graphormer_urpe.data.batch import GraphBatch
-from graphormer_urpe.data.datamodule import SMILESTableDataModule, ZINCDataModule
+from graphormer_urpe.data import ZINCDataModule
+from graphormer_urpe.data.datamodule import SMILESTableDataModule
 from graphormer_urpe.data.encode import collate_pyg_graphs
 from graphormer_urpe.data.featurize import ZINC_ATOM_FEATURE_DIMS, ZINC_BOND_FEATURE_DIMS, file_fingerprint
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from graphormer_urpe.data.datamodule import ZINCDataModule
+from graphormer_urpe.data import ZINCDataModule
 from graphormer_urpe.data.dataset import SeededShuffleSampler
 
 

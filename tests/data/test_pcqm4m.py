@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from graphormer_urpe.data.datamodule import PCQM4MDataModule, PCQM4Mv2DataModule
+from graphormer_urpe.data import PCQM4MDataModule, PCQM4Mv2DataModule
 from graphormer_urpe.data.features import feature_offsets
 from graphormer_urpe.data.featurize import (
     OGB_ATOM_FEATURE_DIMS, OGB_BOND_FEATURE_DIMS, cached_smiles_graphs, file_fingerprint,

@@ -3,7 +3,6 @@ DataLoader with GraphormerEncodings give the same batch as the project's cached 
 worked example of docs/pyg.md runs as written."""
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 

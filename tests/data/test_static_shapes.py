@@ -8,7 +8,7 @@ import torch
 
 from graphormer_urpe.data.batch import BatchPadding
 from graphormer_urpe.data.collate import collate
-from graphormer_urpe.data.datamodule import ZINCDataModule
+from graphormer_urpe.data import ZINCDataModule
 from graphormer_urpe.data.resident import TensorGraphs, gather_batch
 
 from test_resident import assert_same_batch, assert_same_loaders

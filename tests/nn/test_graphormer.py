@@ -1,7 +1,6 @@
 """The Graphormer backbone on real ZINC molecules: exactness, invariances, padding, parameters."""
 from __future__ import annotations
 
-import copy
 import dataclasses
 
 import networkx as nx

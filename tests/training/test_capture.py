@@ -6,7 +6,6 @@ of the paper's ablation resumed from their saved state) makes no host read, no d
 shape, and keeps every buffer in place across steps."""
 from __future__ import annotations
 
-import json
 import math
 import os
 import traceback
@@ -20,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from graphormer_urpe.data.batch import BatchPadding
 from graphormer_urpe.data.collate import collate
-from graphormer_urpe.data.datamodule import ZINCDataModule
+from graphormer_urpe.data import ZINCDataModule
 from graphormer_urpe.nn.encodings import EdgePathBias
 from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.training.module import GraphormerModule

@@ -4,14 +4,12 @@ schedule follows the trainer, ``predict`` writes its predictions."""
 from __future__ import annotations
 
 import json
-import logging
 import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 import yaml
 
 from graphormer_urpe.training.load import load_module

@@ -14,7 +14,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from graphormer_urpe.data.datamodule import ZINCDataModule
+from graphormer_urpe.data import ZINCDataModule
 from graphormer_urpe.training.cli import build_cli
 from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.training.module import GraphormerModule

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from graphormer_urpe.data.datamodule import ZINCDataModule
+from graphormer_urpe.data import ZINCDataModule
 from graphormer_urpe.data.resident import ResidentLoader
 from graphormer_urpe.training.cli import build_cli
 from graphormer_urpe.data.facts import DataFacts
