@@ -14,10 +14,13 @@ from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 
-#: Edges kept per shortest path (the multi-hop edge encoding's ``K``) when nothing says
-#: otherwise: every encoder's and data module's default, and the value of checkpoints saved
-#: before ``max_hops`` was recorded. The recipes set their own (``configs/zinc.yaml``: 20).
+#: Edges kept per shortest path (the multi-hop edge encoding's ``K``) when a run does not say:
+#: the DataModules', the encoders' and the PyG transform's default. The recipes set their own
+#: (``configs/zinc.yaml``: 20).
 DEFAULT_MAX_HOPS = 5
+#: The ``K`` of checkpoints saved before ``max_hops`` was recorded: what they were trained with,
+#: so it stays 5 whatever :data:`DEFAULT_MAX_HOPS` becomes.
+UNRECORDED_MAX_HOPS = 5
 
 
 @dataclass(frozen=True)
@@ -25,7 +28,8 @@ class DataFacts:
     """Args:
         num_atom_embeddings, num_bond_embeddings: embedding table sizes, padding id 0 included.
         num_targets: outputs per graph (for ``multiclass``, the number of classes).
-        max_hops: hops of each shortest path the edge encoding reads.
+        max_hops: hops of each shortest path the edge encoding reads (absent from the oldest
+            checkpoints: :data:`UNRECORDED_MAX_HOPS`).
         task: ``regression``, ``classification`` or ``multiclass``
             (:data:`~graphormer_urpe.task.TASKS`).
         featurizer: how SMILES become graphs (``zinc`` or ``ogb``), so inference can redo it.
@@ -36,7 +40,7 @@ class DataFacts:
     num_atom_embeddings: int
     num_bond_embeddings: int
     num_targets: int = 1
-    max_hops: int = DEFAULT_MAX_HOPS
+    max_hops: int = UNRECORDED_MAX_HOPS
     task: str = "regression"
     featurizer: str = "zinc"
     node_encodings: dict[str, int] | None = None

@@ -36,6 +36,17 @@ def run(command: str, *args: str, ok: bool = True) -> subprocess.CompletedProces
     return done
 
 
+def refused(capsys, *args: str) -> tuple[int, str]:
+    """``graphormer-urpe ARGS`` run in this process (a refusal comes before any training; the
+    console script's own refusals are tested through it in ``tests/test_refused_input.py``):
+    its exit status and standard error."""
+    from graphormer_urpe.training.cli import main as cli_main
+
+    capsys.readouterr()
+    status = cli_main([str(a) for a in args])
+    return status, capsys.readouterr().err
+
+
 def esol_args(run_dir: Path, esol: Path, *extra: str) -> list[str]:
     return ["--config", "configs/esol.yaml", "--config", "configs/esol_finetune.yaml", *QUIET,
             "--trainer.default_root_dir", run_dir, "--model.backbone", json.dumps(TINY),
@@ -111,19 +122,20 @@ def test_fine_tune_keeps_a_fitting_head_unless_told(pretrained, esol_csv, tmp_pa
     (["--data.init_args.featurizer", "ogb"],
      ["was trained on the 'zinc' featurizer but the data uses 'ogb'", "data.init_args.featurizer zinc"]),
 ])
-def test_a_checkpoint_that_does_not_fit_is_refused_naming_each_misfit(pretrained, esol_csv, tmp_path,
-                                                                      override, expected):
+def test_a_checkpoint_that_does_not_fit_is_refused_naming_each_misfit(pretrained, esol_csv, tmp_path, capsys,
+                                                                      monkeypatch, override, expected):
+    monkeypatch.chdir(REPO)
     run_dir = tmp_path / "ft"
-    done = run("graphormer-urpe", "fit", *esol_args(run_dir, esol_csv, "--model.init_from", pretrained,
-                                                    "--trainer.max_steps", "1"), *override, ok=False)
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert "Traceback" not in done.stderr
+    status, stderr = refused(capsys, "fit", *esol_args(run_dir, esol_csv, "--model.init_from", pretrained,
+                                                       "--trainer.max_steps", "1"), *override)
+    assert status == 2, stderr[-2000:]
+    assert "Traceback" not in stderr
     for text in expected:
-        assert text in done.stderr
+        assert text in stderr
     assert not (run_dir / "checkpoints").exists()
 
 
-def test_a_sequence_model_is_refused_as_no_graphormer_checkpoint(esol_csv, tmp_path):
+def test_a_sequence_model_is_refused_as_no_graphormer_checkpoint(esol_csv, tmp_path, capsys, monkeypatch):
     """A checkpoint of graphormer-urpe-synthetic (a sequence Transformer) records no featurizer:
     it is named for what it is, not blamed on the featurizer."""
     from graphormer_urpe.nn.sequence import SequenceTransformer
@@ -131,18 +143,20 @@ def test_a_sequence_model_is_refused_as_no_graphormer_checkpoint(esol_csv, tmp_p
     model = SequenceTransformer(vocab_size=10, num_classes=10, max_len=8, embed_dim=16, num_heads=2,
                                 num_layers=1, ffn_dim=16)
     torch.save({"state_dict": model.state_dict(), "task": "pi", "vocab_size": 10}, tmp_path / "cell.pt")
-    done = run("graphormer-urpe", "fit", *esol_args(tmp_path / "ft", esol_csv, "--model.init_from",
-                                                    tmp_path / "cell.pt", "--trainer.max_steps", "1"), ok=False)
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert "Traceback" not in done.stderr and "featurizer" not in done.stderr
+    monkeypatch.chdir(REPO)
+    status, stderr = refused(capsys, "fit", *esol_args(tmp_path / "ft", esol_csv, "--model.init_from",
+                                                       tmp_path / "cell.pt", "--trainer.max_steps", "1"))
+    assert status == 2, stderr[-2000:]
+    assert "Traceback" not in stderr and "featurizer" not in stderr
     assert f"graphormer-urpe: error: model.init_from: {tmp_path / 'cell.pt'} is not a Graphormer checkpoint: " \
-           "it has no atom embedding atom_encoder.embedding.weight" in done.stderr
+           "it has no atom embedding atom_encoder.embedding.weight" in stderr
 
 
-def test_missing_init_from_is_one_clear_line(esol_csv, tmp_path):
-    done = run("graphormer-urpe", "fit", *esol_args(tmp_path / "ft", esol_csv, "--model.init_from",
-                                                    tmp_path / "nope.ckpt", "--trainer.max_steps", "1"), ok=False)
-    assert done.returncode == 2 and f"model.init_from: checkpoint {tmp_path / 'nope.ckpt'} does not exist" in done.stderr
+def test_missing_init_from_is_one_clear_line(esol_csv, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    status, stderr = refused(capsys, "fit", *esol_args(tmp_path / "ft", esol_csv, "--model.init_from",
+                                                       tmp_path / "nope.ckpt", "--trainer.max_steps", "1"))
+    assert status == 2 and f"model.init_from: checkpoint {tmp_path / 'nope.ckpt'} does not exist" in stderr
 
 
 def test_esol_recipe_runs_for_two_epochs_with_its_warmup_fraction(esol_csv, tmp_path):

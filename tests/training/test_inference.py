@@ -36,6 +36,8 @@ def test_a_checkpoint_with_the_facts_as_separate_hyperparameters_still_loads(zin
                               backbone=TINY)
     flat = {k: v for k, v in module.hparams.items() if k != "facts"} | module.hparams["facts"]
     assert DataFacts.nest(flat) == dict(module.hparams) and DataFacts.of_hparams(flat) == module.facts
+    # The oldest record no max_hops: they were trained with 5, whatever today's default.
+    assert DataFacts.of_hparams({k: v for k, v in flat.items() if k != "max_hops"}).max_hops == 5
     flat["cuda_graphs"] = False
     with gzip.open(zinc_source / "jtvae_test.smi.gz", "rt") as handle:
         (tmp_path / "in.smi").write_text("".join(line for _, line in zip(range(20), handle)))
