@@ -22,7 +22,7 @@ from graphormer_urpe.training.load import best_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_BACKBONE = {"num_layers": 2, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2}
-STEPS = 40  # 20 epochs of 2 batches, each validated: long enough to be killed part-way
+STEPS = 16  # 8 epochs of 2 batches, each validated: long enough to be killed part-way
 
 
 def runner_command(tmp_path: Path, data_root: Path, *extra: str) -> list[str]:

@@ -22,9 +22,9 @@ with each element's owner ``b`` and local position from ``repeat_interleave`` / 
 (:func:`ragged_positions`). Path edges (stored as local edge ids) get ``+ o_b``; ``-1`` stays
 ``-1``, the all-zero last row of ``edge_attr``.
 
-:func:`gather_static` gathers the same padded batch with every intermediate of a fixed shape
-(dense grids and masks instead of ragged positions), for a training step recorded in a CUDA
-graph (:mod:`graphormer_urpe.training.engine`).
+With a fixed padding (:class:`~.batch.BatchPadding`) :func:`gather_batch` gathers the padded
+batch with every intermediate of a fixed shape instead (dense grids and masks, no ragged
+positions), as a training step recorded in a CUDA graph needs (:mod:`graphormer_urpe.training.engine`).
 
 Two implementations, one contract: the numpy :func:`~.collate.collate` stays the CPU
 ``DataLoader`` path because its per-graph block copies of the pair arrays run ~2x faster on one
@@ -113,14 +113,19 @@ def ragged_positions(counts: Tensor, total: int) -> tuple[Tensor, Tensor]:
 
 def gather_batch(graphs: TensorGraphs, index: Tensor, y: Tensor | None = None,
                  positions: Tensor | None = None, shape: BatchShape | None = None,
-                 padding: BatchPadding | None = None) -> GraphBatch:
+                 padding: BatchPadding | None = None, check_padding: bool = True) -> GraphBatch:
     """Gather graphs ``index [B]`` (int64, on ``graphs.device``) into a padded batch, on that device.
 
     The torch twin of :func:`~.collate.collate` (same :class:`GraphBatch`, bit for bit).
     ``y [B, T]`` / ``positions [B]`` override ``graphs.y[index]`` / ``GraphBatch.index``
     (default: ``index``). ``shape`` (from host-side counts, :meth:`BatchShape.of`) avoids the
-    one device-to-host sync that sizing the outputs otherwise needs. ``padding`` fixes ``N`` and
-    ``E`` instead (:class:`~.batch.BatchPadding`).
+    one device-to-host sync that sizing the outputs otherwise needs.
+
+    ``padding`` fixes ``N`` and ``E`` (:class:`~.batch.BatchPadding`): the batch is then gathered
+    with every intermediate of a fixed shape (:func:`_gather_padded`), as a step recorded in a
+    CUDA graph needs. The graphs must fit the padding: checked (from ``shape``, else with one
+    sync) unless ``check_padding`` is False, for a caller whose padding covers the whole split
+    (:meth:`~.batch.BatchPadding.covering`) and which must not sync (a recorded step).
     """
     device = graphs.device
     index = index.to(device=device, dtype=torch.int64)
@@ -128,15 +133,15 @@ def gather_batch(graphs: TensorGraphs, index: Tensor, y: Tensor | None = None,
     n = graphs.node_ptr.index_select(0, index + 1) - node_start
     edge_start = graphs.edge_ptr.index_select(0, index)
     m = graphs.edge_ptr.index_select(0, index + 1) - edge_start
-    if shape is None:
+    if shape is None and (padding is None or check_padding):
         shape = BatchShape.of(n, m)
-    b, big_n = shape.num_graphs, shape.max_nodes
-    if b != len(index):
-        raise ValueError(f"shape is for {b} graphs but index has {len(index)}")
-    edge_rows = shape.total_edges
+    if shape is not None and shape.num_graphs != len(index):
+        raise ValueError(f"shape is for {shape.num_graphs} graphs but index has {len(index)}")
     if padding is not None:
-        padding.check(big_n, edge_rows)
-        big_n, edge_rows = padding.num_nodes, padding.num_edges
+        if check_padding:
+            padding.check(shape.max_nodes, shape.total_edges)
+        return _gather_padded(graphs, index, n, node_start, m, edge_start, padding, y, positions)
+    b, big_n, edge_rows = shape.num_graphs, shape.max_nodes, shape.total_edges
 
     # Nodes: destination b * N + local in a [B * N] grid.
     node_owner, node_local = ragged_positions(n, shape.total_nodes)
@@ -187,26 +192,22 @@ def gather_batch(graphs: TensorGraphs, index: Tensor, y: Tensor | None = None,
     )
 
 
-def gather_static(graphs: TensorGraphs, index: Tensor, padding: BatchPadding, y: Tensor | None = None,
-                  positions: Tensor | None = None) -> GraphBatch:
-    r""":func:`gather_batch` with ``padding`` whose every intermediate has a fixed shape, so it can
+def _gather_padded(graphs: TensorGraphs, index: Tensor, n: Tensor, node_start: Tensor, m: Tensor,
+                   edge_start: Tensor, padding: BatchPadding, y: Tensor | None,
+                   positions: Tensor | None) -> GraphBatch:
+    r""":func:`gather_batch` into ``padding`` with every intermediate of a fixed shape, so it can
     be captured in a CUDA graph: ``B = len(index)`` graphs, ``N``, ``E`` from ``padding``, no size
-    read from the data (no device-to-host sync, no ``repeat_interleave``).
+    read from the data (no device-to-host sync, no ``repeat_interleave``); ``n``, ``m`` are the
+    graphs' node and edge counts, starting at ``node_start``, ``edge_start``.
 
     Instead of ragged positions it walks the dense grids and masks: node ``(b, i)`` is real iff
     ``i < n_b``, pair ``(b, i, j)`` iff ``i, j < n_b`` (source ``pair_ptr[g_b] + i n_b + j``), and
     edge row ``r < E`` belongs to the graph ``b`` with ``o_b \le r < o_b + m_b``
-    (``searchsorted`` of the running edge counts). The batch equals
-    ``gather_batch(..., padding=padding)`` bit for bit, provided the graphs fit the padding
-    (which is not checked here: that would read sizes back to the host; the padding covers the
-    split, :meth:`~.batch.BatchPadding.covering`).
+    (``searchsorted`` of the running edge counts). The graphs must fit the padding (the caller
+    checks that).
     """
     device = graphs.device
     big_n, big_e = padding.num_nodes, padding.num_edges
-    node_start = graphs.node_ptr.index_select(0, index)
-    n = graphs.node_ptr.index_select(0, index + 1) - node_start
-    edge_start = graphs.edge_ptr.index_select(0, index)
-    m = graphs.edge_ptr.index_select(0, index + 1) - edge_start
     b = len(index)
 
     local = torch.arange(big_n, device=device)

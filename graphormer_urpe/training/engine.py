@@ -5,7 +5,7 @@ with :class:`TrainingEngine`. One step is
 
 .. math::
     \text{items} &= \text{order}[s : s + B], \quad \text{batch} = \text{gather}(\text{items})
-        \quad \text{(fixed shapes, } :func:`~graphormer_urpe.data.resident.gather_static`) \\
+        \quad \text{(fixed shapes, } :func:`~graphormer_urpe.data.resident.gather_batch`) \\
     \ell &= \text{loss}(f_\theta(\text{batch}), y), \quad g = \nabla_\theta \ell, \quad
         g \leftarrow g \cdot \min\big(1, \tfrac{c}{\lVert g \rVert_2 + 10^{-6}}\big) \\
     \text{skip} &= \lnot \text{isfinite}(\ell) \lor \lnot \text{isfinite}(\lVert g \rVert_2), \quad
@@ -56,7 +56,7 @@ import torch
 from torch import Tensor
 
 from graphormer_urpe.data.batch import GraphBatch
-from graphormer_urpe.data.resident import BatchSlot, ResidentLoader, gather_static
+from graphormer_urpe.data.resident import BatchSlot, ResidentLoader, gather_batch
 from graphormer_urpe.training.schedule import relative_lr
 
 log = logging.getLogger(__name__)
@@ -208,8 +208,10 @@ class TrainingEngine(pl.Callback):
         if batch is None:
             split = self.split
             items = self.order.index_select(0, self.start + self.offsets)
-            batch = gather_static(split.graphs, split.graph_ids.index_select(0, items), split.padding,
-                                  split.y.index_select(0, items), split.positions.index_select(0, items))
+            # The split's padding covers its every batch (BatchPadding.covering): no check, no sync.
+            batch = gather_batch(split.graphs, split.graph_ids.index_select(0, items),
+                                 split.y.index_select(0, items), split.positions.index_select(0, items),
+                                 padding=split.padding, check_padding=False)
         # Freed, not zeroed: backward then hands each gradient over without a kernel (zeroing in
         # place would add a zero and an add per parameter). In a recorded graph the gradients
         # live in the graph's memory pool, so every replay writes them at the same addresses.

@@ -10,7 +10,7 @@ from graphormer_urpe.data.batch import BatchPadding
 from graphormer_urpe.data.collate import FlatGraphs, collate
 from graphormer_urpe.data import ZINCDataModule
 from graphormer_urpe.data.encoding_registry import ENCODINGS, Encoding, EncodingParams
-from graphormer_urpe.data.resident import TensorGraphs, gather_batch, gather_static
+from graphormer_urpe.data.resident import TensorGraphs, gather_batch
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -42,7 +42,7 @@ def test_every_encoding_is_batched_as_registered(zinc_data_root):
     on_device = TensorGraphs.from_flat(graphs)
     batches = {"collate": collate(graphs, index),
                "gather_batch": gather_batch(on_device, torch.from_numpy(index)),
-               "gather_static": gather_static(on_device, torch.from_numpy(index), exact)}
+               "gather_batch padded": gather_batch(on_device, torch.from_numpy(index), padding=exact)}
     big_n = int(graphs.num_nodes[index].max())
     assert big_n > int(graphs.num_nodes[index].min()), "the batch needs padding to test it"
     assert list(graphs.encodings) == [enc.name for enc in ENCODINGS]

@@ -14,7 +14,7 @@ from graphormer_urpe.data import PCQM4Mv2DataModule, ZINCDataModule
 from graphormer_urpe.data.dataset import SeededShuffleSampler
 from graphormer_urpe.data.ogb_lsc import PCQM4MV2, write_root
 from graphormer_urpe.data.resident import (
-    BatchShape, ResidentLoader, ResidentSplit, TensorGraphs, gather_batch, gather_static,
+    BatchShape, ResidentLoader, ResidentSplit, TensorGraphs, gather_batch,
 )
 from graphormer_urpe.data.batch import BatchPadding
 
@@ -63,8 +63,9 @@ def test_gather_batch_equals_numpy_collate_on_real_zinc(zinc_data_root):
 
 
 def test_fixed_shape_gather_equals_the_padded_collation_on_real_zinc(zinc_data_root):
-    """gather_static (every intermediate of a fixed shape, for CUDA graphs) gives the padded
-    numpy collation bit for bit: random batches, repeats, the largest graphs, overrides."""
+    """gather_batch into a fixed padding (every intermediate of a fixed shape, for CUDA graphs;
+    checked or not) gives the padded numpy collation bit for bit: random batches, repeats, the
+    largest graphs, overrides."""
     dm = ZINCDataModule(root=str(zinc_data_root))
     graphs = dm.train_dataset().graphs
     on_cpu = TensorGraphs.from_flat(graphs)
@@ -75,13 +76,15 @@ def test_fixed_shape_gather_equals_the_padded_collation_on_real_zinc(zinc_data_r
         largest = np.argsort(-m, kind="stable")[:size]  # the batch that fills every edge row
         for index in (rng.integers(0, len(graphs), size), largest):
             expected = collate(graphs, index, padding=padding)
-            assert_same_batch(expected, gather_static(on_cpu, torch.from_numpy(index), padding))
+            for check in (True, False):
+                assert_same_batch(expected, gather_batch(on_cpu, torch.from_numpy(index), padding=padding,
+                                                         check_padding=check))
     index = np.array([5, 5, 9000, 17])
     y = rng.normal(size=(4, 1)).astype(np.float32)
     positions = np.array([3, 2, 1, 0])
     padding = BatchPadding.covering(n, m, 4)
-    gathered = gather_static(on_cpu, torch.from_numpy(index), padding, torch.from_numpy(y),
-                             torch.from_numpy(positions))
+    gathered = gather_batch(on_cpu, torch.from_numpy(index), torch.from_numpy(y), torch.from_numpy(positions),
+                            padding=padding, check_padding=False)
     assert_same_batch(collate(graphs, index, y, positions, padding), gathered)
 
 
