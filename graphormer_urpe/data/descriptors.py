@@ -19,6 +19,7 @@ import numpy as np
 
 from graphormer_urpe.data import property_csv
 from graphormer_urpe.data.datamodule import SMILESTableDataModule
+from graphormer_urpe.data.dataset import check_seed
 from graphormer_urpe.data.featurize import featurizer_spec, file_fingerprint, parallel_map
 from graphormer_urpe.files import unreadable_as_a_file
 
@@ -111,7 +112,8 @@ class DescriptorDataModule(SMILESTableDataModule):
     Args:
         path: the molecules: one SMILES per line (``.smi``, ``.txt``, optionally ``.gz``) or a
             CSV with ``smiles_column``.
-        split_fractions: seeded random train / val / test shares.
+        split_fractions: random train / val / test shares, drawn from ``split_seed`` (not from
+            the training ``seed``: runs with other seeds share one split).
         cache_root: where the descriptors, graphs and encodings are cached (keyed by content).
         featurizer: ``ogb`` (default: fits any organic CSV later) or ``zinc``.
         **kwargs: :class:`~.datamodule.GraphDataModule`'s.
@@ -120,7 +122,7 @@ class DescriptorDataModule(SMILESTableDataModule):
     def __init__(self, path: str, smiles_column: str = "smiles",
                  split_fractions: tuple[float, float, float] = (0.96, 0.02, 0.02),
                  cache_root: str = "data/descriptors", batch_size: int = 128, featurizer: str = "ogb",
-                 **kwargs) -> None:
+                 split_seed: int = 0, **kwargs) -> None:
         super().__init__(batch_size=batch_size, **kwargs)
         self.path = Path(path)
         problem = unreadable_as_a_file(self.path)
@@ -128,6 +130,7 @@ class DescriptorDataModule(SMILESTableDataModule):
             raise ValueError(f"SMILES file {self.path} {problem}")
         self.smiles_column = smiles_column
         self.split_fractions = property_csv.check_fractions(split_fractions)
+        self.split_seed = check_seed("data.init_args.split_seed", split_seed)
         self.cache_root = Path(cache_root)
         self.featurizer = featurizer_spec(featurizer).name
         self.task = "regression"
@@ -160,5 +163,5 @@ class DescriptorDataModule(SMILESTableDataModule):
                                         "that RDKit or the featurizer rejects")
         if len(valid) == 0:
             raise ValueError(f"{self.path}: no SMILES that RDKit accepts")
-        parts = property_csv.random_split(len(valid), self.split_fractions, self.seed)
+        parts = property_csv.random_split(len(valid), self.split_fractions, self.split_seed)
         return {name: valid[rows] for name, rows in parts.items()}

@@ -60,6 +60,11 @@ def test_descriptor_targets_of_real_molecules_are_standardized_and_cached(zinc_s
     again = DescriptorDataModule(**kwargs)
     with pytest.warns(UserWarning):
         np.testing.assert_array_equal(again.store()[2], y)
+    # the split is drawn from split_seed, never from the training seed
+    for seed, split_seed, same in ((1, 0, True), (0, 1, False)):
+        other = DescriptorDataModule(**kwargs, seed=seed, split_seed=split_seed)
+        with pytest.warns(UserWarning):
+            assert np.array_equal(other.store()[3]["test"], splits["test"]) == same
 
 
 def test_a_missing_smiles_file_is_one_line(tmp_path):
