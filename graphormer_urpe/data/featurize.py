@@ -98,8 +98,10 @@ def smiles_to_zinc_dense(smiles: str) -> tuple[np.ndarray, np.ndarray]:
     from rdkit import Chem
 
     mol = _parse(smiles)
-    try:
-        atom_type = np.array([_ZINC_TOKEN_IDS[zinc_atom_token(a)] for a in mol.GetAtoms()], dtype=np.uint8)
+    n = mol.GetNumAtoms()
+    try:  # atoms by index: RDKit's GetAtoms() sequence wrapper costs ~15 % of a ZINC build
+        atom_type = np.fromiter((_ZINC_TOKEN_IDS[zinc_atom_token(mol.GetAtomWithIdx(i))] for i in range(n)),
+                                dtype=np.uint8, count=n)
     except KeyError as err:
         raise ValueError(f"atom token {err.args[0]!r} of {smiles!r} is not in the ZINC vocabulary") from None
     Chem.Kekulize(mol, clearAromaticFlags=True)
