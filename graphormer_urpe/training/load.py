@@ -82,12 +82,10 @@ def load_module(ckpt: str | Path, map_location: str = "cpu", *, inference_only: 
     return module
 
 
-def best_checkpoint(run_dir: Path):
-    """``(best path, its validation score, its step, last step, the task)`` of a run directory,
-    from the ModelCheckpoint state its ``checkpoints/last.ckpt`` carries (the CLI's checkpoint
-    callback monitors the task's validation metric, e.g. ``val/mae``). The best file is looked up
-    by name in the run's own ``checkpoints/`` first, so a run directory moved or copied elsewhere
-    gives its own file. :class:`CheckpointError` when there is none."""
+def _recorded_best(run_dir: Path):
+    """``(best path, its validation score, last step, the task)`` of a run directory, from the
+    ModelCheckpoint state its ``checkpoints/last.ckpt`` carries, without reading the best file
+    itself (:func:`best_checkpoint`)."""
     from graphormer_urpe.data.facts import DataFacts
     from graphormer_urpe.task import get_task
 
@@ -103,9 +101,17 @@ def best_checkpoint(run_dir: Path):
     path = run_dir / RUN_LAST_CHECKPOINT.parent / recorded.name
     if not path.exists():  # a best checkpoint saved outside the run's checkpoints/
         path = recorded
-    best = read_checkpoint(path)
-    return (path, float(states[0]["best_model_score"]), int(best["global_step"]), int(last["global_step"]),
-            task)
+    return path, float(states[0]["best_model_score"]), int(last["global_step"]), task
+
+
+def best_checkpoint(run_dir: Path):
+    """``(best path, its validation score, its step, last step, the task)`` of a run directory,
+    from the ModelCheckpoint state its ``checkpoints/last.ckpt`` carries (the CLI's checkpoint
+    callback monitors the task's validation metric, e.g. ``val/mae``). The best file is looked up
+    by name in the run's own ``checkpoints/`` first, so a run directory moved or copied elsewhere
+    gives its own file. :class:`CheckpointError` when there is none."""
+    path, score, last_step, task = _recorded_best(run_dir)
+    return path, score, int(read_checkpoint(path)["global_step"]), last_step, task
 
 
 def checkpoint_files(names: Sequence[str | Path]) -> list[Path]:
@@ -113,7 +119,7 @@ def checkpoint_files(names: Sequence[str | Path]) -> list[Path]:
     (one with ``checkpoints/last.ckpt``) is its best-validation checkpoint
     (:func:`best_checkpoint`); a directory of run directories (an ablation grid, an ensemble's
     members) is the best checkpoint of each, in name order. :class:`CheckpointError` for a
-    directory that is neither, or a run without a best checkpoint."""
+    directory that is neither, or a run whose last.ckpt records no best checkpoint."""
     files = []
     for name in map(Path, names):
         if not name.is_dir():
@@ -124,5 +130,5 @@ def checkpoint_files(names: Sequence[str | Path]) -> list[Path]:
         if not runs:
             raise CheckpointError(f"{name} is a directory that is neither a run directory (no "
                                   f"{RUN_LAST_CHECKPOINT}) nor a folder of run directories")
-        files.extend(best_checkpoint(run)[0] for run in runs)
+        files.extend(_recorded_best(run)[0] for run in runs)  # each read once, when loaded
     return files
