@@ -168,11 +168,13 @@ def test_bad_csv_is_one_line_exit_2(bad_files, tmp_path, capsys, problem):
     assert len(lines) == 1 and re.search(FILE_REFUSALS[problem], lines[0]), lines
 
 
-@pytest.mark.parametrize("damage", ["truncated", "crafted"])
-def test_truncated_processed_zinc_file_is_rebuilt(zinc_root, tmp_path, plant_crafted_checkpoint, damage):
-    """A ZINC root whose processed train.pt was cut in half, or replaced by a file whose
-    unpickling runs code (which PyG's own reader would run): the run says which file and why,
-    rebuilds it from the raw files and trains; the planted code never runs."""
+def test_damaged_processed_zinc_file_is_rebuilt(zinc_root, tmp_path, plant_crafted_checkpoint):
+    """A ZINC root whose processed train.pt was replaced by a file whose unpickling runs code
+    (which PyG's own reader would run): the run says which file and why, rebuilds it from the raw
+    files and trains; the planted code never runs. A truncated processed file fails the same
+    read (so it takes the same way), naming the file."""
+    from graphormer_urpe.checkpoint import CheckpointError, read_checkpoint
+
     data = tmp_path / "data" / "ZINC"
     (data / "subset").mkdir(parents=True)
     (data / "raw").symlink_to(zinc_root / "raw", target_is_directory=True)
@@ -181,10 +183,12 @@ def test_truncated_processed_zinc_file_is_rebuilt(zinc_root, tmp_path, plant_cra
     for name in ("pre_filter.pt", "pre_transform.pt", "train.pt", "val.pt", "test.pt"):
         (processed / name).write_bytes((zinc_root / "subset" / "processed" / name).read_bytes())
     intact = (processed / "train.pt").read_bytes()
-    if damage == "truncated":
-        (processed / "train.pt").write_bytes(intact[:len(intact) // 2])
-    else:
-        marker = plant_crafted_checkpoint(processed / "train.pt")
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(intact[:len(intact) // 2])
+    with pytest.raises(CheckpointError, match=str(truncated)):
+        read_checkpoint(truncated, "cpu", what="processed file")
+
+    marker = plant_crafted_checkpoint(processed / "train.pt")
     done = run_command(["fit", "--config", str(REPO / "configs" / "zinc.yaml"),
                         "--data.init_args.root", str(tmp_path / "data"),
                         "--trainer.default_root_dir", str(tmp_path / "run"),
@@ -195,7 +199,7 @@ def test_truncated_processed_zinc_file_is_rebuilt(zinc_root, tmp_path, plant_cra
     assert f"ZINC processed file {processed / 'train.pt'} is damaged, rebuilding it" in done.stderr
     assert (processed / "train.pt").stat().st_size == len(intact)
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
-    assert damage == "truncated" or not marker.exists()
+    assert not marker.exists()
 
 
 # ------------------------------------------------------------------- huge molecule (item 10)

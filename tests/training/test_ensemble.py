@@ -100,11 +100,17 @@ def test_members_train_as_their_solo_runs(zinc_data_root, tmp_path, one_torch_th
     assert rpe["hyper_parameters"]["backbone"]["attention"] == "rpe"
     assert not any("urpe_scales" in key for key in rpe["state_dict"])
 
-    # The best checkpoints load in the installed `graphormer-urpe test` and give the metric
-    # the ensemble measures itself; `graphormer-urpe-predict` reads them too.
+    # The best checkpoints load in `graphormer-urpe test` and give the metric the ensemble
+    # measures itself; `graphormer-urpe-predict` reads them too. The first member goes through
+    # the installed commands, the second through their main() in this process.
+    from graphormer_urpe.predict import main as predict_main
+    from graphormer_urpe.training.cli import main as cli_main
+
     test_loader = ensemble.members[0].datamodule.test_dataloader()
     direct = ensemble.evaluate(test_loader, 3)
     bin_dir = Path(sys.executable).parent
+    smiles = tmp_path / "in.smi"
+    smiles.write_text("CCO\nc1ccccc1O\n")
     for index, spec in enumerate(members):
         run_dir = tmp_path / "ens" / spec.label
         best = next(p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("epoch="))
@@ -112,21 +118,23 @@ def test_members_train_as_their_solo_runs(zinc_data_root, tmp_path, one_torch_th
         assert torch.load(best, weights_only=False)["global_step"] <= STEPS
         logger = json.dumps({"class_path": "lightning.pytorch.loggers.CSVLogger",
                              "init_args": {"save_dir": str(run_dir), "name": "test"}})
-        done = subprocess.run([str(bin_dir / "graphormer-urpe"), "test", *spec.cli_args,
-                               "--trainer.logger", logger, "--ckpt_path", str(last := run_dir /
-                                                                               "checkpoints" / "last.ckpt")],
-                              cwd=REPO, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
+        last = run_dir / "checkpoints" / "last.ckpt"
+        test_args = ["test", *spec.cli_args, "--trainer.logger", logger, "--ckpt_path", str(last)]
+        predict_args = ["--ckpt", str(last), "--input", str(smiles), "--output", str(tmp_path / f"p{index}.csv"),
+                        "--workers", "0", "--quiet"]
+        if index == 0:
+            done = subprocess.run([str(bin_dir / "graphormer-urpe"), *test_args], cwd=REPO,
+                                  capture_output=True, text=True, timeout=600)
+            assert done.returncode == 0, done.stderr[-3000:]
+            predicted = subprocess.run([str(bin_dir / "graphormer-urpe-predict"), *predict_args],
+                                       capture_output=True, text=True, timeout=300)
+            assert predicted.returncode == 0, predicted.stderr[-3000:]
+        else:
+            assert cli_main(test_args) == 0
+            assert predict_main(predict_args) == 0
         test_mae = logged(next((run_dir / "test").rglob("metrics.csv")), "test/mae")[-1]
         assert test_mae == pytest.approx(float(direct[index]), rel=1e-5), spec.label
-        smiles = tmp_path / "in.smi"
-        smiles.write_text("CCO\nc1ccccc1O\n")
-        predicted = subprocess.run([str(bin_dir / "graphormer-urpe-predict"), "--ckpt", str(last),
-                                    "--input", str(smiles), "--output", str(tmp_path / "p.csv"),
-                                    "--workers", "0", "--quiet"],
-                                   capture_output=True, text=True, timeout=300)
-        assert predicted.returncode == 0, predicted.stderr[-3000:]
-        assert len((tmp_path / "p.csv").read_text().splitlines()) == 3
+        assert len((tmp_path / f"p{index}.csv").read_text().splitlines()) == 3
 
 
 def test_urpe_with_frozen_c_is_rpe_bit_for_bit(zinc_data_root, one_torch_thread):
