@@ -54,7 +54,8 @@ from graphormer_urpe.arguments import positive_int
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.files import AtomicFile, stop_on_signals, unreadable_as_a_file
 from graphormer_urpe.checkpoint import CheckpointError
-from graphormer_urpe.training.load import checkpoint_files, load_module
+from graphormer_urpe.task import get_task
+from graphormer_urpe.training.load import checkpoint_files, load_models
 from graphormer_urpe.training.inference import DEFAULT_MAX_NODES, ModelEnsemble, chunk_batches, featurize_chunk
 from graphormer_urpe.training.predictions import InputRow, open_smiles
 
@@ -146,9 +147,9 @@ def graph_token_attention(module, batch: GraphBatch, target: int) -> list[Explan
 
 def check_options(module, target: int, steps: int) -> None:
     """ValueError for a target the model does not output or fewer than one path point."""
-    if not 0 <= target < module.model.head.out_features:
-        raise ValueError(f"--target {target}: the model has {module.model.head.out_features} outputs "
-                         f"({module.facts.task})")
+    outputs = get_task(module.facts.task).head_width(module.facts.num_targets)
+    if not 0 <= target < outputs:
+        raise ValueError(f"--target {target}: the model has {outputs} outputs ({module.facts.task})")
     if steps < 1:
         raise ValueError(f"--steps must be >= 1, got {steps}")
 
@@ -282,9 +283,8 @@ def _explain(args: argparse.Namespace) -> int:
         return _fail(f"--out {out} is a file, not a directory")
     try:
         ckpts = checkpoint_files(args.ckpt)
-        models = [load_module(ckpt, inference_only=True) for ckpt in ckpts]
-        module = models[0] if len(models) == 1 else ModelEnsemble(models, list(map(str, ckpts)))
-        check_options(models[0], args.target, args.steps)
+        module = load_models(ckpts)
+        check_options(module, args.target, args.steps)
         with open(source, newline="", encoding="utf-8-sig") as handle:
             rows: list[InputRow] = list(open_smiles(handle, source).rows)
     except (CheckpointError, ValueError, UnicodeDecodeError, csv.Error) as exc:
@@ -318,7 +318,7 @@ def _explain(args: argparse.Namespace) -> int:
                     record["error"] = result
                 records.append(record)
             progress.update(len(part))
-    columns = COLUMNS if len(models) == 1 else [*COLUMNS[:3], "std", *COLUMNS[3:]]
+    columns = COLUMNS if len(ckpts) == 1 else [*COLUMNS[:3], "std", *COLUMNS[3:]]
     with AtomicFile(out / "attributions.csv") as table:
         writer = csv.DictWriter(table.handle, columns, lineterminator="\n")
         writer.writeheader()

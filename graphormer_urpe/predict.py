@@ -52,9 +52,9 @@ from graphormer_urpe.arguments import non_negative_int, positive_int
 from graphormer_urpe.cores import usable_cores
 from graphormer_urpe.files import AtomicFile, same_file, stop_on_signals, unreadable_as_a_file
 from graphormer_urpe.checkpoint import CheckpointError
-from graphormer_urpe.training.load import checkpoint_files, load_module
+from graphormer_urpe.training.load import checkpoint_files, load_models
 from graphormer_urpe.training.inference import (
-    DEFAULT_BATCH_SIZE, DEFAULT_MAX_NODES, DEFAULT_MAX_PAIRS, MCDropout, ModelEnsemble, ScaledStd,
+    DEFAULT_BATCH_SIZE, DEFAULT_MAX_NODES, DEFAULT_MAX_PAIRS, MCDropout, ScaledStd,
     stream_predictions)
 from graphormer_urpe.training.predictions import (
     PredictionTable, count_lines, open_smiles, prediction_columns)
@@ -172,11 +172,10 @@ def _predict(args: argparse.Namespace) -> int:
         try:
             if args.mc_dropout is not None and len(ckpts) > 1:
                 raise ValueError("--mc-dropout takes one checkpoint (several checkpoints already give a std)")
-            models = [load_module(ckpt, inference_only=True) for ckpt in ckpts]
+            module = load_models(ckpts)
             if args.mc_dropout is not None:
-                module = MCDropout(models[0], args.mc_dropout, args.seed).to(device)
-            else:
-                module = (models[0] if len(models) == 1 else ModelEnsemble(models, list(map(str, ckpts)))).to(device)
+                module = MCDropout(module, args.mc_dropout, args.seed)
+            module = module.to(device)
             table_input = open_smiles(handle, source)
             if args.evaluate is not None:
                 _check_evaluate(args.evaluate, table_input.columns, module, source, target)
@@ -225,25 +224,31 @@ def _stream(module, table_input, table: PredictionTable, source: Path, args: arg
                            chunk_rows=args.chunk_rows, workers=args.workers, progress=progress)
 
 
+def _check_measured(option: str, module, path: Path, header: list[str] | None, columns: list[str]) -> None:
+    """What ``--calibrate`` and ``--evaluate`` both need: a regression model, and a CSV ``path``
+    (its ``header``) that has the ``columns`` holding the measured values."""
+    if module.facts.task != "regression":
+        raise ValueError(f"{option} compares a regression model's predictions with measured values; "
+                         f"this model's task is {module.facts.task!r}")
+    if header is None:
+        raise ValueError(f"{option} reads measured values from a CSV with a header; {path} is one SMILES a line")
+    missing = [c for c in columns if c not in header]
+    if missing:
+        raise ValueError(f"{option}: {path} has no column(s) {missing} (columns: {header})")
+
+
 def _check_calibrate(module, calibration: Path) -> list[str]:
-    """``--calibrate`` scales a std of a regression model whose checkpoint names its targets,
-    and needs a CSV with those columns: the measured columns, in target order."""
+    """``--calibrate`` scales the std of a model that predicts one and whose checkpoint names its
+    targets: the measured columns, in target order."""
     if not getattr(module, "predicts_std", False):
         raise ValueError("--calibrate scales the std columns: give several --ckpt or --mc-dropout N")
-    if module.facts.task != "regression":
-        raise ValueError(f"--calibrate scales a regression model's std; this one is {module.facts.task!r}")
     names = module.hparams.get("target_names")
-    if not names:
+    if module.facts.task == "regression" and not names:
         raise ValueError("--calibrate reads the measured values from the columns of the model's targets, "
                          "and this checkpoint records no target names")
     with open(calibration, newline="", encoding="utf-8-sig") as handle:
         header = open_smiles(handle, calibration).columns
-    if header is None:
-        raise ValueError(f"--calibrate needs a CSV with a header; {calibration} is one SMILES a line")
-    missing = [name for name in names if name not in header]
-    if missing:
-        raise ValueError(f"--calibrate: {calibration} has no column(s) {missing} of the model's "
-                         f"targets (columns: {header})")
+    _check_measured("--calibrate", module, calibration, header, list(names or []))
     return list(names)
 
 
@@ -273,18 +278,12 @@ def _calibrated(module, calibration: Path, columns: list[str], args: argparse.Na
 
 
 def _check_evaluate(columns: list[str], header: list[str] | None, module, source: Path, target: Path) -> None:
-    """``--evaluate`` needs a CSV with these columns, one per target of a regression model, and
-    an output it can read back (a regular file)."""
+    """``--evaluate`` needs one measured column per target, and an output it can read back (a
+    regular file)."""
     if target.exists() and not target.is_file():
         raise ValueError(f"--evaluate reads the predictions back from --output, so {target} must be a "
                          "regular file")
-    if header is None:
-        raise ValueError(f"--evaluate needs a CSV input with a header; {source} is one SMILES a line")
-    missing = [c for c in columns if c not in header]
-    if missing:
-        raise ValueError(f"--evaluate: {source} has no column(s) {missing} (columns: {header})")
-    if module.facts.task != "regression":
-        raise ValueError(f"--evaluate scores regression models; this one is {module.facts.task!r}")
+    _check_measured("--evaluate", module, source, header, columns)
     if len(columns) != module.facts.num_targets:
         raise ValueError(f"--evaluate needs one column per target: the model has {module.facts.num_targets}, "
                          f"got {len(columns)}")

@@ -629,7 +629,7 @@ def test_mc_dropout_predicts_a_mean_and_std_from_one_checkpoint(esol_run, esol_c
         assert not (tmp_path / "refused.csv").exists()
 
 
-def test_evaluate_scores_predictions_and_their_std_against_measured_values(esol_run, esol_csv, tmp_path):
+def test_evaluate_scores_predictions_and_their_std_against_measured_values(esol_run, esol_csv, tmp_path, capsys):
     """``--evaluate COLUMN`` (the installed command, real ESOL molecules): one JSON line whose
     errors and uncertainty scores equal those computed here from the written file; a missing
     column, a plain SMILES list or the wrong number of columns is refused in one line."""
@@ -664,8 +664,16 @@ def test_evaluate_scores_predictions_and_their_std_against_measured_values(esol_
     assert scores["miscalibration_area"] == pytest.approx(np.mean(np.abs(np.array(observed) - expected)), abs=1e-9)
     assert scores["within_1_std"] == pytest.approx(np.mean(np.abs(error) <= std))
 
-    plain = predict("--evaluate", ESOL_TARGET)
-    assert plain.returncode == 0 and set(json.loads(plain.stdout.strip().splitlines()[-1])) == \
+    # main() of the same command, in this process: no start-up per case
+    def predict_here(*extra: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        status = predict_main(["--ckpt", str(ckpt), "--input", str(source), "--output", str(tmp_path / "out.csv"),
+                               "--quiet", "--workers", "0", *extra])
+        captured = capsys.readouterr()
+        return status, captured.out, captured.err
+
+    status, out, _ = predict_here("--evaluate", ESOL_TARGET)
+    assert status == 0 and set(json.loads(out.strip().splitlines()[-1])) == \
         {"prediction", "measured", "molecules", "rmse", "mae"}
 
     (tmp_path / "list.smi").write_text("CCO\nc1ccccc1\n")
@@ -673,10 +681,11 @@ def test_evaluate_scores_predictions_and_their_std_against_measured_values(esol_
     for extra, message in (
             (["--evaluate", "solubility"], "has no column(s) ['solubility']"),
             (["--evaluate", ESOL_TARGET, "smiles"], "one column per target: the model has 1, got 2"),
-            (["--evaluate", ESOL_TARGET, "--input", str(tmp_path / "list.smi")], "needs a CSV input with a header")):
-        refused = predict(*extra)
-        lines = [line for line in refused.stderr.splitlines() if line.strip()]
-        assert refused.returncode == 2 and len(lines) == 1 and message in lines[0], refused.stderr
+            (["--evaluate", ESOL_TARGET, "--input", str(tmp_path / "list.smi")],
+             "reads measured values from a CSV with a header")):
+        status, _, err = predict_here(*extra)
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert status == 2 and len(lines) == 1 and message in lines[0], err
         assert not (tmp_path / "out.csv").exists()
 
 
@@ -717,7 +726,8 @@ def test_calibrate_scales_each_std_to_fit_the_errors_of_held_out_molecules(esol_
             (["--calibrate", str(calibration)], "--calibrate scales the std columns"),
             (["--mc-dropout", "4", "--calibrate", str(tmp_path / "no_target.csv")],
              f"has no column(s) ['{ESOL_TARGET}']"),
-            (["--mc-dropout", "4", "--calibrate", str(tmp_path / "list.smi")], "needs a CSV with a header")):
+            (["--mc-dropout", "4", "--calibrate", str(tmp_path / "list.smi")],
+             "reads measured values from a CSV with a header")):
         capsys.readouterr()
         status = predict_main(["--ckpt", str(ckpt), "--input", str(source), "--output", str(tmp_path / "refused.csv"),
                                "--quiet", "--workers", "0", *extra])

@@ -211,7 +211,7 @@ class Graphormer(nn.Module):
         self.num_bond_embeddings = facts.num_bond_embeddings
         self.max_hops = facts.max_hops
         self.node_encodings = {name: int(width) for name, width in (facts.node_encodings or {}).items()}
-        self.attention = config.attention
+        self.attention, self.variant = config.attention, variant
         self.max_spd = max_spd = config.max_spd
         self.num_heads = num_heads = config.num_heads
         self.attention_impl = config.attention_impl
@@ -359,7 +359,7 @@ class Graphormer(nn.Module):
         (``[B, H, N+1, N+1]``, the same tensor for every layer when shared; None unless
         ``"urpe"``), in layer order: a list, or without autograd a generator that looks each
         layer's C up when it is reached."""
-        if not ATTENTION_VARIANTS[self.attention].bias:
+        if not self.variant.bias:
             return None, [None] * len(self.layers)
         slots = distance_slots(batch.encodings["spd"], self.max_spd)  # [B, N, N]
         node_bias = self.spatial_bias(slots) + self.edge_bias(batch.edge_attr, batch.encodings["path_edges"])

@@ -6,7 +6,8 @@ failure is a :class:`~graphormer_urpe.checkpoint.CheckpointError` naming the fil
 
 :func:`best_checkpoint` finds a run directory's best-validation checkpoint, and
 :func:`checkpoint_files` turns what a user names as checkpoints (files, run directories, or a
-folder of runs such as an ablation grid or an ensemble's members) into checkpoint files.
+folder of runs such as an ablation grid or an ensemble's members) into checkpoint files, and
+:func:`load_models` makes them one model to predict with.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 import torch
 
 from graphormer_urpe.checkpoint import CheckpointError, read_checkpoint
-from graphormer_urpe.training.inference import RETIRED_HPARAMS, predict_smiles
+from graphormer_urpe.training.inference import RETIRED_HPARAMS, ModelEnsemble, predict_smiles
 from graphormer_urpe.training.predictions import InputRow
 
 #: Where a run directory keeps its checkpoints, and the newest state among them.
@@ -80,6 +81,14 @@ def load_module(ckpt: str | Path, map_location: str = "cpu", *, inference_only: 
         raise CheckpointError(f"checkpoint {ckpt} does not match this version's GraphormerModule "
                               f"({type(exc).__name__}: {exc})") from None
     return module
+
+
+def load_models(ckpts: Sequence[str | Path]):
+    """The verified inference model (:func:`load_module`) of one checkpoint, or the
+    :class:`~graphormer_urpe.training.inference.ModelEnsemble` of several (their mean, and their
+    spread as a ``std``), each named by its path in errors."""
+    models = [load_module(ckpt, inference_only=True) for ckpt in ckpts]
+    return models[0] if len(models) == 1 else ModelEnsemble(models, list(map(str, ckpts)))
 
 
 def _recorded_best(run_dir: Path):
