@@ -35,7 +35,7 @@ def slim_zinc_checkpoint(path: Path) -> Path:
     import torch
 
     from graphormer_urpe.data.facts import DataFacts
-    from graphormer_urpe.data.features import num_embeddings
+    from graphormer_urpe.data.feature_ids import num_embeddings
     from graphormer_urpe.data.featurize import ZINC_ATOM_FEATURE_DIMS, ZINC_BOND_FEATURE_DIMS
     from graphormer_urpe.training.module import GraphormerModule
 

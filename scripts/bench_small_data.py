@@ -204,7 +204,7 @@ def main() -> None:
         print(json.dumps(summary))
         return
     print(f"\n{args.csv.name}: test RMSE / MAE, mean ± std over seeds {args.seeds}")
-    print(f"| split | arm | test RMSE | test MAE | wall s per run |\n| --- | --- | ---: | ---: | ---: |")
+    print("| split | arm | test RMSE | test MAE | wall s per run |\n| --- | --- | ---: | ---: | ---: |")
     for split in args.splits:
         for arm in arms:
             mine = [r for r in results if r["split"] == split and r["arm"] == arm]

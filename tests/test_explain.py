@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from graphormer_urpe.data.facts import DataFacts
-from graphormer_urpe.data.features import num_embeddings
+from graphormer_urpe.data.feature_ids import num_embeddings
 from graphormer_urpe.data.featurize import featurizer_spec
 from graphormer_urpe.explain import COLUMNS, Explanation, explain_smiles
 from graphormer_urpe.training.load import load_module

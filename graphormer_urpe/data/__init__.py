@@ -25,7 +25,7 @@ _LAZY = {
     "EncodingParams": "encoding_registry",
     "collate_pyg_graphs": "encode",
     "featurizer_spec": "featurize",
-    "num_embeddings": "features",
+    "num_embeddings": "feature_ids",
 }
 
 __all__ = ["GraphBatch", *_LAZY]

@@ -37,7 +37,7 @@ class GraphArrays(Generic[A]):
     (numpy, possibly memory-mapped) and :class:`~.resident.TensorGraphs` (torch, on a device).
 
     Attributes:
-        x: ``[sum n, F]`` int16 shared atom ids (0 = padding, see :mod:`.features`).
+        x: ``[sum n, F]`` int16 shared atom ids (0 = padding, see :mod:`.feature_ids`).
         node_ptr: ``[G + 1]`` int64.
         edge_attr: ``[sum E, Fe]`` int16 shared bond ids; directed edges, in the order the
             encoder saw them (path edge ids refer to these rows).

@@ -22,7 +22,7 @@ from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.data.cache import cached_encodings, entry_arrays, write_encodings
 from graphormer_urpe.data.collate import FlatGraphs, collate
 from graphormer_urpe.data.encoding_registry import PATHS, Encoder, EncodingParams
-from graphormer_urpe.data.features import FEATURE_ID_DTYPE, to_shared_ids
+from graphormer_urpe.data.feature_ids import FEATURE_ID_DTYPE, to_shared_ids
 from graphormer_urpe.data.featurize import featurizer_spec
 from graphormer_urpe.data.store import BLOCK_BYTES, CacheEntry, cached_entry, read_rows
 

@@ -23,7 +23,7 @@ All are flat along dim 0, so PyG's own ``DataLoader`` batches them by concatenat
         out = model(to_graph_batch(batch, ATOM_DIMS, BOND_DIMS))
 
 ``x`` and ``edge_attr`` keep their raw integer values (column ``c`` in ``[0, dims[c])``); the
-shared embedding ids of :mod:`.features` are made at batching time, so the transform needs to
+shared embedding ids of :mod:`.feature_ids` are made at batching time, so the transform needs to
 know nothing about the vocabularies. As a ``pre_transform`` the encodings are computed once and
 saved with the processed dataset; as a ``transform`` they are computed per access (see
 ``docs/pyg.md`` for what that costs).
@@ -41,7 +41,7 @@ from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.data.collate import FlatGraphs, collate
 from graphormer_urpe.data.encoding_registry import CORE_ENCODINGS, ENCODING_BY_NAME, EncodingParams
 from graphormer_urpe.data.facts import DEFAULT_MAX_HOPS
-from graphormer_urpe.data.features import check_integer_features, to_shared_ids
+from graphormer_urpe.data.feature_ids import check_integer_features, to_shared_ids
 
 
 class GraphormerEncodings(BaseTransform):

@@ -45,7 +45,7 @@ def load_module(ckpt: str | Path, map_location: str = "cpu", *, inference_only: 
     this version's model.
     """
     from graphormer_urpe.data.facts import DataFacts
-    from graphormer_urpe.data.features import num_embeddings
+    from graphormer_urpe.data.feature_ids import num_embeddings
     from graphormer_urpe.data.featurize import featurizer_spec
     from graphormer_urpe.task import get_task
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from graphormer_urpe.data.collate import FlatGraphs, collate
-from graphormer_urpe.data.features import feature_offsets, num_embeddings, to_shared_ids
+from graphormer_urpe.data.feature_ids import feature_offsets, num_embeddings, to_shared_ids
 
 ATOM_DIMS, BOND_DIMS, K = [5, 3], [4, 2], 3
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from graphormer_urpe.data import PCQM4MDataModule, PCQM4Mv2DataModule
-from graphormer_urpe.data.features import feature_offsets
+from graphormer_urpe.data.feature_ids import feature_offsets
 from graphormer_urpe.data.featurize import (
     OGB_ATOM_FEATURE_DIMS, OGB_BOND_FEATURE_DIMS, cached_smiles_graphs, file_fingerprint,
 )

@@ -45,7 +45,7 @@ def zinc_collate():
 @pytest.fixture(scope="session")
 def zinc_vocab():
     """``num_atom_embeddings`` / ``num_bond_embeddings`` for ZINC."""
-    from graphormer_urpe.data.features import num_embeddings
+    from graphormer_urpe.data.feature_ids import num_embeddings
 
     return {"num_atom_embeddings": num_embeddings(ZINC_ATOM_DIMS),
             "num_bond_embeddings": num_embeddings(ZINC_BOND_DIMS)}

@@ -329,7 +329,7 @@ def test_parameter_counts_against_graphormer_v1(capsys):
     assert counts["slim/urpe"] - counts["slim/rpe"] == 12 * 8 * c_rows
     assert counts["slim/urpe/shared"] - counts["slim/rpe"] == 8 * c_rows
 
-    from graphormer_urpe.data.features import num_embeddings
+    from graphormer_urpe.data.feature_ids import num_embeddings
     from ogb.utils.features import get_atom_feature_dims, get_bond_feature_dims
     ogb = {"num_atom_embeddings": num_embeddings(get_atom_feature_dims()),
            "num_bond_embeddings": num_embeddings(get_bond_feature_dims())}

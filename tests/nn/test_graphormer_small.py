@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from test_graphormer import _graphormer_v1_count  # the closed-form count of Graphormer v1's model.py
 
-from graphormer_urpe.data.features import num_embeddings
+from graphormer_urpe.data.feature_ids import num_embeddings
 from graphormer_urpe.data.featurize import OGB_ATOM_FEATURE_DIMS, OGB_BOND_FEATURE_DIMS
 from graphormer_urpe.nn.graphormer import PRESETS, Graphormer, count_parameters
 
