@@ -116,7 +116,8 @@ def collate(graphs: FlatGraphs, indices: Sequence[int] | np.ndarray, y: np.ndarr
     ``N`` = the largest node count among them; see :class:`GraphBatch` for shapes and padding.
     ``y [B, T]`` and ``positions [B]`` override ``graphs.y[indices]`` and ``GraphBatch.index``
     (default: ``indices``) when several data rows share one stored graph (deduplicated SMILES).
-    ``padding`` fixes ``N`` and ``E`` instead (:class:`~.batch.BatchPadding`).
+    ``padding`` fixes ``N`` and ``E`` instead, and with its ``num_graphs`` appends empty graphs
+    (:class:`~.batch.BatchPadding`).
     """
     index = np.asarray(indices, dtype=np.int64).reshape(-1)
     if index.size and (index.min() < 0 or index.max() >= len(graphs)):
@@ -130,9 +131,17 @@ def collate(graphs: FlatGraphs, indices: Sequence[int] | np.ndarray, y: np.ndarr
     edge_start = graphs.edge_ptr[index]
     m = graphs.edge_ptr[index + 1] - edge_start
     edge_rows = int(m.sum())
+    targets = np.asarray(graphs.y[index] if y is None else y, dtype=np.float32)
+    positions = np.asarray(index if positions is None else positions, dtype=np.int64)
     if padding is not None:
-        padding.check(big_n, edge_rows)
+        padding.check(big_n, edge_rows, b)
         big_n, edge_rows = padding.num_nodes, padding.num_edges
+        if padding.graphs(b) > b:  # empty graphs after the real ones: no nodes, no target
+            extra = padding.graphs(b) - b
+            n = np.concatenate([n, np.zeros(extra, dtype=n.dtype)])
+            targets = np.concatenate([targets, np.full((extra, *targets.shape[1:]), np.nan, np.float32)])
+            positions = np.concatenate([positions, np.full(extra, -1, np.int64)])
+            b += extra
 
     # Nodes: destination b * N + local in a [B * N] grid.
     node_owner, node_local = _ragged_positions(n)
@@ -178,7 +187,7 @@ def collate(graphs: FlatGraphs, indices: Sequence[int] | np.ndarray, y: np.ndarr
         node_mask=torch.from_numpy(node_mask.reshape(b, big_n)),
         encodings={name: torch.from_numpy(encoded[name]) for name in graphs.encodings},
         edge_attr=torch.from_numpy(edge_attr),
-        y=torch.from_numpy(np.ascontiguousarray(graphs.y[index] if y is None else y, dtype=np.float32)),
+        y=torch.from_numpy(np.ascontiguousarray(targets)),
         num_nodes=torch.from_numpy(n.astype(np.int32)),
-        index=torch.from_numpy(np.array(index if positions is None else positions, dtype=np.int64)),
+        index=torch.from_numpy(np.array(positions, dtype=np.int64)),
     )

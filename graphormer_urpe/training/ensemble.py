@@ -60,7 +60,6 @@ from torch.func import functional_call, stack_module_state, vmap
 
 from graphormer_urpe.data.batch import BatchPadding, GraphBatch
 from graphormer_urpe.data.dataset import SeededShuffleSampler
-from graphormer_urpe.data.encoding_registry import ENCODINGS
 from graphormer_urpe.data.resident import ResidentSplit, TensorGraphs
 from graphormer_urpe.files import atomic_write
 from graphormer_urpe.nn.graphormer import Graphormer, attention_variant
@@ -81,12 +80,6 @@ METRICS_FILE = Path("csv") / "ensemble" / "metrics.csv"
 METRICS_COLUMNS = ("epoch", "step", "train/loss", "val/mae")
 #: Trainer precisions the stacked step runs (autocast dtype or None).
 PRECISIONS = {"32-true": None, "32": None, "bf16-mixed": torch.bfloat16}
-#: A GraphBatch field's value in a graph that pads a batch to its full number of graphs: no
-#: nodes, no pairs, no target (the loss skips unknown targets).
-GRAPH_PADDING = {"x": 0, "node_mask": False, "y": math.nan, "num_nodes": 0, "index": -1,
-                 **{encoding.name: encoding.fill for encoding in ENCODINGS}}
-
-
 @dataclass(frozen=True)
 class MemberSpec:
     """One run of the ensemble: ``graphormer-urpe fit <cli_args>`` (which names its run
@@ -127,17 +120,6 @@ def build_member(spec: MemberSpec) -> Member:
 
     cli = build_cli([*spec.cli_args, "--trainer.logger", "false"], run=False)
     return Member(spec, cli.model, cli.datamodule, cli.trainer)
-
-
-def pad_graphs(batch: GraphBatch, num_graphs: int) -> GraphBatch:
-    """``batch`` with empty, target-less graphs appended up to ``num_graphs`` (:data:`GRAPH_PADDING`);
-    the loss (a mean over known targets) and its gradients are those of ``batch``."""
-    extra = num_graphs - batch.num_graphs
-    if extra <= 0:
-        return batch
-    tensors = batch.tensors()
-    return GraphBatch.from_tensors({**tensors, **{name: torch.cat([tensors[name], tensors[name].new_full(
-        (extra, *tensors[name].shape[1:]), fill)]) for name, fill in GRAPH_PADDING.items() if name in tensors}})
 
 
 def stack_batches(batches: Sequence[GraphBatch]) -> dict[str, Tensor]:
@@ -228,8 +210,9 @@ class Ensemble:
         # (no vmap rule): the split's ids are checked once here.
         self.template.model.make_capture_safe(self.train_data.graphs.x, self.train_data.graphs.edge_attr)
         self.batch_size = dm.batch_size
+        # Every member's batch has one shape: the epoch's last, smaller batch gets empty graphs.
         self.padding = BatchPadding.covering(self.train_data.num_nodes, self.train_data.num_edges,
-                                             self.batch_size)
+                                             self.batch_size, pad_graphs=True)
         self.train_data = self.train_data.padded(self.padding)
         # On a GPU the split lives there and batches are gathered there (data/resident.py); on
         # a CPU the numpy collation is the faster one. Both give the same batches.
@@ -429,7 +412,7 @@ class Ensemble:
             batches = [self.resident.batch(order[part], on_device[part]) for order, on_device in orders]
         else:
             batches = [self.train_data.__getitems__(order[part]) for order, _ in orders]
-        stacked = stack_batches([pad_graphs(batch, self.batch_size) for batch in batches])
+        stacked = stack_batches(batches)
         return {name: t.to(self.device, non_blocking=True) for name, t in stacked.items()}
 
     def epoch_orders(self) -> list[tuple[np.ndarray, Tensor | None]]:
