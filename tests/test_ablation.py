@@ -133,25 +133,30 @@ def test_killed_grid_resumes_merges_results_and_writes_the_table(zinc_data_root,
 
 
 def test_one_runner_per_run_directory_and_steps_from_the_checkpoint(zinc_data_root, tmp_path,
-                                                                   start_lock_holder):
+                                                                   start_lock_holder, capsys, monkeypatch):
     """A second runner on the same runs stops at once (exit 2), naming the first one's pid; the
     first one's run ends at its max_steps (5: inside an epoch of 2 batches, after the validation
-    at step 4), which its result reports from the checkpoint's global_step."""
+    at step 4), which its result reports from the checkpoint's global_step. The first runner is
+    the command in a process of its own; the second and third run ``main()`` in this one."""
     command = runner_command(tmp_path, zinc_data_root, "--arms", "rpe", "--trainer.max_steps", "5",
                              "--model.total_steps", "5")
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     lock = tmp_path / "runs" / "tiny" / "rpe-s0" / "ablation.lock"
     first = start_lock_holder(command, lock, cwd=REPO, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # the runner empties it for LightningCLI
     try:
-        second = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as refused:
+            main(command[3:])
+        second = capsys.readouterr()
         assert first.poll() is None, "the first runner must still hold its runs"
-        assert second.returncode == 2, second.stdout[-3000:] + second.stderr[-3000:]
-        errors = [line for line in second.stderr.splitlines() if "error" in line]
+        assert refused.value.code == 2, second.out[-3000:] + second.err[-3000:]
+        errors = [line for line in second.err.splitlines() if "error" in line]
         assert errors == [f"graphormer-urpe-ablation: error: {lock.parent} is in use by another "
                           f"graphormer-urpe-ablation (pid {first.pid}); wait for it to end, or "
-                          "choose another --name or --runs-dir"], second.stderr[-3000:]
-        assert ": fit" not in second.stdout
+                          "choose another --name or --runs-dir"], second.err[-3000:]
+        assert ": fit" not in second.out
         output, _ = first.communicate(timeout=600)
     finally:
         first.kill()
@@ -159,8 +164,9 @@ def test_one_runner_per_run_directory_and_steps_from_the_checkpoint(zinc_data_ro
     [entry] = [e for e in read_json(tmp_path / "results.json", []) if e["recipe"] == "tiny"]
     assert entry["steps"] == 5 and entry["best_step"] in (2, 4)
     # the lock is the kernel's: the next runner (all done now) takes it and runs nothing
-    again = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0 and ": fit" not in again.stdout, again.stderr[-3000:]
+    main(command[3:])
+    again = capsys.readouterr().out
+    assert "tiny: 1 runs" in again and ": fit" not in again
 
 
 @pytest.mark.slow

@@ -588,24 +588,30 @@ def test_several_checkpoints_predict_their_mean_with_a_std_column(esol_run, esol
     assert not (tmp_path / "mixed.csv").exists()
 
 
-def test_mc_dropout_predicts_a_mean_and_std_from_one_checkpoint(esol_run, esol_csv, tmp_path):
-    """``--mc-dropout N`` (the installed command, real ESOL molecules): a std column that is
-    positive, the same file whatever the number of processes and for the same seed, another
-    for another seed; a model without dropout, and several checkpoints, are refused in one line."""
+def test_mc_dropout_predicts_a_mean_and_std_from_one_checkpoint(esol_run, esol_csv, tmp_path, capsys):
+    """``--mc-dropout N`` (real ESOL molecules; the installed command with 0 and 2 worker
+    processes, its ``main()`` in this process for the rest): a std column that is positive, the
+    same file whatever the number of processes and for the same seed, another for another seed;
+    a model without dropout, and several checkpoints, are refused in one line."""
     _, ckpt = esol_run
     source = tmp_path / "mols.csv"
     source.write_text("".join(open(esol_csv).readlines()[:41]))  # header and 40 molecules
+    options = lambda out, *extra: ["--input", str(source), "--output", str(tmp_path / out), "--quiet", *extra]
 
-    def predict(out: str, *extra: str, ok: bool = True) -> subprocess.CompletedProcess:
-        done = subprocess.run([str(PREDICT), "--input", str(source), "--output", str(tmp_path / out), "--quiet",
-                               *extra], capture_output=True, text=True, stdin=subprocess.DEVNULL)
-        assert (done.returncode == 0) == ok, done.stderr
-        return done
+    def predict(out: str, *extra: str) -> None:
+        done = subprocess.run([str(PREDICT), *options(out, *extra)], capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL)
+        assert done.returncode == 0, done.stderr
 
-    predict("plain.csv", "--ckpt", str(ckpt), "--workers", "0")
+    def predict_here(out: str, *extra: str) -> tuple[int, str]:
+        capsys.readouterr()
+        status = predict_main(options(out, *extra))
+        return status, capsys.readouterr().err
+
+    assert predict_here("plain.csv", "--ckpt", str(ckpt), "--workers", "0")[0] == 0
     predict("mc.csv", "--ckpt", str(ckpt), "--mc-dropout", "8", "--workers", "0")
     predict("mc2.csv", "--ckpt", str(ckpt), "--mc-dropout", "8", "--workers", "2")
-    predict("other.csv", "--ckpt", str(ckpt), "--mc-dropout", "8", "--seed", "1", "--workers", "0")
+    assert predict_here("other.csv", "--ckpt", str(ckpt), "--mc-dropout", "8", "--seed", "1", "--workers", "0")[0] == 0
     plain, mc = read_output(tmp_path / "plain.csv"), read_output(tmp_path / "mc.csv")
     column = f"prediction_{ESOL_TARGET}"
     assert list(mc[0]) == [*plain[0]][:-1] + [f"std_{ESOL_TARGET}", "error"]
@@ -623,9 +629,9 @@ def test_mc_dropout_predicts_a_mean_and_std_from_one_checkpoint(esol_run, esol_c
     torch.save(saved, tmp_path / "no_dropout.ckpt")
     for extra, message in ((["--ckpt", str(tmp_path / "no_dropout.ckpt")], "trained without dropout"),
                            (["--ckpt", str(ckpt), str(ckpt)], "--mc-dropout takes one checkpoint")):
-        refused = predict("refused.csv", *extra, "--mc-dropout", "4", ok=False)
-        lines = [line for line in refused.stderr.splitlines() if line.strip()]
-        assert refused.returncode == 2 and len(lines) == 1 and message in lines[0], refused.stderr
+        status, err = predict_here("refused.csv", *extra, "--mc-dropout", "4")
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert status == 2 and len(lines) == 1 and message in lines[0], err
         assert not (tmp_path / "refused.csv").exists()
 
 
