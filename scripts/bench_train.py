@@ -1,4 +1,4 @@
-"""Training throughput: steps/s and graphs/s of the real training loop, eager vs the fast path.
+"""Training throughput: steps/s and graphs/s of the real training loop, eager vs the GPU paths.
 
 For each preset (ZINC-12k train graphs with ``slim``; PCQM4Mv2 molecules with ``base``, or with
 ``small``, the paper's PCQM4M model, as ``pcqm4mv2-small``), each
@@ -6,8 +6,8 @@ attention (``urpe``, ``rpe``: plain Graphormer) and each path (:data:`PATHS`):
 
 * ``eager``: ``DataLoader`` (numpy collation on the host, ``--num-workers`` processes), float32,
   no compile, the reference attention kernel (``attention_impl="eager"``);
-* ``fast``: device-resident data (``device_resident=True``), ``compile=True``
-  (``torch.compile(dynamic=True)``), ``--fast-precision`` (default ``bf16-mixed``) and, on CUDA,
+* ``compiled`` (``configs/compiled.yaml``): device-resident data (``device_resident=True``), ``compile=True``
+  (``torch.compile(dynamic=True)``), ``--compiled-precision`` (default ``bf16-mixed``) and, on CUDA,
   the fused Triton attention (``attention_impl="triton"``);
 * ``bucketed``: ``eager`` on batches of similar-sized graphs (``bucket_batches=16``: less
   padding);
@@ -81,7 +81,7 @@ DEFAULTS = {"cuda": (30, 200, 64, 256), "cpu": (3, 10, 32, 8)}
 
 @dataclass(frozen=True)
 class TrainPath:
-    """How one benchmark row trains (``precision`` None: ``--fast-precision``)."""
+    """How one benchmark row trains (``precision`` None: ``--compiled-precision``)."""
 
     resident: bool
     compile: bool = False
@@ -96,7 +96,7 @@ class TrainPath:
 PATHS = {
     "eager": TrainPath(resident=False),
     "bucketed": TrainPath(resident=False, bucket_batches=16),
-    "fast": TrainPath(resident=True, compile=True, precision=None, triton=True),
+    "compiled": TrainPath(resident=True, compile=True, precision=None, triton=True),
     "resident": TrainPath(resident=True, triton=True),
     "engine": TrainPath(resident=True, static_shapes=True, engine=True, matmul_precision="high"),
     "engine-triton": TrainPath(resident=True, static_shapes=True, engine=True, triton=True, matmul_precision="high"),
@@ -106,7 +106,7 @@ PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true")
 
 def path_spec(path: str) -> TrainPath:
     """A ``--paths`` entry: a name of :data:`PATHS`, optionally with another Lightning precision
-    as ``NAME@PRECISION`` (e.g. ``fast@32-true``, ``resident@bf16-mixed``)."""
+    as ``NAME@PRECISION`` (e.g. ``compiled@32-true``, ``resident@bf16-mixed``)."""
     name, _, precision = path.partition("@")
     if name not in PATHS or (precision and precision not in PRECISIONS):
         raise ValueError(f"unknown path {path!r}: use NAME or NAME@PRECISION with NAME in {list(PATHS)} "
@@ -284,7 +284,7 @@ def run_training(name: str, attention: str, path: str, args) -> dict:
                     bucket_batches=spec.bucket_batches)
     dm.prepare_data()
     impl = "triton" if spec.triton and args.device == "cuda" else "eager"
-    precision = spec.precision or args.fast_precision
+    precision = spec.precision or args.compiled_precision
     pl.seed_everything(0, verbose=False)
     module = GraphormerModule(
         facts=DataFacts.of(dm),
@@ -448,9 +448,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--presets", default="zinc,pcqm4mv2", help="comma-separated: " + ", ".join(PRESET_DATA))
     parser.add_argument("--attention", default="urpe,rpe", help="comma-separated: urpe, rpe")
-    parser.add_argument("--paths", default="eager,fast",
+    parser.add_argument("--paths", default="eager,compiled",
                         help=f"comma-separated: {', '.join(PATHS)}; NAME@PRECISION runs a path at another "
-                             f"Lightning precision ({', '.join(PRECISIONS)}), e.g. fast@32-true")
+                             f"Lightning precision ({', '.join(PRECISIONS)}), e.g. compiled@32-true")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps (compilation happens here)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps")
     parser.add_argument("--zinc-batch", type=int, default=None)
@@ -459,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="max_hops of the ZINC rows (default: the paper's recipe, configs/zinc.yaml)")
     parser.add_argument("--num-workers", type=int, default=None,
                         help="DataLoader processes of the eager path (default: 0 on CPU, 6 on CUDA)")
-    parser.add_argument("--fast-precision", default="bf16-mixed", help="Lightning precision of the fast path")
+    parser.add_argument("--compiled-precision", default="bf16-mixed", help="Lightning precision of the compiled path")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 1 on CPU)")
     parser.add_argument("--shared", type=Path, default=local_data_dir(),
                         help="the local data copies (default: $GRAPHORMER_URPE_DATA or ../shared/data)")

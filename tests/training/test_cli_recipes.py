@@ -162,13 +162,13 @@ def test_backbone_overrides_merge_in_any_order(order):
     assert hparams.backbone["hidden_dim"] == 80  # the rest is still the slim preset
 
 
-def test_fast_overlay_keeps_the_recipes_attention():
+def test_compiled_overlay_keeps_the_recipes_attention():
     hparams = _parsed("--config", str(REPO / "configs" / "rpe.yaml"),
-                      "--config", str(REPO / "configs" / "fast.yaml"),
+                      "--config", str(REPO / "configs" / "compiled.yaml"),
                       "--model.compile", "false", "--data.init_args.device_resident", "false",
                       "--model.backbone.attention_impl", "eager")
     assert hparams.backbone["attention"] == "rpe"
-    assert "attention" not in yaml.safe_load((REPO / "configs" / "fast.yaml").read_text())["model"]["backbone"]
+    assert "attention" not in yaml.safe_load((REPO / "configs" / "compiled.yaml").read_text())["model"]["backbone"]
 
 
 def test_preset_with_partial_override_and_small_preset():

@@ -298,11 +298,11 @@ def test_engine_settings(zinc_data_root, tmp_path, caplog):
 
 
 def test_console_scripts_train_with_the_engine_and_test_its_checkpoint(zinc_data_root, tmp_path):
-    """`graphormer-urpe fit` with configs/engine.yaml after configs/fast.yaml (whose compile and
+    """`graphormer-urpe fit` with configs/engine.yaml after configs/compiled.yaml (whose compile and
     Triton kernel it switches off), 6 steps on real ZINC, then `graphormer-urpe test` on its
     checkpoint (an ordinary one) as an earlier version wrote it, with a since retired option."""
     script = Path(sys.executable).with_name("graphormer-urpe")
-    common = ["--config", str(REPO / "configs" / "zinc.yaml"), "--config", str(REPO / "configs" / "fast.yaml"),
+    common = ["--config", str(REPO / "configs" / "zinc.yaml"), "--config", str(REPO / "configs" / "compiled.yaml"),
               "--config", str(REPO / "configs" / "engine.yaml"),
               "--trainer.default_root_dir", str(tmp_path / "run"), "--data.init_args.root", str(zinc_data_root),
               "--data.init_args.batch_size", "16", "--trainer.limit_val_batches", "2",

@@ -1,4 +1,4 @@
-"""The fast-path options end to end on CPU (the same code runs on a GPU): device-resident data
+"""The compiled path's options end to end on CPU (the same code runs on a GPU): device-resident data
 through the training CLI, and ``GraphormerModule(compile=True)``."""
 from __future__ import annotations
 
