@@ -31,7 +31,6 @@ from pathlib import Path
 import numpy as np
 
 from graphormer_urpe.arguments import positive_int
-from graphormer_urpe.data.encoding_registry import EncodingParams
 from graphormer_urpe.data.ogb_lsc import LAYOUTS, LSCLayout, read_split_dict_checked, require_layout
 from graphormer_urpe.training.load import load_module
 
@@ -101,7 +100,7 @@ def submit(args: argparse.Namespace) -> dict:
     started = time.perf_counter()
     check_test_sizes(read_split_dict_checked(args.root, layout), layout)  # before featurizing
     data_class = next(c for c in (PCQM4MDataModule, PCQM4Mv2DataModule) if c.layout is layout)
-    params = EncodingParams.of_model(facts.max_hops, facts.node_encodings)
+    params = facts.encoding_params
     data = data_class(root=args.root, eval_batch_size=args.batch_size, **params.as_dict())
     _, _, _, splits = data.store()  # checks the split dict against the table
     for split in ("train", "valid"):

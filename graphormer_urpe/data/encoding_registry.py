@@ -35,14 +35,12 @@ the model (``node_encodings``), which adds a linear embedding of it to the atom 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
 from dataclasses import asdict, dataclass, fields, replace
 
 import numpy as np
 
 from graphormer_urpe import algos
 from graphormer_urpe.algos import UNREACHABLE
-from graphormer_urpe.data.facts import DEFAULT_MAX_HOPS, DataFacts
 
 
 @dataclass(frozen=True)
@@ -170,6 +168,12 @@ def _rwse(node_ptr, edge_index, edge_ptr, params, num_threads) -> dict[str, np.n
     return {"rwse": random_walk_return_probabilities(node_ptr, edge_index, edge_ptr, params.rwse_steps)}
 
 
+#: Edges kept per shortest path (the multi-hop edge encoding's ``K``) when a run does not say:
+#: the DataModules', the encoders' and the PyG transform's default. The recipes set their own
+#: (``configs/zinc.yaml``: 20).
+DEFAULT_MAX_HOPS = 5
+
+
 @dataclass(frozen=True)
 class EncodingParams:
     """Every encoding parameter; an encoder runs when all of its parameters are > 0.
@@ -223,22 +227,6 @@ class EncodingParams:
                                  f"known: {sorted(n for n, e in ENCODING_BY_NAME.items() if e.embedded)}")
             params = replace(params, **{encoding.width: int(width)})
         return params
-
-
-def check_checkpoint_encodings(saved: Mapping[str, Any], current: DataFacts) -> None:
-    """ValueError unless a checkpoint's model (hyperparameters ``saved``) reads the encodings of
-    the model about to load it (``current``: the data's facts), naming the data options to
-    change; a checkpoint that records no ``max_hops`` is not checked."""
-    max_hops = DataFacts.recorded(saved, "max_hops")
-    if max_hops is None:
-        return
-    theirs = EncodingParams.of_model(max_hops, DataFacts.recorded(saved, "node_encodings"))
-    ours = EncodingParams.of_model(current.max_hops, current.node_encodings)
-    if theirs != ours:
-        options = " ".join(f"--data.init_args.{name} {value}" for name, value in theirs.as_dict().items()
-                           if value != getattr(ours, name))
-        raise ValueError(f"the checkpoint was trained on data with {theirs.describe()} but this data has "
-                         f"{ours.describe()}: run with {options}")
 
 
 #: The Cython encoder (:mod:`graphormer_urpe.algos`): always on.

@@ -13,13 +13,11 @@ from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
+from graphormer_urpe.data.encoding_registry import EncodingParams
 
-#: Edges kept per shortest path (the multi-hop edge encoding's ``K``) when a run does not say:
-#: the DataModules', the encoders' and the PyG transform's default. The recipes set their own
-#: (``configs/zinc.yaml``: 20).
-DEFAULT_MAX_HOPS = 5
+
 #: The ``K`` of checkpoints saved before ``max_hops`` was recorded: what they were trained with,
-#: so it stays 5 whatever :data:`DEFAULT_MAX_HOPS` becomes.
+#: so it stays 5 whatever :data:`~.encoding_registry.DEFAULT_MAX_HOPS` (new runs) becomes.
 UNRECORDED_MAX_HOPS = 5
 
 
@@ -89,3 +87,26 @@ class DataFacts:
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.names()}
+
+    @property
+    def encoding_params(self) -> EncodingParams:
+        """The parameters of the encodings a model of these facts reads (``max_hops`` and the
+        node encodings' widths), as a DataModule's ``encoding_params`` holds them."""
+        return EncodingParams.of_model(self.max_hops, self.node_encodings)
+
+
+def check_checkpoint_encodings(saved: Mapping[str, Any], current: DataFacts) -> None:
+    """ValueError unless a checkpoint's model (hyperparameters ``saved``) reads the encodings of
+    the model about to load it (``current``: the data's facts), naming the data options to
+    change; a checkpoint that records no ``max_hops`` is not checked."""
+    max_hops = DataFacts.recorded(saved, "max_hops")
+    if max_hops is None:
+        return
+    theirs = EncodingParams.of_model(max_hops, DataFacts.recorded(saved, "node_encodings"))
+    ours = current.encoding_params
+    if theirs != ours:
+        options = " ".join(f"--data.init_args.{name} {value}" for name, value in theirs.as_dict().items()
+                           if value != getattr(ours, name))
+        raise ValueError(f"the checkpoint was trained on data with {theirs.describe()} but this data has "
+                         f"{ours.describe()}: run with {options}")
+

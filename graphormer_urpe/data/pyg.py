@@ -39,8 +39,7 @@ from torch_geometric.transforms import BaseTransform
 
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.data.collate import FlatGraphs, collate
-from graphormer_urpe.data.encoding_registry import CORE_ENCODINGS, ENCODING_BY_NAME, EncodingParams
-from graphormer_urpe.data.facts import DEFAULT_MAX_HOPS
+from graphormer_urpe.data.encoding_registry import CORE_ENCODINGS, DEFAULT_MAX_HOPS, ENCODING_BY_NAME, EncodingParams
 from graphormer_urpe.data.feature_ids import check_integer_features, to_shared_ids
 
 

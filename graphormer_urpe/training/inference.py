@@ -275,12 +275,11 @@ def chunk_batches(facts: DataFacts, chunk: RawChunk, max_pairs: int, batch_size:
     row (an integrated-gradients path, :mod:`graphormer_urpe.explain`)."""
     from graphormer_urpe.data.collate import collate
     from graphormer_urpe.data.encode import encode_flat
-    from graphormer_urpe.data.encoding_registry import EncodingParams
     from graphormer_urpe.data.featurize import featurizer_spec
 
     spec = featurizer_spec(facts.featurizer)
     node_ptr, edge_ptr = chunk.node_ptr, chunk.edge_ptr
-    params = EncodingParams.of_model(facts.max_hops, facts.node_encodings)
+    params = facts.encoding_params
     for g0, g1 in size_batches(np.diff(node_ptr), max_pairs, batch_size):
         n0, n1, e0, e1 = node_ptr[g0], node_ptr[g1], edge_ptr[g0], edge_ptr[g1]
         flat = encode_flat(chunk.x[n0:n1], node_ptr[g0:g1 + 1] - n0, chunk.edge_index[:, e0:e1],

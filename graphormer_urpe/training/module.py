@@ -17,7 +17,7 @@ from torch import Tensor
 from torchmetrics import MetricCollection
 
 from graphormer_urpe.data.batch import GraphBatch
-from graphormer_urpe.data.encoding_registry import check_checkpoint_encodings
+from graphormer_urpe.data.facts import check_checkpoint_encodings
 from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.nn.graphormer import Graphormer, GraphormerConfig
 from graphormer_urpe.training import finetune
