@@ -47,6 +47,7 @@ Run it again with the same arguments to continue a killed grid.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import hashlib
@@ -268,6 +269,13 @@ class Grid:
                                       "wait for it to end, or choose another --name or --runs-dir")
                        for directory in dirs]
 
+    def release(self) -> None:
+        """Let go of the run directories :meth:`lock` holds (a process that goes on after
+        :func:`main`, such as a test, must not keep them)."""
+        for handle in getattr(self, "_locks", ()):
+            handle.close()
+        self._locks = []
+
     def check_checkpoints(self) -> None:
         """Read (as plain data, :func:`checkpoint_step`) the ``last.ckpt`` of every unfinished
         run, which it resumes or tests from: a damaged or crafted one is refused (``ValueError``
@@ -432,31 +440,33 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ValueError as error:
         print(f"graphormer-urpe-ablation: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
-    if args.table_only:
-        results = read_json(args.results, [])
-        print(write_table(args.results, args.table or args.results.with_suffix(".md")))
-    else:
-        grid = Grid(args, overrides)
-        if args.readme:  # a missing block is said now, not after training
+    with contextlib.ExitStack() as held:  # the run directories are let go when main() ends
+        if args.table_only:
+            results = read_json(args.results, [])
+            print(write_table(args.results, args.table or args.results.with_suffix(".md")))
+        else:
+            grid = Grid(args, overrides)
+            if args.readme:  # a missing block is said now, not after training
+                try:
+                    readme_block(args.readme, grid.name)
+                except ValueError as error:
+                    raise SystemExit(f"graphormer-urpe-ablation: error: {error}") from None
+            held.callback(grid.release)
             try:
-                readme_block(args.readme, grid.name)
+                grid.lock()
+                grid.check_checkpoints()
             except ValueError as error:
-                raise SystemExit(f"graphormer-urpe-ablation: error: {error}") from None
-        try:
-            grid.lock()
-            grid.check_checkpoints()
-        except ValueError as error:
-            print(f"graphormer-urpe-ablation: error: {error}", file=sys.stderr)
-            raise SystemExit(2) from None
-        results = grid.run()
-        print(write_table(grid.results, grid.table))
-    if args.readme:
-        write_readme_block(args.readme, args.name or grid.name, read_json(args.results, []))
-    if args.figures:
-        chosen = [e for e in results if args.name in (None, e.get("recipe"))]
-        from graphormer_urpe.plot import plot_learned_tables  # matplotlib only when plotting
+                print(f"graphormer-urpe-ablation: error: {error}", file=sys.stderr)
+                raise SystemExit(2) from None
+            results = grid.run()
+            print(write_table(grid.results, grid.table))
+        if args.readme:
+            write_readme_block(args.readme, args.name or grid.name, read_json(args.results, []))
+        if args.figures:
+            chosen = [e for e in results if args.name in (None, e.get("recipe"))]
+            from graphormer_urpe.plot import plot_learned_tables  # matplotlib only when plotting
 
-        print(plot_learned_tables(chosen, args.runs_dir, args.figures))
+            print(plot_learned_tables(chosen, args.runs_dir, args.figures))
     if not args.table_only:
         print(f"graphormer-urpe-ablation: {grid.name} took {(time.perf_counter() - start) / 60:.1f} "
               f"min ({len(results)} runs)")

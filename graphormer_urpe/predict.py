@@ -224,12 +224,16 @@ def _stream(module, table_input, table: PredictionTable, source: Path, args: arg
                            chunk_rows=args.chunk_rows, workers=args.workers, progress=progress)
 
 
-def _check_measured(option: str, module, path: Path, header: list[str] | None, columns: list[str]) -> None:
-    """What ``--calibrate`` and ``--evaluate`` both need: a regression model, and a CSV ``path``
-    (its ``header``) that has the ``columns`` holding the measured values."""
+def _check_regression(option: str, module) -> None:
+    """``--calibrate`` and ``--evaluate`` compare predictions with measured values: a regression
+    model's only (checked before any file is read)."""
     if module.facts.task != "regression":
         raise ValueError(f"{option} compares a regression model's predictions with measured values; "
                          f"this model's task is {module.facts.task!r}")
+
+
+def _check_columns(option: str, path: Path, header: list[str] | None, columns: list[str]) -> None:
+    """The CSV ``path`` (its ``header``) has the ``columns`` that hold the measured values."""
     if header is None:
         raise ValueError(f"{option} reads measured values from a CSV with a header; {path} is one SMILES a line")
     missing = [c for c in columns if c not in header]
@@ -238,17 +242,18 @@ def _check_measured(option: str, module, path: Path, header: list[str] | None, c
 
 
 def _check_calibrate(module, calibration: Path) -> list[str]:
-    """``--calibrate`` scales the std of a model that predicts one and whose checkpoint names its
-    targets: the measured columns, in target order."""
+    """``--calibrate`` scales the std of a regression model that predicts one and whose
+    checkpoint names its targets: the measured columns, in target order."""
     if not getattr(module, "predicts_std", False):
         raise ValueError("--calibrate scales the std columns: give several --ckpt or --mc-dropout N")
+    _check_regression("--calibrate", module)
     names = module.hparams.get("target_names")
-    if module.facts.task == "regression" and not names:
+    if not names:
         raise ValueError("--calibrate reads the measured values from the columns of the model's targets, "
                          "and this checkpoint records no target names")
     with open(calibration, newline="", encoding="utf-8-sig") as handle:
         header = open_smiles(handle, calibration).columns
-    _check_measured("--calibrate", module, calibration, header, list(names or []))
+    _check_columns("--calibrate", calibration, header, list(names))
     return list(names)
 
 
@@ -283,7 +288,8 @@ def _check_evaluate(columns: list[str], header: list[str] | None, module, source
     if target.exists() and not target.is_file():
         raise ValueError(f"--evaluate reads the predictions back from --output, so {target} must be a "
                          "regular file")
-    _check_measured("--evaluate", module, source, header, columns)
+    _check_regression("--evaluate", module)
+    _check_columns("--evaluate", source, header, columns)
     if len(columns) != module.facts.num_targets:
         raise ValueError(f"--evaluate needs one column per target: the model has {module.facts.num_targets}, "
                          f"got {len(columns)}")

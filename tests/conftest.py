@@ -155,6 +155,24 @@ def zinc_data_root(zinc_root, tmp_path):
     return tmp_path
 
 
+@pytest.fixture(autouse=True)
+def commands_leave_no_process_state():
+    """A command run by its ``main()`` in the test process leaves what it sets for the rest of
+    its process: Lightning's ``PL_GLOBAL_SEED`` (which child processes started later would
+    inherit) and the package logger's level. Both are put back after every test."""
+    import logging
+
+    seed = os.environ.get("PL_GLOBAL_SEED")
+    logger = logging.getLogger("graphormer_urpe")
+    level = logger.level
+    yield
+    logger.setLevel(level)
+    if seed is None:
+        os.environ.pop("PL_GLOBAL_SEED", None)
+    else:
+        os.environ["PL_GLOBAL_SEED"] = seed
+
+
 @pytest.fixture
 def one_torch_thread():
     """Many small ops: on a 2-core CPU shared with other jobs one torch thread is far faster than two

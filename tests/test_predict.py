@@ -611,7 +611,8 @@ def test_mc_dropout_predicts_a_mean_and_std_from_one_checkpoint(esol_run, esol_c
     assert predict_here("plain.csv", "--ckpt", str(ckpt), "--workers", "0")[0] == 0
     predict("mc.csv", "--ckpt", str(ckpt), "--mc-dropout", "8", "--workers", "0")
     predict("mc2.csv", "--ckpt", str(ckpt), "--mc-dropout", "8", "--workers", "2")
-    assert predict_here("other.csv", "--ckpt", str(ckpt), "--mc-dropout", "8", "--seed", "1", "--workers", "0")[0] == 0
+    for out, seed in (("here.csv", "0"), ("other.csv", "1")):  # in this process, seed 0 and 1
+        assert predict_here(out, "--ckpt", str(ckpt), "--mc-dropout", "8", "--seed", seed, "--workers", "0")[0] == 0
     plain, mc = read_output(tmp_path / "plain.csv"), read_output(tmp_path / "mc.csv")
     column = f"prediction_{ESOL_TARGET}"
     assert list(mc[0]) == [*plain[0]][:-1] + [f"std_{ESOL_TARGET}", "error"]
@@ -621,7 +622,8 @@ def test_mc_dropout_predicts_a_mean_and_std_from_one_checkpoint(esol_run, esol_c
     sampled = np.array([float(r[column]) for r in mc])
     assert not np.allclose(sampled, deterministic) and np.abs(sampled - deterministic).max() < 10 * std.max()
     assert (tmp_path / "mc2.csv").read_text() == (tmp_path / "mc.csv").read_text()
-    assert (tmp_path / "other.csv").read_text() != (tmp_path / "mc.csv").read_text()
+    assert (tmp_path / "here.csv").read_text() == (tmp_path / "mc.csv").read_text()
+    assert (tmp_path / "other.csv").read_text() != (tmp_path / "here.csv").read_text()
 
     saved = torch.load(ckpt, map_location="cpu", weights_only=True)
     for key in ("dropout", "attention_dropout", "activation_dropout"):
@@ -740,3 +742,31 @@ def test_calibrate_scales_each_std_to_fit_the_errors_of_held_out_molecules(esol_
         lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
         assert status == 2 and len(lines) == 1 and message in lines[0], lines
         assert not (tmp_path / "refused.csv").exists()
+
+
+def test_calibrate_and_evaluate_refuse_a_model_that_is_not_regression_before_reading_a_file(tmp_path, capsys):
+    """Two classification checkpoints (an ensemble, so they predict a std): ``--calibrate`` and
+    ``--evaluate`` compare with measured values, which only a regression model predicts; the
+    refusal names the task before any file is read (here a calibration file that is not UTF-8)."""
+    from graphormer_urpe.data.facts import DataFacts
+    from graphormer_urpe.training.module import GraphormerModule
+
+    ckpts = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        module = GraphormerModule(DataFacts(num_atom_embeddings=29, num_bond_embeddings=5, task="classification"),
+                                  backbone={"num_layers": 1, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2})
+        ckpts.append(tmp_path / f"c{seed}.ckpt")
+        torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams)}, ckpts[-1])
+    source, unreadable = tmp_path / "in.csv", tmp_path / "latin1.csv"
+    source.write_text("smiles,active\nCCO,1\nc1ccccc1,0\n")
+    unreadable.write_bytes("smiles,active\nCC\xe9,1\n".encode("latin-1"))
+    for extra, option in ((["--calibrate", str(unreadable)], "--calibrate"), (["--evaluate", "active"], "--evaluate")):
+        capsys.readouterr()
+        status = predict_main(["--ckpt", *map(str, ckpts), "--input", str(source), "--output", str(tmp_path / "out.csv"),
+                               "--quiet", "--workers", "0", *extra])
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert status == 2 and len(lines) == 1, lines
+        assert f"{option} compares a regression model's predictions with measured values; " \
+               "this model's task is 'classification'" in lines[0]
+        assert not (tmp_path / "out.csv").exists()
