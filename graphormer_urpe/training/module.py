@@ -1,8 +1,10 @@
-"""The thin LightningModule around the :class:`~graphormer_urpe.nn.graphormer.Graphormer` backbone.
+"""The LightningModule around the :class:`~graphormer_urpe.nn.graphormer.Graphormer` backbone.
 
 Everything about the network lives in the backbone and its presets; this module adds the loss,
-the metrics, AdamW and Graphormer's warmup + polynomial-decay schedule. Its init arguments are
-plain values, so a checkpoint rebuilds the model without the config that trained it.
+the metrics, AdamW and Graphormer's warmup + polynomial-decay schedule, and chooses how a step
+runs (the training engine by default, ``compile``, fine-tuning's frozen steps) and what a
+checkpoint keeps (RNG states, the checks of a resumed one). Its init arguments are plain values,
+so a checkpoint rebuilds the model without the config that trained it.
 """
 from __future__ import annotations
 
@@ -17,8 +19,7 @@ from torch import Tensor
 from torchmetrics import MetricCollection
 
 from graphormer_urpe.data.batch import GraphBatch
-from graphormer_urpe.data.facts import check_checkpoint_encodings
-from graphormer_urpe.data.facts import DataFacts
+from graphormer_urpe.data.facts import DataFacts, check_checkpoint_encodings
 from graphormer_urpe.nn.graphormer import Graphormer, GraphormerConfig
 from graphormer_urpe.training import finetune
 from graphormer_urpe.training.run_checkpoint import rng_states, set_rng_states
