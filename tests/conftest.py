@@ -155,6 +155,23 @@ def zinc_data_root(zinc_root, tmp_path):
     return tmp_path
 
 
+@pytest.fixture
+def run_main(capsys):
+    """``run_main(main, args) -> CompletedProcess``: a command's ``main(args)`` run in the test
+    process (what its console script runs, without a process start of ~6 s): its exit status and
+    what it printed to stdout and stderr (logging goes to pytest's handlers: ``caplog``)."""
+    import subprocess
+
+    def run(main, args) -> subprocess.CompletedProcess:
+        args = [str(a) for a in args]
+        capsys.readouterr()
+        status = main(args)
+        captured = capsys.readouterr()
+        return subprocess.CompletedProcess(args, status, captured.out, captured.err)
+
+    return run
+
+
 @pytest.fixture(autouse=True)
 def commands_leave_no_process_state():
     """A command run by its ``main()`` in the test process leaves what it sets for the rest of

@@ -588,7 +588,7 @@ def test_several_checkpoints_predict_their_mean_with_a_std_column(esol_run, esol
     assert not (tmp_path / "mixed.csv").exists()
 
 
-def test_mc_dropout_predicts_a_mean_and_std_from_one_checkpoint(esol_run, esol_csv, tmp_path, capsys):
+def test_mc_dropout_predicts_a_mean_and_std_from_one_checkpoint(esol_run, esol_csv, tmp_path, run_main):
     """``--mc-dropout N`` (real ESOL molecules; the installed command with 0 and 2 worker
     processes, its ``main()`` in this process for the rest): a std column that is positive, the
     same file whatever the number of processes and for the same seed, another for another seed;
@@ -603,16 +603,14 @@ def test_mc_dropout_predicts_a_mean_and_std_from_one_checkpoint(esol_run, esol_c
                               stdin=subprocess.DEVNULL)
         assert done.returncode == 0, done.stderr
 
-    def predict_here(out: str, *extra: str) -> tuple[int, str]:
-        capsys.readouterr()
-        status = predict_main(options(out, *extra))
-        return status, capsys.readouterr().err
+    def predict_here(out: str, *extra: str) -> subprocess.CompletedProcess:
+        return run_main(predict_main, options(out, *extra))
 
-    assert predict_here("plain.csv", "--ckpt", str(ckpt), "--workers", "0")[0] == 0
+    assert predict_here("plain.csv", "--ckpt", str(ckpt), "--workers", "0").returncode == 0
     predict("mc.csv", "--ckpt", str(ckpt), "--mc-dropout", "8", "--workers", "0")
     predict("mc2.csv", "--ckpt", str(ckpt), "--mc-dropout", "8", "--workers", "2")
     for out, seed in (("here.csv", "0"), ("other.csv", "1")):  # in this process, seed 0 and 1
-        assert predict_here(out, "--ckpt", str(ckpt), "--mc-dropout", "8", "--seed", seed, "--workers", "0")[0] == 0
+        assert predict_here(out, "--ckpt", str(ckpt), "--mc-dropout", "8", "--seed", seed, "--workers", "0").returncode == 0
     plain, mc = read_output(tmp_path / "plain.csv"), read_output(tmp_path / "mc.csv")
     column = f"prediction_{ESOL_TARGET}"
     assert list(mc[0]) == [*plain[0]][:-1] + [f"std_{ESOL_TARGET}", "error"]
@@ -631,13 +629,13 @@ def test_mc_dropout_predicts_a_mean_and_std_from_one_checkpoint(esol_run, esol_c
     torch.save(saved, tmp_path / "no_dropout.ckpt")
     for extra, message in ((["--ckpt", str(tmp_path / "no_dropout.ckpt")], "trained without dropout"),
                            (["--ckpt", str(ckpt), str(ckpt)], "--mc-dropout takes one checkpoint")):
-        status, err = predict_here("refused.csv", *extra, "--mc-dropout", "4")
-        lines = [line for line in err.splitlines() if line.strip()]
-        assert status == 2 and len(lines) == 1 and message in lines[0], err
+        refused = predict_here("refused.csv", *extra, "--mc-dropout", "4")
+        lines = [line for line in refused.stderr.splitlines() if line.strip()]
+        assert refused.returncode == 2 and len(lines) == 1 and message in lines[0], refused.stderr
         assert not (tmp_path / "refused.csv").exists()
 
 
-def test_evaluate_scores_predictions_and_their_std_against_measured_values(esol_run, esol_csv, tmp_path, capsys):
+def test_evaluate_scores_predictions_and_their_std_against_measured_values(esol_run, esol_csv, tmp_path, run_main):
     """``--evaluate COLUMN`` (the installed command, real ESOL molecules): one JSON line whose
     errors and uncertainty scores equal those computed here from the written file; a missing
     column, a plain SMILES list or the wrong number of columns is refused in one line."""
@@ -673,15 +671,12 @@ def test_evaluate_scores_predictions_and_their_std_against_measured_values(esol_
     assert scores["within_1_std"] == pytest.approx(np.mean(np.abs(error) <= std))
 
     # main() of the same command, in this process: no start-up per case
-    def predict_here(*extra: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        status = predict_main(["--ckpt", str(ckpt), "--input", str(source), "--output", str(tmp_path / "out.csv"),
-                               "--quiet", "--workers", "0", *extra])
-        captured = capsys.readouterr()
-        return status, captured.out, captured.err
+    def predict_here(*extra: str) -> subprocess.CompletedProcess:
+        return run_main(predict_main, ["--ckpt", ckpt, "--input", source, "--output", tmp_path / "out.csv",
+                                       "--quiet", "--workers", "0", *extra])
 
-    status, out, _ = predict_here("--evaluate", ESOL_TARGET)
-    assert status == 0 and set(json.loads(out.strip().splitlines()[-1])) == \
+    plain = predict_here("--evaluate", ESOL_TARGET)
+    assert plain.returncode == 0 and set(json.loads(plain.stdout.strip().splitlines()[-1])) == \
         {"prediction", "measured", "molecules", "rmse", "mae"}
 
     (tmp_path / "list.smi").write_text("CCO\nc1ccccc1\n")
@@ -691,9 +686,9 @@ def test_evaluate_scores_predictions_and_their_std_against_measured_values(esol_
             (["--evaluate", ESOL_TARGET, "smiles"], "one column per target: the model has 1, got 2"),
             (["--evaluate", ESOL_TARGET, "--input", str(tmp_path / "list.smi")],
              "reads measured values from a CSV with a header")):
-        status, _, err = predict_here(*extra)
-        lines = [line for line in err.splitlines() if line.strip()]
-        assert status == 2 and len(lines) == 1 and message in lines[0], err
+        refused = predict_here(*extra)
+        lines = [line for line in refused.stderr.splitlines() if line.strip()]
+        assert refused.returncode == 2 and len(lines) == 1 and message in lines[0], refused.stderr
         assert not (tmp_path / "out.csv").exists()
 
 
@@ -744,7 +739,7 @@ def test_calibrate_scales_each_std_to_fit_the_errors_of_held_out_molecules(esol_
         assert not (tmp_path / "refused.csv").exists()
 
 
-def test_calibrate_and_evaluate_refuse_a_model_that_is_not_regression_before_reading_a_file(tmp_path, capsys):
+def test_calibrate_and_evaluate_refuse_a_model_that_is_not_regression_before_reading_a_file(tmp_path, run_main):
     """Two classification checkpoints (an ensemble, so they predict a std): ``--calibrate`` and
     ``--evaluate`` compare with measured values, which only a regression model predicts; the
     refusal names the task before any file is read (here a calibration file that is not UTF-8)."""
@@ -762,11 +757,10 @@ def test_calibrate_and_evaluate_refuse_a_model_that_is_not_regression_before_rea
     source.write_text("smiles,active\nCCO,1\nc1ccccc1,0\n")
     unreadable.write_bytes("smiles,active\nCC\xe9,1\n".encode("latin-1"))
     for extra, option in ((["--calibrate", str(unreadable)], "--calibrate"), (["--evaluate", "active"], "--evaluate")):
-        capsys.readouterr()
-        status = predict_main(["--ckpt", *map(str, ckpts), "--input", str(source), "--output", str(tmp_path / "out.csv"),
-                               "--quiet", "--workers", "0", *extra])
-        lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-        assert status == 2 and len(lines) == 1, lines
+        refused = run_main(predict_main, ["--ckpt", *ckpts, "--input", source, "--output", tmp_path / "out.csv",
+                                          "--quiet", "--workers", "0", *extra])
+        lines = [line for line in refused.stderr.splitlines() if line.strip()]
+        assert refused.returncode == 2 and len(lines) == 1, lines
         assert f"{option} compares a regression model's predictions with measured values; " \
                "this model's task is 'classification'" in lines[0]
         assert not (tmp_path / "out.csv").exists()

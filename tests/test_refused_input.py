@@ -42,14 +42,6 @@ def run_command(args: list[str], **kwargs) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": str(REPO)}, **kwargs)
 
 
-def run_in_process(capsys, args: list[str]) -> subprocess.CompletedProcess:
-    """``graphormer-urpe ARGS`` in this process (what :func:`run_command` runs, without a
-    process start: for refusals that come before any training), with its status and stderr."""
-    capsys.readouterr()
-    status = cli_main(args)
-    return subprocess.CompletedProcess(args, status, "", capsys.readouterr().err)
-
-
 def error_lines(stderr: str) -> list[str]:
     """The error lines of stderr: everything after the notes that precede the error (Lightning's
     seeding note, warnings printed when pytest does not capture them), none a traceback."""
@@ -238,7 +230,7 @@ def ogb_checkpoint(esol_csv, tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("target", ["data csv", "data csv symlink", "checkpoint hardlink", "config file"])
-def test_prediction_output_that_is_an_input_is_refused(ogb_checkpoint, esol_csv, tmp_path, capsys, target):
+def test_prediction_output_that_is_an_input_is_refused(ogb_checkpoint, esol_csv, tmp_path, run_main, target):
     """``graphormer-urpe predict --prediction_writer.output`` naming a file the run reads (the CSV
     it predicts and trained on, the checkpoint, the config file; also through a link): one line,
     exit status 2, before the data is featurized, and every input's bytes unchanged."""
@@ -256,8 +248,8 @@ def test_prediction_output_that_is_an_input_is_refused(ogb_checkpoint, esol_csv,
         os.link(inputs["checkpoint"], output)
     option = {"data csv": "--data.init_args.path", "data csv symlink": "--data.init_args.path",
               "checkpoint hardlink": "--ckpt_path", "config file": "--config"}[target]
-    done = run_in_process(capsys, ["predict", "--config", str(inputs["config"]), *esol_args(tmp_path, inputs["data"])[3:],
-                                   "--ckpt_path", str(inputs["checkpoint"]), "--prediction_writer.output", str(output)])
+    done = run_main(cli_main, ["predict", "--config", str(inputs["config"]), *esol_args(tmp_path, inputs["data"])[3:],
+                               "--ckpt_path", str(inputs["checkpoint"]), "--prediction_writer.output", str(output)])
     assert done.returncode == 2, done.stderr[-3000:]
     lines = error_lines(done.stderr)
     assert len(lines) == 1 and lines[0].startswith(
@@ -330,7 +322,7 @@ def test_second_fit_into_a_run_directory_in_use_is_refused(esol_csv, tmp_path, s
 
 
 @pytest.mark.parametrize("data", ["classification task", "other target column", "zinc featurizer"])
-def test_checkpoint_of_other_data_is_refused_by_name(ogb_checkpoint, esol_csv, tmp_path, capsys, data):
+def test_checkpoint_of_other_data_is_refused_by_name(ogb_checkpoint, esol_csv, tmp_path, run_main, data):
     """``test --ckpt_path`` with a checkpoint trained on another task or another target column
     would report a metric of a model answering another question, and one of another featurizer
     fails on its weights: refused in one line naming the difference, before the data is
@@ -349,7 +341,7 @@ def test_checkpoint_of_other_data_is_refused_by_name(ogb_checkpoint, esol_csv, t
     else:  # its embedding tables would not fit: a state_dict error after the data build
         csv, extra = esol_csv, ["--data.init_args.featurizer", "zinc"]
         difference = "featurizer 'ogb', the data's 'zinc'"
-    done = run_in_process(capsys, ["test", *esol_args(tmp_path, csv, *extra)[1:], "--ckpt_path", str(ogb_checkpoint)])
+    done = run_main(cli_main, ["test", *esol_args(tmp_path, csv, *extra)[1:], "--ckpt_path", str(ogb_checkpoint)])
     assert done.returncode == 2, done.stderr[-3000:]
     assert error_lines(done.stderr) == [
         f"graphormer-urpe: error: --ckpt_path {ogb_checkpoint} was trained on other data (checkpoint's "
@@ -357,13 +349,13 @@ def test_checkpoint_of_other_data_is_refused_by_name(ogb_checkpoint, esol_csv, t
     assert not (tmp_path / "cache").exists()  # refused before the CSV was featurized
 
 
-def test_run_directory_that_cannot_be_written_is_refused_before_the_data(esol_csv, tmp_path, capsys):
+def test_run_directory_that_cannot_be_written_is_refused_before_the_data(esol_csv, tmp_path, run_main):
     """A run directory that cannot hold the logs and checkpoints (here under a regular file; a
     read-only file system fails the same way) is one line before the data is featurized, not an
     OSError from the logger after the build."""
     (tmp_path / "file").write_text("")
     run_dir = tmp_path / "file" / "run"
-    done = run_in_process(capsys, [*esol_args(tmp_path, esol_csv), "--trainer.default_root_dir", str(run_dir)])
+    done = run_main(cli_main, [*esol_args(tmp_path, esol_csv), "--trainer.default_root_dir", str(run_dir)])
     assert done.returncode == 2, done.stderr[-3000:]
     assert error_lines(done.stderr) == [
         f"graphormer-urpe: error: --trainer.default_root_dir {run_dir} cannot be written (Not a directory)"]
@@ -371,11 +363,11 @@ def test_run_directory_that_cannot_be_written_is_refused_before_the_data(esol_cs
 
 
 @pytest.mark.parametrize("kind", ["missing", "directory"])
-def test_ckpt_path_that_is_no_checkpoint_file_is_one_line_before_the_data(esol_csv, tmp_path, capsys, kind):
+def test_ckpt_path_that_is_no_checkpoint_file_is_one_line_before_the_data(esol_csv, tmp_path, run_main, kind):
     ckpt = tmp_path / "model.ckpt"
     if kind == "directory":
         ckpt.mkdir()
-    done = run_in_process(capsys, ["test", *esol_args(tmp_path, esol_csv)[1:], "--ckpt_path", str(ckpt)])
+    done = run_main(cli_main, ["test", *esol_args(tmp_path, esol_csv)[1:], "--ckpt_path", str(ckpt)])
     assert done.returncode == 2, done.stderr[-3000:]
     what = "does not exist" if kind == "missing" else "is a directory"
     assert error_lines(done.stderr) == [f"graphormer-urpe: error: checkpoint {ckpt} {what}"]

@@ -113,16 +113,14 @@ def test_pcqm4m_submission(fitted_v1):
 
 
 @pytest.mark.slow
-def test_pcqm4mv2_submission(pcqm_source, tmp_path, capsys):
+def test_pcqm4mv2_submission(pcqm_source, tmp_path, run_main):
     """As v1's, with ``main()`` in this process (v1's test runs the installed command)."""
     ckpt = fit_fixture(tmp_path, pcqm_source, "pcqm4mv2")
     out_dir = tmp_path / "submission"
-    capsys.readouterr()
-    status = submit.main(["--dataset", "pcqm4mv2", "--ckpt", str(ckpt), "--root", str(tmp_path / "root"),
-                          "--out-dir", str(out_dir), "--batch-size", "4096"])
-    captured = capsys.readouterr()
-    assert status == 0, captured.err[-3000:]
-    summary = json.loads(captured.out.strip().splitlines()[-1])
+    result = run_main(submit.main, ["--dataset", "pcqm4mv2", "--ckpt", ckpt, "--root", tmp_path / "root",
+                                    "--out-dir", out_dir, "--batch-size", "4096"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["test-dev_count"] == 147_037 and summary["test-challenge_count"] == 147_432
     smiles = pd.read_csv(PCQM4MV2.path(tmp_path / "root") / RAW_TABLE)["smiles"].to_numpy()
     splits = read_split_dict(tmp_path / "root", PCQM4MV2)

@@ -119,7 +119,8 @@ class BatchPadding:
     def check(self, max_nodes: int, total_edges: int, num_graphs: int = 0) -> None:
         """ValueError unless a batch of ``num_graphs`` graphs, ``max_nodes`` (N) and
         ``total_edges`` (E) fits."""
-        if max_nodes > self.num_nodes or total_edges > self.num_edges or num_graphs > self.graphs(num_graphs):
+        too_many_graphs = self.num_graphs is not None and num_graphs > self.num_graphs
+        if max_nodes > self.num_nodes or total_edges > self.num_edges or too_many_graphs:
             raise ValueError(f"a batch of {num_graphs} graphs with N={max_nodes} nodes per graph and "
                              f"E={total_edges} edges does not fit the padding N={self.num_nodes}, "
                              f"E={self.num_edges}" + (f", {self.num_graphs} graphs" if self.num_graphs else ""))

@@ -109,4 +109,3 @@ def check_checkpoint_encodings(saved: Mapping[str, Any], current: DataFacts) -> 
                            if value != getattr(ours, name))
         raise ValueError(f"the checkpoint was trained on data with {theirs.describe()} but this data has "
                          f"{ours.describe()}: run with {options}")
-

@@ -80,6 +80,8 @@ METRICS_FILE = Path("csv") / "ensemble" / "metrics.csv"
 METRICS_COLUMNS = ("epoch", "step", "train/loss", "val/mae")
 #: Trainer precisions the stacked step runs (autocast dtype or None).
 PRECISIONS = {"32-true": None, "32": None, "bf16-mixed": torch.bfloat16}
+
+
 @dataclass(frozen=True)
 class MemberSpec:
     """One run of the ensemble: ``graphormer-urpe fit <cli_args>`` (which names its run

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from graphormer_urpe.data.facts import DataFacts
+from graphormer_urpe.training.cli import main as cli_main
 from graphormer_urpe.training.module import GraphormerModule
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,25 +35,6 @@ def run(command: str, *args: str, ok: bool = True) -> subprocess.CompletedProces
     if ok:
         assert done.returncode == 0, done.stderr[-3000:]
     return done
-
-
-def refused(capsys, *args: str) -> tuple[int, str]:
-    """``graphormer-urpe ARGS`` run in this process (a refusal comes before any training; the
-    console script's own refusals are tested through it in ``tests/test_refused_input.py``):
-    its exit status and standard error."""
-    status, _, err = in_process(capsys, *args)
-    return status, err
-
-
-def in_process(capsys, *args: str) -> tuple[int, str, str]:
-    """``graphormer-urpe ARGS`` run in this process (what the console script runs, without a
-    process start): its exit status, standard output and standard error."""
-    from graphormer_urpe.training.cli import main as cli_main
-
-    capsys.readouterr()
-    status = cli_main([str(a) for a in args])
-    captured = capsys.readouterr()
-    return status, captured.out, captured.err
 
 
 def esol_args(run_dir: Path, esol: Path, *extra: str) -> list[str]:
@@ -80,7 +62,7 @@ def pretrained(zinc_root, tmp_path_factory) -> Path:
     return work / "run" / "checkpoints" / "last.ckpt"
 
 
-def test_fine_tune_loads_the_backbone_then_tests_predicts_and_resumes(pretrained, esol_csv, tmp_path, capsys,
+def test_fine_tune_loads_the_backbone_then_tests_predicts_and_resumes(pretrained, esol_csv, tmp_path, run_main,
                                                                      monkeypatch):
     """With the backbone frozen for every step, the fine-tuned backbone IS the pretrained one
     (bit for bit) while the head trained; the result is a normal checkpoint (tested and resumed
@@ -104,28 +86,28 @@ def test_fine_tune_loads_the_backbone_then_tests_predicts_and_resumes(pretrained
 
     source.unlink()  # a fine-tuned checkpoint needs its source no more: test, predict, resume
     monkeypatch.chdir(REPO)
-    status, out, err = in_process(capsys, "test", *esol_args(run_dir, esol_csv, "--ckpt_path", last))
-    assert status == 0 and "test/mae" in out, err[-3000:]
+    done = run_main(cli_main, ["test", *esol_args(run_dir, esol_csv, "--ckpt_path", last)])
+    assert done.returncode == 0 and "test/mae" in done.stdout, done.stderr[-3000:]
     molecules = tmp_path / "mols.csv"
     pd.read_csv(esol_csv).head(20).to_csv(molecules, index=False)
     run("graphormer-urpe-predict", "--ckpt", last, "--input", molecules, "--output", tmp_path / "p.csv")
     with open(tmp_path / "p.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert len(rows) == 20 and all(np.isfinite(float(r[f"prediction_{ESOL_TARGET}"])) for r in rows)
-    status, _, err = in_process(capsys, "fit", *esol_args(run_dir, esol_csv, "--model.init_from", source,
-                                                          "--trainer.max_steps", "5", "--ckpt_path", last))
-    assert status == 0, err[-3000:]
+    done = run_main(cli_main, ["fit", *esol_args(run_dir, esol_csv, "--model.init_from", source,
+                                                 "--trainer.max_steps", "5", "--ckpt_path", last)])
+    assert done.returncode == 0, done.stderr[-3000:]
     assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == 5
 
 
-def test_fine_tune_keeps_a_fitting_head_unless_told(pretrained, esol_csv, tmp_path, capsys, caplog, monkeypatch):
+def test_fine_tune_keeps_a_fitting_head_unless_told(pretrained, esol_csv, tmp_path, run_main, caplog, monkeypatch):
     """Same task and width: the head is the checkpoint's too (before the first step)."""
     monkeypatch.chdir(REPO)
     module_args = esol_args(tmp_path / "ft", esol_csv, "--model.init_from", pretrained, "--model.reinit_head",
                             "false", "--trainer.max_steps", "1", "--model.freeze_backbone_steps", "0")
     with caplog.at_level("INFO", logger="graphormer_urpe"):
-        status, _, err = in_process(capsys, "fit", *module_args)
-    assert status == 0, err[-3000:]
+        done = run_main(cli_main, ["fit", *module_args])
+    assert done.returncode == 0, done.stderr[-3000:]
     assert "output head loaded too" in caplog.text
 
 
@@ -137,20 +119,20 @@ def test_fine_tune_keeps_a_fitting_head_unless_told(pretrained, esol_csv, tmp_pa
     (["--data.init_args.featurizer", "ogb"],
      ["was trained on the 'zinc' featurizer but the data uses 'ogb'", "data.init_args.featurizer zinc"]),
 ])
-def test_a_checkpoint_that_does_not_fit_is_refused_naming_each_misfit(pretrained, esol_csv, tmp_path, capsys,
+def test_a_checkpoint_that_does_not_fit_is_refused_naming_each_misfit(pretrained, esol_csv, tmp_path, run_main,
                                                                       monkeypatch, override, expected):
     monkeypatch.chdir(REPO)
     run_dir = tmp_path / "ft"
-    status, stderr = refused(capsys, "fit", *esol_args(run_dir, esol_csv, "--model.init_from", pretrained,
-                                                       "--trainer.max_steps", "1"), *override)
-    assert status == 2, stderr[-2000:]
-    assert "Traceback" not in stderr
+    done = run_main(cli_main, ["fit", *esol_args(run_dir, esol_csv, "--model.init_from", pretrained,
+                                                 "--trainer.max_steps", "1"), *override])
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
     for text in expected:
-        assert text in stderr
+        assert text in done.stderr
     assert not (run_dir / "checkpoints").exists()
 
 
-def test_a_sequence_model_is_refused_as_no_graphormer_checkpoint(esol_csv, tmp_path, capsys, monkeypatch):
+def test_a_sequence_model_is_refused_as_no_graphormer_checkpoint(esol_csv, tmp_path, run_main, monkeypatch):
     """A checkpoint of graphormer-urpe-synthetic (a sequence Transformer) records no featurizer:
     it is named for what it is, not blamed on the featurizer."""
     from graphormer_urpe.nn.sequence import SequenceTransformer
@@ -159,30 +141,31 @@ def test_a_sequence_model_is_refused_as_no_graphormer_checkpoint(esol_csv, tmp_p
                                 num_layers=1, ffn_dim=16)
     torch.save({"state_dict": model.state_dict(), "task": "pi", "vocab_size": 10}, tmp_path / "cell.pt")
     monkeypatch.chdir(REPO)
-    status, stderr = refused(capsys, "fit", *esol_args(tmp_path / "ft", esol_csv, "--model.init_from",
-                                                       tmp_path / "cell.pt", "--trainer.max_steps", "1"))
-    assert status == 2, stderr[-2000:]
-    assert "Traceback" not in stderr and "featurizer" not in stderr
+    done = run_main(cli_main, ["fit", *esol_args(tmp_path / "ft", esol_csv, "--model.init_from",
+                                                 tmp_path / "cell.pt", "--trainer.max_steps", "1")])
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and "featurizer" not in done.stderr
     assert f"graphormer-urpe: error: model.init_from: {tmp_path / 'cell.pt'} is not a Graphormer checkpoint: " \
-           "it has no atom embedding atom_encoder.embedding.weight" in stderr
+           "it has no atom embedding atom_encoder.embedding.weight" in done.stderr
 
 
-def test_missing_init_from_is_one_clear_line(esol_csv, tmp_path, capsys, monkeypatch):
+def test_missing_init_from_is_one_clear_line(esol_csv, tmp_path, run_main, monkeypatch):
     monkeypatch.chdir(REPO)
-    status, stderr = refused(capsys, "fit", *esol_args(tmp_path / "ft", esol_csv, "--model.init_from",
-                                                       tmp_path / "nope.ckpt", "--trainer.max_steps", "1"))
-    assert status == 2 and f"model.init_from: checkpoint {tmp_path / 'nope.ckpt'} does not exist" in stderr
+    done = run_main(cli_main, ["fit", *esol_args(tmp_path / "ft", esol_csv, "--model.init_from",
+                                                 tmp_path / "nope.ckpt", "--trainer.max_steps", "1")])
+    assert done.returncode == 2
+    assert f"model.init_from: checkpoint {tmp_path / 'nope.ckpt'} does not exist" in done.stderr
 
 
-def test_esol_recipe_runs_for_two_epochs_with_its_warmup_fraction(esol_csv, tmp_path, capsys, monkeypatch):
+def test_esol_recipe_runs_for_two_epochs_with_its_warmup_fraction(esol_csv, tmp_path, run_main, monkeypatch):
     """configs/esol.yaml warms up over 6% of the schedule, so a 2-epoch run needs no override."""
     monkeypatch.chdir(REPO)
     run_dir = tmp_path / "esol"
-    status, _, err = in_process(capsys, "fit", "--config", "configs/esol.yaml", *QUIET, "--trainer.max_epochs", "2",
-                                "--trainer.default_root_dir", run_dir, "--model.backbone", json.dumps(TINY),
-                                "--data.init_args.cache_root", tmp_path / "cache", "--trainer.limit_val_batches", "1",
-                                "--trainer.log_every_n_steps", "1")
-    assert status == 0, err[-3000:]
+    done = run_main(cli_main, ["fit", "--config", "configs/esol.yaml", *QUIET, "--trainer.max_epochs", "2",
+                               "--trainer.default_root_dir", run_dir, "--model.backbone", json.dumps(TINY),
+                               "--data.init_args.cache_root", tmp_path / "cache", "--trainer.limit_val_batches", "1",
+                               "--trainer.log_every_n_steps", "1"])
+    assert done.returncode == 0, done.stderr[-3000:]
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert checkpoint["global_step"] == 2 * 29  # 902 scaffold-split training molecules, batch 32
     metrics = pd.read_csv(next((run_dir / "csv").rglob("metrics.csv")))
@@ -213,7 +196,7 @@ def test_head_lr_gives_the_head_its_own_param_groups():
     assert all(g["initial_lr"] == (5e-3 if n.startswith("head/") else 1e-3) for n, g in groups.items())
 
 
-def test_sparse_labels_batches_without_any_label_add_no_loss(esol_csv, tmp_path, capsys, monkeypatch):
+def test_sparse_labels_batches_without_any_label_add_no_loss(esol_csv, tmp_path, run_main, monkeypatch):
     """ESOL with 95% of its targets blanked: many batches of 8 have no label; the run goes on."""
     table = pd.read_csv(esol_csv)
     rng = np.random.default_rng(0)
@@ -222,13 +205,13 @@ def test_sparse_labels_batches_without_any_label_add_no_loss(esol_csv, tmp_path,
     table.to_csv(path, index=False)
     run_dir = tmp_path / "run"
     monkeypatch.chdir(REPO)
-    status, _, err = in_process(
-        capsys, "fit", "--config", "configs/esol.yaml", *QUIET, "--trainer.max_steps", "40",
+    done = run_main(cli_main, [
+        "fit", "--config", "configs/esol.yaml", *QUIET, "--trainer.max_steps", "40",
         "--trainer.default_root_dir", run_dir, "--model.backbone", json.dumps(TINY),
         "--data.init_args.path", path, "--data.init_args.cache_root", tmp_path / "cache",
         "--data.init_args.batch_size", "8", "--trainer.log_every_n_steps", "1",
-        "--trainer.limit_val_batches", "1")
-    assert status == 0, err[-3000:]
+        "--trainer.limit_val_batches", "1"])
+    assert done.returncode == 0, done.stderr[-3000:]
     losses = pd.read_csv(next((run_dir / "csv").rglob("metrics.csv")))["train/loss"].dropna()
     assert len(losses) == 40 and np.isfinite(losses).all()
     assert (losses == 0).sum() >= 5 and (losses > 0).sum() >= 5

@@ -36,16 +36,15 @@ def csv_fit(run_dir: Path, esol: Path, *extra) -> list:
             "--data.init_args.cache_root", run_dir.parent / "cache", "--trainer.limit_val_batches", "1", *extra]
 
 
-def fit_here(capsys, caplog, *command) -> tuple[int, str]:
+def fit_here(run_main, caplog, *command) -> tuple[int, str]:
     """A ``graphormer-urpe`` command of :func:`csv_fit` run by its ``main()`` in this process:
     its exit status and what it wrote to stderr and logged."""
     from graphormer_urpe.training.cli import main as cli_main
 
-    capsys.readouterr()
     caplog.clear()
     with caplog.at_level("INFO", logger="graphormer_urpe"):
-        status = cli_main([str(c) for c in command[1:]])
-    return status, capsys.readouterr().err + caplog.text
+        done = run_main(cli_main, command[1:])
+    return done.returncode, done.stderr + caplog.text
 
 
 def backbone_of(ckpt: Path) -> dict[str, torch.Tensor]:
@@ -84,7 +83,7 @@ def test_pretrain_on_descriptors_export_and_fine_tune_a_csv(zinc_source, esol_cs
     assert_backbone_is(tuned / "checkpoints" / "last.ckpt", content["state_dict"])
 
 
-def test_the_csv_recipe_starts_from_the_shipped_backbone(esol_csv, tmp_path, capsys, caplog, monkeypatch):
+def test_the_csv_recipe_starts_from_the_shipped_backbone(esol_csv, tmp_path, run_main, caplog, monkeypatch):
     shipped = pretrained.resolve("pretrained:zinc-descriptors")
     assert shipped.is_file() and shipped.stat().st_size <= 10 * 2 ** 20
     content = torch.load(shipped, map_location="cpu", weights_only=True)
@@ -94,15 +93,15 @@ def test_the_csv_recipe_starts_from_the_shipped_backbone(esol_csv, tmp_path, cap
     assert_backbone_is(tuned / "checkpoints" / "last.ckpt", content["state_dict"])
     # and from scratch with the same recipe (main() in this process)
     monkeypatch.chdir(REPO)
-    status, said = fit_here(capsys, caplog, *csv_fit(tmp_path / "scratch", esol_csv, "--model.init_from", "null",
-                                                     "--trainer.max_steps", "1"))
+    status, said = fit_here(run_main, caplog, *csv_fit(tmp_path / "scratch", esol_csv, "--model.init_from", "null",
+                                                       "--trainer.max_steps", "1"))
     assert status == 0 and "init_from" not in said, said[-3000:]
 
 
-def test_an_unknown_shipped_name_is_one_line(esol_csv, tmp_path, capsys, caplog, monkeypatch):
+def test_an_unknown_shipped_name_is_one_line(esol_csv, tmp_path, run_main, caplog, monkeypatch):
     monkeypatch.chdir(REPO)
-    status, said = fit_here(capsys, caplog, *csv_fit(tmp_path / "ft", esol_csv, "--model.init_from", "pretrained:nope",
-                                                     "--trainer.max_steps", "1"))
+    status, said = fit_here(run_main, caplog, *csv_fit(tmp_path / "ft", esol_csv, "--model.init_from", "pretrained:nope",
+                                                       "--trainer.max_steps", "1"))
     assert status == 2 and "Traceback" not in said
     assert "model.init_from: no shipped backbone 'nope' (shipped: pretrained:zinc-descriptors)" in said
 

@@ -43,14 +43,12 @@ def error_line(done: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-def refused_fit(capsys, run_dir: Path, data_root: Path, *extra: str) -> str:
+def refused_fit(run_main, run_dir: Path, data_root: Path, *extra: str) -> str:
     """The one error line of ``graphormer-urpe fit`` refused with exit status 2, run in this
     process (a refusal before any training needs no process start of its own)."""
-    capsys.readouterr()
-    status = cli_main(["fit", *map(str, zinc_args(run_dir, data_root, *extra))])
-    stderr = capsys.readouterr().err
-    assert status == 2, stderr[-3000:]
-    return error_line(subprocess.CompletedProcess([], status, "", stderr))
+    done = run_main(cli_main, ["fit", *zinc_args(run_dir, data_root, *extra)])
+    assert done.returncode == 2, done.stderr[-3000:]
+    return error_line(done)
 
 
 def last_step(run_dir: Path) -> int:
@@ -95,7 +93,7 @@ def test_last_ckpt_holds_the_final_step_after_the_last_validation(zinc_data_root
 
 
 def test_a_run_directory_with_checkpoints_is_resumed_or_overwritten_never_reused(zinc_data_root,
-                                                                                tmp_path, capsys):
+                                                                                tmp_path, run_main):
     """``--ckpt_path last`` into an empty folder starts from scratch and says so in one line; a
     fit without ``--ckpt_path`` into a folder with checkpoints is refused in one line (exit 2)
     naming the three ways on; ``--ckpt_path last`` where the folder has checkpoints but no
@@ -109,14 +107,14 @@ def test_a_run_directory_with_checkpoints_is_resumed_or_overwritten_never_reused
     assert last_step(run_dir) == 3
     before = folder(run_dir)
 
-    line = refused_fit(capsys, run_dir, zinc_data_root, "--trainer.max_steps", "6")
+    line = refused_fit(run_main, run_dir, zinc_data_root, "--trainer.max_steps", "6")
     assert f"{checkpoints} already holds checkpoints" in line, line
     for way in ("--ckpt_path last", "--trainer.default_root_dir", "--checkpoint.overwrite true"):
         assert way in line, line
     assert folder(run_dir) == before
 
     (checkpoints / "last.ckpt").rename(tmp_path / "last.ckpt")
-    line = refused_fit(capsys, run_dir, zinc_data_root, "--trainer.max_steps", "6", "--ckpt_path", "last")
+    line = refused_fit(run_main, run_dir, zinc_data_root, "--trainer.max_steps", "6", "--ckpt_path", "last")
     assert f"--ckpt_path last: {checkpoints} has no last.ckpt but holds epoch=0-step=3-" in line, line
     (tmp_path / "last.ckpt").rename(checkpoints / "last.ckpt")
     assert folder(run_dir) == before
