@@ -18,6 +18,7 @@ import yaml
 from graphormer_urpe.ablation import backbone_overrides, main
 from graphormer_urpe.ablation_results import format_table, merge_results
 from graphormer_urpe.files import read_json
+from graphormer_urpe.training.ensemble import LEGACY_STATE_FILE, STATE_FILE
 from graphormer_urpe.training.load import best_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -178,9 +179,9 @@ def test_ensemble_grid_resumes_tests_each_member_and_writes_the_readme_table(zin
     command = runner_command(tmp_path, zinc_data_root, "--ensemble", "--readme", str(readme),
                              "--figures", str(tmp_path / "figures"))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    state = tmp_path / "runs" / "tiny" / "ensemble" / "state.pt"
+    state = tmp_path / "runs" / "tiny" / "ensemble" / STATE_FILE
     kill_once_written(command, state, env)
-    steps_at_kill = torch.load(state, map_location="cpu", weights_only=False)["step"]
+    steps_at_kill = torch.load(state, map_location="cpu", weights_only=True)["global_step"]
     assert 0 < steps_at_kill < STEPS
 
     finished = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -299,11 +300,13 @@ def test_ensemble_refuses_a_recipe_it_cannot_train_with_one_line(zinc_data_root,
         main(command[3:])  # the arguments after `python -m graphormer_urpe.ablation`
 
 
-@pytest.mark.parametrize("planted", ["rpe-s0/checkpoints/last.ckpt", "ensemble/state.pt"])
+@pytest.mark.parametrize("planted", ["rpe-s0/checkpoints/last.ckpt", f"ensemble/{STATE_FILE}",
+                                     f"ensemble/{LEGACY_STATE_FILE}"])
 def test_crafted_state_in_a_run_directory_is_refused_without_running_its_code(
         zinc_data_root, tmp_path, plant_crafted_checkpoint, planted):
-    """Resuming reads the run's last.ckpt (and, with --ensemble, the ensemble's state.pt) as plain
-    data: a planted file whose unpickling runs code is refused in one line before any run."""
+    """Resuming reads the run's last.ckpt (and, with --ensemble, the ensemble's state, or an
+    earlier version's) as plain data: a planted file whose unpickling runs code is refused in one
+    line before any run."""
     crafted = tmp_path / "runs" / "tiny" / planted
     marker = plant_crafted_checkpoint(crafted)
     ensemble = ["--ensemble"] if planted.startswith("ensemble") else []

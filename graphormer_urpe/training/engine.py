@@ -65,28 +65,43 @@ log = logging.getLogger(__name__)
 CAPTURE_WARMUP_STEPS = 3
 
 
-class EngineHooks:
-    """The LightningModule hooks that hand each optimizer step to ``self._engine`` (a
+class OwnStepHooks:
+    """LightningModule hooks for a ``training_step`` that takes the whole optimizer step itself
+    (gathering, forward, backward, clipping, the optimizer's update) while Lightning's automatic
+    optimization counts it: its optimizer-step hook only runs the closure (``training_step``),
+    and its zero-grad and backward hooks do nothing. ``_takes_own_step`` says whether it does
+    (else Lightning's own step runs). Lightning keeps ``global_step``, the host learning-rate
+    schedule, validation, checkpoints and resume, as for any run."""
+
+    def _takes_own_step(self) -> bool:
+        return True
+
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
+        if not self._takes_own_step():
+            return super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        optimizer_closure()  # training_step: the whole step (Lightning requires the call)
+
+    def optimizer_zero_grad(self, epoch, batch_idx, optimizer) -> None:
+        if not self._takes_own_step():
+            super().optimizer_zero_grad(epoch, batch_idx, optimizer)
+
+    def backward(self, loss: Tensor, *args, **kwargs) -> None:
+        if not self._takes_own_step():
+            super().backward(loss, *args, **kwargs)
+
+
+class EngineHooks(OwnStepHooks):
+    """:class:`OwnStepHooks` that hand each optimizer step to ``self._engine`` (a
     :class:`TrainingEngine`, or None for the ordinary eager step); mixed into the module."""
 
     _engine: "TrainingEngine | None"
 
+    def _takes_own_step(self) -> bool:
+        return self._engine is not None
+
     def configure_callbacks(self):
         callbacks = super().configure_callbacks()
         return [*callbacks, self._engine] if self._engine is not None else callbacks
-
-    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
-        if self._engine is None:
-            return super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
-        optimizer_closure()  # training_step: the engine's whole step (Lightning requires the call)
-
-    def optimizer_zero_grad(self, epoch, batch_idx, optimizer) -> None:
-        if self._engine is None:
-            super().optimizer_zero_grad(epoch, batch_idx, optimizer)
-
-    def backward(self, loss: Tensor, *args, **kwargs) -> None:
-        if self._engine is None:
-            super().backward(loss, *args, **kwargs)
 
 
 class TrainingEngine(pl.Callback):

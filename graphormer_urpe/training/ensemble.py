@@ -1,7 +1,7 @@
 r"""Several runs of one recipe trained side by side in one process, as one stacked model.
 
 The ablation's grid (arms ``urpe`` / ``rpe`` x seeds) is ``M`` runs of the same Graphormer that
-differ only in their seed and in whether C is learned. :class:`Ensemble` trains them as ONE
+differ only in their seed and in whether C is learned. :class:`StackedModule` trains them as ONE
 model whose every parameter has a leading member axis ``[M, ...]``
 (:func:`torch.func.stack_module_state`) and whose step is the solo step under
 :func:`torch.func.vmap` (``randomness="different"``: every member draws its own dropout masks):
@@ -23,22 +23,29 @@ Each member keeps everything its solo run (``graphormer-urpe fit`` with the same
   decay, and the solo run's learning-rate schedule (:mod:`~graphormer_urpe.training.schedule`);
 * its **checkpoints**: an ordinary ``GraphormerModule`` checkpoint per member (the best one by
   ``val/mae`` and ``last.ckpt``, with the ``ModelCheckpoint`` state a solo run's ``last.ckpt``
-  carries) that ``graphormer-urpe test`` and ``graphormer-urpe-predict`` read.
+  carries) that ``graphormer-urpe test``, ``graphormer-urpe-predict`` and ``model.init_from``
+  read as they are.
 
 An ``rpe`` member is stacked as URPE with ``C`` frozen at exactly 1: its ``delta = C - 1`` starts
 at 0 and its gradient is masked to 0, so AdamW (moments 0, decay of 0) keeps it at 0 bit for bit,
 and ``softmax(.) * 1`` is the RPE probabilities bit for bit. Its checkpoint is the plain
 ``attention: rpe`` model (no C), with the hyperparameters of its solo run.
 
-Batches of all members are padded to one shape (:class:`~graphormer_urpe.data.batch.BatchPadding`
-over the training split) and stacked to ``[M, ...]``; the step reads nothing back to the host, so
-on a GPU it can be captured whole in one CUDA graph and replayed (``cuda_graph=True``). Losses are
-read every ``log_every_n_steps``.
+Lightning's loop drives it as it drives a solo run (the training engine's pattern,
+:class:`~graphormer_urpe.training.engine.OwnStepHooks`: the whole step runs inside Lightning's
+optimizer-step hook): epochs, the step budget, the host ``LambdaLR``, validation every
+``check_val_every_n_epoch`` epochs, and resume. Batches of all members are padded to one shape
+(:class:`~graphormer_urpe.data.batch.BatchPadding` over the training split) and stacked to
+``[M, ...]`` (:class:`StackedBatches`); the step reads nothing back to the host, so on a GPU it
+can be captured whole in one CUDA graph and replayed (``cuda_graph=True``). Losses are read every
+``log_every_n_steps`` into each member's ``csv/ensemble/metrics.csv``.
 
-The whole ensemble (stacked parameters, AdamW and schedule state, RNG, epoch, step, each member's
-best checkpoint) is saved to ``state.pt`` at the end of an epoch (at most every
-``save_every_s`` seconds, and at every validation); a new :class:`Ensemble` over the same members
-resumes from it exactly.
+The whole ensemble is one Lightning checkpoint, ``state.ckpt`` (stacked parameters, AdamW and
+schedule state, the loops' counters, RNG states, each member's best checkpoint), written at the
+end of an epoch (at most every ``save_every_s`` seconds, and after every validation); a new
+:class:`Ensemble` over the same members resumes from it exactly. A ``state.pt`` written by
+earlier versions (the same state, saved by hand) resumes too, and is removed once the first
+``state.ckpt`` replaces it.
 """
 from __future__ import annotations
 
@@ -47,6 +54,7 @@ import inspect
 import logging
 import math
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,19 +66,24 @@ import torch
 from torch import Tensor
 from torch.func import functional_call, stack_module_state, vmap
 
+from graphormer_urpe.checkpoint import read_checkpoint
 from graphormer_urpe.data.batch import BatchPadding, GraphBatch
 from graphormer_urpe.data.dataset import SeededShuffleSampler
 from graphormer_urpe.data.resident import ResidentSplit, TensorGraphs
-from graphormer_urpe.files import atomic_write
+from graphormer_urpe.files import atomic_path, atomic_write
 from graphormer_urpe.nn.graphormer import Graphormer, attention_variant
-from graphormer_urpe.checkpoint import read_checkpoint
+from graphormer_urpe.training.engine import OwnStepHooks
 from graphormer_urpe.training.inference import build_backbone
 from graphormer_urpe.training.module import GraphormerModule, parameter_groups, set_optimizer_kernel
+from graphormer_urpe.training.run_checkpoint import rng_states, set_rng_states
 from graphormer_urpe.training.schedule import schedule_lengths, warmup_polynomial_decay
 
 log = logging.getLogger(__name__)
 
-STATE_FILE = "state.pt"
+#: The ensemble's Lightning checkpoint in its state directory.
+STATE_FILE = "state.ckpt"
+#: The state as earlier versions saved it (resumed once, then replaced by :data:`STATE_FILE`).
+LEGACY_STATE_FILE = "state.pt"
 #: Module options of fine-tuning runs, which the stacked step does not implement.
 FINE_TUNING_HPARAMS = ("init_from", "head_lr", "freeze_backbone_steps")
 #: Eager steps (on a side stream) before the step is captured in a CUDA graph.
@@ -80,6 +93,8 @@ METRICS_FILE = Path("csv") / "ensemble" / "metrics.csv"
 METRICS_COLUMNS = ("epoch", "step", "train/loss", "val/mae")
 #: Trainer precisions the stacked step runs (autocast dtype or None).
 PRECISIONS = {"32-true": None, "32": None, "bf16-mixed": torch.bfloat16}
+#: The Lightning checkpoint's keys of the member arguments and of their best checkpoints.
+MEMBERS_KEY, BEST_KEY = "ensemble_members", "ensemble_best"
 
 
 @dataclass(frozen=True)
@@ -159,15 +174,530 @@ def _limit(num_batches: int, limit: int | float | None) -> int:
     return num_batches if float(limit) == 1.0 else int(num_batches * float(limit))
 
 
+class StackedBatches(torch.utils.data.Dataset):
+    """Batch ``index`` of every member's epoch order (its own :class:`SeededShuffleSampler`),
+    padded to one shape and stacked ``[M, ...]``: the training loader's items, one per step.
+
+    Args:
+        data: the training split, padded (:meth:`~.dataset.EncodedGraphDataset.padded`).
+        samplers: each member's sampler.
+        batch_size: graphs per member batch.
+        num_batches: batches per epoch.
+        device: where the stacked batch goes.
+        resident: gather from this device copy of the split instead of the numpy collation.
+    """
+
+    def __init__(self, data, samplers: Sequence[SeededShuffleSampler], batch_size: int,
+                 num_batches: int, device: torch.device, resident: ResidentSplit | None) -> None:
+        self.data, self.samplers, self.batch_size = data, list(samplers), batch_size
+        self.num_batches, self.device, self.resident = num_batches, device, resident
+        self.orders: list[tuple[np.ndarray, Tensor | None]] = []
+        self.set_epoch(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Every member's order of ``epoch`` (its sampler's), on the host and, where the split
+        is resident, on the device."""
+        self.orders = []
+        for sampler in self.samplers:
+            sampler.set_epoch(epoch)
+            order = sampler.permutation()
+            self.orders.append((order, torch.from_numpy(order).to(self.device)
+                                if self.resident is not None else None))
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def __getitem__(self, index: int) -> dict[str, Tensor]:
+        part = slice(index * self.batch_size, (index + 1) * self.batch_size)
+        if self.resident is not None:
+            batches = [self.resident.batch(order[part], on_device[part]) for order, on_device in self.orders]
+        else:
+            batches = [self.data.__getitems__(order[part]) for order, _ in self.orders]
+        return {name: t.to(self.device, non_blocking=True) for name, t in stack_batches(batches).items()}
+
+
+def _stacked_key(name: str) -> str:
+    """A parameter name as a key of the module's ``ParameterDict`` (which refuses dots)."""
+    return name.replace(".", "/")
+
+
+class StackedModule(OwnStepHooks, pl.LightningModule):
+    """The members' models as one module whose every parameter has a leading member axis,
+    trained by Lightning's loop: the whole stacked step (forward, loss, backward, the rpe
+    members' C mask, per-member clipping, fused AdamW) runs inside Lightning's optimizer hook,
+    and the host ``LambdaLR`` it steps gives the learning rate.
+
+    Args:
+        members: the members as their solo runs build them (one recipe; see :class:`Ensemble`).
+        batches: the training batches (:class:`StackedBatches`).
+        settings: the members' trainer settings (:func:`_trainer_settings`).
+        budget: the solo runs' step budget (the schedule's length unless ``model.total_steps``).
+        device: where the stacked parameters live.
+        cuda_graph: on a GPU, capture the whole step in one CUDA graph after
+            :data:`GRAPH_WARMUP_STEPS` eager steps and replay it (ignored on a CPU).
+        progress: receives the log lines.
+    """
+
+    def __init__(self, members: Sequence[Member], batches: StackedBatches, settings: dict[str, Any],
+                 budget: int, device: torch.device, cuda_graph: bool = False,
+                 progress: Callable[[str], None] = log.info) -> None:
+        super().__init__()
+        self.members, self.batches, self.settings = list(members), batches, settings
+        self.budget, self.progress = int(budget), progress
+        self.hp = dict(self.members[0].module.hparams)
+        # One structure for all: URPE (per-layer C), eager attention, not compiled.
+        backbone = {**self.hp["backbone"], "attention": "urpe", "share_urpe_scale": False}
+        params, buffers = stack_module_state([_as_urpe(member, backbone) for member in self.members])
+        self.names = list(params)
+        self.stacked = torch.nn.ParameterDict({_stacked_key(name): torch.nn.Parameter(p.detach().to(device))
+                                               for name, p in params.items()})
+        self.stacked_buffers = {name: b.to(device) for name, b in buffers.items()}
+        init_args = inspect.signature(GraphormerModule).parameters  # not the CLI's _instantiator
+        template = GraphormerModule(**{**{k: v for k, v in self.hp.items() if k in init_args},
+                                       "backbone": backbone, "compile": False, "engine": False})
+        # Not a submodule: its own weights are never used (functional_call passes the stacked
+        # ones), so they stay out of the checkpoint and the optimizer.
+        self.__dict__["template"] = template.to(device)
+        if self.hp.get("matmul_precision"):
+            torch.set_float32_matmul_precision(self.hp["matmul_precision"])
+        # rpe members: gradient of every C entry masked to 0 (C stays exactly 1).
+        keep = torch.tensor([0.0 if m.frozen_scale else 1.0 for m in self.members], device=device)
+        self.grad_masks = {name: keep.view(-1, *[1] * (p.dim() - 1))
+                           for name, p in params.items() if ".delta" in name}
+        self.clip = float(settings["gradient_clip_val"] or 0.0)
+        self.autocast_dtype = PRECISIONS[str(settings["precision"])]
+        self.cuda_graph = bool(cuda_graph) and device.type == "cuda"
+        # Under a CUDA graph every param group reads this one device tensor, filled with the
+        # schedule's rate before every replay.
+        self._lr = torch.tensor(float(self.hp["lr"]), device=device) if self.cuda_graph else None
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._eager_steps = 0
+        self.optimizer: torch.optim.AdamW | None = None
+        self.best: list[tuple[str, float] | None] = [None] * len(self.members)
+        self.validated_epoch = -1
+        self.legacy_state: dict[str, Any] | None = None  # an earlier version's state.pt to resume
+        self._resumed_rng: dict[str, Any] | None = None
+        self._train_step = vmap(self._member_loss, in_dims=(0, 0, 0), randomness="different")
+        self._predict = vmap(self._member_predictions, in_dims=(0, 0, None), randomness="different")
+
+    @property
+    def params(self) -> dict[str, Tensor]:
+        """The stacked parameters ``[M, ...]`` by the backbone's parameter names."""
+        return {name: self.stacked[_stacked_key(name)] for name in self.names}
+
+    @property
+    def member_args(self) -> list[list[str]]:
+        return [list(member.spec.cli_args) for member in self.members]
+
+    def train(self, mode: bool = True):
+        self.template.train(mode)  # dropout on or off: the template's modules run the forward
+        return super().train(mode)
+
+    # The step ------------------------------------------------------------------------------
+    def _member_predictions(self, params, buffers, fields_: dict[str, Tensor]) -> Tensor:
+        return functional_call(self.template.model, (params, buffers), (GraphBatch.from_tensors(fields_),))
+
+    def _member_loss(self, params, buffers, fields_: dict[str, Tensor]) -> Tensor:
+        return self.template._loss(self._member_predictions(params, buffers, fields_), fields_["y"])
+
+    def _autocast(self):
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
+                              enabled=self.autocast_dtype is not None,
+                              cache_enabled=not self.cuda_graph)  # a graph keeps no cast cache
+
+    def build_optimizer(self) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+        """AdamW over the stacked parameters in the solo run's param groups (one per parameter
+        kind), fused (capturable under a CUDA graph), and the solo run's schedule."""
+        hp = self.hp
+        names = {id(p): name for name, p in self.template.model.named_parameters()}
+        params = self.params
+        groups = [{**group, "params": [params[names[id(p)]] for p in group["params"]]}
+                  for group in parameter_groups(self.template.model, hp["weight_decay"],
+                                                hp.get("no_weight_decay") or ())]
+        self.optimizer = torch.optim.AdamW(groups, lr=hp["lr"], betas=tuple(hp["betas"]), eps=hp["eps"],
+                                           weight_decay=hp["weight_decay"], fused=True,
+                                           capturable=self.cuda_graph)
+        warmup_steps, total_steps = schedule_lengths(hp["lr"], hp["end_lr"], hp["warmup_steps"],
+                                                     hp.get("warmup_fraction"), hp["total_steps"],
+                                                     self.budget)
+        scheduler = warmup_polynomial_decay(self.optimizer, warmup_steps, total_steps, hp["end_lr"],
+                                            hp["power"])
+        return self.optimizer, scheduler
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        optimizer, scheduler = self.build_optimizer()
+        return {"optimizer": optimizer,
+                "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}
+
+    def train_step(self, batch: dict[str, Tensor]) -> Tensor:
+        """One optimizer step of every member on its batch ``[M, ...]`` at the learning rate the
+        param groups hold (the schedule's); the losses ``[M]`` (on the device, not read)."""
+        self.template.train()
+        if not self.cuda_graph:
+            return self._step_body(batch)
+        self._lr.fill_(self.optimizer.param_groups[0]["lr"])  # every group has the same peak
+        if self._eager_steps < GRAPH_WARMUP_STEPS:  # lazy initialisations, off the main stream
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                losses = self._step_body(batch)
+            torch.cuda.current_stream().wait_stream(stream)
+            self._eager_steps += 1
+            return losses
+        return self._replay(batch)
+
+    def _replay(self, batch: dict[str, Tensor]) -> Tensor:
+        """The step as a CUDA graph: captured at the first call (on static copies of the batch
+        tensors), then the batch is copied into those and the graph replayed."""
+        if self._graph is None:
+            self._static_batch = {name: t.clone() for name, t in batch.items()}
+            self._graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self._graph):
+                self._static_losses = self._step_body(self._static_batch)
+        else:
+            for name, t in batch.items():
+                self._static_batch[name].copy_(t, non_blocking=True)
+        self._graph.replay()
+        return self._static_losses.clone()
+
+    def _step_body(self, batch: dict[str, Tensor]) -> Tensor:
+        """Forward, backward, the rpe members' C mask, per-member clipping and AdamW: device
+        work only, no host sync, fixed shapes."""
+        params = self.params
+        # Gradients are zeroed in place, not freed: the same tensors every step (and their
+        # per-member views, _member_grads).
+        self.optimizer.zero_grad(set_to_none=False)
+        with self._autocast():
+            losses = self._train_step(params, self.stacked_buffers, batch)
+        losses.sum().backward()
+        for name, mask in self.grad_masks.items():
+            params[name].grad.mul_(mask)
+        if self.clip:
+            # clip_grad_norm_'s arithmetic for each member's own gradients: norms of its tensors,
+            # the norm of those, and one scale, all with foreach kernels (a few per member).
+            for grads in self._member_grads():
+                total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+                torch._foreach_mul_(grads, (self.clip / (total + 1e-6)).clamp(max=1.0))
+        groups = self.optimizer.param_groups
+        host_lrs = [group["lr"] for group in groups]
+        if self._lr is not None:  # the device rate a captured graph reads
+            for group in groups:
+                group["lr"] = self._lr
+        try:
+            self.optimizer.step()
+        finally:
+            for group, lr in zip(groups, host_lrs):
+                group["lr"] = lr
+        return losses.detach()
+
+    def _member_grads(self) -> list[list[Tensor]]:
+        """Member ``m``'s gradients: views ``grad[m]`` of the stacked gradients (built once)."""
+        grads = [p.grad for p in self.params.values()]
+        if getattr(self, "_grad_views_of", None) is not grads[0]:
+            self._grad_views = [[g[m] for g in grads] for m in range(len(self.members))]
+            self._grad_views_of = grads[0]
+        return self._grad_views
+
+    # Lightning's loop ----------------------------------------------------------------------
+    def on_train_start(self) -> None:
+        # A checkpoint restores the kernel flags of the run that saved it (CPU or GPU).
+        set_optimizer_kernel(self.optimizer)
+        if self.legacy_state is not None:
+            self._resume_legacy(self.legacy_state)
+            self.legacy_state = None
+        if self._resumed_rng is not None:  # after anything set-up draws, before the first step
+            set_rng_states(self._resumed_rng)
+            self._resumed_rng = None
+        if self.global_step > 0:
+            self._drop_rows_after(self.global_step)
+            self.progress(f"ensemble: resuming at step {self.global_step} (epoch {self.current_epoch})")
+        self._loss_sum = torch.zeros(len(self.members), device=self.device)
+        self._loss_steps = 0
+        self._start, self._start_step = time.monotonic(), self.global_step
+
+    def on_train_epoch_start(self) -> None:
+        self.batches.set_epoch(self.current_epoch)
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        losses = self.train_step(batch)
+        self._loss_sum += losses
+        self._loss_steps += 1
+        step = self.global_step + 1  # counted once this hook returns
+        if step % max(1, int(self.settings["log_every_n_steps"] or 50)) == 0:
+            self._report(step)
+        return losses.sum()
+
+    def _report(self, step: int) -> None:
+        """Read the interval's mean losses (one sync), stop on a non-finite one, log them."""
+        losses = (self._loss_sum / self._loss_steps).tolist()
+        if not all(map(math.isfinite, losses)):
+            bad = [m.spec.label for m, v in zip(self.members, losses) if not math.isfinite(v)]
+            raise FloatingPointError(f"training loss is not finite for {bad} at step {step}; the "
+                                     "last good checkpoints are untouched")
+        self._log_rows([{"epoch": self.current_epoch, "step": step - 1, "train/loss": v} for v in losses])
+        rate = (step - self._start_step) / (time.monotonic() - self._start)
+        self.progress(f"ensemble: step {step}/{self.budget}, {rate:.1f} steps/s, "
+                      f"loss {' '.join(f'{v:.4f}' for v in losses)}")
+        self._loss_sum.zero_()
+        self._loss_steps = 0
+
+    # Evaluation ----------------------------------------------------------------------------
+    def _errors(self, batch: GraphBatch) -> tuple[Tensor, Tensor]:
+        """Every member's summed absolute error ``[M]`` (float64) on ``batch``, and its count of
+        known labels."""
+        batch = batch.to(self.device)
+        with self._autocast():
+            pred = self._predict(self.params, self.stacked_buffers, batch.tensors()).float()
+        known = ~torch.isnan(batch.y)
+        error = torch.where(known, pred - batch.y, 0.0).abs()
+        return error.flatten(1).sum(1).double(), known.sum().double()
+
+    @torch.no_grad()
+    def evaluate(self, loader, num_batches: int | None = None) -> Tensor:
+        """Every member's MAE over the first ``num_batches`` batches of ``loader`` (all by
+        default), float64 ``[M]`` on the CPU."""
+        self.eval()
+        error = torch.zeros(len(self.members), dtype=torch.float64, device=self.device)
+        count = torch.zeros((), dtype=torch.float64, device=self.device)
+        for index, batch in enumerate(loader):
+            if num_batches is not None and index >= num_batches:
+                break
+            batch_error, batch_count = self._errors(batch)
+            error += batch_error
+            count += batch_count
+        return (error / count).cpu()
+
+    def on_validation_epoch_start(self) -> None:
+        self._val_error = torch.zeros(len(self.members), dtype=torch.float64, device=self.device)
+        self._val_count = torch.zeros((), dtype=torch.float64, device=self.device)
+
+    def validation_step(self, batch: GraphBatch, batch_idx: int) -> None:
+        error, count = self._errors(batch)
+        self._val_error += error
+        self._val_count += count
+
+    def on_validation_epoch_end(self) -> None:
+        val_mae = (self._val_error / self._val_count).cpu()
+        self.check_finite()
+        self._log_rows([{"epoch": self.current_epoch, "step": self.global_step - 1, "val/mae": float(v)}
+                        for v in val_mae])
+        self._save_member_checkpoints(val_mae)
+        self.progress(f"ensemble: epoch {self.current_epoch}, val MAE "
+                      f"{' '.join(f'{float(v):.4f}' for v in val_mae)}")
+        self.validated_epoch = self.current_epoch
+
+    def finish(self) -> None:
+        """The end of the budget: every member's ``last.ckpt``."""
+        self.check_finite()
+        self._save_member_checkpoints(None)
+
+    def check_finite(self) -> None:
+        finite = torch.stack([torch.isfinite(p).flatten(1).all(1) for p in self.params.values()])
+        bad = [member.spec.label for member, ok in zip(self.members, finite.all(0).tolist()) if not ok]
+        if bad:
+            raise FloatingPointError(f"non-finite weights in {bad} at step {self.global_step}: lower "
+                                     "the learning rate; the last good checkpoints are untouched")
+
+    # Member checkpoints --------------------------------------------------------------------
+    def member_state_dict(self, index: int) -> dict[str, Tensor]:
+        """Member ``index``'s ``GraphormerModule`` state dict (an rpe member without C)."""
+        member = self.members[index]
+        names = set(member.module.state_dict())
+        return {f"model.{name}": p[index].detach().to("cpu", copy=True)
+                for name, p in {**self.params, **self.stacked_buffers}.items() if f"model.{name}" in names}
+
+    def _member_checkpoint(self, index: int) -> dict[str, Any]:
+        """The dict a solo ``graphormer-urpe fit`` saves, for member ``index`` (weights,
+        hyperparameters, counters and its ModelCheckpoint state)."""
+        member = self.members[index]
+        callback = member.checkpoint
+        return {"epoch": self.current_epoch, "global_step": self.global_step,
+                "pytorch-lightning_version": pl.__version__,
+                "state_dict": self.member_state_dict(index),
+                "callbacks": {callback.state_key: callback.state_dict()},
+                "hparams_name": "kwargs", "hyper_parameters": dict(member.module.hparams)}
+
+    def _save_member_checkpoints(self, val_mae: Tensor | None) -> None:
+        """After a validation: a member's new best is saved (the old best removed, top 1), then
+        every member's ``last.ckpt``."""
+        for index, member in enumerate(self.members):
+            callback = member.checkpoint
+            dirpath = Path(callback.dirpath)
+            dirpath.mkdir(parents=True, exist_ok=True)
+            if val_mae is not None:
+                score = torch.tensor(float(val_mae[index]))
+                callback.current_score = score
+                best = self.best[index]
+                if math.isfinite(score) and (best is None or score < best[1]):
+                    path = Path(callback.format_checkpoint_name(  # in callback.dirpath
+                        {"epoch": self.current_epoch, "step": self.global_step, "val/mae": score}))
+                    callback.best_model_path, callback.best_model_score = str(path), score
+                    callback.best_k_models = {str(path): score}
+                    callback.kth_best_model_path, callback.kth_value = str(path), score
+                    _atomic_save(self._member_checkpoint(index), path)
+                    if best is not None and best[0] != str(path):
+                        Path(best[0]).unlink(missing_ok=True)
+                    self.best[index] = (str(path), float(score))
+            last = dirpath / f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}"
+            callback.last_model_path = str(last)
+            _atomic_save(self._member_checkpoint(index), last)
+
+    def _restore_best(self, saved: Sequence[tuple[str, float] | None]) -> None:
+        """The members' best checkpoints of a saved state, found by name in each member's
+        checkpoint directory (a state moved with its run directories still finds them). A
+        missing file is forgotten, so the next validation saves a new best instead of pointing
+        at nothing."""
+        for index, (member, best) in enumerate(zip(self.members, saved)):
+            self.best[index] = None
+            if best is None:
+                continue
+            path = Path(member.checkpoint.dirpath) / Path(best[0]).name
+            if not path.exists():
+                self.progress(f"ensemble: {member.spec.label}'s best checkpoint {path} is missing; "
+                              "the next validation saves a new one")
+                continue
+            score = torch.tensor(float(best[1]))
+            self.best[index] = (str(path), float(best[1]))
+            callback = member.checkpoint
+            callback.best_model_path, callback.best_model_score = str(path), score
+            callback.best_k_models = {str(path): score}
+            callback.kth_best_model_path, callback.kth_value = str(path), score
+
+    # The ensemble's own checkpoint ---------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.check_finite()
+        checkpoint[MEMBERS_KEY] = self.member_args
+        checkpoint[BEST_KEY] = [list(best) if best is not None else None for best in self.best]
+        checkpoint["rng_states"] = rng_states()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        check_members(checkpoint.get(MEMBERS_KEY), self.member_args, "the ensemble's state")
+        self._restore_best(checkpoint[BEST_KEY])
+        self._resumed_rng = checkpoint.get("rng_states")
+
+    def _resume_legacy(self, state: dict[str, Any]) -> None:
+        """Continue from a ``state.pt`` of an earlier version: weights, AdamW, the schedule's
+        position, the loops' epoch and step counters, best checkpoints and random states."""
+        with torch.no_grad():
+            for name, p in self.params.items():
+                p.copy_(state["params"][name])
+        self.optimizer.load_state_dict(state["optimizer"])
+        set_optimizer_kernel(self.optimizer)
+        for group in self.optimizer.param_groups:  # a captured run saved its device rate
+            group["lr"] = float(group["lr"])
+        scheduler = self.lr_schedulers()
+        scheduler.last_epoch = int(state["scheduler"]["last_epoch"]) - 1
+        with warnings.catch_warnings():  # "lr_scheduler.step() before optimizer.step()"
+            warnings.simplefilter("ignore", UserWarning)
+            scheduler.step()  # the closed-form rate of that position, in every group
+        step, epoch = int(state["step"]), int(state["epoch"])
+        fit_loop = self.trainer.fit_loop
+        for progress in (fit_loop.epoch_progress.current, fit_loop.epoch_progress.total):
+            progress.ready = progress.started = progress.processed = progress.completed = epoch
+        steps = fit_loop.epoch_loop.automatic_optimization.optim_progress.optimizer.step.total
+        steps.ready = steps.completed = step
+        fit_loop.epoch_loop._batches_that_stepped = step
+        if (self.global_step, self.current_epoch) != (step, epoch):
+            raise RuntimeError(f"resuming the saved state at step {step}, epoch {epoch} failed "
+                               f"(at step {self.global_step}, epoch {self.current_epoch})")
+        self._restore_best(state["best"])
+        torch.set_rng_state(state["rng"].cpu())
+        if state.get("cuda_rng") is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda_rng"]])
+
+    # Metrics -------------------------------------------------------------------------------
+    def _log_rows(self, rows: list[dict[str, Any]]) -> None:
+        """Append each member's metrics to ``<run dir>/csv/ensemble/metrics.csv``."""
+        for member, row in zip(self.members, rows):
+            path = member.run_dir / METRICS_FILE
+            path.parent.mkdir(parents=True, exist_ok=True)
+            new = not path.exists()
+            with open(path, "a", newline="") as handle:
+                writer = csv.DictWriter(handle, METRICS_COLUMNS)
+                if new:
+                    writer.writeheader()
+                writer.writerow(row)
+
+    def _drop_rows_after(self, step: int) -> None:
+        """Metric rows logged at or after ``step`` (a run stopped between two saves) are
+        removed: the resumed run logs those steps again."""
+        for member in self.members:
+            path = member.run_dir / METRICS_FILE
+            if not path.exists():
+                continue
+            with open(path, newline="") as handle:
+                rows = list(csv.DictReader(handle))
+            kept = [row for row in rows if int(row["step"]) < step]
+            if len(kept) < len(rows):
+                with atomic_write(path) as handle:
+                    writer = csv.DictWriter(handle, METRICS_COLUMNS)
+                    writer.writeheader()
+                    writer.writerows(kept)
+
+
+class EnsembleState(pl.Callback):
+    """Writes the ensemble's Lightning checkpoint (``path``, atomically) at the end of an epoch
+    that validated, or that ends a chunk (``stop_at_step``: the first epoch end at or after that
+    step stops the fit), or when ``save_every_s`` seconds have passed since the last save; and
+    when the budget is done, after every member's ``last.ckpt``. An earlier version's state file
+    (``legacy_path``) is removed once this one replaces it."""
+
+    def __init__(self, path: Path, legacy_path: Path, save_every_s: float,
+                 stop_at_step: int | None = None) -> None:
+        self.path, self.legacy_path = path, legacy_path
+        self.save_every_s, self.stop_at_step = float(save_every_s), stop_at_step
+        self.stopped_for_chunk = False
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: StackedModule) -> None:
+        self._last_save = time.monotonic()
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: StackedModule) -> None:
+        if trainer.global_step >= pl_module.budget:
+            return  # the budget is done: on_train_end saves
+        chunk_done = self.stop_at_step is not None and trainer.global_step >= self.stop_at_step
+        if (pl_module.validated_epoch == trainer.current_epoch or chunk_done
+                or time.monotonic() - self._last_save >= self.save_every_s):
+            self.save(trainer)
+        if chunk_done:
+            trainer.should_stop = self.stopped_for_chunk = True
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: StackedModule) -> None:
+        if not self.stopped_for_chunk:
+            pl_module.finish()
+            self.save(trainer)
+
+    def save(self, trainer: pl.Trainer) -> None:
+        with atomic_path(self.path) as temporary:
+            trainer.save_checkpoint(temporary)
+        self.legacy_path.unlink(missing_ok=True)
+        self._last_save = time.monotonic()
+
+
+def check_members(saved: Any, members: list[list[str]], what: str) -> None:
+    """ValueError unless a saved state was written for exactly these members' arguments."""
+    if saved != members:
+        raise ValueError(f"{what} belongs to other runs; remove it or choose another directory")
+
+
+def _as_urpe(member: Member, backbone: dict) -> Graphormer:
+    """The member's weights in the stacked (URPE) structure; an rpe member gets C = 1."""
+    hp = member.module.hparams
+    model, _ = build_backbone(member.module.facts, hp.preset, backbone)
+    missing, unexpected = model.load_state_dict(member.module.model.state_dict(), strict=False)
+    if unexpected or any(".delta" not in key for key in missing):
+        raise RuntimeError(f"{member.spec.label}: weights do not fit the stacked model "
+                           f"(missing {missing}, unexpected {unexpected})")
+    return model
+
+
 class Ensemble:
     """The members of ``specs`` (same recipe, arms ``urpe`` / ``rpe``, any seeds) trained as one
-    stacked model on ``device`` (default: the first member's trainer device), saving to
-    ``state_dir`` (its :data:`STATE_FILE`) to resume: at the end of an epoch, at most every
-    ``save_every_s`` seconds, and after every validation. ``progress`` receives the log lines;
-    ``resident``: gather training batches from a device copy of the split (default: on a GPU).
-    ``cuda_graph``: on a GPU, capture the whole optimizer step (forward, loss, backward, masks,
-    clipping, AdamW with ``capturable=True`` and the learning rate as a device tensor) in one
-    CUDA graph after :data:`GRAPH_WARMUP_STEPS` eager steps and replay it (ignored on a CPU)."""
+    :class:`StackedModule` on ``device`` (default: the first member's trainer device) by a
+    Lightning ``Trainer`` with the members' settings, saving to ``state_dir``
+    (:data:`STATE_FILE`, see :class:`EnsembleState`) and resuming from there. ``progress``
+    receives the log lines; ``resident``: gather training batches from a device copy of the
+    split (default: on a GPU); ``cuda_graph``: on a GPU, capture the whole optimizer step in one
+    CUDA graph and replay it (ignored on a CPU)."""
 
     def __init__(self, specs: Sequence[MemberSpec], state_dir: Path | str,
                  device: torch.device | str | None = None, save_every_s: float = 600.0,
@@ -183,93 +713,80 @@ class Ensemble:
         self.settings = _trainer_settings(first.trainer)
         self._check_same_recipe()
         self.device = torch.device(device) if device is not None else first.trainer.strategy.root_device
-        self.autocast_dtype = PRECISIONS[str(self.settings["precision"])]
-
-        # One structure for all: URPE (per-layer C), eager attention, not compiled.
-        hp = dict(first.module.hparams)
-        backbone = {**hp["backbone"], "attention": "urpe", "share_urpe_scale": False}
-        models = [self._as_urpe(member, backbone) for member in self.members]
-        params, buffers = stack_module_state(models)
-        self.params = {name: p.to(self.device).detach().requires_grad_() for name, p in params.items()}
-        self.buffers = {name: b.to(self.device) for name, b in buffers.items()}
-        init_args = inspect.signature(GraphormerModule).parameters  # not the CLI's _instantiator
-        self.template = GraphormerModule(**{**{k: v for k, v in hp.items() if k in init_args},
-                                            "backbone": backbone, "compile": False})
-        self.template.to(self.device)
-        if hp.get("matmul_precision"):
-            torch.set_float32_matmul_precision(hp["matmul_precision"])
-        # rpe members: gradient of every C entry masked to 0 (C stays exactly 1).
-        keep = torch.tensor([0.0 if m.frozen_scale else 1.0 for m in self.members], device=self.device)
-        self.grad_masks = {name: keep.view(-1, *[1] * (p.dim() - 1))
-                           for name, p in self.params.items() if ".delta" in name}
 
         # Data: the training split once, each member's own sampler.
         dm = first.datamodule
         dm.prepare_data()
         dm.setup("fit")
-        self.train_data = dm.train_dataset()
-        # No per-batch host reads (vmap has none of the per-member values) nor embedding_bag
-        # (no vmap rule): the split's ids are checked once here.
-        self.template.model.make_capture_safe(self.train_data.graphs.x, self.train_data.graphs.edge_attr)
+        train_data = dm.train_dataset()
         self.batch_size = dm.batch_size
         # Every member's batch has one shape: the epoch's last, smaller batch gets empty graphs.
-        self.padding = BatchPadding.covering(self.train_data.num_nodes, self.train_data.num_edges,
-                                             self.batch_size, pad_graphs=True)
-        self.train_data = self.train_data.padded(self.padding)
+        padding = BatchPadding.covering(train_data.num_nodes, train_data.num_edges, self.batch_size,
+                                        pad_graphs=True)
+        train_data = train_data.padded(padding)
         # On a GPU the split lives there and batches are gathered there (data/resident.py); on
         # a CPU the numpy collation is the faster one. Both give the same batches.
         if resident is None:
             resident = self.device.type == "cuda"
-        self.resident = (ResidentSplit(self.train_data, TensorGraphs.from_flat(self.train_data.graphs,
-                                                                               self.device))
+        self.resident = (ResidentSplit(train_data, TensorGraphs.from_flat(train_data.graphs, self.device))
                          if resident else None)
-        sizes = self.train_data.num_nodes if dm.bucket_batches else None
-        self.samplers = [SeededShuffleSampler(len(self.train_data), m.datamodule.seed, self.batch_size,
-                                              sizes=sizes, bucket_batches=dm.bucket_batches)
-                         for m in self.members]
-        full = (len(self.train_data) // self.batch_size if dm.static_shapes
-                else math.ceil(len(self.train_data) / self.batch_size))
+        sizes = train_data.num_nodes if dm.bucket_batches else None
+        samplers = [SeededShuffleSampler(len(train_data), m.datamodule.seed, self.batch_size,
+                                         sizes=sizes, bucket_batches=dm.bucket_batches)
+                    for m in self.members]
+        full = (len(train_data) // self.batch_size if dm.static_shapes
+                else math.ceil(len(train_data) / self.batch_size))
         self.batches_per_epoch = _limit(full, self.settings["limit_train_batches"])
         if self.batches_per_epoch < 1:
-            raise ValueError(f"no training batch per epoch ({len(self.train_data)} graphs, batch size "
+            raise ValueError(f"no training batch per epoch ({len(train_data)} graphs, batch size "
                              f"{self.batch_size}, limit_train_batches {self.settings['limit_train_batches']})")
+        self.batches = StackedBatches(train_data, samplers, self.batch_size, self.batches_per_epoch,
+                                      self.device, self.resident)
         self.val_loader = dm.val_dataloader()
-        val_graphs = dm.splits["val"].graphs
-        self.template.model.check_ids(val_graphs.x, val_graphs.edge_attr)
-        self.num_val_batches = _limit(len(self.val_loader), self.settings["limit_val_batches"])
 
-        # AdamW over the stacked parameters, the kinds' groups of the solo run; its schedule.
-        names = {id(p): name for name, p in self.template.model.named_parameters()}
-        groups = [{**group, "params": [self.params[names[id(p)]] for p in group["params"]]}
-                  for group in parameter_groups(self.template.model, hp["weight_decay"],
-                                                hp.get("no_weight_decay") or ())]
-        self.cuda_graph = bool(cuda_graph) and self.device.type == "cuda"
-        # The schedule (the solo run's LambdaLR) steps a stand-in optimizer's float learning
-        # rate; before every step it is copied into AdamW's groups, or, under a CUDA graph, into
-        # the one device tensor they all read.
-        self._lr = torch.tensor(float(hp["lr"]), device=self.device) if self.cuda_graph else None
-        self.optimizer = torch.optim.AdamW(groups, lr=self._lr if self.cuda_graph else hp["lr"],
-                                           betas=tuple(hp["betas"]), eps=hp["eps"],
-                                           weight_decay=hp["weight_decay"],
-                                           fused=True, capturable=self.cuda_graph)
-        self._point_lr()
-        warmup_steps, self.total_steps = schedule_lengths(hp["lr"], hp["end_lr"], hp["warmup_steps"],
-                                                          hp.get("warmup_fraction"), hp["total_steps"],
-                                                          self._step_budget())
-        # The schedule rides on a stand-in optimizer (the members' AdamW reads its rate). It steps
-        # once here, a no-op (its one tensor has no gradient), so torch's check for
-        # "scheduler.step() before optimizer.step()" does not warn at the first step.
-        stand_in = torch.optim.SGD([torch.zeros(1)], lr=hp["lr"])
-        self.scheduler = warmup_polynomial_decay(stand_in, warmup_steps, self.total_steps,
-                                                 hp["end_lr"], hp["power"])
-        stand_in.step()
-        self._graph: torch.cuda.CUDAGraph | None = None
-        self._eager_steps = 0
-        self.step, self.epoch = 0, 0
-        self.best: list[tuple[str, float] | None] = [None] * len(self.members)
-        self._train_step = vmap(self._member_loss, in_dims=(0, 0, 0), randomness="different")
-        self._predict = vmap(self._member_predictions, in_dims=(0, 0, None), randomness="different")
-        self._resume()
+        self.module = StackedModule(self.members, self.batches, self.settings, self._step_budget(),
+                                    self.device, cuda_graph, self.progress)
+        # No per-batch host reads (vmap has none of the per-member values) nor embedding_bag
+        # (no vmap rule): the split's ids are checked once here.
+        model = self.module.template.model
+        model.make_capture_safe(train_data.graphs.x, train_data.graphs.edge_attr)
+        val_graphs = dm.splits["val"].graphs
+        model.check_ids(val_graphs.x, val_graphs.edge_attr)
+        #: The step a :meth:`fit` starts from (a saved state's, else 0).
+        self.step = self._read_state()
+
+    @property
+    def state_path(self) -> Path:
+        return self.state_dir / STATE_FILE
+
+    @property
+    def legacy_state_path(self) -> Path:
+        return self.state_dir / LEGACY_STATE_FILE
+
+    @property
+    def params(self) -> dict[str, Tensor]:
+        return self.module.params
+
+    @property
+    def template(self) -> GraphormerModule:
+        return self.module.template
+
+    def evaluate(self, loader, num_batches: int | None = None) -> Tensor:
+        return self.module.evaluate(loader, num_batches)
+
+    def _read_state(self) -> int:
+        """The saved state's step, after checking that it belongs to these members (one
+        read, ``weights_only``); an earlier version's ``state.pt`` is kept for the fit."""
+        if self.state_path.exists():
+            state = read_checkpoint(self.state_path, "cpu", what="ensemble state")
+            check_members(state.get(MEMBERS_KEY), self.module.member_args, str(self.state_path))
+            return int(state["global_step"])
+        if self.legacy_state_path.exists():
+            state = read_checkpoint(self.legacy_state_path, self.device, what="ensemble state")
+            check_members(state["members"], self.module.member_args, str(self.legacy_state_path))
+            self.module.legacy_state = state
+            return int(state["step"])
+        return 0
 
     # Building ------------------------------------------------------------------------------
     def _check_same_recipe(self) -> None:
@@ -300,17 +817,6 @@ class Ensemble:
                 raise ValueError(f"{member.spec.label} differs from {first.spec.label} in more "
                                  "than the seed and the arm; an ensemble trains one recipe")
 
-    @staticmethod
-    def _as_urpe(member: Member, backbone: dict) -> Graphormer:
-        """The member's weights in the stacked (URPE) structure; an rpe member gets C = 1."""
-        hp = member.module.hparams
-        model, _ = build_backbone(member.module.facts, hp.preset, backbone)
-        missing, unexpected = model.load_state_dict(member.module.model.state_dict(), strict=False)
-        if unexpected or any(".delta" not in key for key in missing):
-            raise RuntimeError(f"{member.spec.label}: weights do not fit the stacked model "
-                               f"(missing {missing}, unexpected {unexpected})")
-        return model
-
     def _step_budget(self) -> int:
         """The solo trainer's step budget: ``max_steps``, else epochs x batches."""
         steps, epochs = self.settings["max_steps"], self.settings["max_epochs"]
@@ -320,329 +826,37 @@ class Ensemble:
             raise ValueError("the ensemble needs a length: set trainer.max_steps or max_epochs")
         return int(budget)
 
-    # The step ------------------------------------------------------------------------------
-    def _member_predictions(self, params, buffers, fields_: dict[str, Tensor]) -> Tensor:
-        return functional_call(self.template.model, (params, buffers), (GraphBatch.from_tensors(fields_),))
-
-    def _member_loss(self, params, buffers, fields_: dict[str, Tensor]) -> Tensor:
-        return self.template._loss(self._member_predictions(params, buffers, fields_), fields_["y"])
-
-    def _autocast(self):
-        return torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
-                              enabled=self.autocast_dtype is not None,
-                              cache_enabled=not self.cuda_graph)  # a graph keeps no cast cache
-
-    def _point_lr(self) -> None:
-        """Every param group reads the one learning-rate tensor (CUDA graphs)."""
-        if self._lr is not None:
-            for group in self.optimizer.param_groups:
-                group["lr"] = self._lr
-
-    def train_step(self, batch: dict[str, Tensor]) -> Tensor:
-        """One optimizer step of every member on its batch ``[M, ...]``; returns the losses
-        ``[M]`` (on the device, not read)."""
-        self.template.train()
-        lr = self.scheduler.get_last_lr()[0]  # restored with the scheduler on resume
-        if not self.cuda_graph:
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            losses = self._step_body(batch)
-        else:
-            self._lr.fill_(lr)
-            if self._eager_steps < GRAPH_WARMUP_STEPS:  # lazy initialisations, off the main stream
-                stream = torch.cuda.Stream()
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):
-                    losses = self._step_body(batch)
-                torch.cuda.current_stream().wait_stream(stream)
-                self._eager_steps += 1
-            else:
-                losses = self._replay(batch)
-        self.scheduler.step()
-        self.step += 1
-        return losses
-
-    def _replay(self, batch: dict[str, Tensor]) -> Tensor:
-        """The step as a CUDA graph: captured at the first call (on static copies of the batch
-        tensors), then the batch is copied into those and the graph replayed."""
-        if self._graph is None:
-            self._static_batch = {name: t.clone() for name, t in batch.items()}
-            self._graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self._graph):
-                self._static_losses = self._step_body(self._static_batch)
-        else:
-            for name, t in batch.items():
-                self._static_batch[name].copy_(t, non_blocking=True)
-        self._graph.replay()
-        return self._static_losses.clone()
-
-    def _step_body(self, batch: dict[str, Tensor]) -> Tensor:
-        """Forward, backward, the rpe members' C mask, per-member clipping and AdamW: device
-        work only, no host sync, fixed shapes."""
-        # Gradients are zeroed in place, not freed: the same tensors every step (and their
-        # per-member views, _member_grads).
-        self.optimizer.zero_grad(set_to_none=False)
-        with self._autocast():
-            losses = self._train_step(self.params, self.buffers, batch)
-        losses.sum().backward()
-        for name, mask in self.grad_masks.items():
-            self.params[name].grad.mul_(mask)
-        clip = self.settings["gradient_clip_val"]
-        if clip:
-            # clip_grad_norm_'s arithmetic for each member's own gradients: norms of its tensors,
-            # the norm of those, and one scale, all with foreach kernels (a few per member).
-            for grads in self._member_grads():
-                total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-                torch._foreach_mul_(grads, (clip / (total + 1e-6)).clamp(max=1.0))
-        self.optimizer.step()
-        return losses.detach()
-
-    def _member_grads(self) -> list[list[Tensor]]:
-        """Member ``m``'s gradients: views ``grad[m]`` of the stacked gradients (built once)."""
-        grads = [p.grad for p in self.params.values()]
-        if getattr(self, "_grad_views_of", None) is not grads[0]:
-            self._grad_views = [[g[m] for g in grads] for m in range(len(self.members))]
-            self._grad_views_of = grads[0]
-        return self._grad_views
-
-    def member_batches(self, orders: Sequence[tuple[np.ndarray, Tensor | None]],
-                       batch_index: int) -> dict[str, Tensor]:
-        """Batch ``batch_index`` of every member's epoch order (host ids, and the same ids on
-        the device where the split is resident), padded to one shape, stacked on the device."""
-        part = slice(batch_index * self.batch_size, (batch_index + 1) * self.batch_size)
-        if self.resident is not None:
-            batches = [self.resident.batch(order[part], on_device[part]) for order, on_device in orders]
-        else:
-            batches = [self.train_data.__getitems__(order[part]) for order, _ in orders]
-        stacked = stack_batches(batches)
-        return {name: t.to(self.device, non_blocking=True) for name, t in stacked.items()}
-
-    def epoch_orders(self) -> list[tuple[np.ndarray, Tensor | None]]:
-        """Every member's order of this epoch (its sampler's), on the host and the device."""
-        orders = []
-        for sampler in self.samplers:
-            sampler.set_epoch(self.epoch)
-            order = sampler.permutation()
-            orders.append((order, torch.from_numpy(order).to(self.device)
-                           if self.resident is not None else None))
-        return orders
-
-    # Evaluation ----------------------------------------------------------------------------
-    @torch.no_grad()
-    def evaluate(self, loader, num_batches: int | None = None) -> Tensor:
-        """Every member's MAE over the first ``num_batches`` batches of ``loader`` (all by
-        default), float64 ``[M]`` on the CPU."""
-        self.template.eval()
-        abs_error = torch.zeros(len(self.members), dtype=torch.float64, device=self.device)
-        count = torch.zeros((), dtype=torch.float64, device=self.device)
-        for index, batch in enumerate(loader):
-            if num_batches is not None and index >= num_batches:
-                break
-            batch = batch.to(self.device)
-            with self._autocast():
-                pred = self._predict(self.params, self.buffers, batch.tensors()).float()
-            known = ~torch.isnan(batch.y)
-            error = torch.where(known, pred - batch.y, 0.0).abs()
-            abs_error += error.flatten(1).sum(1).double()
-            count += known.sum()
-        return (abs_error / count).cpu()
-
-    # Checkpoints ---------------------------------------------------------------------------
-    def member_state_dict(self, index: int) -> dict[str, Tensor]:
-        """Member ``index``'s ``GraphormerModule`` state dict (an rpe member without C)."""
-        member = self.members[index]
-        names = set(member.module.state_dict())
-        return {f"model.{name}": p[index].detach().to("cpu", copy=True)
-                for name, p in {**self.params, **self.buffers}.items() if f"model.{name}" in names}
-
-    def _member_checkpoint(self, index: int) -> dict[str, Any]:
-        """The dict a solo ``graphormer-urpe fit`` saves, for member ``index`` (weights,
-        hyperparameters, counters and its ModelCheckpoint state)."""
-        member = self.members[index]
-        callback = member.checkpoint
-        return {"epoch": self.epoch, "global_step": self.step,
-                "pytorch-lightning_version": pl.__version__,
-                "state_dict": self.member_state_dict(index),
-                "callbacks": {callback.state_key: callback.state_dict()},
-                "hparams_name": "kwargs", "hyper_parameters": dict(member.module.hparams)}
-
-    def _save_member_checkpoints(self, val_mae: Tensor | None) -> None:
-        """After a validation: a member's new best is saved (the old best removed, top 1), then
-        every member's ``last.ckpt``."""
-        for index, member in enumerate(self.members):
-            callback = member.checkpoint
-            dirpath = Path(callback.dirpath)
-            dirpath.mkdir(parents=True, exist_ok=True)
-            if val_mae is not None:
-                score = torch.tensor(float(val_mae[index]))
-                callback.current_score = score
-                best = self.best[index]
-                if math.isfinite(score) and (best is None or score < best[1]):
-                    path = Path(callback.format_checkpoint_name(  # in callback.dirpath
-                        {"epoch": self.epoch, "step": self.step, "val/mae": score}))
-                    callback.best_model_path, callback.best_model_score = str(path), score
-                    callback.best_k_models = {str(path): score}
-                    callback.kth_best_model_path, callback.kth_value = str(path), score
-                    _atomic_save(self._member_checkpoint(index), path)
-                    if best is not None and best[0] != str(path):
-                        Path(best[0]).unlink(missing_ok=True)
-                    self.best[index] = (str(path), float(score))
-            last = dirpath / f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}"
-            callback.last_model_path = str(last)
-            _atomic_save(self._member_checkpoint(index), last)
-
-    def _local_best(self, member: Member, best: tuple[str, float] | None) -> tuple[str, float] | None:
-        """A saved best checkpoint, found by name in the member's checkpoint directory (a state
-        moved with its run directories still finds them). A missing file is forgotten, so the
-        next validation saves a new best instead of pointing at nothing."""
-        if best is None:
-            return None
-        path = Path(member.checkpoint.dirpath) / Path(best[0]).name
-        if not path.exists():
-            self.progress(f"ensemble: {member.spec.label}'s best checkpoint {path} is missing; "
-                          "the next validation saves a new one")
-            return None
-        return str(path), best[1]
-
-    def _restore_callbacks(self) -> None:
-        for member, best in zip(self.members, self.best):
-            if best is not None:
-                score = torch.tensor(best[1])
-                member.checkpoint.best_model_path, member.checkpoint.best_model_score = best[0], score
-                member.checkpoint.best_k_models = {best[0]: score}
-                member.checkpoint.kth_best_model_path, member.checkpoint.kth_value = best[0], score
-
-    # Resume --------------------------------------------------------------------------------
-    @property
-    def state_path(self) -> Path:
-        return self.state_dir / STATE_FILE
-
-    def _check_finite(self) -> None:
-        finite = torch.stack([torch.isfinite(p).flatten(1).all(1) for p in self.params.values()])
-        bad = [member.spec.label for member, ok in zip(self.members, finite.all(0).tolist()) if not ok]
-        if bad:
-            raise FloatingPointError(f"non-finite weights in {bad} at step {self.step}: lower the "
-                                     "learning rate; the last good checkpoints are untouched")
-
-    def save_state(self) -> None:
-        self._check_finite()
-        state = {"members": [list(m.spec.cli_args) for m in self.members],
-                 "params": {n: p.detach() for n, p in self.params.items()},
-                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                 "step": self.step, "epoch": self.epoch, "best": self.best,
-                 "rng": torch.get_rng_state(),
-                 "cuda_rng": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None}
-        _atomic_save(state, self.state_path)
-
-    def _resume(self) -> None:
-        if not self.state_path.exists():
-            return
-        state = read_checkpoint(self.state_path, self.device, what="ensemble state")
-        if state["members"] != [list(m.spec.cli_args) for m in self.members]:
-            raise ValueError(f"{self.state_path} belongs to other runs; remove it or choose "
-                             "another directory")
-        with torch.no_grad():
-            for name, p in self.params.items():
-                p.copy_(state["params"][name])
-        self.optimizer.load_state_dict(state["optimizer"])
-        set_optimizer_kernel(self.optimizer)
-        self._point_lr()
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.step, self.epoch = state["step"], state["epoch"]
-        self.best = [self._local_best(member, best) for member, best in zip(self.members, state["best"])]
-        torch.set_rng_state(state["rng"].cpu())
-        if state["cuda_rng"] is not None and self.device.type == "cuda":
-            torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda_rng"]])
-        self._restore_callbacks()
-        self._drop_rows_after_state()
-        self.progress(f"ensemble: resuming at step {self.step} (epoch {self.epoch}) from {self.state_path}")
-
-    # The loop ------------------------------------------------------------------------------
-    @property
-    def max_steps(self) -> int:
-        return self._step_budget()
-
-    @property
-    def done(self) -> bool:
-        return self.step >= self.max_steps
-
-    def _log_rows(self, rows: list[dict[str, Any]]) -> None:
-        """Append each member's metrics to ``<run dir>/csv/ensemble/metrics.csv``."""
-        for member, row in zip(self.members, rows):
-            path = member.run_dir / METRICS_FILE
-            path.parent.mkdir(parents=True, exist_ok=True)
-            new = not path.exists()
-            with open(path, "a", newline="") as handle:
-                writer = csv.DictWriter(handle, METRICS_COLUMNS)
-                if new:
-                    writer.writeheader()
-                writer.writerow(row)
-
-    def _drop_rows_after_state(self) -> None:
-        """Metric rows logged after the saved state (a run stopped between two saves) are
-        removed: the resumed run logs those steps again."""
-        for member in self.members:
-            path = member.run_dir / METRICS_FILE
-            if not path.exists():
-                continue
-            with open(path, newline="") as handle:
-                rows = list(csv.DictReader(handle))
-            kept = [row for row in rows if int(row["step"]) < self.step]
-            if len(kept) < len(rows):
-                with atomic_write(path) as handle:
-                    writer = csv.DictWriter(handle, METRICS_COLUMNS)
-                    writer.writeheader()
-                    writer.writerows(kept)
+    # Training ------------------------------------------------------------------------------
+    def trainer(self, callbacks: Sequence[pl.Callback] = ()) -> pl.Trainer:
+        """The Lightning trainer of the stacked module: the members' loop settings, one device;
+        no logger (each member's metrics file is written by the module), no checkpoint callback
+        but the ensemble's own; the module does its own clipping and autocast."""
+        s = self.settings
+        return pl.Trainer(
+            accelerator=self.device.type,
+            devices=[self.device.index or 0] if self.device.type == "cuda" else 1,
+            max_steps=s["max_steps"], max_epochs=s["max_epochs"],
+            limit_val_batches=s["limit_val_batches"], check_val_every_n_epoch=s["check_val_every_n_epoch"],
+            log_every_n_steps=s["log_every_n_steps"], num_sanity_val_steps=0,
+            default_root_dir=self.state_dir, logger=False, enable_checkpointing=False,
+            enable_progress_bar=False, enable_model_summary=False, inference_mode=False,
+            callbacks=list(callbacks))
 
     def fit(self, stop_at_step: int | None = None) -> None:
         """Train to the budget (or to the first epoch end at or after ``stop_at_step``: a chunk,
         saved so a later :meth:`fit` continues), validating and checkpointing as a solo run."""
-        log_every = max(1, int(self.settings["log_every_n_steps"] or 50))
-        every_n_epochs = int(self.settings["check_val_every_n_epoch"])
-        last_save, start = time.monotonic(), time.monotonic()
-        start_step = self.step
-        loss_sum, loss_steps = torch.zeros(len(self.members), device=self.device), 0
-        while not self.done:
-            orders = self.epoch_orders()
-            batch_index = 0
-            while batch_index < self.batches_per_epoch and not self.done:
-                loss_sum += self.train_step(self.member_batches(orders, batch_index))
-                loss_steps += 1
-                batch_index += 1
-                if self.step % log_every == 0:
-                    losses = (loss_sum / loss_steps).tolist()
-                    if not all(map(math.isfinite, losses)):
-                        bad = [m.spec.label for m, v in zip(self.members, losses) if not math.isfinite(v)]
-                        raise FloatingPointError(f"training loss is not finite for {bad} at step "
-                                                 f"{self.step}; the last good checkpoints are untouched")
-                    self._log_rows([{"epoch": self.epoch, "step": self.step - 1, "train/loss": v}
-                                    for v in losses])
-                    rate = (self.step - start_step) / (time.monotonic() - start)
-                    self.progress(f"ensemble: step {self.step}/{self.max_steps}, {rate:.1f} steps/s, "
-                                  f"loss {' '.join(f'{v:.4f}' for v in losses)}")
-                    loss_sum.zero_()
-                    loss_steps = 0
-            if batch_index < self.batches_per_epoch:  # the budget ended inside the epoch
-                break
-            validated = (self.epoch + 1) % every_n_epochs == 0 and self.num_val_batches > 0
-            if validated:
-                val_mae = self.evaluate(self.val_loader, self.num_val_batches)
-                self._check_finite()
-                self._log_rows([{"epoch": self.epoch, "step": self.step - 1, "val/mae": float(v)}
-                                for v in val_mae])
-                self._save_member_checkpoints(val_mae)
-                self.progress(f"ensemble: epoch {self.epoch}, val MAE "
-                              f"{' '.join(f'{float(v):.4f}' for v in val_mae)}")
-            self.epoch += 1
-            chunk_done = stop_at_step is not None and self.step >= stop_at_step
-            if validated or chunk_done or time.monotonic() - last_save >= self.save_every_s:
-                self.save_state()
-                last_save = time.monotonic()
-            if chunk_done:
-                return
-        self._check_finite()
-        self._save_member_checkpoints(None)
-        self.save_state()
+        state = EnsembleState(self.state_path, self.legacy_state_path, self.save_every_s, stop_at_step)
+        trainer = self.trainer([state])
+        # Items are whole stacked batches, in order (the members' samplers shuffle); the loader's
+        # own generator keeps its per-epoch seed draw off the global one that dropout uses.
+        loader = torch.utils.data.DataLoader(self.batches, batch_size=None, generator=torch.Generator())
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        ckpt_path = self.state_path if self.state_path.exists() else None
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", ".*does not have many workers.*")
+            trainer.fit(self.module, train_dataloaders=loader, val_dataloaders=self.val_loader,
+                        ckpt_path=ckpt_path, weights_only=True)
+        self.step = trainer.global_step
 
 
 def _atomic_save(obj: Any, path: Path) -> None:

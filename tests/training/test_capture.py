@@ -277,7 +277,8 @@ def test_the_paper_ablation_in_progress_trains_two_more_capturable_steps(zinc_da
     import shutil
 
     from graphormer_urpe.checkpoint import read_checkpoint
-    from graphormer_urpe.training.ensemble import METRICS_FILE, STATE_FILE, Ensemble, MemberSpec
+    from graphormer_urpe.training.ensemble import (LEGACY_STATE_FILE, METRICS_FILE, STATE_FILE, Ensemble,
+                                                   MemberSpec, _stacked_key)
 
     # The members' arguments name configs/, data/ and results/runs/ relative to the repository
     # root: a copy of the run directories beside the configs and the test's ZINC.
@@ -286,8 +287,10 @@ def test_the_paper_ablation_in_progress_trains_two_more_capturable_steps(zinc_da
     (tmp_path / "work" / "configs").symlink_to(REPO / "configs", target_is_directory=True)
     (tmp_path / "work" / "data").symlink_to(zinc_data_root, target_is_directory=True)
     monkeypatch.chdir(tmp_path / "work")
-    state_path = runs / "ensemble" / STATE_FILE
-    saved = read_checkpoint(state_path, "cpu", what="ensemble state")
+    # The state as the version that trained it saved it (state.pt); it resumes, and the first
+    # save replaces it with the Lightning checkpoint (state.ckpt).
+    legacy_path, state_path = runs / "ensemble" / LEGACY_STATE_FILE, runs / "ensemble" / STATE_FILE
+    saved = read_checkpoint(legacy_path, "cpu", what="ensemble state")
     run_dirs = [Path(args[args.index("--trainer.default_root_dir") + 1]) for args in saved["members"]]
     assert sorted(d.name for d in run_dirs) == [f"{arm}-s{seed}" for arm in ("rpe", "urpe") for seed in (0, 1, 2)]
 
@@ -295,38 +298,43 @@ def test_the_paper_ablation_in_progress_trains_two_more_capturable_steps(zinc_da
     lines: list[str] = []
     ensemble = Ensemble([MemberSpec(f"zinc-paper/{d.name}", tuple(args)) for d, args in zip(run_dirs, saved["members"])],
                         runs / "ensemble", device="cpu", progress=lines.append)
-    assert ensemble.step == saved["step"] > 0 and ensemble.epoch == saved["epoch"]
+    module = ensemble.module
+    assert ensemble.step == saved["step"] > 0
     assert ensemble.batch_size == 256 and ensemble.template.model.max_hops == 20
     assert ensemble.template.model.capture_safe
-    # Best checkpoints stay on the machine that trained them: each is named as missing, and the
-    # next validation saves a new one.
-    assert sum("best checkpoint" in line and "missing" in line for line in lines) == len(run_dirs)
     ensemble.settings["max_steps"] = saved["step"] + 2
     # The recipe's bf16 autocast is a GPU's: a CPU's bf16 matmuls are ~5x slower than float32,
     # and the state (float32 weights and AdamW moments) is the same for both.
-    ensemble.autocast_dtype = None
-    guard, addresses = CaptureGuard(), []
-    body = ensemble._step_body
+    module.autocast_dtype = None
+    guard, addresses, epochs = CaptureGuard(), [], []
+    body = module._step_body
 
     def guarded_body(batch):
         with guard:
             losses = body(batch)
-        addresses.append({**tensor_addresses(ensemble.params),
-                          **tensor_addresses({f"{n}.grad": p.grad for n, p in ensemble.params.items()}),
-                          **optimizer_addresses(ensemble.optimizer)})
+        addresses.append({**tensor_addresses(module.params),
+                          **tensor_addresses({f"{n}.grad": p.grad for n, p in module.params.items()}),
+                          **optimizer_addresses(module.optimizer)})
+        epochs.append(module.current_epoch)
         return losses
 
-    ensemble._step_body = guarded_body
+    module._step_body = guarded_body
     ensemble.fit()
     assert guard.ops > 1000 and guard.refused == []
     assert len(addresses) == 2 and addresses[0] == addresses[1]
+    assert epochs == [saved["epoch"]] * 2  # the loop continued the saved epoch count
+    # Best checkpoints stay on the machine that trained them: each is named as missing, and the
+    # next validation saves a new one.
+    assert sum("best checkpoint" in line and "missing" in line for line in lines) == len(run_dirs)
+    assert f"ensemble: resuming at step {saved['step']} (epoch {saved['epoch']})" in lines
 
+    assert not legacy_path.exists()
     resumed = read_checkpoint(state_path, "cpu", what="ensemble state")
-    assert resumed["step"] == saved["step"] + 2
-    assert resumed["scheduler"]["last_epoch"] == saved["scheduler"]["last_epoch"] + 2
+    assert resumed["global_step"] == saved["step"] + 2
+    assert resumed["lr_schedulers"][0]["last_epoch"] == saved["scheduler"]["last_epoch"] + 2
     moved = 0
     for name, before in saved["params"].items():
-        after = resumed["params"][name]
+        after = resumed["state_dict"][f"stacked.{_stacked_key(name)}"]
         assert after.shape == before.shape and torch.isfinite(after).all(), name
         moved += not torch.equal(after, before)
     assert moved > len(saved["params"]) // 2  # two AdamW steps move most tensors

@@ -15,7 +15,7 @@ import torch
 
 from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.training.cli import build_cli
-from graphormer_urpe.training.ensemble import METRICS_FILE, Ensemble, MemberSpec
+from graphormer_urpe.training.ensemble import METRICS_FILE, STATE_FILE, Ensemble, MemberSpec
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = {"num_layers": 2, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2}
@@ -186,7 +186,7 @@ def test_a_stopped_ensemble_resumes_exactly(zinc_data_root, tmp_path, one_torch_
     straight.fit()
     first = Ensemble(specs(tmp_path, zinc_data_root, backbone, "resumed"), tmp_path / "r")
     first.fit(stop_at_step=1)  # the chunk ends with the first epoch (3 steps)
-    assert first.step == 3 and (tmp_path / "r" / "state.pt").exists()
+    assert first.step == 3 and (tmp_path / "r" / STATE_FILE).exists()
     for member in ("urpe-s0", "rpe-s1"):  # a row logged after the save, then killed
         with open(tmp_path / "resumed" / member / METRICS_FILE, "a", newline="") as handle:
             handle.write("1,3,9.9,\r\n")
@@ -242,24 +242,27 @@ def test_a_diverged_member_stops_the_ensemble_and_is_named(zinc_data_root, tmp_p
         ensemble.params["head.weight"][1] = float("nan")
     with pytest.raises(FloatingPointError, match=r"not finite for \['rpe-s1'\] at step 1"):
         ensemble.fit()
-    assert not (tmp_path / "state" / "state.pt").exists()
+    assert not (tmp_path / "state" / STATE_FILE).exists()
     assert not (tmp_path / "ens" / "rpe-s1" / "checkpoints").exists()
 
 
 def train_steps(ensemble: Ensemble, count: int, sync_debug: bool = False) -> torch.Tensor:
-    """``count`` steps of ``ensemble`` over its epochs; ``sync_debug``: any host sync inside a
-    replayed step (batch gathering included) raises (capturing itself synchronizes once)."""
-    losses = []
+    """``count`` steps of ``ensemble``'s stacked step over its epochs, outside Lightning's loop (at
+    the schedule's first rate); ``sync_debug``: any host sync inside a replayed step (batch
+    gathering included) raises (capturing itself synchronizes once)."""
+    module, batches = ensemble.module, ensemble.batches
+    module.build_optimizer()
+    losses, epoch = [], 0
     while len(losses) < count:
-        orders = ensemble.epoch_orders()
-        for index in range(min(ensemble.batches_per_epoch, count - len(losses))):
-            replay = sync_debug and ensemble._graph is not None
+        batches.set_epoch(epoch)
+        for index in range(min(len(batches), count - len(losses))):
+            replay = sync_debug and module._graph is not None
             torch.cuda.set_sync_debug_mode("error" if replay else "default")
             try:
-                losses.append(ensemble.train_step(ensemble.member_batches(orders, index)))
+                losses.append(module.train_step(batches[index]))
             finally:
                 torch.cuda.set_sync_debug_mode("default")
-        ensemble.epoch += 1
+        epoch += 1
     return torch.stack(losses)
 
 
@@ -269,10 +272,10 @@ def test_the_captured_step_equals_the_eager_one_without_host_syncs(zinc_data_roo
     eager = Ensemble(specs(tmp_path, zinc_data_root, backbone, "eager"), tmp_path / "e")
     graphed = Ensemble(specs(tmp_path, zinc_data_root, backbone, "graphed"), tmp_path / "g",
                        cuda_graph=True)
-    assert eager.device.type == "cuda" and graphed.cuda_graph
+    assert eager.device.type == "cuda" and graphed.module.cuda_graph
     expected = train_steps(eager, 20)
     losses = train_steps(graphed, 20, sync_debug=True)
-    assert graphed._graph is not None
+    assert graphed.module._graph is not None
     torch.testing.assert_close(losses, expected, rtol=1e-5, atol=1e-6)
     for name, value in eager.params.items():
         torch.testing.assert_close(graphed.params[name], value, rtol=1e-5, atol=1e-6)
