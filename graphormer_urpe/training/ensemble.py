@@ -38,7 +38,11 @@ optimizer-step hook): epochs, the step budget, the host ``LambdaLR``, validation
 (:class:`~graphormer_urpe.data.batch.BatchPadding` over the training split) and stacked to
 ``[M, ...]`` (:class:`StackedBatches`); the step reads nothing back to the host, so on a GPU it
 can be captured whole in one CUDA graph and replayed (``cuda_graph=True``). Losses are read every
-``log_every_n_steps`` into each member's ``csv/ensemble/metrics.csv``.
+``log_every_n_steps`` into each member's ``csv/ensemble/metrics.csv``. Divergence is handled as
+the training engine handles it: a step in which any member's loss or gradient is not finite is
+skipped on the device (the fused AdamW's ``found_inf``: no parameter, moment or step count
+moves, for any member), skipped steps are reported with the members at fault, and an interval
+of only skipped steps stops the run before anything is saved.
 
 The whole ensemble is one Lightning checkpoint, ``state.ckpt`` (stacked parameters, AdamW and
 schedule state, the loops' counters, RNG states, each member's best checkpoint), written at the
@@ -317,6 +321,14 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
         self.optimizer = torch.optim.AdamW(groups, lr=hp["lr"], betas=tuple(hp["betas"]), eps=hp["eps"],
                                            weight_decay=hp["weight_decay"], fused=True,
                                            capturable=self.cuda_graph)
+        # The step's device-side counts (fixed addresses, so a CUDA graph updates them): 1.0 to
+        # skip the update (the fused kernel's found_inf), the interval's loss sums of applied
+        # steps, applied and skipped steps, and each member's non-finite steps.
+        self.found_inf = torch.zeros((), device=self.device)
+        self.optimizer.found_inf = self.found_inf
+        zeros = lambda *shape: torch.zeros(shape, dtype=torch.float64, device=self.device)  # noqa: E731
+        self.loss_sum, self.member_bad = zeros(len(self.members)), zeros(len(self.members))
+        self.applied, self.skipped = zeros(), zeros()
         warmup_steps, total_steps = schedule_lengths(hp["lr"], hp["end_lr"], hp["warmup_steps"],
                                                      hp.get("warmup_fraction"), hp["total_steps"],
                                                      self.budget)
@@ -372,12 +384,20 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
         losses.sum().backward()
         for name, mask in self.grad_masks.items():
             params[name].grad.mul_(mask)
+        # clip_grad_norm_'s arithmetic for each member's own gradients: norms of its tensors, the
+        # norm of those, and one scale, all with foreach kernels (a few per member).
+        norms = torch.stack([torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+                             for grads in self._member_grads()])
         if self.clip:
-            # clip_grad_norm_'s arithmetic for each member's own gradients: norms of its tensors,
-            # the norm of those, and one scale, all with foreach kernels (a few per member).
-            for grads in self._member_grads():
-                total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+            for grads, total in zip(self._member_grads(), norms.unbind()):
                 torch._foreach_mul_(grads, (self.clip / (total + 1e-6)).clamp(max=1.0))
+        # The divergence policy of the training engine: a step with a non-finite loss or gradient
+        # (of any member: the fused AdamW skips all or none) changes no parameter, moment or
+        # step count, and is counted; the interval's report reads the counts.
+        losses = losses.detach()
+        member_finite = torch.isfinite(losses) & torch.isfinite(norms)
+        finite = member_finite.all()
+        self.found_inf.copy_((~finite).float())
         groups = self.optimizer.param_groups
         host_lrs = [group["lr"] for group in groups]
         if self._lr is not None:  # the device rate a captured graph reads
@@ -388,7 +408,11 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
         finally:
             for group, lr in zip(groups, host_lrs):
                 group["lr"] = lr
-        return losses.detach()
+        self.loss_sum.add_(torch.where(finite, losses.double(), 0.0))
+        self.applied.add_(finite.double())
+        self.skipped.add_(1.0 - finite.double())
+        self.member_bad.add_((~member_finite).double())
+        return losses
 
     def _member_grads(self) -> list[list[Tensor]]:
         """Member ``m``'s gradients: views ``grad[m]`` of the stacked gradients (built once)."""
@@ -411,8 +435,7 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
         if self.global_step > 0:
             self._drop_rows_after(self.global_step)
             self.progress(f"ensemble: resuming at step {self.global_step} (epoch {self.current_epoch})")
-        self._loss_sum = torch.zeros(len(self.members), device=self.device)
-        self._loss_steps = 0
+        self.total_skipped = 0
         self._start, self._start_step = time.monotonic(), self.global_step
 
     def on_train_epoch_start(self) -> None:
@@ -420,26 +443,47 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         losses = self.train_step(batch)
-        self._loss_sum += losses
-        self._loss_steps += 1
         step = self.global_step + 1  # counted once this hook returns
         if step % max(1, int(self.settings["log_every_n_steps"] or 50)) == 0:
             self._report(step)
         return losses.sum()
 
+    def _counts(self) -> tuple[list[float], float, float, list[float]]:
+        """The interval's loss sums, applied and skipped steps, and each member's non-finite
+        steps (one device-to-host copy)."""
+        counts = torch.cat([self.loss_sum, self.applied.view(1), self.skipped.view(1), self.member_bad]).tolist()
+        m = len(self.members)
+        return counts[:m], counts[m], counts[m + 1], counts[m + 2:]
+
+    def check_skipped(self, step: int | None = None) -> None:
+        """FloatingPointError naming the members at fault if every step since the last report
+        was skipped: before a checkpoint is written, at the end, and at every report."""
+        _, applied, skipped, bad = self._counts()
+        if skipped and not applied:
+            names = [m.spec.label for m, count in zip(self.members, bad) if count]
+            raise FloatingPointError(
+                f"every training step of the last {int(skipped)} had a non-finite loss or gradient "
+                f"in {names} (up to step {self.global_step if step is None else step}); no update "
+                "was applied and no checkpoint holds a diverged model: lower the learning rate")
+
     def _report(self, step: int) -> None:
-        """Read the interval's mean losses (one sync), stop on a non-finite one, log them."""
-        losses = (self._loss_sum / self._loss_steps).tolist()
-        if not all(map(math.isfinite, losses)):
-            bad = [m.spec.label for m, v in zip(self.members, losses) if not math.isfinite(v)]
-            raise FloatingPointError(f"training loss is not finite for {bad} at step {step}; the "
-                                     "last good checkpoints are untouched")
+        """Read the interval's counts, stop if no step of it was applied, log the members' mean
+        losses and any skipped steps."""
+        self.check_skipped(step)
+        loss_sums, applied, skipped, bad = self._counts()
+        for stat in (self.loss_sum, self.applied, self.skipped, self.member_bad):
+            stat.zero_()
+        if skipped:
+            self.total_skipped += int(skipped)
+            names = [m.spec.label for m, count in zip(self.members, bad) if count]
+            self.progress(f"ensemble: skipped {int(skipped)} of the last {int(applied + skipped)} steps "
+                          f"before step {step} (a non-finite loss or gradient in {names}); "
+                          f"{self.total_skipped} skipped in all")
+        losses = [total / applied for total in loss_sums]
         self._log_rows([{"epoch": self.current_epoch, "step": step - 1, "train/loss": v} for v in losses])
         rate = (step - self._start_step) / (time.monotonic() - self._start)
         self.progress(f"ensemble: step {step}/{self.budget}, {rate:.1f} steps/s, "
                       f"loss {' '.join(f'{v:.4f}' for v in losses)}")
-        self._loss_sum.zero_()
-        self._loss_steps = 0
 
     # Evaluation ----------------------------------------------------------------------------
     def _errors(self, batch: GraphBatch) -> tuple[Tensor, Tensor]:
@@ -488,6 +532,7 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
 
     def finish(self) -> None:
         """The end of the budget: every member's ``last.ckpt``."""
+        self.check_skipped()
         self.check_finite()
         self._save_member_checkpoints(None)
 
@@ -565,6 +610,7 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
 
     # The ensemble's own checkpoint ---------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.check_skipped()
         self.check_finite()
         checkpoint[MEMBERS_KEY] = self.member_args
         checkpoint[BEST_KEY] = [list(best) if best is not None else None for best in self.best]

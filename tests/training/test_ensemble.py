@@ -237,11 +237,18 @@ def test_an_ensemble_refuses_what_it_cannot_train_as_solo_runs(zinc_data_root, t
 
 
 def test_a_diverged_member_stops_the_ensemble_and_is_named(zinc_data_root, tmp_path, one_torch_thread):
+    """The training engine's policy: a step with a non-finite loss or gradient is skipped on the
+    device (no parameter or moment moves), and an interval of only skipped steps stops the run
+    naming the member, before anything is saved."""
     ensemble = Ensemble(specs(tmp_path, zinc_data_root, {**TINY, **NO_DROPOUT}), tmp_path / "state")
     with torch.no_grad():
         ensemble.params["head.weight"][1] = float("nan")
-    with pytest.raises(FloatingPointError, match=r"not finite for \['rpe-s1'\] at step 1"):
+    before = {name: p.detach().clone() for name, p in ensemble.params.items()}
+    with pytest.raises(FloatingPointError, match=r"every training step of the last 1 had a non-finite "
+                                                 r"loss or gradient in \['rpe-s1'\] \(up to step 1\)"):
         ensemble.fit()
+    for name, value in ensemble.params.items():
+        torch.testing.assert_close(value, before[name], rtol=0, atol=0, equal_nan=True, msg=name)
     assert not (tmp_path / "state" / STATE_FILE).exists()
     assert not (tmp_path / "ens" / "rpe-s1" / "checkpoints").exists()
 
