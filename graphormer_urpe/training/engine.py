@@ -28,6 +28,11 @@ same function runs eagerly, with the eager step's sums (bit for bit the eager st
 ``capture_safe`` it runs what a GPU records (:meth:`~graphormer_urpe.nn.graphormer.Graphormer.make_capture_safe`),
 which the tests check for host reads and data-dependent shapes.
 
+The update after backward (clipping, the skip decision, AdamW, the interval's counts:
+:func:`optimizer_update` and :class:`StepCounts`) is written once for ``W`` runs: the stacked
+ensemble (:mod:`~graphormer_urpe.training.ensemble`) calls it with its ``W`` members'
+gradients, the engine with ``W = 1``, so both clip, skip and count alike.
+
 Lightning stays in charge of everything else, in its ordinary automatic optimization: the
 engine runs inside the optimizer-step hook, so ``global_step``, the host ``LambdaLR`` (whose
 learning rate the learning-rate monitor and the checkpoints record), checkpoints (an ordinary
@@ -50,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Sequence
 
 import lightning.pytorch as pl
 import torch
@@ -102,6 +108,69 @@ class EngineHooks(OwnStepHooks):
     def configure_callbacks(self):
         callbacks = super().configure_callbacks()
         return [*callbacks, self._engine] if self._engine is not None else callbacks
+
+
+class StepCounts:
+    """What the steps of an interval did, for ``members`` runs trained by one step (1 for a solo
+    run), counted on the device at fixed addresses (a recorded graph updates them): the loss
+    sums of the applied steps ``[W]``, the applied and the skipped steps, and each member's
+    steps with a non-finite loss or gradient ``[W]``. Read once per logging interval."""
+
+    def __init__(self, members: int, device: torch.device) -> None:
+        zeros = lambda *shape: torch.zeros(shape, dtype=torch.float64, device=device)  # noqa: E731
+        self.loss_sum, self.member_bad = zeros(members), zeros(members)
+        self.applied, self.skipped = zeros(), zeros()
+
+    def tensors(self) -> tuple[Tensor, ...]:
+        return self.loss_sum, self.applied, self.skipped, self.member_bad
+
+    def read(self) -> tuple[list[float], float, float, list[float]]:
+        """``(loss sums, applied, skipped, non-finite steps per member)``: one device-to-host copy."""
+        values = torch.cat([t.view(-1) for t in self.tensors()]).tolist()
+        w = self.loss_sum.numel()
+        return values[:w], values[w], values[w + 1], values[w + 2:]
+
+    def reset(self) -> None:
+        for t in self.tensors():
+            t.zero_()
+
+
+def optimizer_update(optimizer: torch.optim.Optimizer, member_grads: Sequence[Sequence[Tensor]],
+                     losses: Tensor, clip: float, counts: StepCounts,
+                     lrs: Sequence[Tensor] | None = None, force_skip: Tensor | None = None) -> None:
+    """The update after backward, for ``W`` runs whose gradients are ``member_grads`` (one list
+    per run) and losses ``losses [W]``: each run's gradients clipped to total norm ``clip``
+    (``torch.nn.utils.clip_grad_norm_``'s arithmetic: foreach norms, the norm of those, one
+    scale), then the optimizer's step, skipped for all (parameters, moments and step counts
+    untouched: the fused AdamW's ``optimizer.found_inf``) if any run's loss or gradient norm is
+    not finite or ``force_skip`` is 1, then the counts. ``lrs``: a device learning rate per param
+    group for this step (a recorded graph reads them), else the groups' host values. Device
+    work only: no host sync, fixed shapes."""
+    norms = torch.stack([torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+                         for grads in member_grads])
+    if clip > 0:
+        for grads, total in zip(member_grads, norms.unbind()):
+            torch._foreach_mul_(grads, (clip / (total + 1e-6)).clamp(max=1.0))
+    losses = losses.detach()
+    member_finite = torch.isfinite(losses) & torch.isfinite(norms)
+    finite = member_finite.all()
+    if force_skip is not None:
+        finite = finite & (force_skip == 0)
+    optimizer.found_inf.copy_((~finite).float())
+    groups = optimizer.param_groups
+    host_lrs = [group["lr"] for group in groups]
+    if lrs is not None:
+        for group, lr in zip(groups, lrs):
+            group["lr"] = lr
+    try:
+        optimizer.step()
+    finally:
+        for group, lr in zip(groups, host_lrs):
+            group["lr"] = lr
+    counts.loss_sum.add_(torch.where(finite, losses.double(), 0.0))
+    counts.applied.add_(finite.double())
+    counts.skipped.add_(1.0 - finite.double())
+    counts.member_bad.add_((~member_finite).double())
 
 
 class TrainingEngine(pl.Callback):
@@ -185,7 +254,7 @@ class TrainingEngine(pl.Callback):
         self.found_inf = zero()  # 1.0: skip this update (fused AdamW's found_inf contract)
         self.force_skip = zero()  # 1.0 while warming up before a capture
         self.loss = zero()
-        self.loss_sum, self.finite_steps, self.skipped = zero(torch.float64), zero(), zero()
+        self.counts = StepCounts(1, device)
         self.optimizer.found_inf = self.found_inf
         capture_safe = device.type == "cuda" if self.capture_safe is None else self.capture_safe
         if capture_safe and slot is not None:  # the split's ids are checked once, here
@@ -198,7 +267,7 @@ class TrainingEngine(pl.Callback):
         on a side stream (they initialise the optimizer state of the parameters this phase
         trains and let cuDNN / cuBLAS pick their kernels outside the capture). The interval's
         statistics are kept across it."""
-        kept = [stat.clone() for stat in (self.loss_sum, self.finite_steps, self.skipped)]
+        kept = [stat.clone() for stat in self.counts.tensors()]
         self._feed(trainer, slot)
         self.force_skip.fill_(1.0)
         side = torch.cuda.Stream()
@@ -212,7 +281,7 @@ class TrainingEngine(pl.Callback):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             self._step()
-        for stat, value in zip((self.loss_sum, self.finite_steps, self.skipped), kept):
+        for stat, value in zip(self.counts.tensors(), kept):
             stat.copy_(value)
         return graph
 
@@ -239,28 +308,16 @@ class TrainingEngine(pl.Callback):
         with autocast:
             loss = module._loss(module.model(batch), batch.y)
         loss.backward()
-        if self.clip > 0:  # what Lightning's gradient_clip_val calls, on the same parameters
-            norm = torch.nn.utils.clip_grad_norm_(self.params, self.clip)
-        else:
-            norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
-        finite = torch.isfinite(loss) & torch.isfinite(norm) & (self.force_skip == 0)
-        self.found_inf.copy_((~finite).float())
         factor = relative_lr(self.updates + 1, *module.schedule)
         for lr, peak in zip(self.lrs, self.peak_lrs):
             lr.copy_(peak * factor)
-        host_lrs = [group["lr"] for group in self.optimizer.param_groups]
-        for group, lr in zip(self.optimizer.param_groups, self.lrs):
-            group["lr"] = lr
-        try:
-            self.optimizer.step()
-        finally:
-            for group, lr in zip(self.optimizer.param_groups, host_lrs):
-                group["lr"] = lr
+        # Lightning's gradient_clip_val, on the parameters that have gradients (not the frozen
+        # backbone's): clip_grad_norm_'s arithmetic.
+        grads = [p.grad for p in self.params if p.grad is not None]
+        optimizer_update(self.optimizer, [grads], loss.view(1), self.clip, self.counts, self.lrs,
+                         self.force_skip)
         self.updates.add_(1)
         self.loss.copy_(loss.detach())
-        self.loss_sum.add_(torch.where(finite, loss.detach().double(), 0.0))
-        self.finite_steps.add_(finite.float())
-        self.skipped.add_(1.0 - finite.float())
 
     def _feed(self, trainer: pl.Trainer, slot: BatchSlot | None) -> None:
         """The step's inputs: the epoch order (once per epoch) and the batch start of ``slot``,
@@ -308,8 +365,8 @@ class TrainingEngine(pl.Callback):
         every step diverges stops instead of saving its unchanged model as if it trained."""
         if not self._ready:
             return
-        finite, skipped = torch.stack([self.finite_steps, self.skipped]).tolist()
-        if skipped and not finite:
+        _, applied, skipped, _ = self.counts.read()
+        if skipped and not applied:
             self._diverged(int(skipped))
 
     def _diverged(self, skipped: int) -> None:
@@ -321,10 +378,8 @@ class TrainingEngine(pl.Callback):
     def report(self, trainer: pl.Trainer) -> dict[str, float]:
         """Read and reset the interval's statistics (one device-to-host copy), log them, and raise
         FloatingPointError if every step of the interval was skipped."""
-        loss_sum, finite, skipped = torch.stack(
-            [self.loss_sum, self.finite_steps.double(), self.skipped.double()]).tolist()
-        for stat in (self.loss_sum, self.finite_steps, self.skipped):
-            stat.zero_()
+        (loss_sum,), finite, skipped, _ = self.counts.read()
+        self.counts.reset()
         self.total_skipped += int(skipped)
         if skipped:
             log.warning("engine: skipped %d of the last %d steps (non-finite loss or gradient) before "

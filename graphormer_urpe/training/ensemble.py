@@ -76,7 +76,7 @@ from graphormer_urpe.data.dataset import SeededShuffleSampler
 from graphormer_urpe.data.resident import ResidentSplit, TensorGraphs
 from graphormer_urpe.files import atomic_path, atomic_write
 from graphormer_urpe.nn.graphormer import Graphormer, attention_variant
-from graphormer_urpe.training.engine import OwnStepHooks
+from graphormer_urpe.training.engine import OwnStepHooks, StepCounts, optimizer_update
 from graphormer_urpe.training.inference import build_backbone
 from graphormer_urpe.training.module import GraphormerModule, parameter_groups, set_optimizer_kernel
 from graphormer_urpe.training.run_checkpoint import rng_states, set_rng_states
@@ -321,14 +321,9 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
         self.optimizer = torch.optim.AdamW(groups, lr=hp["lr"], betas=tuple(hp["betas"]), eps=hp["eps"],
                                            weight_decay=hp["weight_decay"], fused=True,
                                            capturable=self.cuda_graph)
-        # The step's device-side counts (fixed addresses, so a CUDA graph updates them): 1.0 to
-        # skip the update (the fused kernel's found_inf), the interval's loss sums of applied
-        # steps, applied and skipped steps, and each member's non-finite steps.
-        self.found_inf = torch.zeros((), device=self.device)
-        self.optimizer.found_inf = self.found_inf
-        zeros = lambda *shape: torch.zeros(shape, dtype=torch.float64, device=self.device)  # noqa: E731
-        self.loss_sum, self.member_bad = zeros(len(self.members)), zeros(len(self.members))
-        self.applied, self.skipped = zeros(), zeros()
+        # 1.0: skip the update (the fused kernel's found_inf); the interval's counts.
+        self.optimizer.found_inf = torch.zeros((), device=self.device)
+        self.counts = StepCounts(len(self.members), self.device)
         warmup_steps, total_steps = schedule_lengths(hp["lr"], hp["end_lr"], hp["warmup_steps"],
                                                      hp.get("warmup_fraction"), hp["total_steps"],
                                                      self.budget)
@@ -384,35 +379,12 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
         losses.sum().backward()
         for name, mask in self.grad_masks.items():
             params[name].grad.mul_(mask)
-        # clip_grad_norm_'s arithmetic for each member's own gradients: norms of its tensors, the
-        # norm of those, and one scale, all with foreach kernels (a few per member).
-        norms = torch.stack([torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-                             for grads in self._member_grads()])
-        if self.clip:
-            for grads, total in zip(self._member_grads(), norms.unbind()):
-                torch._foreach_mul_(grads, (self.clip / (total + 1e-6)).clamp(max=1.0))
-        # The divergence policy of the training engine: a step with a non-finite loss or gradient
-        # (of any member: the fused AdamW skips all or none) changes no parameter, moment or
-        # step count, and is counted; the interval's report reads the counts.
-        losses = losses.detach()
-        member_finite = torch.isfinite(losses) & torch.isfinite(norms)
-        finite = member_finite.all()
-        self.found_inf.copy_((~finite).float())
-        groups = self.optimizer.param_groups
-        host_lrs = [group["lr"] for group in groups]
-        if self._lr is not None:  # the device rate a captured graph reads
-            for group in groups:
-                group["lr"] = self._lr
-        try:
-            self.optimizer.step()
-        finally:
-            for group, lr in zip(groups, host_lrs):
-                group["lr"] = lr
-        self.loss_sum.add_(torch.where(finite, losses.double(), 0.0))
-        self.applied.add_(finite.double())
-        self.skipped.add_(1.0 - finite.double())
-        self.member_bad.add_((~member_finite).double())
-        return losses
+        # Per-member clipping, the engine's divergence policy (a step with a non-finite loss or
+        # gradient of any member changes nothing: the fused AdamW skips all or none), AdamW and
+        # the interval's counts.
+        lrs = [self._lr] * len(self.optimizer.param_groups) if self._lr is not None else None
+        optimizer_update(self.optimizer, self._member_grads(), losses, self.clip, self.counts, lrs)
+        return losses.detach()
 
     def _member_grads(self) -> list[list[Tensor]]:
         """Member ``m``'s gradients: views ``grad[m]`` of the stacked gradients (built once)."""
@@ -448,17 +420,10 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
             self._report(step)
         return losses.sum()
 
-    def _counts(self) -> tuple[list[float], float, float, list[float]]:
-        """The interval's loss sums, applied and skipped steps, and each member's non-finite
-        steps (one device-to-host copy)."""
-        counts = torch.cat([self.loss_sum, self.applied.view(1), self.skipped.view(1), self.member_bad]).tolist()
-        m = len(self.members)
-        return counts[:m], counts[m], counts[m + 1], counts[m + 2:]
-
     def check_skipped(self, step: int | None = None) -> None:
         """FloatingPointError naming the members at fault if every step since the last report
         was skipped: before a checkpoint is written, at the end, and at every report."""
-        _, applied, skipped, bad = self._counts()
+        _, applied, skipped, bad = self.counts.read()
         if skipped and not applied:
             names = [m.spec.label for m, count in zip(self.members, bad) if count]
             raise FloatingPointError(
@@ -470,9 +435,8 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
         """Read the interval's counts, stop if no step of it was applied, log the members' mean
         losses and any skipped steps."""
         self.check_skipped(step)
-        loss_sums, applied, skipped, bad = self._counts()
-        for stat in (self.loss_sum, self.applied, self.skipped, self.member_bad):
-            stat.zero_()
+        loss_sums, applied, skipped, bad = self.counts.read()
+        self.counts.reset()
         if skipped:
             self.total_skipped += int(skipped)
             names = [m.spec.label for m, count in zip(self.members, bad) if count]

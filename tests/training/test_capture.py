@@ -251,7 +251,8 @@ def test_engine_step_at_the_recipe_shape_is_capturable(zinc_data_root):
         addresses.append({**tensor_addresses({n: p for n, p in module.named_parameters()}),
                           **optimizer_addresses(engine.optimizer),
                           **tensor_addresses({name: getattr(engine, name) for name in (
-                              "order", "start", "offsets", "updates", "found_inf", "loss", "loss_sum")}),
+                              "order", "start", "offsets", "updates", "found_inf", "loss")}),
+                          **tensor_addresses({f"count{i}": t for i, t in enumerate(engine.counts.tensors())}),
                           **tensor_addresses({f"lr{i}": lr for i, lr in enumerate(engine.lrs)})})
 
     engine._step = guarded_step
