@@ -114,7 +114,7 @@ class GraphToken(nn.Module):
     Shapes: node embeddings ``[B, N, D]`` -> ``[B, N+1, D]``.
     """
 
-    #: AdamW param group (``training.module.parameter_kind``).
+    #: AdamW param group (``training.optim.parameter_kind``).
     weight_decay_kind = "embedding"
 
     def __init__(self, hidden_dim: int) -> None:
@@ -161,7 +161,7 @@ class VirtualDistanceBias(nn.Module):
     Shapes: node-pair bias ``[B, H, N, N]`` -> ``[B, H, N+1, N+1]``.
     """
 
-    #: AdamW param group (``training.module.parameter_kind``).
+    #: AdamW param group (``training.optim.parameter_kind``).
     weight_decay_kind = "embedding"
 
     def __init__(self, num_heads: int) -> None:
@@ -307,7 +307,7 @@ class URPEScale(nn.Module):
     Shapes: slots ``[B, N+1, N+1]`` (from :meth:`slots`) -> ``[B, H, N+1, N+1]``.
     """
 
-    #: AdamW param group (``training.module.parameter_kind``).
+    #: AdamW param group (``training.optim.parameter_kind``).
     weight_decay_kind = "urpe_scale"
 
     def __init__(self, max_spd: int, num_heads: int) -> None:

@@ -49,7 +49,7 @@ It steps any batches; it records the step in a CUDA graph when they are device-r
 one shape (``data.device_resident`` and ``data.static_shapes``), and gathers them inside the step.
 It needs one device, no loss scaler (``32-true`` or ``bf16-mixed``), no gradient accumulation,
 clipping by norm (or none), and no ``compile`` (:meth:`TrainingEngine.unsupported`). A checkpoint of the eager step resumes under the engine and the reverse
-(:func:`~.module.set_optimizer_kernel`).
+(:func:`~.optim.set_optimizer_kernel`).
 """
 from __future__ import annotations
 

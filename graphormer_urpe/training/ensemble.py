@@ -78,9 +78,10 @@ from graphormer_urpe.files import atomic_path, atomic_write
 from graphormer_urpe.nn.graphormer import Graphormer, attention_variant
 from graphormer_urpe.training.engine import OwnStepHooks, StepCounts, optimizer_update
 from graphormer_urpe.training.inference import build_backbone
-from graphormer_urpe.training.module import GraphormerModule, parameter_groups, set_optimizer_kernel
+from graphormer_urpe.training.module import GraphormerModule
+from graphormer_urpe.training.optim import adamw_with_schedule, parameter_groups, set_optimizer_kernel
 from graphormer_urpe.training.run_checkpoint import rng_states, set_rng_states
-from graphormer_urpe.training.schedule import schedule_lengths, warmup_polynomial_decay
+from graphormer_urpe.training.schedule import schedule_lengths
 
 log = logging.getLogger(__name__)
 
@@ -318,17 +319,14 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
         groups = [{**group, "params": [params[names[id(p)]] for p in group["params"]]}
                   for group in parameter_groups(self.template.model, hp["weight_decay"],
                                                 hp.get("no_weight_decay") or ())]
-        self.optimizer = torch.optim.AdamW(groups, lr=hp["lr"], betas=tuple(hp["betas"]), eps=hp["eps"],
-                                           weight_decay=hp["weight_decay"], fused=True,
-                                           capturable=self.cuda_graph)
-        # 1.0: skip the update (the fused kernel's found_inf); the interval's counts.
-        self.optimizer.found_inf = torch.zeros((), device=self.device)
-        self.counts = StepCounts(len(self.members), self.device)
         warmup_steps, total_steps = schedule_lengths(hp["lr"], hp["end_lr"], hp["warmup_steps"],
                                                      hp.get("warmup_fraction"), hp["total_steps"],
                                                      self.budget)
-        scheduler = warmup_polynomial_decay(self.optimizer, warmup_steps, total_steps, hp["end_lr"],
-                                            hp["power"])
+        self.optimizer, scheduler = adamw_with_schedule(groups, hp, warmup_steps, total_steps, fused=True,
+                                                        capturable=self.cuda_graph)
+        # 1.0: skip the update (the fused kernel's found_inf); the interval's counts.
+        self.optimizer.found_inf = torch.zeros((), device=self.device)
+        self.counts = StepCounts(len(self.members), self.device)
         return self.optimizer, scheduler
 
     def configure_optimizers(self) -> dict[str, Any]:

@@ -135,22 +135,3 @@ def freeze_backbone(model: nn.Module, frozen: bool) -> None:
         if not name.startswith(HEAD_PREFIX):
             param.requires_grad_(not frozen)
     model._backbone_frozen = frozen
-
-
-def head_lr_groups(groups: list[dict[str, Any]], head: nn.Module, head_lr: float | None) -> list[dict[str, Any]]:
-    """``groups`` (AdamW param groups) with the head's parameters moved into groups of their own
-    (``head/<kind>``) whose peak learning rate is ``head_lr``; unchanged for ``None``."""
-    if head_lr is None:
-        return groups
-    if not head_lr > 0:
-        raise ValueError(f"model.head_lr must be > 0, got {head_lr}")
-    head_ids = {id(p) for p in head.parameters()}
-    out = []
-    for group in groups:
-        body = [p for p in group["params"] if id(p) not in head_ids]
-        own = [p for p in group["params"] if id(p) in head_ids]
-        if body:
-            out.append({**group, "params": body})
-        if own:
-            out.append({**group, "params": own, "lr": head_lr, "name": f"head/{group['name']}"})
-    return out

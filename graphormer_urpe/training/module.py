@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -25,7 +24,9 @@ from graphormer_urpe.training import finetune
 from graphormer_urpe.training.run_checkpoint import rng_states, set_rng_states
 from graphormer_urpe.training.engine import EngineHooks, TrainingEngine
 from graphormer_urpe.training.inference import build_backbone
-from graphormer_urpe.training.schedule import schedule_lengths, warmup_polynomial_decay
+from graphormer_urpe.training.optim import (ParameterKind, adamw_with_schedule, head_lr_groups,
+                                           parameter_groups, set_optimizer_kernel)
+from graphormer_urpe.training.schedule import schedule_lengths
 from graphormer_urpe.task import get_task
 
 log = logging.getLogger(__name__)
@@ -33,64 +34,6 @@ log = logging.getLogger(__name__)
 RNG_STATES = "rng_states"
 #: Checkpoint key of the learning-rate schedule it was trained with (``GraphormerModule.schedule``).
 LR_SCHEDULE = "lr_schedule"
-
-#: Kinds of parameter, one AdamW param group each (see :func:`parameter_groups`).
-ParameterKind = Literal["weight", "embedding", "bias", "layernorm", "urpe_scale"]
-PARAMETER_KINDS: tuple[str, ...] = ParameterKind.__args__
-
-
-#: Normalisation layers: their scale and shift are the ``layernorm`` kind.
-NORM_LAYERS = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.RMSNorm,
-               torch.nn.modules.batchnorm._NormBase)  # batch and instance norms
-
-
-def parameter_kind(module: torch.nn.Module, param: torch.nn.Parameter) -> str:
-    """The kind of ``module``'s own parameter ``param``, by rule, so a new module gets one too:
-
-    1. the module's ``weight_decay_kind`` where it declares one (URPE's C tables:
-       ``urpe_scale``; the graph token and virtual distance, vectors that are learned tokens:
-       ``embedding``);
-    2. ``layernorm`` for the scale and shift of a normalisation layer (:data:`NORM_LAYERS`);
-    3. ``embedding`` for lookup tables (``nn.Embedding``, ``nn.EmbeddingBag``);
-    4. ``bias`` for any other vector (biases of linear and convolution layers);
-    5. ``weight`` for any other matrix or tensor (linear maps, the edge encoding's per-hop
-       matrices).
-    """
-    declared = getattr(module, "weight_decay_kind", None)
-    if declared is not None:
-        return declared
-    if isinstance(module, NORM_LAYERS):
-        return "layernorm"
-    if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
-        return "embedding"
-    return "bias" if param.dim() <= 1 else "weight"
-
-
-def parameter_groups(model: torch.nn.Module, weight_decay: float,
-                     no_weight_decay: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """AdamW param groups, one per :data:`ParameterKind` present, named by the kind (the
-    ``lr-AdamW/<kind>`` curves of the learning-rate monitor).
-
-    Every kind decays by ``weight_decay`` unless listed in ``no_weight_decay``. The default
-    follows Graphormer's fairseq recipe, which decays every parameter (LayerNorm, biases and
-    embeddings included), with one change that keeps decay neutral: C is stored as
-    ``delta = C - 1`` (:class:`~graphormer_urpe.nn.encodings.URPEScale`), so decay pulls C
-    toward 1 (no rescaling) rather than toward 0. Embeddings and biases decay toward 0, their
-    neutral value. See ``docs/model.md``.
-    """
-    unknown = sorted(set(no_weight_decay) - set(PARAMETER_KINDS))
-    if unknown:
-        raise ValueError(f"unknown parameter kinds {unknown} in no_weight_decay; "
-                         f"choose from {list(PARAMETER_KINDS)}")
-    params: dict[str, list[torch.nn.Parameter]] = {kind: [] for kind in PARAMETER_KINDS}
-    for module in model.modules():
-        for param in module.parameters(recurse=False):
-            if param.requires_grad:
-                params[parameter_kind(module, param)].append(param)
-    return [{"params": group, "name": kind,
-             "weight_decay": 0.0 if kind in no_weight_decay else weight_decay}
-            for kind, group in params.items() if group]
-
 
 def compile_backbone(model: Graphormer) -> None:
     """``torch.compile(dynamic=True)`` each encoder layer and the edge-path encoding, in place.
@@ -106,25 +49,6 @@ def compile_backbone(model: Graphormer) -> None:
         layer.compile(dynamic=True)
     if getattr(model, "edge_bias", None) is not None:  # "urpe" / "rpe" only
         model.edge_bias.compile(dynamic=True)
-
-
-def set_optimizer_kernel(optimizer: torch.optim.Optimizer) -> None:
-    """Give every param group of ``optimizer`` (an Adam-family optimizer whose state may come from
-    a checkpoint) the ``fused``, ``capturable`` and ``foreach`` flags it was built with (its ``defaults``, which
-    loading leaves alone), and each step counter the device these want (the parameter's for
-    either, else the CPU). ``Optimizer.load_state_dict`` restores the flags a checkpoint was saved
-    with: an eager run's checkpoint resumed by the training engine would otherwise keep the unfused
-    kernel (which refuses the engine's ``found_inf``), and a GPU engine's checkpoint resumed on a
-    CPU the capturable one."""
-    kernel = {flag: optimizer.defaults[flag] for flag in ("fused", "capturable", "foreach")}
-    for group in optimizer.param_groups:
-        group.update(kernel)
-    fused, capturable = kernel["fused"], kernel["capturable"]
-    on_device = bool(fused or capturable)
-    for param, state in optimizer.state.items():
-        step = state.get("step")
-        if isinstance(step, Tensor):
-            state["step"] = step.to(param.device if on_device else "cpu")
 
 
 class GraphormerModule(EngineHooks, pl.LightningModule):
@@ -370,20 +294,17 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
 
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
-        groups = finetune.head_lr_groups(parameter_groups(self, hp.weight_decay, hp.get("no_weight_decay") or ()),
-                                         self.model.head, hp.get("head_lr"))
+        groups = head_lr_groups(parameter_groups(self, hp.weight_decay, hp.get("no_weight_decay") or ()),
+                                self.model.head, hp.get("head_lr"))
         # Lightning refuses gradient clipping under mixed precision with a fused optimizer (it
         # would unscale inside its kernel), so the fused AdamW serves full-precision runs only.
         # The engine always uses it (its found_inf skips a step on the device), capturable on a GPU.
         mixed = self._trainer is not None and "mixed" in str(self._trainer.precision)
         engine = self._engine is not None
-        optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas), eps=hp.eps,
-                                      weight_decay=hp.weight_decay,
-                                      fused=engine or (self.device.type == "cuda" and not mixed),
-                                      capturable=engine and self.device.type == "cuda")
         warmup_steps, total_steps = self.schedule_lengths()
-        scheduler = warmup_polynomial_decay(optimizer, warmup_steps, total_steps, hp.end_lr,
-                                            hp.power)
+        optimizer, scheduler = adamw_with_schedule(groups, hp, warmup_steps, total_steps,
+                                                   fused=engine or (self.device.type == "cuda" and not mixed),
+                                                   capturable=engine and self.device.type == "cuda")
         #: relative_lr's arguments after the update number (the engine's on-device lr factor)
         self.schedule = (warmup_steps, total_steps, hp.end_lr / hp.lr, hp.power)
         self._warn_if_the_schedule_changed()

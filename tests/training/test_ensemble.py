@@ -141,7 +141,8 @@ def test_urpe_with_frozen_c_is_rpe_bit_for_bit(zinc_data_root, one_torch_thread)
     """Five steps of the solo training step, dropout on: URPE whose C is frozen at 1 and plain
     RPE give identical losses and weights (so an rpe member may be stacked as URPE)."""
     from graphormer_urpe.data import ZINCDataModule
-    from graphormer_urpe.training.module import GraphormerModule, parameter_groups
+    from graphormer_urpe.training.module import GraphormerModule
+    from graphormer_urpe.training.optim import parameter_groups
     from graphormer_urpe.training.schedule import warmup_polynomial_decay
 
     data = ZINCDataModule(root=str(zinc_data_root), batch_size=32)

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from graphormer_urpe.data.facts import DataFacts
-from graphormer_urpe.training.module import PARAMETER_KINDS, GraphormerModule, parameter_groups
+from graphormer_urpe.training.module import GraphormerModule
+from graphormer_urpe.training.optim import PARAMETER_KINDS, parameter_groups
 
 TINY = {"num_layers": 2, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2}
 
