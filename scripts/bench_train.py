@@ -40,10 +40,12 @@ distribution). A "data only" table times one epoch of batches of each loader kin
 
 ``--ensemble M`` adds the ZINC ablation's runs trained side by side as one stacked model
 (``graphormer-urpe-ablation --ensemble``, :mod:`graphormer_urpe.training.ensemble`), on
-``configs/zinc.yaml`` (batch ``--zinc-batch``, 20 hops): for 1 and ``M`` members (URPE and RPE
+``configs/zinc.yaml`` (batch ``--zinc-batch``, ``--zinc-hops`` hops): for 1 and ``M`` members (URPE and RPE
 alternating, seeds 0, 1, ...), eager and, on a GPU, captured in one CUDA graph, the whole step
 with each step's batches gathered as it goes (ms per step, member steps per second), the gather
-alone (ms per step) and, on CPU, the aten ops per step that launch a kernel.
+alone (ms per step), the same number of steps in the training loop itself (Lightning's, as
+``graphormer-urpe-ablation --ensemble`` trains: ``loop`` ms per step and member steps per second)
+and, on CPU, the aten ops per step that launch a kernel.
 ``--ensemble-backbone`` (JSON) changes slim, e.g. a tiny width on CPU so host time shows.
 
 Prints tables, then one JSON line (device, torch version, date, every row, the ratios).
@@ -66,6 +68,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import lightning.pytorch as pl
 import torch
 
 from graphormer_urpe.data.facts import DataFacts
@@ -385,6 +388,23 @@ def kernel_ops_per_call(fn) -> int:
     return kernel_ops(prof.events())
 
 
+class LoopTimer(pl.Callback):
+    """The seconds from the end of step ``warmup`` to the end of training (the device
+    synchronized at both ends)."""
+
+    def __init__(self, warmup: int, device: str) -> None:
+        self.warmup, self.device = warmup, device
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args) -> None:
+        if trainer.global_step == self.warmup:
+            synchronize(self.device)
+            self.start = time.perf_counter()
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        synchronize(self.device)
+        self.seconds = time.perf_counter() - self.start
+
+
 def run_ensemble_rows(args) -> list[dict]:
     """The ensemble's step with 1 and ``args.ensemble`` members on ZINC (see the docstring)."""
     from graphormer_urpe.training.ensemble import Ensemble, MemberSpec
@@ -402,7 +422,8 @@ def run_ensemble_rows(args) -> list[dict]:
                     "--seed_everything", str(seed), "--data.init_args.seed", str(seed),
                     "--trainer.default_root_dir", f"{work}/{members}/{arm}-s{seed}",
                     "--trainer.accelerator", args.device, "--trainer.precision", "32-true",
-                    "--trainer.gradient_clip_val", "5.0", "--trainer.max_steps", "1000000",
+                    "--trainer.gradient_clip_val", "5.0",
+                    "--trainer.max_steps", str(args.warmup + args.steps),
                     "--model.warmup_steps", "10", "--model.total_steps", "1000000",
                     "--data.init_args.root", str(args.zinc_root),
                     "--data.init_args.source_dir", str(args.shared / "zinc"),
@@ -436,6 +457,13 @@ def run_ensemble_rows(args) -> list[dict]:
                 if args.device == "cpu":
                     batch = batches[0]
                     row["kernel_ops_per_step"] = kernel_ops_per_call(lambda: module.train_step(batch))
+                # The same steps in the training loop (Lightning's, as graphormer-urpe-ablation
+                # --ensemble trains): its host work per step included, the loss read and logged
+                # every 50 steps; the last --steps of --warmup + --steps timed.
+                timer = LoopTimer(args.warmup, args.device)
+                ensemble.fit(callbacks=[timer])
+                row["loop_ms_per_step"] = round(1000 * timer.seconds / args.steps, 3)
+                row["loop_member_steps_per_s"] = round(members * args.steps / timer.seconds, 2)
                 rows.append(row)
                 print(f"  ensemble of {members}{' captured' if captured else ''}: {row['ms_per_step']:.2f} "
                       f"ms/step, {row['member_steps_per_s']:.2f} member steps/s", flush=True)
@@ -582,11 +610,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"URPE / RPE time, {key}: {ratio:.3f} ({flag})")
     if results.get("ensemble"):
         print(f"\n{'ensemble (ZINC, one stacked model)':40s} {'ms/step':>9s} {'member steps/s':>15s} "
-              f"{'gather ms':>10s}" + ("  kernel ops/step" if args.device == "cpu" else ""))
+              f"{'gather ms':>10s} {'loop ms':>9s} {'loop steps/s':>15s}"
+              + ("  kernel ops/step" if args.device == "cpu" else ""))
         for row in results["ensemble"]:
             kind = "captured" if row["captured"] else "eager"
             print(f"{row['members']:3d} member(s), batch {row['batch_size']:4d}, {kind:8s}{'':8s} {row['ms_per_step']:9.2f} "
-                  f"{row['member_steps_per_s']:15.2f} {row['gather_ms_per_step']:10.2f}"
+                  f"{row['member_steps_per_s']:15.2f} {row['gather_ms_per_step']:10.2f} "
+                  f"{row['loop_ms_per_step']:9.2f} {row['loop_member_steps_per_s']:15.2f}"
                   + (f"  {row['kernel_ops_per_step']:15d}" if "kernel_ops_per_step" in row else ""))
     if results["data_only"]:
         print(f"\n{'data only (one epoch of training batches on the device)':60s}")

@@ -314,6 +314,7 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
         """AdamW over the stacked parameters in the solo run's param groups (one per parameter
         kind), fused (capturable under a CUDA graph), and the solo run's schedule."""
         hp = self.hp
+        self._graph, self._eager_steps = None, 0  # a recorded step would update the old optimizer
         names = {id(p): name for name, p in self.template.model.named_parameters()}
         params = self.params
         groups = [{**group, "params": [params[names[id(p)]] for p in group["params"]]}
@@ -850,11 +851,12 @@ class Ensemble:
             enable_progress_bar=False, enable_model_summary=False, inference_mode=False,
             callbacks=list(callbacks))
 
-    def fit(self, stop_at_step: int | None = None) -> None:
+    def fit(self, stop_at_step: int | None = None, callbacks: Sequence[pl.Callback] = ()) -> None:
         """Train to the budget (or to the first epoch end at or after ``stop_at_step``: a chunk,
-        saved so a later :meth:`fit` continues), validating and checkpointing as a solo run."""
+        saved so a later :meth:`fit` continues), validating and checkpointing as a solo run;
+        ``callbacks``: more Lightning callbacks (a benchmark's timer)."""
         state = EnsembleState(self.state_path, self.legacy_state_path, self.save_every_s, stop_at_step)
-        trainer = self.trainer([state])
+        trainer = self.trainer([state, *callbacks])
         # Items are whole stacked batches, in order (the members' samplers shuffle); the loader's
         # own generator keeps its per-epoch seed draw off the global one that dropout uses.
         loader = torch.utils.data.DataLoader(self.batches, batch_size=None, generator=torch.Generator())
