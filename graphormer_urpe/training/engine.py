@@ -55,7 +55,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -173,6 +174,30 @@ def optimizer_update(optimizer: torch.optim.Optimizer, member_grads: Sequence[Se
     counts.member_bad.add_((~member_finite).double())
 
 
+def record_step(step: Callable[[], Any], force_skip: Tensor, counts: StepCounts,
+                warmup: int = CAPTURE_WARMUP_STEPS) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """``step`` (device work only, on fixed buffers; it passes ``force_skip`` to
+    :func:`optimizer_update`) recorded in a CUDA graph, and what the recorded call returned (the
+    graph's output buffers). Before it, ``warmup`` update-free runs on a side stream (``force_skip``
+    1: they initialise the optimizer state and let cuDNN / cuBLAS pick their kernels outside the
+    capture); the interval's ``counts`` are kept as they were."""
+    kept = [stat.clone() for stat in counts.tensors()]
+    force_skip.fill_(1.0)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    force_skip.fill_(0.0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        output = step()
+    for stat, value in zip(counts.tensors(), kept):
+        stat.copy_(value)
+    return graph, output
+
+
 class TrainingEngine(pl.Callback):
     """The whole optimizer step of ``module`` (a :class:`~.module.GraphormerModule`) on the device;
     see the module docstring. Also a Lightning callback: it checks the run's settings at the start,
@@ -263,26 +288,10 @@ class TrainingEngine(pl.Callback):
         self._ready = True
 
     def _capture(self, trainer: pl.Trainer, slot: BatchSlot) -> torch.cuda.CUDAGraph:
-        """The step recorded in a CUDA graph after :data:`CAPTURE_WARMUP_STEPS` update-free steps
-        on a side stream (they initialise the optimizer state of the parameters this phase
-        trains and let cuDNN / cuBLAS pick their kernels outside the capture). The interval's
-        statistics are kept across it."""
-        kept = [stat.clone() for stat in self.counts.tensors()]
+        """The step recorded in a CUDA graph (:func:`record_step`) on the batch of ``slot``."""
         self._feed(trainer, slot)
-        self.force_skip.fill_(1.0)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(CAPTURE_WARMUP_STEPS):
-                self._step()
-        torch.cuda.current_stream().wait_stream(side)
-        self.force_skip.fill_(0.0)
+        graph, _ = record_step(self._step, self.force_skip, self.counts)
         self._host_updates = -1  # the warmup advanced the device counter
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self._step()
-        for stat, value in zip(self.counts.tensors(), kept):
-            stat.copy_(value)
         return graph
 
     def _step(self, batch: GraphBatch | None = None) -> None:

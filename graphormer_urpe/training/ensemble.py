@@ -76,7 +76,7 @@ from graphormer_urpe.data.dataset import SeededShuffleSampler
 from graphormer_urpe.data.resident import ResidentSplit, TensorGraphs
 from graphormer_urpe.files import atomic_path, atomic_write
 from graphormer_urpe.nn.graphormer import Graphormer, attention_variant
-from graphormer_urpe.training.engine import OwnStepHooks, StepCounts, optimizer_update
+from graphormer_urpe.training.engine import OwnStepHooks, StepCounts, optimizer_update, record_step
 from graphormer_urpe.training.inference import build_backbone
 from graphormer_urpe.training.module import GraphormerModule
 from graphormer_urpe.training.optim import adamw_with_schedule, parameter_groups, set_optimizer_kernel
@@ -91,8 +91,6 @@ STATE_FILE = "state.ckpt"
 LEGACY_STATE_FILE = "state.pt"
 #: Module options of fine-tuning runs, which the stacked step does not implement.
 FINE_TUNING_HPARAMS = ("init_from", "head_lr", "freeze_backbone_steps")
-#: Eager steps (on a side stream) before the step is captured in a CUDA graph.
-GRAPH_WARMUP_STEPS = 3
 METRICS_FILE = Path("csv") / "ensemble" / "metrics.csv"
 #: The columns of each member's :data:`METRICS_FILE`.
 METRICS_COLUMNS = ("epoch", "step", "train/loss", "val/mae")
@@ -239,7 +237,7 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
         budget: the solo runs' step budget (the schedule's length unless ``model.total_steps``).
         device: where the stacked parameters live.
         cuda_graph: on a GPU, capture the whole step in one CUDA graph after
-            :data:`GRAPH_WARMUP_STEPS` eager steps and replay it (ignored on a CPU).
+            :func:`~.engine.record_step`'s update-free warmup and replay it (ignored on a CPU).
         progress: receives the log lines.
     """
 
@@ -276,7 +274,6 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
         # schedule's rate before every replay.
         self._lr = torch.tensor(float(self.hp["lr"]), device=device) if self.cuda_graph else None
         self._graph: torch.cuda.CUDAGraph | None = None
-        self._eager_steps = 0
         self.optimizer: torch.optim.AdamW | None = None
         self.best: list[tuple[str, float] | None] = [None] * len(self.members)
         self.validated_epoch = -1
@@ -314,7 +311,7 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
         """AdamW over the stacked parameters in the solo run's param groups (one per parameter
         kind), fused (capturable under a CUDA graph), and the solo run's schedule."""
         hp = self.hp
-        self._graph, self._eager_steps = None, 0  # a recorded step would update the old optimizer
+        self._graph = None  # a recorded step would update the old optimizer
         names = {id(p): name for name, p in self.template.model.named_parameters()}
         params = self.params
         groups = [{**group, "params": [params[names[id(p)]] for p in group["params"]]}
@@ -325,8 +322,10 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
                                                      self.budget)
         self.optimizer, scheduler = adamw_with_schedule(groups, hp, warmup_steps, total_steps, fused=True,
                                                         capturable=self.cuda_graph)
-        # 1.0: skip the update (the fused kernel's found_inf); the interval's counts.
+        # 1.0: skip the update (the fused kernel's found_inf; force_skip while a step is being
+        # recorded); the interval's counts.
         self.optimizer.found_inf = torch.zeros((), device=self.device)
+        self.force_skip = torch.zeros((), device=self.device)
         self.counts = StepCounts(len(self.members), self.device)
         return self.optimizer, scheduler
 
@@ -337,29 +336,18 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
 
     def train_step(self, batch: dict[str, Tensor]) -> Tensor:
         """One optimizer step of every member on its batch ``[M, ...]`` at the learning rate the
-        param groups hold (the schedule's); the losses ``[M]`` (on the device, not read)."""
+        param groups hold (the schedule's); the losses ``[M]`` (on the device, not read). Under a
+        CUDA graph the first call records the step on static copies of the batch tensors
+        (:func:`~.engine.record_step`, as the training engine records its own); every call
+        copies its batch into those and replays the graph."""
         self.template.train()
         if not self.cuda_graph:
             return self._step_body(batch)
         self._lr.fill_(self.optimizer.param_groups[0]["lr"])  # every group has the same peak
-        if self._eager_steps < GRAPH_WARMUP_STEPS:  # lazy initialisations, off the main stream
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                losses = self._step_body(batch)
-            torch.cuda.current_stream().wait_stream(stream)
-            self._eager_steps += 1
-            return losses
-        return self._replay(batch)
-
-    def _replay(self, batch: dict[str, Tensor]) -> Tensor:
-        """The step as a CUDA graph: captured at the first call (on static copies of the batch
-        tensors), then the batch is copied into those and the graph replayed."""
         if self._graph is None:
             self._static_batch = {name: t.clone() for name, t in batch.items()}
-            self._graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self._graph):
-                self._static_losses = self._step_body(self._static_batch)
+            self._graph, self._static_losses = record_step(lambda: self._step_body(self._static_batch),
+                                                           self.force_skip, self.counts)
         else:
             for name, t in batch.items():
                 self._static_batch[name].copy_(t, non_blocking=True)
@@ -382,7 +370,8 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
         # gradient of any member changes nothing: the fused AdamW skips all or none), AdamW and
         # the interval's counts.
         lrs = [self._lr] * len(self.optimizer.param_groups) if self._lr is not None else None
-        optimizer_update(self.optimizer, self._member_grads(), losses, self.clip, self.counts, lrs)
+        optimizer_update(self.optimizer, self._member_grads(), losses, self.clip, self.counts, lrs,
+                         self.force_skip)
         return losses.detach()
 
     def _member_grads(self) -> list[list[Tensor]]:
