@@ -389,20 +389,19 @@ def kernel_ops_per_call(fn) -> int:
 
 
 class LoopTimer(pl.Callback):
-    """The seconds from the end of step ``warmup`` to the end of training (the device
-    synchronized at both ends)."""
+    """The seconds from the end of step ``warmup`` to the end of step ``last`` (the device
+    synchronized at both ends), before anything the end of training writes."""
 
-    def __init__(self, warmup: int, device: str) -> None:
-        self.warmup, self.device = warmup, device
+    def __init__(self, warmup: int, last: int, device: str) -> None:
+        self.warmup, self.last, self.device = warmup, last, device
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args) -> None:
-        if trainer.global_step == self.warmup:
+        if trainer.global_step in (self.warmup, self.last):
             synchronize(self.device)
-            self.start = time.perf_counter()
-
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        synchronize(self.device)
-        self.seconds = time.perf_counter() - self.start
+            if trainer.global_step == self.warmup:
+                self.start = time.perf_counter()
+            else:
+                self.seconds = time.perf_counter() - self.start
 
 
 def run_ensemble_rows(args) -> list[dict]:
@@ -460,7 +459,7 @@ def run_ensemble_rows(args) -> list[dict]:
                 # The same steps in the training loop (Lightning's, as graphormer-urpe-ablation
                 # --ensemble trains): its host work per step included, the loss read and logged
                 # every 50 steps; the last --steps of --warmup + --steps timed.
-                timer = LoopTimer(args.warmup, args.device)
+                timer = LoopTimer(args.warmup, args.warmup + args.steps, args.device)
                 ensemble.fit(callbacks=[timer])
                 row["loop_ms_per_step"] = round(1000 * timer.seconds / args.steps, 3)
                 row["loop_member_steps_per_s"] = round(members * args.steps / timer.seconds, 2)

@@ -135,6 +135,12 @@ class StepCounts:
         for t in self.tensors():
             t.zero_()
 
+    def all_skipped(self) -> tuple[int, list[float]]:
+        """``(skipped, non-finite steps per member)`` if every step since the last reset was
+        skipped (a diverged run), else ``(0, ...)``: one device-to-host copy."""
+        _, applied, skipped, bad = self.read()
+        return (int(skipped) if skipped and not applied else 0), bad
+
 
 def optimizer_update(optimizer: torch.optim.Optimizer, member_grads: Sequence[Sequence[Tensor]],
                      losses: Tensor, clip: float, counts: StepCounts,
@@ -180,8 +186,11 @@ def record_step(step: Callable[[], Any], force_skip: Tensor, counts: StepCounts,
     :func:`optimizer_update`) recorded in a CUDA graph, and what the recorded call returned (the
     graph's output buffers). Before it, ``warmup`` update-free runs on a side stream (``force_skip``
     1: they initialise the optimizer state and let cuDNN / cuBLAS pick their kernels outside the
-    capture); the interval's ``counts`` are kept as they were."""
+    capture); the interval's ``counts`` and the CUDA random state are kept as they were."""
     kept = [stat.clone() for stat in counts.tensors()]
+    # The warmup's dropout draws are given back: a run that records its step again (a resumed
+    # one) continues on the random stream of one that recorded it once.
+    rng = torch.cuda.get_rng_state()
     force_skip.fill_(1.0)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -189,6 +198,7 @@ def record_step(step: Callable[[], Any], force_skip: Tensor, counts: StepCounts,
         for _ in range(warmup):
             step()
     torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.set_rng_state(rng)
     force_skip.fill_(0.0)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -374,9 +384,9 @@ class TrainingEngine(pl.Callback):
         every step diverges stops instead of saving its unchanged model as if it trained."""
         if not self._ready:
             return
-        _, applied, skipped, _ = self.counts.read()
-        if skipped and not applied:
-            self._diverged(int(skipped))
+        skipped, _ = self.counts.all_skipped()
+        if skipped:
+            self._diverged(skipped)
 
     def _diverged(self, skipped: int) -> None:
         raise FloatingPointError(

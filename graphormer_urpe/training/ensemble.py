@@ -394,12 +394,18 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
             self._resumed_rng = None
         if self.global_step > 0:
             self._drop_rows_after(self.global_step)
-            self.progress(f"ensemble: resuming at step {self.global_step} (epoch {self.current_epoch})")
+            self.progress(f"ensemble: resuming at step {self.global_step}")
+        self.batches.set_epoch(self.current_epoch)
         self.total_skipped = 0
         self._start, self._start_step = time.monotonic(), self.global_step
 
     def on_train_epoch_start(self) -> None:
         self.batches.set_epoch(self.current_epoch)
+
+    def on_validation_model_zero_grad(self) -> None:
+        # Lightning frees the gradients before a validation; the step zeroes them in place
+        # instead, so they (and a recorded graph's writes into them) stay where they are.
+        pass
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         losses = self.train_step(batch)
@@ -411,11 +417,11 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
     def check_skipped(self, step: int | None = None) -> None:
         """FloatingPointError naming the members at fault if every step since the last report
         was skipped: before a checkpoint is written, at the end, and at every report."""
-        _, applied, skipped, bad = self.counts.read()
-        if skipped and not applied:
+        skipped, bad = self.counts.all_skipped()
+        if skipped:
             names = [m.spec.label for m, count in zip(self.members, bad) if count]
             raise FloatingPointError(
-                f"every training step of the last {int(skipped)} had a non-finite loss or gradient "
+                f"every training step of the last {skipped} had a non-finite loss or gradient "
                 f"in {names} (up to step {self.global_step if step is None else step}); no update "
                 "was applied and no checkpoint holds a diverged model: lower the learning rate")
 
@@ -474,6 +480,7 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         val_mae = (self._val_error / self._val_count).cpu()
+        self.check_skipped()  # before any member checkpoint is written
         self.check_finite()
         self._log_rows([{"epoch": self.current_epoch, "step": self.global_step - 1, "val/mae": float(v)}
                         for v in val_mae])
@@ -528,9 +535,7 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
                 if math.isfinite(score) and (best is None or score < best[1]):
                     path = Path(callback.format_checkpoint_name(  # in callback.dirpath
                         {"epoch": self.current_epoch, "step": self.global_step, "val/mae": score}))
-                    callback.best_model_path, callback.best_model_score = str(path), score
-                    callback.best_k_models = {str(path): score}
-                    callback.kth_best_model_path, callback.kth_value = str(path), score
+                    _set_best(callback, path, score)
                     _atomic_save(self._member_checkpoint(index), path)
                     if best is not None and best[0] != str(path):
                         Path(best[0]).unlink(missing_ok=True)
@@ -553,12 +558,8 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
                 self.progress(f"ensemble: {member.spec.label}'s best checkpoint {path} is missing; "
                               "the next validation saves a new one")
                 continue
-            score = torch.tensor(float(best[1]))
             self.best[index] = (str(path), float(best[1]))
-            callback = member.checkpoint
-            callback.best_model_path, callback.best_model_score = str(path), score
-            callback.best_k_models = {str(path): score}
-            callback.kth_best_model_path, callback.kth_value = str(path), score
+            _set_best(member.checkpoint, path, torch.tensor(float(best[1])))
 
     # The ensemble's own checkpoint ---------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -636,31 +637,35 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
 class EnsembleState(pl.Callback):
     """Writes the ensemble's Lightning checkpoint (``path``, atomically) at the end of an epoch
     that validated, or that ends a chunk (``stop_at_step``: the first epoch end at or after that
-    step stops the fit), or when ``save_every_s`` seconds have passed since the last save; and
-    when the budget is done, after every member's ``last.ckpt``. An earlier version's state file
-    (``legacy_path``) is removed once this one replaces it."""
+    step, once a step has run, stops the fit), or when ``save_every_s`` seconds have passed since
+    the last save; and when the budget (``trainer.max_steps`` / ``max_epochs``) is done, after
+    every member's ``last.ckpt``. A fit stopped otherwise saves nothing more: its last state is
+    the one saved at an epoch's end. An earlier version's state file (``legacy_path``) is
+    removed once this one replaces it."""
 
     def __init__(self, path: Path, legacy_path: Path, save_every_s: float,
                  stop_at_step: int | None = None) -> None:
         self.path, self.legacy_path = path, legacy_path
         self.save_every_s, self.stop_at_step = float(save_every_s), stop_at_step
-        self.stopped_for_chunk = False
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: StackedModule) -> None:
-        self._last_save = time.monotonic()
+        self._last_save, self._first_step = time.monotonic(), trainer.global_step
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: StackedModule) -> None:
-        if trainer.global_step >= pl_module.budget:
+        # Lightning resumed from an epoch's end runs that end's hooks again, before any step.
+        if trainer.global_step == self._first_step:
+            return
+        if trainer.fit_loop.done:
             return  # the budget is done: on_train_end saves
         chunk_done = self.stop_at_step is not None and trainer.global_step >= self.stop_at_step
         if (pl_module.validated_epoch == trainer.current_epoch or chunk_done
                 or time.monotonic() - self._last_save >= self.save_every_s):
             self.save(trainer)
         if chunk_done:
-            trainer.should_stop = self.stopped_for_chunk = True
+            trainer.should_stop = True
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: StackedModule) -> None:
-        if not self.stopped_for_chunk:
+        if not trainer.should_stop:  # the budget is done (not a chunk's end, nor another stop)
             pl_module.finish()
             self.save(trainer)
 
@@ -669,6 +674,13 @@ class EnsembleState(pl.Callback):
             trainer.save_checkpoint(temporary)
         self.legacy_path.unlink(missing_ok=True)
         self._last_save = time.monotonic()
+
+
+def _set_best(callback, path: Path, score: Tensor) -> None:
+    """A member's ``ModelCheckpoint`` state (top 1) after its best checkpoint ``path``."""
+    callback.best_model_path, callback.best_model_score = str(path), score
+    callback.best_k_models = {str(path): score}
+    callback.kth_best_model_path, callback.kth_value = str(path), score
 
 
 def check_members(saved: Any, members: list[list[str]], what: str) -> None:

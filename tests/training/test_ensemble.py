@@ -193,7 +193,7 @@ def test_a_stopped_ensemble_resumes_exactly(zinc_data_root, tmp_path, one_torch_
             handle.write("1,3,9.9,\r\n")
     resumed = Ensemble(specs(tmp_path, zinc_data_root, backbone, "resumed"), tmp_path / "r")
     assert resumed.step == 3
-    resumed.fit()
+    resumed.fit(stop_at_step=3)  # a chunk ends at the first epoch end after a step: here, the budget's
     assert resumed.step == straight.step == STEPS
     for name, value in straight.params.items():
         assert torch.equal(resumed.params[name], value), name
@@ -237,21 +237,26 @@ def test_an_ensemble_refuses_what_it_cannot_train_as_solo_runs(zinc_data_root, t
         Ensemble(members, tmp_path / "state")
 
 
-def test_a_diverged_member_stops_the_ensemble_and_is_named(zinc_data_root, tmp_path, one_torch_thread):
+@pytest.mark.parametrize("log_every, skipped", [(1, 1), (50, 3)])
+def test_a_diverged_member_stops_the_ensemble_and_is_named(zinc_data_root, tmp_path, one_torch_thread,
+                                                           log_every, skipped):
     """The training engine's policy: a step with a non-finite loss or gradient is skipped on the
     device (no parameter or moment moves), and an interval of only skipped steps stops the run
-    naming the member, before anything is saved."""
-    ensemble = Ensemble(specs(tmp_path, zinc_data_root, {**TINY, **NO_DROPOUT}), tmp_path / "state")
+    naming the member, before anything is saved: at the interval's report (every step here), or
+    at the validation that ends the first epoch (3 steps) before the first report."""
+    members = [MemberSpec(spec.label, (*spec.cli_args, "--trainer.log_every_n_steps", str(log_every)))
+               for spec in specs(tmp_path, zinc_data_root, {**TINY, **NO_DROPOUT})]
+    ensemble = Ensemble(members, tmp_path / "state")
     with torch.no_grad():
         ensemble.params["head.weight"][1] = float("nan")
     before = {name: p.detach().clone() for name, p in ensemble.params.items()}
-    with pytest.raises(FloatingPointError, match=r"every training step of the last 1 had a non-finite "
-                                                 r"loss or gradient in \['rpe-s1'\] \(up to step 1\)"):
+    with pytest.raises(FloatingPointError, match=rf"every training step of the last {skipped} had a non-finite "
+                                                 rf"loss or gradient in \['rpe-s1'\] \(up to step {skipped}\)"):
         ensemble.fit()
     for name, value in ensemble.params.items():
         torch.testing.assert_close(value, before[name], rtol=0, atol=0, equal_nan=True, msg=name)
     assert not (tmp_path / "state" / STATE_FILE).exists()
-    assert not (tmp_path / "ens" / "rpe-s1" / "checkpoints").exists()
+    assert not any((tmp_path / "ens" / label / "checkpoints").exists() for label in ("urpe-s0", "rpe-s1"))
 
 
 def train_steps(ensemble: Ensemble, count: int, sync_debug: bool = False) -> torch.Tensor:
