@@ -314,7 +314,7 @@ class Grid:
         Every member's record counts the ensemble's whole wall time."""
         import torch
 
-        from graphormer_urpe.training.ensemble import Ensemble, MemberSpec
+        from graphormer_urpe.training.ensemble import Ensemble, EnsembleStopped, MemberSpec
         from graphormer_urpe.training.run_checkpoint import hold_run_dir
 
         pending = [(run, run.load_record()) for run in self.runs]
@@ -348,6 +348,12 @@ class Grid:
             ensemble = Ensemble([MemberSpec(run.label, tuple(run.cli_args)) for run, _ in pending],
                                 self.dir / "ensemble", progress=progress, cuda_graph=self.cuda_graph)
             ensemble.fit()
+        except EnsembleStopped as stopped:  # SIGINT / SIGTERM, held to the epoch's end: resumable
+            for (run, record), attempt in zip(pending, attempts):
+                attempt.update(wall_s=round(time.perf_counter() - start, 1), returncode=128 + stopped.signum)
+                write_json(run.record_path, record)
+            print(f"graphormer-urpe-ablation: {stopped}", file=sys.stderr, flush=True)
+            raise SystemExit(128 + stopped.signum) from None
         except (ValueError, FloatingPointError) as error:  # a recipe it cannot train, a diverged
             # member, a saved state of other runs, a run directory in use: one line that says
             # which, no traceback

@@ -56,6 +56,20 @@ def kill_once_written(command: list[str], path: Path, env: dict) -> None:
     assert path.exists(), grid.stdout.read().decode()[-3000:]
 
 
+def interrupt_once_written(command: list[str], path: Path, env: dict) -> tuple[int, str]:
+    """Start the runner, send it SIGINT (Ctrl-C) as soon as ``path`` exists, and wait for it to
+    stop: its exit status and output."""
+    grid = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not path.exists() and grid.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(grid.pid, signal.SIGINT)
+    output = grid.communicate(timeout=300)[0].decode()
+    assert path.exists(), output[-3000:]
+    return grid.returncode, output
+
+
 def run_record(tmp_path: Path, arm: str) -> dict:
     return json.loads((tmp_path / "runs" / "tiny" / f"{arm}-s0" / "ablation_run.json").read_text())
 
@@ -172,17 +186,23 @@ def test_one_runner_per_run_directory_and_steps_from_the_checkpoint(zinc_data_ro
 
 @pytest.mark.slow
 def test_ensemble_grid_resumes_tests_each_member_and_writes_the_readme_table(zinc_data_root, tmp_path):
-    """``--ensemble``: both runs train in the runner's process as one stacked model; killed, the
-    grid resumes the ensemble from its saved state; each member is tested as a solo run is."""
+    """``--ensemble``: both runs train in the runner's process as one stacked model; Ctrl-C stops
+    it at the end of the epoch in progress with its state saved (exit status 130), and the same
+    command resumes the ensemble from there; each member is tested as a solo run is."""
     readme = tmp_path / "README.md"
     readme.write_text("# Results\n\n<!-- ablation:tiny -->\nnot run yet\n<!-- /ablation:tiny -->\n\nAfter.\n")
     command = runner_command(tmp_path, zinc_data_root, "--ensemble", "--readme", str(readme),
                              "--figures", str(tmp_path / "figures"))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     state = tmp_path / "runs" / "tiny" / "ensemble" / STATE_FILE
-    kill_once_written(command, state, env)
+    status, output = interrupt_once_written(command, state, env)
     steps_at_kill = torch.load(state, map_location="cpu", weights_only=True)["global_step"]
-    assert 0 < steps_at_kill < STEPS
+    assert status == 130, output[-3000:]
+    assert f"ensemble: SIGINT: stopped at the end of epoch {steps_at_kill // 2 - 1} (step {steps_at_kill})" in output
+    assert output.strip().splitlines()[-1] == (
+        f"graphormer-urpe-ablation: stopped by SIGINT at the end of an epoch (step {steps_at_kill}); "
+        "its state is saved: the same command resumes it"), output[-3000:]
+    assert 0 < steps_at_kill < STEPS and steps_at_kill % 2 == 0  # an epoch's end
 
     finished = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
@@ -196,7 +216,7 @@ def test_ensemble_grid_resumes_tests_each_member_and_writes_the_readme_table(zin
         assert "--ensemble" in entry["device"]
         record = run_record(tmp_path, arm)
         fits = [a for a in record["attempts"] if a["stage"] == "fit-ensemble"]
-        assert [a["returncode"] for a in fits] == [None, 0] and record["fit_done"]
+        assert [a["returncode"] for a in fits] == [130, 0] and record["fit_done"]
         assert [a["stage"] for a in record["attempts"]][-1] == "test"
         path, val_mae, _, _, _ = best_checkpoint(tmp_path / "runs" / "tiny" / f"{arm}-s0")
         best = torch.load(path, map_location="cpu", weights_only=False)

@@ -57,6 +57,8 @@ import csv
 import inspect
 import logging
 import math
+import signal
+import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -634,6 +636,15 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
                     writer.writerows(kept)
 
 
+class EnsembleStopped(Exception):
+    """A fit stopped by SIGINT or SIGTERM (``signum``) at the end of an epoch, its state saved."""
+
+    def __init__(self, signum: int, step: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name} at the end of an epoch (step "
+                         f"{step}); its state is saved: the same command resumes it")
+        self.signum, self.step = signum, step
+
+
 class EnsembleState(pl.Callback):
     """Writes the ensemble's Lightning checkpoint (``path``, atomically) at the end of an epoch
     that validated, or that ends a chunk (``stop_at_step``: the first epoch end at or after that
@@ -641,15 +652,46 @@ class EnsembleState(pl.Callback):
     the last save; and when the budget (``trainer.max_steps`` / ``max_epochs``) is done, after
     every member's ``last.ckpt``. A fit stopped otherwise saves nothing more: its last state is
     the one saved at an epoch's end. An earlier version's state file (``legacy_path``) is
-    removed once this one replaces it."""
+    removed once this one replaces it.
+
+    While it trains, SIGINT (Ctrl-C) and SIGTERM (a ``kill``, a scheduler's preemption, a
+    ``timeout``) are held to the end of the epoch in progress, where the state is saved and the
+    fit stops (``signal_held``; :meth:`Ensemble.fit` then raises :class:`EnsembleStopped`): at
+    most an epoch is trained again. A second such signal stops at once."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self, path: Path, legacy_path: Path, save_every_s: float,
-                 stop_at_step: int | None = None) -> None:
+                 stop_at_step: int | None = None, progress: Callable[[str], None] = log.info) -> None:
         self.path, self.legacy_path = path, legacy_path
         self.save_every_s, self.stop_at_step = float(save_every_s), stop_at_step
+        self.progress = progress
+        self.signal_held: int | None = None
+        self._handlers: dict[int, Any] = {}
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: StackedModule) -> None:
         self._last_save, self._first_step = time.monotonic(), trainer.global_step
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.SIGNALS:
+                self._handlers[signum] = signal.signal(signum, self._hold)
+
+    def _hold(self, signum: int, frame: Any) -> None:
+        if self.signal_held is not None:  # the second one: at once, as without this callback
+            self._release()
+            signal.raise_signal(signum)
+            return
+        self.signal_held = signum  # only this: the handler may interrupt any write
+
+    def _release(self) -> None:
+        for signum, handler in self._handlers.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self._handlers = {}
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: StackedModule, exception: BaseException) -> None:
+        self._release()
+
+    def teardown(self, trainer: pl.Trainer, pl_module: StackedModule, stage: str) -> None:
+        self._release()
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: StackedModule) -> None:
         # Lightning resumed from an epoch's end runs that end's hooks again, before any step.
@@ -658,10 +700,14 @@ class EnsembleState(pl.Callback):
         if trainer.fit_loop.done:
             return  # the budget is done: on_train_end saves
         chunk_done = self.stop_at_step is not None and trainer.global_step >= self.stop_at_step
-        if (pl_module.validated_epoch == trainer.current_epoch or chunk_done
+        stop = chunk_done or self.signal_held is not None
+        if (stop or pl_module.validated_epoch == trainer.current_epoch
                 or time.monotonic() - self._last_save >= self.save_every_s):
             self.save(trainer)
-        if chunk_done:
+        if self.signal_held is not None:
+            self.progress(f"ensemble: {signal.Signals(self.signal_held).name}: stopped at the end of "
+                          f"epoch {trainer.current_epoch} (step {trainer.global_step}), its state saved")
+        if stop:
             trainer.should_stop = True
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: StackedModule) -> None:
@@ -855,8 +901,10 @@ class Ensemble:
     def fit(self, stop_at_step: int | None = None, callbacks: Sequence[pl.Callback] = ()) -> None:
         """Train to the budget (or to the first epoch end at or after ``stop_at_step``: a chunk,
         saved so a later :meth:`fit` continues), validating and checkpointing as a solo run;
-        ``callbacks``: more Lightning callbacks (a benchmark's timer)."""
-        state = EnsembleState(self.state_path, self.legacy_state_path, self.save_every_s, stop_at_step)
+        ``callbacks``: more Lightning callbacks (a benchmark's timer). :class:`EnsembleStopped`
+        after a SIGINT or SIGTERM, at the end of the epoch it arrived in, the state saved."""
+        state = EnsembleState(self.state_path, self.legacy_state_path, self.save_every_s, stop_at_step,
+                              self.progress)
         trainer = self.trainer([state, *callbacks])
         # Items are whole stacked batches, in order (the members' samplers shuffle); the loader's
         # own generator keeps its per-epoch seed draw off the global one that dropout uses.
@@ -868,6 +916,8 @@ class Ensemble:
             trainer.fit(self.module, train_dataloaders=loader, val_dataloaders=self.val_loader,
                         ckpt_path=ckpt_path, weights_only=True)
         self.step = trainer.global_step
+        if state.signal_held is not None:
+            raise EnsembleStopped(state.signal_held, self.step)
 
 
 def _atomic_save(obj: Any, path: Path) -> None:

@@ -294,3 +294,38 @@ def test_the_captured_step_equals_the_eager_one_without_host_syncs(zinc_data_roo
         torch.testing.assert_close(graphed.params[name], value, rtol=1e-5, atol=1e-6)
 
 
+
+
+def test_a_signal_stops_the_ensemble_at_the_epoch_end_with_its_state(zinc_data_root, tmp_path, one_torch_thread):
+    """SIGINT (Ctrl-C) during step 2 is held to the end of the epoch (step 3): the state is
+    saved there, the fit stops with EnsembleStopped and gives the handlers back, and the same
+    members resume from it to where an uninterrupted ensemble ends."""
+    import os
+    import signal
+
+    import lightning.pytorch as pl
+
+    from graphormer_urpe.training.ensemble import EnsembleStopped
+
+    class Interrupt(pl.Callback):
+        def on_train_batch_end(self, trainer, *args) -> None:
+            if trainer.global_step == 1:
+                os.kill(os.getpid(), signal.SIGINT)
+
+    backbone = {**TINY, **NO_DROPOUT}
+    straight = Ensemble(specs(tmp_path, zinc_data_root, backbone, "straight"), tmp_path / "s")
+    straight.fit()
+    stopped = Ensemble(specs(tmp_path, zinc_data_root, backbone, "stopped"), tmp_path / "t")
+    lines: list[str] = []
+    stopped.progress = stopped.module.progress = lines.append
+    with pytest.raises(EnsembleStopped, match=r"stopped by SIGINT at the end of an epoch \(step 3\)"):
+        stopped.fit(callbacks=[Interrupt()])
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert "ensemble: SIGINT: stopped at the end of epoch 0 (step 3), its state saved" in lines
+    assert torch.load(tmp_path / "t" / STATE_FILE, weights_only=True)["global_step"] == 3
+    resumed = Ensemble(specs(tmp_path, zinc_data_root, backbone, "stopped"), tmp_path / "t")
+    assert resumed.step == 3
+    resumed.fit()
+    assert resumed.step == STEPS
+    for name, value in straight.params.items():
+        assert torch.equal(resumed.params[name], value), name
