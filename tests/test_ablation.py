@@ -44,27 +44,15 @@ def runner_command(tmp_path: Path, data_root: Path, *extra: str) -> list[str]:
     ]
 
 
-def kill_once_written(command: list[str], path: Path, env: dict) -> None:
-    """Start the runner and kill its whole process group as soon as ``path`` exists."""
+def signal_once_written(command: list[str], path: Path, env: dict, signum: int) -> tuple[int, str]:
+    """Start the runner, send its whole process group ``signum`` as soon as ``path`` exists, and
+    wait for it to end: its exit status and output."""
     grid = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 300
     while not path.exists() and grid.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    os.killpg(grid.pid, signal.SIGKILL)
-    grid.wait()
-    assert path.exists(), grid.stdout.read().decode()[-3000:]
-
-
-def interrupt_once_written(command: list[str], path: Path, env: dict) -> tuple[int, str]:
-    """Start the runner, send it SIGINT (Ctrl-C) as soon as ``path`` exists, and wait for it to
-    stop: its exit status and output."""
-    grid = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 300
-    while not path.exists() and grid.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    os.killpg(grid.pid, signal.SIGINT)
+    os.killpg(grid.pid, signum)
     output = grid.communicate(timeout=300)[0].decode()
     assert path.exists(), output[-3000:]
     return grid.returncode, output
@@ -86,7 +74,7 @@ def test_killed_grid_resumes_merges_results_and_writes_the_table(zinc_data_root,
 
     # Kill the whole grid as soon as the first run has a last.ckpt.
     last = tmp_path / "runs" / "tiny" / "urpe-s0" / "checkpoints" / "last.ckpt"
-    kill_once_written(command, last, env)
+    signal_once_written(command, last, env, signal.SIGKILL)
     killed = run_record(tmp_path, "urpe")
     assert "result" not in killed and not killed.get("fit_done")
     steps_at_kill = torch.load(last, map_location="cpu", weights_only=False)["global_step"]
@@ -195,7 +183,7 @@ def test_ensemble_grid_resumes_tests_each_member_and_writes_the_readme_table(zin
                              "--figures", str(tmp_path / "figures"))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     state = tmp_path / "runs" / "tiny" / "ensemble" / STATE_FILE
-    status, output = interrupt_once_written(command, state, env)
+    status, output = signal_once_written(command, state, env, signal.SIGINT)
     steps_at_kill = torch.load(state, map_location="cpu", weights_only=True)["global_step"]
     assert status == 130, output[-3000:]
     assert f"ensemble: SIGINT: stopped at the end of epoch {steps_at_kill // 2 - 1} (step {steps_at_kill})" in output
