@@ -348,9 +348,11 @@ class Grid:
             ensemble = Ensemble([MemberSpec(run.label, tuple(run.cli_args)) for run, _ in pending],
                                 self.dir / "ensemble", progress=progress, cuda_graph=self.cuda_graph)
             ensemble.fit()
-        except EnsembleStopped as stopped:  # SIGINT / SIGTERM, held to the epoch's end: resumable
+        except EnsembleStopped as stopped:  # SIGINT / SIGTERM: resumable from the saved state
             for (run, record), attempt in zip(pending, attempts):
                 attempt.update(wall_s=round(time.perf_counter() - start, 1), returncode=128 + stopped.signum)
+                if stopped.how == "finished":  # the budget was trained: only the tests are left
+                    record["fit_done"] = True
                 write_json(run.record_path, record)
             print(f"graphormer-urpe-ablation: {stopped}", file=sys.stderr, flush=True)
             raise SystemExit(128 + stopped.signum) from None

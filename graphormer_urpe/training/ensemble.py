@@ -68,6 +68,8 @@ from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
+from lightning.pytorch.trainer.states import TrainerStatus
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 import torch
 from torch import Tensor
 from torch.func import functional_call, stack_module_state, vmap
@@ -637,27 +639,37 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
 
 
 class EnsembleStopped(Exception):
-    """A fit stopped by SIGINT or SIGTERM (``signum``) at the end of an epoch, its state saved."""
+    """A fit stopped by SIGINT or SIGTERM (``signum``) at ``step``: at the end of the epoch the
+    signal came in, its state saved (``how`` ``"epoch end"``); ``"at once"`` by a second signal
+    (or one before training started), the state of the last save kept; or ``"finished"``: the
+    signal came during the last epoch, and the budget was trained and saved."""
 
-    def __init__(self, signum: int, step: int) -> None:
-        super().__init__(f"stopped by {signal.Signals(signum).name} at the end of an epoch (step "
-                         f"{step}); its state is saved: the same command resumes it")
-        self.signum, self.step = signum, step
+    def __init__(self, signum: int, step: int, how: str = "epoch end") -> None:
+        name = signal.Signals(signum).name
+        message = {
+            "epoch end": f"stopped by {name} at the end of an epoch (step {step}); its state is "
+                         "saved: the same command resumes it",
+            "at once": f"stopped at once by {name} (at step {step}); the same command resumes from "
+                       "the state saved last",
+            "finished": f"{name} came in the last epoch: training finished (step {step}) and is "
+                        "saved; the same command goes on from there"}[how]
+        super().__init__(message)
+        self.signum, self.step, self.how = signum, step, how
 
 
 class EnsembleState(pl.Callback):
     """Writes the ensemble's Lightning checkpoint (``path``, atomically) at the end of an epoch
     that validated, or that ends a chunk (``stop_at_step``: the first epoch end at or after that
     step, once a step has run, stops the fit), or when ``save_every_s`` seconds have passed since
-    the last save; and when the budget (``trainer.max_steps`` / ``max_epochs``) is done, after
-    every member's ``last.ckpt``. A fit stopped otherwise saves nothing more: its last state is
-    the one saved at an epoch's end. An earlier version's state file (``legacy_path``) is
-    removed once this one replaces it.
+    the last save; and when the budget is done, after every member's ``last.ckpt``. A fit
+    stopped otherwise saves nothing more: its last state is the one saved at an epoch's end. An
+    earlier version's state file (``legacy_path``) is removed once this one replaces it.
 
     While it trains, SIGINT (Ctrl-C) and SIGTERM (a ``kill``, a scheduler's preemption, a
     ``timeout``) are held to the end of the epoch in progress, where the state is saved and the
-    fit stops (``signal_held``; :meth:`Ensemble.fit` then raises :class:`EnsembleStopped`): at
-    most an epoch is trained again. A second such signal stops at once."""
+    fit stops (``stopped_by``; :meth:`Ensemble.fit` then raises :class:`EnsembleStopped`): at
+    most an epoch is trained again. A second such signal stops at once
+    (:class:`EnsembleStopped` raised where the training is), keeping the state saved last."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -666,25 +678,31 @@ class EnsembleState(pl.Callback):
         self.path, self.legacy_path = path, legacy_path
         self.save_every_s, self.stop_at_step = float(save_every_s), stop_at_step
         self.progress = progress
-        self.signal_held: int | None = None
+        self.signal_held: int | None = None  # the first signal, held
+        self.stopped_by: int | None = None  # the signal that stopped the fit at an epoch's end
         self._handlers: dict[int, Any] = {}
+        self._trainer: pl.Trainer | None = None
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: StackedModule) -> None:
         self._last_save, self._first_step = time.monotonic(), trainer.global_step
+        self._trainer = trainer
         if threading.current_thread() is threading.main_thread():
             for signum in self.SIGNALS:
                 self._handlers[signum] = signal.signal(signum, self._hold)
 
     def _hold(self, signum: int, frame: Any) -> None:
-        if self.signal_held is not None:  # the second one: at once, as without this callback
-            self._release()
-            signal.raise_signal(signum)
+        if self.signal_held is None:
+            self.signal_held = signum  # only this: the handler may interrupt any write
             return
-        self.signal_held = signum  # only this: the handler may interrupt any write
+        self._release()  # the second one: at once (a save in progress leaves the last one whole)
+        raise EnsembleStopped(signum, self._trainer.global_step, "at once")
 
     def _release(self) -> None:
+        """The handlers this callback replaced, where its own is still in place (Lightning's
+        teardown restores the process's originals before the callbacks' teardown runs)."""
         for signum, handler in self._handlers.items():
-            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+            if signal.getsignal(signum) == self._hold:
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
         self._handlers = {}
 
     def on_exception(self, trainer: pl.Trainer, pl_module: StackedModule, exception: BaseException) -> None:
@@ -697,17 +715,22 @@ class EnsembleState(pl.Callback):
         # Lightning resumed from an epoch's end runs that end's hooks again, before any step.
         if trainer.global_step == self._first_step:
             return
-        if trainer.fit_loop.done:
+        if trainer.global_step >= pl_module.budget:
             return  # the budget is done: on_train_end saves
         chunk_done = self.stop_at_step is not None and trainer.global_step >= self.stop_at_step
-        stop = chunk_done or self.signal_held is not None
-        if (stop or pl_module.validated_epoch == trainer.current_epoch
+        saved = False
+        if (chunk_done or self.signal_held is not None or pl_module.validated_epoch == trainer.current_epoch
                 or time.monotonic() - self._last_save >= self.save_every_s):
             self.save(trainer)
-        if self.signal_held is not None:
-            self.progress(f"ensemble: {signal.Signals(self.signal_held).name}: stopped at the end of "
-                          f"epoch {trainer.current_epoch} (step {trainer.global_step}), its state saved")
-        if stop:
+            saved = True
+        signum = self.signal_held  # read once: a signal after this stops at the next epoch's end
+        if signum is not None:
+            if not saved:  # it came in during the checks above
+                self.save(trainer)
+            self.stopped_by = signum
+            self.progress(f"ensemble: {signal.Signals(signum).name}: stopped at the end of epoch "
+                          f"{trainer.current_epoch} (step {trainer.global_step}), its state saved")
+        if chunk_done or signum is not None:
             trainer.should_stop = True
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: StackedModule) -> None:
@@ -911,13 +934,22 @@ class Ensemble:
         loader = torch.utils.data.DataLoader(self.batches, batch_size=None, generator=torch.Generator())
         self.state_dir.mkdir(parents=True, exist_ok=True)
         ckpt_path = self.state_path if self.state_path.exists() else None
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", ".*does not have many workers.*")
-            trainer.fit(self.module, train_dataloaders=loader, val_dataloaders=self.val_loader,
-                        ckpt_path=ckpt_path, weights_only=True)
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", ".*does not have many workers.*")
+                trainer.fit(self.module, train_dataloaders=loader, val_dataloaders=self.val_loader,
+                            ckpt_path=ckpt_path, weights_only=True)
+        except SIGTERMException:  # Lightning's own handler, before training started
+            raise EnsembleStopped(signal.SIGTERM, trainer.global_step, "at once") from None
+        except SystemExit:  # Lightning's answer to Ctrl-C outside the training's hold
+            if trainer.state.status != TrainerStatus.INTERRUPTED:
+                raise
+            raise EnsembleStopped(signal.SIGINT, trainer.global_step, "at once") from None
         self.step = trainer.global_step
-        if state.signal_held is not None:
-            raise EnsembleStopped(state.signal_held, self.step)
+        if state.stopped_by is not None:
+            raise EnsembleStopped(state.stopped_by, self.step)
+        if state.signal_held is not None:  # it came in the last epoch, which then finished
+            raise EnsembleStopped(state.signal_held, self.step, "finished")
 
 
 def _atomic_save(obj: Any, path: Path) -> None:

@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
 
 from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.training.cli import build_cli
-from graphormer_urpe.training.ensemble import METRICS_FILE, STATE_FILE, Ensemble, MemberSpec
+from graphormer_urpe.training.ensemble import METRICS_FILE, STATE_FILE, Ensemble, EnsembleStopped, MemberSpec
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = {"num_layers": 2, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2}
@@ -296,30 +299,32 @@ def test_the_captured_step_equals_the_eager_one_without_host_syncs(zinc_data_roo
 
 
 
+class Interrupt(pl.Callback):
+    """Sends this process SIGINT at the end of the given steps."""
+
+    def __init__(self, steps: set[int]) -> None:
+        self.steps = steps
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args) -> None:
+        if trainer.global_step in self.steps:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
 def test_a_signal_stops_the_ensemble_at_the_epoch_end_with_its_state(zinc_data_root, tmp_path, one_torch_thread):
     """SIGINT (Ctrl-C) during step 2 is held to the end of the epoch (step 3): the state is
     saved there, the fit stops with EnsembleStopped and gives the handlers back, and the same
     members resume from it to where an uninterrupted ensemble ends."""
-    import os
-    import signal
-
-    import lightning.pytorch as pl
-
-    from graphormer_urpe.training.ensemble import EnsembleStopped
-
-    class Interrupt(pl.Callback):
-        def on_train_batch_end(self, trainer, *args) -> None:
-            if trainer.global_step == 1:
-                os.kill(os.getpid(), signal.SIGINT)
 
     backbone = {**TINY, **NO_DROPOUT}
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     straight = Ensemble(specs(tmp_path, zinc_data_root, backbone, "straight"), tmp_path / "s")
     straight.fit()
+    assert {signum: signal.getsignal(signum) for signum in handlers} == handlers  # given back
     stopped = Ensemble(specs(tmp_path, zinc_data_root, backbone, "stopped"), tmp_path / "t")
     lines: list[str] = []
     stopped.progress = stopped.module.progress = lines.append
     with pytest.raises(EnsembleStopped, match=r"stopped by SIGINT at the end of an epoch \(step 3\)"):
-        stopped.fit(callbacks=[Interrupt()])
+        stopped.fit(callbacks=[Interrupt({1})])
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert "ensemble: SIGINT: stopped at the end of epoch 0 (step 3), its state saved" in lines
     assert torch.load(tmp_path / "t" / STATE_FILE, weights_only=True)["global_step"] == 3
@@ -329,3 +334,24 @@ def test_a_signal_stops_the_ensemble_at_the_epoch_end_with_its_state(zinc_data_r
     assert resumed.step == STEPS
     for name, value in straight.params.items():
         assert torch.equal(resumed.params[name], value), name
+
+
+@pytest.mark.parametrize("steps, how, message", [
+    ({1, 2}, "at once", r"stopped at once by SIGINT \(at step 2\); the same command resumes from the state saved last"),
+    ({4}, "finished", r"SIGINT came in the last epoch: training finished \(step 6\) and is saved"),
+])
+def test_a_second_signal_stops_at_once_and_one_in_the_last_epoch_lets_it_finish(
+        zinc_data_root, tmp_path, one_torch_thread, steps, how, message):
+
+    ensemble = Ensemble(specs(tmp_path, zinc_data_root, {**TINY, **NO_DROPOUT}), tmp_path / "state")
+    with pytest.raises(EnsembleStopped, match=message) as stopped:
+        ensemble.fit(callbacks=[Interrupt(steps)])
+    assert stopped.value.how == how
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    state = tmp_path / "state" / STATE_FILE
+    last = tmp_path / "ens" / "urpe-s0" / "checkpoints" / "last.ckpt"
+    if how == "at once":  # before the first epoch's end: nothing saved
+        assert not state.exists() and not last.exists()
+    else:
+        assert torch.load(state, weights_only=True)["global_step"] == STEPS
+        assert torch.load(last, weights_only=True)["global_step"] == STEPS
