@@ -49,7 +49,9 @@ schedule state, the loops' counters, RNG states, each member's best checkpoint),
 end of an epoch (at most every ``save_every_s`` seconds, and after every validation); a new
 :class:`Ensemble` over the same members resumes from it exactly. A ``state.pt`` written by
 earlier versions (the same state, saved by hand) resumes too, and is removed once the first
-``state.ckpt`` replaces it.
+``state.ckpt`` replaces it. SIGINT (Ctrl-C) and SIGTERM are held to the end of the epoch in
+progress, where the state is saved and the fit stops (:class:`EnsembleStopped`); a second one
+stops at once.
 """
 from __future__ import annotations
 
