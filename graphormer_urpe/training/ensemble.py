@@ -420,28 +420,34 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
             self._report(step)
         return losses.sum()
 
-    def check_skipped(self, step: int | None = None) -> None:
+    def check_skipped(self) -> None:
         """FloatingPointError naming the members at fault if every step since the last report
-        was skipped: before a checkpoint is written, at the end, and at every report."""
+        was skipped: before a checkpoint is written and at the end."""
         skipped, bad = self.counts.all_skipped()
         if skipped:
-            names = [m.spec.label for m, count in zip(self.members, bad) if count]
-            raise FloatingPointError(
-                f"every training step of the last {skipped} had a non-finite loss or gradient "
-                f"in {names} (up to step {self.global_step if step is None else step}); no update "
-                "was applied and no checkpoint holds a diverged model: lower the learning rate")
+            self._diverged(skipped, bad, self.global_step)
+
+    def _diverged(self, skipped: int, bad: list[float], step: int) -> None:
+        raise FloatingPointError(
+            f"every training step of the last {skipped} had a non-finite loss or gradient in "
+            f"{self._labels(bad)} (up to step {step}); no update was applied and no checkpoint "
+            "holds a diverged model: lower the learning rate")
+
+    def _labels(self, counts: list[float]) -> list[str]:
+        """The labels of the members whose count is not 0."""
+        return [member.spec.label for member, count in zip(self.members, counts) if count]
 
     def _report(self, step: int) -> None:
-        """Read the interval's counts, stop if no step of it was applied, log the members' mean
-        losses and any skipped steps."""
-        self.check_skipped(step)
+        """Read the interval's counts (one device-to-host copy), stop if no step of it was
+        applied, log the members' mean losses and any skipped steps."""
         loss_sums, applied, skipped, bad = self.counts.read()
+        if skipped and not applied:
+            self._diverged(int(skipped), bad, step)
         self.counts.reset()
         if skipped:
             self.total_skipped += int(skipped)
-            names = [m.spec.label for m, count in zip(self.members, bad) if count]
             self.progress(f"ensemble: skipped {int(skipped)} of the last {int(applied + skipped)} steps "
-                          f"before step {step} (a non-finite loss or gradient in {names}); "
+                          f"before step {step} (a non-finite loss or gradient in {self._labels(bad)}); "
                           f"{self.total_skipped} skipped in all")
         losses = [total / applied for total in loss_sums]
         self._log_rows([{"epoch": self.current_epoch, "step": step - 1, "train/loss": v} for v in losses])
