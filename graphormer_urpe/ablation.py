@@ -334,11 +334,19 @@ class Grid:
             write_json(run.record_path, record)
         start = time.perf_counter()
 
-        def progress(message: str) -> None:
-            self.log(message)
+        def record_attempts(returncode: int | None = None, fit_done: bool = False) -> None:
+            """Every member's record: the attempt's wall time so far, and how it ended."""
             for (run, record), attempt in zip(pending, attempts):
                 attempt["wall_s"] = round(time.perf_counter() - start, 1)
+                if returncode is not None:
+                    attempt["returncode"] = returncode
+                if fit_done:
+                    record["fit_done"] = True
                 write_json(run.record_path, record)
+
+        def progress(message: str) -> None:
+            self.log(message)
+            record_attempts()
 
         self.log(f"{self.name}: fit {len(pending)} runs as one ensemble: "
                  + ", ".join(run.label for run, _ in pending))
@@ -349,21 +357,15 @@ class Grid:
                                 self.dir / "ensemble", progress=progress, cuda_graph=self.cuda_graph)
             ensemble.fit()
         except EnsembleStopped as stopped:  # SIGINT / SIGTERM: resumable from the saved state
-            for (run, record), attempt in zip(pending, attempts):
-                attempt.update(wall_s=round(time.perf_counter() - start, 1), returncode=128 + stopped.signum)
-                if stopped.how == "finished":  # the budget was trained: only the tests are left
-                    record["fit_done"] = True
-                write_json(run.record_path, record)
+            # "finished": the budget was trained; only the tests are left
+            record_attempts(128 + stopped.signum, fit_done=stopped.how == "finished")
             print(f"graphormer-urpe-ablation: {stopped}", file=sys.stderr, flush=True)
             raise SystemExit(128 + stopped.signum) from None
         except (ValueError, FloatingPointError) as error:  # a recipe it cannot train, a diverged
             # member, a saved state of other runs, a run directory in use: one line that says
             # which, no traceback
             raise SystemExit(f"graphormer-urpe-ablation: error: {error}") from None
-        for (run, record), attempt in zip(pending, attempts):
-            attempt.update(wall_s=round(time.perf_counter() - start, 1), returncode=0)
-            record["fit_done"] = True
-            write_json(run.record_path, record)
+        record_attempts(0, fit_done=True)
 
 
 def backbone_overrides(backbone: Any) -> dict[str, Any]:
