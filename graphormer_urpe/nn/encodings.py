@@ -35,6 +35,34 @@ EMBEDDING_STD = 0.02  # Graphormer's init for every embedding table
 #: Zero rows that absent (pair, hop) slots read in :meth:`EdgePathBias.sum_hops_gather`;
 #: enough that no row collects more than a few hundred slots of a ZINC batch of 256 at 20 hops.
 ABSENT_ROWS = 1 << 14
+#: :meth:`EdgePathBias.sum_hops_counted` serves bond vocabularies of up to this many ids (or the
+#: head count, if larger): ZINC has 4, OGB's features 13. Its counts ``[P, K, ids]`` are then no
+#: larger than a few gathered ``[P, K, H]`` rows; larger vocabularies take the gather.
+COUNTED_MAX_BOND_IDS = 16
+
+
+def capture_form(flag: bool, tensor: Tensor) -> bool:
+    """Whether a pair encoding computes in the form a CUDA graph holds and a GPU runs fast (fixed
+    shapes, no host reads, products with one-hot slot matrices instead of scatter-adds): when its
+    ``capture_form`` is set (:meth:`Graphormer.make_capture_safe`), off a CPU, or under
+    ``torch.compile``. The CPU's eager form is the gather and scatter-add, which a CPU runs faster."""
+    return flag or tensor.device.type != "cpu" or torch.compiler.is_compiling()
+
+
+def lookup_by_product(table: Tensor, slots: Tensor) -> Tensor:
+    """``table[slots]`` moved to the front, ``[S, C]`` table and integer slots of any shape ->
+    ``[C, *slots.shape]``, as the product ``table^T onehot(slots)^T``: its backward is a product too.
+
+    Why: a CUDA lookup's backward adds each slot's gradients with atomics (``index_add``) or one
+    thread per feature (embedding's), both serial over the ~10,000 pairs that share a distance slot
+    in a batch of 256 ZINC graphs (the URPE scale's ``index_add`` alone took 3.2 of 17.6 ms per
+    step on one H200). Matrix products are exact for the one-hot factor; the table rounds as any
+    float32 matrix product does under ``torch.set_float32_matmul_precision`` (autocast stays off)."""
+    dtype = torch.promote_types(table.dtype, torch.float32)
+    onehot = slots.reshape(-1, 1) == torch.arange(table.shape[0], device=slots.device, dtype=slots.dtype)
+    with torch.autocast(slots.device.type, enabled=False):
+        product = table.t().to(dtype) @ onehot.to(dtype).t()
+    return product.to(table.dtype).view(table.shape[1], *slots.shape)
 
 
 def _check_positive(**values: int) -> None:
@@ -144,12 +172,16 @@ class SpatialBias(nn.Module):
         super().__init__()
         _check_positive(max_spd=max_spd, num_heads=num_heads)
         self.embedding = nn.Embedding(max_spd + 2, num_heads)
+        #: Look up by product on every device (:func:`capture_form`); not saved.
+        self.capture_form = False
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         nn.init.normal_(self.embedding.weight, std=EMBEDDING_STD)
 
     def forward(self, slots: Tensor) -> Tensor:
+        if capture_form(self.capture_form, slots):
+            return lookup_by_product(self.embedding.weight, slots).transpose(0, 1)
         return self.embedding(slots).permute(0, 3, 1, 2)
 
 
@@ -196,16 +228,17 @@ class EdgePathBias(nn.Module):
     init leaves non-zero; here they are masked out.)
 
     ``path_edges`` must hold exactly ``K = max_hops`` hops (else a ValueError: data encoded with
-    other parameters than the model's). The per-hop tables ``w W_k`` are built once per
-    batch (``[K, E+1, H]``) and summed along each path with :func:`F.embedding_bag`, so no
-    ``[B, N, N, K, H]`` tensor is materialised. Under ``torch.compile`` the sum is a plain gather
-    and reduction instead (:meth:`sum_hops_gather`), which inductor fuses into one kernel (again
-    nothing of size ``[B, N, N, K, H]``) and whose backward (embedding's) CUDA graphs can
-    capture: ``embedding_bag``'s CUDA backward reads a count back to the host (so the training
-    engine and the ensemble set :attr:`gather_hops`, which forces the gather). On a CPU (eager,
-    without gather_hops) only the hops present are gathered and summed (:meth:`sum_hops_packed`): most
-    (pair, hop) slots are absent at 20 hops, and ``embedding_bag``'s backward (a sort of all
-    ``B N N K`` indices) took twice as long as even the full gather's scatter-add.
+    other parameters than the model's). No ``[B, N, N, K, H]`` tensor is materialised; the hops
+    are summed in one of three forms, equal up to float rounding:
+
+    * CPU eager (:meth:`sum_hops_packed`): only the hops present are gathered and added up. Most
+      (pair, hop) slots are absent at 20 hops; the number present is read from the data.
+    * The capture form (:func:`capture_form`: GPUs, ``torch.compile``, the training engine and the
+      stacked ensemble), for bond vocabularies of up to :data:`COUNTED_MAX_BOND_IDS` ids
+      (:meth:`sum_hops_counted`): each pair's counts of (hop, bond id) times the per-hop tables
+      ``E_bond W_k``, one matrix product each way, with fixed shapes.
+    * The capture form for larger vocabularies (:meth:`sum_hops_gather`): every (pair, hop) slot
+      gathered from the per-hop tables of the batch's edges ``w(e) W_k`` and summed.
 
     Shapes: edge_attr ``[E+1, Fe]`` int ids, path_edges ``[B, N, N, K]`` int rows of edge_attr
     (``-1`` = none) -> ``[B, H, N, N]``.
@@ -218,9 +251,13 @@ class EdgePathBias(nn.Module):
         self.max_hops = max_hops
         self.embedding = nn.Embedding(num_bond_embeddings, num_heads, padding_idx=0)
         self.hop_weight = nn.Parameter(torch.empty(max_hops, num_heads, num_heads))
-        #: Sum hops with the gather on every device (set by Graphormer.make_capture_safe: a CUDA
-        #: graph cannot hold embedding_bag's host read-back nor the CPU's packed sum); not saved.
-        self.gather_hops = False
+        #: Sum hops in the capture form on every device (:func:`capture_form`; set by
+        #: Graphormer.make_capture_safe: a CUDA graph cannot hold the packed sum's data-dependent
+        #: size); not saved.
+        self.capture_form = False
+        #: The capture form counts (hop, bond id) pairs (:meth:`sum_hops_counted`) rather than
+        #: gathering every (pair, hop) slot.
+        self.counts_bonds = num_bond_embeddings - 1 <= max(num_heads, COUNTED_MAX_BOND_IDS)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -233,31 +270,52 @@ class EdgePathBias(nn.Module):
         batch, n, _, k = path_edges.shape
         if k != self.max_hops:
             raise ValueError(f"path_edges hold {k} hops but the edge encoding has max_hops={self.max_hops}")
-        num_rows = edge_attr.shape[0]  # E + 1
-        edge_values = self.embedding(edge_attr).mean(dim=-2)  # [E+1, H]
-        hop_tables = torch.einsum("eh,khg->keg", edge_values, self.hop_weight)  # [K, E+1, H]
         hops = path_edges.reshape(-1, k)
         present = hops >= 0
-        table = hop_tables.reshape(k * num_rows, -1)
-        compiling = torch.compiler.is_compiling()
-        if hop_tables.device.type == "cpu" and not compiling and not self.gather_hops:
-            summed = self.sum_hops_packed(table, hops, present, num_rows)
+        if not capture_form(self.capture_form, hops):
+            summed = self.sum_hops_packed(self.edge_hop_tables(edge_attr), hops, present, edge_attr.shape[0])
+        elif self.counts_bonds:
+            summed = self.sum_hops_counted(self.bond_counts(edge_attr, hops, present),
+                                           self.bond_hop_tables(edge_attr.shape[1]))
         else:
             # Row of hop k's table for each path edge; absent hops point anywhere valid, weight 0.
             index = torch.where(present, hops, 0) + torch.arange(k, device=hops.device,
-                                                                  dtype=hops.dtype) * num_rows
-            if self.gather_hops or compiling:
-                summed = self.sum_hops_gather(table, index, present)
-            else:
-                summed = self.sum_hops_bag(table, index, present.to(hop_tables.dtype))
+                                                                  dtype=hops.dtype) * edge_attr.shape[0]
+            summed = self.sum_hops_gather(self.edge_hop_tables(edge_attr), index, present)
         count = present.sum(dim=-1, keepdim=True).clamp_min(1)
         return (summed / count).view(batch, n, n, -1).permute(0, 3, 1, 2)
 
+    def edge_hop_tables(self, edge_attr: Tensor) -> Tensor:
+        """``w(e) W_k`` for every edge row of the batch and hop, ``[K * (E+1), H]`` (row
+        ``k * (E+1) + e``), with ``w(e)`` the mean of the edge's bond embeddings."""
+        edge_values = self.embedding(edge_attr).mean(dim=-2)  # [E+1, H]
+        return torch.einsum("eh,khg->keg", edge_values, self.hop_weight).flatten(0, 1)
+
+    def bond_hop_tables(self, num_columns: int) -> Tensor:
+        """``E_bond[v] W_k / Fe`` for every hop and bond id ``v >= 1`` (0 is padding),
+        ``[K, ids, H]``: an edge's mean over its ``Fe`` columns is the sum of its ids' rows."""
+        return torch.einsum("vh,khg->kvg", self.embedding.weight[1:], self.hop_weight) / num_columns
+
+    def bond_counts(self, edge_attr: Tensor, hops: Tensor, present: Tensor) -> Tensor:
+        """How often each bond id occurs among the columns of each (pair, hop)'s edge: ``[P, K, ids]``
+        float32 (absent hops count nothing). Ids are read one element at a time (the transposed
+        ``edge_attr``), which CUDA gathers in parallel where a row gather runs a block per row."""
+        ids = edge_attr.t().index_select(1, torch.where(present, hops, 0).reshape(-1))
+        ids = ids.view(edge_attr.shape[1], *hops.shape) * present  # [Fe, P, K]; absent: id 0
+        vocab = torch.arange(1, self.embedding.num_embeddings, device=ids.device, dtype=ids.dtype)
+        return (ids[..., None] == vocab).sum(0, dtype=torch.float32)
+
     @staticmethod
-    def sum_hops_bag(table: Tensor, index: Tensor, weights: Tensor) -> Tensor:
-        """``sum_k weights[p, k] * table[index[p, k]]``: table ``[R, H]``, index and weights
-        ``[P, K]`` -> ``[P, H]``, with ``embedding_bag`` (eager: no ``[P, K, H]`` tensor)."""
-        return F.embedding_bag(index, table, mode="sum", per_sample_weights=weights)
+    def sum_hops_counted(counts: Tensor, tables: Tensor) -> Tensor:
+        """``sum_{k, v} counts[p, k, v] * tables[k, v]``: counts ``[P, K, ids]``, tables
+        ``[K, ids, H]`` -> ``[P, H]``, one matrix product (its backward to the tables is another),
+        float32 with autocast off. The gather it replaces on GPUs writes ``[P, K, H]`` with a
+        thread block per gathered row (on one H200, the row gathers of a slim step at batch 256 and
+        20 hops took 4.5 of its 17.6 ms, most of them this one) and adds its gradient back through
+        a sort of all ``P K`` slots."""
+        dtype = torch.promote_types(tables.dtype, torch.float32)
+        with torch.autocast(counts.device.type, enabled=False):
+            return counts.flatten(1).to(dtype) @ tables.flatten(0, 1).to(dtype)
 
     @staticmethod
     def sum_hops_packed(table: Tensor, hops: Tensor, present: Tensor, num_rows: int) -> Tensor:
@@ -315,6 +373,8 @@ class URPEScale(nn.Module):
         _check_positive(max_spd=max_spd, num_heads=num_heads)
         self.max_spd = max_spd
         self.delta = nn.Parameter(torch.empty(max_spd + 3, num_heads))
+        #: :meth:`lookup_many` by product on every device (:func:`capture_form`); not saved.
+        self.capture_form = False
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -338,10 +398,16 @@ class URPEScale(nn.Module):
         """``[scale(slots) for scale in scales]`` as ONE lookup of the concatenated tables: the
         slots are the same for every layer, and an embedding's backward costs per index, so one
         ``L * H``-wide lookup is much cheaper than ``L`` narrow ones (slim on CPU: the 12
-        separate backwards took ~20 ms of a ~175 ms step). Values are identical (a gather)."""
-        table = 1.0 + torch.cat([scale.delta for scale in scales], dim=1).t()  # [L * H, S]
+        separate backwards took ~20 ms of a ~175 ms step). In the capture form
+        (:func:`lookup_by_product`) the values are the gather's, and in float32 bit for bit."""
+        delta = torch.cat([scale.delta for scale in scales], dim=1)  # [S, L * H]
         b, n, m = slots.shape
-        # Gathering along the table's last dim gives [L * H, B, N+1, N+1] with contiguous
-        # [N+1, N+1] blocks, so the products with the probabilities need no layout copies.
-        gathered = table.index_select(1, slots.reshape(-1)).view(len(scales), -1, b, n, m)
-        return list(gathered.transpose(1, 2).unbind(0))
+        # Both forms give [L * H, B, N+1, N+1] with contiguous [N+1, N+1] blocks, so the products
+        # with the probabilities need no layout copies. Without autograd nothing is added back,
+        # and the gather along the table's last dim is the cheaper form on every device.
+        if torch.is_grad_enabled() and capture_form(scales[0].capture_form, slots):
+            # C = 1 + delta with the 1 added in float32: a TF32 product rounds delta, not C near 1.
+            looked_up = lookup_by_product(delta, slots).add_(1.0)
+        else:
+            looked_up = (1.0 + delta.t()).index_select(1, slots.reshape(-1))
+        return list(looked_up.view(len(scales), -1, b, n, m).transpose(1, 2).unbind(0))

@@ -346,13 +346,15 @@ class Graphormer(nn.Module):
         """Switch the training forward to what a CUDA graph can hold, on any device: no value read
         back to the host and no shape that depends on the data. The ids of everything it will see
         (a whole training split: ``atom_ids``, ``bond_ids``) are checked here, once, instead of
-        per batch, and the multi-hop edge sum takes the gather (:attr:`EdgePathBias.gather_hops`).
+        per batch, and the pair encodings take their capture form on every device
+        (:func:`~graphormer_urpe.nn.encodings.capture_form`, as they do on a GPU anyway).
         The training engine and the stacked ensemble call it; the values stay the same up to
-        float rounding (the gather sums the hops in another order)."""
+        float rounding (the edge encoding sums the hops in another order)."""
         self.check_ids(atom_ids, bond_ids)
         self.capture_safe = True
-        if getattr(self, "edge_bias", None) is not None:
-            self.edge_bias.gather_hops = True
+        for module in self.modules():
+            if hasattr(module, "capture_form"):
+                module.capture_form = True
 
     def attention_inputs(self, batch: GraphBatch) -> tuple[Tensor | None, Iterable[Tensor | None]]:
         """``B`` ``[B, H, N+1, N+1]`` (None for ``"none"``) and the ``C`` each layer uses
@@ -368,7 +370,7 @@ class Graphormer(nn.Module):
             return attn_bias, [None] * len(self.layers)
         scale_slots = URPEScale.slots(slots, self.max_spd)
         if len(self.urpe_scales) == 1:
-            return attn_bias, [self.urpe_scales[0](scale_slots)] * len(self.layers)
+            return attn_bias, URPEScale.lookup_many(self.urpe_scales, scale_slots) * len(self.layers)
         if not torch.is_grad_enabled():
             # Inference: each layer's C is looked up when the layer runs, so one [B, H, N+1, N+1]
             # table is alive instead of L (allocating those costs more than the lookups on CPU).

@@ -833,8 +833,8 @@ class Ensemble:
 
         self.module = StackedModule(self.members, self.batches, self.settings, self._step_budget(),
                                     self.device, cuda_graph, self.progress)
-        # No per-batch host reads (vmap has none of the per-member values) nor embedding_bag
-        # (no vmap rule): the split's ids are checked once here.
+        # No per-batch host reads (vmap has none of the per-member values) nor data-dependent
+        # sizes (the CPU's packed hop sum): the split's ids are checked once here.
         model = self.module.template.model
         model.make_capture_safe(train_data.graphs.x, train_data.graphs.edge_attr)
         val_graphs = dm.splits["val"].graphs

@@ -57,10 +57,10 @@ def test_edge_path_bias_is_the_mean_of_hop_transformed_bond_values(batch):
         enc(batch.edge_attr, batch.path_edges)  # other hops than the model's: refused, not cut
 
 
-def test_packed_hop_sum_equals_the_gather_and_bag_paths_with_gradients(zinc_graphs, monkeypatch):
+def test_the_edge_encodings_forms_agree_with_gradients(zinc_graphs, monkeypatch):
     """On a CPU the edge encoding gathers only the hops present; at the recipe's 20 hops on 64 real
-    ZINC graphs it gives the values and gradients of the fixed-shape gather (the compiled path)
-    and of ``embedding_bag`` (the GPU eager path)."""
+    ZINC graphs it gives the values and gradients of the capture form, both by bond counts (ZINC's
+    4 bond ids) and by the fixed-shape gather (larger vocabularies)."""
     from graphormer_urpe.data.encode import collate_pyg_graphs
 
     k = 20
@@ -68,25 +68,23 @@ def test_packed_hop_sum_equals_the_gather_and_bag_paths_with_gradients(zinc_grap
     hops = big.path_edges.reshape(-1, k)
     present = hops >= 0
     assert 0 < present.float().mean() < 0.5 and int(present.sum(-1).max()) > 5
-    # The three sums on their own, float64, with the gradient to the table.
+    # The packed sum and the gather on their own, float64, with the gradient to the table.
     rows = big.edge_attr.shape[0]
     index = torch.where(present, hops, 0) + torch.arange(k, dtype=hops.dtype) * rows
-    weights = present.double()
     results = []
     for sum_hops in (lambda t: EdgePathBias.sum_hops_packed(t, hops, present, rows),
-                     lambda t: EdgePathBias.sum_hops_gather(t, index, present),
-                     lambda t: EdgePathBias.sum_hops_bag(t, index, weights)):
+                     lambda t: EdgePathBias.sum_hops_gather(t, index, present)):
         table = torch.randn(k * rows, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0),
                             requires_grad=True)
         summed = sum_hops(table)
         summed.backward(torch.ones_like(summed).cumsum(0))
         results.append((summed.detach(), table.grad))
-    for got in results[1:]:
-        torch.testing.assert_close(results[0], got, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(results[0], results[1], rtol=1e-12, atol=1e-12)
 
-    # The module: the CPU path equals the compiled path (float32, values and parameter gradients).
+    # The module: the CPU form equals both capture forms (float32, values and parameter gradients).
     torch.manual_seed(0)
     enc = EdgePathBias(num_bond_embeddings=5, num_heads=8, max_hops=k)
+    assert enc.counts_bonds
     grad_out = torch.randn(big.node_mask.shape[0], 8, *big.spd.shape[1:])
 
     def run():
@@ -96,11 +94,46 @@ def test_packed_hop_sum_equals_the_gather_and_bag_paths_with_gradients(zinc_grap
         return [out.detach(), enc.embedding.weight.grad.clone(), enc.hop_weight.grad.clone()]
 
     packed = run()
+    assert packed[0].abs().max() > 0 and packed[1][0].abs().max() == 0  # padding row: no gradient
     monkeypatch.setattr(EdgePathBias, "sum_hops_packed",
                         staticmethod(lambda *a: pytest.fail("the packed sum is CPU eager only")))
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    for got, expected in zip(packed, run()):
-        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    enc.capture_form = True
+    monkeypatch.setattr(EdgePathBias, "sum_hops_gather",
+                        staticmethod(lambda *a: pytest.fail("ZINC's 4 bond ids are counted")))
+    counted = run()
+    monkeypatch.undo()
+    enc.counts_bonds = False
+    monkeypatch.setattr(EdgePathBias, "sum_hops_counted",
+                        staticmethod(lambda *a: pytest.fail("counts_bonds is off")))
+    gathered = run()
+    for form in (counted, gathered):
+        torch.testing.assert_close(form[0], packed[0], rtol=1e-5, atol=1e-6)
+        # The gradients add ~10^5 pair terms in another order (float32).
+        torch.testing.assert_close(form[1:], packed[1:], rtol=1e-4, atol=1e-5)
+
+
+def test_bond_counts_follow_every_column_of_each_hops_edge(zinc_collate, zinc_graphs):
+    """OGB-style bonds have several id columns (offset into one table): each (pair, hop) counts
+    every column's id of its edge once, absent hops count nothing, and the counted sum is the
+    mean over columns of the gather form."""
+    batch = zinc_collate(zinc_graphs[:5])
+    torch.manual_seed(0)
+    edge_attr = torch.stack([batch.edge_attr[:, 0], batch.edge_attr[:, 0] + 4,
+                             (batch.edge_attr[:, 0] > 1).int() + 9], dim=1)  # ids 1-4, 5-8, 9-10
+    edge_attr[-1] = 0  # the padding row that absent hops (-1) index
+    hops = batch.path_edges.reshape(-1, batch.path_edges.shape[-1])
+    enc = EdgePathBias(num_bond_embeddings=11, num_heads=4, max_hops=hops.shape[1])
+    counts = enc.bond_counts(edge_attr, hops, hops >= 0)
+    assert counts.shape == (*hops.shape, 10)
+    p, h = (hops >= 0).nonzero()[7].tolist()
+    expected = torch.zeros(10)
+    expected[edge_attr[hops[p, h]].long() - 1] = 1
+    assert torch.equal(counts[p, h], expected)
+    assert counts[hops < 0].abs().max() == 0 and counts.sum() == 3 * (hops >= 0).sum()
+    enc.capture_form = True
+    counted = enc(edge_attr, batch.path_edges)
+    enc.counts_bonds = False
+    torch.testing.assert_close(counted, enc(edge_attr, batch.path_edges), rtol=1e-5, atol=1e-7)
 
 
 def test_spatial_and_virtual_distance_bias(batch):
@@ -154,16 +187,18 @@ def test_bad_sizes_raise_value_error():
         URPEScale(max_spd=0, num_heads=H)
 
 
-def test_lookup_many_equals_each_layers_lookup_with_gradients(batch):
+@pytest.mark.parametrize("by_product", [False, True], ids=["gather", "capture form"])
+def test_lookup_many_equals_each_layers_lookup_with_gradients(batch, by_product):
     torch.manual_seed(0)
     scales = [URPEScale(max_spd=4, num_heads=H) for _ in range(3)]
     for scale in scales:
         torch.nn.init.normal_(scale.delta)
+        scale.capture_form = by_product
     slots = URPEScale.slots(distance_slots(batch.spd, 4), 4)
     together = URPEScale.lookup_many(scales, slots)
     separate = [scale(slots) for scale in scales]
     for a, b in zip(together, separate):
-        assert torch.equal(a, b)
+        assert torch.equal(a, b)  # the product with a one-hot adds zeros: exact
     upstream = [torch.randn_like(t) for t in separate]
     grads_together = torch.autograd.grad(sum((t * u).sum() for t, u in zip(together, upstream)),
                                          [s.delta for s in scales])
@@ -171,3 +206,17 @@ def test_lookup_many_equals_each_layers_lookup_with_gradients(batch):
                                          [s.delta for s in scales])
     for a, b in zip(grads_together, grads_separate):
         torch.testing.assert_close(a, b)
+
+
+def test_spatial_bias_capture_form_is_the_lookup_with_gradients(batch):
+    torch.manual_seed(0)
+    spatial = SpatialBias(max_spd=4, num_heads=H)
+    slots = distance_slots(batch.spd, 4)
+    upstream = torch.randn(*slots.shape[:1], H, *slots.shape[1:])
+    results = []
+    for form in (False, True):
+        spatial.capture_form = form
+        out = spatial(slots)
+        results.append((out.detach(), torch.autograd.grad((out * upstream).sum(), spatial.embedding.weight)[0]))
+    assert torch.equal(results[0][0], results[1][0])
+    torch.testing.assert_close(results[0][1], results[1][1])

@@ -102,20 +102,12 @@ def test_loss_masks_unknown_labels_without_a_data_dependent_shape(task, y):
     assert symbolic == []
 
 
-def test_compiled_edge_encoding_gathers_like_embedding_bag(zinc_data_root):
-    """Under torch.compile EdgePathBias sums hops with a gather (capturable backward) instead of
-    embedding_bag: same values and gradients on real ZINC paths."""
+def test_compiled_edge_encoding_counts_bonds_like_the_cpu_form(zinc_data_root):
+    """Under torch.compile EdgePathBias takes its capture form (bond counts times the per-hop
+    tables) instead of the CPU's packed sum: one graph, the same values on real ZINC paths."""
     batch = collate(ZINCDataModule(root=str(zinc_data_root)).train_dataset().graphs, np.arange(24))
     torch.manual_seed(0)
     bias = EdgePathBias(num_bond_embeddings=5, num_heads=4, max_hops=5)
-    table = torch.randn(5 * batch.edge_attr.shape[0], 4, requires_grad=True)
-    hops = batch.path_edges.reshape(-1, 5)
-    index = torch.where(hops >= 0, hops, 0) + torch.arange(5, dtype=hops.dtype) * batch.edge_attr.shape[0]
-    weights = (hops >= 0).float()
-    bag, gathered = bias.sum_hops_bag(table, index, weights), bias.sum_hops_gather(table, index, hops >= 0)
-    torch.testing.assert_close(gathered, bag)
-    grad = torch.randn_like(bag)
-    torch.testing.assert_close(*(torch.autograd.grad(out, table, grad)[0] for out in (gathered, bag)))
     torch._dynamo.reset()
     compiled = torch.compile(bias, backend="aot_eager", fullgraph=True)
     torch.testing.assert_close(compiled(batch.edge_attr, batch.path_edges),
@@ -261,7 +253,7 @@ def test_engine_step_at_the_recipe_shape_is_capturable(zinc_data_root):
                          enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module, datamodule=dm)
     assert trainer.global_step == 3 and len(losses) == 3 and all(map(math.isfinite, losses))
-    assert module.model.capture_safe and module.model.edge_bias.gather_hops
+    assert module.model.capture_safe and module.model.edge_bias.capture_form
     assert guard.ops > 1000 and guard.refused == []
     assert addresses[1] == addresses[2]
     assert len(addresses[2]) > 3 * len(list(module.parameters()))  # parameters, two moments, step
