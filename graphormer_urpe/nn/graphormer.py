@@ -42,6 +42,7 @@ from graphormer_urpe.nn.encodings import (
     SpatialBias,
     URPEScale,
     VirtualDistanceBias,
+    capture_form,
     distance_slots,
 )
 from graphormer_urpe.task import get_task
@@ -359,8 +360,8 @@ class Graphormer(nn.Module):
     def attention_inputs(self, batch: GraphBatch) -> tuple[Tensor | None, Iterable[Tensor | None]]:
         """``B`` ``[B, H, N+1, N+1]`` (None for ``"none"``) and the ``C`` each layer uses
         (``[B, H, N+1, N+1]``, the same tensor for every layer when shared; None unless
-        ``"urpe"``), in layer order: a list, or without autograd a generator that looks each
-        layer's C up when it is reached."""
+        ``"urpe"``), in layer order: a list in the capture form (all layers' C from one product),
+        else a generator that gathers each layer's C when it is reached."""
         if not self.variant.bias:
             return None, [None] * len(self.layers)
         slots = distance_slots(batch.encodings["spd"], self.max_spd)  # [B, N, N]
@@ -369,14 +370,17 @@ class Graphormer(nn.Module):
         if self.urpe_scales is None:
             return attn_bias, [None] * len(self.layers)
         scale_slots = URPEScale.slots(slots, self.max_spd)
-        if len(self.urpe_scales) == 1:
-            return attn_bias, URPEScale.lookup_many(self.urpe_scales, scale_slots) * len(self.layers)
-        if not torch.is_grad_enabled():
-            # Inference: each layer's C is looked up when the layer runs, so one [B, H, N+1, N+1]
-            # table is alive instead of L (allocating those costs more than the lookups on CPU).
-            return attn_bias, (URPEScale.lookup_many([scale], scale_slots)[0]
-                               for scale in self.urpe_scales)
-        return attn_bias, URPEScale.lookup_many(self.urpe_scales, scale_slots)
+        scales = self.urpe_scales
+        if torch.is_grad_enabled() and capture_form(scales[0].capture_form, scale_slots):
+            looked_up = URPEScale.lookup_many(scales, scale_slots)  # all layers in one product
+        else:
+            # Each layer's C is gathered when the layer runs (without autograd one
+            # [B, H, N+1, N+1] table is alive instead of L).
+            scale_slots = scale_slots.long()
+            looked_up = (scale(scale_slots) for scale in scales)
+        if len(scales) == 1:
+            return attn_bias, list(looked_up) * len(self.layers)
+        return attn_bias, looked_up
 
     def node_features(self, batch: GraphBatch) -> Tensor:
         """Each atom's input vector ``[B, N, D]``: its atom and degree embeddings plus the node

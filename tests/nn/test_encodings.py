@@ -187,13 +187,13 @@ def test_bad_sizes_raise_value_error():
         URPEScale(max_spd=0, num_heads=H)
 
 
-@pytest.mark.parametrize("by_product", [False, True], ids=["gather", "capture form"])
-def test_lookup_many_equals_each_layers_lookup_with_gradients(batch, by_product):
+def test_lookup_many_equals_each_layers_lookup_with_gradients(batch):
+    """The capture form's one product for all layers gives each layer's gathered C, and the same
+    gradients."""
     torch.manual_seed(0)
     scales = [URPEScale(max_spd=4, num_heads=H) for _ in range(3)]
     for scale in scales:
         torch.nn.init.normal_(scale.delta)
-        scale.capture_form = by_product
     slots = URPEScale.slots(distance_slots(batch.spd, 4), 4)
     together = URPEScale.lookup_many(scales, slots)
     separate = [scale(slots) for scale in scales]
@@ -205,7 +205,7 @@ def test_lookup_many_equals_each_layers_lookup_with_gradients(batch, by_product)
     grads_separate = torch.autograd.grad(sum((t * u).sum() for t, u in zip(separate, upstream)),
                                          [s.delta for s in scales])
     for a, b in zip(grads_together, grads_separate):
-        torch.testing.assert_close(a, b)
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)  # pair sums in another order
 
 
 def test_spatial_bias_capture_form_is_the_lookup_with_gradients(batch):
@@ -219,4 +219,4 @@ def test_spatial_bias_capture_form_is_the_lookup_with_gradients(batch):
         out = spatial(slots)
         results.append((out.detach(), torch.autograd.grad((out * upstream).sum(), spatial.embedding.weight)[0]))
     assert torch.equal(results[0][0], results[1][0])
-    torch.testing.assert_close(results[0][1], results[1][1])
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-4, atol=1e-5)  # another order
