@@ -1,5 +1,5 @@
 """The Quick start's main job: train a small Graphormer + URPE on the real ZINC-12k for a short CPU
-budget (configs/zinc.yaml + configs/quickstart.yaml: 2 layers x 64, 6,500 steps capped at 7
+budget (configs/zinc.yaml + configs/quickstart.yaml: 2 layers x 64, 7,500 steps capped at 7
 minutes), then report which model it trained, and the validation and test MAE of the best
 checkpoint and where it is. It trains on one CPU thread unless ``OMP_NUM_THREADS`` is set.
 

@@ -39,6 +39,10 @@ ABSENT_ROWS = 1 << 14
 #: head count, if larger): ZINC has 4, OGB's features 13. Its counts ``[P, K, ids]`` are then no
 #: larger than a few gathered ``[P, K, H]`` rows; larger vocabularies take the gather.
 COUNTED_MAX_BOND_IDS = 16
+#: :func:`lookup_by_product` serves distance tables of up to this many rows (slim: 40 and 41).
+#: Its one-hot matrix and products grow with the rows: presets with ``max_spd = 510`` (small,
+#: base) gather with :func:`lookup_per_head` on every device instead.
+PRODUCT_MAX_SLOTS = 64
 
 
 def capture_form(flag: bool, tensor: Tensor) -> bool:
@@ -187,13 +191,15 @@ class SpatialBias(nn.Module):
         self.embedding = nn.Embedding(max_spd + 2, num_heads)
         #: Look up by product on every device (:func:`capture_form`); not saved.
         self.capture_form = False
+        #: Small enough a table for :func:`lookup_by_product`.
+        self.by_product = max_spd + 2 <= PRODUCT_MAX_SLOTS
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         nn.init.normal_(self.embedding.weight, std=EMBEDDING_STD)
 
     def forward(self, slots: Tensor) -> Tensor:
-        if capture_form(self.capture_form, slots):
+        if self.by_product and capture_form(self.capture_form, slots):
             return lookup_by_product(self.embedding.weight, slots).transpose(0, 1)
         return lookup_per_head(self.embedding.weight, slots)
 
@@ -388,6 +394,8 @@ class URPEScale(nn.Module):
         self.delta = nn.Parameter(torch.empty(max_spd + 3, num_heads))
         #: :meth:`lookup_many` by product on every device (:func:`capture_form`); not saved.
         self.capture_form = False
+        #: Small enough a table for :func:`lookup_by_product`.
+        self.by_product = max_spd + 3 <= PRODUCT_MAX_SLOTS
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -410,8 +418,9 @@ class URPEScale(nn.Module):
     def lookup_many(scales: Sequence["URPEScale"], slots: Tensor) -> list[Tensor]:
         """``[scale(slots) for scale in scales]`` in the capture form: one product of the
         concatenated tables with the slots' one-hot matrix (:func:`lookup_by_product`), whose
-        backward is one product too. The values are the gather's, in float32 bit for bit: the 1
-        of ``C = 1 + delta`` is added after the product, so a TF32 product rounds delta, not C."""
+        backward is one product too. The 1 of ``C = 1 + delta`` is added after the product, so a
+        float32 product gives the gathered C bit for bit, and a TF32 one (matmul precision
+        ``high``) rounds delta, not C near 1."""
         delta = torch.cat([scale.delta for scale in scales], dim=1)  # [S, L * H]
         b, n, m = slots.shape
         # [L * H, B, N+1, N+1] with contiguous [N+1, N+1] blocks: the products with the

@@ -360,8 +360,8 @@ class Graphormer(nn.Module):
     def attention_inputs(self, batch: GraphBatch) -> tuple[Tensor | None, Iterable[Tensor | None]]:
         """``B`` ``[B, H, N+1, N+1]`` (None for ``"none"``) and the ``C`` each layer uses
         (``[B, H, N+1, N+1]``, the same tensor for every layer when shared; None unless
-        ``"urpe"``), in layer order: a list in the capture form (all layers' C from one product),
-        else a generator that gathers each layer's C when it is reached."""
+        ``"urpe"``), in layer order: a list when autograd records the capture form (all layers'
+        C from one product), else a generator that gathers each layer's C when it is reached."""
         if not self.variant.bias:
             return None, [None] * len(self.layers)
         slots = distance_slots(batch.encodings["spd"], self.max_spd)  # [B, N, N]
@@ -371,7 +371,8 @@ class Graphormer(nn.Module):
             return attn_bias, [None] * len(self.layers)
         scale_slots = URPEScale.slots(slots, self.max_spd)
         scales = self.urpe_scales
-        if torch.is_grad_enabled() and capture_form(scales[0].capture_form, scale_slots):
+        if (torch.is_grad_enabled() and scales[0].by_product
+                and capture_form(scales[0].capture_form, scale_slots)):
             looked_up = URPEScale.lookup_many(scales, scale_slots)  # all layers in one product
         else:
             # Each layer's C is gathered when the layer runs (without autograd one

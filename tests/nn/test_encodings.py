@@ -220,3 +220,8 @@ def test_spatial_bias_capture_form_is_the_lookup_with_gradients(batch):
         results.append((out.detach(), torch.autograd.grad((out * upstream).sum(), spatial.embedding.weight)[0]))
     assert torch.equal(results[0][0], results[1][0])
     torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-4, atol=1e-5)  # another order
+    # A 512-row table (max_spd 510, the small and base presets) gathers in the capture form too.
+    wide = SpatialBias(max_spd=510, num_heads=H)
+    wide.capture_form = True
+    assert not wide.by_product and not URPEScale(max_spd=510, num_heads=H).by_product
+    assert torch.equal(wide(slots), wide.embedding.weight[slots].permute(0, 3, 1, 2))
