@@ -31,7 +31,10 @@ the leaf ATen operators per optimizer step (those that call no other ATen operat
 that only make views or allocate
 (:data:`NO_KERNEL_OPS`): about one kernel launch each on a GPU. With ``--width`` (hidden and
 FFN width; the preset's depth and heads are kept) the CPU's ms per step is then mostly host time.
-These are the CPU proxies for the launch-bound GPU step; on a GPU, ``steps_per_s`` is the figure.
+On a CPU it also reports ``traffic_mb_per_step``: the bytes the step's operators read and write
+(:class:`TrafficCounter`; the CPU's dropout takes five operators per mask where a GPU runs one
+kernel, so it counts a little more than a GPU moves). These are the CPU proxies for the launch- and
+memory-bound GPU step; on a GPU, ``steps_per_s`` is the figure.
 
 Data: ZINC-12k from ``--zinc-root`` (built from ``--shared``/zinc when missing, as
 ``ZINCDataModule(source_dir=...)`` does); PCQM4Mv2 from an OGB-format root written by
@@ -70,6 +73,8 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.data.local_data import local_data_dir
@@ -227,23 +232,59 @@ def print_top_ops(row: dict, device: str) -> None:
             print(f"    {op['ms_per_step']:9.3f}  {op['calls_per_step']:7.1f}  {op['name']}", flush=True)
 
 
+def tensor_bytes(value) -> int:
+    """Bytes of a tensor's elements, at most its storage's (an expanded tensor is read once)."""
+    if not isinstance(value, torch.Tensor):
+        return 0
+    return min(value.numel() * value.element_size(), value.untyped_storage().nbytes())
+
+
+class TrafficCounter(TorchDispatchMode):
+    """Counts the bytes operators read and write: every tensor argument once and every result
+    once (an in-place operator reads and writes its tensor), skipping operators that only make
+    views or allocate (:data:`NO_KERNEL_OPS`). Below autograd, so the backward counts too; a
+    replayed CUDA graph dispatches nothing, so it counts on CPU only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        returns = func._schema.returns
+        makes_view = bool(returns) and returns[0].alias_info is not None and not returns[0].alias_info.is_write
+        if not makes_view and f"aten::{func._overloadpacket.__name__}" not in NO_KERNEL_OPS:
+            self.bytes += sum(map(tensor_bytes, tree_leaves((args, kwargs, result))))
+        return result
+
+
 def make_op_counter(start: int, steps: int, device: str):
     """A callback profiling optimizer steps ``start + 1 .. start + steps``; its ``ops_per_step``
     counts the leaf ATen operators per step and ``top_ops`` says where the device time goes
-    (:func:`top_ops`; on a GPU the kernels of a replayed CUDA graph are recorded too)."""
+    (:func:`top_ops`; on a GPU the kernels of a replayed CUDA graph are recorded too). On a CPU it
+    then counts one more step's memory traffic (:class:`TrafficCounter`, ``traffic_mb_per_step``):
+    apart from the profiled ones, since operators dispatched through Python show the profiler
+    more events. ``extra_steps`` is how many steps it needs after ``start``."""
     import lightning.pytorch as pl
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
 
     class OpCounter(pl.Callback):
+        extra_steps = steps + (device == "cpu")
+
         def __init__(self) -> None:
             self.profiler, self.ops_per_step, self.top_ops = None, None, None
+            self.traffic, self.traffic_mb_per_step = None, None
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
             if trainer.global_step == start and self.profiler is None:
                 self.profiler = profile(activities=activities)
                 self.profiler.__enter__()
+            if trainer.global_step == start + steps and device == "cpu" and self.traffic is None:
+                self.traffic = TrafficCounter()
+                self.traffic.__enter__()
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
             if self.profiler is not None and self.ops_per_step is None and trainer.global_step == start + steps:
@@ -252,6 +293,9 @@ def make_op_counter(start: int, steps: int, device: str):
                 self.profiler.__exit__(None, None, None)
                 self.ops_per_step = round(kernel_ops(self.profiler.events()) / steps, 1)
                 self.top_ops = top_ops(self.profiler, device, steps)
+            if self.traffic is not None and self.traffic_mb_per_step is None and trainer.global_step == start + steps + 1:
+                self.traffic.__exit__(None, None, None)
+                self.traffic_mb_per_step = round(self.traffic.bytes / 1e6, 1)
 
     return OpCounter()
 
@@ -299,7 +343,8 @@ def run_training(name: str, attention: str, path: str, args) -> dict:
     timer = make_step_timer(args.device, args.warmup, args.steps)
     counter = make_op_counter(args.warmup + args.steps, args.count_ops, args.device) if args.count_ops else None
     trainer = pl.Trainer(
-        accelerator=args.device, devices=1, max_steps=args.warmup + args.steps + args.count_ops, max_epochs=-1,
+        accelerator=args.device, devices=1, max_steps=args.warmup + args.steps + (counter.extra_steps if counter else 0),
+        max_epochs=-1,
         precision=precision, gradient_clip_val=5.0, limit_val_batches=0, num_sanity_val_steps=0,
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         callbacks=[timer] + ([counter] if counter else []))
@@ -325,6 +370,8 @@ def run_training(name: str, attention: str, path: str, args) -> dict:
     if counter is not None:
         row["ops_per_step"] = counter.ops_per_step
         row["top_ops"] = counter.top_ops
+        if counter.traffic_mb_per_step is not None:
+            row["traffic_mb_per_step"] = counter.traffic_mb_per_step
     if args.device == "cuda":
         row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     if spec.compile:  # what torch.compile made of it (0 graphs: not compiled)
@@ -603,7 +650,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{row['precision']:10s} {row['batch_size']:5d} {row['ms_per_step']:9.2f} "
                 f"{row['steps_per_s']:8.2f} {row['graphs_per_s']:9.1f}")
         print(line + (f"  {row['peak_memory_gib']:8.2f}" if "peak_memory_gib" in row else "")
-              + (f"  {row['ops_per_step']} ops/step" if row.get("ops_per_step") is not None else ""))
+              + (f"  {row['ops_per_step']} ops/step" if row.get("ops_per_step") is not None else "")
+              + (f"  {row['traffic_mb_per_step']:.0f} MB/step" if "traffic_mb_per_step" in row else ""))
     for key, ratio in ratios.items():
         flag = "ok" if ratio <= 1.05 else "above 1.05"
         print(f"URPE / RPE time, {key}: {ratio:.3f} ({flag})")

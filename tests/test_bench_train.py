@@ -40,7 +40,7 @@ def test_the_gpu_benchmark_command_runs_on_cpu(zinc_data_root, monkeypatch, caps
     """Every row of the GPU command: eager, the engine and the engine with the Triton core (its
     eager fallback on CPU), URPE and RPE, at the recipe's 20 hops; the engine's step (as a GPU
     records it) has fewer kernel-launching operators than the eager step; each row lists its
-    costliest operators; the ensemble of 1 and
+    costliest operators and the bytes its operators move; the ensemble of 1 and
     6 members gathers its batches as it goes, and 6 stacked members launch far fewer kernels than
     6 runs."""
     bench = load_bench_train(monkeypatch)
@@ -61,6 +61,11 @@ def test_the_gpu_benchmark_command_runs_on_cpu(zinc_data_root, monkeypatch, caps
     assert all("error" not in row and row["ms_per_step"] > 0 and row["max_hops"] == 20 for row in rows.values())
     for attention in ("urpe", "rpe"):
         assert 0 < rows["engine", attention]["ops_per_step"] < 0.8 * rows["eager", attention]["ops_per_step"]
+    # The bytes each step's operators move: URPE's C adds to RPE's, at least a read and a write
+    # of the batch's [B, H, N+1, N+1] attention per layer.
+    for path in ("eager", "engine"):
+        urpe, rpe = (rows[path, attention]["traffic_mb_per_step"] for attention in ("urpe", "rpe"))
+        assert 0 < rpe < urpe and f"{urpe:.0f} MB/step" in out
     ensemble = results["ensemble"]
     assert [(row["members"], row["captured"]) for row in ensemble] == [(1, False), (6, False)]
     assert all(row["ms_per_step"] > 0 and row["gather_ms_per_step"] > 0 and row["max_hops"] == 20

@@ -66,20 +66,31 @@ def lookup_per_head(table: Tensor, slots: Tensor) -> Tensor:
     return looked_up.view(b, heads, n, m)
 
 
-def lookup_by_product(table: Tensor, slots: Tensor) -> Tensor:
-    """``table[slots]`` moved to the front, ``[S, C]`` table and integer slots of any shape ->
-    ``[C, *slots.shape]``, as the product ``table^T onehot(slots)^T``: its backward is a product too.
+def lookup_by_product(table: Tensor, slots: Tensor, offset: float = 0.0) -> Tensor:
+    """``table[slots] + offset`` with the table's columns second: ``[S, C]`` table, integer slots
+    ``[B, *rest]`` -> ``[B, C, *rest]`` (contiguous), as one product per graph
+    ``table^T onehot(slots_b)`` (a batched matrix product); its backward is one too.
 
     Why: a CUDA lookup's backward adds each slot's gradients with atomics (``index_add``) or one
     thread per feature (embedding's), both serial over the ~10,000 pairs that share a distance slot
     in a batch of 256 ZINC graphs (the URPE scale's ``index_add`` alone took 3.2 of 17.6 ms per
     step on one H200). Matrix products are exact for the one-hot factor; the table rounds as any
-    float32 matrix product does under ``torch.set_float32_matmul_precision`` (autocast stays off)."""
+    float32 matrix product does under ``torch.set_float32_matmul_precision`` (autocast stays off),
+    which is why ``offset`` is added after the product (URPE's C is ``1 + delta``: a TF32 product
+    then rounds delta, not C near 1). The graphs stay first, so the attention reads each graph's
+    ``[C, *rest]`` block in one piece and the gradients arrive in the product's own layout (no copy).
+    The offset is added in place to the product itself, not to a view of it, which autograd
+    would otherwise answer with whole-tensor copies in the backward."""
     dtype = torch.promote_types(table.dtype, torch.float32)
-    onehot = slots.reshape(-1, 1) == torch.arange(table.shape[0], device=slots.device, dtype=slots.dtype)
+    batch, (num_slots, columns) = slots.shape[0], table.shape
+    flat = slots.reshape(batch, 1, -1)
+    onehot = flat == torch.arange(num_slots, device=slots.device, dtype=slots.dtype)[:, None]  # [B, S, R]
     with torch.autocast(slots.device.type, enabled=False):
-        product = table.t().to(dtype) @ onehot.to(dtype).t()
-    return product.to(table.dtype).view(table.shape[1], *slots.shape)
+        # bmm, not matmul: matmul would fold the batch into one product and transpose its result.
+        product = torch.bmm(table.t().to(dtype).expand(batch, columns, num_slots), onehot.to(dtype))
+    if offset:
+        product.add_(offset)
+    return product.to(table.dtype).view(batch, columns, *slots.shape[1:])
 
 
 def _check_positive(**values: int) -> None:
@@ -200,7 +211,7 @@ class SpatialBias(nn.Module):
 
     def forward(self, slots: Tensor) -> Tensor:
         if self.by_product and capture_form(self.capture_form, slots):
-            return lookup_by_product(self.embedding.weight, slots).transpose(0, 1)
+            return lookup_by_product(self.embedding.weight, slots)
         return lookup_per_head(self.embedding.weight, slots)
 
 
@@ -416,14 +427,13 @@ class URPEScale(nn.Module):
 
     @staticmethod
     def lookup_many(scales: Sequence["URPEScale"], slots: Tensor) -> list[Tensor]:
-        """``[scale(slots) for scale in scales]`` in the capture form: one product of the
-        concatenated tables with the slots' one-hot matrix (:func:`lookup_by_product`), whose
-        backward is one product too. The 1 of ``C = 1 + delta`` is added after the product, so a
+        """``[scale(slots) for scale in scales]`` in the capture form: one batched product of the
+        concatenated tables with the slots' one-hot matrices (:func:`lookup_by_product`), whose
+        backward is one too. The 1 of ``C = 1 + delta`` is added after the product, so a
         float32 product gives the gathered C bit for bit, and a TF32 one (matmul precision
         ``high``) rounds delta, not C near 1."""
         delta = torch.cat([scale.delta for scale in scales], dim=1)  # [S, L * H]
-        b, n, m = slots.shape
-        # [L * H, B, N+1, N+1] with contiguous [N+1, N+1] blocks: the products with the
-        # probabilities need no layout copies.
-        looked_up = lookup_by_product(delta, slots).add_(1.0)
-        return list(looked_up.view(len(scales), -1, b, n, m).transpose(1, 2).unbind(0))
+        # [B, L * H, N+1, N+1]: each layer's C is a [B, H, N+1, N+1] slice whose [H, N+1, N+1]
+        # block per graph is contiguous, and the stacked gradients arrive in this layout.
+        looked_up = lookup_by_product(delta, slots, offset=1.0)
+        return list(looked_up.unflatten(1, (len(scales), -1)).unbind(1))

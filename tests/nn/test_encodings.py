@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from graphormer_urpe.nn.encodings import (
     AtomEncoder,
@@ -206,6 +207,37 @@ def test_lookup_many_equals_each_layers_lookup_with_gradients(batch):
                                          [s.delta for s in scales])
     for a, b in zip(grads_together, grads_separate):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)  # pair sums in another order
+
+
+class OperatorNames(TorchDispatchMode):
+    """Each operator's name and the size of its largest tensor argument."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+        self.sizes: list[int] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func._overloadpacket.__name__)
+        self.sizes.append(max((a.numel() for a in args if isinstance(a, torch.Tensor)), default=0))
+        return func(*args, **(kwargs or {}))
+
+
+def test_lookup_many_backward_copies_nothing(batch):
+    """The capture form's C for all layers is one batched product whose backward stacks the
+    layers' gradients and takes one product: no whole-tensor copy (a GPU step's memory traffic)."""
+    scales = [URPEScale(max_spd=4, num_heads=H) for _ in range(3)]
+    slots = URPEScale.slots(distance_slots(batch.spd, 4), 4)
+    together = URPEScale.lookup_many(scales, slots)
+    assert all(c.shape == (slots.shape[0], H, *slots.shape[1:]) for c in together)
+    upstream = [torch.randn_like(t) for t in together]
+    loss = sum((t * u).sum() for t, u in zip(together, upstream))
+    with OperatorNames() as ops:
+        loss.backward()
+    assert "stack" in ops.names and ("bmm" in ops.names or "mm" in ops.names)
+    copies = [(name, size) for name, size in zip(ops.names, ops.sizes)
+              if name in ("clone", "copy_", "new_zeros", "as_strided_scatter") and size >= slots.numel()]
+    assert copies == []  # (the small tables' gradients are copied into place, as any parameter's)
 
 
 def test_spatial_bias_capture_form_is_the_lookup_with_gradients(batch):
