@@ -579,6 +579,7 @@ def fused_urpe_attention(
     key_padding_mask: Tensor | None = None,
     dropout_p: float = 0.0,
     seed: int | None = None,
+    launch_config: dict[str, dict] | None = None,
 ) -> Tensor:
     r"""URPE attention ``dropout(softmax(q k^T / sqrt(d) + B) ⊙ C) v`` with fused Triton kernels.
 
@@ -596,6 +597,8 @@ def fused_urpe_attention(
         seed: Philox seed of the dropout mask: an int, a one-element int64 tensor on q's device,
             or None, which draws one on the device from torch's default generator (no host
             sync, so the call can be recorded in a CUDA graph and every replay draws anew).
+        launch_config: tiles and warps per kernel, as :func:`_launch_config` gives them (its
+            default when None); ``scripts/bench_attention.py`` times alternatives.
 
     Returns:
         ``[B, H, Lq, d]`` in q's dtype, a view of ``[B, Lq, H, d]`` storage.
@@ -614,7 +617,7 @@ def fused_urpe_attention(
         raise ValueError(f"fused_urpe_attention needs 0 <= dropout_p < 1; got {dropout_p}")
     return _FusedURPEAttention.apply(
         q, k, v, attn_bias, attn_scale, key_padding_mask, float(dropout_p), seed_tensor(seed, q.device, dropout_p > 0),
-        _launch_config(q.shape[-1], q.dtype),
+        launch_config or _launch_config(q.shape[-1], q.dtype),
     )
 
 
