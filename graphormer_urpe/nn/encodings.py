@@ -93,6 +93,19 @@ def lookup_by_product(table: Tensor, slots: Tensor, offset: float = 0.0) -> Tens
     return product.to(table.dtype).view(batch, columns, *slots.shape[1:])
 
 
+def embed_by_product(table: Tensor, ids: Tensor) -> Tensor:
+    """``sum_c table[ids[..., c]]`` over the id columns, id 0 (padding) adding nothing: ``[V, D]``
+    table, ids ``[*, F]`` -> ``[*, D]``, as each row's counts of ids ``1 .. V-1`` times
+    ``table[1:]``, one matrix product (float32, autocast off); row 0 gets no gradient, as under
+    ``padding_idx=0``. Why: a CUDA embedding's backward over a batch's ~10,000 nodes sorts their
+    ids and sums segments, a dozen small kernels; the product's backward is one."""
+    dtype = torch.promote_types(table.dtype, torch.float32)
+    vocab = torch.arange(1, table.shape[0], device=ids.device, dtype=ids.dtype)
+    counts = (ids[..., None] == vocab).sum(-2, dtype=dtype)  # [*, V-1]
+    with torch.autocast(ids.device.type, enabled=False):
+        return (counts @ table[1:].to(dtype)).to(table.dtype)
+
+
 def _check_positive(**values: int) -> None:
     for name, value in values.items():
         if value < 1:
@@ -125,6 +138,11 @@ class AtomEncoder(nn.Module):
         super().__init__()
         _check_positive(num_atom_embeddings=num_atom_embeddings, hidden_dim=hidden_dim)
         self.embedding = nn.Embedding(num_atom_embeddings, hidden_dim, padding_idx=0)
+        #: Embed by product on every device (:func:`capture_form`); not saved.
+        self.capture_form = False
+        #: Small enough a vocabulary for :func:`embed_by_product` (ZINC: 29 ids; OGB's offset
+        #: columns: thousands, which gather).
+        self.by_product = num_atom_embeddings <= PRODUCT_MAX_SLOTS
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -133,6 +151,8 @@ class AtomEncoder(nn.Module):
             self.embedding.weight[0].zero_()
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.by_product and capture_form(self.capture_form, x):
+            return embed_by_product(self.embedding.weight, x)
         return self.embedding(x).sum(dim=-2)
 
 
@@ -152,6 +172,10 @@ class DegreeEncoder(nn.Module):
         _check_positive(max_degree=max_degree, hidden_dim=hidden_dim)
         self.max_degree = max_degree
         self.embedding = nn.Embedding(max_degree + 2, hidden_dim, padding_idx=0)
+        #: Embed by product on every device (:func:`capture_form`); not saved.
+        self.capture_form = False
+        #: Small enough a table for :func:`embed_by_product` (slim: 64 rows; small, base: 512).
+        self.by_product = max_degree + 2 <= PRODUCT_MAX_SLOTS
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -160,8 +184,10 @@ class DegreeEncoder(nn.Module):
             self.embedding.weight[0].zero_()
 
     def forward(self, degree: Tensor, node_mask: Tensor) -> Tensor:
-        slot = degree.to(torch.int32).clamp(0, self.max_degree) + 1
-        return self.embedding(torch.where(node_mask, slot, 0))
+        slot = torch.where(node_mask, degree.to(torch.int32).clamp(0, self.max_degree) + 1, 0)
+        if self.by_product and capture_form(self.capture_form, slot):
+            return embed_by_product(self.embedding.weight, slot[..., None])
+        return self.embedding(slot)
 
 
 class GraphToken(nn.Module):

@@ -347,7 +347,7 @@ class Graphormer(nn.Module):
         """Switch the training forward to what a CUDA graph can hold, on any device: no value read
         back to the host and no shape that depends on the data. The ids of everything it will see
         (a whole training split: ``atom_ids``, ``bond_ids``) are checked here, once, instead of
-        per batch, and the pair encodings take their capture form on every device
+        per batch, and the encodings take their capture form on every device
         (:func:`~graphormer_urpe.nn.encodings.capture_form`, as they do on a GPU anyway).
         The training engine and the stacked ensemble call it; the values stay the same up to
         float rounding (the edge encoding sums the hops in another order)."""

@@ -167,6 +167,31 @@ def test_node_encodings_zero_at_padding_and_clamp_degrees(batch):
     assert GraphToken(16)(h).shape == (batch.num_graphs, h.shape[1] + 1, 16)
 
 
+@pytest.mark.parametrize("columns", [1, 3])
+def test_node_encodings_capture_form_is_the_lookup_with_gradients(batch, columns):
+    """The capture form's products give the embedding lookups and their gradients on real ZINC
+    atoms and degrees (and on three id columns per atom, as OGB's features have), and the
+    padding row gets no gradient in either form."""
+    torch.manual_seed(0)
+    atoms, degrees = AtomEncoder(29, 16), DegreeEncoder(max_degree=62, hidden_dim=16)
+    assert atoms.by_product and degrees.by_product
+    x = batch.x if columns == 1 else torch.cat([batch.x, (batch.x * 7) % 29, (batch.x * 3) % 29], dim=-1)
+    upstream = torch.randn(*batch.node_mask.shape, 16)
+    results = []
+    for form in (False, True):
+        atoms.capture_form = degrees.capture_form = form
+        h = atoms(x) + degrees(batch.degree, batch.node_mask)
+        grads = torch.autograd.grad((h * upstream).sum(), [atoms.embedding.weight, degrees.embedding.weight])
+        results.append((h.detach(), grads))
+    (h, grads), (h_product, grads_product) = results
+    torch.testing.assert_close(h_product, h, rtol=0, atol=1e-7)  # columns summed in another order
+    for lookup, product in zip(grads, grads_product):
+        torch.testing.assert_close(product, lookup, rtol=1e-5, atol=1e-6)
+        assert lookup[0].abs().max() == 0 and product[0].abs().max() == 0
+    # Vocabularies beyond 64 rows (OGB's offset atom columns; max_degree 510) keep the lookup.
+    assert not AtomEncoder(4609, 16).by_product and not DegreeEncoder(510, 16).by_product
+
+
 def test_urpe_scale_starts_at_one_with_a_graph_token_slot(batch):
     scale = URPEScale(max_spd=4, num_heads=H)
     assert torch.equal(scale.table(), torch.ones(7, H)) and torch.equal(scale.delta, torch.zeros(7, H))
