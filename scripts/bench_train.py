@@ -17,7 +17,8 @@ attention (``urpe``, ``rpe``: plain Graphormer) and each path (:data:`PATHS`):
   whole optimizer step (gather, forward, backward, clipping, fused AdamW) in one CUDA graph on a
   GPU, float32 with TF32 matmuls (``matmul_precision="high"``), the eager attention core; on CPU
   the same step run eagerly, as a GPU records it (``capture_safe``);
-* ``engine-triton``: ``engine`` with the fused Triton attention core on CUDA,
+* ``engine-triton``: ``engine`` with the fused Triton attention core on CUDA;
+* ``engine-compiled``: ``engine`` with the compiled backbone (``compile=True``) inside the step,
 
 it runs ``--warmup`` + ``--steps`` optimizer steps of a Lightning ``Trainer`` (AdamW, gradient
 clipping 5.0, as in the configs; no validation, logging or checkpoints) and times only the last
@@ -34,7 +35,9 @@ FFN width; the preset's depth and heads are kept) the CPU's ms per step is then 
 On a CPU it also reports ``traffic_mb_per_step``: the bytes the step's operators read and write
 (:class:`TrafficCounter`; the CPU's dropout takes five operators per mask where a GPU runs one
 kernel, so it counts a little more than a GPU moves). These are the CPU proxies for the launch- and
-memory-bound GPU step; on a GPU, ``steps_per_s`` is the figure.
+memory-bound GPU step; on a GPU, ``steps_per_s`` is the figure. On CPU, neither sees inside a
+compiled backbone (``compiled``, ``engine-compiled``): its operators count only what runs outside
+the compiled regions, and its traffic is not counted.
 
 Data: ZINC-12k from ``--zinc-root`` (built from ``--shared``/zinc when missing, as
 ``ZINCDataModule(source_dir=...)`` does); PCQM4Mv2 from an OGB-format root written by
@@ -108,6 +111,7 @@ PATHS = {
     "resident": TrainPath(resident=True, triton=True),
     "engine": TrainPath(resident=True, static_shapes=True, engine=True, matmul_precision="high"),
     "engine-triton": TrainPath(resident=True, static_shapes=True, engine=True, triton=True, matmul_precision="high"),
+    "engine-compiled": TrainPath(resident=True, static_shapes=True, engine=True, compile=True, matmul_precision="high"),
 }
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true")
 
@@ -259,20 +263,21 @@ class TrafficCounter(TorchDispatchMode):
         return result
 
 
-def make_op_counter(start: int, steps: int, device: str):
+def make_op_counter(start: int, steps: int, device: str, compiled: bool = False):
     """A callback profiling optimizer steps ``start + 1 .. start + steps``; its ``ops_per_step``
     counts the leaf ATen operators per step and ``top_ops`` says where the device time goes
     (:func:`top_ops`; on a GPU the kernels of a replayed CUDA graph are recorded too). On a CPU it
     then counts one more step's memory traffic (:class:`TrafficCounter`, ``traffic_mb_per_step``):
     apart from the profiled ones, since operators dispatched through Python show the profiler
-    more events. ``extra_steps`` is how many steps it needs after ``start``."""
+    more events; not for a ``compiled`` backbone, whose compiled code a dispatch mode bypasses.
+    ``extra_steps`` is how many steps it needs after ``start``."""
     import lightning.pytorch as pl
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
 
     class OpCounter(pl.Callback):
-        extra_steps = steps + (device == "cpu")
+        extra_steps = steps + (device == "cpu" and not compiled)
 
         def __init__(self) -> None:
             self.profiler, self.ops_per_step, self.top_ops = None, None, None
@@ -282,7 +287,7 @@ def make_op_counter(start: int, steps: int, device: str):
             if trainer.global_step == start and self.profiler is None:
                 self.profiler = profile(activities=activities)
                 self.profiler.__enter__()
-            if trainer.global_step == start + steps and device == "cpu" and self.traffic is None:
+            if trainer.global_step == start + steps and self.extra_steps > steps and self.traffic is None:
                 self.traffic = TrafficCounter()
                 self.traffic.__enter__()
 
@@ -341,7 +346,8 @@ def run_training(name: str, attention: str, path: str, args) -> dict:
     if module._engine is not None:
         module._engine.capture_safe = True  # on CPU too: the step a GPU records
     timer = make_step_timer(args.device, args.warmup, args.steps)
-    counter = make_op_counter(args.warmup + args.steps, args.count_ops, args.device) if args.count_ops else None
+    counter = (make_op_counter(args.warmup + args.steps, args.count_ops, args.device, spec.compile)
+               if args.count_ops else None)
     trainer = pl.Trainer(
         accelerator=args.device, devices=1, max_steps=args.warmup + args.steps + (counter.extra_steps if counter else 0),
         max_epochs=-1,

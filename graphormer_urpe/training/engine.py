@@ -48,7 +48,9 @@ skipped steps change nothing, no checkpoint ever holds a diverged model.
 It steps any batches; it records the step in a CUDA graph when they are device-resident and of
 one shape (``data.device_resident`` and ``data.static_shapes``), and gathers them inside the step.
 It needs one device, no loss scaler (``32-true`` or ``bf16-mixed``), no gradient accumulation,
-clipping by norm (or none), and no ``compile`` (:meth:`TrainingEngine.unsupported`). A checkpoint of the eager step resumes under the engine and the reverse
+and clipping by norm (or none) (:meth:`TrainingEngine.unsupported`). With ``model.compile`` the
+backbone's compiled regions run inside the step (compiled during the steps before the recording),
+so a GPU records their fused kernels. A checkpoint of the eager step resumes under the engine and the reverse
 (:func:`~.optim.set_optimizer_kernel`).
 """
 from __future__ import annotations
@@ -215,9 +217,6 @@ class TrainingEngine(pl.Callback):
     statistics at each logging interval."""
 
     def __init__(self, module: pl.LightningModule, required: bool = True) -> None:
-        hp = module.hparams
-        if hp.get("compile"):
-            raise ValueError("engine records the whole step itself: set model.compile false")
         self.module = module
         #: ``model.engine true``: a run it cannot train is an error; else (the default) that run
         #: takes Lightning's own step, with a log line.

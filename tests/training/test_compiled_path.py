@@ -62,7 +62,7 @@ def test_resident_training_resumes_and_equals_dataloader_training(zinc_data_root
 
 
 @pytest.mark.slow
-def test_compiled_backbone_matches_eager(zinc_data_root, monkeypatch):
+def test_compiled_backbone_matches_eager(zinc_data_root):
     """compile=True: same parameter names (checkpoints interchange), and the same outputs and
     gradients as eager on real ZINC batches of different sizes without recompiling per size."""
     from torch._dynamo.utils import counters
@@ -81,19 +81,46 @@ def test_compiled_backbone_matches_eager(zinc_data_root, monkeypatch):
     compiled.load_state_dict(eager.state_dict())
     torch._dynamo.reset()
     counters.clear()
-    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
-    for batch in batches:
-        try:
-            output = compiled(batch)
-        except torch._dynamo.exc.BackendCompilerFailed as error:  # e.g. no C++ compiler for inductor
-            pytest.skip(f"torch.compile (inductor) cannot compile on this machine: {error}")
-        expected = eager(batch)
-        torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-6)
-        output.sum().backward()
-        expected.sum().backward()
+    # (config.patch, not monkeypatch: undoing a monkeypatch deletes a dynamo config entry)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for batch in batches:
+            try:
+                output = compiled(batch)
+            except torch._dynamo.exc.BackendCompilerFailed as error:  # e.g. no C++ compiler for inductor
+                pytest.skip(f"torch.compile (inductor) cannot compile on this machine: {error}")
+            expected = eager(batch)
+            torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-6)
+            output.sum().backward()
+            expected.sum().backward()
     # one graph for the (shared) layer code, one for the edge-path encoding
     assert counters["stats"]["unique_graphs"] == 2
     gradients = dict(eager.named_parameters())
     for name, parameter in compiled.named_parameters():
         torch.testing.assert_close(parameter.grad, gradients[name].grad, rtol=1e-4, atol=1e-6,
                                    msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.slow
+def test_the_engine_trains_a_compiled_backbone_as_it_trains_the_eager_one(zinc_data_root, tmp_path):
+    """``configs/engine.yaml`` then ``--model.compile true`` through the CLI: the compiled layers
+    and edge encoding run inside the engine's step (on a GPU, inside its CUDA graph), and 6 steps
+    on real ZINC batches of one shape end at the uncompiled engine's parameters, within float32
+    rounding (inductor sums in its own order)."""
+    engine = ("--config", str(REPO / "configs" / "engine.yaml"), "--trainer.precision", "32-true")
+    runs = {}
+    for compiled in (False, True):
+        try:
+            runs[compiled] = fit(tmp_path / str(compiled), zinc_data_root, 6, *engine,
+                                 "--model.compile", str(compiled).lower())
+        except torch._dynamo.exc.BackendCompilerFailed as error:
+            pytest.skip(f"torch.compile (inductor) cannot compile on this machine: {error}")
+    for cli in runs.values():
+        assert cli.trainer.global_step == 6 and cli.model._engine is not None and cli.model._engine.slots
+    assert runs[True].model.model.layers[0]._compiled_call_impl is not None  # compiled regions
+    assert runs[False].model.model.layers[0]._compiled_call_impl is None
+    expected = dict(runs[False].model.named_parameters())
+    moved = 0
+    for name, parameter in runs[True].model.named_parameters():
+        torch.testing.assert_close(parameter, expected[name], rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+        moved += not torch.equal(parameter, expected[name])
+    assert moved > 0  # the two runs computed separately (not one model twice)
