@@ -55,15 +55,14 @@ class GraphBatch:
 
     def tensors(self) -> dict[str, Tensor]:
         """Every tensor by name, encodings included (flat: ``{"x": ..., "spd": ...}``)."""
-        plain = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "encodings"}
+        plain = {name: getattr(self, name) for name in _TENSOR_FIELDS}
         return {**plain, **self.encodings}
 
     @classmethod
     def from_tensors(cls, tensors: dict[str, Tensor]) -> "GraphBatch":
         """The inverse of :meth:`tensors`."""
-        plain = {f.name for f in fields(cls)} - {"encodings"}
-        return cls(**{k: v for k, v in tensors.items() if k in plain},
-                   encodings={k: v for k, v in tensors.items() if k not in plain})
+        return cls(**{k: v for k, v in tensors.items() if k in _TENSOR_FIELDS},
+                   encodings={k: v for k, v in tensors.items() if k not in _TENSOR_FIELDS})
 
     def map(self, fn) -> "GraphBatch":
         """Every tensor replaced by ``fn(tensor)``."""
@@ -81,6 +80,11 @@ class GraphBatch:
 
     def __len__(self) -> int:
         return self.num_graphs
+
+
+#: GraphBatch's tensor fields (all but ``encodings``), in order; a constant, which
+#: ``torch.compile`` reads where it cannot trace ``dataclasses.fields`` (the compiled ensemble).
+_TENSOR_FIELDS = tuple(f.name for f in fields(GraphBatch) if f.name != "encodings")
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 through the training CLI, and ``GraphormerModule(compile=True)``."""
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -100,27 +101,26 @@ def test_compiled_backbone_matches_eager(zinc_data_root):
                                    msg=lambda m: f"{name}: {m}")
 
 
-@pytest.mark.slow
-def test_the_engine_trains_a_compiled_backbone_as_it_trains_the_eager_one(zinc_data_root, tmp_path):
+def test_the_engine_trains_a_compiled_backbone_as_it_trains_the_eager_one(zinc_data_root, tmp_path, monkeypatch):
     """``configs/engine.yaml`` then ``--model.compile true`` through the CLI: the compiled layers
     and edge encoding run inside the engine's step (on a GPU, inside its CUDA graph), and 6 steps
     on real ZINC batches of one shape end at the uncompiled engine's parameters, within float32
-    rounding (inductor sums in its own order)."""
+    rounding. Compiled by ``aot_eager`` (dynamo and AOTAutograd; inductor's code for these
+    regions is checked against eager above)."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
     engine = ("--config", str(REPO / "configs" / "engine.yaml"), "--trainer.precision", "32-true")
     runs = {}
+    counters.clear()
     for compiled in (False, True):
-        try:
-            runs[compiled] = fit(tmp_path / str(compiled), zinc_data_root, 6, *engine,
-                                 "--model.compile", str(compiled).lower())
-        except torch._dynamo.exc.BackendCompilerFailed as error:
-            pytest.skip(f"torch.compile (inductor) cannot compile on this machine: {error}")
+        runs[compiled] = fit(tmp_path / str(compiled), zinc_data_root, 6, *engine,
+                             "--model.compile", str(compiled).lower())
+    assert counters["stats"]["unique_graphs"] >= 2 and not counters["graph_break"]
     for cli in runs.values():
         assert cli.trainer.global_step == 6 and cli.model._engine is not None and cli.model._engine.slots
     assert runs[True].model.model.layers[0]._compiled_call_impl is not None  # compiled regions
     assert runs[False].model.model.layers[0]._compiled_call_impl is None
     expected = dict(runs[False].model.named_parameters())
-    moved = 0
     for name, parameter in runs[True].model.named_parameters():
         torch.testing.assert_close(parameter, expected[name], rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
-        moved += not torch.equal(parameter, expected[name])
-    assert moved > 0  # the two runs computed separately (not one model twice)

@@ -5,6 +5,7 @@ ensemble resumes exactly."""
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import os
 import signal
@@ -18,7 +19,8 @@ import torch
 
 from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.training.cli import build_cli
-from graphormer_urpe.training.ensemble import METRICS_FILE, STATE_FILE, Ensemble, EnsembleStopped, MemberSpec
+from graphormer_urpe.training.ensemble import (METRICS_FILE, STATE_FILE, Ensemble, EnsembleStopped, MemberSpec,
+                                               check_members)
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = {"num_layers": 2, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2}
@@ -273,11 +275,13 @@ def train_steps(ensemble: Ensemble, count: int, sync_debug: bool = False) -> tor
         batches.set_epoch(epoch)
         for index in range(min(len(batches), count - len(losses))):
             replay = sync_debug and module._graph is not None
-            torch.cuda.set_sync_debug_mode("error" if replay else "default")
+            if sync_debug:
+                torch.cuda.set_sync_debug_mode("error" if replay else "default")
             try:
                 losses.append(module.train_step(batches[index]))
             finally:
-                torch.cuda.set_sync_debug_mode("default")
+                if sync_debug:
+                    torch.cuda.set_sync_debug_mode("default")
         epoch += 1
     return torch.stack(losses)
 
@@ -355,3 +359,40 @@ def test_a_second_signal_stops_at_once_and_one_in_the_last_epoch_lets_it_finish(
     else:
         assert torch.load(state, weights_only=True)["global_step"] == STEPS
         assert torch.load(last, weights_only=True)["global_step"] == STEPS
+
+
+@pytest.mark.slow
+def test_a_compiled_ensemble_trains_as_the_eager_one(zinc_data_root, tmp_path, one_torch_thread, monkeypatch):
+    """``--model.compile true`` for every member: the stacked step (the vmapped forward of all
+    members and its backward) is traced whole into one graph without a break, and trains as the
+    uncompiled one. Compiled by ``aot_eager`` (dynamo and AOTAutograd as on a GPU, without
+    inductor's code generation: on a 2-core CPU its C++ compiles take ~50 s for one layer)."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    backbone = {**TINY, **NO_DROPOUT}
+    eager = Ensemble(specs(tmp_path, zinc_data_root, backbone, "eager"), tmp_path / "e")
+    compiled = Ensemble([MemberSpec(spec.label, (*spec.cli_args, "--model.compile", "true"))
+                         for spec in specs(tmp_path, zinc_data_root, backbone, "compiled")], tmp_path / "c")
+    assert not hasattr(eager.module._train_step, "_torchdynamo_orig_callable")
+    assert hasattr(compiled.module._train_step, "_torchdynamo_orig_callable")
+    expected = train_steps(eager, 4)
+    counters.clear()
+    losses = train_steps(compiled, 4)
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    torch.testing.assert_close(losses, expected, rtol=1e-5, atol=1e-6)
+    for name, value in eager.params.items():
+        torch.testing.assert_close(compiled.params[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_saved_state_resumes_with_or_without_compile():
+    """``--model.compile`` says how the step runs, not what is trained: a state saved by members
+    without it resumes with it (and the reverse); any other difference is refused."""
+    saved = [["--config", "configs/zinc.yaml", "--seed_everything", "0"],
+             ["--config", "configs/zinc.yaml", "--seed_everything", "1"]]
+    check_members(saved, [[*args, "--model.compile", "true"] for args in saved], "state")
+    check_members([[*args, "--model.compile=false"] for args in saved], saved, "state")
+    with pytest.raises(ValueError, match="state belongs to other runs"):
+        check_members(saved, [[*args, "--model.lr", "0.001"] for args in saved], "state")
+    with pytest.raises(ValueError, match="state belongs to other runs"):
+        check_members(saved[:1], saved, "state")
