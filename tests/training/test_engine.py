@@ -326,16 +326,18 @@ def test_console_scripts_train_with_the_engine_and_test_its_checkpoint(zinc_data
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_captured_step_equals_eager_and_never_syncs(zinc_data_root):
+@pytest.mark.parametrize("compile", [False, True], ids=["eager backbone", "compiled backbone"])
+def test_captured_step_equals_eager_and_never_syncs(zinc_data_root, compile):
     """On a GPU: the CUDA-graph step trains like Lightning's eager step (float32 tolerance:
-    different kernels), and 100 replays make no device-to-host sync."""
+    different kernels), and 100 replays make no device-to-host sync; also with the backbone
+    compiled (inductor's kernels recorded in the graph)."""
     def run(engine: bool, steps: int, callbacks=()):
         dm = ZINCDataModule(root=str(zinc_data_root), batch_size=16, device_resident=True, static_shapes=True)
         pl.seed_everything(3, verbose=False)
         module = GraphormerModule(DataFacts(num_atom_embeddings=dm.num_atom_embeddings,
                                             num_bond_embeddings=dm.num_bond_embeddings),
                                   backbone={**TINY, **NO_DROPOUT}, lr=1e-3, warmup_steps=5,
-                                  total_steps=200, engine=engine)
+                                  total_steps=200, engine=engine, compile=compile and engine)
         trainer = pl.Trainer(accelerator="gpu", devices=1, max_steps=steps, precision="32-true",
                              gradient_clip_val=5.0, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
                              log_every_n_steps=1000, enable_checkpointing=False, enable_progress_bar=False,
@@ -377,3 +379,22 @@ def test_replays_draw_new_dropout_masks():
         graph.replay()
         masks.append(out.clone())
     assert not torch.equal(masks[0], masks[1]) and not torch.equal(masks[1], masks[2])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_replays_of_compiled_dropout_draw_new_masks():
+    """The same for inductor's dropout, which a compiled backbone inside the engine's graph
+    uses: its seeds are drawn on the device, so every replay draws new ones."""
+    dropout = torch.compile(lambda x: torch.nn.functional.dropout(x, 0.5) + 0.0)
+    x = torch.ones(4096, device="cuda")
+    for _ in range(2):  # compiled and run outside the capture first
+        dropout(x)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = dropout(x)
+    masks = []
+    for _ in range(3):
+        graph.replay()
+        masks.append(out.clone())
+    assert not torch.equal(masks[0], masks[1]) and not torch.equal(masks[1], masks[2])
+    assert 0.4 < float((masks[0] == 0).float().mean()) < 0.6
