@@ -82,10 +82,9 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
             syncs; on a GPU, with ``data.device_resident`` and ``data.static_shapes``, the batch
             gather too, recorded in one CUDA graph. ``None`` (default): wherever the run allows
             it (not with ``16-mixed``, gradient accumulation, clipping by value or several
-            devices: there Lightning's own step trains, with a log line; with ``compile`` too,
-            as before the engine took compiled backbones); ``True``: those settings are an
-            error, and with ``compile`` the compiled backbone runs inside the engine's step;
-            ``False``: Lightning's step.
+            devices: there Lightning's own step trains, with a log line; ``compile`` alone also
+            keeps Lightning's step); ``True``: those settings are an error, and with ``compile``
+            the compiled backbone runs inside the engine's step; ``False``: Lightning's step.
         init_from: fine-tuning: a checkpoint of this project (training or weights-only) whose
             backbone weights replace the initial ones when ``fit`` starts (not when it resumes
             with ``--ckpt_path``); every parameter must fit, else the run stops naming each
