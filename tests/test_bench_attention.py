@@ -26,7 +26,7 @@ def gpu_command() -> list[str]:
     return shlex.split(line)[2:]
 
 
-def test_the_gpu_command_times_the_eager_core_on_cpu(zinc_data_root, monkeypatch, capsys):
+def test_the_gpu_command_times_the_eager_core_on_cpu(zinc_data_root, capsys):
     spec = importlib.util.spec_from_file_location("bench_attention", SCRIPT)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
