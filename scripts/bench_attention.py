@@ -15,8 +15,8 @@ the first batch without dropout (``max diff``: the largest difference over the o
 gradient, relative where values exceed 1; TF32 products in both; above 0.05 the configuration is
 marked as computing wrongly, not timed). Times: the median over
 ``--batches`` real batches (seeded draws of the training split) of ``--reps`` timed calls each,
-after ``--warmup`` calls (CUDA events). The fused rows need a CUDA device (or ``TRITON_INTERPRET=1``
-set before the start, which checks the configurations on CPU and says nothing of speed).
+after ``--warmup`` calls (CUDA events). The fused rows need a CUDA device; with ``TRITON_INTERPRET=1``
+set before the start, Triton's CPU interpreter checks them without timing them.
 
 Prints a table, then one JSON line (device, versions, date, command, rows).
 """
@@ -193,6 +193,8 @@ def main(argv=None) -> int:
                 row["max_diff"] = max_difference(call, first) if row["name"] != "eager" else 0.0
                 if row["max_diff"] > 5e-2:
                     row["skipped"] = "differs from the eager core"
+                elif row["name"] != "eager" and fused_attention.TRITON_INTERPRETED:
+                    row["skipped"] = "checked, not timed: the CPU interpreter's times say nothing"
                 else:
                     row["ms"] = statistics.median(
                         time_call(call, attention_inputs(*draw, args, args.device, seed=i), args, args.device)

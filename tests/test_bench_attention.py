@@ -44,7 +44,7 @@ def test_the_gpu_command_times_the_eager_core_on_cpu(zinc_data_root, capsys):
 
 def test_each_launch_configuration_computes_the_eager_core_under_the_interpreter(zinc_data_root, tmp_path):
     pytest.importorskip("triton")
-    configs = ["fwd=16x64w2,dkdv=16x64w2,dq=16x64w2", "fwd=64x64w4,dkdv=64x64w4,dq=64x64w4s1"]
+    configs = ["fwd=64x64w4,dkdv=16x64w2,dq=32x64w4s1"]
     result = subprocess.run(
         [sys.executable, str(SCRIPT), *SMALL, "--batch", "1", "--zinc-root", str(zinc_data_root),
          "--configs", *configs],
@@ -53,14 +53,15 @@ def test_each_launch_configuration_computes_the_eager_core_under_the_interpreter
     rows = json.loads(result.stdout.strip().splitlines()[-1])["rows"]
     assert [row["name"] for row in rows] == ["eager", "fused default", *configs]
     for row in rows[1:]:
-        assert "error" not in row and "skipped" not in row and row["ms"] > 0, row
+        assert "error" not in row and "ms" not in row and row["skipped"].startswith("checked, not timed"), row
         assert row["max_diff"] < 1e-4, row  # no TF32 on CPU: float32 sums in another order
 
 
-def test_a_configuration_that_cannot_be_read_is_named_before_the_data_loads(tmp_path):
-    result = subprocess.run([sys.executable, str(SCRIPT), *SMALL, "--zinc-root", str(tmp_path / "none"),
-                             "--configs", "fwd=16by64"], capture_output=True, text=True, timeout=300)
-    assert result.returncode != 0
-    assert result.stderr.strip().splitlines()[-1] == \
-        "--configs: cannot read 'fwd=16by64' (expected e.g. fwd=16x64w2 or dq=32x32w4s1)"
-    assert not (tmp_path / "none").exists()
+def test_a_configuration_that_cannot_be_read_is_named_before_the_data_loads(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("bench_attention", SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    with pytest.raises(SystemExit) as stopped:
+        bench.main([*SMALL, "--zinc-root", str(tmp_path / "none"), "--configs", "fwd=16by64"])
+    assert str(stopped.value) == "--configs: cannot read 'fwd=16by64' (expected e.g. fwd=16x64w2 or dq=32x32w4s1)"
+    assert not (tmp_path / "none").exists() and capsys.readouterr().out == ""
