@@ -135,7 +135,9 @@ class Run:
         record = read_json(self.record_path, None)
         if record is None:
             return {"cli_args": self.cli_args, "commit": self.grid.commit, "attempts": []}
-        if record["cli_args"] != self.cli_args:
+        from graphormer_urpe.training.cli import training_args
+
+        if training_args(record["cli_args"]) != training_args(self.cli_args):
             raise ValueError(f"{self.dir} was started with other arguments:\n  {record['cli_args']}"
                              f"\nnow:\n  {self.cli_args}\nchoose another --name or remove it")
         return record
@@ -381,9 +383,12 @@ def backbone_overrides(backbone: Any) -> dict[str, Any]:
 
 
 def default_name(recipe_args: Sequence[str]) -> str:
-    """``<config stems>-<hash of all recipe arguments>``: one name per distinct recipe."""
+    """``<config stems>-<hash of the recipe arguments>``: one name per distinct recipe (arguments
+    that only say how the steps run, such as ``--model.compile``, leave it as it is)."""
+    from graphormer_urpe.training.cli import training_args
+
     stems = [Path(a).stem for prev, a in zip(recipe_args, recipe_args[1:]) if prev == "--config"]
-    digest = hashlib.sha256("\0".join(recipe_args).encode()).hexdigest()[:8]
+    digest = hashlib.sha256("\0".join(training_args(list(recipe_args))).encode()).hexdigest()[:8]
     return "+".join(stems or ["recipe"]) + f"-{digest}"
 
 

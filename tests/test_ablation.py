@@ -247,6 +247,28 @@ def test_changed_recipe_under_the_same_name_is_refused(zinc_data_root, tmp_path)
         run.load_record()
 
 
+def test_a_run_started_without_compile_continues_with_it(zinc_data_root, tmp_path):
+    """``--model.compile`` says how the steps run, not what is trained: a run directory started
+    without it continues with it (the committed paper ablation resumes compiled), and a grid's
+    default name stays the same."""
+    from graphormer_urpe.ablation import Grid, default_name, parse_args
+
+    def grid(*extra):
+        args, overrides = parse_args(["--name", "n", "--runs-dir", str(tmp_path), "--seeds", "0",
+                                      "--arms", "rpe", "--trainer.max_steps", "5", *extra])
+        return Grid(args, overrides)
+
+    plain = grid().runs[0]
+    plain.dir.mkdir(parents=True)
+    plain.record_path.write_text(json.dumps({"cli_args": plain.cli_args, "attempts": []}))
+    compiled = grid("--model.compile", "true").runs[0]
+    assert "--model.compile" in compiled.cli_args
+    assert compiled.load_record()["cli_args"] == plain.cli_args
+    recipe = ["--config", "configs/zinc.yaml", "--trainer.max_steps", "5"]
+    assert default_name([*recipe, "--model.compile", "true"]) == default_name(recipe)
+    assert default_name([*recipe, "--model.lr", "0.001"]) != default_name(recipe)
+
+
 def test_unknown_runner_argument_is_an_error(capsys):
     from graphormer_urpe.ablation import parse_args
 

@@ -762,29 +762,13 @@ def _set_best(callback, path: Path, score: Tensor) -> None:
     callback.kth_best_model_path, callback.kth_value = str(path), score
 
 
-#: Member arguments that say how the step runs, not what is trained: a state saved with or
-#: without them resumes either way.
-EXECUTION_ARGS = ("--model.compile",)
-
-
-def _training_args(args: list[str]) -> list[str]:
-    """``args`` without :data:`EXECUTION_ARGS` (``--name value`` or ``--name=value``)."""
-    kept, skip = [], False
-    for arg in args:
-        if skip:
-            skip = False
-        elif arg in EXECUTION_ARGS:
-            skip = True
-        elif not arg.startswith(tuple(f"{name}=" for name in EXECUTION_ARGS)):
-            kept.append(arg)
-    return kept
-
-
 def check_members(saved: Any, members: list[list[str]], what: str) -> None:
     """ValueError unless a saved state was written for these members' arguments (up to
-    :data:`EXECUTION_ARGS`)."""
-    if not isinstance(saved, list) or [_training_args(list(args)) for args in saved] != \
-            [_training_args(args) for args in members]:
+    :data:`~.cli.EXECUTION_ARGS`: a state saved with or without ``--model.compile`` resumes either way)."""
+    from graphormer_urpe.training.cli import training_args
+
+    if not isinstance(saved, list) or [training_args(list(args)) for args in saved] != \
+            [training_args(args) for args in members]:
         raise ValueError(f"{what} belongs to other runs; remove it or choose another directory")
 
 
