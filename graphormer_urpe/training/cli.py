@@ -83,7 +83,6 @@ class PredictionWriter(BasePredictionWriter):
         logging.getLogger(__name__).info("wrote %d predictions to %s", len(rows), path)
 
 
-
 #: Run arguments that say how the steps run, not what is trained: a run, a saved ensemble state
 #: or an ablation grid started with or without them continues either way.
 EXECUTION_ARGS = ("--model.compile",)
@@ -100,6 +99,7 @@ def training_args(args: list[str]) -> list[str]:
         elif not arg.startswith(tuple(f"{name}=" for name in EXECUTION_ARGS)):
             kept.append(arg)
     return kept
+
 
 def _per_dataloader(predictions) -> list[list]:
     """Lightning returns a flat list for one predict loader and a list of lists for several."""
