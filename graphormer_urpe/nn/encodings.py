@@ -39,9 +39,10 @@ ABSENT_ROWS = 1 << 14
 #: head count, if larger): ZINC has 4, OGB's features 13. Its counts ``[P, K, ids]`` are then no
 #: larger than a few gathered ``[P, K, H]`` rows; larger vocabularies take the gather.
 COUNTED_MAX_BOND_IDS = 16
-#: :func:`lookup_by_product` serves distance tables of up to this many rows (slim: 40 and 41).
-#: Its one-hot matrix and products grow with the rows: presets with ``max_spd = 510`` (small,
-#: base) gather with :func:`lookup_per_head` on every device instead.
+#: :func:`lookup_by_product` serves distance tables of up to this many rows (slim: 40 and 41),
+#: :func:`embed_by_product` node tables (ZINC's 29 atom ids, slim's 64 degree slots). The one-hot
+#: matrices and products grow with the rows: presets with ``max_spd = 510`` (small, base) and
+#: OGB's offset atom columns look up instead, on every device.
 PRODUCT_MAX_SLOTS = 64
 
 
@@ -93,6 +94,13 @@ def lookup_by_product(table: Tensor, slots: Tensor, offset: float = 0.0) -> Tens
     return product.to(table.dtype).view(batch, columns, *slots.shape[1:])
 
 
+def id_counts(ids: Tensor, num_ids: int, dim: int) -> Tensor:
+    """How often each id ``1 .. num_ids - 1`` occurs along ``dim`` of ``ids`` (id 0, padding or
+    absent, counts nothing): float32, ``dim`` removed and the ids as a new last axis."""
+    vocab = torch.arange(1, num_ids, device=ids.device, dtype=ids.dtype)
+    return (ids[..., None] == vocab).sum(dim if dim >= 0 else dim - 1, dtype=torch.float32)
+
+
 def embed_by_product(table: Tensor, ids: Tensor) -> Tensor:
     """``sum_c table[ids[..., c]]`` over the id columns, id 0 (padding) adding nothing: ``[V, D]``
     table, ids ``[*, F]`` -> ``[*, D]``, as each row's counts of ids ``1 .. V-1`` times
@@ -100,8 +108,7 @@ def embed_by_product(table: Tensor, ids: Tensor) -> Tensor:
     ``padding_idx=0``. Why: a CUDA embedding's backward over a batch's ~10,000 nodes sorts their
     ids and sums segments, a dozen small kernels; the product's backward is one."""
     dtype = torch.promote_types(table.dtype, torch.float32)
-    vocab = torch.arange(1, table.shape[0], device=ids.device, dtype=ids.dtype)
-    counts = (ids[..., None] == vocab).sum(-2, dtype=dtype)  # [*, V-1]
+    counts = id_counts(ids, table.shape[0], dim=-1).to(dtype)  # [*, V-1]
     with torch.autocast(ids.device.type, enabled=False):
         return (counts @ table[1:].to(dtype)).to(table.dtype)
 
@@ -358,8 +365,7 @@ class EdgePathBias(nn.Module):
         ``edge_attr``), which CUDA gathers in parallel where a row gather runs a block per row."""
         ids = edge_attr.t().index_select(1, torch.where(present, hops, 0).reshape(-1))
         ids = ids.view(edge_attr.shape[1], *hops.shape) * present  # [Fe, P, K]; absent: id 0
-        vocab = torch.arange(1, self.embedding.num_embeddings, device=ids.device, dtype=ids.dtype)
-        return (ids[..., None] == vocab).sum(0, dtype=torch.float32)
+        return id_counts(ids, self.embedding.num_embeddings, dim=0)
 
     @staticmethod
     def sum_hops_counted(counts: Tensor, tables: Tensor) -> Tensor:
