@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import platform
 import shlex
 import statistics
 import sys
@@ -36,6 +35,8 @@ import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_train import device_name  # noqa: E402  (one description of the machine for both benchmarks)
 #: Launch configurations timed by default besides the kernels' own: whole key rows per program
 #: (L <= 64), smaller tiles with fewer warps (more programs per SM), and the whole block.
 DEFAULT_CONFIGS = (
@@ -51,6 +52,8 @@ DEFAULT_CONFIGS = (
 
 def parse_config(text: str, head_dim: int) -> dict[str, dict]:
     """``fwd=16x64w2,dkdv=...,dq=...`` -> the kernels' launch configuration."""
+    from graphormer_urpe.nn.fused_attention import head_block
+
     config = {}
     for part in text.split(","):
         name, _, tile = part.partition("=")
@@ -58,7 +61,7 @@ def parse_config(text: str, head_dim: int) -> dict[str, dict]:
             shape, _, rest = tile.partition("w")
             warps, _, stages = rest.partition("s")
             block_m, block_n = (int(x) for x in shape.split("x"))
-            config[name.strip()] = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, 1 << (head_dim - 1).bit_length()),
+            config[name.strip()] = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_block(head_dim),
                                         num_warps=int(warps), num_stages=int(stages or 2))
         except ValueError:
             raise SystemExit(f"--configs: cannot read {part!r} (expected e.g. fwd=16x64w2 or dq=32x32w4s1)") from None
@@ -209,8 +212,7 @@ def main(argv=None) -> int:
     best = min(timed, key=lambda row: row["ms"]) if timed else None
     if best is not None and eager_ms and args.device == "cuda":
         print(f"fastest fused: {best['name']} at {best['ms']:.3f} ms, {eager_ms / best['ms']:.2f}x the eager core")
-    device_name = torch.cuda.get_device_name() if args.device == "cuda" else (platform.processor() or "cpu")
-    print(json.dumps({"device": device_name, "torch": torch.__version__, "date": datetime.date.today().isoformat(),
+    print(json.dumps({"device": device_name(args.device), "torch": torch.__version__, "date": datetime.date.today().isoformat(),
                       "command": "bench_attention.py " + shlex.join(sys.argv[1:] if argv is None else argv),
                       "dtype": args.dtype, "batch": args.batch, "tokens": int(first["q"].shape[2]),
                       "rows": rows, "fastest_fused": best["name"] if best and args.device == "cuda" else None}))

@@ -447,6 +447,12 @@ if triton is not None:
         )
 
 
+def head_block(head_dim: int) -> int:
+    """The kernels' tile width over the head dimension: its next power of two, at least 16 (the
+    smallest ``tl.dot`` operand)."""
+    return max(16, 1 << (head_dim - 1).bit_length())
+
+
 def _launch_config(head_dim: int, dtype: torch.dtype) -> dict[str, dict]:
     """Tiles and warps per kernel (``fwd``, ``dkdv``, ``dq``); not autotuned.
 
@@ -456,7 +462,7 @@ def _launch_config(head_dim: int, dtype: torch.dtype) -> dict[str, dict]:
     little in the dK/dV kernel. The kernels are bound by reading B and C, so tiles smaller than
     plain flash attention's cost little.
     """
-    block_d = max(16, triton.next_power_of_2(head_dim))
+    block_d = head_block(head_dim)
     if TRITON_INTERPRETED:  # the interpreter's cost is per op, so small tiles keep tests quick
         tile = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_D=block_d, num_warps=1, num_stages=1)
         return {"fwd": tile, "dkdv": tile, "dq": tile}
