@@ -52,7 +52,8 @@ with each step's batches gathered as it goes (ms per step, member steps per seco
 alone (ms per step), the same number of steps in the training loop itself (Lightning's, as
 ``graphormer-urpe-ablation --ensemble`` trains: ``loop`` ms per step and member steps per second)
 and, on CPU, the aten ops per step that launch a kernel.
-``--ensemble-backbone`` (JSON) changes slim, e.g. a tiny width on CPU so host time shows.
+``--ensemble-backbone`` (JSON) changes slim, e.g. a tiny width on CPU so host time shows;
+``--ensemble-args`` adds training options to every member, e.g. ``'--model.compile true'``.
 
 Prints tables, then one JSON line (device, torch version, date, every row, the ratios).
 ``--device cpu`` (automatic without CUDA) uses small step counts and batches so it runs in
@@ -66,6 +67,7 @@ import json
 import logging
 import os
 import platform
+import shlex
 import shutil
 import sys
 import tempfile
@@ -480,7 +482,7 @@ def run_ensemble_rows(args) -> list[dict]:
                     "--data.init_args.root", str(args.zinc_root),
                     "--data.init_args.source_dir", str(args.shared / "zinc"),
                     "--data.init_args.batch_size", str(args.zinc_batch),
-                    "--data.init_args.max_hops", str(args.zinc_hops))))
+                    "--data.init_args.max_hops", str(args.zinc_hops), *shlex.split(args.ensemble_args))))
             for captured in ((False, True) if args.device == "cuda" else (False,)):
                 ensemble = Ensemble(specs, f"{work}/{members}/state-{captured}", cuda_graph=captured)
                 # The stacked step outside Lightning's loop, at the schedule's first rate, on
@@ -488,9 +490,11 @@ def run_ensemble_rows(args) -> list[dict]:
                 # every step's batches would hold them all (~40 GB at batch 256 x 6 members).
                 module, batches = ensemble.module, ensemble.batches
                 module.build_optimizer()
+                start = time.perf_counter()
                 for index in range(args.warmup):
                     module.train_step(batches[index % len(batches)])
                 synchronize(args.device)
+                warmup_s = time.perf_counter() - start
                 start = time.perf_counter()
                 for index in range(args.warmup, args.warmup + args.steps):
                     module.train_step(batches[index % len(batches)])
@@ -501,9 +505,10 @@ def run_ensemble_rows(args) -> list[dict]:
                     batches[index % len(batches)]
                 synchronize(args.device)
                 gather_s = (time.perf_counter() - start) / args.steps
-                row = {"members": members, "captured": captured, "backbone": backbone or "slim",
+                row = {"members": members, "captured": captured, "member_args": args.ensemble_args,
+                       "backbone": backbone or "slim",
                        "batch_size": args.zinc_batch, "max_hops": ensemble.template.model.max_hops,
-                       "ms_per_step": round(1000 * step_s, 3),
+                       "warmup_s": round(warmup_s, 2), "ms_per_step": round(1000 * step_s, 3),
                        "member_steps_per_s": round(members / step_s, 2),
                        "gather_ms_per_step": round(1000 * gather_s, 3)}
                 if args.device == "cpu":
@@ -517,7 +522,8 @@ def run_ensemble_rows(args) -> list[dict]:
                 row["loop_ms_per_step"] = round(1000 * timer.seconds / args.steps, 3)
                 row["loop_member_steps_per_s"] = round(members * args.steps / timer.seconds, 2)
                 rows.append(row)
-                print(f"  ensemble of {members}{' captured' if captured else ''}: {row['ms_per_step']:.2f} "
+                label = " ".join(filter(None, (f"ensemble of {members}", "captured" * captured, args.ensemble_args)))
+                print(f"  {label}: {row['ms_per_step']:.2f} "
                       f"ms/step, {row['member_steps_per_s']:.2f} member steps/s", flush=True)
                 del ensemble
                 if args.device == "cuda":
@@ -559,6 +565,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also time the ZINC ensemble of 1 and M members (0: not)")
     parser.add_argument("--ensemble-backbone", default=None, metavar="JSON",
                         help='the ensemble\'s changes to slim, e.g. \'{"hidden_dim": 16, "ffn_dim": 16}\'')
+    parser.add_argument("--ensemble-args", default="", metavar="ARGS",
+                        help="more training options for every member, e.g. '--model.compile true'")
     args = parser.parse_args(argv)
 
     if args.device == "auto":
@@ -665,6 +673,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{'ensemble (ZINC, one stacked model)':40s} {'ms/step':>9s} {'member steps/s':>15s} "
               f"{'gather ms':>10s} {'loop ms':>9s} {'loop steps/s':>15s}"
               + ("  kernel ops/step" if args.device == "cpu" else ""))
+        if args.ensemble_args:
+            print(f"  every member with {args.ensemble_args}")
         for row in results["ensemble"]:
             kind = "captured" if row["captured"] else "eager"
             print(f"{row['members']:3d} member(s), batch {row['batch_size']:4d}, {kind:8s}{'':8s} {row['ms_per_step']:9.2f} "

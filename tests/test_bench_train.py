@@ -46,7 +46,12 @@ def test_the_gpu_benchmark_command_runs_on_cpu(zinc_data_root, monkeypatch, caps
     bench = load_bench_train(monkeypatch)
     argv = gpu_benchmark_command()
     assert "--ensemble" in argv and argv[argv.index("--zinc-batch") + 1] == "256"
-    assert bench.main([*argv, *ON_CPU, "--zinc-root", str(zinc_data_root)]) == 0
+    # --ensemble-args reaches every member: the stacked module sets the members' matmul precision.
+    monkeypatch.setattr(torch, "set_float32_matmul_precision", lambda value: precisions.append(value))
+    precisions = []
+    assert bench.main([*argv, *ON_CPU, "--zinc-root", str(zinc_data_root),
+                       "--ensemble-args", "--model.matmul_precision medium"]) == 0
+    assert "medium" in precisions
     out = capsys.readouterr().out
     results = json.loads(out.strip().splitlines()[-1])
     rows = {(row["path"], row["attention"]): row for row in results["training"]}
@@ -68,6 +73,7 @@ def test_the_gpu_benchmark_command_runs_on_cpu(zinc_data_root, monkeypatch, caps
         assert 0 < rpe < urpe and f"{urpe:.0f} MB/step" in out
     ensemble = results["ensemble"]
     assert [(row["members"], row["captured"]) for row in ensemble] == [(1, False), (6, False)]
+    assert all(row["member_args"] == "--model.matmul_precision medium" for row in ensemble)
     assert all(row["ms_per_step"] > 0 and row["gather_ms_per_step"] > 0 and row["max_hops"] == 20
                and row["loop_ms_per_step"] > 0 and row["loop_member_steps_per_s"] > 0 for row in ensemble)
     assert ensemble[0]["kernel_ops_per_step"] < ensemble[1]["kernel_ops_per_step"] < 2 * ensemble[0]["kernel_ops_per_step"]

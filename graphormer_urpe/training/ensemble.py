@@ -261,6 +261,10 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
         self.stacked = torch.nn.ParameterDict({_stacked_key(name): torch.nn.Parameter(p.detach().to(device))
                                                for name, p in params.items()})
         self.stacked_buffers = {name: b.to(device) for name, b in buffers.items()}
+        # Lightning's ``self.device`` follows ``.to()`` only: without it a GPU module would name
+        # the CPU until a trainer moves it, and a step taken before fit (the benchmark's) would
+        # put the optimizer's flags and the step counts there.
+        self.to(device)
         init_args = inspect.signature(GraphormerModule).parameters  # not the CLI's _instantiator
         template = GraphormerModule(**{**{k: v for k, v in self.hp.items() if k in init_args},
                                        "backbone": backbone, "compile": False, "engine": False})
