@@ -12,10 +12,11 @@ largest, N + 1 = 38 tokens, attention dropout 0.1), it times one forward and bac
 
 with gradients for q, k, v, B and C. Each fused row first checks itself against the eager core on
 the first batch without dropout (``max diff``: the largest difference over the output and every
-gradient, relative where values exceed 1; TF32 products in both; above 0.05 the configuration is
-marked as computing wrongly, not timed). Times: the median over
-``--batches`` real batches (seeded draws of the training split) of ``--reps`` timed calls each,
-after ``--warmup`` calls (CUDA events). The fused rows need a CUDA device; with ``TRITON_INTERPRET=1``
+gradient, relative where values exceed 1; full float32 products in both; above 0.05 the
+configuration is marked as computing wrongly, not timed). Times (TF32 products, as the engine
+trains): the median over ``--batches`` real batches (seeded draws of the training split) of
+``--reps`` timed calls each, after ``--warmup`` calls; on a GPU each call is one replay of a CUDA
+graph that recorded it (CUDA events). The fused rows need a CUDA device; with ``TRITON_INTERPRET=1``
 set before the start, Triton's CPU interpreter checks them without timing them.
 
 Prints a table, then one JSON line (device, versions, date, command, rows).
@@ -124,31 +125,51 @@ def forward_backward(call, inputs: dict, dropout_p: float, grad_out: torch.Tenso
 
 def max_difference(call, inputs: dict) -> float:
     """Largest difference to the eager core over the output and every gradient, no dropout:
-    ``max |a - b|`` of each tensor, divided by its largest ``|b|`` where that is above 1."""
+    ``max |a - b|`` of each tensor, divided by its largest ``|b|`` where that is above 1. Both
+    with full float32 products (TF32's rounding, ~1e-3, would hide a kernel's own error)."""
     grad_out = torch.randn(inputs["q"].shape, generator=torch.Generator().manual_seed(1)).to(inputs["q"].device)
-    got, want = (forward_backward(c, inputs, 0.0, grad_out) for c in (call, eager_call))
+    timed_precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        got, want = (forward_backward(c, inputs, 0.0, grad_out) for c in (call, eager_call))
+    finally:
+        torch.set_float32_matmul_precision(timed_precision)
     return max(float(torch.nan_to_num((a.float() - b.float()).abs(), nan=float("inf")).max())
                / max(1.0, float(b.float().abs().max())) for a, b in zip(got, want))
 
 
 def time_call(call, inputs: dict, args, device: str) -> float:
-    """Median ms of one forward and backward over ``--reps`` calls, after ``--warmup``."""
+    """Median ms of one forward and backward over ``--reps`` calls, after ``--warmup``. On a GPU
+    the call is recorded in a CUDA graph and replayed, as the training engine runs it: the time
+    is the kernels', not the host's launches (which would exceed them at this size)."""
     grad_out = torch.randn(inputs["q"].shape, generator=torch.Generator().manual_seed(2)).to(device)
-    for _ in range(args.warmup):
-        forward_backward(call, inputs, args.dropout, grad_out)
+    run = lambda: forward_backward(call, inputs, args.dropout, grad_out)  # noqa: E731
+    if device != "cuda":
+        for _ in range(args.warmup):
+            run()
+        times = []
+        for _ in range(args.reps):
+            began = time.perf_counter()
+            run()
+            times.append(1000 * (time.perf_counter() - began))
+        return statistics.median(times)
+    side = torch.cuda.Stream()  # warmup off the default stream, as a capture needs
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(args.warmup):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
     times = []
     for _ in range(args.reps):
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            forward_backward(call, inputs, args.dropout, grad_out)
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            began = time.perf_counter()
-            forward_backward(call, inputs, args.dropout, grad_out)
-            times.append(1000 * (time.perf_counter() - began))
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
     return statistics.median(times)
 
 

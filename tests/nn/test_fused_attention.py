@@ -222,10 +222,12 @@ def test_kernel_dropout_matches_eager_with_the_same_mask(fused):
 
 
 @pytest.mark.skipif(ON_CUDA, reason="on a GPU the kernel tests compile and run the kernels")
-def test_kernels_compile_for_hopper_without_gpu(monkeypatch, tmp_path):
+@pytest.mark.parametrize("dtype, head_dim", [(torch.bfloat16, 32), (torch.float32, 10)], ids=["bf16", "fp32"])
+def test_kernels_compile_for_hopper_without_gpu(monkeypatch, tmp_path, dtype, head_dim):
     """Triton's real backend (TTIR -> PTX -> cubin by ptxas) compiles the three kernels for sm_90
-    with every feature on (bf16, float32 tables, padding mask, dropout, table gradients), launches
-    captured instead of run: what the CPU interpreter cannot check."""
+    with every feature on (16-bit or float32 inputs, float32 tables, padding mask, dropout, table
+    gradients) at their default tiles for that dtype and head width, launches captured instead of
+    run: what the CPU interpreter cannot check."""
     triton = pytest.importorskip("triton")
     if fused_attention.TRITON_INTERPRETED:
         pytest.skip("TRITON_INTERPRET=1 was set for the whole session")
@@ -258,10 +260,10 @@ def test_kernels_compile_for_hopper_without_gpu(monkeypatch, tmp_path):
         monkeypatch.setattr(fused_attention, name, type("Capture", (), {
             "__getitem__": lambda self, grid, kernel=kernel: lambda *a, **kw: compile_launch(kernel, a, dict(kw))
         })())
-    q, k, v = (torch.randn(2, 2, 40, 32, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    q, k, v = (torch.randn(2, 2, 40, head_dim, dtype=dtype, requires_grad=True) for _ in range(3))
     bias, scale = (torch.randn(2, 2, 40, 40, requires_grad=True) for _ in range(2))
     mask = torch.zeros(2, 40, dtype=torch.bool)
-    config = fused_attention._launch_config(32, torch.bfloat16)
+    config = fused_attention._launch_config(head_dim, dtype)
     out = fused_attention._FusedURPEAttention.apply(q, k, v, bias, scale, mask, 0.1, torch.tensor([7]), config)
     out.float().sum().backward()
     assert sorted(compiled) == ["_urpe_bwd_dkdv_kernel", "_urpe_bwd_dq_kernel", "_urpe_fwd_kernel"]
