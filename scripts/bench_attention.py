@@ -39,11 +39,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_train import device_name  # noqa: E402  (one description of the machine for both benchmarks)
 #: Launch configurations timed by default besides the kernels' own: whole key rows per program
-#: (L <= 64), smaller tiles with fewer warps (more programs per SM), and the whole block.
+#: (L <= 64), smaller tiles with fewer warps (more programs per SM), the whole block, and the
+#: float32 tiles from ptxas's register report (the default for heads wider than 16).
 DEFAULT_CONFIGS = (
     "fwd=16x64w2,dkdv=16x64w2,dq=16x64w2",
     "fwd=16x64w4,dkdv=16x64w4,dq=16x64w4",
-    "fwd=32x64w4,dkdv=32x64w4,dq=32x64w4",
+    "fwd=32x32w8,dkdv=16x32w8,dq=32x32w8",
     "fwd=64x64w4,dkdv=64x64w4,dq=64x64w4",
     "fwd=64x64w8,dkdv=64x64w8,dq=64x64w8",
     "fwd=16x32w2,dkdv=16x32w2,dq=16x32w2",
