@@ -19,6 +19,9 @@ attention (``urpe``, ``rpe``: plain Graphormer) and each path (:data:`PATHS`):
   the same step run eagerly, as a GPU records it (``capture_safe``);
 * ``engine-triton``: ``engine`` with the fused Triton attention core on CUDA;
 * ``engine-compiled``: ``engine`` with the compiled backbone (``compile=True``) inside the step,
+  inductor's kernels recorded in the same CUDA graph;
+* ``engine-compiled-triton``: ``engine-compiled`` with the fused Triton attention core on CUDA
+  (it runs between the compiled regions, inside the recorded step);
 
 it runs ``--warmup`` + ``--steps`` optimizer steps of a Lightning ``Trainer`` (AdamW, gradient
 clipping 5.0, as in the configs; no validation, logging or checkpoints) and times only the last
@@ -114,6 +117,8 @@ PATHS = {
     "engine": TrainPath(resident=True, static_shapes=True, engine=True, matmul_precision="high"),
     "engine-triton": TrainPath(resident=True, static_shapes=True, engine=True, triton=True, matmul_precision="high"),
     "engine-compiled": TrainPath(resident=True, static_shapes=True, engine=True, compile=True, matmul_precision="high"),
+    "engine-compiled-triton": TrainPath(resident=True, static_shapes=True, engine=True, compile=True, triton=True,
+                                        matmul_precision="high"),
 }
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true")
 
