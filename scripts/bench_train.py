@@ -218,9 +218,11 @@ def kernel_ops(events) -> int:
     return count
 
 
-def top_ops(profiler, device: str, steps: int, count: int = TOP_OPS) -> list[dict]:
-    """The ``count`` operators that take the most device time per step: CUDA kernels by GPU time
-    on a GPU, ATen operators by self CPU time on a CPU (ms per step, and calls per step)."""
+def device_work(profiler, device: str, steps: int, count: int = TOP_OPS) -> tuple[list[dict], dict]:
+    """Where the device time of ``steps`` profiled steps goes: CUDA kernels by GPU time on a GPU,
+    ATen operators by self CPU time on a CPU. Returns the ``count`` costliest (ms per step and
+    calls per step, most first) and their sum over all of them: on a GPU, the time its kernels
+    kept it busy per step, to set against the step's wall time."""
     from torch.autograd import DeviceType
 
     if device == "cuda":
@@ -230,15 +232,19 @@ def top_ops(profiler, device: str, steps: int, count: int = TOP_OPS) -> list[dic
         events = [e for e in profiler.key_averages() if e.key.startswith("aten::")]
         time_us = lambda e: e.self_cpu_time_total  # noqa: E731
     events.sort(key=time_us, reverse=True)
-    return [{"name": e.key[:90], "ms_per_step": round(time_us(e) / 1000 / steps, 3),
-             "calls_per_step": round(e.count / steps, 1)} for e in events[:count]]
+    top = [{"name": e.key[:90], "ms_per_step": round(time_us(e) / 1000 / steps, 3),
+            "calls_per_step": round(e.count / steps, 1)} for e in events[:count]]
+    total = {"ms_per_step": round(sum(map(time_us, events)) / 1000 / steps, 3),
+             "calls_per_step": round(sum(e.count for e in events) / steps, 1)}
+    return top, total
 
 
 def print_top_ops(row: dict, device: str) -> None:
-    """The row's :func:`top_ops`, as soon as it is measured (a run stopped later keeps them)."""
+    """The row's :func:`device_work`, as soon as it is measured (a run stopped later keeps them)."""
     if row.get("top_ops"):
+        total = row["device_total"]
         print(f"    where the time goes ({'GPU kernels' if device == 'cuda' else 'ATen ops, self CPU time'}; "
-              "ms/step, calls/step):")
+              f"ms/step, calls/step; all: {total['ms_per_step']:.3f} ms in {total['calls_per_step']:,.0f} calls):")
         for op in row["top_ops"]:
             print(f"    {op['ms_per_step']:9.3f}  {op['calls_per_step']:7.1f}  {op['name']}", flush=True)
 
@@ -270,10 +276,11 @@ class TrafficCounter(TorchDispatchMode):
         return result
 
 
-def make_op_counter(start: int, steps: int, device: str, compiled: bool = False):
+def make_op_counter(start: int, steps: int, device: str, compiled: bool = False, top: int = TOP_OPS):
     """A callback profiling optimizer steps ``start + 1 .. start + steps``; its ``ops_per_step``
-    counts the leaf ATen operators per step and ``top_ops`` says where the device time goes
-    (:func:`top_ops`; on a GPU the kernels of a replayed CUDA graph are recorded too). On a CPU it
+    counts the leaf ATen operators per step and ``top_ops`` and ``device_total`` say where the
+    device time goes (:func:`device_work`; on a GPU the kernels of a replayed CUDA graph are
+    recorded too). On a CPU it
     then counts one more step's memory traffic (:class:`TrafficCounter`, ``traffic_mb_per_step``):
     apart from the profiled ones, since operators dispatched through Python show the profiler
     more events; not for a ``compiled`` backbone, whose compiled code a dispatch mode bypasses.
@@ -287,7 +294,7 @@ def make_op_counter(start: int, steps: int, device: str, compiled: bool = False)
         extra_steps = steps + (device == "cpu" and not compiled)
 
         def __init__(self) -> None:
-            self.profiler, self.ops_per_step, self.top_ops = None, None, None
+            self.profiler, self.ops_per_step, self.top_ops, self.device_total = None, None, None, None
             self.traffic, self.traffic_mb_per_step = None, None
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
@@ -304,7 +311,7 @@ def make_op_counter(start: int, steps: int, device: str, compiled: bool = False)
                     torch.cuda.synchronize()
                 self.profiler.__exit__(None, None, None)
                 self.ops_per_step = round(kernel_ops(self.profiler.events()) / steps, 1)
-                self.top_ops = top_ops(self.profiler, device, steps)
+                self.top_ops, self.device_total = device_work(self.profiler, device, steps, top)
             if self.traffic is not None and self.traffic_mb_per_step is None and trainer.global_step == start + steps + 1:
                 self.traffic.__exit__(None, None, None)
                 self.traffic_mb_per_step = round(self.traffic.bytes / 1e6, 1)
@@ -353,7 +360,7 @@ def run_training(name: str, attention: str, path: str, args) -> dict:
     if module._engine is not None:
         module._engine.capture_safe = True  # on CPU too: the step a GPU records
     timer = make_step_timer(args.device, args.warmup, args.steps)
-    counter = (make_op_counter(args.warmup + args.steps, args.count_ops, args.device, spec.compile)
+    counter = (make_op_counter(args.warmup + args.steps, args.count_ops, args.device, spec.compile, args.top_ops)
                if args.count_ops else None)
     trainer = pl.Trainer(
         accelerator=args.device, devices=1, max_steps=args.warmup + args.steps + (counter.extra_steps if counter else 0),
@@ -382,7 +389,7 @@ def run_training(name: str, attention: str, path: str, args) -> dict:
     }
     if counter is not None:
         row["ops_per_step"] = counter.ops_per_step
-        row["top_ops"] = counter.top_ops
+        row["top_ops"], row["device_total"] = counter.top_ops, counter.device_total
         if counter.traffic_mb_per_step is not None:
             row["traffic_mb_per_step"] = counter.traffic_mb_per_step
     if args.device == "cuda":
@@ -564,6 +571,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-data-only", action="store_true")
     parser.add_argument("--count-ops", type=int, default=0, metavar="P",
                         help="profile P steps after the timed ones and report leaf ATen ops per step")
+    parser.add_argument("--top-ops", type=int, default=TOP_OPS, metavar="K",
+                        help="with --count-ops: list the K costliest kernels (GPU) or operators (CPU) per row")
     parser.add_argument("--width", type=int, default=None,
                         help="hidden and FFN width of the backbone (default: the preset's)")
     parser.add_argument("--ensemble", type=int, default=0, metavar="M",
@@ -588,8 +597,8 @@ def main(argv: list[str] | None = None) -> int:
     threads = args.threads or (1 if args.device == "cpu" else None)
     if threads:
         torch.set_num_threads(threads)
-    if args.count_ops < 0 or (args.width is not None and args.width < 1):
-        parser.error("--count-ops must be >= 0 and --width >= 1")
+    if args.count_ops < 0 or args.top_ops < 1 or (args.width is not None and args.width < 1):
+        parser.error("--count-ops must be >= 0, --top-ops and --width >= 1")
     if args.warmup < 1 or args.steps < 1:
         parser.error("--warmup and --steps must be >= 1")
     presets = [p for p in args.presets.split(",") if p]

@@ -60,6 +60,9 @@ def test_the_gpu_benchmark_command_runs_on_cpu(zinc_data_root, monkeypatch, caps
         times = [op["ms_per_step"] for op in row["top_ops"]]
         assert len(times) == bench.TOP_OPS and times == sorted(times, reverse=True) and times[0] > 0
         assert all(op["name"].startswith("aten::") and op["calls_per_step"] > 0 for op in row["top_ops"])
+        # ... and all of them together: at least the listed ones, in more calls.
+        total = row["device_total"]
+        assert total["ms_per_step"] >= sum(times) - 1e-3 and total["calls_per_step"] > len(times)
     assert out.count("where the time goes") == len(rows)
     assert set(rows) == {(path, attention) for path in ("eager", "engine", "engine-triton")
                          for attention in ("urpe", "rpe")}
