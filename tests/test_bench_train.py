@@ -47,8 +47,8 @@ def test_the_gpu_benchmark_command_runs_on_cpu(zinc_data_root, monkeypatch, caps
     argv = gpu_benchmark_command()
     assert "--ensemble" in argv and argv[argv.index("--zinc-batch") + 1] == "256"
     # --ensemble-args reaches every member: the stacked module sets the members' matmul precision.
-    monkeypatch.setattr(torch, "set_float32_matmul_precision", lambda value: precisions.append(value))
     precisions = []
+    monkeypatch.setattr(torch, "set_float32_matmul_precision", precisions.append)
     assert bench.main([*argv, *ON_CPU, "--zinc-root", str(zinc_data_root),
                        "--ensemble-args", "--model.matmul_precision medium"]) == 0
     assert "medium" in precisions
