@@ -86,8 +86,12 @@ def assert_same_training(actual, expected, exact: bool) -> None:
     torch.testing.assert_close(torch.tensor(record.losses), torch.tensor(ref_record.losses), **close)
     assert len(set(record.losses)) == 24
     reference = dict(ref_module.named_parameters())
+    # A parameter follows its AdamW moments, which may differ by 1e-4 relative (below): the
+    # virtual node's distance bias, whose gradient is a sum of cancelling terms, ended 1.3e-6
+    # apart (of 0.018) on one CPU and within 2e-7 on another.
+    param_close = close if exact else {"rtol": 1e-4, "atol": 1e-6}
     for name, param in module.named_parameters():
-        torch.testing.assert_close(param, reference[name], **close, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(param, reference[name], **param_close, msg=lambda m: f"{name}: {m}")
     state, ref_state = (t.optimizers[0].state_dict() for t in (trainer, ref_trainer))
     for key, values in ref_state["state"].items():
         for field in ("exp_avg", "exp_avg_sq", "step"):
