@@ -54,7 +54,8 @@ alternating, seeds 0, 1, ...), eager and, on a GPU, captured in one CUDA graph, 
 with each step's batches gathered as it goes (ms per step, member steps per second), the gather
 alone (ms per step), the same number of steps in the training loop itself (Lightning's, as
 ``graphormer-urpe-ablation --ensemble`` trains: ``loop`` ms per step and member steps per second)
-and, on CPU, the aten ops per step that launch a kernel.
+and, with ``--count-ops P`` (on a CPU always, one step), where the device time of ``P`` more
+stacked steps goes, as for the single runs, and on CPU the aten ops per step that launch a kernel.
 ``--ensemble-backbone`` (JSON) changes slim, e.g. a tiny width on CPU so host time shows;
 ``--ensemble-args`` adds training options to every member, e.g. ``'--model.compile true'``.
 
@@ -446,13 +447,22 @@ def run_data_only(name: str, args) -> list[dict]:
     return rows
 
 
-def kernel_ops_per_call(fn) -> int:
-    """:func:`kernel_ops` of one call of ``fn``."""
+def profile_calls(fn, calls: int, device: str, top: int) -> dict:
+    """``calls`` calls of ``fn`` under the profiler: on a CPU the :func:`kernel_ops` per call
+    (``kernel_ops_per_step``; a GPU's replayed graph dispatches no operator to count), and where
+    the device time goes (:func:`device_work`: ``top_ops``, ``device_total``)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn()
-    return kernel_ops(prof.events())
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(calls):
+            fn()
+        synchronize(device)
+    top_ops, total = device_work(prof, device, calls, top)
+    stats = {"top_ops": top_ops, "device_total": total}
+    if device == "cpu":
+        stats["kernel_ops_per_step"] = round(kernel_ops(prof.events()) / calls)
+    return stats
 
 
 class LoopTimer(pl.Callback):
@@ -523,9 +533,10 @@ def run_ensemble_rows(args) -> list[dict]:
                        "warmup_s": round(warmup_s, 2), "ms_per_step": round(1000 * step_s, 3),
                        "member_steps_per_s": round(members / step_s, 2),
                        "gather_ms_per_step": round(1000 * gather_s, 3)}
-                if args.device == "cpu":
+                if args.count_ops or args.device == "cpu":  # a CPU always counts its operators
                     batch = batches[0]
-                    row["kernel_ops_per_step"] = kernel_ops_per_call(lambda: module.train_step(batch))
+                    row.update(profile_calls(lambda: module.train_step(batch), max(args.count_ops, 1),
+                                             args.device, args.top_ops))
                 # The same steps in the training loop (Lightning's, as graphormer-urpe-ablation
                 # --ensemble trains): its host work per step included, the loss read and logged
                 # every 50 steps; the last --steps of --warmup + --steps timed.
@@ -537,6 +548,7 @@ def run_ensemble_rows(args) -> list[dict]:
                 label = " ".join(filter(None, (f"ensemble of {members}", "captured" * captured, args.ensemble_args)))
                 print(f"  {label}: {row['ms_per_step']:.2f} "
                       f"ms/step, {row['member_steps_per_s']:.2f} member steps/s", flush=True)
+                print_top_ops(row, args.device)
                 del ensemble
                 if args.device == "cuda":
                     torch.cuda.empty_cache()

@@ -63,7 +63,7 @@ def test_the_gpu_benchmark_command_runs_on_cpu(zinc_data_root, monkeypatch, caps
         # ... and all of them together: at least the listed ones, in more calls.
         total = row["device_total"]
         assert total["ms_per_step"] >= sum(times) - 1e-3 and total["calls_per_step"] > len(times)
-    assert out.count("where the time goes") == len(rows)
+    assert out.count("where the time goes") == len(rows) + len(results["ensemble"])
     assert set(rows) == {(path, attention) for path in ("eager", "engine", "engine-triton")
                          for attention in ("urpe", "rpe")}
     assert all("error" not in row and row["ms_per_step"] > 0 and row["max_hops"] == 20 for row in rows.values())
@@ -80,6 +80,9 @@ def test_the_gpu_benchmark_command_runs_on_cpu(zinc_data_root, monkeypatch, caps
     assert all(row["ms_per_step"] > 0 and row["gather_ms_per_step"] > 0 and row["max_hops"] == 20
                and row["loop_ms_per_step"] > 0 and row["loop_member_steps_per_s"] > 0 for row in ensemble)
     assert ensemble[0]["kernel_ops_per_step"] < ensemble[1]["kernel_ops_per_step"] < 2 * ensemble[0]["kernel_ops_per_step"]
+    # Where the stacked step's time goes, as for the single runs: more of it for six members.
+    assert all(len(row["top_ops"]) == bench.TOP_OPS for row in ensemble)
+    assert 0 < ensemble[0]["device_total"]["ms_per_step"] < ensemble[1]["device_total"]["ms_per_step"]
 
 
 def test_a_failing_row_is_recorded_and_the_next_runs(zinc_data_root, monkeypatch, capsys):
