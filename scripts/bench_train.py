@@ -447,10 +447,12 @@ def run_data_only(name: str, args) -> list[dict]:
     return rows
 
 
-def profile_calls(fn, calls: int, device: str, top: int) -> dict:
-    """``calls`` calls of ``fn`` under the profiler: on a CPU the :func:`kernel_ops` per call
-    (``kernel_ops_per_step``; a GPU's replayed graph dispatches no operator to count), and where
-    the device time goes (:func:`device_work`: ``top_ops``, ``device_total``)."""
+def profile_calls(fn, calls: int, device: str, top: int, traffic: bool = True) -> dict:
+    """``calls`` calls of ``fn`` under the profiler: where the device time goes
+    (:func:`device_work`: ``top_ops``, ``device_total``) and, on a CPU, the :func:`kernel_ops`
+    per call (``kernel_ops_per_step``; a GPU's replayed graph dispatches no operator to count)
+    and, with ``traffic``, the bytes one more call's operators move (:class:`TrafficCounter`,
+    ``traffic_mb_per_step``; not for compiled code, which a dispatch mode does not see)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
@@ -462,6 +464,10 @@ def profile_calls(fn, calls: int, device: str, top: int) -> dict:
     stats = {"top_ops": top_ops, "device_total": total}
     if device == "cpu":
         stats["kernel_ops_per_step"] = round(kernel_ops(prof.events()) / calls)
+        if traffic:
+            with TrafficCounter() as counter:
+                fn()
+            stats["traffic_mb_per_step"] = round(counter.bytes / 1e6, 1)
     return stats
 
 
@@ -536,7 +542,7 @@ def run_ensemble_rows(args) -> list[dict]:
                 if args.count_ops or args.device == "cpu":  # a CPU always counts its operators
                     batch = batches[0]
                     row.update(profile_calls(lambda: module.train_step(batch), max(args.count_ops, 1),
-                                             args.device, args.top_ops))
+                                             args.device, args.top_ops, traffic=not module.hp.get("compile")))
                 # The same steps in the training loop (Lightning's, as graphormer-urpe-ablation
                 # --ensemble trains): its host work per step included, the loss read and logged
                 # every 50 steps; the last --steps of --warmup + --steps timed.
@@ -706,7 +712,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{row['members']:3d} member(s), batch {row['batch_size']:4d}, {kind:8s}{'':8s} {row['ms_per_step']:9.2f} "
                   f"{row['member_steps_per_s']:15.2f} {row['gather_ms_per_step']:10.2f} "
                   f"{row['loop_ms_per_step']:9.2f} {row['loop_member_steps_per_s']:15.2f}"
-                  + (f"  {row['kernel_ops_per_step']:15d}" if "kernel_ops_per_step" in row else ""))
+                  + (f"  {row['kernel_ops_per_step']:15d}" if "kernel_ops_per_step" in row else "")
+                  + (f"  {row['traffic_mb_per_step']:.0f} MB/step" if "traffic_mb_per_step" in row else ""))
     if results["data_only"]:
         print(f"\n{'data only (one epoch of training batches on the device)':60s}")
         for row in results["data_only"]:

@@ -80,6 +80,10 @@ def test_the_gpu_benchmark_command_runs_on_cpu(zinc_data_root, monkeypatch, caps
     assert all(row["ms_per_step"] > 0 and row["gather_ms_per_step"] > 0 and row["max_hops"] == 20
                and row["loop_ms_per_step"] > 0 and row["loop_member_steps_per_s"] > 0 for row in ensemble)
     assert ensemble[0]["kernel_ops_per_step"] < ensemble[1]["kernel_ops_per_step"] < 2 * ensemble[0]["kernel_ops_per_step"]
+    # Six stacked members move six times one member's bytes: the stacking (vmap over members)
+    # adds no copy of its own.
+    one, six = (row["traffic_mb_per_step"] for row in ensemble)
+    assert 5.9 * one < six < 6.1 * one
     # Where the stacked step's time goes, as for the single runs: more of it for six members.
     assert all(len(row["top_ops"]) == bench.TOP_OPS for row in ensemble)
     assert 0 < ensemble[0]["device_total"]["ms_per_step"] < ensemble[1]["device_total"]["ms_per_step"]
