@@ -23,10 +23,22 @@ pytest_plugins = ["pytester"]  # tests/data/test_local_data.py runs this file's 
 REQUIRE_DATA_ENV = "GRAPHORMER_URPE_REQUIRE_DATA"
 #: Per socket operation, so that a download attempt without a network fails instead of hanging.
 DOWNLOAD_TIMEOUT_S = 30
-#: MoleculeNet ESOL as PyG's ``MoleculeNet("ESOL")`` downloads it (deepchem's copy).
 #: The folder of long data builds in pytest's cache (``.pytest_cache/d/<this>``).
 DATA_BUILD_CACHE = "graphormer_urpe_datasets"
+#: MoleculeNet ESOL as PyG's ``MoleculeNet("ESOL")`` downloads it (deepchem's copy).
 ESOL_URL = "https://deepchemdata.s3-us-west-1.amazonaws.com/datasets/delaney-processed.csv"
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Tests marked ``gpu`` are skipped where torch sees no CUDA device."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip)
 
 
 def missing_data(what: str, relative: str, download_error: Exception | None = None) -> NoReturn:

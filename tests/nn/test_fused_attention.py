@@ -380,7 +380,7 @@ def test_triton_impl_refuses_cpu_tensors_when_compiled():
         urpe_attention(q, q, q, impl="triton")
 
 
-@pytest.mark.skipif(not ON_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_gpu_graph_sized_batch(dtype):
     """Graph-model sizes (PCQM4Mv2: up to ~50 nodes + graph token; d = 32) with the production
@@ -398,7 +398,7 @@ def test_gpu_graph_sized_batch(dtype):
         assert _max_err(result, reference) < eps * (1 + reference.abs().max().item()), name
 
 
-@pytest.mark.skipif(not ON_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.gpu
 def test_gpu_auto_uses_fused_dropout_in_training():
     """impl='auto' in training takes the fused path, dropout included: its result is the fused
     kernel's for the seed drawn from torch's generator, not the eager one's."""

@@ -329,7 +329,7 @@ def test_console_scripts_train_with_the_engine_and_test_its_checkpoint(zinc_data
     assert "test/mae" in test.stdout + test.stderr
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.gpu
 @pytest.mark.parametrize("compile", [False, True], ids=["eager backbone", "compiled backbone"])
 def test_captured_step_equals_eager_and_never_syncs(zinc_data_root, compile):
     """On a GPU: the CUDA-graph step trains like Lightning's eager step (float32 tolerance:
@@ -370,7 +370,7 @@ def test_captured_step_equals_eager_and_never_syncs(zinc_data_root, compile):
         torch.cuda.set_sync_debug_mode("default")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.gpu
 def test_replays_draw_new_dropout_masks():
     """What the engine relies on for dropout: each replay of a recorded graph draws new random
     numbers from the default CUDA generator."""
@@ -385,7 +385,7 @@ def test_replays_draw_new_dropout_masks():
     assert not torch.equal(masks[0], masks[1]) and not torch.equal(masks[1], masks[2])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.gpu
 def test_replays_of_compiled_dropout_draw_new_masks():
     """The same for inductor's dropout, which a compiled backbone inside the engine's graph
     uses: its seeds are drawn on the device, so every replay draws new ones."""

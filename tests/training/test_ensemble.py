@@ -286,7 +286,7 @@ def train_steps(ensemble: Ensemble, count: int, sync_debug: bool = False) -> tor
     return torch.stack(losses)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.gpu
 def test_the_captured_step_equals_the_eager_one_without_host_syncs(zinc_data_root, tmp_path):
     backbone = {**TINY, **NO_DROPOUT}
     eager = Ensemble(specs(tmp_path, zinc_data_root, backbone, "eager"), tmp_path / "e")

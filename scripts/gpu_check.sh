@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Check a GPU install and measure it, in one command of bounded time:
+#   1. the machine and the versions;
+#   2. the tests that need a GPU (pytest -m gpu) and the fused attention kernels' tests;
+#   3. the training step at the paper's ZINC recipe shape (Graphormer-slim, batch 256, 20 hops):
+#      the training engine with and without a compiled backbone and the fused attention core,
+#      URPE and RPE, with the kernels that take each step's time;
+#   4. the attention core alone, eager against the fused kernels' launch configurations;
+#   5. the six runs of the paper's ablation as one stacked, compiled model.
+#
+#   scripts/gpu_check.sh [OUT_DIR]     (default gpu_check; ZINC is built in data/ if missing)
+#
+# Each part writes OUT_DIR/<part>.txt and has its share of GPU_CHECK_SECONDS (default 540) in
+# all; a part that fails or runs out of time is recorded there and the next part runs. The last
+# lines printed are each part's summary. PYTHON picks the interpreter (default python3).
+set -u
+OUT=${1:-gpu_check}
+BUDGET=${GPU_CHECK_SECONDS:-540}
+PY=${PYTHON:-python3}
+START=$(date +%s)
+mkdir -p "$OUT"
+
+seconds_left() { echo $(( BUDGET - ($(date +%s) - START) )); }
+# part NAME SECONDS COMMAND...: run COMMAND for at most SECONDS (less if the budget is short)
+part() {
+  local name=$1 want=$2 left
+  shift 2
+  left=$(( $(seconds_left) - 5 ))
+  (( want > left )) && want=$left
+  if (( want < 10 )); then
+    echo "skipped: the budget ran out" > "$OUT/$name.txt"
+    return
+  fi
+  echo "== $(( $(date +%s) - START )) s: $name (at most $want s)"
+  timeout "$want" "$@" > "$OUT/$name.txt" 2>&1
+  local status=$?
+  (( status == 124 )) && echo "stopped after $want s (GPU_CHECK_SECONDS)" >> "$OUT/$name.txt"
+  echo "exit status $status" >> "$OUT/$name.txt"
+}
+
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  "$PY" -c "import torch, triton, lightning, torch_geometric, numpy, rdkit; print('torch', torch.__version__, \
+'| triton', triton.__version__, '| lightning', lightning.__version__, '| torch_geometric', \
+torch_geometric.__version__, '| numpy', numpy.__version__, '| rdkit', rdkit.__version__)"
+  git log --oneline -1 2>/dev/null
+  echo "$(nproc) CPU cores, $(date -u +%F)"
+} > "$OUT/machine.txt" 2>&1
+
+ZINC="--zinc-root data --build-workers $(nproc)"
+part bench_train 240 "$PY" scripts/bench_train.py --presets zinc --attention urpe,rpe \
+  --paths engine,engine-compiled,engine-triton,engine-compiled-triton --zinc-batch 256 --skip-data-only \
+  $ZINC --count-ops 3 --top-ops 30 --warmup 10 --steps 100
+part bench_attention 60 "$PY" scripts/bench_attention.py --zinc-root data
+part bench_ensemble 130 "$PY" scripts/bench_train.py --presets zinc --attention urpe --paths engine \
+  --zinc-batch 256 --skip-data-only $ZINC --warmup 10 --steps 60 --count-ops 3 --ensemble 6 \
+  --ensemble-args "--model.compile true --model.matmul_precision high"
+part tests 120 bash -c "$PY -m pytest -q -p no:cacheprovider tests/nn/test_fused_attention.py; \
+  $PY -m pytest -q -p no:cacheprovider -m gpu tests"
+
+echo "== $(( $(date +%s) - START )) s: done; full output in $OUT/"
+cat "$OUT/machine.txt"
+for name in bench_train bench_attention bench_ensemble tests; do
+  echo "---- $name"
+  tr '\r' '\n' < "$OUT/$name.txt" | grep -E "ms/step|ms  |member|fastest|passed|failed|error|Error|stopped|skipped|exit status" \
+    | grep -v "it/s\]" | tail -n 24
+done

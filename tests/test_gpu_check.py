@@ -1,0 +1,52 @@
+"""scripts/gpu_check.sh's own logic (its parts need a GPU): each part's command runs with the
+budget's share and its output lands in its file, a part that fails is recorded and the next one
+runs, a budget that runs out skips the rest, and the summary names each part. A stand-in
+interpreter (``PYTHON``) records the commands instead of running them."""
+import os
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+STUB = """#!/usr/bin/env bash
+echo "$*" >> "{log}"
+case "$*" in
+  *bench_attention*) echo "fastest fused: fwd=32x64w4 at 0.1 ms"; exit 3 ;;
+  *bench_train*) echo "  zinc/slim      urpe  engine  6.88 ms/step (warmup 1.2 s)" ;;
+  *pytest*) echo "4 passed in 1.0s" ;;
+  *) echo "torch 2.11.0" ;;
+esac
+"""
+
+
+def run_check(tmp_path, seconds: int) -> tuple[subprocess.CompletedProcess, Path, list[str]]:
+    log, stub, out = tmp_path / "calls.log", tmp_path / "python", tmp_path / "out"
+    stub.write_text(STUB.format(log=log))
+    stub.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(stub), "GPU_CHECK_SECONDS": str(seconds)}
+    result = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), str(out)], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=60)
+    return result, out, log.read_text().splitlines() if log.exists() else []
+
+
+def test_every_part_runs_and_a_failing_part_is_recorded(tmp_path):
+    result, out, calls = run_check(tmp_path, 540)
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["bench_attention.txt", "bench_ensemble.txt",
+                                                     "bench_train.txt", "machine.txt", "tests.txt"]
+    # The measurements at the recipe's shape, the ensemble compiled, then the GPU tests.
+    assert any("bench_train.py" in c and "engine-compiled-triton" in c and "--zinc-batch 256" in c for c in calls)
+    assert any("--ensemble 6" in c and "--model.compile true" in c for c in calls)
+    assert any("-m gpu tests" in c for c in calls)
+    assert "exit status 3" in (out / "bench_attention.txt").read_text()  # recorded; the next part ran
+    assert "4 passed" in (out / "tests.txt").read_text()
+    assert "6.88 ms/step" in result.stdout and "fastest fused" in result.stdout
+    assert "torch 2.11.0" in (out / "machine.txt").read_text()
+
+
+def test_a_spent_budget_skips_the_remaining_parts(tmp_path):
+    result, out, calls = run_check(tmp_path, 12)
+    assert result.returncode == 0, result.stderr
+    assert not any("bench_" in c or "pytest" in c for c in calls)
+    for name in ("bench_train", "bench_attention", "bench_ensemble", "tests"):
+        assert (out / f"{name}.txt").read_text().startswith("skipped: the budget ran out")
