@@ -57,7 +57,8 @@ alone (ms per step), the same number of steps in the training loop itself (Light
 and, with ``--count-ops P`` (on a CPU always, one step), where the device time of ``P`` more
 stacked steps goes, as for the single runs, and on CPU the aten ops per step that launch a kernel.
 ``--ensemble-backbone`` (JSON) changes slim, e.g. a tiny width on CPU so host time shows;
-``--ensemble-args`` adds training options to every member, e.g. ``'--model.compile true'``.
+``--ensemble-args`` adds training options to every member, e.g. ``'--model.compile true'``;
+``--ensemble-in-turn`` steps the members one after another (``graphormer-urpe-ablation --in-turn``).
 
 Prints tables, then one JSON line (device, torch version, date, every row, the ratios).
 ``--device cpu`` (automatic without CUDA) uses small step counts and batches so it runs in
@@ -512,7 +513,8 @@ def run_ensemble_rows(args) -> list[dict]:
                     "--data.init_args.batch_size", str(args.zinc_batch),
                     "--data.init_args.max_hops", str(args.zinc_hops), *shlex.split(args.ensemble_args))))
             for captured in ((False, True) if args.device == "cuda" else (False,)):
-                ensemble = Ensemble(specs, f"{work}/{members}/state-{captured}", cuda_graph=captured)
+                ensemble = Ensemble(specs, f"{work}/{members}/state-{captured}", cuda_graph=captured,
+                                    in_turn=args.ensemble_in_turn)
                 # The stacked step outside Lightning's loop, at the schedule's first rate, on
                 # batches gathered as training gathers them, one step at a time: pre-gathering
                 # every step's batches would hold them all (~40 GB at batch 256 x 6 members).
@@ -533,7 +535,8 @@ def run_ensemble_rows(args) -> list[dict]:
                     batches[index % len(batches)]
                 synchronize(args.device)
                 gather_s = (time.perf_counter() - start) / args.steps
-                row = {"members": members, "captured": captured, "member_args": args.ensemble_args,
+                row = {"members": members, "captured": captured, "in_turn": args.ensemble_in_turn,
+                       "member_args": args.ensemble_args,
                        "backbone": backbone or "slim",
                        "batch_size": args.zinc_batch, "max_hops": ensemble.template.model.max_hops,
                        "warmup_s": round(warmup_s, 2), "ms_per_step": round(1000 * step_s, 3),
@@ -551,7 +554,8 @@ def run_ensemble_rows(args) -> list[dict]:
                 row["loop_ms_per_step"] = round(1000 * timer.seconds / args.steps, 3)
                 row["loop_member_steps_per_s"] = round(members * args.steps / timer.seconds, 2)
                 rows.append(row)
-                label = " ".join(filter(None, (f"ensemble of {members}", "captured" * captured, args.ensemble_args)))
+                label = " ".join(filter(None, (f"ensemble of {members}", "captured" * captured,
+                                               "in turn" * args.ensemble_in_turn, args.ensemble_args)))
                 print(f"  {label}: {row['ms_per_step']:.2f} "
                       f"ms/step, {row['member_steps_per_s']:.2f} member steps/s", flush=True)
                 print_top_ops(row, args.device)
@@ -599,6 +603,8 @@ def main(argv: list[str] | None = None) -> int:
                         help='the ensemble\'s changes to slim, e.g. \'{"hidden_dim": 16, "ffn_dim": 16}\'')
     parser.add_argument("--ensemble-args", default="", metavar="ARGS",
                         help="more training options for every member, e.g. '--model.compile true'")
+    parser.add_argument("--ensemble-in-turn", action="store_true",
+                        help="the ensemble's members stepped one after another (graphormer-urpe-ablation --in-turn)")
     args = parser.parse_args(argv)
 
     if args.device == "auto":
@@ -705,8 +711,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{'ensemble (ZINC, one stacked model)':40s} {'ms/step':>9s} {'member steps/s':>15s} "
               f"{'gather ms':>10s} {'loop ms':>9s} {'loop steps/s':>15s}"
               + ("  kernel ops/step" if args.device == "cpu" else ""))
-        if args.ensemble_args:
-            print(f"  every member with {args.ensemble_args}")
+        if args.ensemble_args or args.ensemble_in_turn:
+            print(f"  every member with {args.ensemble_args or 'the recipe'}"
+                  + (", the members in turn" if args.ensemble_in_turn else ""))
         for row in results["ensemble"]:
             kind = "captured" if row["captured"] else "eager"
             print(f"{row['members']:3d} member(s), batch {row['batch_size']:4d}, {kind:8s}{'':8s} {row['ms_per_step']:9.2f} "

@@ -6,7 +6,8 @@
 #      the training engine with and without a compiled backbone and the fused attention core,
 #      URPE and RPE, with the kernels that take each step's time;
 #   4. the attention core alone, eager against the fused kernels' launch configurations;
-#   5. the six runs of the paper's ablation as one stacked, compiled model.
+#   5. the six runs of the paper's ablation as one stacked, compiled model, all members at once
+#      and in turn.
 #
 #   scripts/gpu_check.sh [OUT_DIR]     (default gpu_check; ZINC is built in data/ if missing)
 #
@@ -48,19 +49,21 @@ torch_geometric.__version__, '| numpy', numpy.__version__, '| rdkit', rdkit.__ve
 } > "$OUT/machine.txt" 2>&1
 
 ZINC="--zinc-root data --build-workers $(nproc)"
-part bench_train 240 "$PY" scripts/bench_train.py --presets zinc --attention urpe,rpe \
+part bench_train 200 "$PY" scripts/bench_train.py --presets zinc --attention urpe,rpe \
   --paths engine,engine-compiled,engine-triton,engine-compiled-triton --zinc-batch 256 --skip-data-only \
   $ZINC --count-ops 3 --top-ops 30 --warmup 10 --steps 100
-part bench_attention 60 "$PY" scripts/bench_attention.py --zinc-root data
-part bench_ensemble 130 "$PY" scripts/bench_train.py --presets zinc --attention urpe --paths engine \
-  --zinc-batch 256 --skip-data-only $ZINC --warmup 10 --steps 60 --count-ops 3 --ensemble 6 \
-  --ensemble-args "--model.compile true --model.matmul_precision high"
-part tests 120 bash -c "$PY -m pytest -q -p no:cacheprovider tests/nn/test_fused_attention.py; \
+part bench_attention 50 "$PY" scripts/bench_attention.py --zinc-root data
+for turn in "" --ensemble-in-turn; do  # the six stacked runs, all at once (vmap) and in turn
+  part "bench_ensemble${turn:+_in_turn}" 90 "$PY" scripts/bench_train.py --presets zinc --attention urpe \
+    --paths engine --zinc-batch 256 --skip-data-only $ZINC --warmup 10 --steps 40 --count-ops 3 --ensemble 6 \
+    $turn --ensemble-args "--model.compile true --model.matmul_precision high"
+done
+part tests 100 bash -c "$PY -m pytest -q -p no:cacheprovider tests/nn/test_fused_attention.py; \
   $PY -m pytest -q -p no:cacheprovider -m gpu tests"
 
 echo "== $(( $(date +%s) - START )) s: done; full output in $OUT/"
 cat "$OUT/machine.txt"
-for name in bench_train bench_attention bench_ensemble tests; do
+for name in bench_train bench_attention bench_ensemble bench_ensemble_in_turn tests; do
   echo "---- $name"
   tr '\r' '\n' < "$OUT/$name.txt" | grep -E "ms/step|ms  |member|fastest|passed|failed|error|Error|stopped|skipped|exit status" \
     | grep -v "it/s\]" | tail -n 24

@@ -192,8 +192,12 @@ def test_ensemble_grid_resumes_tests_each_member_and_writes_the_readme_table(zin
         "its state is saved: the same command resumes it"), output[-3000:]
     assert 0 < steps_at_kill < STEPS and steps_at_kill % 2 == 0  # an epoch's end
 
-    finished = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    # The same command continues it, here with the members' steps in turn (how a step runs, not
+    # what it trains).
+    finished = subprocess.run([*command, "--in-turn"], cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=600)
     assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    assert "as one ensemble (members in turn)" in finished.stdout
     assert f"ensemble: resuming at step {steps_at_kill}" in finished.stdout
     assert "tiny took" in finished.stdout
     runs = {e["attention"]: e for e in read_json(tmp_path / "results.json", [])}
@@ -225,6 +229,15 @@ def test_ensemble_refuses_the_shared_arm(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--ensemble", "--arms", "urpe", "urpe-shared"])
     assert "--ensemble trains the arms urpe and rpe" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--cuda-graph", "--in-turn"])
+def test_options_of_the_ensemble_step_need_the_ensemble(capsys, flag):
+    from graphormer_urpe.ablation import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args([flag])
+    assert "--cuda-graph and --in-turn change the --ensemble step: add --ensemble" in capsys.readouterr().err
 
 
 def _column(metrics_csv: Path, name: str) -> list[str]:

@@ -33,10 +33,12 @@ def test_every_part_runs_and_a_failing_part_is_recorded(tmp_path):
     result, out, calls = run_check(tmp_path, 540)
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in out.iterdir()) == ["bench_attention.txt", "bench_ensemble.txt",
-                                                     "bench_train.txt", "machine.txt", "tests.txt"]
+                                                     "bench_ensemble_in_turn.txt", "bench_train.txt",
+                                                     "machine.txt", "tests.txt"]
     # The measurements at the recipe's shape, the ensemble compiled, then the GPU tests.
     assert any("bench_train.py" in c and "engine-compiled-triton" in c and "--zinc-batch 256" in c for c in calls)
-    assert any("--ensemble 6" in c and "--model.compile true" in c for c in calls)
+    ensembles = [c for c in calls if "--ensemble 6" in c and "--model.compile true" in c]
+    assert len(ensembles) == 2 and "--ensemble-in-turn" in ensembles[1]
     assert any("-m gpu tests" in c for c in calls)
     assert "exit status 3" in (out / "bench_attention.txt").read_text()  # recorded; the next part ran
     assert "4 passed" in (out / "tests.txt").read_text()
@@ -48,5 +50,5 @@ def test_a_spent_budget_skips_the_remaining_parts(tmp_path):
     result, out, calls = run_check(tmp_path, 12)
     assert result.returncode == 0, result.stderr
     assert not any("bench_" in c or "pytest" in c for c in calls)
-    for name in ("bench_train", "bench_attention", "bench_ensemble", "tests"):
+    for name in ("bench_train", "bench_attention", "bench_ensemble", "bench_ensemble_in_turn", "tests"):
         assert (out / f"{name}.txt").read_text().startswith("skipped: the budget ran out")

@@ -245,11 +245,15 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
         cuda_graph: on a GPU, capture the whole step in one CUDA graph after
             :func:`~.engine.record_step`'s update-free warmup and replay it (ignored on a CPU).
         progress: receives the log lines.
+        in_turn: the members' forward and backward one member after another on their slices of
+            the stacked parameters, instead of all at once through ``vmap``: the same step (one
+            backward, per-member clipping, one AdamW), with kernels one member wide, for a GPU
+            that one member already keeps busy.
     """
 
     def __init__(self, members: Sequence[Member], batches: StackedBatches, settings: dict[str, Any],
                  budget: int, device: torch.device, cuda_graph: bool = False,
-                 progress: Callable[[str], None] = log.info) -> None:
+                 progress: Callable[[str], None] = log.info, in_turn: bool = False) -> None:
         super().__init__()
         self.members, self.batches, self.settings = list(members), batches, settings
         self.budget, self.progress = int(budget), progress
@@ -289,9 +293,16 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
         self.validated_epoch = -1
         self.legacy_state: dict[str, Any] | None = None  # an earlier version's state.pt to resume
         self._resumed_rng: dict[str, Any] | None = None
-        self._train_step = vmap(self._member_loss, in_dims=(0, 0, 0), randomness="different")
-        if self.hp.get("compile"):  # model.compile: the stacked forward and backward, compiled whole
-            self._train_step = torch.compile(self._train_step)
+        # model.compile: the stacked forward and backward compiled whole, or in turn the one
+        # member's (one graph for every member: the same shapes).
+        self.in_turn = bool(in_turn)
+        if self.in_turn:
+            self._member_step = torch.compile(self._member_loss) if self.hp.get("compile") else self._member_loss
+            self._train_step = self._members_in_turn
+        else:
+            self._train_step = vmap(self._member_loss, in_dims=(0, 0, 0), randomness="different")
+            if self.hp.get("compile"):
+                self._train_step = torch.compile(self._train_step)
         self._predict = vmap(self._member_predictions, in_dims=(0, 0, None), randomness="different")
 
     @property
@@ -313,6 +324,16 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
 
     def _member_loss(self, params, buffers, fields_: dict[str, Tensor]) -> Tensor:
         return self.template._loss(self._member_predictions(params, buffers, fields_), fields_["y"])
+
+    def _members_in_turn(self, params, buffers, batch: dict[str, Tensor]) -> Tensor:
+        """The members' losses ``[M]`` (``in_turn``), each from its slice of the stacked
+        parameters, buffers and batch: ``unbind`` once, so the backward stacks each parameter's
+        member gradients in one write."""
+        params, buffers, batch = ({name: t.unbind(0) for name, t in tensors.items()}
+                                  for tensors in (params, buffers, batch))
+        return torch.stack([
+            self._member_step(*({name: t[m] for name, t in tensors.items()} for tensors in (params, buffers, batch)))
+            for m in range(len(self.members))])
 
     def _autocast(self):
         return torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
@@ -794,12 +815,13 @@ class Ensemble:
     (:data:`STATE_FILE`, see :class:`EnsembleState`) and resuming from there. ``progress``
     receives the log lines; ``resident``: gather training batches from a device copy of the
     split (default: on a GPU); ``cuda_graph``: on a GPU, capture the whole optimizer step in one
-    CUDA graph and replay it (ignored on a CPU)."""
+    CUDA graph and replay it (ignored on a CPU); ``in_turn``: the members' forward and backward
+    one after another instead of through ``vmap`` (:class:`StackedModule`)."""
 
     def __init__(self, specs: Sequence[MemberSpec], state_dir: Path | str,
                  device: torch.device | str | None = None, save_every_s: float = 600.0,
                  progress: Callable[[str], None] | None = None, resident: bool | None = None,
-                 cuda_graph: bool = False) -> None:
+                 cuda_graph: bool = False, in_turn: bool = False) -> None:
         if not specs:
             raise ValueError("an ensemble needs at least one member")
         self.members = [build_member(spec) for spec in specs]
@@ -842,7 +864,7 @@ class Ensemble:
         self.val_loader = dm.val_dataloader()
 
         self.module = StackedModule(self.members, self.batches, self.settings, self._step_budget(),
-                                    self.device, cuda_graph, self.progress)
+                                    self.device, cuda_graph, self.progress, in_turn)
         # No per-batch host reads (vmap has none of the per-member values) nor data-dependent
         # sizes (the CPU's packed hop sum): the split's ids are checked once here.
         model = self.module.template.model

@@ -21,6 +21,7 @@ from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.training.cli import build_cli
 from graphormer_urpe.training.ensemble import (METRICS_FILE, STATE_FILE, Ensemble, EnsembleStopped, MemberSpec,
                                                check_members)
+from test_capture import CaptureGuard  # what a CUDA graph cannot hold
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = {"num_layers": 2, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2}
@@ -287,11 +288,12 @@ def train_steps(ensemble: Ensemble, count: int, sync_debug: bool = False) -> tor
 
 
 @pytest.mark.gpu
-def test_the_captured_step_equals_the_eager_one_without_host_syncs(zinc_data_root, tmp_path):
+@pytest.mark.parametrize("in_turn", [False, True], ids=["vmap", "in turn"])
+def test_the_captured_step_equals_the_eager_one_without_host_syncs(zinc_data_root, tmp_path, in_turn):
     backbone = {**TINY, **NO_DROPOUT}
     eager = Ensemble(specs(tmp_path, zinc_data_root, backbone, "eager"), tmp_path / "e")
     graphed = Ensemble(specs(tmp_path, zinc_data_root, backbone, "graphed"), tmp_path / "g",
-                       cuda_graph=True)
+                       cuda_graph=True, in_turn=in_turn)
     assert eager.device.type == "cuda" and graphed.module.cuda_graph
     expected = train_steps(eager, 20)
     losses = train_steps(graphed, 20, sync_debug=True)
@@ -383,6 +385,41 @@ def test_a_compiled_ensemble_trains_as_the_eager_one(zinc_data_root, tmp_path, o
     torch.testing.assert_close(losses, expected, rtol=1e-5, atol=1e-6)
     for name, value in eager.params.items():
         torch.testing.assert_close(compiled.params[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+def test_members_in_turn_train_as_the_stacked_step(zinc_data_root, tmp_path, one_torch_thread, monkeypatch,
+                                                    compile):
+    """``in_turn``: the members' forward and backward one after another on their slices of the
+    stacked parameters trains as the vmapped step does (no dropout: the same arithmetic, other
+    random streams); compiled, one graph serves every member (``aot_eager``, as above)."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    backbone = {**TINY, **NO_DROPOUT}
+    extra = ("--model.compile", "true") if compile else ()
+    stacked = Ensemble(specs(tmp_path, zinc_data_root, backbone, "stacked"), tmp_path / "s")
+    in_turn = Ensemble([MemberSpec(spec.label, (*spec.cli_args, *extra))
+                        for spec in specs(tmp_path, zinc_data_root, backbone, "in_turn")], tmp_path / "t",
+                       in_turn=True)
+    module = in_turn.module
+    assert module._train_step == module._members_in_turn
+    assert hasattr(module._member_step, "_torchdynamo_orig_callable") == compile
+    expected = train_steps(stacked, 4)
+    counters.clear()
+    losses = train_steps(in_turn, 4)
+    if compile:
+        assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    torch.testing.assert_close(losses, expected, rtol=1e-5, atol=1e-6)
+    for name, value in stacked.params.items():
+        torch.testing.assert_close(in_turn.params[name], value, rtol=1e-5, atol=1e-6, msg=name)
+    assert all(torch.equal(d[1], torch.zeros_like(d[1]))  # the rpe member's C stays exactly 1
+               for name, d in in_turn.params.items() if name.endswith(".delta"))
+    if not compile:  # and the step stays one a CUDA graph can hold: no host read, no data-dependent shape
+        guard = CaptureGuard()
+        with guard:
+            module._step_body(in_turn.batches[0])
+        assert guard.ops > 500 and guard.refused == []
 
 
 def test_a_saved_state_resumes_with_or_without_compile():
