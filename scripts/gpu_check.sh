@@ -15,11 +15,11 @@
 # all; a part that fails or runs out of time is recorded there and the next part runs. The last
 # lines printed are each part's summary. PYTHON picks the interpreter (default python3).
 set -u
-OUT=${1:-gpu_check}
+OUT_DIR=${1:-gpu_check}
 BUDGET=${GPU_CHECK_SECONDS:-540}
 PY=${PYTHON:-python3}
 START=$(date +%s)
-mkdir -p "$OUT"
+mkdir -p "$OUT_DIR"
 
 seconds_left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 # part NAME SECONDS COMMAND...: run COMMAND for at most SECONDS (less if the budget is short)
@@ -29,14 +29,14 @@ part() {
   left=$(( $(seconds_left) - 5 ))
   (( want > left )) && want=$left
   if (( want < 10 )); then
-    echo "skipped: the budget ran out" > "$OUT/$name.txt"
+    echo "skipped: the budget ran out" > "$OUT_DIR/$name.txt"
     return
   fi
   echo "== $(( $(date +%s) - START )) s: $name (at most $want s)"
-  timeout "$want" "$@" > "$OUT/$name.txt" 2>&1
+  timeout "$want" "$@" > "$OUT_DIR/$name.txt" 2>&1
   local status=$?
-  (( status == 124 )) && echo "stopped after $want s (GPU_CHECK_SECONDS)" >> "$OUT/$name.txt"
-  echo "exit status $status" >> "$OUT/$name.txt"
+  (( status == 124 )) && echo "stopped after $want s (GPU_CHECK_SECONDS)" >> "$OUT_DIR/$name.txt"
+  echo "exit status $status" >> "$OUT_DIR/$name.txt"
 }
 
 {
@@ -46,7 +46,7 @@ part() {
 torch_geometric.__version__, '| numpy', numpy.__version__, '| rdkit', rdkit.__version__)"
   git log --oneline -1 2>/dev/null
   echo "$(nproc) CPU cores, $(date -u +%F)"
-} > "$OUT/machine.txt" 2>&1
+} > "$OUT_DIR/machine.txt" 2>&1
 
 ZINC="--zinc-root data --build-workers $(nproc)"
 part bench_train 200 "$PY" scripts/bench_train.py --presets zinc --attention urpe,rpe \
@@ -61,10 +61,10 @@ done
 part tests 100 bash -c "$PY -m pytest -q -p no:cacheprovider tests/nn/test_fused_attention.py; \
   $PY -m pytest -q -p no:cacheprovider -m gpu tests"
 
-echo "== $(( $(date +%s) - START )) s: done; full output in $OUT/"
-cat "$OUT/machine.txt"
+echo "== $(( $(date +%s) - START )) s: done; full output in $OUT_DIR/"
+cat "$OUT_DIR/machine.txt"
 for name in bench_train bench_attention bench_ensemble bench_ensemble_in_turn tests; do
   echo "---- $name"
-  tr '\r' '\n' < "$OUT/$name.txt" | grep -E "ms/step|ms  |member|fastest|passed|failed|error|Error|stopped|skipped|exit status" \
+  tr '\r' '\n' < "$OUT_DIR/$name.txt" | grep -E "ms/step|ms  |member|fastest|passed|failed|error|Error|stopped|skipped|exit status" \
     | grep -v "it/s\]" | tail -n 24
 done
