@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Check a GPU install and measure it, in one command of bounded time:
 #   1. the machine and the versions;
-#   2. the tests that need a GPU (pytest -m gpu) and the fused attention kernels' tests;
-#   3. the training step at the paper's ZINC recipe shape (Graphormer-slim, batch 256, 20 hops):
+#   2. the training step at the paper's ZINC recipe shape (Graphormer-slim, batch 256, 20 hops):
 #      the training engine with and without a compiled backbone and the fused attention core,
 #      URPE and RPE, with the kernels that take each step's time;
-#   4. the attention core alone, eager against the fused kernels' launch configurations;
-#   5. the six runs of the paper's ablation as one stacked, compiled model, all members at once
-#      and in turn.
+#   3. the attention core alone, eager against the fused kernels' launch configurations;
+#   4. the six runs of the paper's ablation as one stacked, compiled model, all members at once
+#      and in turn;
+#   5. the fused attention kernels' tests and the tests that need a GPU (pytest -m gpu).
 #
 #   scripts/gpu_check.sh [OUT_DIR]     (default gpu_check; ZINC is built in data/ if missing)
 #
