@@ -22,6 +22,10 @@ attention (``urpe``, ``rpe``: plain Graphormer) and each path (:data:`PATHS`):
   inductor's kernels recorded in the same CUDA graph;
 * ``engine-compiled-triton``: ``engine-compiled`` with the fused Triton attention core on CUDA
   (it runs between the compiled regions, inside the recorded step);
+* ``engine-compiled-static``: ``engine-compiled`` compiled for the batches' one shape
+  (``dynamic=False``) instead of symbolic sizes: inductor may then pick kernels for the known
+  number of keys (a measurement; ``model.compile`` keeps symbolic sizes, so that validation
+  batches of other sizes reuse one graph);
 
 it runs ``--warmup`` + ``--steps`` optimizer steps of a Lightning ``Trainer`` (AdamW, gradient
 clipping 5.0, as in the configs; no validation, logging or checkpoints) and times only the last
@@ -109,6 +113,7 @@ class TrainPath:
     matmul_precision: str | None = None
     bucket_batches: int = 0
     engine: bool = False
+    static_compile: bool = False  # compiled for the first batch's shape (dynamic=False)
 
 
 PATHS = {
@@ -121,6 +126,8 @@ PATHS = {
     "engine-compiled": TrainPath(resident=True, static_shapes=True, engine=True, compile=True, matmul_precision="high"),
     "engine-compiled-triton": TrainPath(resident=True, static_shapes=True, engine=True, compile=True, triton=True,
                                         matmul_precision="high"),
+    "engine-compiled-static": TrainPath(resident=True, static_shapes=True, engine=True, compile=True,
+                                        static_compile=True, matmul_precision="high"),
 }
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true")
 
@@ -343,7 +350,7 @@ def run_training(name: str, attention: str, path: str, args) -> dict:
     import lightning.pytorch as pl
     from torch._dynamo.utils import counters
 
-    from graphormer_urpe.training.module import GraphormerModule
+    from graphormer_urpe.training.module import GraphormerModule, compile_backbone
 
     spec = path_spec(path)
     batch_size = batch_size_of(name, args)
@@ -361,6 +368,8 @@ def run_training(name: str, attention: str, path: str, args) -> dict:
         matmul_precision=spec.matmul_precision, engine=spec.engine)
     if module._engine is not None:
         module._engine.capture_safe = True  # on CPU too: the step a GPU records
+    if spec.static_compile:  # the training batches' one shape, not symbolic sizes
+        compile_backbone(module.model, dynamic=False)
     timer = make_step_timer(args.device, args.warmup, args.steps)
     counter = (make_op_counter(args.warmup + args.steps, args.count_ops, args.device, spec.compile, args.top_ops)
                if args.count_ops else None)

@@ -50,8 +50,8 @@ torch_geometric.__version__, '| numpy', numpy.__version__, '| rdkit', rdkit.__ve
 
 ZINC="--zinc-root data --build-workers $(nproc)"
 part bench_train 200 "$PY" scripts/bench_train.py --presets zinc --attention urpe,rpe \
-  --paths engine,engine-compiled,engine-triton,engine-compiled-triton --zinc-batch 256 --skip-data-only \
-  $ZINC --count-ops 3 --top-ops 30 --warmup 10 --steps 100
+  --paths engine,engine-compiled,engine-compiled-static,engine-triton,engine-compiled-triton --zinc-batch 256 \
+  --skip-data-only $ZINC --count-ops 3 --top-ops 30 --warmup 10 --steps 100
 part bench_attention 50 "$PY" scripts/bench_attention.py --zinc-root data
 for turn in "" --ensemble-in-turn; do  # the six stacked runs, all at once (vmap) and in turn
   part "bench_ensemble${turn:+_in_turn}" 90 "$PY" scripts/bench_train.py --presets zinc --attention urpe \

@@ -36,7 +36,8 @@ def test_every_part_runs_and_a_failing_part_is_recorded(tmp_path):
                                                      "bench_ensemble_in_turn.txt", "bench_train.txt",
                                                      "machine.txt", "tests.txt"]
     # The measurements at the recipe's shape, the ensemble compiled, then the GPU tests.
-    assert any("bench_train.py" in c and "engine-compiled-triton" in c and "--zinc-batch 256" in c for c in calls)
+    assert any("bench_train.py" in c and "engine-compiled-triton" in c and "--zinc-batch 256" in c
+               and "--count-ops 3" in c for c in calls)  # one command, its options all there
     ensembles = [c for c in calls if "--ensemble 6" in c and "--model.compile true" in c]
     assert len(ensembles) == 2 and "--ensemble-in-turn" in ensembles[1]
     assert any("-m gpu tests" in c for c in calls)

@@ -35,20 +35,21 @@ RNG_STATES = "rng_states"
 #: Checkpoint key of the learning-rate schedule it was trained with (``GraphormerModule.schedule``).
 LR_SCHEDULE = "lr_schedule"
 
-def compile_backbone(model: Graphormer) -> None:
-    """``torch.compile(dynamic=True)`` each encoder layer and the edge-path encoding, in place.
+def compile_backbone(model: Graphormer, dynamic: bool = True) -> None:
+    """``torch.compile(dynamic=dynamic)`` each encoder layer and the edge-path encoding, in place.
 
     Regions rather than the whole forward: the encoder layers share their code, so one compiled
     graph serves all of them and a cold start compiles ~3x faster (slim on CPU: 45 s instead of
     ~135 s); the batch checks and the cheap embedding lookups stay eager. ``dynamic=True``:
     batches vary in ``N``, ``E`` and ``B``, so shapes are symbolic from the first call instead of
-    recompiling per size. ``nn.Module.compile`` keeps parameter names, so checkpoints are the same
-    with and without compilation.
+    recompiling per size (``dynamic=False`` specializes to the first batch's shape, a
+    measurement in ``scripts/bench_train.py``). ``nn.Module.compile`` keeps parameter names, so
+    checkpoints are the same with and without compilation.
     """
     for layer in model.layers:
-        layer.compile(dynamic=True)
+        layer.compile(dynamic=dynamic)
     if getattr(model, "edge_bias", None) is not None:  # "urpe" / "rpe" only
-        model.edge_bias.compile(dynamic=True)
+        model.edge_bias.compile(dynamic=dynamic)
 
 
 class GraphormerModule(EngineHooks, pl.LightningModule):
