@@ -26,10 +26,16 @@ def gpu_command() -> list[str]:
     return shlex.split(line)[2:]
 
 
-def test_the_gpu_command_times_the_eager_core_on_cpu(zinc_data_root, capsys):
+def load_bench_attention():
+    """scripts/bench_attention.py as a module (its main() runs in this process)."""
     spec = importlib.util.spec_from_file_location("bench_attention", SCRIPT)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_gpu_command_times_the_eager_core_on_cpu(zinc_data_root, capsys):
+    bench = load_bench_attention()
     argv = [*gpu_command(), *SMALL, "--zinc-root", str(zinc_data_root)]
     assert bench.main(argv) == 0
     out = capsys.readouterr().out
@@ -58,9 +64,7 @@ def test_each_launch_configuration_computes_the_eager_core_under_the_interpreter
 
 
 def test_a_configuration_that_cannot_be_read_is_named_before_the_data_loads(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("bench_attention", SCRIPT)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench_attention()
     with pytest.raises(SystemExit) as stopped:
         bench.main([*SMALL, "--zinc-root", str(tmp_path / "none"), "--configs", "fwd=16by64"])
     assert str(stopped.value) == "--configs: cannot read 'fwd=16by64' (expected e.g. fwd=16x64w2 or dq=32x32w4s1)"
