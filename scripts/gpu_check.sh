@@ -19,7 +19,11 @@ OUT_DIR=${1:-gpu_check}
 BUDGET=${GPU_CHECK_SECONDS:-540}
 PY=${PYTHON:-python3}
 START=$(date +%s)
-mkdir -p "$OUT_DIR"
+if [ -L "$OUT_DIR" ] || { [ -e "$OUT_DIR" ] && [ ! -d "$OUT_DIR" ]; }; then
+  echo "gpu_check.sh: $OUT_DIR is a link or not a directory; name a directory to write the results into" >&2
+  exit 2
+fi
+mkdir -p "$OUT_DIR" || exit 2
 
 seconds_left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 # part NAME SECONDS COMMAND...: run COMMAND for at most SECONDS (less if the budget is short)

@@ -53,3 +53,16 @@ def test_a_spent_budget_skips_the_remaining_parts(tmp_path):
     assert not any("bench_" in c or "pytest" in c for c in calls)
     for name in ("bench_train", "bench_attention", "bench_ensemble", "bench_ensemble_in_turn", "tests"):
         assert (out / f"{name}.txt").read_text().startswith("skipped: the budget ran out")
+
+
+def test_an_output_path_that_is_a_file_or_a_link_is_refused_before_anything_runs(tmp_path):
+    (tmp_path / "target").mkdir()
+    for name, make in (("file", lambda p: p.write_text("keep")), ("link", lambda p: p.symlink_to(tmp_path / "target"))):
+        out = tmp_path / name
+        make(out)
+        result = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), str(out)], cwd=REPO,
+                                env={**os.environ, "PYTHON": "/nonexistent"}, capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 2 and result.stderr.strip() == (
+            f"gpu_check.sh: {out} is a link or not a directory; name a directory to write the results into")
+    assert (tmp_path / "file").read_text() == "keep" and not any((tmp_path / "target").iterdir())
