@@ -192,10 +192,11 @@ def test_ensemble_grid_resumes_tests_each_member_and_writes_the_readme_table(zin
         "its state is saved: the same command resumes it"), output[-3000:]
     assert 0 < steps_at_kill < STEPS and steps_at_kill % 2 == 0  # an epoch's end
 
-    # The same command continues it, here with the members' steps in turn (how a step runs, not
-    # what it trains).
-    finished = subprocess.run([*command, "--in-turn"], cwd=REPO, env=env, capture_output=True, text=True,
-                              timeout=600)
+    # The same command continues it, here as the installed `graphormer-urpe-ablation` with the
+    # members' steps in turn (how a step runs, not what it trains).
+    installed = str(Path(sys.executable).parent / "graphormer-urpe-ablation")
+    finished = subprocess.run([installed, *command[3:], "--in-turn"], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=600)
     assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
     assert "as one ensemble (members in turn)" in finished.stdout
     assert f"ensemble: resuming at step {steps_at_kill}" in finished.stdout
