@@ -222,7 +222,7 @@ class Grid:
         self.runs = [Run(self, arm, seed) for seed in args.seeds for arm in args.arms]
         self.jobs = args.jobs
         self.ensemble = args.ensemble
-        self.cuda_graph, self.in_turn = args.cuda_graph, args.in_turn
+        self.cuda_graph, self.in_turn, self.attention_impl = args.cuda_graph, args.in_turn, args.attention_impl
         self.threads_per_job = args.threads_per_job
         self.commit = code_commit()
         self.device = describe_device(args.jobs, args.threads_per_job,
@@ -350,14 +350,15 @@ class Grid:
             self.log(message)
             record_attempts()
 
-        self.log(f"{self.name}: fit {len(pending)} runs as one ensemble{' (members in turn)' * self.in_turn}: "
+        how = ", ".join(["members in turn"] * self.in_turn + [f"{self.attention_impl} attention"] * (self.attention_impl != "eager"))
+        self.log(f"{self.name}: fit {len(pending)} runs as one ensemble{f' ({how})' if how else ''}: "
                  + ", ".join(run.label for run, _ in pending))
         try:
             for run, _ in pending:  # each member's run directory, as its solo fit would hold it
                 hold_run_dir(run.dir)
             ensemble = Ensemble([MemberSpec(run.label, tuple(run.cli_args)) for run, _ in pending],
                                 self.dir / "ensemble", progress=progress, cuda_graph=self.cuda_graph,
-                                in_turn=self.in_turn)
+                                in_turn=self.in_turn, attention_impl=self.attention_impl)
             ensemble.fit()
         except EnsembleStopped as stopped:  # SIGINT / SIGTERM: resumable from the saved state
             # "finished": the budget was trained; only the tests are left
@@ -426,6 +427,9 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
     parser.add_argument("--in-turn", action="store_true",
                         help="with --ensemble: each step runs the members' forward and backward one "
                              "after another instead of all at once (for a GPU one member keeps busy)")
+    parser.add_argument("--attention-impl", choices=("eager", "triton"), default="eager",
+                        help="with --ensemble --in-turn: the members' attention core (triton: the "
+                             "fused kernels; how the steps run, not what is trained)")
     parser.add_argument("--readme", type=Path, default=None, metavar="FILE",
                         help="also write this recipe's table into FILE between the lines "
                              "<!-- ablation:NAME --> and <!-- /ablation:NAME -->")
@@ -440,6 +444,10 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
         parser.error("--readme with --table-only needs --name")
     if (args.cuda_graph or args.in_turn) and not args.ensemble:
         parser.error("--cuda-graph and --in-turn change the --ensemble step: add --ensemble")
+    if args.attention_impl != "eager" and not (args.ensemble and args.in_turn):
+        parser.error(f"--attention-impl {args.attention_impl} runs the members of --ensemble --in-turn "
+                     "(vmap cannot batch the fused kernels); a solo run takes "
+                     f"--model.backbone.attention_impl {args.attention_impl}")
     if args.ensemble and not set(args.arms) <= {"urpe", "rpe"}:
         parser.error(f"--ensemble trains the arms urpe and rpe, not {sorted(set(args.arms) - {'urpe', 'rpe'})}")
     stray = [a for a in overrides if a.startswith("--") and not a.startswith(

@@ -62,7 +62,9 @@ and, with ``--count-ops P`` (on a CPU always, one step), where the device time o
 stacked steps goes, as for the single runs, and on CPU the aten ops per step that launch a kernel.
 ``--ensemble-backbone`` (JSON) changes slim, e.g. a tiny width on CPU so host time shows;
 ``--ensemble-args`` adds training options to every member, e.g. ``'--model.compile true'``;
-``--ensemble-in-turn`` steps the members one after another (``graphormer-urpe-ablation --in-turn``).
+``--ensemble-in-turn`` steps the members one after another (``graphormer-urpe-ablation --in-turn``)
+and ``--ensemble-attention-impl triton`` runs their attention on the fused kernels
+(``graphormer-urpe-ablation --in-turn --attention-impl triton``).
 
 Prints tables, then one JSON line (device, torch version, date, every row, the ratios).
 ``--device cpu`` (automatic without CUDA) uses small step counts and batches so it runs in
@@ -523,7 +525,7 @@ def run_ensemble_rows(args) -> list[dict]:
                     "--data.init_args.max_hops", str(args.zinc_hops), *shlex.split(args.ensemble_args))))
             for captured in ((False, True) if args.device == "cuda" else (False,)):
                 ensemble = Ensemble(specs, f"{work}/{members}/state-{captured}", cuda_graph=captured,
-                                    in_turn=args.ensemble_in_turn)
+                                    in_turn=args.ensemble_in_turn, attention_impl=args.ensemble_attention_impl)
                 # The stacked step outside Lightning's loop, at the schedule's first rate, on
                 # batches gathered as training gathers them, one step at a time: pre-gathering
                 # every step's batches would hold them all (~40 GB at batch 256 x 6 members).
@@ -545,6 +547,7 @@ def run_ensemble_rows(args) -> list[dict]:
                 synchronize(args.device)
                 gather_s = (time.perf_counter() - start) / args.steps
                 row = {"members": members, "captured": captured, "in_turn": args.ensemble_in_turn,
+                       "attention_impl": args.ensemble_attention_impl,
                        "member_args": args.ensemble_args,
                        "backbone": backbone or "slim",
                        "batch_size": args.zinc_batch, "max_hops": ensemble.template.model.max_hops,
@@ -564,7 +567,9 @@ def run_ensemble_rows(args) -> list[dict]:
                 row["loop_member_steps_per_s"] = round(members * args.steps / timer.seconds, 2)
                 rows.append(row)
                 label = " ".join(filter(None, (f"ensemble of {members}", "captured" * captured,
-                                               "in turn" * args.ensemble_in_turn, args.ensemble_args)))
+                                               "in turn" * args.ensemble_in_turn,
+                                               f"{args.ensemble_attention_impl} attention" * (args.ensemble_attention_impl != "eager"),
+                                               args.ensemble_args)))
                 print(f"  {label}: {row['ms_per_step']:.2f} "
                       f"ms/step, {row['member_steps_per_s']:.2f} member steps/s", flush=True)
                 print_top_ops(row, args.device)
@@ -614,7 +619,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="more training options for every member, e.g. '--model.compile true'")
     parser.add_argument("--ensemble-in-turn", action="store_true",
                         help="the ensemble's members stepped one after another (graphormer-urpe-ablation --in-turn)")
+    parser.add_argument("--ensemble-attention-impl", choices=("eager", "triton"), default="eager",
+                        help="the members' attention core, triton with --ensemble-in-turn "
+                             "(graphormer-urpe-ablation --attention-impl)")
     args = parser.parse_args(argv)
+    if args.ensemble_attention_impl != "eager" and not args.ensemble_in_turn:
+        parser.error("--ensemble-attention-impl triton needs --ensemble-in-turn (vmap cannot batch the fused kernels)")
 
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -722,7 +732,8 @@ def main(argv: list[str] | None = None) -> int:
               + ("  kernel ops/step" if args.device == "cpu" else ""))
         if args.ensemble_args or args.ensemble_in_turn:
             print(f"  every member with {args.ensemble_args or 'the recipe'}"
-                  + (", the members in turn" if args.ensemble_in_turn else ""))
+                  + (", the members in turn" if args.ensemble_in_turn else "")
+                  + (f", {args.ensemble_attention_impl} attention" if args.ensemble_attention_impl != "eager" else ""))
         for row in results["ensemble"]:
             kind = "captured" if row["captured"] else "eager"
             print(f"{row['members']:3d} member(s), batch {row['batch_size']:4d}, {kind:8s}{'':8s} {row['ms_per_step']:9.2f} "

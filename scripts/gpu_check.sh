@@ -5,9 +5,10 @@
 #      the training engine with and without a compiled backbone and the fused attention core,
 #      URPE and RPE, with the kernels that take each step's time;
 #   3. the attention core alone, eager against the fused kernels' launch configurations;
-#   4. the six runs of the paper's ablation as one stacked, compiled model, all members at once
-#      and in turn;
-#   5. the fused attention kernels' tests and the tests that need a GPU (pytest -m gpu).
+#   4. the six runs of the paper's ablation as one stacked, compiled model, all members at once,
+#      in turn, and in turn on the fused attention kernels;
+#   5. the fused attention kernels' tests, the ensemble's on those kernels, and the tests that
+#      need a GPU (pytest -m gpu).
 #
 #   scripts/gpu_check.sh [OUT_DIR]     (default gpu_check; ZINC is built in data/ if missing)
 #
@@ -53,21 +54,27 @@ torch_geometric.__version__, '| numpy', numpy.__version__, '| rdkit', rdkit.__ve
 } > "$OUT_DIR/machine.txt" 2>&1
 
 ZINC="--zinc-root data --build-workers $(nproc)"
-part bench_train 200 "$PY" scripts/bench_train.py --presets zinc --attention urpe,rpe \
+part bench_train 180 "$PY" scripts/bench_train.py --presets zinc --attention urpe,rpe \
   --paths engine,engine-compiled,engine-compiled-static,engine-triton,engine-compiled-triton --zinc-batch 256 \
   --skip-data-only $ZINC --count-ops 3 --top-ops 30 --warmup 10 --steps 100
-part bench_attention 50 "$PY" scripts/bench_attention.py --zinc-root data
-for turn in "" --ensemble-in-turn; do  # the six stacked runs, all at once (vmap) and in turn
-  part "bench_ensemble${turn:+_in_turn}" 90 "$PY" scripts/bench_train.py --presets zinc --attention urpe \
+part bench_attention 30 "$PY" scripts/bench_attention.py --zinc-root data
+# the six stacked runs: all at once (vmap), in turn, in turn on the fused attention kernels
+for name in bench_ensemble bench_ensemble_in_turn bench_ensemble_in_turn_triton; do
+  case $name in
+    bench_ensemble) how= ;;
+    bench_ensemble_in_turn) how=--ensemble-in-turn ;;
+    *) how="--ensemble-in-turn --ensemble-attention-impl triton" ;;
+  esac
+  part $name 80 "$PY" scripts/bench_train.py --presets zinc --attention urpe \
     --paths engine --zinc-batch 256 --skip-data-only $ZINC --warmup 10 --steps 40 --count-ops 3 --ensemble 6 \
-    $turn --ensemble-args "--model.compile true --model.matmul_precision high"
+    $how --ensemble-args "--model.compile true --model.matmul_precision high"
 done
-part tests 100 bash -c "$PY -m pytest -q -p no:cacheprovider tests/nn/test_fused_attention.py; \
-  $PY -m pytest -q -p no:cacheprovider -m gpu tests"
+part tests 100 bash -c "$PY -m pytest -q -p no:cacheprovider tests/nn/test_fused_attention.py \
+  tests/training/test_ensemble.py -k 'kernel or fused_attention'; $PY -m pytest -q -p no:cacheprovider -m gpu tests"
 
 echo "== $(( $(date +%s) - START )) s: done; full output in $OUT_DIR/"
 cat "$OUT_DIR/machine.txt"
-for name in bench_train bench_attention bench_ensemble bench_ensemble_in_turn tests; do
+for name in bench_train bench_attention bench_ensemble bench_ensemble_in_turn bench_ensemble_in_turn_triton tests; do
   echo "---- $name"
   tr '\r' '\n' < "$OUT_DIR/$name.txt" | grep -E "ms/step|ms  |member|fastest|passed|failed|error|Error|stopped|skipped|exit status" \
     | grep -v "it/s\]" | tail -n 24

@@ -193,12 +193,13 @@ def test_ensemble_grid_resumes_tests_each_member_and_writes_the_readme_table(zin
     assert 0 < steps_at_kill < STEPS and steps_at_kill % 2 == 0  # an epoch's end
 
     # The same command continues it, here as the installed `graphormer-urpe-ablation` with the
-    # members' steps in turn (how a step runs, not what it trains).
+    # members' steps in turn and the fused attention core (how a step runs, not what it trains;
+    # on a CPU the core falls back to the eager one, whose kernels test_ensemble checks).
     installed = str(Path(sys.executable).parent / "graphormer-urpe-ablation")
-    finished = subprocess.run([installed, *command[3:], "--in-turn"], cwd=REPO, env=env, capture_output=True,
-                              text=True, timeout=600)
+    finished = subprocess.run([installed, *command[3:], "--in-turn", "--attention-impl", "triton"], cwd=REPO,
+                              env=env, capture_output=True, text=True, timeout=600)
     assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
-    assert "as one ensemble (members in turn)" in finished.stdout
+    assert "as one ensemble (members in turn, triton attention)" in finished.stdout
     assert f"ensemble: resuming at step {steps_at_kill}" in finished.stdout
     assert "tiny took" in finished.stdout
     runs = {e["attention"]: e for e in read_json(tmp_path / "results.json", [])}
@@ -239,6 +240,17 @@ def test_options_of_the_ensemble_step_need_the_ensemble(capsys, flag):
     with pytest.raises(SystemExit):
         parse_args([flag])
     assert "--cuda-graph and --in-turn change the --ensemble step: add --ensemble" in capsys.readouterr().err
+
+
+def test_the_fused_attention_core_needs_the_members_in_turn(capsys):
+    from graphormer_urpe.ablation import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--ensemble", "--attention-impl", "triton"])
+    assert ("--attention-impl triton runs the members of --ensemble --in-turn (vmap cannot batch the "
+            "fused kernels); a solo run takes --model.backbone.attention_impl triton") in capsys.readouterr().err
+    args, _ = parse_args(["--ensemble", "--in-turn", "--attention-impl", "triton"])
+    assert args.attention_impl == "triton"
 
 
 def _column(metrics_csv: Path, name: str) -> list[str]:

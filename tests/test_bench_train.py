@@ -114,3 +114,11 @@ def test_a_failing_row_is_recorded_and_the_next_runs(zinc_data_root, monkeypatch
     assert engine["max_hops"] == 5
     assert rows[2]["ms_per_step"] > 0 and not rows[2]["compile"] and "compiled_graphs" not in rows[2]
     assert torch.get_float32_matmul_precision() == "highest"  # restored after the row
+
+
+def test_the_fused_attention_ensemble_needs_the_members_in_turn(monkeypatch, capsys):
+    bench = load_bench_train(monkeypatch)
+    with pytest.raises(SystemExit):
+        bench.main(["--device", "cpu", "--ensemble", "6", "--ensemble-attention-impl", "triton"])
+    assert ("--ensemble-attention-impl triton needs --ensemble-in-turn (vmap cannot batch the fused kernels)"
+            in capsys.readouterr().err)

@@ -33,14 +33,18 @@ def test_every_part_runs_and_a_failing_part_is_recorded(tmp_path):
     result, out, calls = run_check(tmp_path, 540)
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in out.iterdir()) == ["bench_attention.txt", "bench_ensemble.txt",
-                                                     "bench_ensemble_in_turn.txt", "bench_train.txt",
+                                                     "bench_ensemble_in_turn.txt",
+                                                     "bench_ensemble_in_turn_triton.txt", "bench_train.txt",
                                                      "machine.txt", "tests.txt"]
     # The measurements at the recipe's shape, the ensemble compiled, then the GPU tests.
     assert any("bench_train.py" in c and "engine-compiled-triton" in c and "--zinc-batch 256" in c
                and "--count-ops 3" in c for c in calls)  # one command, its options all there
     ensembles = [c for c in calls if "--ensemble 6" in c and "--model.compile true" in c]
-    assert len(ensembles) == 2 and "--ensemble-in-turn" in ensembles[1]
+    assert len(ensembles) == 3 and "--ensemble-in-turn" not in ensembles[0]
+    assert "--ensemble-in-turn" in ensembles[1] and "--ensemble-attention-impl" not in ensembles[1]
+    assert "--ensemble-in-turn --ensemble-attention-impl triton" in ensembles[2]
     assert any("-m gpu tests" in c for c in calls)
+    assert any("tests/training/test_ensemble.py -k kernel or fused_attention" in c for c in calls)
     assert "exit status 3" in (out / "bench_attention.txt").read_text()  # recorded; the next part ran
     assert "4 passed" in (out / "tests.txt").read_text()
     assert "6.88 ms/step" in result.stdout and "fastest fused" in result.stdout
@@ -51,7 +55,8 @@ def test_a_spent_budget_skips_the_remaining_parts(tmp_path):
     result, out, calls = run_check(tmp_path, 12)
     assert result.returncode == 0, result.stderr
     assert not any("bench_" in c or "pytest" in c for c in calls)
-    for name in ("bench_train", "bench_attention", "bench_ensemble", "bench_ensemble_in_turn", "tests"):
+    for name in ("bench_train", "bench_attention", "bench_ensemble", "bench_ensemble_in_turn",
+                 "bench_ensemble_in_turn_triton", "tests"):
         assert (out / f"{name}.txt").read_text().startswith("skipped: the budget ran out")
 
 

@@ -31,8 +31,10 @@ Philox at each entry's flat index, regenerated in the backward rather than store
 ``O = (P ⊙ C ⊙ M) V``, ``dV = (P ⊙ C ⊙ M)^T dO`` and ``M`` multiplies ``dO V^T`` before the
 formulas above.
 
-:func:`urpe_attention` with ``impl="auto"`` uses the fused path for CUDA tensors and the eager
-one (:func:`~graphormer_urpe.nn.attention.eager_attention`) otherwise; importing this module
+:func:`urpe_attention` with ``impl="auto"`` uses the fused path for CUDA tensors (and for CPU
+tensors under Triton's interpreter, ``TRITON_INTERPRET=1``, where the tests run whole models on
+the kernels) and the eager one (:func:`~graphormer_urpe.nn.attention.eager_attention`)
+otherwise; importing this module
 registers that choice as ``URPEAttention(attention_impl="triton")``. A query row whose keys are
 all padding gives ``0`` here (the eager softmax gives NaN); Graphormer never produces one, since
 the graph token at index 0 is never padding.
@@ -679,8 +681,8 @@ def urpe_attention(
 ) -> Tensor:
     """URPE attention through the eager or the fused path; dropout only when ``training``.
 
-    ``impl="auto"`` takes the fused Triton path for CUDA tensors when triton is importable, else
-    the eager path; ``"triton"`` insists on the fused path (``ValueError`` where it cannot run)
+    ``impl="auto"`` takes the fused Triton path for CUDA tensors when triton is importable (and
+    for any tensors under its interpreter, :data:`TRITON_INTERPRETED`), else the eager path; ``"triton"`` insists on the fused path (``ValueError`` where it cannot run)
     and ``"eager"`` always uses :func:`~graphormer_urpe.nn.attention.eager_attention` (float32
     core). The two paths draw different dropout masks. Shapes as in :func:`fused_urpe_attention`.
     """
@@ -692,7 +694,8 @@ def urpe_attention(
     effective_p = dropout_p if training else 0.0
     if impl == "auto":
         # p = 1 drops everything; only the eager path represents that (1 / (1 - p) is infinite).
-        impl = "triton" if triton is not None and q.is_cuda and effective_p < 1 else "eager"
+        fused_here = triton is not None and (q.is_cuda or TRITON_INTERPRETED)
+        impl = "triton" if fused_here and effective_p < 1 else "eager"
     if impl == "triton":
         return fused_urpe_attention(q, k, v, attn_bias, attn_scale, key_padding_mask, effective_p)
     out, _ = eager_attention(q, k, v, attn_bias, attn_scale, key_padding_mask, effective_p, False)

@@ -249,17 +249,24 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
             the stacked parameters, instead of all at once through ``vmap``: the same step (one
             backward, per-member clipping, one AdamW), with kernels one member wide, for a GPU
             that one member already keeps busy.
+        attention_impl: the attention core of every member's forward: ``eager``, or ``triton``
+            (the fused kernels, :mod:`~graphormer_urpe.nn.fused_attention`; ``in_turn`` only,
+            since ``vmap`` cannot batch them). How the steps run, not what is trained: the
+            members' checkpoints and the saved state are the same with either.
     """
 
     def __init__(self, members: Sequence[Member], batches: StackedBatches, settings: dict[str, Any],
                  budget: int, device: torch.device, cuda_graph: bool = False,
-                 progress: Callable[[str], None] = log.info, in_turn: bool = False) -> None:
+                 progress: Callable[[str], None] = log.info, in_turn: bool = False,
+                 attention_impl: str = "eager") -> None:
         super().__init__()
+        check_attention_impl(attention_impl, in_turn)
         self.members, self.batches, self.settings = list(members), batches, settings
         self.budget, self.progress = int(budget), progress
         self.hp = dict(self.members[0].module.hparams)
-        # One structure for all: URPE (per-layer C), eager attention, not compiled.
-        backbone = {**self.hp["backbone"], "attention": "urpe", "share_urpe_scale": False}
+        # One structure for all: URPE (per-layer C), not compiled.
+        backbone = {**self.hp["backbone"], "attention": "urpe", "share_urpe_scale": False,
+                    "attention_impl": attention_impl}
         params, buffers = stack_module_state([_as_urpe(member, backbone) for member in self.members])
         self.names = list(params)
         self.stacked = torch.nn.ParameterDict({_stacked_key(name): torch.nn.Parameter(p.detach().to(device))
@@ -303,7 +310,8 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
             self._train_step = vmap(self._member_loss, in_dims=(0, 0, 0), randomness="different")
             if self.hp.get("compile"):
                 self._train_step = torch.compile(self._train_step)
-        self._predict = vmap(self._member_predictions, in_dims=(0, 0, None), randomness="different")
+        self._predict = (self._predictions_in_turn if self.in_turn else
+                         vmap(self._member_predictions, in_dims=(0, 0, None), randomness="different"))
 
     @property
     def params(self) -> dict[str, Tensor]:
@@ -324,6 +332,14 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
 
     def _member_loss(self, params, buffers, fields_: dict[str, Tensor]) -> Tensor:
         return self.template._loss(self._member_predictions(params, buffers, fields_), fields_["y"])
+
+    def _predictions_in_turn(self, params, buffers, fields_: dict[str, Tensor]) -> Tensor:
+        """Every member's predictions ``[M, ...]`` on one batch, one member after another."""
+        params, buffers = ({name: t.unbind(0) for name, t in tensors.items()} for tensors in (params, buffers))
+        return torch.stack([
+            self._member_predictions({n: t[m] for n, t in params.items()}, {n: t[m] for n, t in buffers.items()},
+                                     fields_)
+            for m in range(len(self.members))])
 
     def _members_in_turn(self, params, buffers, batch: dict[str, Tensor]) -> Tensor:
         """The members' losses ``[M]`` (``in_turn``), each from its slice of the stacked
@@ -787,6 +803,20 @@ def _set_best(callback, path: Path, score: Tensor) -> None:
     callback.kth_best_model_path, callback.kth_value = str(path), score
 
 
+#: The attention cores a stacked step runs (its members are URPE models: ``sdpa`` has no C).
+ENSEMBLE_ATTENTION_IMPLS = ("eager", "triton")
+
+
+def check_attention_impl(attention_impl: str, in_turn: bool) -> None:
+    """``ValueError`` (one line) for an attention core the stacked step cannot run."""
+    if attention_impl not in ENSEMBLE_ATTENTION_IMPLS:
+        raise ValueError(f"an ensemble's attention_impl is one of {', '.join(ENSEMBLE_ATTENTION_IMPLS)}; "
+                         f"got {attention_impl!r}")
+    if attention_impl != "eager" and not in_turn:
+        raise ValueError(f"attention_impl {attention_impl!r} needs the members in turn (--in-turn): "
+                         "vmap cannot batch the fused kernels")
+
+
 def check_members(saved: Any, members: list[list[str]], what: str) -> None:
     """ValueError unless a saved state was written for these members' arguments (up to
     :data:`~.cli.EXECUTION_ARGS`: a state saved with or without ``--model.compile`` resumes either way)."""
@@ -816,14 +846,16 @@ class Ensemble:
     receives the log lines; ``resident``: gather training batches from a device copy of the
     split (default: on a GPU); ``cuda_graph``: on a GPU, capture the whole optimizer step in one
     CUDA graph and replay it (ignored on a CPU); ``in_turn``: the members' forward and backward
-    one after another instead of through ``vmap`` (:class:`StackedModule`)."""
+    one after another instead of through ``vmap``; ``attention_impl``: their attention core
+    (``triton``: the fused kernels, with ``in_turn``) (:class:`StackedModule`)."""
 
     def __init__(self, specs: Sequence[MemberSpec], state_dir: Path | str,
                  device: torch.device | str | None = None, save_every_s: float = 600.0,
                  progress: Callable[[str], None] | None = None, resident: bool | None = None,
-                 cuda_graph: bool = False, in_turn: bool = False) -> None:
+                 cuda_graph: bool = False, in_turn: bool = False, attention_impl: str = "eager") -> None:
         if not specs:
             raise ValueError("an ensemble needs at least one member")
+        check_attention_impl(attention_impl, in_turn)  # before the members' data is built
         self.members = [build_member(spec) for spec in specs]
         self.state_dir = Path(state_dir)
         self.save_every_s = float(save_every_s)
@@ -864,7 +896,7 @@ class Ensemble:
         self.val_loader = dm.val_dataloader()
 
         self.module = StackedModule(self.members, self.batches, self.settings, self._step_budget(),
-                                    self.device, cuda_graph, self.progress, in_turn)
+                                    self.device, cuda_graph, self.progress, in_turn, attention_impl)
         # No per-batch host reads (vmap has none of the per-member values) nor data-dependent
         # sizes (the CPU's packed hop sum): the split's ids are checked once here.
         model = self.module.template.model
@@ -924,8 +956,9 @@ class Ensemble:
                                  f"(attention {backbone['attention']!r}, share_urpe_scale "
                                  f"{backbone.get('share_urpe_scale')})")
             if backbone.get("attention_impl", "eager") != "eager":
-                raise ValueError(f"{member.spec.label}: --ensemble needs attention_impl eager "
-                                 f"(got {backbone['attention_impl']!r})")
+                raise ValueError(f"{member.spec.label}: --ensemble needs the recipe's attention_impl "
+                                 f"eager (got {backbone['attention_impl']!r}); the ensemble's own "
+                                 "--attention-impl picks the core its steps run")
             if member.module.task.name != "regression":
                 raise ValueError(f"{member.spec.label}: --ensemble trains regression (val/mae)")
             fine_tuning = sorted(k for k in FINE_TUNING_HPARAMS if member.module.hparams.get(k))

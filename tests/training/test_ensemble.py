@@ -422,6 +422,77 @@ def test_members_in_turn_train_as_the_stacked_step(zinc_data_root, tmp_path, one
         assert guard.ops > 500 and guard.refused == []
 
 
+def test_fused_attention_members_in_turn_under_the_cpu_interpreter():
+    """Runs the next test where the fused kernels run on a CPU: in a process that switched
+    Triton's interpreter on before importing it (``TRITON_INTERPRET=1``)."""
+    from graphormer_urpe.nn import fused_attention
+
+    pytest.importorskip("triton")
+    if torch.cuda.is_available() or fused_attention.TRITON_INTERPRETED:
+        pytest.skip("the kernels run in this process")
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
+         "-k", "test_members_in_turn_train_on_the_fused_attention_kernels"],
+        cwd=REPO, env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    summary = result.stdout.strip().splitlines()[-1]
+    assert "2 passed" in summary and "skipped" not in summary, summary
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+def test_members_in_turn_train_on_the_fused_attention_kernels(zinc_data_root, tmp_path, one_torch_thread,
+                                                              monkeypatch, compile):
+    """``attention_impl="triton"`` with the members in turn: every member's attention forward and
+    backward run on the fused kernels (counted), the members train as with the eager core (no
+    dropout: the same arithmetic up to float32 rounding), the rpe member's C stays exactly 1, and
+    validation predicts in turn too. Compiled (``aot_eager``), the kernels run outside the
+    traced graphs, which serve every member."""
+    from torch._dynamo.utils import counters
+
+    from graphormer_urpe.nn import fused_attention
+
+    pytest.importorskip("triton")
+    if not (torch.cuda.is_available() or fused_attention.TRITON_INTERPRETED):
+        pytest.skip("no GPU: run by test_fused_attention_members_in_turn_under_the_cpu_interpreter")
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    calls = []
+    apply = fused_attention._FusedURPEAttention.apply
+    monkeypatch.setattr(fused_attention._FusedURPEAttention, "apply",
+                        lambda *args: calls.append(1) or apply(*args))
+    backbone = {**TINY, **NO_DROPOUT}
+    extra = ("--model.compile", "true") if compile else ()
+    ensembles = [Ensemble([MemberSpec(spec.label, (*spec.cli_args, *extra))
+                           for spec in specs(tmp_path, zinc_data_root, backbone, impl)], tmp_path / impl,
+                          in_turn=True, attention_impl=impl)
+                 for impl in ("eager", "triton")]
+    expected = train_steps(ensembles[0], 3)
+    assert calls == []
+    counters.clear()
+    losses = train_steps(ensembles[1], 3)
+    assert len(calls) == 3 * 2 * TINY["num_layers"]  # steps x members x layers
+    if compile:
+        assert counters["stats"]["unique_graphs"] >= 1
+    torch.testing.assert_close(losses, expected, rtol=1e-4, atol=1e-5)
+    for name, value in ensembles[0].params.items():
+        torch.testing.assert_close(ensembles[1].params[name], value, rtol=1e-4, atol=1e-5, msg=name)
+    assert all(torch.equal(d[1], torch.zeros_like(d[1]))
+               for name, d in ensembles[1].params.items() if name.endswith(".delta"))
+    maes = [ensemble.module.evaluate(ensemble.val_loader, 1) for ensemble in ensembles]
+    assert len(calls) > 3 * 2 * TINY["num_layers"]  # validation ran the kernels, member by member
+    torch.testing.assert_close(maes[1], maes[0], rtol=1e-4, atol=1e-5)
+
+
+def test_fused_attention_needs_the_members_in_turn(zinc_data_root, tmp_path):
+    """vmap cannot batch the fused kernels: ``attention_impl="triton"`` without ``in_turn`` is
+    refused in one line before anything is built, as is a core an ensemble does not run."""
+    members = specs(tmp_path, zinc_data_root, TINY)
+    with pytest.raises(ValueError, match="needs the members in turn"):
+        Ensemble(members, tmp_path / "state", attention_impl="triton")
+    with pytest.raises(ValueError, match="attention_impl is one of eager, triton; got 'sdpa'"):
+        Ensemble(members, tmp_path / "state", in_turn=True, attention_impl="sdpa")
+    assert not (tmp_path / "state").exists()
+
+
 def test_a_saved_state_resumes_with_or_without_compile():
     """``--model.compile`` says how the step runs, not what is trained: a state saved by members
     without it resumes with it (and the reverse); any other difference is refused."""
