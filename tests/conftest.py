@@ -265,3 +265,33 @@ def start_lock_holder():
     for process in started:  # one that a test left running
         process.kill()
         process.communicate()
+
+
+@pytest.fixture
+def under_triton_interpreter():
+    """``run(test_file, selection, passed)``: runs the tests of ``test_file`` that ``-k
+    selection`` picks in a child pytest where Triton's CPU interpreter runs the fused attention
+    kernels (``TRITON_INTERPRET=1``, which must be set before triton is first imported), and
+    checks that exactly ``passed`` ran and passed, none skipped. Skips where the kernels already
+    run in this process (a GPU, or a session started under the interpreter)."""
+    import subprocess
+    import sys
+
+    import torch
+
+    pytest.importorskip("triton")
+    from graphormer_urpe.nn import fused_attention
+
+    if torch.cuda.is_available() or fused_attention.TRITON_INTERPRETED:
+        pytest.skip("the kernels run in this process")
+
+    def run(test_file: str, selection: str, passed: int) -> None:
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_file, "-k", selection],
+            cwd=Path(__file__).resolve().parents[1], env={**os.environ, "TRITON_INTERPRET": "1"},
+            capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+        summary = result.stdout.strip().splitlines()[-1]
+        assert f"{passed} passed" in summary and "skipped" not in summary, summary
+
+    return run

@@ -9,10 +9,6 @@ every tile op in numpy.
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -35,18 +31,9 @@ def fused():
     return fused_attention
 
 
-def test_kernels_under_cpu_interpreter():
-    pytest.importorskip("triton")
-    if KERNELS_RUN_HERE:
-        pytest.skip("the kernel tests run directly in this process")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "test_kernel_"],
-        cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
-    summary = result.stdout.strip().splitlines()[-1]
-    assert "passed" in summary and "skipped" not in summary, summary
+def test_kernels_under_cpu_interpreter(under_triton_interpreter):
+    """Every ``test_kernel_*`` below, where Triton's interpreter runs the kernels on a CPU."""
+    under_triton_interpreter(__file__, "test_kernel_", passed=12)
 
 
 def _reference(q, k, v, attn_bias=None, attn_scale=None, key_padding_mask=None):

@@ -123,6 +123,45 @@ def test_engine_step_equals_the_eager_lightning_step(zinc_data_root, monkeypatch
     assert_same_training(engine, run(False), exact=True)
 
 
+def test_engine_on_the_fused_attention_kernels_under_the_cpu_interpreter(under_triton_interpreter):
+    """The next test, where Triton's interpreter runs the fused kernels on a CPU."""
+    under_triton_interpreter(__file__, "test_engine_step_on_the_fused_attention_kernels", passed=2)
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["eager backbone", "compiled backbone"])
+def test_engine_step_on_the_fused_attention_kernels(zinc_data_root, monkeypatch, compile):
+    """``attention_impl="triton"`` in the training engine's step, with and without the compiled
+    backbone around it (``aot_eager``: dynamo and AOTAutograd without inductor's C++ builds): every
+    layer's attention runs on the fused kernels (counted) and the run trains as with the eager
+    core (no dropout: the same arithmetic up to float32 rounding)."""
+    import functools
+
+    from graphormer_urpe.nn import fused_attention
+
+    if not fused_attention.TRITON_INTERPRETED:
+        pytest.skip("run by test_engine_on_the_fused_attention_kernels_under_the_cpu_interpreter")
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    calls = []
+    apply = fused_attention._FusedURPEAttention.apply
+    monkeypatch.setattr(fused_attention._FusedURPEAttention, "apply", lambda *a: calls.append(1) or apply(*a))
+    runs = []
+    for impl in ("eager", "triton"):
+        record = Record()
+        # graphs of at most 11 atoms: the interpreter runs every tile in numpy
+        module, _ = train(zinc_data_root, True, 4, {**TINY, **NO_DROPOUT, "attention_impl": impl}, [record],
+                          module_args={"compile": compile},
+                          data_args={"device_resident": True, "static_shapes": True, "max_nodes": 11})
+        assert module._engine is not None
+        runs.append((module, record))
+        assert len(calls) == (4 * TINY["num_layers"] if impl == "triton" else 0)
+    (eager, eager_record), (fused, fused_record) = runs
+    torch.testing.assert_close(torch.tensor(fused_record.losses), torch.tensor(eager_record.losses),
+                               rtol=1e-4, atol=1e-5)
+    reference = dict(eager.named_parameters())
+    for name, param in fused.named_parameters():
+        torch.testing.assert_close(param, reference[name], rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
 def test_engine_follows_head_lr_and_freeze_backbone_steps(zinc_data_root, monkeypatch):
     """Fine-tuning options: the head's own peak learning rate (its param groups) and the first
     steps training the head alone give the engine the eager step's training bit for bit (both

@@ -422,21 +422,9 @@ def test_members_in_turn_train_as_the_stacked_step(zinc_data_root, tmp_path, one
         assert guard.ops > 500 and guard.refused == []
 
 
-def test_fused_attention_members_in_turn_under_the_cpu_interpreter():
-    """Runs the next test where the fused kernels run on a CPU: in a process that switched
-    Triton's interpreter on before importing it (``TRITON_INTERPRET=1``)."""
-    from graphormer_urpe.nn import fused_attention
-
-    pytest.importorskip("triton")
-    if torch.cuda.is_available() or fused_attention.TRITON_INTERPRETED:
-        pytest.skip("the kernels run in this process")
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-         "-k", "test_members_in_turn_train_on_the_fused_attention_kernels"],
-        cwd=REPO, env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
-    summary = result.stdout.strip().splitlines()[-1]
-    assert "2 passed" in summary and "skipped" not in summary, summary
+def test_fused_attention_members_in_turn_under_the_cpu_interpreter(under_triton_interpreter):
+    """The next test, where Triton's interpreter runs the fused kernels on a CPU."""
+    under_triton_interpreter(__file__, "test_members_in_turn_train_on_the_fused_attention_kernels", passed=2)
 
 
 @pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
