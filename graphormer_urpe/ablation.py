@@ -427,6 +427,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
     parser.add_argument("--in-turn", action="store_true",
                         help="with --ensemble: each step runs the members' forward and backward one "
                              "after another instead of all at once (for a GPU one member keeps busy)")
+    # training/ensemble.py's ENSEMBLE_ATTENTION_IMPLS, spelled out so that --help imports no torch
     parser.add_argument("--attention-impl", choices=("eager", "triton"), default="eager",
                         help="with --ensemble --in-turn: the members' attention core (triton: the "
                              "fused kernels; how the steps run, not what is trained)")

@@ -95,6 +95,7 @@ from torch.utils._pytree import tree_leaves
 from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.data.local_data import local_data_dir
 from graphormer_urpe.nn.dropout import CPU_DROPOUT
+from graphormer_urpe.training.ensemble import ENSEMBLE_ATTENTION_IMPLS, Ensemble, MemberSpec
 
 REPO = Path(__file__).resolve().parents[1]
 #: benchmark name -> (data set, backbone preset)
@@ -501,8 +502,6 @@ class LoopTimer(pl.Callback):
 
 def run_ensemble_rows(args) -> list[dict]:
     """The ensemble's step with 1 and ``args.ensemble`` members on ZINC (see the docstring)."""
-    from graphormer_urpe.training.ensemble import Ensemble, MemberSpec
-
     backbone = json.loads(args.ensemble_backbone or "{}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_train-ensemble-") as work:
@@ -619,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="more training options for every member, e.g. '--model.compile true'")
     parser.add_argument("--ensemble-in-turn", action="store_true",
                         help="the ensemble's members stepped one after another (graphormer-urpe-ablation --in-turn)")
-    parser.add_argument("--ensemble-attention-impl", choices=("eager", "triton"), default="eager",
+    parser.add_argument("--ensemble-attention-impl", choices=ENSEMBLE_ATTENTION_IMPLS, default="eager",
                         help="the members' attention core, triton with --ensemble-in-turn "
                              "(graphormer-urpe-ablation --attention-impl)")
     args = parser.parse_args(argv)

@@ -249,8 +249,12 @@ def test_the_fused_attention_core_needs_the_members_in_turn(capsys):
         parse_args(["--ensemble", "--attention-impl", "triton"])
     assert ("--attention-impl triton runs the members of --ensemble --in-turn (vmap cannot batch the "
             "fused kernels); a solo run takes --model.backbone.attention_impl triton") in capsys.readouterr().err
-    args, _ = parse_args(["--ensemble", "--in-turn", "--attention-impl", "triton"])
-    assert args.attention_impl == "triton"
+    from graphormer_urpe.training.ensemble import ENSEMBLE_ATTENTION_IMPLS
+
+    for impl in ENSEMBLE_ATTENTION_IMPLS:  # every core an ensemble runs, and no other
+        assert parse_args(["--ensemble", "--in-turn", "--attention-impl", impl])[0].attention_impl == impl
+    with pytest.raises(SystemExit):
+        parse_args(["--ensemble", "--in-turn", "--attention-impl", "sdpa"])
 
 
 def _column(metrics_csv: Path, name: str) -> list[str]:

@@ -34,8 +34,8 @@ formulas above.
 :func:`urpe_attention` with ``impl="auto"`` uses the fused path for CUDA tensors (and for CPU
 tensors under Triton's interpreter, ``TRITON_INTERPRET=1``, where the tests run whole models on
 the kernels) and the eager one (:func:`~graphormer_urpe.nn.attention.eager_attention`)
-otherwise; importing this module
-registers that choice as ``URPEAttention(attention_impl="triton")``. A query row whose keys are
+otherwise; importing this module registers that choice as
+``URPEAttention(attention_impl="triton")``. A query row whose keys are
 all padding gives ``0`` here (the eager softmax gives NaN); Graphormer never produces one, since
 the graph token at index 0 is never padding.
 """
@@ -682,8 +682,9 @@ def urpe_attention(
     """URPE attention through the eager or the fused path; dropout only when ``training``.
 
     ``impl="auto"`` takes the fused Triton path for CUDA tensors when triton is importable (and
-    for any tensors under its interpreter, :data:`TRITON_INTERPRETED`), else the eager path; ``"triton"`` insists on the fused path (``ValueError`` where it cannot run)
-    and ``"eager"`` always uses :func:`~graphormer_urpe.nn.attention.eager_attention` (float32
+    for any tensors under its interpreter, :data:`TRITON_INTERPRETED`), else the eager path;
+    ``"triton"`` insists on the fused path (``ValueError`` where it cannot run) and ``"eager"``
+    always uses :func:`~graphormer_urpe.nn.attention.eager_attention` (float32
     core). The two paths draw different dropout masks. Shapes as in :func:`fused_urpe_attention`.
     """
     if impl not in ("auto", "eager", "triton"):
