@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Check a GPU install and measure it, in one command of bounded time:
 #   1. the machine and the versions;
-#   2. the training step at the paper's ZINC recipe shape (Graphormer-slim, batch 256, 20 hops):
-#      the training engine with and without a compiled backbone and the fused attention core,
-#      URPE and RPE, with the kernels that take each step's time;
-#   3. the attention core alone, eager against the fused kernels' launch configurations;
-#   4. the six runs of the paper's ablation as one stacked, compiled model, all members at once,
-#      in turn, and in turn on the fused attention kernels;
-#   5. the fused attention kernels' tests, the ensemble's on those kernels, and the tests that
-#      need a GPU (pytest -m gpu).
+#   2. the six runs of the paper's ablation as one stacked, compiled model, all members at once,
+#      in turn, and in turn on the fused attention kernels (which way the ablation trains fastest);
+#   3. the fused attention kernels' tests, the ensemble's on those kernels, and the tests that
+#      need a GPU (pytest -m gpu);
+#   4. the training step of one run at the same shape (Graphormer-slim, batch 256, 20 hops): the
+#      training engine with and without a compiled backbone and the fused attention core, URPE
+#      and RPE, with the kernels that take each step's time;
+#   5. the attention core alone, eager against the fused kernels' launch configurations.
 #
 #   scripts/gpu_check.sh [OUT_DIR]     (default gpu_check; ZINC is built in data/ if missing)
 #
@@ -54,10 +54,6 @@ torch_geometric.__version__, '| numpy', numpy.__version__, '| rdkit', rdkit.__ve
 } > "$OUT_DIR/machine.txt" 2>&1
 
 ZINC="--zinc-root data --build-workers $(nproc)"
-part bench_train 180 "$PY" scripts/bench_train.py --presets zinc --attention urpe,rpe \
-  --paths engine,engine-compiled,engine-compiled-static,engine-triton,engine-compiled-triton --zinc-batch 256 \
-  --skip-data-only $ZINC --count-ops 3 --top-ops 30 --warmup 10 --steps 100
-part bench_attention 30 "$PY" scripts/bench_attention.py --zinc-root data
 # the six stacked runs: all at once (vmap), in turn, in turn on the fused attention kernels
 for name in bench_ensemble bench_ensemble_in_turn bench_ensemble_in_turn_triton; do
   case $name in
@@ -72,9 +68,14 @@ done
 part tests 100 bash -c "$PY -m pytest -q -p no:cacheprovider tests/nn/test_fused_attention.py \
   tests/training/test_ensemble.py -k 'kernel or fused_attention'; $PY -m pytest -q -p no:cacheprovider -m gpu tests"
 
+part bench_train 180 "$PY" scripts/bench_train.py --presets zinc --attention urpe,rpe \
+  --paths engine,engine-compiled,engine-compiled-static,engine-triton,engine-compiled-triton --zinc-batch 256 \
+  --skip-data-only $ZINC --count-ops 3 --top-ops 30 --warmup 10 --steps 100
+part bench_attention 30 "$PY" scripts/bench_attention.py --zinc-root data
+
 echo "== $(( $(date +%s) - START )) s: done; full output in $OUT_DIR/"
 cat "$OUT_DIR/machine.txt"
-for name in bench_train bench_attention bench_ensemble bench_ensemble_in_turn bench_ensemble_in_turn_triton tests; do
+for name in bench_ensemble bench_ensemble_in_turn bench_ensemble_in_turn_triton tests bench_train bench_attention; do
   echo "---- $name"
   tr '\r' '\n' < "$OUT_DIR/$name.txt" | grep -E "ms/step|ms  |member|fastest|passed|failed|error|Error|stopped|skipped|exit status" \
     | grep -v "it/s\]" | tail -n 24
