@@ -53,7 +53,8 @@ distribution). A "data only" table times one epoch of batches of each loader kin
 
 ``--ensemble M`` adds the ZINC ablation's runs trained side by side as one stacked model
 (``graphormer-urpe-ablation --ensemble``, :mod:`graphormer_urpe.training.ensemble`), on
-``configs/zinc.yaml`` (batch ``--zinc-batch``, ``--zinc-hops`` hops): for 1 and ``M`` members (URPE and RPE
+``configs/zinc.yaml`` (batch ``--zinc-batch``, ``--zinc-hops`` hops; on a GPU at its precision,
+``bf16-mixed``, as the ablation trains, on a CPU at ``32-true``): for 1 and ``M`` members (URPE and RPE
 alternating, seeds 0, 1, ...), eager and, on a GPU, captured in one CUDA graph, the whole step
 with each step's batches gathered as it goes (ms per step, member steps per second), the gather
 alone (ms per step), the same number of steps in the training loop itself (Lightning's, as
@@ -514,7 +515,10 @@ def run_ensemble_rows(args) -> list[dict]:
                     "--model.backbone", json.dumps({**backbone, "attention": arm}),
                     "--seed_everything", str(seed), "--data.init_args.seed", str(seed),
                     "--trainer.default_root_dir", f"{work}/{members}/{arm}-s{seed}",
-                    "--trainer.accelerator", args.device, "--trainer.precision", "32-true",
+                    "--trainer.accelerator", args.device,
+                    # the recipe's precision (bf16-mixed) on a GPU, as the ablation trains; float32
+                    # on a CPU, whose bf16 matmuls are several times slower
+                    *(("--trainer.precision", "32-true") if args.device == "cpu" else ()),
                     "--trainer.gradient_clip_val", "5.0",
                     "--trainer.max_steps", str(args.warmup + args.steps),
                     "--model.warmup_steps", "10", "--model.total_steps", "1000000",
@@ -547,6 +551,7 @@ def run_ensemble_rows(args) -> list[dict]:
                 gather_s = (time.perf_counter() - start) / args.steps
                 row = {"members": members, "captured": captured, "in_turn": args.ensemble_in_turn,
                        "attention_impl": args.ensemble_attention_impl,
+                       "precision": str(ensemble.settings["precision"]),
                        "member_args": args.ensemble_args,
                        "backbone": backbone or "slim",
                        "batch_size": args.zinc_batch, "max_hops": ensemble.template.model.max_hops,
@@ -729,6 +734,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{'ensemble (ZINC, one stacked model)':40s} {'ms/step':>9s} {'member steps/s':>15s} "
               f"{'gather ms':>10s} {'loop ms':>9s} {'loop steps/s':>15s}"
               + ("  kernel ops/step" if args.device == "cpu" else ""))
+        print(f"  members at precision {results['ensemble'][0]['precision']}")
         if args.ensemble_args or args.ensemble_in_turn:
             print(f"  every member with {args.ensemble_args or 'the recipe'}"
                   + (", the members in turn" if args.ensemble_in_turn else "")

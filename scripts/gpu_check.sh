@@ -54,7 +54,8 @@ torch_geometric.__version__, '| numpy', numpy.__version__, '| rdkit', rdkit.__ve
 } > "$OUT_DIR/machine.txt" 2>&1
 
 ZINC="--zinc-root data --build-workers $(nproc)"
-# the six stacked runs: all at once (vmap), in turn, in turn on the fused attention kernels
+# the six stacked runs as the ablation trains them (the recipe's bf16-mixed, compiled): all at
+# once (vmap), in turn, in turn on the fused attention kernels
 for name in bench_ensemble bench_ensemble_in_turn bench_ensemble_in_turn_triton; do
   case $name in
     bench_ensemble) how= ;;
@@ -63,7 +64,7 @@ for name in bench_ensemble bench_ensemble_in_turn bench_ensemble_in_turn_triton;
   esac
   part $name 80 "$PY" scripts/bench_train.py --presets zinc --attention urpe \
     --paths engine --zinc-batch 256 --skip-data-only $ZINC --warmup 10 --steps 40 --count-ops 3 --ensemble 6 \
-    $how --ensemble-args "--model.compile true --model.matmul_precision high"
+    $how --ensemble-args "--model.compile true"
 done
 part tests 100 bash -c "$PY -m pytest -q -p no:cacheprovider tests/nn/test_fused_attention.py \
   tests/training/test_ensemble.py -k 'kernel or fused_attention'; $PY -m pytest -q -p no:cacheprovider -m gpu tests"
