@@ -200,6 +200,7 @@ def test_ensemble_grid_resumes_tests_each_member_and_writes_the_readme_table(zin
                               env=env, capture_output=True, text=True, timeout=600)
     assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
     assert "as one ensemble (members in turn, triton attention)" in finished.stdout
+    assert "on this CPU the members' attention runs the eager core" in finished.stdout
     assert f"ensemble: resuming at step {steps_at_kill}" in finished.stdout
     assert "tiny took" in finished.stdout
     runs = {e["attention"]: e for e in read_json(tmp_path / "results.json", [])}

@@ -35,7 +35,11 @@ def test_every_part_runs_and_a_failing_part_is_recorded(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["bench_attention.txt", "bench_ensemble.txt",
                                                      "bench_ensemble_in_turn.txt",
                                                      "bench_ensemble_in_turn_triton.txt", "bench_train.txt",
-                                                     "machine.txt", "tests.txt"]
+                                                     "machine.txt", "tests.txt", "tests_fused.txt"]
+    # The parts' shares fill the default budget without cutting one (each keeps 5 s in reserve).
+    shares = [int(line.split("(at most ")[1].split()[0]) for line in result.stdout.splitlines()
+              if "(at most " in line]
+    assert len(shares) == 7 and sum(shares) + 5 * len(shares) <= 540
     # The measurements at the recipe's shape, the ensemble compiled, then the GPU tests.
     assert any("bench_train.py" in c and "engine-compiled-triton" in c and "--zinc-batch 256" in c
                and "--count-ops 3" in c for c in calls)  # one command, its options all there
@@ -44,7 +48,8 @@ def test_every_part_runs_and_a_failing_part_is_recorded(tmp_path):
     assert "--ensemble-in-turn" in ensembles[1] and "--ensemble-attention-impl" not in ensembles[1]
     assert "--ensemble-in-turn --ensemble-attention-impl triton" in ensembles[2]
     assert any("-m gpu tests" in c for c in calls)
-    assert any("tests/training/test_ensemble.py -k kernel or fused_attention" in c for c in calls)
+    assert any("test_ensemble.py tests/training/test_engine.py -k kernel or fused_attention" in c for c in calls)
+    assert "4 passed" in (out / "tests_fused.txt").read_text()
     assert "exit status 3" in (out / "bench_attention.txt").read_text()  # recorded; the next part ran
     assert "4 passed" in (out / "tests.txt").read_text()
     assert "6.88 ms/step" in result.stdout and "fastest fused" in result.stdout
@@ -56,7 +61,7 @@ def test_a_spent_budget_skips_the_remaining_parts(tmp_path):
     assert result.returncode == 0, result.stderr
     assert not any("bench_" in c or "pytest" in c for c in calls)
     for name in ("bench_train", "bench_attention", "bench_ensemble", "bench_ensemble_in_turn",
-                 "bench_ensemble_in_turn_triton", "tests"):
+                 "bench_ensemble_in_turn_triton", "tests", "tests_fused"):
         assert (out / f"{name}.txt").read_text().startswith("skipped: the budget ran out")
 
 

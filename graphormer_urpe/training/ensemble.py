@@ -263,6 +263,12 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
         check_attention_impl(attention_impl, in_turn)
         self.members, self.batches, self.settings = list(members), batches, settings
         self.budget, self.progress = int(budget), progress
+        if attention_impl == "triton" and device.type != "cuda":
+            from graphormer_urpe.nn.fused_attention import TRITON_INTERPRETED
+
+            if not TRITON_INTERPRETED:
+                progress("attention_impl triton: the fused kernels run on a GPU (or under Triton's "
+                         "interpreter); on this CPU the members' attention runs the eager core")
         self.hp = dict(self.members[0].module.hparams)
         # One structure for all: URPE (per-layer C), not compiled.
         backbone = {**self.hp["backbone"], "attention": "urpe", "share_urpe_scale": False,

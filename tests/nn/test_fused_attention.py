@@ -20,6 +20,9 @@ from graphormer_urpe.nn.fused_attention import urpe_attention
 ON_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if ON_CUDA else "cpu"
 KERNELS_RUN_HERE = ON_CUDA or fused_attention.TRITON_INTERPRETED
+#: Tests of what a CPU does without the kernels: under Triton's interpreter 'auto' runs them.
+eager_on_cpu = pytest.mark.skipif(fused_attention.TRITON_INTERPRETED,
+                                  reason="under Triton's interpreter impl='auto' runs the kernels on CPU tensors")
 
 
 @pytest.fixture
@@ -279,7 +282,9 @@ def test_backward_formulas_match_autograd():
         torch.testing.assert_close(result, reference)
 
 
+@eager_on_cpu
 def test_dispatcher_uses_eager_on_cpu():
+    """impl='auto' is the eager core for CPU tensors (without Triton's interpreter)."""
     tensors, mask = _inputs(2, 2, 6, 6, 4, (1, 2, 6, 6), (2, 2, 6, 6), padded=True, seed=5)
     q, k, v, bias, scale = [t.float() for t in tensors]
     expected, _ = eager_attention(q, k, v, bias, scale, mask, 0.0, False)
@@ -319,9 +324,11 @@ def test_kernel_dropout_seed_is_drawn_on_the_device_without_a_host_read(fused):
                                    seed=torch.zeros(2, dtype=torch.int64, device=DEVICE))
 
 
+@eager_on_cpu
 def test_registered_as_attention_impl():
     """URPEAttention(attention_impl="triton") is the eager layer, bit for bit, where the fused
-    kernels cannot run (CPU), and hands need_weights to the eager kernel."""
+    kernels cannot run (CPU without Triton's interpreter), and hands need_weights to the eager
+    kernel."""
     assert ATTENTION_IMPLS["triton"] is fused_attention.fused_attention_kernel
     torch.manual_seed(6)
     batch, length, heads, width = 2, 7, 2, 8

@@ -52,7 +52,7 @@ class Record(pl.Callback):
 
 
 def train(root: Path, engine: bool, steps: int, backbone: dict, callbacks=(), module_args=None, data_args=None,
-          **trainer_args):
+          accelerator: str = "cpu", **trainer_args):
     trainer_args = {"logger": False, "enable_checkpointing": False, **trainer_args}
     dm = ZINCDataModule(root=str(root), batch_size=16,
                         **(data_args or {"device_resident": True, "static_shapes": True}))
@@ -61,7 +61,7 @@ def train(root: Path, engine: bool, steps: int, backbone: dict, callbacks=(), mo
                                         num_bond_embeddings=dm.num_bond_embeddings),
                               backbone=backbone, lr=1e-3, warmup_steps=5, total_steps=40, engine=engine,
                               **(module_args or {}))
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, precision="32-true",
+    trainer = pl.Trainer(accelerator=accelerator, devices=1, max_steps=steps, precision="32-true",
                          gradient_clip_val=0.05, limit_val_batches=0, num_sanity_val_steps=0,
                          enable_progress_bar=False, enable_model_summary=False, callbacks=list(callbacks),
                          **trainer_args)
@@ -123,6 +123,7 @@ def test_engine_step_equals_the_eager_lightning_step(zinc_data_root, monkeypatch
     assert_same_training(engine, run(False), exact=True)
 
 
+@pytest.mark.slow
 def test_engine_on_the_fused_attention_kernels_under_the_cpu_interpreter(under_triton_interpreter):
     """The next test, where Triton's interpreter runs the fused kernels on a CPU."""
     under_triton_interpreter(__file__, "test_engine_step_on_the_fused_attention_kernels", passed=2)
@@ -133,13 +134,16 @@ def test_engine_step_on_the_fused_attention_kernels(zinc_data_root, monkeypatch,
     """``attention_impl="triton"`` in the training engine's step, with and without the compiled
     backbone around it (``aot_eager``: dynamo and AOTAutograd without inductor's C++ builds): every
     layer's attention runs on the fused kernels (counted) and the run trains as with the eager
-    core (no dropout: the same arithmetic up to float32 rounding)."""
+    core (no dropout: the same arithmetic up to float32 rounding). On a GPU the engine records
+    the step in a CUDA graph: the kernels are counted as the recording calls them."""
     import functools
 
     from graphormer_urpe.nn import fused_attention
+    from graphormer_urpe.training.engine import CAPTURE_WARMUP_STEPS
 
-    if not fused_attention.TRITON_INTERPRETED:
-        pytest.skip("run by test_engine_on_the_fused_attention_kernels_under_the_cpu_interpreter")
+    on_gpu = torch.cuda.is_available()
+    if not (on_gpu or fused_attention.TRITON_INTERPRETED):
+        pytest.skip("no GPU: run by test_engine_on_the_fused_attention_kernels_under_the_cpu_interpreter")
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
     calls = []
     apply = fused_attention._FusedURPEAttention.apply
@@ -149,11 +153,13 @@ def test_engine_step_on_the_fused_attention_kernels(zinc_data_root, monkeypatch,
         record = Record()
         # graphs of at most 11 atoms: the interpreter runs every tile in numpy
         module, _ = train(zinc_data_root, True, 4, {**TINY, **NO_DROPOUT, "attention_impl": impl}, [record],
-                          module_args={"compile": compile},
+                          module_args={"compile": compile}, accelerator="cuda" if on_gpu else "cpu",
                           data_args={"device_resident": True, "static_shapes": True, "max_nodes": 11})
         assert module._engine is not None
         runs.append((module, record))
-        assert len(calls) == (4 * TINY["num_layers"] if impl == "triton" else 0)
+        # a GPU calls them in the update-free steps before recording and in the recording only
+        calls_per_layer = (CAPTURE_WARMUP_STEPS + 1) if on_gpu else 4
+        assert len(calls) == (calls_per_layer * TINY["num_layers"] if impl == "triton" else 0)
     (eager, eager_record), (fused, fused_record) = runs
     torch.testing.assert_close(torch.tensor(fused_record.losses), torch.tensor(eager_record.losses),
                                rtol=1e-4, atol=1e-5)

@@ -288,19 +288,23 @@ def train_steps(ensemble: Ensemble, count: int, sync_debug: bool = False) -> tor
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("in_turn", [False, True], ids=["vmap", "in turn"])
-def test_the_captured_step_equals_the_eager_one_without_host_syncs(zinc_data_root, tmp_path, in_turn):
+@pytest.mark.parametrize("in_turn, attention_impl", [(False, "eager"), (True, "eager"), (True, "triton")],
+                         ids=["vmap", "in turn", "in turn, fused attention"])
+def test_the_captured_step_equals_the_eager_one_without_host_syncs(zinc_data_root, tmp_path, in_turn,
+                                                                  attention_impl):
     backbone = {**TINY, **NO_DROPOUT}
     eager = Ensemble(specs(tmp_path, zinc_data_root, backbone, "eager"), tmp_path / "e")
     graphed = Ensemble(specs(tmp_path, zinc_data_root, backbone, "graphed"), tmp_path / "g",
-                       cuda_graph=True, in_turn=in_turn)
+                       cuda_graph=True, in_turn=in_turn, attention_impl=attention_impl)
     assert eager.device.type == "cuda" and graphed.module.cuda_graph
     expected = train_steps(eager, 20)
     losses = train_steps(graphed, 20, sync_debug=True)
     assert graphed.module._graph is not None
-    torch.testing.assert_close(losses, expected, rtol=1e-5, atol=1e-6)
+    # the fused kernels sum in another order than the eager core
+    close = {"rtol": 1e-5, "atol": 1e-6} if attention_impl == "eager" else {"rtol": 1e-4, "atol": 1e-5}
+    torch.testing.assert_close(losses, expected, **close)
     for name, value in eager.params.items():
-        torch.testing.assert_close(graphed.params[name], value, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(graphed.params[name], value, **close)
 
 
 
@@ -422,6 +426,7 @@ def test_members_in_turn_train_as_the_stacked_step(zinc_data_root, tmp_path, one
         assert guard.ops > 500 and guard.refused == []
 
 
+@pytest.mark.slow
 def test_fused_attention_members_in_turn_under_the_cpu_interpreter(under_triton_interpreter):
     """The next test, where Triton's interpreter runs the fused kernels on a CPU."""
     under_triton_interpreter(__file__, "test_members_in_turn_train_on_the_fused_attention_kernels", passed=2)
@@ -433,8 +438,8 @@ def test_members_in_turn_train_on_the_fused_attention_kernels(zinc_data_root, tm
     """``attention_impl="triton"`` with the members in turn: every member's attention forward and
     backward run on the fused kernels (counted), the members train as with the eager core (no
     dropout: the same arithmetic up to float32 rounding), the rpe member's C stays exactly 1, and
-    validation predicts in turn too. Compiled (``aot_eager``), the kernels run outside the
-    traced graphs, which serve every member."""
+    validation predicts in turn too. Compiled (``aot_eager``), the kernels run between the
+    traced pieces, which the first step compiles and the next steps reuse."""
     from torch._dynamo.utils import counters
 
     from graphormer_urpe.nn import fused_attention
@@ -456,10 +461,13 @@ def test_members_in_turn_train_on_the_fused_attention_kernels(zinc_data_root, tm
     expected = train_steps(ensembles[0], 3)
     assert calls == []
     counters.clear()
+    graphs, body = [], ensembles[1].module._step_body
+    monkeypatch.setattr(ensembles[1].module, "_step_body",
+                        lambda batch: (body(batch), graphs.append(counters["stats"]["unique_graphs"]))[0])
     losses = train_steps(ensembles[1], 3)
     assert len(calls) == 3 * 2 * TINY["num_layers"]  # steps x members x layers
-    if compile:
-        assert counters["stats"]["unique_graphs"] >= 1
+    # compiled: the pieces between the kernels are traced in the first step, then reused
+    assert graphs == ([graphs[0]] * 3 if compile else [0] * 3) and (graphs[0] > 0) == compile
     torch.testing.assert_close(losses, expected, rtol=1e-4, atol=1e-5)
     for name, value in ensembles[0].params.items():
         torch.testing.assert_close(ensembles[1].params[name], value, rtol=1e-4, atol=1e-5, msg=name)
