@@ -401,7 +401,7 @@ def test_members_in_turn_train_as_the_stacked_step(zinc_data_root, tmp_path, one
 
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
     backbone = {**TINY, **NO_DROPOUT}
-    extra = ("--trainer.precision", precision, *(("--model.compile", "true") if compile else ()))
+    extra = ("--model.compile", "true") if compile else ()
     stacked = Ensemble(specs(tmp_path, zinc_data_root, backbone, "stacked"), tmp_path / "s")
     in_turn = Ensemble([MemberSpec(spec.label, (*spec.cli_args, *extra))
                         for spec in specs(tmp_path, zinc_data_root, backbone, "in_turn")], tmp_path / "t",
