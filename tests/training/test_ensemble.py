@@ -300,11 +300,13 @@ def test_the_captured_step_equals_the_eager_one_without_host_syncs(zinc_data_roo
     expected = train_steps(eager, 20)
     losses = train_steps(graphed, 20, sync_debug=True)
     assert graphed.module._graph is not None
-    # the fused kernels sum in another order than the eager core
+    # The fused kernels sum in another order than the eager core; AdamW turns a rounding
+    # difference in a gradient near 0 into a step of up to +-lr (2e-4) the other way.
     close = {"rtol": 1e-5, "atol": 1e-6} if attention_impl == "eager" else {"rtol": 1e-4, "atol": 1e-5}
     torch.testing.assert_close(losses, expected, **close)
     for name, value in eager.params.items():
-        torch.testing.assert_close(graphed.params[name], value, **close)
+        torch.testing.assert_close(graphed.params[name], value,
+                                   **(close if attention_impl == "eager" else {"rtol": 0, "atol": 5e-4}))
 
 
 
