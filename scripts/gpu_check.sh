@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
 # Check a GPU install and measure it, in one command of bounded time:
 #   1. the machine and the versions;
-#   2. the six runs of the paper's ablation as one stacked, compiled model, all members at once,
+#   2. ZINC-12k built in data/ (from the ZINC source files: RDKit, all cores), before any timing;
+#   3. the six runs of the paper's ablation as one stacked, compiled model, all members at once,
 #      in turn, and in turn on the fused attention kernels (which way the ablation trains fastest);
-#   3. the tests that need a GPU (pytest -m gpu), then the fused attention kernels' tests and
-#      the ensemble's on those kernels;
-#   4. the training step of one run at the same shape (Graphormer-slim, batch 256, 20 hops): the
+#   4. the tests that need a GPU (pytest -m gpu; they build their own ZINC copy once), then the
+#      fused attention kernels' tests and the ensemble's and the engine's on those kernels;
+#   5. the training step of one run at the same shape (Graphormer-slim, batch 256, 20 hops): the
 #      training engine with and without a compiled backbone and the fused attention core, URPE
-#      and RPE, with the kernels that take each step's time;
-#   5. the attention core alone, eager against the fused kernels' launch configurations.
+#      and RPE, with the kernels that take each step's time.
+# (The attention core alone: scripts/bench_attention.py.)
 #
 #   scripts/gpu_check.sh [OUT_DIR]     (default gpu_check; ZINC is built in data/ if missing)
 #
 # Each part writes OUT_DIR/<part>.txt and has its share of GPU_CHECK_SECONDS (default 540, which
 # the shares fill); a part that fails or runs out of time is recorded there and the next part
-# runs, and a smaller budget cuts the last parts first. The last
-# lines printed are each part's summary. PYTHON picks the interpreter (default python3).
+# runs, and a smaller budget cuts the last parts first. The last lines printed are each part's
+# summary. PYTHON picks the interpreter (default python3).
 set -u
 OUT_DIR=${1:-gpu_check}
 BUDGET=${GPU_CHECK_SECONDS:-540}
@@ -55,6 +56,8 @@ torch_geometric.__version__, '| numpy', numpy.__version__, '| rdkit', rdkit.__ve
 } > "$OUT_DIR/machine.txt" 2>&1
 
 ZINC="--zinc-root data --build-workers $(nproc)"
+part data 60 "$PY" -c "from graphormer_urpe.data.zinc import load_zinc
+for split in ('train', 'val', 'test'): print(split, len(load_zinc('data/ZINC', split=split)), 'graphs')"
 # the six stacked runs as the ablation trains them (the recipe's bf16-mixed, compiled): all at
 # once (vmap), in turn, in turn on the fused attention kernels
 for name in bench_ensemble bench_ensemble_in_turn bench_ensemble_in_turn_triton; do
@@ -67,19 +70,18 @@ for name in bench_ensemble bench_ensemble_in_turn bench_ensemble_in_turn_triton;
     --paths engine --zinc-batch 256 --skip-data-only $ZINC --warmup 10 --steps 40 --count-ops 3 --ensemble 6 \
     $how --ensemble-args "--model.compile true"
 done
-part tests 80 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests
-part tests_fused 50 "$PY" -m pytest -q -p no:cacheprovider tests/nn/test_fused_attention.py \
+part tests 100 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests
+part tests_fused 40 "$PY" -m pytest -q -p no:cacheprovider tests/nn/test_fused_attention.py \
   tests/training/test_ensemble.py tests/training/test_engine.py -k "kernel or fused_attention"
 
-part bench_train 140 "$PY" scripts/bench_train.py --presets zinc --attention urpe,rpe \
+part bench_train 95 "$PY" scripts/bench_train.py --presets zinc --attention urpe,rpe \
   --paths engine,engine-compiled,engine-compiled-static,engine-triton,engine-compiled-triton --zinc-batch 256 \
   --skip-data-only $ZINC --count-ops 3 --top-ops 30 --warmup 10 --steps 100
-part bench_attention 25 "$PY" scripts/bench_attention.py --zinc-root data
 
 echo "== $(( $(date +%s) - START )) s: done; full output in $OUT_DIR/"
 cat "$OUT_DIR/machine.txt"
-for name in bench_ensemble bench_ensemble_in_turn bench_ensemble_in_turn_triton tests tests_fused bench_train bench_attention; do
+for name in data bench_ensemble bench_ensemble_in_turn bench_ensemble_in_turn_triton tests tests_fused bench_train; do
   echo "---- $name"
-  tr '\r' '\n' < "$OUT_DIR/$name.txt" | grep -E "ms/step|ms  |member|fastest|passed|failed|error|Error|stopped|skipped|exit status" \
+  tr '\r' '\n' < "$OUT_DIR/$name.txt" | grep -E "graphs|ms/step|ms  |member|passed|failed|error|Error|stopped|skipped|exit status" \
     | grep -v "it/s\]" | tail -n 24
 done
