@@ -54,8 +54,8 @@ distribution). A "data only" table times one epoch of batches of each loader kin
 ``--ensemble M`` adds the ZINC ablation's runs trained side by side as one stacked model
 (``graphormer-urpe-ablation --ensemble``, :mod:`graphormer_urpe.training.ensemble`), on
 ``configs/zinc.yaml`` (batch ``--zinc-batch``, ``--zinc-hops`` hops; on a GPU at its precision,
-``bf16-mixed``, as the ablation trains, on a CPU at ``32-true``): for 1 and ``M`` members (URPE and RPE
-alternating, seeds 0, 1, ...), eager and, on a GPU, captured in one CUDA graph, the whole step
+``bf16-mixed``, as the ablation trains, on a CPU at ``32-true``): for ``M`` and then 1 members (URPE and RPE
+alternating, seeds 0, 1, ...), on a GPU captured in one CUDA graph and then eager, the whole step
 with each step's batches gathered as it goes (ms per step, member steps per second), the gather
 alone (ms per step), the same number of steps in the training loop itself (Lightning's, as
 ``graphormer-urpe-ablation --ensemble`` trains: ``loop`` ms per step and member steps per second)
@@ -506,7 +506,9 @@ def run_ensemble_rows(args) -> list[dict]:
     backbone = json.loads(args.ensemble_backbone or "{}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_train-ensemble-") as work:
-        for members in sorted({1, args.ensemble}):
+        # the ablation's own step first (M members, captured on a GPU): a time limit that stops
+        # the benchmark early then cuts the one-member rows
+        for members in sorted({1, args.ensemble}, reverse=True):
             specs = []
             for index in range(members):
                 arm, seed = ("urpe", "rpe")[index % 2], index // 2
@@ -526,7 +528,7 @@ def run_ensemble_rows(args) -> list[dict]:
                     "--data.init_args.source_dir", str(args.shared / "zinc"),
                     "--data.init_args.batch_size", str(args.zinc_batch),
                     "--data.init_args.max_hops", str(args.zinc_hops), *shlex.split(args.ensemble_args))))
-            for captured in ((False, True) if args.device == "cuda" else (False,)):
+            for captured in ((True, False) if args.device == "cuda" else (False,)):
                 ensemble = Ensemble(specs, f"{work}/{members}/state-{captured}", cuda_graph=captured,
                                     in_turn=args.ensemble_in_turn, attention_impl=args.ensemble_attention_impl)
                 # The stacked step outside Lightning's loop, at the schedule's first rate, on
