@@ -431,11 +431,12 @@ def test_members_in_turn_train_as_the_stacked_step(zinc_data_root, tmp_path, one
 @pytest.mark.slow
 def test_fused_attention_members_in_turn_under_the_cpu_interpreter(under_triton_interpreter):
     """The next test, where Triton's interpreter runs the fused kernels on a CPU."""
-    under_triton_interpreter(__file__, "test_members_in_turn_train_on_the_fused_attention_kernels", passed=3)
+    under_triton_interpreter(__file__, "test_members_in_turn_train_on_the_fused_attention_kernels", passed=4)
 
 
-@pytest.mark.parametrize("compile, precision", [(False, "32-true"), (True, "32-true"), (False, "bf16-mixed")],
-                         ids=["eager", "compiled", "bf16-mixed"])
+@pytest.mark.parametrize("compile, precision",
+                         [(False, "32-true"), (True, "32-true"), (False, "bf16-mixed"), (True, "bf16-mixed")],
+                         ids=["eager", "compiled", "bf16-mixed", "compiled bf16-mixed"])
 def test_members_in_turn_train_on_the_fused_attention_kernels(zinc_data_root, tmp_path, one_torch_thread,
                                                               monkeypatch, compile, precision):
     """``attention_impl="triton"`` with the members in turn: every member's attention forward and
