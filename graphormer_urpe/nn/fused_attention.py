@@ -668,6 +668,13 @@ def dropout_keep_scale(
     return out
 
 
+def kernels_run_on(device: torch.device | str) -> bool:
+    """Whether the fused kernels run on ``device``'s tensors: a CUDA device with triton
+    importable, or any device under Triton's interpreter (:data:`TRITON_INTERPRETED`). Where they
+    do not, ``impl="auto"`` (``attention_impl="triton"``) runs the eager core."""
+    return triton is not None and (torch.device(device).type == "cuda" or TRITON_INTERPRETED)
+
+
 def urpe_attention(
     q: Tensor,
     k: Tensor,
@@ -695,8 +702,7 @@ def urpe_attention(
     effective_p = dropout_p if training else 0.0
     if impl == "auto":
         # p = 1 drops everything; only the eager path represents that (1 / (1 - p) is infinite).
-        fused_here = triton is not None and (q.is_cuda or TRITON_INTERPRETED)
-        impl = "triton" if fused_here and effective_p < 1 else "eager"
+        impl = "triton" if kernels_run_on(q.device) and effective_p < 1 else "eager"
     if impl == "triton":
         return fused_urpe_attention(q, k, v, attn_bias, attn_scale, key_padding_mask, effective_p)
     out, _ = eager_attention(q, k, v, attn_bias, attn_scale, key_padding_mask, effective_p, False)

@@ -264,9 +264,9 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
         self.members, self.batches, self.settings = list(members), batches, settings
         self.budget, self.progress = int(budget), progress
         if attention_impl == "triton" and device.type != "cuda":
-            from graphormer_urpe.nn.fused_attention import TRITON_INTERPRETED
+            from graphormer_urpe.nn.fused_attention import kernels_run_on
 
-            if not TRITON_INTERPRETED:
+            if not kernels_run_on(device):
                 progress("attention_impl triton: the fused kernels run on a GPU (or under Triton's "
                          "interpreter); on this CPU the members' attention runs the eager core")
         self.hp = dict(self.members[0].module.hparams)
@@ -339,23 +339,23 @@ class StackedModule(OwnStepHooks, pl.LightningModule):
     def _member_loss(self, params, buffers, fields_: dict[str, Tensor]) -> Tensor:
         return self.template._loss(self._member_predictions(params, buffers, fields_), fields_["y"])
 
+    def _per_member(self, *stacked: dict[str, Tensor]) -> list[tuple[dict[str, Tensor], ...]]:
+        """Each member's slices of the ``[M, ...]`` tensor dicts ``stacked``, one tuple per member:
+        ``unbind`` once per tensor, so a backward stacks each parameter's member gradients in one
+        write."""
+        unbound = [{name: t.unbind(0) for name, t in tensors.items()} for tensors in stacked]
+        return [tuple({name: t[m] for name, t in tensors.items()} for tensors in unbound)
+                for m in range(len(self.members))]
+
     def _predictions_in_turn(self, params, buffers, fields_: dict[str, Tensor]) -> Tensor:
         """Every member's predictions ``[M, ...]`` on one batch, one member after another."""
-        params, buffers = ({name: t.unbind(0) for name, t in tensors.items()} for tensors in (params, buffers))
-        return torch.stack([
-            self._member_predictions({n: t[m] for n, t in params.items()}, {n: t[m] for n, t in buffers.items()},
-                                     fields_)
-            for m in range(len(self.members))])
+        return torch.stack([self._member_predictions(member_params, member_buffers, fields_)
+                            for member_params, member_buffers in self._per_member(params, buffers)])
 
     def _members_in_turn(self, params, buffers, batch: dict[str, Tensor]) -> Tensor:
         """The members' losses ``[M]`` (``in_turn``), each from its slice of the stacked
-        parameters, buffers and batch: ``unbind`` once, so the backward stacks each parameter's
-        member gradients in one write."""
-        params, buffers, batch = ({name: t.unbind(0) for name, t in tensors.items()}
-                                  for tensors in (params, buffers, batch))
-        return torch.stack([
-            self._member_step(*({name: t[m] for name, t in tensors.items()} for tensors in (params, buffers, batch)))
-            for m in range(len(self.members))])
+        parameters, buffers and batch."""
+        return torch.stack([self._member_step(*slices) for slices in self._per_member(params, buffers, batch)])
 
     def _autocast(self):
         return torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
