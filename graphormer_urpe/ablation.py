@@ -316,7 +316,7 @@ class Grid:
         Every member's record counts the ensemble's whole wall time."""
         import torch
 
-        from graphormer_urpe.training.ensemble import Ensemble, EnsembleStopped, MemberSpec
+        from graphormer_urpe.training.ensemble import Ensemble, EnsembleStopped, MemberSpec, step_way
         from graphormer_urpe.training.run_checkpoint import hold_run_dir
 
         pending = [(run, run.load_record()) for run in self.runs]
@@ -350,7 +350,7 @@ class Grid:
             self.log(message)
             record_attempts()
 
-        how = ", ".join(["members in turn"] * self.in_turn + [f"{self.attention_impl} attention"] * (self.attention_impl != "eager"))
+        how = step_way(self.in_turn, self.attention_impl)
         self.log(f"{self.name}: fit {len(pending)} runs as one ensemble{f' ({how})' if how else ''}: "
                  + ", ".join(run.label for run, _ in pending))
         try:

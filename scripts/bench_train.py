@@ -96,7 +96,7 @@ from torch.utils._pytree import tree_leaves
 from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.data.local_data import local_data_dir
 from graphormer_urpe.nn.dropout import CPU_DROPOUT
-from graphormer_urpe.training.ensemble import ENSEMBLE_ATTENTION_IMPLS, Ensemble, MemberSpec
+from graphormer_urpe.training.ensemble import ENSEMBLE_ATTENTION_IMPLS, Ensemble, MemberSpec, step_way
 
 REPO = Path(__file__).resolve().parents[1]
 #: benchmark name -> (data set, backbone preset)
@@ -504,6 +504,7 @@ class LoopTimer(pl.Callback):
 def run_ensemble_rows(args) -> list[dict]:
     """The ensemble's step with 1 and ``args.ensemble`` members on ZINC (see the docstring)."""
     backbone = json.loads(args.ensemble_backbone or "{}")
+    way = step_way(args.ensemble_in_turn, args.ensemble_attention_impl)
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_train-ensemble-") as work:
         # the ablation's own step first (M members, captured on a GPU): a time limit that stops
@@ -572,9 +573,7 @@ def run_ensemble_rows(args) -> list[dict]:
                 row["loop_ms_per_step"] = round(1000 * timer.seconds / args.steps, 3)
                 row["loop_member_steps_per_s"] = round(members * args.steps / timer.seconds, 2)
                 rows.append(row)
-                label = " ".join(filter(None, (f"ensemble of {members}", "captured" * captured,
-                                               "in turn" * args.ensemble_in_turn,
-                                               f"{args.ensemble_attention_impl} attention" * (args.ensemble_attention_impl != "eager"),
+                label = " ".join(filter(None, (f"ensemble of {members}", "captured" * captured, way,
                                                args.ensemble_args)))
                 print(f"  {label}: {row['ms_per_step']:.2f} "
                       f"ms/step, {row['member_steps_per_s']:.2f} member steps/s", flush=True)
@@ -737,10 +736,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{'gather ms':>10s} {'loop ms':>9s} {'loop steps/s':>15s}"
               + ("  kernel ops/step" if args.device == "cpu" else ""))
         print(f"  members at precision {results['ensemble'][0]['precision']}")
-        if args.ensemble_args or args.ensemble_in_turn:
-            print(f"  every member with {args.ensemble_args or 'the recipe'}"
-                  + (", the members in turn" if args.ensemble_in_turn else "")
-                  + (f", {args.ensemble_attention_impl} attention" if args.ensemble_attention_impl != "eager" else ""))
+        way = step_way(args.ensemble_in_turn, args.ensemble_attention_impl)
+        if args.ensemble_args or way:
+            print(f"  every member with {args.ensemble_args or 'the recipe'}" + (f", {way}" if way else ""))
         for row in results["ensemble"]:
             kind = "captured" if row["captured"] else "eager"
             print(f"{row['members']:3d} member(s), batch {row['batch_size']:4d}, {kind:8s}{'':8s} {row['ms_per_step']:9.2f} "

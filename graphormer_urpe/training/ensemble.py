@@ -813,6 +813,12 @@ def _set_best(callback, path: Path, score: Tensor) -> None:
 ENSEMBLE_ATTENTION_IMPLS = ("eager", "triton")
 
 
+def step_way(in_turn: bool, attention_impl: str) -> str:
+    """How a stacked step runs, as log lines and benchmark rows name it: ``""`` for all members at
+    once on the eager core, else e.g. ``"members in turn, triton attention"``."""
+    return ", ".join(["members in turn"] * in_turn + [f"{attention_impl} attention"] * (attention_impl != "eager"))
+
+
 def check_attention_impl(attention_impl: str, in_turn: bool) -> None:
     """``ValueError`` (one line) for an attention core the stacked step cannot run."""
     if attention_impl not in ENSEMBLE_ATTENTION_IMPLS:
