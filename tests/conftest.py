@@ -267,6 +267,17 @@ def start_lock_holder():
         process.communicate()
 
 
+def fused_kernels_run_here() -> bool:
+    """Whether the fused attention kernels run in this process: on a GPU, or under Triton's CPU
+    interpreter (a session started with ``TRITON_INTERPRET=1``)."""
+    import torch
+
+    pytest.importorskip("triton")
+    from graphormer_urpe.nn import fused_attention
+
+    return torch.cuda.is_available() or fused_attention.TRITON_INTERPRETED
+
+
 @pytest.fixture
 def under_triton_interpreter():
     """``run(test_file, selection, passed)``: runs the tests of ``test_file`` that ``-k
@@ -277,12 +288,7 @@ def under_triton_interpreter():
     import subprocess
     import sys
 
-    import torch
-
-    pytest.importorskip("triton")
-    from graphormer_urpe.nn import fused_attention
-
-    if torch.cuda.is_available() or fused_attention.TRITON_INTERPRETED:
+    if fused_kernels_run_here():
         pytest.skip("the kernels run in this process")
 
     def run(test_file: str, selection: str, passed: int) -> None:
@@ -295,3 +301,18 @@ def under_triton_interpreter():
         assert f"{passed} passed" in summary and "skipped" not in summary, summary
 
     return run
+
+
+@pytest.fixture
+def fused_kernel_calls(monkeypatch) -> list:
+    """One entry per call of the fused attention kernels during the test, where they run in this
+    process; elsewhere the test skips, and its ``under_triton_interpreter`` twin runs it in a child
+    process under Triton's interpreter."""
+    if not fused_kernels_run_here():
+        pytest.skip("no GPU: run under Triton's interpreter by its *_under_the_cpu_interpreter twin")
+    from graphormer_urpe.nn import fused_attention
+
+    calls = []
+    apply = fused_attention._FusedURPEAttention.apply
+    monkeypatch.setattr(fused_attention._FusedURPEAttention, "apply", lambda *args: calls.append(1) or apply(*args))
+    return calls

@@ -130,7 +130,7 @@ def test_engine_on_the_fused_attention_kernels_under_the_cpu_interpreter(under_t
 
 
 @pytest.mark.parametrize("compile", [False, True], ids=["eager backbone", "compiled backbone"])
-def test_engine_step_on_the_fused_attention_kernels(zinc_data_root, monkeypatch, compile):
+def test_engine_step_on_the_fused_attention_kernels(zinc_data_root, monkeypatch, fused_kernel_calls, compile):
     """``attention_impl="triton"`` in the training engine's step, with and without the compiled
     backbone around it (``aot_eager``: dynamo and AOTAutograd without inductor's C++ builds): every
     layer's attention runs on the fused kernels (counted) and the run trains as with the eager
@@ -138,16 +138,10 @@ def test_engine_step_on_the_fused_attention_kernels(zinc_data_root, monkeypatch,
     the step in a CUDA graph: the kernels are counted as the recording calls them."""
     import functools
 
-    from graphormer_urpe.nn import fused_attention
     from graphormer_urpe.training.engine import CAPTURE_WARMUP_STEPS
 
-    on_gpu = torch.cuda.is_available()
-    if not (on_gpu or fused_attention.TRITON_INTERPRETED):
-        pytest.skip("no GPU: run by test_engine_on_the_fused_attention_kernels_under_the_cpu_interpreter")
+    on_gpu, calls = torch.cuda.is_available(), fused_kernel_calls
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
-    calls = []
-    apply = fused_attention._FusedURPEAttention.apply
-    monkeypatch.setattr(fused_attention._FusedURPEAttention, "apply", lambda *a: calls.append(1) or apply(*a))
     runs = []
     for impl in ("eager", "triton"):
         record = Record()

@@ -438,7 +438,7 @@ def test_fused_attention_members_in_turn_under_the_cpu_interpreter(under_triton_
                          [(False, "32-true"), (True, "32-true"), (False, "bf16-mixed"), (True, "bf16-mixed")],
                          ids=["eager", "compiled", "bf16-mixed", "compiled bf16-mixed"])
 def test_members_in_turn_train_on_the_fused_attention_kernels(zinc_data_root, tmp_path, one_torch_thread,
-                                                              monkeypatch, compile, precision):
+                                                              monkeypatch, fused_kernel_calls, compile, precision):
     """``attention_impl="triton"`` with the members in turn: every member's attention forward and
     backward run on the fused kernels (counted), the members train as with the eager core (no
     dropout: the same arithmetic up to float32 rounding), the rpe member's C stays exactly 1, and
@@ -448,16 +448,8 @@ def test_members_in_turn_train_on_the_fused_attention_kernels(zinc_data_root, tm
     kernels keep ~16 bits of ``P ⊙ C`` in two bf16 parts), so the runs agree to ~1e-3."""
     from torch._dynamo.utils import counters
 
-    from graphormer_urpe.nn import fused_attention
-
-    pytest.importorskip("triton")
-    if not (torch.cuda.is_available() or fused_attention.TRITON_INTERPRETED):
-        pytest.skip("no GPU: run by test_fused_attention_members_in_turn_under_the_cpu_interpreter")
+    calls = fused_kernel_calls
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
-    calls = []
-    apply = fused_attention._FusedURPEAttention.apply
-    monkeypatch.setattr(fused_attention._FusedURPEAttention, "apply",
-                        lambda *args: calls.append(1) or apply(*args))
     backbone = {**TINY, **NO_DROPOUT}
     extra = ("--trainer.precision", precision, *(("--model.compile", "true") if compile else ()))
     ensembles = [Ensemble([MemberSpec(spec.label, (*spec.cli_args, *extra))
