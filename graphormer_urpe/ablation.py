@@ -187,7 +187,7 @@ class Run:
             self._subprocess("fit", [*self.cli_args, *resume], record)
             record["fit_done"] = True
             write_json(self.record_path, record)
-        from graphormer_urpe.training.load import best_checkpoint
+        from graphormer_urpe.prediction.load import best_checkpoint
 
         best, val_score, best_step, steps, task = best_checkpoint(self.dir)
         test_logger = json.dumps({"class_path": "lightning.pytorch.loggers.CSVLogger",

@@ -55,9 +55,9 @@ from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.files import AtomicFile, stop_on_signals, unreadable_as_a_file
 from graphormer_urpe.checkpoint import CheckpointError
 from graphormer_urpe.task import get_task
-from graphormer_urpe.training.load import checkpoint_files, load_models
-from graphormer_urpe.training.inference import DEFAULT_MAX_NODES, ModelEnsemble, chunk_batches, featurize_chunk
-from graphormer_urpe.training.predictions import InputRow, open_smiles
+from graphormer_urpe.prediction.load import checkpoint_files, load_models
+from graphormer_urpe.prediction.model import DEFAULT_MAX_NODES, ModelEnsemble, chunk_batches, featurize_chunk
+from graphormer_urpe.prediction.table import InputRow, open_smiles
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class Explanation:
 
 def integrated_gradients(module, batch: GraphBatch, steps: int, target: int) -> list[Explanation]:
     """Attributions for the molecules of ``batch``, each present ``steps + 2`` times in a row
-    (:func:`~.training.inference.chunk_batches` with ``repeat``): copy 0 is the baseline, copy 1
+    (:func:`~.prediction.model.chunk_batches` with ``repeat``): copy 0 is the baseline, copy 1
     the molecule, copies 2.. the midpoints of the path."""
     model = module.model
     per_graph = steps + 2
@@ -161,7 +161,7 @@ VIEWS = ("gradients", "attention")
 def explain_smiles(module, smiles: list[str], steps: int = DEFAULT_STEPS, target: int = 0,
                    max_nodes: int = DEFAULT_MAX_NODES, view: str = "gradients") -> list[Explanation | str]:
     """Per SMILES its :class:`Explanation` in ``view`` (:data:`VIEWS`), or the reason it cannot
-    be featurized. For a :class:`~.training.inference.ModelEnsemble` every field is the mean over
+    be featurized. For a :class:`~.prediction.model.ModelEnsemble` every field is the mean over
     its models (the mean of their attributions explains their mean output: integrated gradients
     is linear in the function) and ``std`` the spread of their predictions."""
     if isinstance(module, ModelEnsemble):

@@ -169,7 +169,7 @@ def graph_tables(path: Path) -> tuple[np.ndarray, np.ndarray]:
     Lightning checkpoint of :class:`~graphormer_urpe.training.module.GraphormerModule` (the model
     is rebuilt from its hyperparameters; C is :meth:`Graphormer.urpe_scale_tables`). With a
     shared C, only one table is returned."""
-    from graphormer_urpe.training.load import load_module
+    from graphormer_urpe.prediction.load import load_module
 
     model = load_module(path).model
     if model.urpe_scales is None:
@@ -268,7 +268,7 @@ def plot_learned_tables(entries: Sequence[dict], runs_dir: Path, out_dir: Path,
     spatial bias B of the URPE run with the lowest validation MAE and of the RPE run with the
     same seed (same y axis), then that URPE run's scale C of every layer, for distances up to
     ``max_spd`` (ZINC-12k's largest). Checkpoints are the runs' best validation ones."""
-    from graphormer_urpe.training.load import best_checkpoint, load_module
+    from graphormer_urpe.prediction.load import best_checkpoint, load_module
 
     urpe = min((e for e in entries if e["attention"] == "urpe"), key=lambda e: e["val_mae"],
                default=None)

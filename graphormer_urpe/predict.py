@@ -27,12 +27,12 @@ Safety: the output is written to a temporary file beside it and renamed at the e
 never leaves a truncated table nor destroys a previous one; an output that is the input file or
 the checkpoint (however spelled: a symbolic or hard link too), or that cannot be written, is
 refused before any work. A checkpoint is verified before use
-(:func:`~graphormer_urpe.training.load.load_module`): zip CRCs, finite weights,
+(:func:`~graphormer_urpe.prediction.load.load_module`): zip CRCs, finite weights,
 hyperparameters that build this version's model (exit 2 otherwise).
 
 Memory and speed: the input is streamed in chunks of ``--chunk-rows`` rows; ``--workers``
 processes featurize them and, on the CPU, predict them with one torch thread each (the model is
-loaded without Lightning, :class:`~graphormer_urpe.training.inference.InferenceModel`). Within a
+loaded without Lightning, :class:`~graphormer_urpe.prediction.model.PredictionModel`). Within a
 chunk molecules are sorted by size and batched so a batch holds at most ``--max-pairs`` padded
 node pairs ``B * (N + 1)^2`` (and ``--batch-size`` molecules), so peak memory is bounded by the
 larger of ``--max-pairs`` and ``(max_nodes + 1)^2`` whatever the input's length.
@@ -52,11 +52,11 @@ from graphormer_urpe.arguments import non_negative_int, positive_int
 from graphormer_urpe.cores import usable_cores
 from graphormer_urpe.files import AtomicFile, same_file, stop_on_signals, unreadable_as_a_file
 from graphormer_urpe.checkpoint import CheckpointError
-from graphormer_urpe.training.load import checkpoint_files, load_models
-from graphormer_urpe.training.inference import (
+from graphormer_urpe.prediction.load import checkpoint_files, load_models
+from graphormer_urpe.prediction.model import (
     DEFAULT_BATCH_SIZE, DEFAULT_MAX_NODES, DEFAULT_MAX_PAIRS, MCDropout, ScaledStd,
     stream_predictions)
-from graphormer_urpe.training.predictions import (
+from graphormer_urpe.prediction.table import (
     PredictionTable, count_lines, open_smiles, prediction_columns)
 
 log = logging.getLogger(__name__)

@@ -32,7 +32,7 @@ import numpy as np
 
 from graphormer_urpe.arguments import positive_int
 from graphormer_urpe.data.ogb_lsc import LAYOUTS, LSCLayout, read_split_dict_checked, require_layout
-from graphormer_urpe.training.load import load_module
+from graphormer_urpe.prediction.load import load_module
 
 PROG = "graphormer-urpe-submit"
 

@@ -34,7 +34,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from graphormer_urpe.training.load import best_checkpoint
+from graphormer_urpe.prediction.load import best_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 ESOL = REPO.parent / "shared" / "data" / "moleculenet" / "esol.csv"

@@ -67,7 +67,7 @@ def test_rmse(ckpt: Path, split: str, seed: int) -> float:
     import torch
 
     from graphormer_urpe.data import CSVDataModule
-    from graphormer_urpe.training.load import load_module
+    from graphormer_urpe.prediction.load import load_module
 
     module = load_module(ckpt, inference_only=True)
     data = CSVDataModule(path=str(SHARED / "moleculenet" / "esol.csv"),

@@ -19,7 +19,7 @@ from graphormer_urpe.ablation import backbone_overrides, main
 from graphormer_urpe.ablation_results import format_table, merge_results
 from graphormer_urpe.files import read_json
 from graphormer_urpe.training.ensemble import LEGACY_STATE_FILE, STATE_FILE
-from graphormer_urpe.training.load import best_checkpoint
+from graphormer_urpe.prediction.load import best_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_BACKBONE = {"num_layers": 2, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2}

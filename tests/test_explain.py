@@ -19,7 +19,7 @@ from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.data.feature_ids import num_embeddings
 from graphormer_urpe.data.featurize import featurizer_spec
 from graphormer_urpe.explain import COLUMNS, Explanation, explain_smiles
-from graphormer_urpe.training.load import load_module
+from graphormer_urpe.prediction.load import load_module
 from graphormer_urpe.training.module import GraphormerModule
 
 TINY = {"num_layers": 2, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2}

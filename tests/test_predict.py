@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from graphormer_urpe.predict import main as predict_main
-from graphormer_urpe.training.load import best_checkpoint, load_module
-from graphormer_urpe.training.inference import stream_predictions
-from graphormer_urpe.training.predictions import InputRow, PredictionTable
+from graphormer_urpe.prediction.load import best_checkpoint, load_module
+from graphormer_urpe.prediction.model import stream_predictions
+from graphormer_urpe.prediction.table import InputRow, PredictionTable
 from graphormer_urpe.training.cli import build_cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -458,15 +458,15 @@ def test_batches_respect_the_pair_budget_and_give_the_same_predictions(zinc_ckpt
     source.write_text("\n".join(zinc_smiles) + "\n")
     assert run(zinc_ckpt, source, tmp_path / "default.csv") == 0
     shapes = []
-    from graphormer_urpe.training.inference import InferenceModel
+    from graphormer_urpe.prediction.model import PredictionModel
 
-    forward = InferenceModel.forward
+    forward = PredictionModel.forward
 
     def recording_forward(self, batch):
         shapes.append((batch.num_graphs, int(batch.num_nodes.max())))
         return forward(self, batch)
 
-    monkeypatch.setattr(InferenceModel, "forward", recording_forward)
+    monkeypatch.setattr(PredictionModel, "forward", recording_forward)
     budget = 20_000
     assert run(zinc_ckpt, source, tmp_path / "budget.csv", "--max-pairs", str(budget), "--workers", "0") == 0
     shapes = shapes[1:]  # the first forward is the load-time check of the model

@@ -431,6 +431,17 @@ PRESETS["small"] = replace(PRESETS["base"], num_layers=6, hidden_dim=512, ffn_di
                            dropout=0.1, attention_dropout=0.1, activation_dropout=0.0)
 
 
+def build_backbone(facts: DataFacts, preset: str, backbone: GraphormerConfig | Mapping[str, Any]
+                   ) -> tuple[Graphormer, GraphormerConfig]:
+    """The :class:`Graphormer` of these data facts and architecture, and its complete config
+    (``backbone``'s fields over the preset's); ValueError for an unknown preset or task."""
+    if isinstance(backbone, Mapping):  # a checkpoint's hyperparameters
+        backbone = GraphormerConfig.from_dict(backbone)
+    resolved = backbone.over(GraphormerConfig.preset(preset))
+    model = Graphormer(resolved, facts)
+    return model, resolved
+
+
 def count_parameters(model: nn.Module, trainable_only: bool = True) -> int:
     """Number of (trainable) parameters of ``model``."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)

@@ -39,7 +39,7 @@ from graphormer_urpe.data.dataset import check_seed
 from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.files import check_writable_dir, same_file
 from graphormer_urpe.checkpoint import read_checkpoint
-from graphormer_urpe.training.inference import RETIRED_HPARAMS
+from graphormer_urpe.prediction.model import RETIRED_HPARAMS
 from graphormer_urpe.training.run_checkpoint import (RunCheckpoint, check_run_dir, hold_run_dir,
                                                       run_dirs_released_after)
 from graphormer_urpe.training.module import GraphormerModule
@@ -67,7 +67,7 @@ class PredictionWriter(BasePredictionWriter):
 
     def write_on_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            predictions, batch_indices) -> None:
-        from graphormer_urpe.training.predictions import InputRow, prediction_columns, write_predictions
+        from graphormer_urpe.prediction.table import InputRow, prediction_columns, write_predictions
 
         outputs = [o for per_loader in _per_dataloader(predictions) for o in per_loader]
         if not outputs:

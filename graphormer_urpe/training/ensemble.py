@@ -83,7 +83,7 @@ from graphormer_urpe.data.resident import ResidentSplit, TensorGraphs
 from graphormer_urpe.files import atomic_path, atomic_write
 from graphormer_urpe.nn.graphormer import Graphormer, attention_variant
 from graphormer_urpe.training.engine import OwnStepHooks, StepCounts, optimizer_update, record_step
-from graphormer_urpe.training.inference import build_backbone
+from graphormer_urpe.nn.graphormer import build_backbone
 from graphormer_urpe.training.module import GraphormerModule
 from graphormer_urpe.training.optim import adamw_with_schedule, parameter_groups, set_optimizer_kernel
 from graphormer_urpe.training.run_checkpoint import rng_states, set_rng_states

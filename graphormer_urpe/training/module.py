@@ -23,7 +23,7 @@ from graphormer_urpe.nn.graphormer import Graphormer, GraphormerConfig
 from graphormer_urpe.training import finetune
 from graphormer_urpe.training.run_checkpoint import rng_states, set_rng_states
 from graphormer_urpe.training.engine import EngineHooks, TrainingEngine
-from graphormer_urpe.training.inference import build_backbone
+from graphormer_urpe.nn.graphormer import build_backbone
 from graphormer_urpe.training.optim import (ParameterKind, adamw_with_schedule, head_lr_groups,
                                            parameter_groups, set_optimizer_kernel)
 from graphormer_urpe.training.schedule import schedule_lengths

@@ -13,7 +13,7 @@ import torch
 
 from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.training.cli import build_cli
-from graphormer_urpe.training.load import load_module
+from graphormer_urpe.prediction.load import load_module
 
 REPO = Path(__file__).resolve().parents[2]
 #: A small backbone without dropout, so two runs with the same data order give the same weights.

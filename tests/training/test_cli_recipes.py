@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from graphormer_urpe.training.load import load_module
+from graphormer_urpe.prediction.load import load_module
 from graphormer_urpe.training.cli import build_cli, main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -136,8 +136,8 @@ def test_predict_writes_predictions_in_input_order(esol_table, tmp_path):
     assert list(written.columns) == ["row", "smiles", "prediction_y", "error"]
     assert written["smiles"].tolist() == [table["smiles"][r].strip() for r in test_rows]
     # The same numbers as graphormer-urpe-predict computes from the checkpoint alone.
-    from graphormer_urpe.training.inference import predict_smiles
-    from graphormer_urpe.training.predictions import InputRow
+    from graphormer_urpe.prediction.model import predict_smiles
+    from graphormer_urpe.prediction.table import InputRow
     expected = predict_smiles(load_module(ckpt), [InputRow(s) for s in written["smiles"]])
     np.testing.assert_allclose(written["prediction_y"].to_numpy(), expected[:, 0], rtol=1e-4,
                                atol=1e-5)

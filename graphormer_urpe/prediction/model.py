@@ -1,10 +1,10 @@
 """A trained model for prediction only: a checkpoint's backbone and output transform, no Lightning.
 
-:class:`~graphormer_urpe.training.module.GraphormerModule` builds its backbone and turns outputs
-into predictions with the functions here, so both give the same predictions from the same
-weights; prediction alone (``graphormer-urpe-predict``) uses :class:`InferenceModel`, which
-loads a Lightning checkpoint's ``state_dict`` and ``hyper_parameters`` as they are without
-importing Lightning (several seconds of every start).
+:class:`PredictionModel` builds the backbone as
+:class:`~graphormer_urpe.training.module.GraphormerModule` does
+(:func:`~graphormer_urpe.nn.graphormer.build_backbone`) and loads a Lightning checkpoint's
+``state_dict`` and ``hyper_parameters`` as they are, without importing Lightning (several seconds
+of every start), so both give the same predictions from the same weights.
 
 Prediction of many SMILES (:func:`stream_predictions`): the input is taken in chunks, whose
 molecules are featurized, sorted by size and batched so a batch holds at most ``max_pairs``
@@ -30,9 +30,9 @@ from graphormer_urpe.cores import process_pool
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.files import STOP_SIGNALS
-from graphormer_urpe.nn.graphormer import Graphormer, GraphormerConfig
+from graphormer_urpe.nn.graphormer import GraphormerConfig, build_backbone
 from graphormer_urpe.task import get_task
-from graphormer_urpe.training.predictions import InputRow, PredictionTable, prediction_columns
+from graphormer_urpe.prediction.table import InputRow, PredictionTable, prediction_columns
 
 #: Padded node pairs ``B * (N + 1)^2`` per batch (graph token included): ~100 ZINC molecules;
 #: larger batches are slower on the CPU (their [B, H, N+1, N+1] tensors leave the caches). The
@@ -42,7 +42,7 @@ DEFAULT_BATCH_SIZE = 1024
 DEFAULT_MAX_NODES = 512
 
 #: Hyperparameters of ``GraphormerModule`` that only training uses: its arguments other than
-#: InferenceModel's (a test keeps them so; importing the module here would import Lightning).
+#: PredictionModel's (a test keeps them so; importing the module here would import Lightning).
 TRAINING_HPARAMS = frozenset({"lr", "end_lr", "warmup_steps", "total_steps", "power", "weight_decay",
                               "betas", "eps", "no_weight_decay", "compile",
                               "matmul_precision", "init_from", "reinit_head", "freeze_backbone_steps",
@@ -51,17 +51,6 @@ TRAINING_HPARAMS = frozenset({"lr", "end_lr", "warmup_steps", "total_steps", "po
 #: checkpoint's hyperparameters are read (``cuda_graphs``: the forward-only CUDA-graph capture,
 #: replaced by the training engine).
 RETIRED_HPARAMS = frozenset({"cuda_graphs"})
-
-
-def build_backbone(facts: DataFacts, preset: str, backbone: GraphormerConfig | Mapping[str, Any]
-                   ) -> tuple[Graphormer, GraphormerConfig]:
-    """The :class:`Graphormer` of these data facts and architecture, and its complete config
-    (``backbone``'s fields over the preset's); ValueError for an unknown preset or task."""
-    if isinstance(backbone, Mapping):  # a checkpoint's hyperparameters
-        backbone = GraphormerConfig.from_dict(backbone)
-    resolved = backbone.over(GraphormerConfig.preset(preset))
-    model = Graphormer(resolved, facts)
-    return model, resolved
 
 
 class HParams(dict):
@@ -74,7 +63,7 @@ class HParams(dict):
             raise AttributeError(name) from None
 
 
-class InferenceModel(nn.Module):
+class PredictionModel(nn.Module):
     """The backbone (``model``) and ``predict_step`` of a ``GraphormerModule``, built from its
     checkpoint's hyperparameters (:meth:`DataFacts.nest`: either form of the facts): ``facts``,
     ``preset``, ``backbone`` and ``target_names`` (training-only ones are accepted and ignored;
@@ -127,7 +116,7 @@ class ModelEnsemble(nn.Module):
         self.members = nn.ModuleList(members)
         self.facts, self.hparams = first.facts, first.hparams
 
-    #: Predicts a ``std`` beside each prediction (:func:`~.predictions.prediction_columns`).
+    #: Predicts a ``std`` beside each prediction (:func:`~.table.prediction_columns`).
     predicts_std = True
 
     def predict_step(self, batch: GraphBatch, batch_idx: int = 0) -> dict[str, Tensor]:

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from graphormer_urpe.checkpoint import CheckpointError, read_checkpoint
-from graphormer_urpe.training.inference import RETIRED_HPARAMS, ModelEnsemble, predict_smiles
-from graphormer_urpe.training.predictions import InputRow
+from graphormer_urpe.prediction.model import RETIRED_HPARAMS, ModelEnsemble, predict_smiles
+from graphormer_urpe.prediction.table import InputRow
 
 #: Where a run directory keeps its checkpoints, and the newest state among them.
 RUN_LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
@@ -37,7 +37,7 @@ def _check_finite(ckpt: Path, state_dict: dict) -> None:
 
 def load_module(ckpt: str | Path, map_location: str = "cpu", *, inference_only: bool = False):
     """The verified :class:`GraphormerModule` stored in a Lightning checkpoint, in eval mode;
-    with ``inference_only`` its :class:`~graphormer_urpe.training.inference.InferenceModel`
+    with ``inference_only`` its :class:`~graphormer_urpe.prediction.model.PredictionModel`
     instead (same ``model``, ``hparams`` and ``predict_step``; Lightning is not imported).
 
     Raises :class:`CheckpointError` for a missing file, a damaged archive (zip CRCs), content
@@ -50,7 +50,7 @@ def load_module(ckpt: str | Path, map_location: str = "cpu", *, inference_only: 
     from graphormer_urpe.task import get_task
 
     if inference_only:
-        from graphormer_urpe.training.inference import InferenceModel as model_class
+        from graphormer_urpe.prediction.model import PredictionModel as model_class
     else:
         from graphormer_urpe.training.module import GraphormerModule as model_class
 
@@ -85,7 +85,7 @@ def load_module(ckpt: str | Path, map_location: str = "cpu", *, inference_only: 
 
 def load_models(ckpts: Sequence[str | Path]):
     """The verified inference model (:func:`load_module`) of one checkpoint, or the
-    :class:`~graphormer_urpe.training.inference.ModelEnsemble` of several (their mean, and their
+    :class:`~graphormer_urpe.prediction.model.ModelEnsemble` of several (their mean, and their
     spread as a ``std``), each named by its path in errors."""
     models = [load_module(ckpt, inference_only=True) for ckpt in ckpts]
     return models[0] if len(models) == 1 else ModelEnsemble(models, list(map(str, ckpts)))

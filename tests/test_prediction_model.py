@@ -1,4 +1,4 @@
-"""InferenceModel: a GraphormerModule's predictions from its checkpoint, without Lightning."""
+"""PredictionModel: a GraphormerModule's predictions from its checkpoint, without Lightning."""
 from __future__ import annotations
 
 import gzip
@@ -11,18 +11,18 @@ import numpy as np
 import pytest
 import torch
 
-from graphormer_urpe.training.inference import predict_smiles
+from graphormer_urpe.prediction.model import predict_smiles
 from graphormer_urpe.data.facts import DataFacts
-from graphormer_urpe.training.inference import TRAINING_HPARAMS, InferenceModel
+from graphormer_urpe.prediction.model import TRAINING_HPARAMS, PredictionModel
 from graphormer_urpe.training.module import GraphormerModule
-from graphormer_urpe.training.predictions import InputRow
+from graphormer_urpe.prediction.table import InputRow
 
 TINY = {"num_layers": 2, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2}
 
 
 def test_training_hyperparameters_are_the_modules_other_arguments():
     module_args = set(inspect.signature(GraphormerModule).parameters)
-    inference_args = set(inspect.signature(InferenceModel).parameters) - {"training"}
+    inference_args = set(inspect.signature(PredictionModel).parameters) - {"training"}
     assert TRAINING_HPARAMS == module_args - inference_args
     assert inference_args <= module_args
 
@@ -61,7 +61,7 @@ def test_same_predictions_as_the_lightning_module_on_zinc(zinc_source, task, num
     with torch.no_grad():
         for scale in module.model.urpe_scales:
             scale.delta.uniform_(-0.5, 0.5)
-    inference = InferenceModel(**dict(module.hparams)).eval()
+    inference = PredictionModel(**dict(module.hparams)).eval()
     inference.load_state_dict(module.state_dict())  # strict: the checkpoint's keys as they are
     assert dict(inference.hparams) == dict(module.hparams)
     with gzip.open(zinc_source / "jtvae_test.smi.gz", "rt") as handle:
@@ -74,7 +74,7 @@ def test_same_predictions_as_the_lightning_module_on_zinc(zinc_source, task, num
 
 def test_unknown_hyperparameter_is_refused():
     with pytest.raises(TypeError, match="unexpected hyperparameters"):
-        InferenceModel(facts={"num_atom_embeddings": 29, "num_bond_embeddings": 5}, backbone=TINY,
+        PredictionModel(facts={"num_atom_embeddings": 29, "num_bond_embeddings": 5}, backbone=TINY,
                        learning_rate=1.0)
 
 
