@@ -1,5 +1,6 @@
-"""Files that appear whole or not at all (JSON ones too), the same-file test, stopping on signals,
-and the lock that gives a folder to one process.
+"""Files that appear whole or not at all (JSON ones too), the same-file test and the refusal of
+an output that is an input, stopping on signals (:func:`run_command`: Ctrl-C, SIGTERM, a full
+disk as one line and an exit status), and the lock that gives a folder to one process.
 
 A file is written to a temporary sibling (``.<name>.<random>.part``), flushed to disk (fsync)
 and renamed onto its path with ``os.replace``, which is atomic within one file system: a reader,
@@ -10,14 +11,16 @@ a full disk, ``SystemExit`` from :func:`stop_on_signals`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
 import shutil
 import signal
 import stat
+import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -39,6 +42,46 @@ def stop_on_signals() -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+#: ``errno`` of a full disk or an exhausted quota: a command says so in one line, exit status 1.
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+#: Exit status of a command stopped by Ctrl-C (SIGINT), as a shell reports it: 128 + 2.
+INTERRUPTED = 128 + signal.SIGINT
+
+
+def run_command(prog: str, work: Callable[[], int]) -> int:
+    """``work()``'s exit status, under :func:`stop_on_signals` (SIGTERM, SIGHUP: 128 + the
+    signal), with the endings every command shares said in one line on stderr instead of a
+    traceback: Ctrl-C (``KeyboardInterrupt``) exits with 130, a full disk (:data:`DISK_FULL`)
+    with 1. The files a command writes are :class:`AtomicFile` s, so either ending leaves each
+    output whole: the new content, or the previous."""
+    try:
+        with stop_on_signals():
+            return work()
+    except KeyboardInterrupt:
+        print(f"{prog}: stopped by Ctrl-C (SIGINT); outputs not yet written are left as they were",
+              file=sys.stderr)
+        return INTERRUPTED
+    except OSError as exc:
+        if exc.errno not in DISK_FULL:
+            raise
+        print(f"{prog}: error: {exc}; outputs not yet written are left as they were", file=sys.stderr)
+        return 1
+
+
+def refuse_overwriting_inputs(option: str, outputs: Iterable[str | os.PathLike],
+                              inputs: Iterable[tuple[str, str, str | os.PathLike | None]]) -> None:
+    """One-line ``ValueError`` when an output file (of ``option``) is a file the command reads:
+    ``inputs`` are ``(its option, what it is, path)`` (a None path is skipped), compared however
+    spelled (:func:`same_file`: ``sub/../x``, a symbolic or hard link). Checked before any work:
+    writing the output would destroy the input."""
+    inputs = [(name, what, path) for name, what, path in inputs if path is not None]
+    for output in outputs:
+        for name, what, path in inputs:
+            if same_file(path, output):
+                raise ValueError(f"{option} {output} is the {what} {path} ({name}): it would be "
+                                 "overwritten; choose another output")
 
 
 def _umask() -> int:

@@ -10,12 +10,15 @@ what they fit (architecture, featurizer, ``max_hops``), nothing else.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 #: How ``init_from`` names a shipped backbone.
 PREFIX = "pretrained:"
 #: ``{name: file in this folder}``.
 MODELS = {"zinc-descriptors": "zinc-descriptors.pt"}
+#: The export command's name in its messages.
+PROG = "python -m graphormer_urpe.pretrained"
 
 
 def resolve(source: str | Path) -> Path:
@@ -33,32 +36,64 @@ def resolve(source: str | Path) -> Path:
 
 def export(checkpoint: str | Path, out: str | Path) -> dict:
     """Write ``checkpoint``'s backbone (float32 tensors, the output head included) and its
-    hyperparameters (without ``init_from``) to ``out``; returns what was written."""
+    hyperparameters (without ``init_from``) to ``out``, whole or not at all (a temporary file
+    beside it, renamed: a full disk leaves a previous ``out`` as it was); returns what was
+    written. One-line ``ValueError`` (a :class:`CheckpointError` for the checkpoint) before
+    anything is written when ``out`` is the checkpoint (any spelling, a link), ``out``'s folder
+    is missing or ``out`` a directory, or ``checkpoint`` is no training checkpoint (missing, a
+    directory, not a PyTorch archive, or a file without a model's weights, such as an exported
+    backbone)."""
     import torch
 
-    from graphormer_urpe.checkpoint import read_checkpoint
+    from graphormer_urpe.checkpoint import CheckpointError, read_checkpoint
+    from graphormer_urpe.files import atomic_path, check_writable_dir, refuse_overwriting_inputs
 
-    saved = read_checkpoint(Path(checkpoint))
+    checkpoint, out = Path(checkpoint), Path(out)
+    if out.is_dir():
+        raise ValueError(f"out {out} is a directory; name the file to write")
+    if not out.parent.is_dir():
+        raise ValueError(f"out {out}: its folder {out.parent} does not exist")
+    refuse_overwriting_inputs("out", [out], [("checkpoint", "training checkpoint", checkpoint)])
+    check_writable_dir(out.parent, "out")
+    saved = read_checkpoint(checkpoint)
+    weights = saved.get("state_dict") if isinstance(saved, dict) else None
+    if not isinstance(weights, dict) or not any(k.startswith("model.") for k in weights):
+        raise CheckpointError(f"checkpoint {checkpoint} is not a training checkpoint: it has no model "
+                              "weights (state_dict 'model.*'); an exported backbone is exported already")
     state = {k.removeprefix("model."): v.float().contiguous() if v.is_floating_point() else v
-             for k, v in saved["state_dict"].items() if k.startswith("model.")}
+             for k, v in weights.items() if k.startswith("model.")}
     hparams = {k: v for k, v in (saved.get("hyper_parameters") or {}).items() if k != "init_from"}
     content = {"state_dict": state, "hyper_parameters": hparams,
-               "trained": {"global_step": int(saved.get("global_step", 0)), "source": Path(checkpoint).name}}
-    torch.save(content, out)
+               "trained": {"global_step": int(saved.get("global_step", 0)), "source": checkpoint.name}}
+    with atomic_path(out) as temporary:
+        torch.save(content, temporary)
     return content
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m graphormer_urpe.pretrained",
-                                     description="Write a training checkpoint's backbone as a weights-only file.")
+def main(argv: list[str] | None = None) -> int:
+    """The command: exit status 0; 2 for a refused input or output (one line naming it, before
+    anything is written); 1 for a full disk (one line; a previous ``out`` stays as it was)."""
+    from graphormer_urpe.files import run_command
+
+    parser = argparse.ArgumentParser(prog=PROG, description="Write a training checkpoint's backbone as "
+                                                            "a weights-only file.")
     parser.add_argument("checkpoint", type=Path)
     parser.add_argument("out", type=Path)
     args = parser.parse_args(argv)
-    content = export(args.checkpoint, args.out)
+    return run_command(PROG, lambda: _export(args.checkpoint, args.out))
+
+
+def _export(checkpoint: Path, out: Path) -> int:
+    try:
+        content = export(checkpoint, out)
+    except ValueError as exc:  # CheckpointError too
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
     size = sum(t.numel() for t in content["state_dict"].values())
-    print(f"{args.out}: {len(content['state_dict'])} tensors, {size:,} numbers, "
-          f"{args.out.stat().st_size / 1e6:.1f} MB")
+    print(f"{out}: {len(content['state_dict'])} tensors, {size:,} numbers, "
+          f"{out.stat().st_size / 1e6:.1f} MB")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
