@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml setup.py $(wildcard cython_ext/*.pyx)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade "pip>=23"
 	$(BIN)/pip install -q "$(TORCH_PIN)" "$(NUMPY_PIN)"
-	$(BIN)/pip install -q -e ".[test,fused]"
+	$(BIN)/pip install -q -e ".[test,fused,hpopt]"
 	touch $@
 
 quickstart: $(STAMP)
