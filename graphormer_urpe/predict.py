@@ -40,17 +40,19 @@ larger of ``--max-pairs`` and ``(max_nodes + 1)^2`` whatever the input's length.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import logging
 import sys
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 import torch
 
 from graphormer_urpe.arguments import non_negative_int, positive_int
 from graphormer_urpe.cores import usable_cores
-from graphormer_urpe.files import AtomicFile, same_file, stop_on_signals, unreadable_as_a_file
+from graphormer_urpe.files import AtomicFile, refuse_overwriting_inputs, run_command, unreadable_as_a_file
 from graphormer_urpe.checkpoint import CheckpointError
 from graphormer_urpe.prediction.load import checkpoint_files, load_models
 from graphormer_urpe.prediction.model import (
@@ -139,17 +141,16 @@ def _check_paths(source: Path, target: Path, ckpts: list[Path]) -> None:
         raise ValueError(f"--input {source} {problem}")
     if target.is_dir():
         raise IsADirectoryError(f"--output {target} is a directory")
-    for option, name, path in (("--input", "input file", source),
-                               *(("--ckpt", "checkpoint", ckpt) for ckpt in ckpts)):
-        if same_file(path, target):
-            raise ValueError(f"--output {target} is the {name} {path} ({option}): it would be "
-                             "overwritten; choose another output")
+    refuse_overwriting_inputs("--output", [target], [("--input", "input file", source),
+                                                    *(("--ckpt", "checkpoint", ckpt) for ckpt in ckpts)])
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command: exit status 0; 2 for a refused input or output (one line, before any work);
+    1 for a full disk, 130 for Ctrl-C, 143 for SIGTERM (one line,
+    :func:`~graphormer_urpe.files.run_command`; a previous output is left as it was)."""
     args = build_parser().parse_args(argv)
-    with stop_on_signals():  # before the temporary output exists
-        return _predict(args)
+    return run_command("graphormer-urpe-predict", lambda: _predict(args))
 
 
 def _predict(args: argparse.Namespace) -> int:
@@ -174,7 +175,7 @@ def _predict(args: argparse.Namespace) -> int:
                 raise ValueError("--mc-dropout takes one checkpoint (several checkpoints already give a std)")
             module = load_models(ckpts)
             if args.mc_dropout is not None:
-                module = MCDropout(module, args.mc_dropout, args.seed)
+                module = MCDropout(module, args.mc_dropout, args.seed, args.max_pairs)
             module = module.to(device)
             table_input = open_smiles(handle, source)
             if args.evaluate is not None:
@@ -259,26 +260,26 @@ def _check_calibrate(module, calibration: Path) -> list[str]:
 
 def _calibrated(module, calibration: Path, columns: list[str], args: argparse.Namespace) -> ScaledStd:
     """``module`` with each target's std scaled by :func:`~graphormer_urpe.uncertainty.std_scale`
-    fitted on the molecules of ``calibration`` (predicted to a temporary file, then read back)."""
-    import tempfile
+    fitted on the molecules of ``calibration`` (predicted into memory, then read back: no
+    temporary file, so a full or read-only temporary directory does not matter)."""
+    import io
 
     from graphormer_urpe.uncertainty import std_scale
 
     names, num_targets = prediction_columns(module), module.facts.num_targets
-    with tempfile.TemporaryDirectory() as scratch:
-        predicted = Path(scratch) / "calibration.csv"
-        with open(calibration, newline="", encoding="utf-8-sig") as handle, \
-                open(predicted, "w", newline="", encoding="utf-8") as out:
-            table_input = open_smiles(handle, calibration)
-            _stream(module, table_input, PredictionTable(out, names, table_input.columns),
-                    calibration, args, "calibrate")
-        scales = []
-        for k, (measured, prediction, std) in enumerate(
-                _read_back(columns, calibration, predicted, names, num_targets)):
-            scale, count = std_scale(measured, prediction, std)
-            log.info("%s scaled by %.4g (fitted on %d molecules of %s)", names[num_targets + k], scale,
-                     count, calibration)
-            scales.append(scale)
+    predicted = io.StringIO(newline="")
+    with open(calibration, newline="", encoding="utf-8-sig") as handle:
+        table_input = open_smiles(handle, calibration)
+        _stream(module, table_input, PredictionTable(predicted, names, table_input.columns),
+                calibration, args, "calibrate")
+    predicted.seek(0)
+    scales = []
+    for k, (measured, prediction, std) in enumerate(
+            _read_back(columns, calibration, predicted, names, num_targets)):
+        scale, count = std_scale(measured, prediction, std)
+        log.info("%s scaled by %.4g (fitted on %d molecules of %s)", names[num_targets + k], scale,
+                 count, calibration)
+        scales.append(scale)
     return ScaledStd(module, scales)
 
 
@@ -305,12 +306,14 @@ def _numbers(values) -> np.ndarray:
     return np.array(out)
 
 
-def _read_back(columns: list[str], source: Path, target: Path, names: list[str], num_targets: int):
+def _read_back(columns: list[str], source: Path, target: Path | TextIO, names: list[str], num_targets: int):
     """Per target: ``(measured, predicted, std or None)`` arrays, the measured values from
-    ``source``'s ``columns`` and the predictions written to ``target`` (same rows, in order)."""
+    ``source``'s ``columns`` and the predictions written to ``target`` (a file, or the text of
+    one; same rows, in order)."""
     with open(source, newline="", encoding="utf-8-sig") as handle:
         measured = list(csv.DictReader(handle))
-    with open(target, newline="", encoding="utf-8") as handle:
+    with (open(target, newline="", encoding="utf-8") if isinstance(target, Path)
+          else contextlib.nullcontext(target)) as handle:
         predicted = list(csv.DictReader(handle))
     for k, column in enumerate(columns):
         std = _numbers(r[names[num_targets + k]] for r in predicted) if len(names) > num_targets else None

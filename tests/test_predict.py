@@ -627,8 +627,10 @@ def test_mc_dropout_predicts_a_mean_and_std_from_one_checkpoint(esol_run, esol_c
     for key in ("dropout", "attention_dropout", "activation_dropout"):
         saved["hyper_parameters"]["backbone"][key] = 0.0
     torch.save(saved, tmp_path / "no_dropout.ckpt")
+    copy = tmp_path / "copy.ckpt"
+    shutil.copyfile(ckpt, copy)
     for extra, message in ((["--ckpt", str(tmp_path / "no_dropout.ckpt")], "trained without dropout"),
-                           (["--ckpt", str(ckpt), str(ckpt)], "--mc-dropout takes one checkpoint")):
+                           (["--ckpt", str(ckpt), str(copy)], "--mc-dropout takes one checkpoint")):
         refused = predict_here("refused.csv", *extra, "--mc-dropout", "4")
         lines = [line for line in refused.stderr.splitlines() if line.strip()]
         assert refused.returncode == 2 and len(lines) == 1 and message in lines[0], refused.stderr
@@ -764,3 +766,99 @@ def test_calibrate_and_evaluate_refuse_a_model_that_is_not_regression_before_rea
         assert f"{option} compares a regression model's predictions with measured values; " \
                "this model's task is 'classification'" in lines[0]
         assert not (tmp_path / "out.csv").exists()
+
+
+def installed_predict(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([str(PREDICT), *map(str, args), "--quiet"], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def assert_one_line(done: subprocess.CompletedProcess, status: int, message: str) -> None:
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == status and len(lines) == 1, done.stderr[-3000:]
+    assert lines[0].startswith("graphormer-urpe-predict: error: ") and message in lines[0], lines[0]
+
+
+def test_a_checkpoint_named_twice_is_refused(esol_run, tmp_path):
+    """``--ckpt A A``, a link to A beside A, a run directory with its own best checkpoint (the
+    installed command, real ESOL molecules): one model twice is no ensemble (its std would be 0
+    on every row), refused in one line before any work, nothing written."""
+    _, last = esol_run
+    run_dir = last.parents[1]
+    best = best_checkpoint(run_dir)[0]
+    (tmp_path / "link.ckpt").symlink_to(last)
+    source = tmp_path / "in.smi"
+    source.write_text("CCO\nOc1ccccc1\n")
+    for ckpts in ([last, last], [last, tmp_path / "link.ckpt"], [run_dir, best]):
+        done = installed_predict("--ckpt", *ckpts, "--input", source, "--output", tmp_path / "out.csv")
+        assert_one_line(done, 2, f"are one checkpoint file")
+        assert not (tmp_path / "out.csv").exists()
+
+
+def test_a_copied_run_directory_predicts_with_its_own_best_checkpoint_only(esol_run, tmp_path):
+    """A run directory copied elsewhere stands for the best checkpoint inside it; without that
+    file it is refused in one line, never predicted with the original run's checkpoint that its
+    last.ckpt records."""
+    _, last = esol_run
+    copy = tmp_path / "copy"
+    shutil.copytree(last.parents[1], copy)
+    source = tmp_path / "in.smi"
+    source.write_text("CCO\nOc1ccccc1\n")
+    done = installed_predict("--ckpt", copy, "--input", source, "--output", tmp_path / "out.csv")
+    assert done.returncode == 0 and f"models: {best_checkpoint(copy)[0]}" in done.stderr, done.stderr
+    assert best_checkpoint(copy)[0].parents[1] == copy
+    for best in (copy / "checkpoints").glob("epoch=*.ckpt"):
+        best.unlink()
+    done = installed_predict("--ckpt", copy, "--input", source, "--output", tmp_path / "missing.csv")
+    assert_one_line(done, 2, f"{copy}: its best checkpoint epoch=")
+    assert "is missing from" in done.stderr and not (tmp_path / "missing.csv").exists()
+
+
+def test_mc_dropout_of_a_molecule_depends_on_it_alone(esol_run, esol_csv, tmp_path):
+    """``--mc-dropout`` with one seed (the installed command, real ESOL molecules): phenol's mean
+    and std are the same alone, inside a 41-row file, with another ``--batch-size`` and with
+    worker processes: its masks come from the seed and the molecule, none from its neighbours."""
+    _, ckpt = esol_run
+    rows = [row["smiles"] for row in csv.DictReader(open(esol_csv, newline=""))][:40]
+    alone, inside = tmp_path / "alone.smi", tmp_path / "inside.smi"
+    alone.write_text("Oc1ccccc1\n")
+    inside.write_text("\n".join([*rows[:20], "Oc1ccccc1", *rows[20:]]) + "\n")
+    results = []
+    for source, extra in ((alone, []), (inside, []), (inside, ["--batch-size", "3"]),
+                          (inside, ["--batch-size", "7", "--workers", "2"])):
+        out = tmp_path / f"out{len(results)}.csv"
+        done = installed_predict("--ckpt", ckpt, "--mc-dropout", "8", "--input", source, "--output", out,
+                                 "--workers", "0", *extra)
+        assert done.returncode == 0, done.stderr[-3000:]
+        phenol = [row for row in read_output(out) if row["smiles"] == "Oc1ccccc1"]
+        assert len(phenol) == 1
+        results.append((phenol[0][f"prediction_{ESOL_TARGET}"], phenol[0][f"std_{ESOL_TARGET}"]))
+    assert len(set(results)) == 1 and float(results[0][1]) > 0, results
+
+
+def test_calibrate_writes_no_temporary_file(esol_run, esol_csv, tmp_path):
+    """``--calibrate`` keeps the calibration molecules' predictions in memory: with a temporary
+    directory in which nothing can be created (a full disk: every file or folder made there fails
+    with ENOSPC) the command predicts as it does elsewhere."""
+    _, ckpt = esol_run
+    lines = open(esol_csv).readlines()
+    source, calibration = tmp_path / "mols.csv", tmp_path / "val.csv"
+    source.write_text("".join(lines[:11]))
+    calibration.write_text("".join([lines[0], *lines[11:51]]))
+    full = ("import errno, tempfile\n"
+            "def full_disk(make):\n"
+            "    def made(*args, dir=None, **kwargs):\n"
+            "        if dir is None:  # in the temporary directory\n"
+            "            raise OSError(errno.ENOSPC, 'No space left on device', tempfile.gettempdir())\n"
+            "        return make(*args, dir=dir, **kwargs)\n"
+            "    return made\n"
+            "tempfile.mkstemp, tempfile.mkdtemp = full_disk(tempfile.mkstemp), full_disk(tempfile.mkdtemp)\n"
+            "from graphormer_urpe.predict import main\nimport sys\nsys.exit(main())")
+    outputs = []
+    for name, command in (("here.csv", [str(PREDICT)]), ("full.csv", [sys.executable, "-c", full])):
+        done = subprocess.run([*command, "--ckpt", str(ckpt), "--mc-dropout", "4", "--calibrate", str(calibration),
+                               "--input", str(source), "--output", str(tmp_path / name), "--quiet", "--workers", "0"],
+                              capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        assert done.returncode == 0, done.stderr[-3000:]
+        outputs.append((tmp_path / name).read_text())
+    assert outputs[0] == outputs[1]

@@ -74,6 +74,30 @@ class GraphBatch:
     def pin_memory(self) -> "GraphBatch":
         return self.map(lambda t: t.pin_memory())
 
+    def alone(self, g: int, times: int = 1) -> "GraphBatch":
+        """Graph ``g`` as a batch of its own, ``times`` copies of it: ``N`` its node count (no
+        padding of the others), ``edge_attr`` its own edge rows (numbered from 0, then the zero
+        row), so the same graph gives the same batch whatever batch it came from (the batch
+        :func:`~.collate.collate` makes of it alone, copies sharing its edge rows)."""
+        from graphormer_urpe.data.encoding_registry import ENCODING_BY_NAME
+
+        n = int(self.num_nodes[g])
+        rows = torch.arange(g, g + 1, device=self.x.device).repeat(times)
+        encodings, edge_rows = {}, self.edge_attr[:0]
+        for name, values in self.encodings.items():
+            spec = ENCODING_BY_NAME[name]
+            values = values[rows, :n, :n] if spec.per == "pair" else values[rows, :n]
+            if spec.edge_ids:  # this graph's rows are one block of the batch's edge_attr
+                present = values[values >= 0]
+                first = int(present.min()) if present.numel() else 0
+                edge_rows = self.edge_attr[first:int(present.max()) + 1] if present.numel() else edge_rows
+                values = torch.where(values >= 0, values - first, values)
+            encodings[name] = values
+        return GraphBatch(x=self.x[rows, :n], node_mask=self.node_mask[rows, :n],
+                          edge_attr=torch.cat([edge_rows, torch.zeros_like(self.edge_attr[-1:])]),
+                          y=self.y[rows], num_nodes=self.num_nodes[rows], index=self.index[rows],
+                          encodings=encodings)
+
     @property
     def num_graphs(self) -> int:
         return self.x.shape[0]

@@ -11,6 +11,7 @@ folder of runs such as an ablation grid or an ensemble's members) into checkpoin
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -106,10 +107,13 @@ def _recorded_best(run_dir: Path):
     if not states or not states[0].get("best_model_path"):
         raise CheckpointError(f"{run_dir}: last.ckpt has no best {task.monitor} checkpoint (was "
                               "validation run? the budget must cover at least one validation)")
-    recorded = Path(states[0]["best_model_path"])
-    path = run_dir / RUN_LAST_CHECKPOINT.parent / recorded.name
-    if not path.exists():  # a best checkpoint saved outside the run's checkpoints/
-        path = recorded
+    # Only the run's own folder: the recorded path is where the run was trained, and a copied
+    # or moved run directory must not silently predict with the original's checkpoint.
+    name = Path(states[0]["best_model_path"]).name
+    path = run_dir / RUN_LAST_CHECKPOINT.parent / name
+    if not path.is_file():
+        raise CheckpointError(f"{run_dir}: its best checkpoint {name} (recorded in {RUN_LAST_CHECKPOINT}) "
+                              f"is missing from {path.parent}; copy it there, or name a checkpoint file")
     return path, float(states[0]["best_model_score"]), int(last["global_step"]), task
 
 
@@ -118,7 +122,9 @@ def best_checkpoint(run_dir: Path):
     from the ModelCheckpoint state its ``checkpoints/last.ckpt`` carries (the CLI's checkpoint
     callback monitors the task's validation metric, e.g. ``val/mae``). The best file is looked up
     by name in the run's own ``checkpoints/`` first, so a run directory moved or copied elsewhere
-    gives its own file. :class:`CheckpointError` when there is none."""
+    gives its own file; one missing there is a :class:`CheckpointError` (never the path the run
+    recorded, which may be another run's: the original of a copied run directory), as is a
+    last.ckpt that records no best."""
     path, score, last_step, task = _recorded_best(run_dir)
     return path, score, int(read_checkpoint(path)["global_step"]), last_step, task
 
@@ -128,7 +134,8 @@ def checkpoint_files(names: Sequence[str | Path]) -> list[Path]:
     (one with ``checkpoints/last.ckpt``) is its best-validation checkpoint
     (:func:`best_checkpoint`); a directory of run directories (an ablation grid, an ensemble's
     members) is the best checkpoint of each, in name order. :class:`CheckpointError` for a
-    directory that is neither, or a run whose last.ckpt records no best checkpoint."""
+    directory that is neither, a run whose last.ckpt records no best checkpoint or lacks it, and
+    one file named twice (also through a link or a run directory)."""
     files = []
     for name in map(Path, names):
         if not name.is_dir():
@@ -140,4 +147,23 @@ def checkpoint_files(names: Sequence[str | Path]) -> list[Path]:
             raise CheckpointError(f"{name} is a directory that is neither a run directory (no "
                                   f"{RUN_LAST_CHECKPOINT}) nor a folder of run directories")
         files.extend(_recorded_best(run)[0] for run in runs)  # each read once, when loaded
+    _refuse_repeated(names, files)
     return files
+
+
+def _refuse_repeated(names: Sequence[str | Path], files: list[Path]) -> None:
+    """:class:`CheckpointError` when two of ``files`` are one file (a path given twice, a link,
+    a run directory and its own best checkpoint): the ensemble would hold copies of one model,
+    whose std is 0 on every molecule."""
+    seen: dict[tuple[int, int] | Path, Path] = {}
+    for file in files:
+        try:
+            status = os.stat(file)
+            key: tuple[int, int] | Path = (status.st_dev, status.st_ino)
+        except OSError:  # a missing file: named when it is read
+            key = file.resolve()
+        if key in seen:
+            raise CheckpointError(f"--ckpt {seen[key]} and {file} are one checkpoint file (given "
+                                  f"{' '.join(map(str, names))}): an ensemble of copies of one model "
+                                  "has a std of 0; name each model once")
+        seen[key] = file

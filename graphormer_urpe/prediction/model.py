@@ -128,14 +128,17 @@ class ModelEnsemble(nn.Module):
 class MCDropout(nn.Module):
     """One model predicting ``samples`` times with its dropout on (Monte Carlo dropout, Gal and
     Ghahramani, 2016): ``prediction`` is the samples' mean and ``std`` their standard deviation
-    (population), as :class:`ModelEnsemble` gives over models. Each batch's masks are drawn from
-    ``seed`` and the batch's content (its atoms), so the same batch gets the same masks whichever
-    process predicts it and wherever it is in the input. ``ValueError`` for a model without
-    dropout (every sample would agree)."""
+    (population), as :class:`ModelEnsemble` gives over models. A molecule's result depends on
+    it, ``seed`` and ``samples`` alone, never on the molecules that share its file or batch:
+    each is predicted on its own (:meth:`GraphBatch.alone`: no padding, so no mask is drawn for
+    another molecule's atoms), its samples as copies of it in one batch (in groups of at most
+    ``max_pairs`` padded pairs, so for a molecule larger than ``max_pairs / samples`` pairs
+    also on ``max_pairs``), with masks drawn from ``seed`` and the molecule's content.
+    ``ValueError`` for a model without dropout (every sample would agree)."""
 
     predicts_std = True
 
-    def __init__(self, model: nn.Module, samples: int, seed: int = 0) -> None:
+    def __init__(self, model: nn.Module, samples: int, seed: int = 0, max_pairs: int = DEFAULT_MAX_PAIRS) -> None:
         super().__init__()
         if samples < 2:
             raise ValueError(f"MC dropout needs at least 2 samples, got {samples}")
@@ -143,18 +146,30 @@ class MCDropout(nn.Module):
         if not any(rates.values()):
             raise ValueError(f"the model was trained without dropout ({', '.join(f'{k} 0' for k in rates)}): "
                              "its MC-dropout samples would all agree; use several checkpoints instead")
-        self.model, self.samples, self.seed = model, int(samples), int(seed)
+        self.model, self.samples, self.seed, self.max_pairs = model, int(samples), int(seed), int(max_pairs)
         self.facts, self.hparams = model.facts, model.hparams
 
     def predict_step(self, batch: GraphBatch, batch_idx: int = 0) -> dict[str, Tensor]:
         """``index``, ``prediction`` (the samples' mean) and ``std`` (over samples), ``[B, T]``."""
-        # 32 bits: the CPU generator (a Mersenne Twister) keeps only a seed's low 32 bits
-        content = zlib.crc32(batch.x.cpu().numpy().tobytes(), zlib.crc32(str(self.seed).encode()))
-        with torch.random.fork_rng(devices=[batch.x.device] if batch.x.is_cuda else []), _dropout_on(self.model):
-            torch.manual_seed(content)
-            each = torch.stack([self.model.predict_step(batch, batch_idx)["prediction"]
-                                for _ in range(self.samples)])
+        each = torch.stack([self._samples_of(batch, g) for g in range(batch.num_graphs)], 1)  # [S, B, T]
         return {"index": batch.index, "prediction": each.mean(0), "std": each.std(0, correction=0)}
+
+    def _samples_of(self, batch: GraphBatch, g: int) -> Tensor:
+        """The ``[samples, T]`` predictions of graph ``g`` of ``batch`` with dropout on."""
+        alone = batch.alone(g)
+        # 32 bits: the CPU generator (a Mersenne Twister) keeps only a seed's low 32 bits
+        key = zlib.crc32(str(self.seed).encode())
+        for name, tensor in sorted(alone.tensors().items()):
+            if name not in ("y", "index"):  # what the model reads: the molecule, not its row
+                key = zlib.crc32(tensor.cpu().contiguous().numpy().tobytes(), key)
+        group = min(self.samples, max(1, self.max_pairs // (int(alone.num_nodes[0]) + 1) ** 2))
+        each = []
+        with torch.random.fork_rng(devices=[batch.x.device] if batch.x.is_cuda else []), _dropout_on(self.model):
+            for first in range(0, self.samples, group):
+                torch.manual_seed(zlib.crc32(first.to_bytes(4, "little"), key))
+                copies = batch.alone(g, min(group, self.samples - first))
+                each.append(self.model.predict_step(copies)["prediction"])
+        return torch.cat(each)
 
 
 class ScaledStd(nn.Module):
@@ -329,6 +344,9 @@ def _init_worker(module) -> None:
     global _worker_module
     for signum in STOP_SIGNALS:  # the parent stops its pool; a worker just ends
         signal.signal(signum, signal.SIG_DFL)
+    # Ctrl-C reaches the whole process group: the parent stops the pool (then SIGTERM ends this
+    # worker), and a worker's own KeyboardInterrupt would only print a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # One torch thread per process: processes scale over cores without OpenMP teams contending
     # (and a team in a forked child of a multi-threaded parent would deadlock in libgomp).
     torch.set_num_threads(1)
