@@ -29,6 +29,18 @@ DATA_BUILD_CACHE = "graphormer_urpe_datasets"
 ESOL_URL = "https://deepchemdata.s3-us-west-1.amazonaws.com/datasets/delaney-processed.csv"
 
 
+def pytest_configure(config) -> None:
+    """Ctrl-C's default handling, whatever this session inherited: a suite started with SIGINT
+    ignored (``make test &`` from a script, ``nohup``) would pass SIG_IGN on to every command a
+    test starts (an ignored signal stays ignored across ``exec``, and Python then installs no
+    KeyboardInterrupt handler), so the tests that stop a command with SIGINT would fail. A Python
+    handler here is reset to the default in each child at ``exec``."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     """Tests marked ``gpu`` are skipped where torch sees no CUDA device."""
     import torch

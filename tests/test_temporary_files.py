@@ -1,5 +1,6 @@
 """Temporary files are removed on every exit path: a cache build that runs out of disk space,
-and ``graphormer-urpe-predict`` stopped by SIGTERM or SIGHUP (a previous output stays as it was)."""
+and ``graphormer-urpe-predict`` stopped by SIGTERM, SIGHUP or Ctrl-C (a previous output stays as
+it was); ``graphormer-urpe fit`` stopped by Ctrl-C exits with 130, without a traceback."""
 from __future__ import annotations
 
 import errno
@@ -76,12 +77,14 @@ def esol_checkpoint(esol_csv, tmp_path_factory) -> Path:
     return work / "run" / "checkpoints" / "last.ckpt"
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_predict_stopped_by_a_signal_removes_its_part_file(esol_checkpoint, esol_csv,
                                                            tmp_path, signum):
-    """A long prediction (ESOL's molecules 100 times) is stopped once its first predictions are
-    in the ``.part`` file: it exits with 128 + the signal, the ``.part`` file is gone, the
-    previous output unchanged."""
+    """A long prediction (ESOL's molecules 100 times, a worker process) is stopped once its
+    first predictions are in the ``.part`` file, by a signal to its whole process group (as
+    Ctrl-C or a closed terminal sends it): it exits with 128 + the signal (130 for Ctrl-C) and
+    one line, no traceback from it or its worker, the ``.part`` file is gone, the previous
+    output unchanged."""
     smiles = pd.read_csv(esol_csv)["smiles"].tolist() * 100
     source = tmp_path / "in.smi"
     source.write_text("\n".join(smiles) + "\n")
@@ -91,7 +94,7 @@ def test_predict_stopped_by_a_signal_removes_its_part_file(esol_checkpoint, esol
     assert PREDICT.is_file(), f"{PREDICT} is not installed (pip install -e .)"
     process = subprocess.Popen([str(PREDICT), "--ckpt", str(esol_checkpoint), "--input", str(source),
                                 "--output", str(output), "--workers", "1", "--quiet"],
-                               stderr=subprocess.PIPE, text=True,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True,
                                env={**os.environ, "PYTHONPATH": str(REPO)})
     deadline = time.monotonic() + 180
 
@@ -103,7 +106,39 @@ def test_predict_stopped_by_a_signal_removes_its_part_file(esol_checkpoint, esol
         time.sleep(0.05)
     assert predictions_written(), "no predictions reached a .part file"
     assert process.poll() is None, "the prediction finished before the signal"
-    process.send_signal(signum)
+    os.killpg(process.pid, signum)
     assert process.wait(timeout=60) == 128 + signum
+    stderr = process.stderr.read()
+    assert "Traceback" not in stderr, stderr[-3000:]
+    if signum == signal.SIGINT:
+        assert stderr.strip().splitlines() == [
+            "graphormer-urpe-predict: stopped by Ctrl-C (SIGINT); outputs not yet written are left as they were"]
     assert list(tmp_path.glob("*.part")) == [] and list(tmp_path.glob(".*.part")) == []
     assert hashlib.sha256(output.read_bytes()).hexdigest() == before
+
+
+def test_fit_stopped_by_ctrl_c_exits_130_without_a_traceback(esol_csv, tmp_path):
+    """``graphormer-urpe fit --config configs/csv.yaml`` (ESOL) gets SIGINT in its process group
+    once training has written a checkpoint: exit status 130 (Lightning's own is 1), one line and
+    no traceback, and the checkpoint on disk loads."""
+    import torch
+
+    command = [str(Path(sys.executable).with_name("graphormer-urpe")), "fit", "--config",
+               str(REPO / "configs" / "csv.yaml"), "--trainer.default_root_dir", str(tmp_path / "run"),
+               "--trainer.max_steps", "1000", "--trainer.val_check_interval", "2",
+               "--trainer.limit_val_batches", "1", "--trainer.enable_progress_bar", "false",
+               "--trainer.enable_model_summary", "false", "--data.init_args.path", str(esol_csv),
+               "--data.init_args.cache_root", str(tmp_path / "cache")]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                               start_new_session=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    deadline = time.monotonic() + 300
+    while not last.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert last.exists() and process.poll() is None, process.stderr.read()[-3000:]
+    os.killpg(process.pid, signal.SIGINT)
+    assert process.wait(timeout=120) == 130
+    stderr = process.stderr.read()
+    assert "Traceback" not in stderr and stderr.strip().splitlines()[-1].startswith(
+        "graphormer-urpe: stopped by Ctrl-C (SIGINT)"), stderr[-3000:]
+    assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] >= 2
