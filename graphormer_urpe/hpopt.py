@@ -547,12 +547,16 @@ class Search:
             out.flush()
             done = subprocess.run([*fit_command(), *self.fit_args(params_file, run_dir)], env=env,
                                   stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-        if done.returncode != 0:
-            raise TrialFailed(f"graphormer-urpe fit exited with status {done.returncode}; see {log}")
         try:
-            best, score, step, _, _ = best_checkpoint(run_dir)
-        except CheckpointError as exc:
-            raise TrialFailed(f"no best checkpoint: {exc}") from None
+            if done.returncode != 0:
+                raise TrialFailed(f"graphormer-urpe fit exited with status {done.returncode}; see {log}")
+            try:
+                best, score, step, _, _ = best_checkpoint(run_dir)
+            except CheckpointError as exc:
+                raise TrialFailed(f"no best checkpoint: {exc}") from None
+        except TrialFailed as exc:
+            trial.set_user_attr("fail_reason", str(exc))
+            raise
         trial.set_user_attr("best_checkpoint", str(best))
         trial.set_user_attr("best_step", step)
         if (run_dir / PRUNED_MARKER).is_file():
@@ -669,7 +673,7 @@ def search(args, overrides: list[str]) -> int:
         print(f"trial {trial.number}: {trial.state.name.lower()}, {value} ({took}) {values}", flush=True)
         failures[0] = failures[0] + 1 if trial.state == TrialState.FAIL else 0
         if trial.state == TrialState.FAIL:
-            print(f"trial {trial.number}: {trial.system_attrs.get('fail_reason', 'failed')}", flush=True)
+            print(f"trial {trial.number}: {trial.user_attrs.get('fail_reason', 'failed')}", flush=True)
         if failures[0] >= MAX_FAILURES_IN_A_ROW:
             study.stop()
         write_outputs(study, study_dir, run.recipe_line())
@@ -680,6 +684,7 @@ def search(args, overrides: list[str]) -> int:
     if args.n_trials is None or done < args.n_trials:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+            optuna.logging.set_verbosity(optuna.logging.ERROR)  # each trial has its own line here
             study.optimize(run.objective, timeout=args.timeout, catch=(TrialFailed,), callbacks=callbacks)
     write_outputs(study, study_dir, run.recipe_line())
     if failures[0] >= MAX_FAILURES_IN_A_ROW:
