@@ -52,7 +52,8 @@ from torch import Tensor
 
 from graphormer_urpe.arguments import positive_int
 from graphormer_urpe.data.batch import GraphBatch
-from graphormer_urpe.files import AtomicFile, stop_on_signals, unreadable_as_a_file
+from graphormer_urpe.files import (
+    AtomicFile, check_writable_dir, refuse_overwriting_inputs, run_command, unreadable_as_a_file)
 from graphormer_urpe.checkpoint import CheckpointError
 from graphormer_urpe.task import get_task
 from graphormer_urpe.prediction.load import checkpoint_files, load_models
@@ -238,6 +239,8 @@ def draw(smiles: str, featurizer: str, values: np.ndarray, png: Path, svg: Path)
 
 # ------------------------------------------------------------------------------ command
 COLUMNS = ["row", "smiles", "prediction", "output", "baseline", "gap", "atoms", "error"]
+#: The files of ``--out`` beside the pictures (``<row>.png``, ``<row>.svg``).
+TABLES = ("attributions.csv", "index.html")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -263,9 +266,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command: exit status 0; 2 for a refused input or ``--out`` (one line, before any
+    work); 1 for a full disk, 130 for Ctrl-C (one line: :func:`~graphormer_urpe.files.run_command`;
+    the files already written are whole)."""
     args = build_parser().parse_args(argv)
-    with stop_on_signals():
-        return _explain(args)
+    return run_command("graphormer-urpe-explain", lambda: _explain(args))
 
 
 def _fail(message: str) -> int:
@@ -283,13 +288,17 @@ def _explain(args: argparse.Namespace) -> int:
         return _fail(f"--out {out} is a file, not a directory")
     try:
         ckpts = checkpoint_files(args.ckpt)
+        reads = [("--input", "input file", source), *(("--ckpt", "checkpoint", ckpt) for ckpt in ckpts)]
+        refuse_overwriting_inputs("--out", [out / name for name in TABLES], reads)
         module = load_models(ckpts)
         check_options(module, args.target, args.steps)
         with open(source, newline="", encoding="utf-8-sig") as handle:
             rows: list[InputRow] = list(open_smiles(handle, source).rows)
+        refuse_overwriting_inputs("--out", (out / f"{number}.{kind}" for number in range(1, len(rows) + 1)
+                                            for kind in ("png", "svg")), reads)
+        check_writable_dir(out, "--out")  # read-only, under a file, ...: before the work
     except (CheckpointError, ValueError, UnicodeDecodeError, csv.Error) as exc:
         return _fail(str(exc))
-    out.mkdir(parents=True, exist_ok=True)
     from tqdm import tqdm
 
     records = []
@@ -319,12 +328,12 @@ def _explain(args: argparse.Namespace) -> int:
                 records.append(record)
             progress.update(len(part))
     columns = COLUMNS if len(ckpts) == 1 else [*COLUMNS[:3], "std", *COLUMNS[3:]]
-    with AtomicFile(out / "attributions.csv") as table:
+    with AtomicFile(out / TABLES[0]) as table:
         writer = csv.DictWriter(table.handle, columns, lineterminator="\n")
         writer.writeheader()
         writer.writerows(records)
         table.commit()
-    with AtomicFile(out / "index.html") as page:
+    with AtomicFile(out / TABLES[1]) as page:
         page.handle.write(index_html(records, ", ".join(map(str, ckpts)), args.target, args.view))
         page.commit()
     failed = sum(bool(r["error"]) for r in records)

@@ -230,3 +230,65 @@ def test_several_checkpoints_explain_their_mean_prediction_with_its_std(zinc_sou
     lines = [line for line in refused.stderr.splitlines() if line.strip()]
     assert refused.returncode == 2 and len(lines) == 1 and "cannot join an ensemble" in lines[0], refused.stderr
     assert not (tmp_path / "refused").exists()
+
+
+def run_explain(*args, code: str | None = None) -> subprocess.CompletedProcess:
+    """The installed command (``code``: run first in a Python process that then runs it, e.g. a
+    patch that fills the disk)."""
+    command = [EXPLAIN] if code is None else [
+        sys.executable, "-c", f"{code}\nimport sys\nfrom graphormer_urpe.explain import main\nsys.exit(main())"]
+    return subprocess.run([*command, *map(str, args), "--quiet"], capture_output=True, text=True, timeout=300)
+
+
+def test_an_out_that_holds_an_input_is_refused(esol_csv, tmp_path):
+    """``--input OUT/attributions.csv --out OUT`` (a previous run's table read again) and a
+    checkpoint kept in ``--out`` under a name the command writes: one line, exit status 2,
+    before any work, the file unchanged."""
+    out = tmp_path / "out"
+    out.mkdir()
+    table = out / "attributions.csv"
+    table.write_text("smiles\n" + "\n".join(esol_smiles(esol_csv, 3)) + "\n")
+    ckpt = checkpoint(out / "index.html", "ogb")
+    before = table.read_bytes(), ckpt.read_bytes()
+    for source, message in ((table, f"--out {table} is the input file {table} (--input)"),
+                            (tmp_path / "in.csv", f"--out {ckpt} is the checkpoint {ckpt} (--ckpt)")):
+        if not source.exists():
+            source.write_bytes(before[0])
+        done = run_explain("--ckpt", ckpt, "--input", source, "--out", out)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and message in lines[0], done.stderr[-3000:]
+        assert (table.read_bytes(), ckpt.read_bytes()) == before
+        assert sorted(p.name for p in out.iterdir()) == ["attributions.csv", "index.html"]
+
+
+def test_an_out_that_cannot_be_written_or_fills_the_disk_is_one_line(esol_csv, tmp_path):
+    """An ``--out`` under a regular file (no folder can be made there, even by root) is refused
+    in one line before any work (exit status 2); a disk that fills up after two pictures ends in
+    one line with exit status 1, those pictures whole, a previous table as it was and no
+    temporary file."""
+    ckpt = checkpoint(tmp_path / "m.ckpt", "ogb")
+    source = tmp_path / "in.smi"
+    source.write_text("\n".join(esol_smiles(esol_csv, 4)) + "\n")
+    (tmp_path / "file").write_text("x")
+    done = run_explain("--ckpt", ckpt, "--input", source, "--out", tmp_path / "file" / "out")
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        f"graphormer-urpe-explain: error: --out {tmp_path / 'file' / 'out'} cannot be written (Not a directory)"]
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "attributions.csv").write_text("a previous table\n")
+    fill = ("import errno\nfrom graphormer_urpe import files\ncommit = files.AtomicFile.commit\n"
+            "def commit_until_full(self):\n"
+            "    files.room = getattr(files, 'room', 2)\n"
+            "    if files.room == 0:\n"
+            "        raise OSError(errno.ENOSPC, 'No space left on device')\n"
+            "    files.room -= 1\n"
+            "    commit(self)\n"
+            "files.AtomicFile.commit = commit_until_full")
+    done = run_explain("--ckpt", ckpt, "--input", source, "--out", out, code=fill)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert len(lines) == 1 and lines[0].startswith("graphormer-urpe-explain: error: [Errno 28] No space left on device")
+    assert sorted(p.name for p in out.iterdir()) == ["1.png", "1.svg", "attributions.csv"]
+    assert (out / "1.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "attributions.csv").read_text() == "a previous table\n"
