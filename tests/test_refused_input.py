@@ -372,3 +372,40 @@ def test_ckpt_path_that_is_no_checkpoint_file_is_one_line_before_the_data(esol_c
     what = "does not exist" if kind == "missing" else "is a directory"
     assert error_lines(done.stderr) == [f"graphormer-urpe: error: checkpoint {ckpt} {what}"]
     assert not (tmp_path / "cache").exists()
+
+
+#: ``configs/csv.yaml`` (the fine-tuning recipe) on a small CSV: each refusal, in one line.
+SMALL_CSV_REFUSALS = {
+    "one class": (lambda rows: [(s, 1) for s, _ in rows[:30]],
+                  ["--data.init_args.task", "classification", "--model.loss", "null"],
+                  "classification column 'y' has only class 1: a classifier needs both 0 and 1"),
+    "one row": (lambda rows: rows[:1], [],
+                "the 'val' and 'test' split(s) would have no rows (1 usable of 1 rows, split 'random'"),
+    "every molecule over max_nodes": (lambda rows: rows[:20], ["--data.init_args.max_nodes", "3"],
+                                      "no row is usable: of its 20 rows, 20 with more than max_nodes=3 atoms"),
+    "val_check_interval over an epoch": (lambda rows: rows[:60], ["--trainer.val_check_interval", "10"],
+                                         "--trainer.val_check_interval 10 is more than the 2 training "
+                                         "batches of an epoch (48 training graphs, batch_size 32)"),
+}
+
+
+@pytest.mark.parametrize("problem", SMALL_CSV_REFUSALS)
+def test_small_csv_is_refused_in_one_line_before_training(esol_csv, tmp_path, problem):
+    """Through the installed command: a classification CSV with one class (it trained and saved
+    val_auroc 0), a CSV too small for its splits or whose every molecule is over max_nodes (a
+    numpy traceback), a validation interval longer than the epoch (Lightning's traceback): one
+    line each, exit status 2, no checkpoint written."""
+    select, extra, message = SMALL_CSV_REFUSALS[problem]
+    esol = pd.read_csv(esol_csv)
+    rows = list(zip(esol["smiles"], esol["measured log solubility in mols per litre"]))
+    path = tmp_path / "small.csv"
+    pd.DataFrame(select(rows), columns=["smiles", "y"]).to_csv(path, index=False)
+    done = run_command(["fit", "--config", str(REPO / "configs" / "csv.yaml"), "--trainer.default_root_dir",
+                        str(tmp_path / "run"), "--trainer.max_steps", "20", "--trainer.enable_progress_bar", "false",
+                        "--data.init_args.path", str(path), "--data.init_args.target_columns", "[y]",
+                        "--data.init_args.cache_root", str(tmp_path / "cache"), *extra])
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = error_lines(done.stderr)
+    assert len(lines) == 1 and lines[0].startswith("graphormer-urpe: error: ") and message in lines[0], lines
+    assert problem.startswith("val_check_interval") or str(path) in lines[0]  # the file is named
+    assert not list((tmp_path / "run").glob("checkpoints/*.ckpt"))

@@ -224,6 +224,29 @@ class GraphDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader | ResidentLoader:
         dataset = self.train_dataset()
+        loader = self._train_loader(dataset)
+        self._check_val_check_interval(len(loader), len(dataset))
+        return loader
+
+    def _check_val_check_interval(self, batches: int, graphs: int) -> None:
+        """One-line ``ValueError`` when the trainer validates every ``val_check_interval`` steps
+        of an epoch that has fewer batches (Lightning refuses it with a traceback once the data
+        is built): said before the training starts, with the epoch's size and the way out."""
+        trainer = getattr(self, "trainer", None)
+        interval = getattr(trainer, "val_check_interval", None)
+        if not isinstance(interval, int) or trainer.check_val_every_n_epoch is None \
+                or not trainer.limit_val_batches:
+            return
+        from lightning.pytorch.trainer.connectors.data_connector import _parse_num_batches
+
+        epoch = _parse_num_batches("train", batches, trainer.limit_train_batches)
+        if interval > epoch:
+            raise ValueError(f"--trainer.val_check_interval {interval} is more than the {epoch} training "
+                             f"batches of an epoch ({graphs} training graphs, batch_size "
+                             f"{self.batch_size}): give at most {epoch}, or add "
+                             "--trainer.check_val_every_n_epoch null to count the steps across epochs")
+
+    def _train_loader(self, dataset: EncodedGraphDataset) -> DataLoader | ResidentLoader:
         sizes = dataset.num_nodes if self.bucket_batches else None  # only bucketing reads them
         sampler = SeededShuffleSampler(len(dataset), self.seed, self.batch_size, self.batches_done,
                                        sizes, self.bucket_batches)

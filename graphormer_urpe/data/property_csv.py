@@ -134,6 +134,14 @@ def check_targets(path: str | os.PathLike, y: np.ndarray, target_columns: Sequen
     known = y[np.isfinite(y)]
     if task == "classification" and not np.isin(known, (0.0, 1.0)).all():
         raise ValueError(f"{path}: classification targets must be 0, 1 or empty")
+    if task == "classification":
+        single = [(c, np.unique(column[np.isfinite(column)])) for c, column in zip(target_columns, y.T)]
+        single = [(c, classes) for c, classes in single if len(classes) == 1]
+        if single:
+            column, classes = single[0]
+            raise ValueError(f"{path}: classification column {column!r} has only class {classes[0]:g}: "
+                             "a classifier needs both 0 and 1 (AUROC is undefined with one class)"
+                             + (f"; so do {[c for c, _ in single[1:]]}" if len(single) > 1 else ""))
     if task == "multiclass":
         if y.shape[1] != 1:
             raise ValueError(f"{path}: multiclass needs one target column of class ids, got "
@@ -295,11 +303,12 @@ class CSVDataModule(SMILESTableDataModule):
         self.table_max_atoms = self.max_nodes
         self.target_columns = resolve_columns(self.path, smiles_column, target_columns)
         self._num_classes = None
-        if task == "multiclass":  # the model's width is needed before the data is built
-            _, y, _ = self._read()
+        if task != "regression":  # labels, read before the data is built: the model's width
+            _, y, _ = self._read()  # (multiclass), and a refusal before any work
             usable = np.delete(y, nonfinite_target_rows(y), axis=0)
             check_targets(self.path, usable, self.target_columns, task)
-            self._num_classes = max(int(np.nanmax(usable)) + 1, 2)
+            if task == "multiclass":
+                self._num_classes = max(int(np.nanmax(usable)) + 1, 2)
 
     @property
     def num_targets(self) -> int:
@@ -329,11 +338,26 @@ class CSVDataModule(SMILESTableDataModule):
         usable[bad_targets] = False
         valid = np.flatnonzero(usable)
         if len(valid) == 0:
-            raise ValueError(f"{self.path}: no row has a SMILES that RDKit accepts and "
-                             "finite targets")
+            reasons = [f"{count} {why}" for count, why in (
+                (np.sum(graph_of_row == REJECTED_ROW), "rejected by RDKit or the featurizer"),
+                (np.sum(graph_of_row == TOO_LARGE_ROW), f"with more than max_nodes={self.max_nodes} atoms"),
+                (len(bad_targets), "with an infinite target")) if count]
+            raise ValueError(f"{self.path}: no row is usable: of its {len(y)} rows, {', '.join(reasons)}")
         check_targets(self.path, y[valid], self.target_columns, self.task)
+        parts = self._split_valid(valid, len(y))
+        empty = [name for name in SPLIT_NAMES if len(parts[name]) == 0]
+        if empty:
+            how = (f"split file {self.split_file}" if self.split_file is not None
+                   else f"split {self.split!r}, split_fractions {self.split_fractions}")
+            raise ValueError(f"{self.path}: the {' and '.join(map(repr, empty))} split(s) would have no "
+                             f"rows ({len(valid)} usable of {len(y)} rows, {how}): every split needs at "
+                             "least one; give more rows or other fractions")
+        return parts
+
+    def _split_valid(self, valid: np.ndarray, num_rows: int) -> dict[str, np.ndarray]:
+        """``{split: rows}`` of the usable rows ``valid`` of the file's ``num_rows``."""
         if self.split_file is not None:
-            parts = read_split_file(self.split_file, len(y))
+            parts = read_split_file(self.split_file, num_rows)
             for name, rows in parts.items():
                 skipped = np.setdiff1d(rows, valid)
                 if len(skipped):
