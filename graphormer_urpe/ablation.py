@@ -22,21 +22,28 @@ Results are merged into a JSON list (default ``docs/results/zinc_ablation.json``
 ``(recipe, attention, seed)``, a rerun replaces its entry) and summarised in a markdown table: mean
 +- sample std per arm and the per-seed paired difference ``arm - rpe``.
 
+``--time-budget`` (e.g. ``9m``) trains in time slices instead of each run to its end: the runs of
+the first seed with unfinished runs advance one slice at a time (``--slice``, by default the
+budget shared by that seed's arms), the run with the fewest steps first, so the arms of a seed
+stay within one slice of each other; the next seed starts when the previous one is done. A slice
+ends with SIGTERM to its ``fit``, which saves the run's whole state (weights, AdamW, schedule,
+RNG, data position) in ``last.ckpt`` at the end of the step in progress; the same command, here
+or on another machine, continues exactly where it stopped. A finished run is tested at once.
+
     graphormer-urpe-ablation --config configs/zinc.yaml --name zinc-400k \\
-        --seeds 0 1 2 --jobs 1 --figures docs/figures   # the paper's 400k steps (one GPU)
+        --seeds 0 1 2 --figures docs/figures   # the paper's 400k steps, each run to its end
+    graphormer-urpe-ablation --config configs/zinc.yaml --name zinc-paper --time-budget 8m \\
+        --runs-dir results/runs --results docs/results/zinc_gpu.json --readme README.md
+        # 8 minutes further, then the progress table in README.md
     graphormer-urpe-ablation --config configs/zinc.yaml --config configs/zinc_v2.yaml \\
         --name cpu-slim-1256 --jobs 2 --threads-per-job 1 --trainer.precision 32-true --trainer.max_steps 1256 \\
         --model.warmup_steps 126 --model.total_steps 1256   # a CPU budget: 8 epochs
     graphormer-urpe-ablation --table-only     # rewrite the table from the JSON
-    graphormer-urpe-ablation --config configs/zinc.yaml --ensemble --name zinc-paper \\
-        --results docs/results/zinc_gpu.json --readme README.md --figures docs/figures
-        # all six runs side by side in one process (one GPU), then tested as above
 
-``--ensemble`` trains the runs not yet trained in this process as one stacked model
-(:mod:`graphormer_urpe.training.ensemble`: each member with its solo run's initialisation, data
-order, clipping, optimizer state and checkpoints), resumable from ``<runs-dir>/<name>/ensemble/``;
-testing and results then go as for solo runs. ``--readme`` writes the recipe's table into a
-markdown file between ``<!-- ablation:NAME -->`` and ``<!-- /ablation:NAME -->``.
+``--readme FILE`` writes the recipe's result table into FILE between ``<!-- ablation:NAME -->``
+and ``<!-- /ablation:NAME -->``, and its progress table (steps done, best and latest validation
+metric, device time, steps/s, device per run) between ``<!-- ablation-progress:NAME -->`` and
+``<!-- /ablation-progress:NAME -->``, after every invocation, also one stopped by a signal.
 
 Several GPUs: one invocation per GPU (``CUDA_VISIBLE_DEVICES=i``, its own ``--seeds``) with the
 same ``--name`` and ``--results``; the results file is merged under a lock (build the data first, e.g. with one finished run).
@@ -53,6 +60,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -64,8 +72,8 @@ from typing import Any, Sequence
 
 from graphormer_urpe.ablation_results import (
     DEFAULT_RESULTS, code_commit, describe_device, merge_results, metric_of, now, read_results,
-    readme_block, write_readme_block, write_table)
-from graphormer_urpe.files import hold_directory, read_json, write_json
+    readme_block, write_progress_block, write_readme_block, write_table)
+from graphormer_urpe.files import check_writable_dir, hold_directory, read_json, write_json
 
 #: What each arm changes in the recipe's ``model.backbone`` (merged into it; everything else in
 #: the backbone, e.g. a smaller model, stays as the recipe has it).
@@ -79,6 +87,13 @@ RUN_RECORD = "ablation_run.json"
 LOCK_FILE = "ablation.lock"
 #: Seconds between updates of a running attempt's wall time in its run record.
 HEARTBEAT_S = 15.0
+#: A slice shorter than this is not started (a ``fit`` needs seconds to start before it trains).
+MIN_SLICE_S = 20.0
+#: Exit statuses of a ``fit`` stopped by the SIGTERM that ends its slice (the CLI's 128 + 15, or
+#: the signal itself when it came before the CLI handles it).
+SLICE_END_STATUSES = (128 + signal.SIGTERM, -signal.SIGTERM)
+#: The seeds ``seed_everything`` takes (numpy's).
+MAX_SEED = 2**32 - 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -110,6 +125,45 @@ def read_metric(metrics_csv: Path, name: str) -> float:
     return float(values[-1])
 
 
+def latest_logged(run_dir: Path, name: str) -> float | None:
+    """The value of ``name`` at the highest step in the run's CSV logs (one ``csv/version_*``
+    folder per fit or resume), or None when none logged it."""
+    latest: tuple[int, float] | None = None
+    for metrics in run_dir.glob("csv/*/metrics.csv"):
+        with open(metrics, newline="") as handle:
+            for row in csv.DictReader(handle):
+                if row.get(name) and (latest is None or int(row["step"]) >= latest[0]):
+                    latest = (int(row["step"]), float(row[name]))
+    return None if latest is None else latest[1]
+
+
+def best_score(last: Path) -> tuple[str, float | None]:
+    """``(metric, best validation score)`` that a ``last.ckpt`` records (its checkpoint
+    callback's ``best_model_score``; None before the first validation)."""
+    from graphormer_urpe.checkpoint import read_checkpoint
+    from graphormer_urpe.data.facts import DataFacts
+    from graphormer_urpe.task import get_task
+
+    checkpoint = read_checkpoint(last)
+    task = get_task(DataFacts.recorded(checkpoint.get("hyper_parameters", {}), "task"))
+    scores = [state.get("best_model_score") for key, state in checkpoint.get("callbacks", {}).items()
+              if key.startswith("ModelCheckpoint") and state.get("monitor") == task.monitor]
+    score = scores[0] if scores else None
+    return task.metric_name, None if score is None else float(score)
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``90``, ``90s``, ``9m``, ``1h30m``; ValueError for anything else or 0."""
+    match = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?", text.strip())
+    if not text.strip() or match is None:
+        raise ValueError(f"expected a duration such as 540, 540s, 9m or 1h30m, got {text!r}")
+    hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
+    total = 3600 * hours + 60 * minutes + seconds
+    if total <= 0:
+        raise ValueError(f"expected a positive duration, got {text!r}")
+    return total
+
+
 class Run:
     """One ``(arm, seed)`` of the grid and its run directory."""
 
@@ -117,6 +171,7 @@ class Run:
         self.grid, self.arm, self.seed = grid, arm, seed
         self.dir = grid.dir / f"{arm}-s{seed}"
         self.record_path = self.dir / RUN_RECORD
+        self.last = self.dir / "checkpoints" / "last.ckpt"
 
     @property
     def cli_args(self) -> list[str]:
@@ -138,55 +193,82 @@ class Run:
         from graphormer_urpe.training.cli import training_args
 
         if training_args(record["cli_args"]) != training_args(self.cli_args):
-            raise ValueError(f"{self.dir} was started with other arguments:\n  {record['cli_args']}"
-                             f"\nnow:\n  {self.cli_args}\nchoose another --name or remove it")
+            raise ValueError(f"{self.dir} was started with other arguments ({' '.join(record['cli_args'])}; "
+                             f"now {' '.join(self.cli_args)}): choose another --name or remove it")
         return record
 
-    def _subprocess(self, stage: str, args: list[str], record: dict) -> None:
+    def steps(self) -> int:
+        """The optimizer steps its ``last.ckpt`` holds (0 without one)."""
+        return checkpoint_step(self.last) if self.last.exists() else 0
+
+    def fits(self) -> int:
+        """The ``fit`` attempts its record holds."""
+        return sum(a["stage"] == "fit" for a in read_json(self.record_path, {"attempts": []})["attempts"])
+
+    def _subprocess(self, stage: str, args: list[str], record: dict, seconds: float | None = None) -> dict:
         """``graphormer-urpe <stage> args`` with its output appended to ``<stage>.log``; the
-        attempt's wall time is kept up to date in the run record (a kill loses < HEARTBEAT_S)."""
+        attempt's wall time is kept up to date in the run record (a kill loses < HEARTBEAT_S).
+        With ``seconds``, the command gets SIGTERM after that long (the end of a slice: a fit
+        saves its state and stops). The attempt (its record entry)."""
         command = [sys.executable, "-m", "graphormer_urpe.training.cli", stage, *args]
-        attempt = {"stage": stage, "started": now(), "commit": self.grid.commit, "wall_s": 0.0,
-                   "returncode": None}
+        attempt = {"stage": stage, "started": now(), "commit": self.grid.commit, "device": self.grid.device,
+                   "wall_s": 0.0, "returncode": None}
         record["attempts"].append(attempt)
         write_json(self.record_path, record)
         start = time.perf_counter()
+        deadline = None if seconds is None else start + seconds
         with open(self.dir / f"{stage}.log", "a") as log:
             log.write(f"\n# {now()} {' '.join(command)}\n")
             log.flush()
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                        env=self.grid.child_env, preexec_fn=_die_with_parent)
             while True:
+                wait = HEARTBEAT_S
+                if deadline is not None and "slice_end" not in attempt:
+                    wait = min(wait, max(deadline - time.perf_counter(), 0.0))
                 try:
-                    returncode = process.wait(timeout=HEARTBEAT_S)
+                    returncode = process.wait(timeout=wait)
                     break
                 except subprocess.TimeoutExpired:
+                    if deadline is not None and "slice_end" not in attempt and time.perf_counter() >= deadline:
+                        process.send_signal(signal.SIGTERM)
+                        attempt["slice_end"] = now()
                     attempt["wall_s"] = round(time.perf_counter() - start, 1)
                     write_json(self.record_path, record)
         attempt.update(wall_s=round(time.perf_counter() - start, 1), returncode=returncode)
         write_json(self.record_path, record)
-        if returncode != 0:
+        if returncode != 0 and not ("slice_end" in attempt and returncode in SLICE_END_STATUSES):
             raise RuntimeError(f"{self.label}: {stage} failed (exit {returncode}); see "
                                f"{self.dir / (stage + '.log')}")
+        return attempt
 
-    def execute(self) -> dict:
+    def fit(self, record: dict, seconds: float | None = None) -> bool:
+        """Fit from ``last.ckpt`` (or from the start), to the end of the recipe's steps or for
+        ``seconds``; whether the fit is done."""
+        before = self.steps()
+        if self.last.exists():
+            resume = ["--ckpt_path", str(self.last)]
+            self.grid.log(f"{self.label}: fit (resuming from last.ckpt at step {before})"
+                          + (f" for {seconds:.0f} s" if seconds else ""))
+        else:  # no resumable state: checkpoints of a run killed before its first last.ckpt go
+            resume = ["--checkpoint.overwrite", "true"]
+            self.grid.log(f"{self.label}: fit" + (f" for {seconds:.0f} s" if seconds else ""))
+        attempt = self._subprocess("fit", [*self.cli_args, *resume], record, seconds)
+        attempt["steps"] = [before, self.steps()]
+        record["fit_done"] = attempt["returncode"] == 0 or 0 < self.grid.max_steps <= attempt["steps"][1]
+        write_json(self.record_path, record)
+        return record["fit_done"]
+
+    def execute(self, seconds: float | None = None) -> dict | None:
         """Fit (or resume), test, and return the result entry; a finished run returns its
-        stored result without running anything."""
+        stored result without running anything. With ``seconds``, one slice of the fit: None
+        when the fit is not done by then."""
         self.dir.mkdir(parents=True, exist_ok=True)
         record = self.load_record()
         if "result" in record:
             return record["result"]
-        last = self.dir / "checkpoints" / "last.ckpt"
-        if not record.get("fit_done"):
-            if last.exists():
-                resume = ["--ckpt_path", str(last)]
-                self.grid.log(f"{self.label}: fit (resuming from last.ckpt at step {checkpoint_step(last)})")
-            else:  # no resumable state: checkpoints of a run killed before its first last.ckpt go
-                resume = ["--checkpoint.overwrite", "true"]
-                self.grid.log(f"{self.label}: fit")
-            self._subprocess("fit", [*self.cli_args, *resume], record)
-            record["fit_done"] = True
-            write_json(self.record_path, record)
+        if not record.get("fit_done") and not self.fit(record, seconds):
+            return None
         from graphormer_urpe.prediction.load import best_checkpoint
 
         best, val_score, best_step, steps, task = best_checkpoint(self.dir)
@@ -198,16 +280,33 @@ class Run:
                                   "--ckpt_path", str(best)], record)
         test_score = read_metric(self.dir / "test" / best.stem / "metrics.csv", f"test/{task.metric_name}")
         commits = sorted({a["commit"] for a in record["attempts"]})
+        devices = sorted({a["device"] for a in record["attempts"] if a.get("device")}) or [self.grid.device]
         record["result"] = {
             "recipe": self.grid.name, "attention": self.arm, "seed": self.seed, "steps": steps,
             "best_step": best_step, "task": task.name, f"val_{task.metric_name}": round(val_score, 6),
             f"test_{task.metric_name}": round(test_score, 6),
             "wall_s": round(sum(a["wall_s"] for a in record["attempts"]), 1),
-            "device": self.grid.device, "commit": commits[0] if len(commits) == 1 else commits,
+            "device": devices[0] if len(devices) == 1 else "; ".join(devices),
+            "commit": commits[0] if len(commits) == 1 else commits,
             "budget": self.grid.budget, "finished": now(),
         }
         write_json(self.record_path, record)
         return record["result"]
+
+    def progress(self) -> dict:
+        """Where the run stands, for the progress table: steps done, best and latest validation
+        metric, device time (every attempt's wall time), steps per second of that time, devices."""
+        record = read_json(self.record_path, {"attempts": []})
+        entry = {"run": f"{self.arm}-s{self.seed}", "steps": self.steps(), "best": None, "latest": None,
+                 "wall_s": round(sum(a.get("wall_s", 0.0) for a in record["attempts"]), 1),
+                 "devices": sorted({a["device"] for a in record["attempts"] if a.get("device")}),
+                 "done": "result" in record}
+        if self.last.exists():
+            entry["metric"], entry["best"] = best_score(self.last)
+            entry["latest"] = latest_logged(self.dir, f"val/{entry['metric']}")
+        fit_s = sum(a.get("wall_s", 0.0) for a in record["attempts"] if a.get("stage") == "fit")
+        entry["steps_per_s"] = round(entry["steps"] / fit_s, 1) if fit_s and entry["steps"] else None
+        return entry
 
 
 # --------------------------------------------------------------------------------------------
@@ -221,18 +320,17 @@ class Grid:
         self.results, self.table = args.results, args.table or args.results.with_suffix(".md")
         self.runs = [Run(self, arm, seed) for seed in args.seeds for arm in args.arms]
         self.jobs = args.jobs
-        self.ensemble = args.ensemble
-        self.cuda_graph, self.in_turn, self.attention_impl = args.cuda_graph, args.in_turn, args.attention_impl
+        self.time_budget, self.slice = args.time_budget, args.slice
         self.threads_per_job = args.threads_per_job
         self.commit = code_commit()
-        self.device = describe_device(args.jobs, args.threads_per_job,
-                                      len(self.runs) if args.ensemble else 0)
+        self.device = describe_device(args.jobs, args.threads_per_job)
         self.budget = " ".join(self.recipe_args)
         self.child_env = dict(os.environ)
         if args.threads_per_job:
             for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
                 self.child_env[var] = str(args.threads_per_job)
         self.recipe_backbone: dict[str, Any] = {}  # set by resolve_recipe()
+        self.max_steps = -1  # the recipe's trainer.max_steps, set by resolve_recipe()
         self._results_lock, self._log_lock = threading.Lock(), threading.Lock()
 
     def log(self, message: str) -> None:
@@ -240,19 +338,25 @@ class Grid:
             print(f"[{now()}] {message}", flush=True)
 
     def resolve_recipe(self, prepare_data: bool) -> None:
-        """Parse the recipe once: its ``model.backbone`` (the arms are merged into it) and, when
-        runs remain, its data built here before parallel runs would race to build it."""
+        """Parse the recipe once: its ``model.backbone`` (the arms are merged into it), its step
+        budget and, when runs remain, its data built here before parallel runs would race to
+        build it."""
         from graphormer_urpe.training.cli import build_cli
 
         sys.argv = sys.argv[:1]  # the recipe travels as `args`; LightningCLI must not read ours
         cli = build_cli([*self.recipe_args, "--trainer.logger", "false",
                          "--trainer.default_root_dir", str(self.dir)], run=False)
         self.recipe_backbone = backbone_overrides(cli.config.model.backbone)
+        self.max_steps = cli.trainer.max_steps
+        if self.time_budget and self.max_steps < 1:
+            raise ValueError("--time-budget needs a step budget (trainer.max_steps) to tell when a run is done")
         if prepare_data:
             cli.datamodule.prepare_data()
 
-    def _finish(self, run: Run) -> dict:
-        result = run.execute()
+    def _finish(self, run: Run, seconds: float | None = None) -> dict | None:
+        result = run.execute(seconds)
+        if result is None:
+            return None
         with self._results_lock:
             merge_results(self.results, [result])
             write_table(self.results, self.table)
@@ -263,13 +367,12 @@ class Grid:
         return result
 
     def lock(self) -> None:
-        """Hold every run directory of this grid (and the ensemble's) until the process ends
+        """Hold every run directory of this grid until the process ends
         (:func:`~graphormer_urpe.files.hold_directory` on :data:`LOCK_FILE`); ``ValueError`` when
         another runner holds one."""
-        dirs = [run.dir for run in self.runs] + ([self.dir / "ensemble"] if self.ensemble else [])
-        self._locks = [hold_directory(directory, LOCK_FILE, "graphormer-urpe-ablation",
+        self._locks = [hold_directory(run.dir, LOCK_FILE, "graphormer-urpe-ablation",
                                       "wait for it to end, or choose another --name or --runs-dir")
-                       for directory in dirs]
+                       for run in self.runs]
 
     def release(self) -> None:
         """Let go of the run directories :meth:`lock` holds (a process that goes on after
@@ -279,21 +382,23 @@ class Grid:
         self._locks = []
 
     def check_checkpoints(self) -> None:
-        """Read (as plain data, :func:`checkpoint_step`) the ``last.ckpt`` of every unfinished
-        run, which it resumes or tests from: a damaged or crafted one is refused (``ValueError``
-        naming it) before any run starts."""
+        """``ValueError`` (one line) for a damaged or crafted ``last.ckpt`` of an unfinished run
+        (read as plain data, :func:`checkpoint_step`), which it resumes or tests from: before the
+        recipe is parsed."""
         for run in self.runs:
-            last = run.dir / "checkpoints" / "last.ckpt"
-            if last.exists() and "result" not in read_json(run.record_path, {}):
-                checkpoint_step(last)
+            if run.last.exists() and "result" not in read_json(run.record_path, {}):
+                checkpoint_step(run.last)
 
     def run(self) -> list[dict]:
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.log(f"grid {self.name}: {len(self.runs)} runs, {self.jobs} at a time, "
-                 f"commit {self.commit}")
+        how = (f"slices within {self.time_budget:.0f} s" if self.time_budget else f"{self.jobs} at a time")
+        self.log(f"grid {self.name}: {len(self.runs)} runs, {how}, commit {self.commit}")
         self.resolve_recipe(any("result" not in read_json(r.record_path, {}) for r in self.runs))
-        if self.ensemble:
-            self.fit_ensemble()
+        for run in self.runs:  # a run directory of other arguments: refused before any run starts
+            if run.record_path.exists():
+                run.load_record()
+        if self.time_budget:
+            return self.run_slices()
         with ThreadPoolExecutor(max_workers=self.jobs) as pool:
             futures = [pool.submit(self._finish, run) for run in self.runs]
             results, errors = [], []
@@ -308,68 +413,32 @@ class Grid:
                              + "\n".join(str(e) for e in errors))
         return results
 
-    def fit_ensemble(self) -> None:
-        """``--ensemble``: the runs not yet fitted are trained side by side in this process as
-        one stacked model (:class:`~graphormer_urpe.training.ensemble.Ensemble`, state in
-        ``<runs-dir>/<name>/ensemble/``, resumed from there), each into its own run directory
-        with the checkpoints its solo ``fit`` would write; testing then goes on as for solo runs.
-        Every member's record counts the ensemble's whole wall time."""
-        import torch
+    def next_run(self) -> Run | None:
+        """The run the next slice trains: of the first seed with unfinished runs, the one with
+        the fewest steps, on a tie the one with the fewest fits (a slice spent starting up moves
+        on to the next arm), then the first arm; None when every run is finished."""
+        for seed in dict.fromkeys(run.seed for run in self.runs):
+            pending = [run for run in self.runs if run.seed == seed
+                       and "result" not in read_json(run.record_path, {})]
+            if pending:
+                return min(pending, key=lambda run: (run.steps(), run.fits()))
+        return None
 
-        from graphormer_urpe.training.ensemble import Ensemble, EnsembleStopped, MemberSpec, step_way
-        from graphormer_urpe.training.run_checkpoint import hold_run_dir
+    def run_slices(self) -> list[dict]:
+        """``--time-budget``: slices of at most ``--slice`` seconds (default: the budget shared
+        by the arms) until the budget is spent or every run is finished (see the docstring)."""
+        end = time.monotonic() + self.time_budget
+        slice_s = self.slice or self.time_budget / len({run.arm for run in self.runs})
+        while (run := self.next_run()) is not None:
+            left = end - time.monotonic()
+            if left < MIN_SLICE_S:
+                self.log(f"{self.name}: the time budget is spent ({left:.0f} s left)")
+                break
+            self._finish(run, min(slice_s, left))
+        return [r["result"] for r in (read_json(run.record_path, {}) for run in self.runs) if "result" in r]
 
-        pending = [(run, run.load_record()) for run in self.runs]
-        pending = [(run, record) for run, record in pending
-                   if "result" not in record and not record.get("fit_done")]
-        if not pending:
-            return
-        if self.threads_per_job:
-            torch.set_num_threads(self.threads_per_job)
-        attempts = []
-        for run, record in pending:
-            run.dir.mkdir(parents=True, exist_ok=True)
-            attempts.append({"stage": "fit-ensemble", "started": now(), "commit": self.commit,
-                             "wall_s": 0.0, "returncode": None,
-                             "members": [r.label for r, _ in pending]})
-            record["attempts"].append(attempts[-1])
-            write_json(run.record_path, record)
-        start = time.perf_counter()
-
-        def record_attempts(returncode: int | None = None, fit_done: bool = False) -> None:
-            """Every member's record: the attempt's wall time so far, and how it ended."""
-            for (run, record), attempt in zip(pending, attempts):
-                attempt["wall_s"] = round(time.perf_counter() - start, 1)
-                if returncode is not None:
-                    attempt["returncode"] = returncode
-                if fit_done:
-                    record["fit_done"] = True
-                write_json(run.record_path, record)
-
-        def progress(message: str) -> None:
-            self.log(message)
-            record_attempts()
-
-        how = step_way(self.in_turn, self.attention_impl)
-        self.log(f"{self.name}: fit {len(pending)} runs as one ensemble{f' ({how})' if how else ''}: "
-                 + ", ".join(run.label for run, _ in pending))
-        try:
-            for run, _ in pending:  # each member's run directory, as its solo fit would hold it
-                hold_run_dir(run.dir)
-            ensemble = Ensemble([MemberSpec(run.label, tuple(run.cli_args)) for run, _ in pending],
-                                self.dir / "ensemble", progress=progress, cuda_graph=self.cuda_graph,
-                                in_turn=self.in_turn, attention_impl=self.attention_impl)
-            ensemble.fit()
-        except EnsembleStopped as stopped:  # SIGINT / SIGTERM: resumable from the saved state
-            # "finished": the budget was trained; only the tests are left
-            record_attempts(128 + stopped.signum, fit_done=stopped.how == "finished")
-            print(f"graphormer-urpe-ablation: {stopped}", file=sys.stderr, flush=True)
-            raise SystemExit(128 + stopped.signum) from None
-        except (ValueError, FloatingPointError) as error:  # a recipe it cannot train, a diverged
-            # member, a saved state of other runs, a run directory in use: one line that says
-            # which, no traceback
-            raise SystemExit(f"graphormer-urpe-ablation: error: {error}") from None
-        record_attempts(0, fit_done=True)
+    def progress(self) -> list[dict]:
+        return [run.progress() for run in self.runs]
 
 
 def backbone_overrides(backbone: Any) -> dict[str, Any]:
@@ -395,6 +464,13 @@ def default_name(recipe_args: Sequence[str]) -> str:
 
 
 # --------------------------------------------------------------------------------------------
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(
         prog="graphormer-urpe-ablation", description=__doc__.split("\n\n")[0],
@@ -413,44 +489,40 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
                         help="JSON list of runs, merged into")
     parser.add_argument("--table", type=Path, default=None,
                         help="markdown table (default: the results path with .md)")
-    parser.add_argument("--jobs", type=int, default=1, help="runs at a time")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (without --time-budget)")
     parser.add_argument("--threads-per-job", type=int, default=None,
                         help="OMP/MKL threads of each run (CPU); default: torch's choice")
+    parser.add_argument("--time-budget", type=_duration, default=None, metavar="DURATION",
+                        help="train in time slices for this long (e.g. 9m), then stop; the same "
+                             "command continues (see the description)")
+    parser.add_argument("--slice", type=_duration, default=None, metavar="DURATION",
+                        help="with --time-budget: the longest slice of one run (default: the "
+                             "budget shared by the arms)")
     parser.add_argument("--table-only", action="store_true",
                         help="only rewrite the table from the results file")
-    parser.add_argument("--ensemble", action="store_true",
-                        help="train the grid's runs side by side in this process as one stacked "
-                             "model (arms urpe and rpe; docs/ablation.md), then test each")
-    parser.add_argument("--cuda-graph", action="store_true",
-                        help="with --ensemble on a GPU: capture the whole training step in one CUDA "
-                             "graph and replay it")
-    parser.add_argument("--in-turn", action="store_true",
-                        help="with --ensemble: each step runs the members' forward and backward one "
-                             "after another instead of all at once (for a GPU one member keeps busy)")
-    # training/ensemble.py's ENSEMBLE_ATTENTION_IMPLS, spelled out so that --help imports no torch
-    parser.add_argument("--attention-impl", choices=("eager", "triton"), default="eager",
-                        help="with --ensemble --in-turn: the members' attention core (triton: the "
-                             "fused kernels; how the steps run, not what is trained)")
     parser.add_argument("--readme", type=Path, default=None, metavar="FILE",
-                        help="also write this recipe's table into FILE between the lines "
-                             "<!-- ablation:NAME --> and <!-- /ablation:NAME -->")
+                        help="also write this recipe's result and progress tables into FILE (see "
+                             "the description)")
     parser.add_argument("--figures", type=Path, default=None, metavar="DIR",
                         help="after the grid, plot B and C of the best-validation URPE run and "
                              "B of RPE with the same seed to DIR/<name>-tables.png")
     args, overrides = parser.parse_known_args(argv)
     args.config = args.config or ["configs/zinc.yaml"]
     if args.jobs < 1:
-        parser.error("--jobs must be >= 1")
+        parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    if args.threads_per_job is not None and args.threads_per_job < 1:
+        parser.error(f"--threads-per-job must be >= 1, got {args.threads_per_job}")
+    bad_seeds = [seed for seed in args.seeds if not 0 <= seed <= MAX_SEED]
+    if bad_seeds:
+        parser.error(f"--seeds must be integers from 0 to {MAX_SEED} (2**32 - 1), got {bad_seeds}")
+    if len(set(args.seeds)) != len(args.seeds) or len(set(args.arms)) != len(args.arms):
+        parser.error("--seeds and --arms must not repeat a value")
+    if args.slice and not args.time_budget:
+        parser.error("--slice divides a --time-budget: add --time-budget")
+    if args.time_budget and args.jobs != 1:
+        parser.error("--time-budget trains one slice at a time: drop --jobs")
     if args.readme and args.table_only and not args.name:
         parser.error("--readme with --table-only needs --name")
-    if (args.cuda_graph or args.in_turn) and not args.ensemble:
-        parser.error("--cuda-graph and --in-turn change the --ensemble step: add --ensemble")
-    if args.attention_impl != "eager" and not (args.ensemble and args.in_turn):
-        parser.error(f"--attention-impl {args.attention_impl} runs the members of --ensemble --in-turn "
-                     "(vmap cannot batch the fused kernels); a solo run takes "
-                     f"--model.backbone.attention_impl {args.attention_impl}")
-    if args.ensemble and not set(args.arms) <= {"urpe", "rpe"}:
-        parser.error(f"--ensemble trains the arms urpe and rpe, not {sorted(set(args.arms) - {'urpe', 'rpe'})}")
     stray = [a for a in overrides if a.startswith("--") and not a.startswith(
         ("--trainer.", "--model.", "--data.", "--checkpoint.", "--lr_monitor."))]
     if stray:
@@ -459,45 +531,57 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
     return args, overrides
 
 
+def _refuse(error: Exception) -> SystemExit:
+    print(f"graphormer-urpe-ablation: error: {error}", file=sys.stderr)
+    return SystemExit(2)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """The command (returns None: a console script exits with main()'s value)."""
     args, overrides = parse_args(argv)
     start = time.perf_counter()
     try:
         read_results(args.results)  # a damaged file is reported now, not after the runs
+        if not args.table_only:  # results, tables and the README are written after the runs
+            check_writable_dir(args.results.parent, "--results")
+            for option, path in (("--table", args.table), ("--readme", args.readme)):
+                if path is not None:
+                    check_writable_dir(path.parent, option)
     except ValueError as error:
-        print(f"graphormer-urpe-ablation: error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise _refuse(error) from None
     with contextlib.ExitStack() as held:  # the run directories are let go when main() ends
         if args.table_only:
             results = read_json(args.results, [])
             print(write_table(args.results, args.table or args.results.with_suffix(".md")))
         else:
             grid = Grid(args, overrides)
-            if args.readme:  # a missing block is said now, not after training
-                try:
-                    readme_block(args.readme, grid.name)
-                except ValueError as error:
-                    raise SystemExit(f"graphormer-urpe-ablation: error: {error}") from None
-            held.callback(grid.release)
             try:
+                if args.readme:  # a missing block is said now, not after training
+                    readme_block(args.readme, grid.name)
+                    readme_block(args.readme, grid.name, "ablation-progress")
+                held.callback(grid.release)
                 grid.lock()
                 grid.check_checkpoints()
             except ValueError as error:
-                print(f"graphormer-urpe-ablation: error: {error}", file=sys.stderr)
-                raise SystemExit(2) from None
-            results = grid.run()
+                raise _refuse(error) from None
+            if args.readme:  # however the grid ends, where it stands
+                held.callback(lambda: write_progress_block(args.readme, grid.name, grid.progress(),
+                                                           grid.max_steps))
+            try:
+                results = grid.run()
+            except ValueError as error:  # the recipe refused by the training CLI's parser
+                raise _refuse(error) from None
             print(write_table(grid.results, grid.table))
         if args.readme:
             write_readme_block(args.readme, args.name or grid.name, read_json(args.results, []))
-        if args.figures:
+        if args.figures and results:
             chosen = [e for e in results if args.name in (None, e.get("recipe"))]
             from graphormer_urpe.plot import plot_learned_tables  # matplotlib only when plotting
 
             print(plot_learned_tables(chosen, args.runs_dir, args.figures))
     if not args.table_only:
         print(f"graphormer-urpe-ablation: {grid.name} took {(time.perf_counter() - start) / 60:.1f} "
-              f"min ({len(results)} runs)")
+              f"min ({len(results)} runs finished)")
 
 
 if __name__ == "__main__":

@@ -43,15 +43,10 @@ def code_commit() -> str:
     return head + ("+dirty" if dirty else "")
 
 
-def describe_device(jobs: int, threads_per_job: int | None, ensemble: int = 0) -> str:
-    """What a run trains on, in words: the GPU name, or the CPU model, cores and threads;
-    ``ensemble``: that many runs trained as one stacked model (``--ensemble``)."""
+def describe_device(jobs: int, threads_per_job: int | None) -> str:
+    """What a run trains on, in words: the GPU name, or the CPU model, cores and threads."""
     import torch
 
-    if ensemble:
-        where = torch.cuda.get_device_name(0) if torch.cuda.is_available() else (
-            f"CPU ({os.cpu_count()} cores, {threads_per_job or 'default'} thread(s))")
-        return f"{where}, {ensemble} runs side by side in one stacked model (--ensemble)"
     if torch.cuda.is_available():
         return f"{torch.cuda.get_device_name(0)}, {jobs} run(s) at a time"
     cpu = platform.processor() or platform.machine()
@@ -185,11 +180,11 @@ def write_table(results: Path, table: Path) -> str:
     return text
 
 
-def readme_block(readme: Path, name: str) -> tuple[str, str, str, str]:
+def readme_block(readme: Path, name: str, kind: str = "ablation") -> tuple[str, str, str, str]:
     """``(before, begin marker, end marker, after)`` of recipe ``name``'s block in ``readme``;
-    ValueError unless it has one line ``<!-- ablation:NAME -->`` and, after it, one line
-    ``<!-- /ablation:NAME -->``."""
-    begin, end = f"<!-- ablation:{name} -->", f"<!-- /ablation:{name} -->"
+    ValueError unless it has one line ``<!-- KIND:NAME -->`` and, after it, one line
+    ``<!-- /KIND:NAME -->`` (``kind``: ``ablation`` for the results, ``ablation-progress``)."""
+    begin, end = f"<!-- {kind}:{name} -->", f"<!-- /{kind}:{name} -->"
     text = readme.read_text() if readme.is_file() else ""
     if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
         raise ValueError(f"{readme} needs one line {begin} and, after it, one line {end} "
@@ -198,10 +193,41 @@ def readme_block(readme: Path, name: str) -> tuple[str, str, str, str]:
     return head, begin, end, rest.split(end, 1)[1]
 
 
+def _write_block(readme: Path, name: str, kind: str, text: str) -> None:
+    head, begin, end, tail = readme_block(readme, name, kind)
+    with atomic_write(readme) as handle:
+        handle.write(f"{head}{begin}\n{text.strip()}\n{end}{tail}")
+
+
 def write_readme_block(readme: Path, name: str, entries: Sequence[dict]) -> None:
     """Replace what stands between the markers of :func:`readme_block` with recipe ``name``'s
     table (:func:`format_table`)."""
-    head, begin, end, tail = readme_block(readme, name)
-    runs = [e for e in entries if e.get("recipe") == name]
-    with atomic_write(readme) as handle:
-        handle.write(f"{head}{begin}\n{format_table(runs).strip()}\n{end}{tail}")
+    _write_block(readme, name, "ablation", format_table([e for e in entries if e.get("recipe") == name]))
+
+
+def _value(value: float | None) -> str:
+    return "—" if value is None else f"{value:.4f}"
+
+
+def format_progress(runs: Sequence[dict], max_steps: int) -> str:
+    """The progress table of a grid's runs (``Run.progress`` entries): steps done of the recipe's
+    ``max_steps``, best and latest validation metric, device time, steps per second of the fits'
+    time, and the devices."""
+    metric = next((r["metric"] for r in runs if r.get("metric")), "mae").upper()
+    total = f"{max_steps:,}" if max_steps > 0 else "?"
+    lines = [f"<!-- written by graphormer-urpe-ablation on {now()[:10]}; do not edit -->", "",
+             f"| run | steps of {total} | best val {metric} | latest val {metric} | device time (min) "
+             "| steps/s | device |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for run in runs:
+        done = " (done)" if run["done"] else ""
+        rate = "—" if run["steps_per_s"] is None else f"{run['steps_per_s']:.1f}"
+        lines.append(f"| {run['run']} | {run['steps']:,}{done} | {_value(run['best'])} "
+                     f"| {_value(run['latest'])} | {run['wall_s'] / 60:.1f} | {rate} "
+                     f"| {'; '.join(run['devices']) or '—'} |")
+    return "\n".join(lines)
+
+
+def write_progress_block(readme: Path, name: str, runs: Sequence[dict], max_steps: int) -> None:
+    """Replace recipe ``name``'s ``ablation-progress`` block (:func:`readme_block`) with
+    :func:`format_progress`."""
+    _write_block(readme, name, "ablation-progress", format_progress(runs, max_steps))

@@ -12,10 +12,9 @@ attention (``urpe``, ``rpe``: plain Graphormer) and each path (:data:`PATHS`):
 * ``bucketed``: ``eager`` on batches of similar-sized graphs (``bucket_batches=16``: less
   padding);
 * ``resident``: device-resident data and, on CUDA, the Triton attention, float32, no compile;
-* ``engine``: the training engine (``engine=True``, :mod:`graphormer_urpe.training.engine`):
-  device-resident batches of one shape (``static_shapes=True``) gathered inside the step, the
-  whole optimizer step (gather, forward, backward, clipping, fused AdamW) in one CUDA graph on a
-  GPU, float32 with TF32 matmuls (``matmul_precision="high"``), the eager attention core; on CPU
+* ``engine``: device-resident batches of one shape (``static_shapes=True``) gathered inside the
+  training step (:mod:`graphormer_urpe.training.engine`), the whole optimizer step (gather,
+  forward, backward, clipping, fused AdamW) recorded in one CUDA graph on a GPU, float32 with TF32 matmuls (``matmul_precision="high"``), the eager attention core; on CPU
   the same step run eagerly, as a GPU records it (``capture_safe``);
 * ``engine-triton``: ``engine`` with the fused Triton attention core on CUDA;
 * ``engine-compiled``: ``engine`` with the compiled backbone (``compile=True``) inside the step,
@@ -51,22 +50,6 @@ Data: ZINC-12k from ``--zinc-root`` (built from ``--shared``/zinc when missing, 
 ``ogb_lsc.write_root`` from the 1,999 real molecules in ``--shared``/pcqm4mv2 (the real size
 distribution). A "data only" table times one epoch of batches of each loader kind.
 
-``--ensemble M`` adds the ZINC ablation's runs trained side by side as one stacked model
-(``graphormer-urpe-ablation --ensemble``, :mod:`graphormer_urpe.training.ensemble`), on
-``configs/zinc.yaml`` (batch ``--zinc-batch``, ``--zinc-hops`` hops; on a GPU at its precision,
-``bf16-mixed``, as the ablation trains, on a CPU at ``32-true``): for ``M`` and then 1 members (URPE and RPE
-alternating, seeds 0, 1, ...), on a GPU captured in one CUDA graph and then eager, the whole step
-with each step's batches gathered as it goes (ms per step, member steps per second), the gather
-alone (ms per step), the same number of steps in the training loop itself (Lightning's, as
-``graphormer-urpe-ablation --ensemble`` trains: ``loop`` ms per step and member steps per second)
-and, with ``--count-ops P`` (on a CPU always, one step), where the device time of ``P`` more
-stacked steps goes, as for the single runs, and on CPU the aten ops per step that launch a kernel.
-``--ensemble-backbone`` (JSON) changes slim, e.g. a tiny width on CPU so host time shows;
-``--ensemble-args`` adds training options to every member, e.g. ``'--model.compile true'``;
-``--ensemble-in-turn`` steps the members one after another (``graphormer-urpe-ablation --in-turn``)
-and ``--ensemble-attention-impl triton`` runs their attention on the fused kernels
-(``graphormer-urpe-ablation --in-turn --attention-impl triton``).
-
 Prints tables, then one JSON line (device, torch version, date, every row, the ratios).
 ``--device cpu`` (automatic without CUDA) uses small step counts and batches so it runs in
 minutes on a laptop-class CPU; the numbers then say nothing about GPU speed.
@@ -79,7 +62,6 @@ import json
 import logging
 import os
 import platform
-import shlex
 import shutil
 import sys
 import tempfile
@@ -88,7 +70,6 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-import lightning.pytorch as pl
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -96,7 +77,6 @@ from torch.utils._pytree import tree_leaves
 from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.data.local_data import local_data_dir
 from graphormer_urpe.nn.dropout import CPU_DROPOUT
-from graphormer_urpe.training.ensemble import ENSEMBLE_ATTENTION_IMPLS, Ensemble, MemberSpec, step_way
 
 REPO = Path(__file__).resolve().parents[1]
 #: benchmark name -> (data set, backbone preset)
@@ -116,7 +96,6 @@ class TrainPath:
     static_shapes: bool = False
     matmul_precision: str | None = None
     bucket_batches: int = 0
-    engine: bool = False
     static_compile: bool = False  # compiled for the first batch's shape (dynamic=False)
 
 
@@ -125,12 +104,12 @@ PATHS = {
     "bucketed": TrainPath(resident=False, bucket_batches=16),
     "compiled": TrainPath(resident=True, compile=True, precision=None, triton=True),
     "resident": TrainPath(resident=True, triton=True),
-    "engine": TrainPath(resident=True, static_shapes=True, engine=True, matmul_precision="high"),
-    "engine-triton": TrainPath(resident=True, static_shapes=True, engine=True, triton=True, matmul_precision="high"),
-    "engine-compiled": TrainPath(resident=True, static_shapes=True, engine=True, compile=True, matmul_precision="high"),
-    "engine-compiled-triton": TrainPath(resident=True, static_shapes=True, engine=True, compile=True, triton=True,
+    "engine": TrainPath(resident=True, static_shapes=True, matmul_precision="high"),
+    "engine-triton": TrainPath(resident=True, static_shapes=True, triton=True, matmul_precision="high"),
+    "engine-compiled": TrainPath(resident=True, static_shapes=True, compile=True, matmul_precision="high"),
+    "engine-compiled-triton": TrainPath(resident=True, static_shapes=True, compile=True, triton=True,
                                         matmul_precision="high"),
-    "engine-compiled-static": TrainPath(resident=True, static_shapes=True, engine=True, compile=True,
+    "engine-compiled-static": TrainPath(resident=True, static_shapes=True, compile=True,
                                         static_compile=True, matmul_precision="high"),
 }
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true")
@@ -369,8 +348,8 @@ def run_training(name: str, attention: str, path: str, args) -> dict:
         facts=DataFacts.of(dm),
         preset=PRESET_DATA[name][1], backbone={"attention": attention, "attention_impl": impl, **width},
         warmup_steps=10, total_steps=10 * (args.warmup + args.steps), compile=spec.compile,
-        matmul_precision=spec.matmul_precision, engine=spec.engine)
-    if module._engine is not None:
+        matmul_precision=spec.matmul_precision)
+    if spec.static_shapes:
         module._engine.capture_safe = True  # on CPU too: the step a GPU records
     if spec.static_compile:  # the training batches' one shape, not symbolic sizes
         compile_backbone(module.model, dynamic=False)
@@ -396,7 +375,7 @@ def run_training(name: str, attention: str, path: str, args) -> dict:
         "attention_impl": impl, "precision": precision, "compile": spec.compile,
         "device_resident": spec.resident, "static_shapes": spec.static_shapes,
         "matmul_precision": spec.matmul_precision or "highest", "max_hops": dm.max_hops,
-        "bucket_batches": spec.bucket_batches, "engine": spec.engine, "width": args.width,
+        "bucket_batches": spec.bucket_batches, "width": args.width,
         "batch_size": batch_size, "warmup_steps": args.warmup, "steps": args.steps,
         "warmup_s": round(timer.start - timer.run_start, 2), "seconds": round(seconds, 4),
         "ms_per_step": round(1000 * seconds / args.steps, 3),
@@ -485,105 +464,6 @@ def profile_calls(fn, calls: int, device: str, top: int, traffic: bool = True) -
     return stats
 
 
-class LoopTimer(pl.Callback):
-    """The seconds from the end of step ``warmup`` to the end of step ``last`` (the device
-    synchronized at both ends), before anything the end of training writes."""
-
-    def __init__(self, warmup: int, last: int, device: str) -> None:
-        self.warmup, self.last, self.device = warmup, last, device
-
-    def on_train_batch_end(self, trainer: pl.Trainer, *args) -> None:
-        if trainer.global_step in (self.warmup, self.last):
-            synchronize(self.device)
-            if trainer.global_step == self.warmup:
-                self.start = time.perf_counter()
-            else:
-                self.seconds = time.perf_counter() - self.start
-
-
-def run_ensemble_rows(args) -> list[dict]:
-    """The ensemble's step with 1 and ``args.ensemble`` members on ZINC (see the docstring)."""
-    backbone = json.loads(args.ensemble_backbone or "{}")
-    way = step_way(args.ensemble_in_turn, args.ensemble_attention_impl)
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="bench_train-ensemble-") as work:
-        # the ablation's own step first (M members, captured on a GPU): a time limit that stops
-        # the benchmark early then cuts the one-member rows
-        for members in sorted({1, args.ensemble}, reverse=True):
-            specs = []
-            for index in range(members):
-                arm, seed = ("urpe", "rpe")[index % 2], index // 2
-                specs.append(MemberSpec(f"{arm}-s{seed}", (
-                    "--config", str(REPO / "configs" / "zinc.yaml"),
-                    "--model.backbone", json.dumps({**backbone, "attention": arm}),
-                    "--seed_everything", str(seed), "--data.init_args.seed", str(seed),
-                    "--trainer.default_root_dir", f"{work}/{members}/{arm}-s{seed}",
-                    "--trainer.accelerator", args.device,
-                    # the recipe's precision (bf16-mixed) on a GPU, as the ablation trains; float32
-                    # on a CPU, whose bf16 matmuls are several times slower
-                    *(("--trainer.precision", "32-true") if args.device == "cpu" else ()),
-                    "--trainer.gradient_clip_val", "5.0",
-                    "--trainer.max_steps", str(args.warmup + args.steps),
-                    "--model.warmup_steps", "10", "--model.total_steps", "1000000",
-                    "--data.init_args.root", str(args.zinc_root),
-                    "--data.init_args.source_dir", str(args.shared / "zinc"),
-                    "--data.init_args.batch_size", str(args.zinc_batch),
-                    "--data.init_args.max_hops", str(args.zinc_hops), *shlex.split(args.ensemble_args))))
-            for captured in ((True, False) if args.device == "cuda" else (False,)):
-                ensemble = Ensemble(specs, f"{work}/{members}/state-{captured}", cuda_graph=captured,
-                                    in_turn=args.ensemble_in_turn, attention_impl=args.ensemble_attention_impl)
-                # The stacked step outside Lightning's loop, at the schedule's first rate, on
-                # batches gathered as training gathers them, one step at a time: pre-gathering
-                # every step's batches would hold them all (~40 GB at batch 256 x 6 members).
-                module, batches = ensemble.module, ensemble.batches
-                module.build_optimizer()
-                start = time.perf_counter()
-                for index in range(args.warmup):
-                    module.train_step(batches[index % len(batches)])
-                synchronize(args.device)
-                warmup_s = time.perf_counter() - start
-                start = time.perf_counter()
-                for index in range(args.warmup, args.warmup + args.steps):
-                    module.train_step(batches[index % len(batches)])
-                synchronize(args.device)
-                step_s = (time.perf_counter() - start) / args.steps
-                start = time.perf_counter()
-                for index in range(args.steps):
-                    batches[index % len(batches)]
-                synchronize(args.device)
-                gather_s = (time.perf_counter() - start) / args.steps
-                row = {"members": members, "captured": captured, "in_turn": args.ensemble_in_turn,
-                       "attention_impl": args.ensemble_attention_impl,
-                       "precision": str(ensemble.settings["precision"]),
-                       "member_args": args.ensemble_args,
-                       "backbone": backbone or "slim",
-                       "batch_size": args.zinc_batch, "max_hops": ensemble.template.model.max_hops,
-                       "warmup_s": round(warmup_s, 2), "ms_per_step": round(1000 * step_s, 3),
-                       "member_steps_per_s": round(members / step_s, 2),
-                       "gather_ms_per_step": round(1000 * gather_s, 3)}
-                if args.count_ops or args.device == "cpu":  # a CPU always counts its operators
-                    batch = batches[0]
-                    row.update(profile_calls(lambda: module.train_step(batch), max(args.count_ops, 1),
-                                             args.device, args.top_ops, traffic=not module.hp.get("compile")))
-                # The same steps in the training loop (Lightning's, as graphormer-urpe-ablation
-                # --ensemble trains): its host work per step included, the loss read and logged
-                # every 50 steps; the last --steps of --warmup + --steps timed.
-                timer = LoopTimer(args.warmup, args.warmup + args.steps, args.device)
-                ensemble.fit(callbacks=[timer])
-                row["loop_ms_per_step"] = round(1000 * timer.seconds / args.steps, 3)
-                row["loop_member_steps_per_s"] = round(members * args.steps / timer.seconds, 2)
-                rows.append(row)
-                label = " ".join(filter(None, (f"ensemble of {members}", "captured" * captured, way,
-                                               args.ensemble_args)))
-                print(f"  {label}: {row['ms_per_step']:.2f} "
-                      f"ms/step, {row['member_steps_per_s']:.2f} member steps/s", flush=True)
-                print_top_ops(row, args.device)
-                del ensemble
-                if args.device == "cuda":
-                    torch.cuda.empty_cache()
-    return rows
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -614,22 +494,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="profile P steps after the timed ones and report leaf ATen ops per step")
     parser.add_argument("--top-ops", type=int, default=TOP_OPS, metavar="K",
                         help="with --count-ops: list the K costliest kernels (GPU) or operators (CPU) per row")
+    parser.add_argument("--code", default=None, help="a digest of the code measured, recorded with --record")
+    parser.add_argument("--record", type=Path, default=None, metavar="FILE",
+                        help="also write the results (and --code, and the fastest row) to FILE as JSON")
     parser.add_argument("--width", type=int, default=None,
                         help="hidden and FFN width of the backbone (default: the preset's)")
-    parser.add_argument("--ensemble", type=int, default=0, metavar="M",
-                        help="also time the ZINC ensemble of 1 and M members (0: not)")
-    parser.add_argument("--ensemble-backbone", default=None, metavar="JSON",
-                        help='the ensemble\'s changes to slim, e.g. \'{"hidden_dim": 16, "ffn_dim": 16}\'')
-    parser.add_argument("--ensemble-args", default="", metavar="ARGS",
-                        help="more training options for every member, e.g. '--model.compile true'")
-    parser.add_argument("--ensemble-in-turn", action="store_true",
-                        help="the ensemble's members stepped one after another (graphormer-urpe-ablation --in-turn)")
-    parser.add_argument("--ensemble-attention-impl", choices=ENSEMBLE_ATTENTION_IMPLS, default="eager",
-                        help="the members' attention core, triton with --ensemble-in-turn "
-                             "(graphormer-urpe-ablation --attention-impl)")
     args = parser.parse_args(argv)
-    if args.ensemble_attention_impl != "eager" and not args.ensemble_in_turn:
-        parser.error("--ensemble-attention-impl triton needs --ensemble-in-turn (vmap cannot batch the fused kernels)")
 
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -697,8 +567,6 @@ def main(argv: list[str] | None = None) -> int:
                                     f"cudagraph skips {row['cudagraph_skips']}")
                     print(f"  {row['preset']:14s} {attention:5s} {path:12s} {outcome}", flush=True)
                     print_top_ops(row, args.device)
-        if args.ensemble:  # after the single runs: each row sets up its members (a minute on a GPU)
-            results["ensemble"] = run_ensemble_rows(args)
     finally:
         if temporary:
             shutil.rmtree(args.pcqm_root, ignore_errors=True)
@@ -731,26 +599,19 @@ def main(argv: list[str] | None = None) -> int:
     for key, ratio in ratios.items():
         flag = "ok" if ratio <= 1.05 else "above 1.05"
         print(f"URPE / RPE time, {key}: {ratio:.3f} ({flag})")
-    if results.get("ensemble"):
-        print(f"\n{'ensemble (ZINC, one stacked model)':40s} {'ms/step':>9s} {'member steps/s':>15s} "
-              f"{'gather ms':>10s} {'loop ms':>9s} {'loop steps/s':>15s}"
-              + ("  kernel ops/step" if args.device == "cpu" else ""))
-        print(f"  members at precision {results['ensemble'][0]['precision']}")
-        way = step_way(args.ensemble_in_turn, args.ensemble_attention_impl)
-        if args.ensemble_args or way:
-            print(f"  every member with {args.ensemble_args or 'the recipe'}" + (f", {way}" if way else ""))
-        for row in results["ensemble"]:
-            kind = "captured" if row["captured"] else "eager"
-            print(f"{row['members']:3d} member(s), batch {row['batch_size']:4d}, {kind:8s}{'':8s} {row['ms_per_step']:9.2f} "
-                  f"{row['member_steps_per_s']:15.2f} {row['gather_ms_per_step']:10.2f} "
-                  f"{row['loop_ms_per_step']:9.2f} {row['loop_member_steps_per_s']:15.2f}"
-                  + (f"  {row['kernel_ops_per_step']:15d}" if "kernel_ops_per_step" in row else "")
-                  + (f"  {row['traffic_mb_per_step']:.0f} MB/step" if "traffic_mb_per_step" in row else ""))
     if results["data_only"]:
         print(f"\n{'data only (one epoch of training batches on the device)':60s}")
         for row in results["data_only"]:
             print(f"{row['preset']:10s} {row['loader']:28s} batch {row['batch_size']:4d} "
                   f"{row['graphs_per_s']:10.1f} graphs/s")
+    if timed:
+        fastest = min(timed, key=lambda row: row["ms_per_step"])
+        results["fastest"] = {key: fastest[key] for key in ("preset", "attention", "path", "ms_per_step", "steps_per_s")}
+        print(f"fastest: {fastest['path']} ({fastest['attention']}), {fastest['ms_per_step']:.2f} ms/step")
+    if args.record:
+        from graphormer_urpe.files import write_json
+
+        write_json(args.record, {**results, "code": args.code})
     print(json.dumps(results))
     return 0
 

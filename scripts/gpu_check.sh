@@ -1,26 +1,33 @@
 #!/usr/bin/env bash
-# Check a GPU install and measure it, in one command of bounded time:
-#   1. the machine and the versions;
-#   2. ZINC-12k built in data/ (from the ZINC source files: RDKit, all cores), before any timing;
-#   3. the six runs of the paper's ablation as one stacked, compiled model, all members at once,
-#      in turn, and in turn on the fused attention kernels (which way the ablation trains fastest);
-#   4. the tests that need a GPU (pytest -m gpu; they build their own ZINC copy once), then the
-#      fused attention kernels' tests and the ensemble's and the engine's on those kernels;
-#   5. the training step of one run at the same shape (Graphormer-slim, batch 256, 20 hops): the
-#      training engine with and without a compiled backbone and the fused attention core, URPE
-#      and RPE, with the kernels that take each step's time.
-# (The attention core alone: scripts/bench_attention.py.)
+# One command for a GPU machine, in bounded time (GPU_CHECK_SECONDS, default 570):
+#   1. set-up: the wheels brought along in .whl/ installed into /tmp/site (no network), the
+#      Cython extension built for this Python; the machine and the versions;
+#   2. ZINC-12k built in data/ (RDKit, all cores);
+#   3. only when the code differs from the ranking recorded for this GPU
+#      (RESULTS_DIR/ranking_<gpu>.json): the tests that need a GPU, then the speed ranking of the
+#      training step at the paper's shape (scripts/bench_train.py, URPE and RPE), recorded there;
+#   4. the paper's ZINC ablation trained further (graphormer-urpe-ablation --time-budget) until
+#      ~60 s before the end, its progress table written into README.md;
+#   5. the runs' states (RUNS_DIR/zinc-paper), the README, RESULTS_DIR and the logs packed into
+#      OUT_DIR/state.tgz.part-* (files of at most 15 MiB; unpack with
+#      `cat OUT_DIR/state.tgz.part-* | tar xzf -` in the checkout).
+# Run again on the same machine, it only trains (and packs).
 #
-#   scripts/gpu_check.sh [OUT_DIR]     (default gpu_check; ZINC is built in data/ if missing)
+#   scripts/gpu_check.sh OUT_DIR
 #
-# Each part writes OUT_DIR/<part>.txt and has its share of GPU_CHECK_SECONDS (default 540, which
-# the shares fill); a part that fails or runs out of time is recorded there and the next part
-# runs, and a smaller budget cuts the last parts first. The last lines printed are each part's
-# summary. PYTHON picks the interpreter (default python3).
+# Each part writes OUT_DIR/<part>.txt; a part that fails or runs out of time is recorded there and
+# the next part runs. The last lines printed are each part's summary. PYTHON picks the
+# interpreter (default python3); RUNS_DIR, RESULTS_DIR and README move the outputs (defaults
+# results/runs, docs/results, README.md).
 set -u
 OUT_DIR=${1:-gpu_check}
-BUDGET=${GPU_CHECK_SECONDS:-540}
+BUDGET=${GPU_CHECK_SECONDS:-570}
 PY=${PYTHON:-python3}
+RUNS_DIR=${RUNS_DIR:-results/runs}
+RESULTS_DIR=${RESULTS_DIR:-docs/results}
+README=${README:-README.md}
+#: seconds kept after training for the tests of finished runs and the packing
+RESERVE=60
 START=$(date +%s)
 if [ -L "$OUT_DIR" ] || { [ -e "$OUT_DIR" ] && [ ! -d "$OUT_DIR" ]; }; then
   echo "gpu_check.sh: $OUT_DIR is a link or not a directory; name a directory to write the results into" >&2
@@ -46,42 +53,62 @@ part() {
   echo "exit status $status" >> "$OUT_DIR/$name.txt"
 }
 
+# 1. Set-up (the runbook's): offline wheels, the extension for this interpreter.
 {
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  "$PY" -c "import torch, triton, lightning, torch_geometric, numpy, rdkit; print('torch', torch.__version__, \
-'| triton', triton.__version__, '| lightning', lightning.__version__, '| torch_geometric', \
-torch_geometric.__version__, '| numpy', numpy.__version__, '| rdkit', rdkit.__version__)"
-  git log --oneline -1 2>/dev/null
+  if compgen -G ".whl/*.whl" > /dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  "$PY" setup.py -q build_ext --inplace
+} > "$OUT_DIR/setup.txt" 2>&1
+echo "exit status $?" >> "$OUT_DIR/setup.txt"
+export PYTHONUNBUFFERED=1
+export GRAPHORMER_URPE_ZINC_SOURCE=${GRAPHORMER_URPE_ZINC_SOURCE:-$PWD/shared/data/zinc}
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+{
+  echo "${GPU:-no GPU}"
+  "$PY" -c "import torch, lightning, torch_geometric, numpy, rdkit; print('torch', torch.__version__, \
+'| lightning', lightning.__version__, '| torch_geometric', torch_geometric.__version__, '| numpy', \
+numpy.__version__, '| rdkit', rdkit.__version__)"
   echo "$(nproc) CPU cores, $(date -u +%F)"
 } > "$OUT_DIR/machine.txt" 2>&1
 
-ZINC="--zinc-root data --build-workers $(nproc)"
+# 2. ZINC
 part data 60 "$PY" -c "from graphormer_urpe.data.zinc import load_zinc
 for split in ('train', 'val', 'test'): print(split, len(load_zinc('data/ZINC', split=split)), 'graphs')"
-# the six stacked runs as the ablation trains them (the recipe's bf16-mixed, compiled): all at
-# once (vmap), in turn, in turn on the fused attention kernels
-for name in bench_ensemble bench_ensemble_in_turn bench_ensemble_in_turn_triton; do
-  case $name in
-    bench_ensemble) how= ;;
-    bench_ensemble_in_turn) how=--ensemble-in-turn ;;
-    *) how="--ensemble-in-turn --ensemble-attention-impl triton" ;;
-  esac
-  part $name 70 "$PY" scripts/bench_train.py --presets zinc --attention urpe \
-    --paths engine --zinc-batch 256 --skip-data-only $ZINC --warmup 10 --steps 40 --count-ops 3 --ensemble 6 \
-    $how --ensemble-args "--model.compile true"
-done
-part tests 100 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests
-part tests_fused 40 "$PY" -m pytest -q -p no:cacheprovider tests/nn/test_fused_attention.py \
-  tests/training/test_ensemble.py tests/training/test_engine.py -k "kernel or fused_attention"
 
-part bench_train 95 "$PY" scripts/bench_train.py --presets zinc --attention urpe,rpe \
-  --paths engine,engine-compiled,engine-compiled-static,engine-triton,engine-compiled-triton --zinc-batch 256 \
-  --skip-data-only $ZINC --count-ops 3 --top-ops 30 --warmup 10 --steps 100
+# 3. The GPU tests and the speed ranking, once per state of the code and GPU.
+SLUG=$(echo "${GPU:-cpu}" | tr 'A-Z' 'a-z' | tr -cs 'a-z0-9' '-' | sed 's/-$//')
+CODE=$(find graphormer_urpe cython_ext configs scripts/bench_train.py -type f \( -name '*.py' -o -name '*.pyx' -o -name '*.yaml' \) \
+  | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)
+RANKING="$RESULTS_DIR/ranking_$SLUG.json"
+if [ -f "$RANKING" ] && grep -q "\"code\": \"$CODE\"" "$RANKING"; then
+  echo "ranking of this code on this GPU: $RANKING" > "$OUT_DIR/ranking.txt"
+else
+  part tests 100 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests
+  part ranking 120 "$PY" scripts/bench_train.py --presets zinc --attention urpe,rpe \
+    --paths engine@bf16-mixed,engine-compiled@bf16-mixed,engine-triton@bf16-mixed,engine-compiled-triton@bf16-mixed \
+    --zinc-batch 256 --skip-data-only --zinc-root data --count-ops 3 --top-ops 20 --warmup 10 --steps 60 \
+    --code "$CODE" --record "$RANKING"
+fi
+
+# 4. The ablation, on the fastest path measured: the engine's recorded, compiled step on
+# device-resident batches of one shape.
+TRAIN=$(( $(seconds_left) - RESERVE ))
+part ablation $(( TRAIN + 30 )) "$PY" -m graphormer_urpe.ablation --config configs/zinc.yaml --name zinc-paper \
+  --runs-dir "$RUNS_DIR" --results "$RESULTS_DIR/zinc_gpu.json" --readme "$README" --time-budget "$(( TRAIN > 1 ? TRAIN : 1 ))s" \
+  --data.init_args.device_resident true --data.init_args.static_shapes true --model.compile true
+
+# 5. Everything the next machine resumes from.
+tar czf - --ignore-failed-read "$RUNS_DIR/zinc-paper" "$README" "$RESULTS_DIR" "$OUT_DIR"/*.txt 2> "$OUT_DIR/pack.txt" \
+  | split -b 15m - "$OUT_DIR/state.tgz.part-"
 
 echo "== $(( $(date +%s) - START )) s: done; full output in $OUT_DIR/"
 cat "$OUT_DIR/machine.txt"
-for name in data bench_ensemble bench_ensemble_in_turn bench_ensemble_in_turn_triton tests tests_fused bench_train; do
+for name in setup data tests ranking ablation; do
+  [ -f "$OUT_DIR/$name.txt" ] || continue
   echo "---- $name"
-  tr '\r' '\n' < "$OUT_DIR/$name.txt" | grep -E "graphs|ms/step|ms  |member|passed|failed|error|Error|stopped|skipped|exit status" \
-    | grep -v "it/s\]" | tail -n 24
+  tr '\r' '\n' < "$OUT_DIR/$name.txt" | grep -E "graphs|ms/step|fastest|passed|failed|error|Error|stopped|skipped|fit|val |took|exit status" \
+    | grep -v "it/s\]" | tail -n 16
 done
+ls -l "$OUT_DIR"/state.tgz.part-*

@@ -18,7 +18,6 @@ import yaml
 from graphormer_urpe.ablation import backbone_overrides, main
 from graphormer_urpe.ablation_results import format_table, merge_results
 from graphormer_urpe.files import read_json
-from graphormer_urpe.training.ensemble import LEGACY_STATE_FILE, STATE_FILE
 from graphormer_urpe.prediction.load import best_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -173,89 +172,146 @@ def test_one_runner_per_run_directory_and_steps_from_the_checkpoint(zinc_data_ro
 
 
 @pytest.mark.slow
-def test_ensemble_grid_resumes_tests_each_member_and_writes_the_readme_table(zinc_data_root, tmp_path):
-    """``--ensemble``: both runs train in the runner's process as one stacked model; Ctrl-C stops
-    it at the end of the epoch in progress with its state saved (exit status 130), and the same
-    command resumes the ensemble from there; each member is tested as a solo run is."""
+def test_time_budget_slices_resume_exactly_and_write_the_progress(zinc_data_root, tmp_path):
+    """``--time-budget``: each invocation trains slices (SIGTERM ends one: the run's whole state
+    is saved in last.ckpt at the end of the step in progress) and writes the progress table into
+    the README; the same command continues until the run is done and tested. Trained in slices,
+    the run ends with the parameters and AdamW state of the same fit run uninterrupted, bit for
+    bit, with dropout on. A callback of the test holds the first fit after step 5 until its
+    slice's SIGTERM arrives, so that slice ends inside the run."""
     readme = tmp_path / "README.md"
-    readme.write_text("# Results\n\n<!-- ablation:tiny -->\nnot run yet\n<!-- /ablation:tiny -->\n\nAfter.\n")
-    command = runner_command(tmp_path, zinc_data_root, "--ensemble", "--readme", str(readme),
-                             "--figures", str(tmp_path / "figures"))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    state = tmp_path / "runs" / "tiny" / "ensemble" / STATE_FILE
-    status, output = signal_once_written(command, state, env, signal.SIGINT)
-    steps_at_kill = torch.load(state, map_location="cpu", weights_only=True)["global_step"]
-    assert status == 130, output[-3000:]
-    assert f"ensemble: SIGINT: stopped at the end of epoch {steps_at_kill // 2 - 1} (step {steps_at_kill})" in output
-    assert output.strip().splitlines()[-1] == (
-        f"graphormer-urpe-ablation: stopped by SIGINT at the end of an epoch (step {steps_at_kill}); "
-        "its state is saved: the same command resumes it"), output[-3000:]
-    assert 0 < steps_at_kill < STEPS and steps_at_kill % 2 == 0  # an epoch's end
+    readme.write_text("# R\n<!-- ablation:tiny -->\n<!-- /ablation:tiny -->\n"
+                      "<!-- ablation-progress:tiny -->\nnot yet\n<!-- /ablation-progress:tiny -->\nEnd.\n")
+    steps = 16
+    stall = ["--trainer.callbacks+", json.dumps({"class_path": "slow_steps.StallOnce", "init_args": {
+        "step": 5, "marker": str(tmp_path / "stalled")}})]
+    command = runner_command(tmp_path, zinc_data_root, "--arms", "urpe", "--trainer.max_steps", str(steps),
+                             "--model.total_steps", str(steps), *stall, "--time-budget", "45s",
+                             "--slice", "40s", "--readme", str(readme))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO / "tests" / "helpers")}
+    outputs = []
+    for _ in range(8):
+        done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        outputs.append(done.stdout)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        if read_json(tmp_path / "results.json", []):
+            break
+        progress = readme.read_text()
+        assert "not yet" not in progress and "| run | steps of 16 | best val MAE | latest val MAE |" in progress
+        assert "| urpe-s0 | " in progress and "CPU" in progress
+    [entry] = read_json(tmp_path / "results.json", [])
+    assert entry["steps"] == steps and len(outputs) > 1
+    assert f"| urpe-s0 | {steps} (done) |" in readme.read_text()
+    record = run_record(tmp_path, "urpe")
+    fits = [a for a in record["attempts"] if a["stage"] == "fit"]
+    # Slices ended inside the run, each continuing from where the last one stopped.
+    assert any("slice_end" in a and a["steps"][1] == 5 for a in fits), fits
+    assert [a["steps"][0] for a in fits[1:]] == [a["steps"][1] for a in fits[:-1]]
+    assert fits[-1]["steps"][1] == steps
 
-    # The same command continues it, here as the installed `graphormer-urpe-ablation` with the
-    # members' steps in turn and the fused attention core (how a step runs, not what it trains;
-    # on a CPU the core falls back to the eager one, whose kernels test_ensemble checks).
+    # The same fit uninterrupted (one thread, as the runner's --threads-per-job 1).
+    cli_args = record["cli_args"]
+    root = cli_args.index("--trainer.default_root_dir")
+    reference = [*cli_args[:root + 1], str(tmp_path / "reference"), *cli_args[root + 2:]]
+    one_thread = {**env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    straight = subprocess.run([sys.executable, "-m", "graphormer_urpe.training.cli", "fit", *reference],
+                              cwd=REPO, env=one_thread, capture_output=True, text=True, timeout=600)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    sliced = torch.load(tmp_path / "runs" / "tiny" / "urpe-s0" / "checkpoints" / "last.ckpt", weights_only=True)
+    whole = torch.load(tmp_path / "reference" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert sliced["global_step"] == whole["global_step"] == steps
+    assert sliced["state_dict"].keys() == whole["state_dict"].keys()
+    for name, value in whole["state_dict"].items():
+        assert torch.equal(sliced["state_dict"][name], value), name
+    for index, state in whole["optimizer_states"][0]["state"].items():
+        for key, value in state.items():
+            assert torch.equal(sliced["optimizer_states"][0]["state"][index][key], value), (index, key)
+
+
+def test_slices_keep_the_arms_of_a_seed_together_then_take_the_next_seed(tmp_path, monkeypatch):
+    """The order of :meth:`Grid.run_slices`, with runs that advance 10 steps a slice (none on a
+    slice that only starts up): URPE and RPE of seed 0 alternate, the one behind (or on a tie
+    the one with fewer fits) first, until both are done; then seed 1; the budget stops it."""
+    from graphormer_urpe import ablation
+
+    args, overrides = ablation.parse_args(["--name", "n", "--runs-dir", str(tmp_path), "--seeds", "0", "1",
+                                           "--time-budget", "190s", "--slice", "30s"])
+    grid = ablation.Grid(args, overrides)
+    grid.max_steps = 20
+    state = {run.label: {"steps": 0, "fits": 0, "done": False} for run in grid.runs}
+    trained = []
+    clock = [0.0]
+    monkeypatch.setattr(ablation.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(ablation.Run, "steps", lambda run: state[run.label]["steps"])
+    monkeypatch.setattr(ablation.Run, "fits", lambda run: state[run.label]["fits"])
+    monkeypatch.setattr(ablation, "read_json", lambda path, default: (
+        {"result": {}} if any(state[r.label]["done"] for r in grid.runs if r.record_path == path) else default))
+
+    def finish(run, seconds):
+        clock[0] += seconds
+        entry = state[run.label]
+        # the very first slice only starts up
+        entry["steps"] += 10 if trained else 0
+        entry["fits"] += 1
+        trained.append((run.label.split("/")[1], entry["steps"]))
+        entry["done"] = entry["steps"] >= grid.max_steps
+        return {} if entry["done"] else None
+
+    monkeypatch.setattr(grid, "_finish", finish)
+    grid.run_slices()
+    assert trained == [("urpe-s0", 0), ("rpe-s0", 10), ("urpe-s0", 10), ("rpe-s0", 20), ("urpe-s0", 20),
+                       ("urpe-s1", 10)]  # 180 s spent: 10 s left is no slice
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--time-budget", "0"], "expected a positive duration"),
+    (["--time-budget", "nine minutes"], "expected a duration such as 540, 540s, 9m or 1h30m"),
+    (["--slice", "5m"], "--slice divides a --time-budget: add --time-budget"),
+    (["--threads-per-job", "0"], "--threads-per-job must be >= 1, got 0"),
+    (["--threads-per-job", "-2"], "--threads-per-job must be >= 1, got -2"),
+    (["--seeds", "-1"], "--seeds must be integers from 0 to 4294967295 (2**32 - 1), got [-1]"),
+    (["--seeds", "0", "0"], "--seeds and --arms must not repeat a value"),
+    (["--jobs", "2", "--time-budget", "9m"], "--time-budget trains one slice at a time: drop --jobs"),
+])
+def test_bad_runner_options_are_one_line_before_any_work(tmp_path, args, message):
     installed = str(Path(sys.executable).parent / "graphormer-urpe-ablation")
-    finished = subprocess.run([installed, *command[3:], "--in-turn", "--attention-impl", "triton"], cwd=REPO,
-                              env=env, capture_output=True, text=True, timeout=600)
-    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
-    assert "as one ensemble (members in turn, triton attention)" in finished.stdout
-    assert "on this CPU the members' attention runs the eager core" in finished.stdout
-    assert f"ensemble: resuming at step {steps_at_kill}" in finished.stdout
-    assert "tiny took" in finished.stdout
-    runs = {e["attention"]: e for e in read_json(tmp_path / "results.json", [])}
-    assert set(runs) == {"urpe", "rpe"}
-    for arm, entry in runs.items():
-        assert entry["steps"] == STEPS and 0 < entry["best_step"] <= STEPS
-        assert 0 < entry["val_mae"] < 10 and 0 < entry["test_mae"] < 10
-        assert "--ensemble" in entry["device"]
-        record = run_record(tmp_path, arm)
-        fits = [a for a in record["attempts"] if a["stage"] == "fit-ensemble"]
-        assert [a["returncode"] for a in fits] == [130, 0] and record["fit_done"]
-        assert [a["stage"] for a in record["attempts"]][-1] == "test"
-        path, val_mae, _, _, _ = best_checkpoint(tmp_path / "runs" / "tiny" / f"{arm}-s0")
-        best = torch.load(path, map_location="cpu", weights_only=False)
-        assert best["hyper_parameters"]["backbone"]["attention"] == arm
-        assert any("urpe_scales" in k for k in best["state_dict"]) == (arm == "urpe")
-        metrics = tmp_path / "runs" / "tiny" / f"{arm}-s0" / "csv" / "ensemble" / "metrics.csv"
-        assert min(float(v) for v in _column(metrics, "val/mae")) == pytest.approx(val_mae, abs=1e-6)
-    png = tmp_path / "figures" / "tiny-tables.png"  # B and C read from the members' checkpoints
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    text = readme.read_text()
-    assert "not run yet" not in text and text.endswith("<!-- /ablation:tiny -->\n\nAfter.\n")
-    assert f"| urpe | 1 | 0 | {STEPS} | {runs['urpe']['val_mae']:.4f} | {runs['urpe']['test_mae']:.4f}" in text
+    done = subprocess.run([installed, "--runs-dir", str(tmp_path / "runs"), "--results",
+                           str(tmp_path / "r.json"), *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "runs").exists()
 
 
-def test_ensemble_refuses_the_shared_arm(capsys):
-    from graphormer_urpe.ablation import parse_args
-
-    with pytest.raises(SystemExit):
-        parse_args(["--ensemble", "--arms", "urpe", "urpe-shared"])
-    assert "--ensemble trains the arms urpe and rpe" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("flag", ["--cuda-graph", "--in-turn"])
-def test_options_of_the_ensemble_step_need_the_ensemble(capsys, flag):
-    from graphormer_urpe.ablation import parse_args
-
-    with pytest.raises(SystemExit):
-        parse_args([flag])
-    assert "--cuda-graph and --in-turn change the --ensemble step: add --ensemble" in capsys.readouterr().err
+def test_results_that_cannot_be_written_are_refused_before_any_run(tmp_path, run_main):
+    (tmp_path / "file").write_text("")
+    done = run_main(_main_status, ["--runs-dir", tmp_path / "runs", "--results", tmp_path / "file" / "r.json",
+                                   "--seeds", "0"])
+    assert done.returncode == 2 and done.stderr.strip() == (
+        f"graphormer-urpe-ablation: error: --results {tmp_path / 'file'} cannot be written (File exists)")
+    assert not (tmp_path / "runs").exists()
 
 
-def test_the_fused_attention_core_needs_the_members_in_turn(capsys):
-    from graphormer_urpe.ablation import parse_args
+def test_a_rerun_with_other_arguments_is_refused_in_one_line(zinc_data_root, tmp_path, run_main):
+    from graphormer_urpe.ablation import Grid, parse_args
 
-    with pytest.raises(SystemExit):
-        parse_args(["--ensemble", "--attention-impl", "triton"])
-    assert ("--attention-impl triton runs the members of --ensemble --in-turn (vmap cannot batch the "
-            "fused kernels); a solo run takes --model.backbone.attention_impl triton") in capsys.readouterr().err
-    from graphormer_urpe.training.ensemble import ENSEMBLE_ATTENTION_IMPLS
+    args, overrides = parse_args(["--name", "n", "--runs-dir", str(tmp_path), "--seeds", "0",
+                                  "--arms", "rpe", "--trainer.max_steps", "5"])
+    run = Grid(args, overrides).runs[0]
+    run.dir.mkdir(parents=True)
+    run.record_path.write_text(json.dumps({"cli_args": ["--trainer.max_steps", "4"], "attempts": []}))
+    done = run_main(_main_status, ["--name", "n", "--runs-dir", tmp_path, "--seeds", "0", "--arms", "rpe",
+                                   "--results", tmp_path / "r.json", "--trainer.max_steps", "5"])
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"graphormer-urpe-ablation: error: {run.dir} was started with other arguments")
 
-    for impl in ENSEMBLE_ATTENTION_IMPLS:  # every core an ensemble runs, and no other
-        assert parse_args(["--ensemble", "--in-turn", "--attention-impl", impl])[0].attention_impl == impl
-    with pytest.raises(SystemExit):
-        parse_args(["--ensemble", "--in-turn", "--attention-impl", "sdpa"])
+
+def _main_status(args) -> int:
+    """The runner's main() as a status (its refusals raise SystemExit)."""
+    try:
+        main(args)
+    except SystemExit as exit:
+        return exit.code if isinstance(exit.code, int) else 1
+    return 0
 
 
 def _column(metrics_csv: Path, name: str) -> list[str]:
@@ -263,19 +319,6 @@ def _column(metrics_csv: Path, name: str) -> list[str]:
 
     with open(metrics_csv, newline="") as handle:
         return [row[name] for row in csv.DictReader(handle) if row.get(name)]
-
-
-def test_changed_recipe_under_the_same_name_is_refused(zinc_data_root, tmp_path):
-    from graphormer_urpe.ablation import Grid, parse_args
-
-    args, overrides = parse_args(["--name", "n", "--runs-dir", str(tmp_path), "--seeds", "0",
-                                  "--arms", "rpe", "--trainer.max_steps", "5"])
-    run = Grid(args, overrides).runs[0]
-    run.dir.mkdir(parents=True)
-    (run.record_path).write_text(json.dumps({"cli_args": ["--trainer.max_steps", "4"],
-                                             "attempts": []}))
-    with pytest.raises(ValueError, match="started with other arguments"):
-        run.load_record()
 
 
 def test_a_run_started_without_compile_continues_with_it(zinc_data_root, tmp_path):
@@ -353,31 +396,18 @@ def test_readme_without_the_block_is_refused_before_training(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-def test_ensemble_refuses_a_recipe_it_cannot_train_with_one_line(zinc_data_root, tmp_path):
-    command = runner_command(tmp_path, zinc_data_root, "--ensemble",
-                             "--trainer.accumulate_grad_batches", "2")
-    with pytest.raises(SystemExit, match="error: --ensemble does not support these trainer "
-                                         r"settings: \['accumulate_grad_batches'\]"):
-        main(command[3:])  # the arguments after `python -m graphormer_urpe.ablation`
-
-
-@pytest.mark.parametrize("planted", ["rpe-s0/checkpoints/last.ckpt", f"ensemble/{STATE_FILE}",
-                                     f"ensemble/{LEGACY_STATE_FILE}"])
 def test_crafted_state_in_a_run_directory_is_refused_without_running_its_code(
-        zinc_data_root, tmp_path, plant_crafted_checkpoint, planted):
-    """Resuming reads the run's last.ckpt (and, with --ensemble, the ensemble's state, or an
-    earlier version's) as plain data: a planted file whose unpickling runs code is refused in one
-    line before any run."""
-    crafted = tmp_path / "runs" / "tiny" / planted
+        zinc_data_root, tmp_path, plant_crafted_checkpoint):
+    """Resuming reads the run's last.ckpt as plain data: a planted file whose unpickling runs
+    code is refused in one line before any run."""
+    crafted = tmp_path / "runs" / "tiny" / "rpe-s0/checkpoints/last.ckpt"
     marker = plant_crafted_checkpoint(crafted)
-    ensemble = ["--ensemble"] if planted.startswith("ensemble") else []
-    done = subprocess.run(runner_command(tmp_path, zinc_data_root, "--arms", "rpe", *ensemble),
+    done = subprocess.run(runner_command(tmp_path, zinc_data_root, "--arms", "rpe"),
                           cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
                           text=True, timeout=600)
-    what = "ensemble state" if ensemble else "checkpoint"
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert done.stderr.strip().splitlines()[-1] == (
-        f"graphormer-urpe-ablation: error: {what} {crafted} cannot be read: it holds objects other "
+        f"graphormer-urpe-ablation: error: checkpoint {crafted} cannot be read: it holds objects other "
         "than tensors and plain values, which are never loaded"), done.stderr[-3000:]
     assert not marker.exists()
-    assert ensemble or ": fit" not in done.stdout  # refused before the run started
+    assert ": fit" not in done.stdout  # refused before the run started

@@ -1,9 +1,13 @@
-"""scripts/gpu_check.sh's own logic (its parts need a GPU): each part's command runs with the
-budget's share and its output lands in its file, a part that fails is recorded and the next one
-runs, a budget that runs out skips the rest, and the summary names each part. A stand-in
-interpreter (``PYTHON``) records the commands instead of running them."""
+"""scripts/gpu_check.sh's own logic (its parts need a GPU): set-up, ZINC, the GPU tests and the
+speed ranking only when the code differs from the ranking recorded for this GPU, then the
+ablation with a time budget that leaves time to pack the runs' states into parts that come back;
+a part that fails is recorded and the next one runs, a budget that runs out skips the rest. A
+stand-in interpreter (``PYTHON``) records the commands instead of running them, and writes the
+ranking where the benchmark would."""
+import json
 import os
 import subprocess
+import tarfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -12,7 +16,12 @@ STUB = """#!/usr/bin/env bash
 echo "$*" >> "{log}"
 case "$*" in
   *load_zinc*) echo "train 10000 graphs"; exit 3 ;;
-  *bench_train*) echo "  zinc/slim      urpe  engine  6.88 ms/step (warmup 1.2 s)" ;;
+  *bench_train*)
+    record=$(echo "$*" | sed 's/.*--record \\([^ ]*\\).*/\\1/'); code=$(echo "$*" | sed 's/.*--code \\([^ ]*\\).*/\\1/')
+    mkdir -p "$(dirname "$record")"; echo "{{\\"code\\": \\"$code\\"}}" > "$record"
+    echo "fastest: engine-compiled (urpe), 6.88 ms/step" ;;
+  *graphormer_urpe.ablation*) mkdir -p "{runs}/zinc-paper/urpe-s0"; echo state > "{runs}/zinc-paper/urpe-s0/last.ckpt"
+    echo "urpe-s0: fit for 300 s" ;;
   *pytest*) echo "4 passed in 1.0s" ;;
   *) echo "torch 2.11.0" ;;
 esac
@@ -21,48 +30,54 @@ esac
 
 def run_check(tmp_path, seconds: int) -> tuple[subprocess.CompletedProcess, Path, list[str]]:
     log, stub, out = tmp_path / "calls.log", tmp_path / "python", tmp_path / "out"
-    stub.write_text(STUB.format(log=log))
+    stub.write_text(STUB.format(log=log, runs=tmp_path / "runs"))
     stub.chmod(0o755)
-    env = {**os.environ, "PYTHON": str(stub), "GPU_CHECK_SECONDS": str(seconds)}
+    log.unlink(missing_ok=True)
+    env = {**os.environ, "PYTHON": str(stub), "GPU_CHECK_SECONDS": str(seconds), "RUNS_DIR": str(tmp_path / "runs"),
+           "RESULTS_DIR": str(tmp_path / "results"), "README": str(tmp_path / "README.md")}
+    (tmp_path / "README.md").write_text("readme\n")
     result = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), str(out)], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=60)
     return result, out, log.read_text().splitlines() if log.exists() else []
 
 
-def test_every_part_runs_and_a_failing_part_is_recorded(tmp_path):
-    result, out, calls = run_check(tmp_path, 540)
+def test_ranks_once_per_code_then_only_trains_and_packs_the_state(tmp_path):
+    result, out, calls = run_check(tmp_path, 570)
     assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["bench_ensemble.txt", "bench_ensemble_in_turn.txt",
-                                                     "bench_ensemble_in_turn_triton.txt", "bench_train.txt",
-                                                     "data.txt", "machine.txt", "tests.txt", "tests_fused.txt"]
-    # The parts' shares fill the default budget without cutting one (each keeps 5 s in reserve).
-    shares = [int(line.split("(at most ")[1].split()[0]) for line in result.stdout.splitlines()
-              if "(at most " in line]
-    assert len(shares) == 7 and sum(shares) + 5 * len(shares) <= 540
-    # ZINC is built first, before anything is timed
-    assert "load_zinc" in calls[1] and not any("bench_" in c for c in calls[:2])  # after the versions
-    # The measurements at the recipe's shape, the ensemble compiled, then the GPU tests.
-    assert any("bench_train.py" in c and "engine-compiled-triton" in c and "--zinc-batch 256" in c
-               and "--count-ops 3" in c for c in calls)  # one command, its options all there
-    ensembles = [c for c in calls if "--ensemble 6" in c and "--model.compile true" in c]
-    assert len(ensembles) == 3 and "--ensemble-in-turn" not in ensembles[0]
-    assert "--ensemble-in-turn" in ensembles[1] and "--ensemble-attention-impl" not in ensembles[1]
-    assert "--ensemble-in-turn --ensemble-attention-impl triton" in ensembles[2]
-    assert any("-m gpu tests" in c for c in calls)
-    assert any("test_ensemble.py tests/training/test_engine.py -k kernel or fused_attention" in c for c in calls)
-    assert "4 passed" in (out / "tests_fused.txt").read_text()
+    assert "setup.py -q build_ext --inplace" in calls[0]
+    assert "load_zinc" in calls[2] and not any("bench_" in c for c in calls[:3])  # ZINC first
     assert "exit status 3" in (out / "data.txt").read_text()  # recorded; the next part ran
-    assert "4 passed" in (out / "tests.txt").read_text()
+    assert any("-m gpu tests" in c for c in calls) and "4 passed" in (out / "tests.txt").read_text()
+    [bench] = [c for c in calls if "bench_train.py" in c]
+    assert "--zinc-batch 256" in bench and "engine-compiled@bf16-mixed" in bench and "--count-ops 3" in bench
+    [ablation] = [c for c in calls if "graphormer_urpe.ablation" in c]
+    assert "--config configs/zinc.yaml --name zinc-paper" in ablation and "--model.compile true" in ablation
+    assert f"--readme {tmp_path / 'README.md'}" in ablation
+    budget = int(ablation.split("--time-budget ")[1].split("s ")[0])
+    assert 200 < budget <= 570 - 60  # the rest of the budget, less the reserve for packing
     assert "6.88 ms/step" in result.stdout and "train 10000 graphs" in result.stdout
-    assert "torch 2.11.0" in (out / "machine.txt").read_text()
+    parts = sorted(out.glob("state.tgz.part-*"))
+    assert parts and all(p.stat().st_size <= 15 * 2**20 for p in parts)
+    with tarfile.open(fileobj=open(parts[0], "rb"), mode="r:gz") as packed:
+        names = packed.getnames()
+    assert any(n.endswith("zinc-paper/urpe-s0/last.ckpt") for n in names)
+    assert any(n.endswith("README.md") for n in names) and any(n.endswith("ablation.txt") for n in names)
+    recorded = json.loads(next((tmp_path / "results").glob("ranking_*.json")).read_text())
+
+    # Again with the same code: the ranking recorded for this GPU stands; only training.
+    result, out, calls = run_check(tmp_path, 570)
+    assert result.returncode == 0, result.stderr
+    assert not any("bench_train.py" in c or "-m pytest" in c for c in calls)
+    assert any("graphormer_urpe.ablation" in c for c in calls)
+    assert (out / "ranking.txt").read_text().startswith("ranking of this code on this GPU")
+    assert recorded["code"]
 
 
 def test_a_spent_budget_skips_the_remaining_parts(tmp_path):
     result, out, calls = run_check(tmp_path, 12)
     assert result.returncode == 0, result.stderr
-    assert not any("bench_" in c or "pytest" in c for c in calls)
-    for name in ("data", "bench_train", "bench_ensemble", "bench_ensemble_in_turn",
-                 "bench_ensemble_in_turn_triton", "tests", "tests_fused"):
+    assert not any("bench_train.py" in c or "-m pytest" in c or "graphormer_urpe.ablation" in c for c in calls)
+    for name in ("data", "ranking", "tests", "ablation"):
         assert (out / f"{name}.txt").read_text().startswith("skipped: the budget ran out")
 
 

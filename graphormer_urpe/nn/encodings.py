@@ -296,8 +296,8 @@ class EdgePathBias(nn.Module):
 
     * CPU eager (:meth:`sum_hops_packed`): only the hops present are gathered and added up. Most
       (pair, hop) slots are absent at 20 hops; the number present is read from the data.
-    * The capture form (:func:`capture_form`: GPUs, ``torch.compile``, the training engine and the
-      stacked ensemble), for bond vocabularies of up to :data:`COUNTED_MAX_BOND_IDS` ids
+    * The capture form (:func:`capture_form`: GPUs, ``torch.compile``, the training step on
+      batches of one shape), for bond vocabularies of up to :data:`COUNTED_MAX_BOND_IDS` ids
       (:meth:`sum_hops_counted`): each pair's counts of (hop, bond id) times the per-hop tables
       ``E_bond W_k``, one matrix product each way, with fixed shapes.
     * The capture form for larger vocabularies (:meth:`sum_hops_gather`): every (pair, hop) slot
@@ -466,6 +466,6 @@ class URPEScale(nn.Module):
         ``high``) rounds delta, not C near 1."""
         delta = torch.cat([scale.delta for scale in scales], dim=1)  # [S, L * H]
         # [B, L * H, N+1, N+1]: each layer's C is a [B, H, N+1, N+1] slice whose [H, N+1, N+1]
-        # block per graph is contiguous, and the stacked gradients arrive in this layout.
+        # block per graph is contiguous, and the concatenated gradients arrive in this layout.
         looked_up = lookup_by_product(delta, slots, offset=1.0)
         return list(looked_up.unflatten(1, (len(scales), -1)).unbind(1))

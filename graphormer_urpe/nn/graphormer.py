@@ -349,7 +349,7 @@ class Graphormer(nn.Module):
         (a whole training split: ``atom_ids``, ``bond_ids``) are checked here, once, instead of
         per batch, and the encodings take their capture form on every device
         (:func:`~graphormer_urpe.nn.encodings.capture_form`, as they do on a GPU anyway).
-        The training engine and the stacked ensemble call it; the values stay the same up to
+        The training step calls it on batches of one shape; the values stay the same up to
         float rounding (the edge encoding sums the hops in another order)."""
         self.check_ids(atom_ids, bond_ids)
         self.capture_safe = True

@@ -46,7 +46,7 @@ DEFAULT_MAX_NODES = 512
 TRAINING_HPARAMS = frozenset({"lr", "end_lr", "warmup_steps", "total_steps", "power", "weight_decay",
                               "betas", "eps", "no_weight_decay", "compile",
                               "matmul_precision", "init_from", "reinit_head", "freeze_backbone_steps",
-                              "head_lr", "warmup_fraction", "engine", "loss"})
+                              "head_lr", "warmup_fraction", "loss"})
 #: Options of earlier versions that their checkpoints still record; dropped wherever a
 #: checkpoint's hyperparameters are read (``cuda_graphs``: the forward-only CUDA-graph capture,
 #: replaced by the training engine).

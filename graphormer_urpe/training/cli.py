@@ -83,8 +83,8 @@ class PredictionWriter(BasePredictionWriter):
         logging.getLogger(__name__).info("wrote %d predictions to %s", len(rows), path)
 
 
-#: Run arguments that say how the steps run, not what is trained: a run, a saved ensemble state
-#: or an ablation grid started with or without them continues either way.
+#: Run arguments that say how the steps run, not what is trained: a run or an ablation grid
+#: started with or without them continues either way.
 EXECUTION_ARGS = ("--model.compile",)
 
 
@@ -170,6 +170,7 @@ class GraphormerCLI(LightningCLI):
         config.trainer.default_root_dir = run_dir
         if self.subcommand == "fit":
             check_schedule_config(config)  # before any data is read
+            check_step_config(config.trainer)
         if self.subcommand is not None:  # its logs (and a fit's checkpoints) go there
             check_writable_dir(run_dir, "--trainer.default_root_dir")
         if self.subcommand == "fit":
@@ -245,6 +246,25 @@ def check_schedule_config(config: Namespace) -> None:
     schedule_lengths(model.lr, model.end_lr, model.warmup_steps, model.get("warmup_fraction"),
                      model.get("total_steps"), max_steps if max_steps is not None and max_steps > 0 else None,
                      "trainer.max_steps")
+
+
+def check_step_config(trainer: Namespace) -> None:
+    """The trainer settings that the one training step (:mod:`~.engine`) does not do, refused in
+    one line before any data is read: a loss scaler (``16-mixed``), gradient accumulation,
+    clipping by value (:meth:`TrainingEngine.unsupported <.engine.TrainingEngine.unsupported>`
+    checks the built trainer again, with its devices)."""
+    problems = []
+    if str(trainer.get("precision")) in ("16-mixed", "16"):
+        problems.append(f"trainer.precision 32-true or bf16-mixed (got {trainer.precision}: its loss scaler "
+                        "would read the gradients on the host every step)")
+    accumulate = trainer.get("accumulate_grad_batches")
+    if accumulate not in (None, 1):
+        problems.append(f"trainer.accumulate_grad_batches 1 (got {accumulate}; a larger "
+                        "data.init_args.batch_size does the same)")
+    if trainer.get("gradient_clip_algorithm") not in (None, "norm"):
+        problems.append(f"trainer.gradient_clip_algorithm norm (got {trainer.gradient_clip_algorithm})")
+    if problems:
+        raise ValueError("the training step needs " + "; ".join(problems))
 
 
 def check_prediction_output(config: Namespace, config_files: list) -> None:

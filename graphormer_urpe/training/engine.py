@@ -1,7 +1,7 @@
-r"""The training engine: the whole optimizer step as one replayable function, on a GPU one CUDA graph.
+r"""The one training step: the whole optimizer step as one replayable function, on a GPU one CUDA graph.
 
-``GraphormerModule(engine=True)`` (``--model.engine true``, ``configs/engine.yaml``) trains
-with :class:`TrainingEngine`. One step is
+Every ``fit`` of :class:`~graphormer_urpe.training.module.GraphormerModule` trains with
+:class:`TrainingEngine`. One step is
 
 .. math::
     \text{items} &= \text{order}[s : s + B], \quad \text{batch} = \text{gather}(\text{items})
@@ -14,44 +14,40 @@ with :class:`TrainingEngine`. One step is
 
 all on the device, with no device-to-host sync: the batch is gathered from the epoch order on
 the device (:class:`~graphormer_urpe.data.resident.BatchSlot`), the clipping is
-``torch.nn.utils.clip_grad_norm_`` (Lightning's ``gradient_clip_val``), the AdamW is torch's
-fused one with a device tensor for the learning rate and ``found_inf`` masking (a skipped step
-leaves parameters, moments and the step count untouched, as under a gradient scaler), and the
-update counter ``u`` lives on the device. Each param group ``g`` gets its own peak
-:math:`\hat\eta_g` (``model.lr``, or ``model.head_lr`` for the head's groups) times the schedule's
-factor, as the host ``LambdaLR`` computes it. On a GPU the step is recorded once in a CUDA graph
-(``torch.cuda.graph``) and replayed: one launch per step instead of ~800, and new dropout masks
-every replay (the default CUDA generator's offset advances with each replay; the fused Triton
-attention draws its dropout seed there too). With ``model.freeze_backbone_steps`` the frozen and
-the unfrozen phase each record their own graph (they update different parameters). On CPU the
-same function runs eagerly, with the eager step's sums (bit for bit the eager step); with
-``capture_safe`` it runs what a GPU records (:meth:`~graphormer_urpe.nn.graphormer.Graphormer.make_capture_safe`),
-which the tests check for host reads and data-dependent shapes.
-
-The update after backward (clipping, the skip decision, AdamW, the interval's counts:
-:func:`optimizer_update` and :class:`StepCounts`) is written once for ``W`` runs: the stacked
-ensemble (:mod:`~graphormer_urpe.training.ensemble`) calls it with its ``W`` members'
-gradients, the engine with ``W = 1``, so both clip, skip and count alike.
+``torch.nn.utils.clip_grad_norm_``'s arithmetic (Lightning's ``gradient_clip_val``), the AdamW is
+torch's fused one with a device tensor for the learning rate and ``found_inf`` masking (a
+skipped step leaves parameters, moments and the step count untouched, as under a gradient
+scaler), and the update counter ``u`` lives on the device. Each param group ``g`` gets its own
+peak :math:`\hat\eta_g` (``model.lr``, or ``model.head_lr`` for the head's groups) times the
+schedule's factor, as the host ``LambdaLR`` computes it. On a GPU, with batches of one shape on
+the device (``data.device_resident`` and ``data.static_shapes``), the step is recorded once in a
+CUDA graph (``torch.cuda.graph``) and replayed: one launch per step instead of ~800, and new
+dropout masks every replay (the default CUDA generator's offset advances with each replay; the
+fused Triton attention draws its dropout seed there too). With ``model.freeze_backbone_steps``
+the frozen and the unfrozen phase each record their own graph (they update different
+parameters). Other batches (varying shapes, a CPU) are stepped as they come by the same
+function. On CPU it runs the eager forward; with ``capture_safe`` it runs what a GPU records
+(:meth:`~graphormer_urpe.nn.graphormer.Graphormer.make_capture_safe`), which the tests check for
+host reads and data-dependent shapes. With ``model.compile`` the backbone's compiled regions run
+inside the step (compiled during the steps before the recording), so a GPU records their fused
+kernels.
 
 Lightning stays in charge of everything else, in its ordinary automatic optimization: the
-engine runs inside the optimizer-step hook, so ``global_step``, the host ``LambdaLR`` (whose
-learning rate the learning-rate monitor and the checkpoints record), checkpoints (an ordinary
-AdamW state dict), exact resume (the loader restarts mid-epoch), validation and callbacks all
-work as in the eager path, and checkpoints interchange with it. (Lightning's manual optimization
-would refuse ``trainer.gradient_clip_val`` and count ``global_step`` in another progress
-tracker than the automatic loop, so a checkpoint of one could not resume the other.) Losses and skipped steps are
-read from the device every ``trainer.log_every_n_steps`` (one sync per interval), logged as
-``train/loss`` (mean of the interval's finite losses) and ``train/skipped_steps`` (total); an
-interval in which every step was skipped stops training with a ``FloatingPointError``, and since
-skipped steps change nothing, no checkpoint ever holds a diverged model.
+engine runs inside the optimizer-step hook (:class:`OwnStepHooks`), so ``global_step``, the host
+``LambdaLR`` (whose learning rate the learning-rate monitor and the checkpoints record),
+checkpoints (an ordinary AdamW state dict), exact resume (the loader restarts mid-epoch),
+validation and callbacks all work as for any Lightning run. (Lightning's manual optimization
+would refuse ``trainer.gradient_clip_val`` and count ``global_step`` in another progress tracker
+than the automatic loop.) Losses and skipped steps are read from the device every
+``trainer.log_every_n_steps`` (one sync per interval), logged as ``train/loss`` (mean of the
+interval's finite losses) and ``train/skipped_steps`` (total); an interval in which every step
+was skipped stops training with a ``FloatingPointError``, and since skipped steps change nothing,
+no checkpoint ever holds a diverged model.
 
-It steps any batches; it records the step in a CUDA graph when they are device-resident and of
-one shape (``data.device_resident`` and ``data.static_shapes``), and gathers them inside the step.
 It needs one device, no loss scaler (``32-true`` or ``bf16-mixed``), no gradient accumulation,
-and clipping by norm (or none) (:meth:`TrainingEngine.unsupported`). With ``model.compile`` the
-backbone's compiled regions run inside the step (compiled during the steps before the recording),
-so a GPU records their fused kernels. A checkpoint of the eager step resumes under the engine and the reverse
-(:func:`~.optim.set_optimizer_kernel`).
+and clipping by norm (or none): :meth:`TrainingEngine.unsupported` names what a run asks for
+beyond that, and the run is refused before it trains. A checkpoint written by earlier versions'
+unfused AdamW resumes too (:func:`~.optim.set_optimizer_kernel`).
 """
 from __future__ import annotations
 
@@ -76,110 +72,75 @@ CAPTURE_WARMUP_STEPS = 3
 
 class OwnStepHooks:
     """LightningModule hooks for a ``training_step`` that takes the whole optimizer step itself
-    (gathering, forward, backward, clipping, the optimizer's update) while Lightning's automatic
-    optimization counts it: its optimizer-step hook only runs the closure (``training_step``),
-    and its zero-grad and backward hooks do nothing. ``_takes_own_step`` says whether it does
-    (else Lightning's own step runs). Lightning keeps ``global_step``, the host learning-rate
-    schedule, validation, checkpoints and resume, as for any run."""
+    (``self._engine``, a :class:`TrainingEngine`: gathering, forward, backward, clipping, the
+    optimizer's update) while Lightning's automatic optimization counts it: its optimizer-step
+    hook only runs the closure (``training_step``), and its zero-grad and backward hooks do
+    nothing. Lightning keeps ``global_step``, the host learning-rate schedule, validation,
+    checkpoints and resume, as for any run."""
 
-    def _takes_own_step(self) -> bool:
-        return True
+    _engine: "TrainingEngine"
 
     def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
-        if not self._takes_own_step():
-            return super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
         optimizer_closure()  # training_step: the whole step (Lightning requires the call)
 
     def optimizer_zero_grad(self, epoch, batch_idx, optimizer) -> None:
-        if not self._takes_own_step():
-            super().optimizer_zero_grad(epoch, batch_idx, optimizer)
+        pass
 
     def backward(self, loss: Tensor, *args, **kwargs) -> None:
-        if not self._takes_own_step():
-            super().backward(loss, *args, **kwargs)
-
-
-class EngineHooks(OwnStepHooks):
-    """:class:`OwnStepHooks` that hand each optimizer step to ``self._engine`` (a
-    :class:`TrainingEngine`, or None for the ordinary eager step); mixed into the module."""
-
-    _engine: "TrainingEngine | None"
-
-    def _takes_own_step(self) -> bool:
-        return self._engine is not None
+        pass
 
     def configure_callbacks(self):
-        callbacks = super().configure_callbacks()
-        return [*callbacks, self._engine] if self._engine is not None else callbacks
+        return [*super().configure_callbacks(), self._engine]
 
 
 class StepCounts:
-    """What the steps of an interval did, for ``members`` runs trained by one step (1 for a solo
-    run), counted on the device at fixed addresses (a recorded graph updates them): the loss
-    sums of the applied steps ``[W]``, the applied and the skipped steps, and each member's
-    steps with a non-finite loss or gradient ``[W]``. Read once per logging interval."""
+    """What the steps of an interval did, counted on the device at fixed addresses (a recorded
+    graph updates them): the loss sum of the applied steps, the applied and the skipped steps.
+    Read once per logging interval."""
 
-    def __init__(self, members: int, device: torch.device) -> None:
-        zeros = lambda *shape: torch.zeros(shape, dtype=torch.float64, device=device)  # noqa: E731
-        self.loss_sum, self.member_bad = zeros(members), zeros(members)
-        self.applied, self.skipped = zeros(), zeros()
+    def __init__(self, device: torch.device) -> None:
+        self.loss_sum, self.applied, self.skipped = (
+            torch.zeros((), dtype=torch.float64, device=device) for _ in range(3))
 
     def tensors(self) -> tuple[Tensor, ...]:
-        return self.loss_sum, self.applied, self.skipped, self.member_bad
+        return self.loss_sum, self.applied, self.skipped
 
-    def read(self) -> tuple[list[float], float, float, list[float]]:
-        """``(loss sums, applied, skipped, non-finite steps per member)``: one device-to-host copy."""
-        values = torch.cat([t.view(-1) for t in self.tensors()]).tolist()
-        w = self.loss_sum.numel()
-        return values[:w], values[w], values[w + 1], values[w + 2:]
+    def read(self) -> tuple[float, float, float]:
+        """``(loss sum, applied, skipped)``: one device-to-host copy."""
+        loss_sum, applied, skipped = torch.stack(self.tensors()).tolist()
+        return loss_sum, applied, skipped
 
     def reset(self) -> None:
         for t in self.tensors():
             t.zero_()
 
-    def all_skipped(self) -> tuple[int, list[float]]:
-        """``(skipped, non-finite steps per member)`` if every step since the last reset was
-        skipped (a diverged run), else ``(0, ...)``: one device-to-host copy."""
-        _, applied, skipped, bad = self.read()
-        return (int(skipped) if skipped and not applied else 0), bad
 
-
-def optimizer_update(optimizer: torch.optim.Optimizer, member_grads: Sequence[Sequence[Tensor]],
-                     losses: Tensor, clip: float, counts: StepCounts,
-                     lrs: Sequence[Tensor] | None = None, force_skip: Tensor | None = None) -> None:
-    """The update after backward, for ``W`` runs whose gradients are ``member_grads`` (one list
-    per run) and losses ``losses [W]``: each run's gradients clipped to total norm ``clip``
+def optimizer_update(optimizer: torch.optim.Optimizer, grads: Sequence[Tensor], loss: Tensor,
+                     clip: float, counts: StepCounts, lrs: Sequence[Tensor], force_skip: Tensor) -> None:
+    """The update after backward: the gradients ``grads`` clipped to total norm ``clip``
     (``torch.nn.utils.clip_grad_norm_``'s arithmetic: foreach norms, the norm of those, one
-    scale), then the optimizer's step, skipped for all (parameters, moments and step counts
-    untouched: the fused AdamW's ``optimizer.found_inf``) if any run's loss or gradient norm is
-    not finite or ``force_skip`` is 1, then the counts. ``lrs``: a device learning rate per param
-    group for this step (a recorded graph reads them), else the groups' host values. Device
-    work only: no host sync, fixed shapes."""
-    norms = torch.stack([torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-                         for grads in member_grads])
+    scale), then the optimizer's step, skipped (parameters, moments and step counts untouched:
+    the fused AdamW's ``optimizer.found_inf``) if the loss or the gradient norm is not finite or
+    ``force_skip`` is 1, then the counts. ``lrs``: a device learning rate per param group for this
+    step (a recorded graph reads them). Device work only: no host sync, fixed shapes."""
+    norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
     if clip > 0:
-        for grads, total in zip(member_grads, norms.unbind()):
-            torch._foreach_mul_(grads, (clip / (total + 1e-6)).clamp(max=1.0))
-    losses = losses.detach()
-    member_finite = torch.isfinite(losses) & torch.isfinite(norms)
-    finite = member_finite.all()
-    if force_skip is not None:
-        finite = finite & (force_skip == 0)
+        torch._foreach_mul_(grads, (clip / (norm + 1e-6)).clamp(max=1.0))
+    loss = loss.detach()
+    finite = torch.isfinite(loss) & torch.isfinite(norm) & (force_skip == 0)
     optimizer.found_inf.copy_((~finite).float())
     groups = optimizer.param_groups
     host_lrs = [group["lr"] for group in groups]
-    if lrs is not None:
-        for group, lr in zip(groups, lrs):
-            group["lr"] = lr
+    for group, lr in zip(groups, lrs):
+        group["lr"] = lr
     try:
         optimizer.step()
     finally:
         for group, lr in zip(groups, host_lrs):
             group["lr"] = lr
-    counts.loss_sum.add_(torch.where(finite, losses.double(), 0.0))
+    counts.loss_sum.add_(torch.where(finite, loss.double(), 0.0))
     counts.applied.add_(finite.double())
     counts.skipped.add_(1.0 - finite.double())
-    counts.member_bad.add_((~member_finite).double())
 
 
 def record_step(step: Callable[[], Any], force_skip: Tensor, counts: StepCounts,
@@ -216,13 +177,10 @@ class TrainingEngine(pl.Callback):
     switches the training loader to :class:`BatchSlot` batches, and reports the device-side
     statistics at each logging interval."""
 
-    def __init__(self, module: pl.LightningModule, required: bool = True) -> None:
+    def __init__(self, module: pl.LightningModule) -> None:
         self.module = module
-        #: ``model.engine true``: a run it cannot train is an error; else (the default) that run
-        #: takes Lightning's own step, with a log line.
-        self.required = required
         #: Train with the forward a CUDA graph holds (:meth:`Graphormer.make_capture_safe`); None:
-        #: on a GPU only (on a CPU the eager step's sum keeps the engine equal to it bit for bit).
+        #: on a GPU only (a CPU runs the eager forward).
         self.capture_safe: bool | None = None
         self._ready = False
         #: One recorded step per phase of ``freeze_backbone_steps`` (frozen or not): the two
@@ -249,8 +207,6 @@ class TrainingEngine(pl.Callback):
         return problems
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.module._engine is not self:  # the run took Lightning's step (GraphormerModule.setup)
-            return
         loader = trainer.train_dataloader
         # Batches of one shape on the device: the engine gathers them itself, inside the step
         # (and inside the recorded graph on a GPU). Any other batches are stepped as they come.
@@ -288,7 +244,7 @@ class TrainingEngine(pl.Callback):
         self.found_inf = zero()  # 1.0: skip this update (fused AdamW's found_inf contract)
         self.force_skip = zero()  # 1.0 while warming up before a capture
         self.loss = zero()
-        self.counts = StepCounts(1, device)
+        self.counts = StepCounts(device)
         self.optimizer.found_inf = self.found_inf
         capture_safe = device.type == "cuda" if self.capture_safe is None else self.capture_safe
         if capture_safe and slot is not None:  # the split's ids are checked once, here
@@ -332,7 +288,7 @@ class TrainingEngine(pl.Callback):
         # Lightning's gradient_clip_val, on the parameters that have gradients (not the frozen
         # backbone's): clip_grad_norm_'s arithmetic.
         grads = [p.grad for p in self.params if p.grad is not None]
-        optimizer_update(self.optimizer, [grads], loss.view(1), self.clip, self.counts, self.lrs,
+        optimizer_update(self.optimizer, grads, loss, self.clip, self.counts, self.lrs,
                          self.force_skip)
         self.updates.add_(1)
         self.loss.copy_(loss.detach())
@@ -383,9 +339,9 @@ class TrainingEngine(pl.Callback):
         every step diverges stops instead of saving its unchanged model as if it trained."""
         if not self._ready:
             return
-        skipped, _ = self.counts.all_skipped()
-        if skipped:
-            self._diverged(skipped)
+        _, applied, skipped = self.counts.read()
+        if skipped and not applied:
+            self._diverged(int(skipped))
 
     def _diverged(self, skipped: int) -> None:
         raise FloatingPointError(
@@ -396,7 +352,7 @@ class TrainingEngine(pl.Callback):
     def report(self, trainer: pl.Trainer) -> dict[str, float]:
         """Read and reset the interval's statistics (one device-to-host copy), log them, and raise
         FloatingPointError if every step of the interval was skipped."""
-        (loss_sum,), finite, skipped, _ = self.counts.read()
+        loss_sum, finite, skipped = self.counts.read()
         self.counts.reset()
         self.total_skipped += int(skipped)
         if skipped:

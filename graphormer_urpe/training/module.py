@@ -1,9 +1,9 @@
 """The LightningModule around the :class:`~graphormer_urpe.nn.graphormer.Graphormer` backbone.
 
 Everything about the network lives in the backbone and its presets; this module adds the loss,
-the metrics, AdamW and Graphormer's warmup + polynomial-decay schedule, and chooses how a step
-runs (the training engine by default, ``compile``, fine-tuning's frozen steps) and what a
-checkpoint keeps (RNG states, the checks of a resumed one). Its init arguments are plain values,
+the metrics, AdamW and Graphormer's warmup + polynomial-decay schedule, the one training step
+(:class:`~graphormer_urpe.training.engine.TrainingEngine`, with ``compile`` and fine-tuning's
+frozen steps) and what a checkpoint keeps (RNG states, the checks of a resumed one). Its init arguments are plain values,
 so a checkpoint rebuilds the model without the config that trained it.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from graphormer_urpe.data.facts import DataFacts, check_checkpoint_encodings
 from graphormer_urpe.nn.graphormer import Graphormer, GraphormerConfig
 from graphormer_urpe.training import finetune
 from graphormer_urpe.training.run_checkpoint import rng_states, set_rng_states
-from graphormer_urpe.training.engine import EngineHooks, TrainingEngine
+from graphormer_urpe.training.engine import OwnStepHooks, TrainingEngine
 from graphormer_urpe.nn.graphormer import build_backbone
 from graphormer_urpe.training.optim import (ParameterKind, adamw_with_schedule, head_lr_groups,
                                            parameter_groups, set_optimizer_kernel)
@@ -52,7 +52,7 @@ def compile_backbone(model: Graphormer, dynamic: bool = True) -> None:
         model.edge_bias.compile(dynamic=dynamic)
 
 
-class GraphormerModule(EngineHooks, pl.LightningModule):
+class GraphormerModule(OwnStepHooks, pl.LightningModule):
     """Graph-level regression (L1 loss, MAE), binary / multi-label classification (BCE,
     ROC-AUC) or multi-class classification (cross-entropy, accuracy), as the data's
     ``facts.task`` says: a :class:`~graphormer_urpe.task.Task` each.
@@ -77,15 +77,6 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
             on GPUs that have them); ``None`` leaves the process setting alone.
         target_names: the targets' names (the CSV DataModule's ``target_columns``), recorded so
             predictions can be labelled from the checkpoint alone; ``None`` = unnamed.
-        engine: train with the training engine (:mod:`~graphormer_urpe.training.engine`): the
-            whole optimizer step (forward, loss, backward, clipping, fused AdamW with an
-            on-device learning rate, skipping non-finite steps) as one function without host
-            syncs; on a GPU, with ``data.device_resident`` and ``data.static_shapes``, the batch
-            gather too, recorded in one CUDA graph. ``None`` (default): wherever the run allows
-            it (not with ``16-mixed``, gradient accumulation, clipping by value or several
-            devices: there Lightning's own step trains, with a log line; ``compile`` alone also
-            keeps Lightning's step); ``True``: those settings are an error, and with ``compile``
-            the compiled backbone runs inside the engine's step; ``False``: Lightning's step.
         init_from: fine-tuning: a checkpoint of this project (training or weights-only) whose
             backbone weights replace the initial ones when ``fit`` starts (not when it resumes
             with ``--ckpt_path``); every parameter must fit, else the run stops naming each
@@ -119,7 +110,6 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
         compile: bool = False,
         target_names: list[str] | None = None,
         matmul_precision: Literal["highest", "high", "medium"] | None = None,
-        engine: bool | None = None,
         init_from: str | None = None,
         reinit_head: bool = False,
         freeze_backbone_steps: int = 0,
@@ -130,9 +120,7 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
         super().__init__()
         # before any data is read; a warmup fraction of a length not yet known counts as none
         schedule_lengths(lr, end_lr, warmup_steps, warmup_fraction, total_steps)
-        # engine is how to train, not what: left out, a checkpoint is the same with or without it
-        # (and a resumed run follows its own command line, which ckpt_path hparams would override).
-        self.save_hyperparameters(ignore=["backbone", "engine"])
+        self.save_hyperparameters(ignore=["backbone"])
         self.facts = DataFacts.coerce(facts)
         self.model, resolved = build_backbone(self.facts, preset, backbone)
         # Plain values only (checkpoints load with weights_only=True), and complete.
@@ -140,11 +128,10 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
         self.hparams["backbone"] = resolved.as_dict()
         if compile:
             compile_backbone(self.model)
-        self._unchecked_loss: tuple[Tensor, int, int, int] | None = None
         self._resumed_rng: dict[str, Any] | None = None  # from the checkpoint a fit resumes
         self._resumed_schedule: list | None = None  # the lr schedule of that checkpoint
-        self._engine = (TrainingEngine(self, required=bool(engine))
-                        if engine or (engine is None and not compile) else None)
+        #: The one training step (:mod:`~graphormer_urpe.training.engine`).
+        self._engine = TrainingEngine(self)
         self.task = get_task(self.facts.task).with_loss(loss)
         for stage in ("val", "test"):
             setattr(self, f"{stage}_metrics", MetricCollection(
@@ -160,39 +147,11 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
         return self.task.loss(pred, y)
 
     def training_step(self, batch: GraphBatch, batch_idx: int) -> Tensor:
-        if self._engine is not None:
-            return self._engine.training_step(batch)
-        loss = self._loss(self.model(batch), batch.y)
-        self._check_loss(loss.detach(), batch_idx)
-        self.log("train/loss", loss, prog_bar=True, batch_size=batch.num_graphs)
-        return loss
-
-    def _check_loss(self, loss: Tensor | None, batch_idx: int = -1) -> None:
-        """FloatingPointError for a non-finite training loss. On CPU the loss of this step is
-        checked, before the optimizer applies it. On a GPU reading it would stall the host until
-        the forward finished, so each step checks the previous step's loss (computed by then),
-        and a checkpoint checks the last one (:meth:`on_save_checkpoint`): a diverged step is
-        applied, but never saved."""
-        pending = self._unchecked_loss
-        self._unchecked_loss = None
-        if loss is not None:
-            current = (loss, self.global_step, self.current_epoch, batch_idx)
-            if loss.device.type == "cpu":
-                pending = current
-            else:
-                self._unchecked_loss = current
-        if pending is None or bool(torch.isfinite(pending[0])):
-            return
-        value, step, epoch, batch = pending
-        raise FloatingPointError(
-            f"training loss is {value.item()} at step {step} (epoch {epoch}, batch {batch}): "
-            "check the targets for huge values and lower the learning rate; the last good "
-            "checkpoint is untouched")
+        """The whole optimizer step (:meth:`TrainingEngine.training_step`); its loss, unread."""
+        return self._engine.training_step(batch)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self._check_loss(None)
-        if self._engine is not None:
-            self._engine.check()
+        self._engine.check()  # a diverged run stops here, before its state is saved
         checkpoint[RNG_STATES] = rng_states()
         if getattr(self, "schedule", None) is not None:
             checkpoint[LR_SCHEDULE] = list(self.schedule)
@@ -217,15 +176,10 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
             self._resumed_rng = None
 
     def setup(self, stage: str) -> None:
-        # Before the optimizer is built: the engine's needs its fused kernel, Lightning's step not.
-        if stage == "fit" and self._engine is not None:
-            problems = self._engine.unsupported(self.trainer)
-            if problems and self._engine.required:
-                raise ValueError("model.engine needs " + "; ".join(problems))
+        if stage == "fit":
+            problems = TrainingEngine.unsupported(self.trainer)
             if problems:
-                log.info("training with Lightning's step: the training engine needs %s",
-                         "; ".join(problems))
-                self._engine = None
+                raise ValueError("training needs " + "; ".join(problems))
         if self.hparams.get("matmul_precision"):
             torch.set_float32_matmul_precision(self.hparams.matmul_precision)
 
@@ -298,15 +252,11 @@ class GraphormerModule(EngineHooks, pl.LightningModule):
         hp = self.hparams
         groups = head_lr_groups(parameter_groups(self, hp.weight_decay, hp.get("no_weight_decay") or ()),
                                 self.model.head, hp.get("head_lr"))
-        # Lightning refuses gradient clipping under mixed precision with a fused optimizer (it
-        # would unscale inside its kernel), so the fused AdamW serves full-precision runs only.
-        # The engine always uses it (its found_inf skips a step on the device), capturable on a GPU.
-        mixed = self._trainer is not None and "mixed" in str(self._trainer.precision)
-        engine = self._engine is not None
+        # The fused AdamW: its found_inf skips a step on the device; capturable on a GPU, where
+        # the step is recorded in a CUDA graph.
         warmup_steps, total_steps = self.schedule_lengths()
-        optimizer, scheduler = adamw_with_schedule(groups, hp, warmup_steps, total_steps,
-                                                   fused=engine or (self.device.type == "cuda" and not mixed),
-                                                   capturable=engine and self.device.type == "cuda")
+        optimizer, scheduler = adamw_with_schedule(groups, hp, warmup_steps, total_steps, fused=True,
+                                                   capturable=self.device.type == "cuda")
         #: relative_lr's arguments after the update number (the engine's on-device lr factor)
         self.schedule = (warmup_steps, total_steps, hp.end_lr / hp.lr, hp.power)
         self._warn_if_the_schedule_changed()

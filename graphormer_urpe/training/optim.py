@@ -1,4 +1,4 @@
-"""The optimizer of every training run (a solo run, the training engine, the stacked ensemble).
+"""The optimizer of every training run.
 
 * :func:`parameter_groups`: AdamW's param groups, one per kind of parameter
   (:data:`ParameterKind`, decided by rule: :func:`parameter_kind`), each with its weight decay;

@@ -85,7 +85,7 @@ def schedule_lengths(lr: float, end_lr: float, warmup_steps: int, warmup_fractio
     """``(warmup, total)`` of a model's schedule, checked (:func:`check_schedule`): the total is
     ``total_steps`` when given, else the training's step ``budget`` (from ``budget_from``; None or
     infinite: not known yet, None); the warmup is :func:`warmup_length` of that total. The one
-    place the CLI's early check, a solo run and the stacked ensemble take their lengths from."""
+    place the CLI's early check and a run take their lengths from."""
     total = total_steps
     if total is None and budget is not None and math.isfinite(budget):
         total = int(budget)

@@ -1,9 +1,8 @@
 """The shape-stable, sync-free training step that a GPU records in a CUDA graph (the training
-engine and the stacked ensemble on ``static_shapes`` batches), checked on CPU: padding changes no
-loss or gradient, the loss has no data-dependent shape, the compiled edge encoding equals the
-eager one, and the whole step at the paper's ZINC recipe shape (one run, and the six stacked runs
-of the paper's ablation resumed from their saved state) makes no host read, no data-dependent
-shape, and keeps every buffer in place across steps."""
+engine on ``static_shapes`` batches), checked on CPU: padding changes no loss or gradient, the
+loss has no data-dependent shape, the compiled edge encoding equals the eager one, and the whole
+step at the paper's ZINC recipe shape makes no host read, no data-dependent shape, and keeps
+every buffer in place across steps."""
 from __future__ import annotations
 
 import math
@@ -148,13 +147,6 @@ def test_backbone_traces_to_one_graph_that_inductor_lowers(zinc_data_root, monke
     assert left_to_aten <= {"aten.rand.default"}
 
 
-def test_non_finite_loss_stops_training():
-    module = GraphormerModule(DataFacts(num_atom_embeddings=29, num_bond_embeddings=5))
-    module._check_loss(torch.tensor(0.5))
-    with pytest.raises(FloatingPointError, match="training loss is nan at step 0"):
-        module._check_loss(torch.tensor(float("nan")), batch_idx=3)
-
-
 #: Operators a CUDA graph cannot record: a value read back to the host, or an output whose shape
 #: depends on the data (boolean indexing is checked apart: its nonzero runs below the mode).
 NOT_CAPTURABLE = frozenset({"_local_scalar_dense", "item", "nonzero", "nonzero_static", "masked_select",
@@ -257,83 +249,3 @@ def test_engine_step_at_the_recipe_shape_is_capturable(zinc_data_root):
     assert guard.ops > 1000 and guard.refused == []
     assert addresses[1] == addresses[2]
     assert len(addresses[2]) > 3 * len(list(module.parameters()))  # parameters, two moments, step
-
-
-def test_the_paper_ablation_in_progress_trains_two_more_capturable_steps(zinc_data_root, tmp_path, monkeypatch):
-    """The paper's ZINC ablation in progress (``results/runs/zinc-paper``: six stacked runs, URPE
-    and RPE x seeds 0, 1, 2, trained on a GPU in pieces) resumes from its saved state on a CPU and
-    trains two more steps at the recipe's shape (slim, batch 256, 20 hops, dropout on): without
-    an operator a CUDA graph refuses, with parameters, gradients and AdamW state at the same
-    addresses across the steps, and a saved state two steps on. So the state the next piece
-    starts from can never be unusable."""
-    import csv
-    import shutil
-
-    from graphormer_urpe.checkpoint import read_checkpoint
-    from graphormer_urpe.training.ensemble import (LEGACY_STATE_FILE, METRICS_FILE, STATE_FILE, Ensemble,
-                                                   MemberSpec, _stacked_key)
-
-    # The members' arguments name configs/, data/ and results/runs/ relative to the repository
-    # root: a copy of the run directories beside the configs and the test's ZINC.
-    runs = Path("results") / "runs" / "zinc-paper"
-    shutil.copytree(REPO / runs, tmp_path / "work" / runs)
-    (tmp_path / "work" / "configs").symlink_to(REPO / "configs", target_is_directory=True)
-    (tmp_path / "work" / "data").symlink_to(zinc_data_root, target_is_directory=True)
-    monkeypatch.chdir(tmp_path / "work")
-    # The state as the version that trained it saved it (state.pt); it resumes, and the first
-    # save replaces it with the Lightning checkpoint (state.ckpt).
-    legacy_path, state_path = runs / "ensemble" / LEGACY_STATE_FILE, runs / "ensemble" / STATE_FILE
-    saved = read_checkpoint(legacy_path, "cpu", what="ensemble state")
-    run_dirs = [Path(args[args.index("--trainer.default_root_dir") + 1]) for args in saved["members"]]
-    assert sorted(d.name for d in run_dirs) == [f"{arm}-s{seed}" for arm in ("rpe", "urpe") for seed in (0, 1, 2)]
-
-    torch.set_num_threads(os.cpu_count() or 1)  # large tensors: all cores (the fixture restores 1)
-    lines: list[str] = []
-    ensemble = Ensemble([MemberSpec(f"zinc-paper/{d.name}", tuple(args)) for d, args in zip(run_dirs, saved["members"])],
-                        runs / "ensemble", device="cpu", progress=lines.append)
-    module = ensemble.module
-    assert ensemble.step == saved["step"] > 0
-    assert ensemble.batch_size == 256 and ensemble.template.model.max_hops == 20
-    assert ensemble.template.model.capture_safe
-    ensemble.settings["max_steps"] = saved["step"] + 2
-    # The recipe's bf16 autocast is a GPU's: a CPU's bf16 matmuls are ~5x slower than float32,
-    # and the state (float32 weights and AdamW moments) is the same for both.
-    module.autocast_dtype = None
-    guard, addresses, epochs = CaptureGuard(), [], []
-    body = module._step_body
-
-    def guarded_body(batch):
-        with guard:
-            losses = body(batch)
-        addresses.append({**tensor_addresses(module.params),
-                          **tensor_addresses({f"{n}.grad": p.grad for n, p in module.params.items()}),
-                          **optimizer_addresses(module.optimizer)})
-        epochs.append(module.current_epoch)
-        return losses
-
-    module._step_body = guarded_body
-    ensemble.fit()
-    assert guard.ops > 1000 and guard.refused == []
-    assert len(addresses) == 2 and addresses[0] == addresses[1]
-    assert epochs == [saved["epoch"]] * 2  # the loop continued the saved epoch count
-    # Best checkpoints stay on the machine that trained them: each is named as missing, and the
-    # next validation saves a new one.
-    assert sum("best checkpoint" in line and "missing" in line for line in lines) == len(run_dirs)
-    assert f"ensemble: resuming at step {saved['step']}" in lines
-
-    assert not legacy_path.exists()
-    resumed = read_checkpoint(state_path, "cpu", what="ensemble state")
-    assert resumed["global_step"] == saved["step"] + 2
-    assert resumed["lr_schedulers"][0]["last_epoch"] == saved["scheduler"]["last_epoch"] + 2
-    moved = 0
-    for name, before in saved["params"].items():
-        after = resumed["state_dict"][f"stacked.{_stacked_key(name)}"]
-        assert after.shape == before.shape and torch.isfinite(after).all(), name
-        moved += not torch.equal(after, before)
-    assert moved > len(saved["params"]) // 2  # two AdamW steps move most tensors
-    for run_dir in run_dirs:
-        last = read_checkpoint(run_dir / "checkpoints" / "last.ckpt", "cpu", what="checkpoint")
-        assert last["global_step"] == saved["step"] + 2
-        with open(run_dir / METRICS_FILE, newline="") as handle:
-            steps = [int(row["step"]) for row in csv.DictReader(handle)]
-        assert steps == sorted(steps) and steps[-1] < saved["step"]  # nothing logged twice

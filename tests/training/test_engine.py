@@ -1,7 +1,8 @@
-"""The training engine (``GraphormerModule(engine=True)``) on CPU, real ZINC, a tiny model: the
-same training as Lightning's eager step, exact mid-epoch resume through the CLI, non-finite
-steps skipped on the device and reported; on a GPU, the captured step equals the eager one and
-syncs nowhere."""
+"""The one training step (:mod:`graphormer_urpe.training.engine`) on CPU, real ZINC, a tiny model:
+the same training as Lightning's own automatic-optimization step, exact mid-epoch resume through
+the CLI, a checkpoint of the previous release's eager step resumed, the settings it does not do
+refused in one line, non-finite steps skipped on the device and reported; on a GPU, the captured
+step equals the eager one and syncs nowhere."""
 from __future__ import annotations
 
 import json
@@ -51,30 +52,41 @@ class Record(pl.Callback):
             self.around["after"] = self.snapshot(trainer, module)
 
 
+class LightningStep(GraphormerModule):
+    """The reference: the same module trained by Lightning's own step (its automatic
+    optimization: ``training_step`` returns the loss, Lightning runs backward, clipping and the
+    optimizer), as the textbook LightningModule does."""
+
+    def training_step(self, batch, batch_idx):
+        return self._loss(self.model(batch), batch.y)
+
+    optimizer_step = pl.LightningModule.optimizer_step
+    optimizer_zero_grad = pl.LightningModule.optimizer_zero_grad
+    backward = pl.LightningModule.backward
+
+    def configure_callbacks(self):
+        return []
+
+    def on_save_checkpoint(self, checkpoint):
+        pass
+
+
 def train(root: Path, engine: bool, steps: int, backbone: dict, callbacks=(), module_args=None, data_args=None,
           accelerator: str = "cpu", **trainer_args):
+    """``steps`` steps of the tiny model; ``engine`` False: :class:`LightningStep`."""
     trainer_args = {"logger": False, "enable_checkpointing": False, **trainer_args}
     dm = ZINCDataModule(root=str(root), batch_size=16,
                         **(data_args or {"device_resident": True, "static_shapes": True}))
     pl.seed_everything(3, verbose=False)
-    module = GraphormerModule(DataFacts(num_atom_embeddings=dm.num_atom_embeddings,
-                                        num_bond_embeddings=dm.num_bond_embeddings),
-                              backbone=backbone, lr=1e-3, warmup_steps=5, total_steps=40, engine=engine,
-                              **(module_args or {}))
+    module = (GraphormerModule if engine else LightningStep)(
+        DataFacts(num_atom_embeddings=dm.num_atom_embeddings, num_bond_embeddings=dm.num_bond_embeddings),
+        backbone=backbone, lr=1e-3, warmup_steps=5, total_steps=40, **(module_args or {}))
     trainer = pl.Trainer(accelerator=accelerator, devices=1, max_steps=steps, precision="32-true",
                          gradient_clip_val=0.05, limit_val_batches=0, num_sanity_val_steps=0,
                          enable_progress_bar=False, enable_model_summary=False, callbacks=list(callbacks),
                          **trainer_args)
     trainer.fit(module, datamodule=dm)
     return module, trainer
-
-
-class FusedAdamW(torch.optim.AdamW):
-    """torch's AdamW with the fused kernel, the engine's, also where the eager step would not
-    use it (on CPU)."""
-
-    def __init__(self, *args, fused=None, **kwargs) -> None:
-        super().__init__(*args, fused=True, **kwargs)
 
 
 def assert_same_training(actual, expected, exact: bool) -> None:
@@ -104,22 +116,18 @@ def assert_same_training(actual, expected, exact: bool) -> None:
 
 
 @pytest.mark.parametrize("data_args", [None, {"bucket_batches": 4}], ids=["one shape", "DataLoader"])
-def test_engine_step_equals_the_eager_lightning_step(zinc_data_root, monkeypatch, data_args):
+def test_engine_step_equals_lightnings_own_step(zinc_data_root, data_args):
     """24 steps with dropout and clipping active: the same batches, dropout masks, losses,
-    parameters and AdamW moments as Lightning's eager step; bit for bit when both use the fused
-    AdamW kernel, within float32 rounding against the eager CPU default (the per-tensor loop).
-    On batches of one shape the engine gathers them itself; on the DataLoader's batches of
-    varying shapes it steps them as they come."""
+    parameters and AdamW moments as Lightning's own step (both with the fused AdamW kernel), bit
+    for bit. On batches of one shape the engine gathers them itself; on the DataLoader's batches
+    of varying shapes it steps them as they come."""
     def run(engine: bool):
         record = Record()
         module, trainer = train(zinc_data_root, engine, 24, TINY, [record], data_args=data_args)
-        assert (module._engine is not None) == engine
         return module, trainer, record
 
     engine = run(True)
     assert engine[0]._engine.slots == (data_args is None)
-    assert_same_training(engine, run(False), exact=False)
-    monkeypatch.setattr(torch.optim, "AdamW", FusedAdamW)
     assert_same_training(engine, run(False), exact=True)
 
 
@@ -149,7 +157,6 @@ def test_engine_step_on_the_fused_attention_kernels(zinc_data_root, monkeypatch,
         module, _ = train(zinc_data_root, True, 4, {**TINY, **NO_DROPOUT, "attention_impl": impl}, [record],
                           module_args={"compile": compile}, accelerator="cuda" if on_gpu else "cpu",
                           data_args={"device_resident": True, "static_shapes": True, "max_nodes": 11})
-        assert module._engine is not None
         runs.append((module, record))
         # a GPU calls them in the update-free steps before recording and in the recording only
         calls_per_layer = (CAPTURE_WARMUP_STEPS + 1) if on_gpu else 4
@@ -162,10 +169,9 @@ def test_engine_step_on_the_fused_attention_kernels(zinc_data_root, monkeypatch,
         torch.testing.assert_close(param, reference[name], rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
 
 
-def test_engine_follows_head_lr_and_freeze_backbone_steps(zinc_data_root, monkeypatch):
+def test_engine_follows_head_lr_and_freeze_backbone_steps(zinc_data_root):
     """Fine-tuning options: the head's own peak learning rate (its param groups) and the first
-    steps training the head alone give the engine the eager step's training bit for bit (both
-    with the fused AdamW kernel): every group's learning rate follows the schedule from its own
+    steps training the head alone give the engine Lightning's own step's training bit for bit: every group's learning rate follows the schedule from its own
     peak, and frozen parameters neither move nor decay until the phase ends."""
     options = {"head_lr": 5e-3, "freeze_backbone_steps": 7}
 
@@ -174,7 +180,6 @@ def test_engine_follows_head_lr_and_freeze_backbone_steps(zinc_data_root, monkey
         module, trainer = train(zinc_data_root, engine, 24, TINY, [record], module_args=options)
         return module, trainer, record
 
-    monkeypatch.setattr(torch.optim, "AdamW", FusedAdamW)
     engine = run(True)
     assert_same_training(engine, run(False), exact=True)
     groups = engine[1].optimizers[0].param_groups
@@ -229,7 +234,8 @@ def test_an_interval_of_only_non_finite_steps_stops_training(zinc_data_root, tmp
 
 def fit(run_dir: Path, data_root: Path, max_steps: int, *extra: str):
     """configs/zinc.yaml + configs/engine.yaml with a tiny backbone, epochs of 8 batches of 16,
-    validation and checkpoints after batch 5 of each epoch."""
+    validation and checkpoints after batch 5 of each epoch (as the previous release's checkpoint
+    in tests/fixtures was trained, with its eager step)."""
     return build_cli(["fit",
                       "--config", str(REPO / "configs" / "zinc.yaml"),
                       "--config", str(REPO / "configs" / "engine.yaml"),
@@ -264,11 +270,11 @@ class KillAt(pl.Callback):
             raise Killed(f"killed at step {self.step}")
 
 
-def test_cli_engine_resumes_mid_epoch_exactly_and_interchanges_checkpoints(zinc_data_root, tmp_path):
+def test_cli_engine_resumes_mid_epoch_exactly(zinc_data_root, tmp_path):
     """Through the CLI: killed after step 6, resumed from last.ckpt of step 5 (batch 5 of 8 of
-    epoch 0, saved after its validation) to step 12 (past an epoch end), the engine reaches the
-    uninterrupted run's weights bit for bit; the eager step resumes from the engine's checkpoint
-    too; metrics are read from the device once per logging interval."""
+    epoch 0, saved after its validation) to step 12 (past an epoch end), the run reaches the
+    uninterrupted run's weights bit for bit; metrics are read from the device once per logging
+    interval."""
     kill = json.dumps({"class_path": f"{__name__}.KillAt", "init_args": {"step": 6}})
     with pytest.raises(Killed):
         fit(tmp_path / "engine", zinc_data_root, 12, f"--trainer.callbacks+={kill}")
@@ -278,20 +284,11 @@ def test_cli_engine_resumes_mid_epoch_exactly_and_interchanges_checkpoints(zinc_
     (tmp_path / "engine" / "checkpoints" / "last.ckpt").rename(tmp_path / "step5.ckpt")
     resumed = fit(tmp_path / "engine", zinc_data_root, 12, "--ckpt_path", str(tmp_path / "step5.ckpt"))
     straight = fit(tmp_path / "straight", zinc_data_root, 12)
-    assert resumed.model._engine is not None
     assert resumed.trainer.global_step == straight.trainer.global_step == 12
     assert resumed.trainer.current_epoch == straight.trainer.current_epoch
     reference = straight.model.state_dict()
     for name, value in resumed.model.state_dict().items():
         assert torch.equal(value, reference[name]), name
-
-    # An ordinary checkpoint: the eager step resumes from it too (float32 rounding apart: its
-    # AdamW kernel differs).
-    eager = fit(tmp_path / "eager", zinc_data_root, 12, "--ckpt_path", str(tmp_path / "step5.ckpt"),
-                "--model.engine", "false")
-    assert eager.model._engine is None and eager.trainer.global_step == 12
-    for name, value in eager.model.state_dict().items():
-        torch.testing.assert_close(value, reference[name], rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
 
     metrics = (tmp_path / "straight" / "csv" / "version_0" / "metrics.csv").read_text().splitlines()
     header = metrics[0].split(",")
@@ -301,18 +298,17 @@ def test_cli_engine_resumes_mid_epoch_exactly_and_interchanges_checkpoints(zinc_
     assert all(float(row["train/skipped_steps"]) == 0 for row in logged if row.get("train/loss"))
 
 
-def test_cli_engine_resumes_a_checkpoint_of_the_eager_step(zinc_data_root, tmp_path):
-    """A checkpoint saved by the eager step (unfused AdamW) resumes under the engine: the
-    restored optimizer takes the engine's fused kernel, and training reaches the uninterrupted
-    engine run's weights within float32 rounding (the first 5 steps used another kernel)."""
-    kill = json.dumps({"class_path": f"{__name__}.KillAt", "init_args": {"step": 6}})
-    with pytest.raises(Killed):
-        fit(tmp_path / "eager", zinc_data_root, 12, "--model.engine", "false", f"--trainer.callbacks+={kill}")
-    checkpoint = torch.load(tmp_path / "eager" / "checkpoints" / "last.ckpt", weights_only=True)
+def test_a_checkpoint_of_the_previous_releases_eager_step_resumes(zinc_data_root, tmp_path):
+    """tests/fixtures/previous_release_eager_step5.ckpt: written by the previous release with
+    Lightning's own step (unfused AdamW) from :func:`fit`'s recipe, 5 steps. It resumes: the
+    restored optimizer takes the fused kernel, and training reaches the uninterrupted run's
+    weights within float32 rounding (the first 5 steps used another AdamW kernel)."""
+    saved = REPO / "tests" / "fixtures" / "previous_release_eager_step5.ckpt"
+    checkpoint = torch.load(saved, weights_only=True)
     assert checkpoint["global_step"] == 5
     assert not any(group["fused"] for group in checkpoint["optimizer_states"][0]["param_groups"])
-    resumed = fit(tmp_path / "eager", zinc_data_root, 12, "--ckpt_path", "last")
-    assert resumed.model._engine is not None and resumed.trainer.global_step == 12
+    resumed = fit(tmp_path / "old", zinc_data_root, 12, "--ckpt_path", str(saved))
+    assert resumed.trainer.global_step == 12
     assert all(group["fused"] for group in resumed.trainer.optimizers[0].param_groups)
     straight = fit(tmp_path / "straight", zinc_data_root, 12)
     reference = straight.model.state_dict()
@@ -320,22 +316,29 @@ def test_cli_engine_resumes_a_checkpoint_of_the_eager_step(zinc_data_root, tmp_p
         torch.testing.assert_close(value, reference[name], rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
 
 
-def test_engine_settings(zinc_data_root, tmp_path, caplog):
-    """Asked for (configs/engine.yaml), the engine refuses what it does not do in one error naming
-    the options it needs; by default those runs take Lightning's own step, with a log line, and
-    every other run trains with the engine, whatever its batches."""
-    with pytest.raises(ValueError, match=r"model.engine needs clipping by norm \(trainer.gradient_clip_algorithm norm\)"):
-        fit(tmp_path / "run", zinc_data_root, 2, "--trainer.gradient_clip_val", "1.0",
-            "--trainer.gradient_clip_algorithm", "value")
-    with caplog.at_level("INFO", logger="graphormer_urpe"):
-        lightning_step = fit(tmp_path / "lightning", zinc_data_root, 2, "--model.engine", "null",
-                             "--trainer.accumulate_grad_batches", "2")
-    assert lightning_step.model._engine is None
-    assert "training with Lightning's step: the training engine needs no gradient accumulation" in caplog.text
-    varying = fit(tmp_path / "varying", zinc_data_root, 2, "--model.engine", "null",
-                  "--data.init_args.static_shapes", "false", "--data.init_args.device_resident", "false")
-    assert varying.model._engine is not None and not varying.model._engine.slots
-    assert varying.trainer.global_step == 2
+@pytest.mark.parametrize("option, value, needs", [
+    ("--trainer.gradient_clip_algorithm", "value", "trainer.gradient_clip_algorithm norm (got value)"),
+    ("--trainer.accumulate_grad_batches", "2", "trainer.accumulate_grad_batches 1 (got 2; a larger "
+                                               "data.init_args.batch_size does the same)"),
+    ("--trainer.precision", "16-mixed", "trainer.precision 32-true or bf16-mixed (got 16-mixed: its loss "
+                                        "scaler would read the gradients on the host every step)"),
+])
+def test_settings_the_step_does_not_do_are_refused_in_one_line_before_the_data(tmp_path, run_main, option,
+                                                                               value, needs):
+    """Through the command: one line, exit status 2, before ZINC is read (its root is empty)."""
+    from graphormer_urpe.training.cli import main
+
+    done = run_main(main, ["fit", "--config", REPO / "configs" / "zinc.yaml", "--trainer.default_root_dir",
+                           tmp_path / "run", "--trainer.gradient_clip_val", "1.0", "--data.init_args.root",
+                           tmp_path / "empty", option, value])
+    assert done.returncode == 2 and done.stderr.strip() == f"graphormer-urpe: error: the training step needs {needs}"
+    assert not (tmp_path / "empty").exists()
+
+
+def test_batches_of_varying_shapes_train_with_the_same_step(zinc_data_root, tmp_path):
+    varying = fit(tmp_path / "varying", zinc_data_root, 2, "--data.init_args.static_shapes", "false",
+                  "--data.init_args.device_resident", "false")
+    assert not varying.model._engine.slots and varying.trainer.global_step == 2
 
 
 def test_console_scripts_train_with_the_engine_and_test_its_checkpoint(zinc_data_root, tmp_path):
@@ -371,16 +374,15 @@ def test_console_scripts_train_with_the_engine_and_test_its_checkpoint(zinc_data
 @pytest.mark.gpu
 @pytest.mark.parametrize("compile", [False, True], ids=["eager backbone", "compiled backbone"])
 def test_captured_step_equals_eager_and_never_syncs(zinc_data_root, compile):
-    """On a GPU: the CUDA-graph step trains like Lightning's eager step (float32 tolerance:
+    """On a GPU: the CUDA-graph step trains like Lightning's own eager step (float32 tolerance:
     different kernels), and 100 replays make no device-to-host sync; also with the backbone
     compiled (inductor's kernels recorded in the graph)."""
     def run(engine: bool, steps: int, callbacks=()):
         dm = ZINCDataModule(root=str(zinc_data_root), batch_size=16, device_resident=True, static_shapes=True)
         pl.seed_everything(3, verbose=False)
-        module = GraphormerModule(DataFacts(num_atom_embeddings=dm.num_atom_embeddings,
-                                            num_bond_embeddings=dm.num_bond_embeddings),
-                                  backbone={**TINY, **NO_DROPOUT}, lr=1e-3, warmup_steps=5,
-                                  total_steps=200, engine=engine, compile=compile and engine)
+        module = (GraphormerModule if engine else LightningStep)(
+            DataFacts(num_atom_embeddings=dm.num_atom_embeddings, num_bond_embeddings=dm.num_bond_embeddings),
+            backbone={**TINY, **NO_DROPOUT}, lr=1e-3, warmup_steps=5, total_steps=200, compile=compile and engine)
         trainer = pl.Trainer(accelerator="gpu", devices=1, max_steps=steps, precision="32-true",
                              gradient_clip_val=5.0, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
                              log_every_n_steps=1000, enable_checkpointing=False, enable_progress_bar=False,

@@ -95,16 +95,17 @@ def test_decay_alone_keeps_c_at_one():
     assert module.model.final_norm.weight.max() < 1  # fairseq's recipe: LayerNorm decays too
 
 
-@pytest.mark.parametrize("precision, fused", [("32-true", True), ("bf16-mixed", False)])
-def test_fused_adamw_only_without_mixed_precision(precision, fused):
-    """On CUDA Lightning's step uses the fused AdamW, except under mixed precision, where
-    Lightning refuses gradient clipping with an optimizer that unscales inside its kernel (the
-    training engine clips itself and always uses it)."""
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_the_step_uses_the_fused_adamw_capturable_on_a_gpu(precision):
+    """The one training step clips itself and skips a non-finite step with the fused AdamW's
+    found_inf, so the optimizer is always the fused one, at any precision; on a GPU capturable
+    (the step is recorded in a CUDA graph)."""
     import lightning.pytorch as pl
 
-    module = _module(engine=False)
+    module = _module()
     module.trainer = pl.Trainer(accelerator="cpu", precision=precision, max_steps=100, logger=False,
                                 enable_checkpointing=False, enable_progress_bar=False)
-    module._device = torch.device("cuda", 0)  # what a CUDA run reports; AdamW(fused=True) also runs on CPU
     optimizer = module.configure_optimizers()["optimizer"]
-    assert optimizer.defaults["fused"] is fused
+    assert optimizer.defaults["fused"] is True and optimizer.defaults["capturable"] is False
+    module._device = torch.device("cuda", 0)  # what a CUDA run reports; the flags are only read
+    assert module.configure_optimizers()["optimizer"].defaults["capturable"] is True

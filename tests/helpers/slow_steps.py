@@ -1,0 +1,24 @@
+"""A Lightning callback for tests of a fit stopped part-way by SIGTERM (the ablation's time
+slices): at one step it waits until the SIGTERM has arrived, once per marker file, so the stop
+falls inside the run however long the process took to start. Changes nothing trained."""
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+
+
+class StallOnce(pl.Callback):
+    """After training step ``step``, wait (at most ``timeout`` seconds) until the run's
+    checkpoint callback holds a SIGTERM back (:class:`~graphormer_urpe.training.run_checkpoint.RunCheckpoint`
+    passes it on at this batch's end), unless ``marker`` exists; creates ``marker``."""
+
+    def __init__(self, step: int, marker: str, timeout: float = 300.0) -> None:
+        self.step, self.marker, self.timeout = step, Path(marker), timeout
+
+    def on_train_batch_end(self, trainer, *args, **kwargs) -> None:
+        if trainer.global_step != self.step or self.marker.exists():
+            return
+        self.marker.touch()
+        end = time.monotonic() + self.timeout
+        while trainer.checkpoint_callback._held_sigterm is None and time.monotonic() < end:
+            time.sleep(0.05)
