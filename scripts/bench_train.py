@@ -15,7 +15,7 @@ attention (``urpe``, ``rpe``: plain Graphormer) and each path (:data:`PATHS`):
 * ``engine``: device-resident batches of one shape (``static_shapes=True``) gathered inside the
   training step (:mod:`graphormer_urpe.training.engine`), the whole optimizer step (gather,
   forward, backward, clipping, fused AdamW) recorded in one CUDA graph on a GPU, float32 with TF32 matmuls (``matmul_precision="high"``), the eager attention core; on CPU
-  the same step run eagerly, as a GPU records it (``capture_safe``);
+  the same step run eagerly, as a GPU records it (``static_shapes``);
 * ``engine-triton``: ``engine`` with the fused Triton attention core on CUDA;
 * ``engine-compiled``: ``engine`` with the compiled backbone (``compile=True``) inside the step,
   inductor's kernels recorded in the same CUDA graph;
@@ -350,7 +350,7 @@ def run_training(name: str, attention: str, path: str, args) -> dict:
         warmup_steps=10, total_steps=10 * (args.warmup + args.steps), compile=spec.compile,
         matmul_precision=spec.matmul_precision)
     if spec.static_shapes:
-        module._engine.capture_safe = True  # on CPU too: the step a GPU records
+        module._engine.static_shapes = True  # on CPU too: the step a GPU records
     if spec.static_compile:  # the training batches' one shape, not symbolic sizes
         compile_backbone(module.model, dynamic=False)
     timer = make_step_timer(args.device, args.warmup, args.steps)

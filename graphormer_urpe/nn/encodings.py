@@ -46,10 +46,10 @@ COUNTED_MAX_BOND_IDS = 16
 PRODUCT_MAX_SLOTS = 64
 
 
-def capture_form(flag: bool, tensor: Tensor) -> bool:
+def static_form(flag: bool, tensor: Tensor) -> bool:
     """Whether a pair encoding computes in the form a CUDA graph holds and a GPU runs fast (fixed
     shapes, no host reads, products with one-hot slot matrices instead of scatter-adds): when its
-    ``capture_form`` is set (:meth:`Graphormer.make_capture_safe`), off a CPU, or under
+    ``static_shapes`` is set (:meth:`Graphormer.use_static_shapes`), off a CPU, or under
     ``torch.compile``. The CPU's eager form is the gather and scatter-add, which a CPU runs faster."""
     return flag or tensor.device.type != "cpu" or torch.compiler.is_compiling()
 
@@ -145,8 +145,8 @@ class AtomEncoder(nn.Module):
         super().__init__()
         _check_positive(num_atom_embeddings=num_atom_embeddings, hidden_dim=hidden_dim)
         self.embedding = nn.Embedding(num_atom_embeddings, hidden_dim, padding_idx=0)
-        #: Embed by product on every device (:func:`capture_form`); not saved.
-        self.capture_form = False
+        #: Embed by product on every device (:func:`static_form`); not saved.
+        self.static_shapes = False
         #: Small enough a vocabulary for :func:`embed_by_product` (ZINC: 29 ids; OGB's offset
         #: columns: thousands, which gather).
         self.by_product = num_atom_embeddings <= PRODUCT_MAX_SLOTS
@@ -158,7 +158,7 @@ class AtomEncoder(nn.Module):
             self.embedding.weight[0].zero_()
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.by_product and capture_form(self.capture_form, x):
+        if self.by_product and static_form(self.static_shapes, x):
             return embed_by_product(self.embedding.weight, x)
         return self.embedding(x).sum(dim=-2)
 
@@ -179,8 +179,8 @@ class DegreeEncoder(nn.Module):
         _check_positive(max_degree=max_degree, hidden_dim=hidden_dim)
         self.max_degree = max_degree
         self.embedding = nn.Embedding(max_degree + 2, hidden_dim, padding_idx=0)
-        #: Embed by product on every device (:func:`capture_form`); not saved.
-        self.capture_form = False
+        #: Embed by product on every device (:func:`static_form`); not saved.
+        self.static_shapes = False
         #: Small enough a table for :func:`embed_by_product` (slim: 64 rows; small, base: 512).
         self.by_product = max_degree + 2 <= PRODUCT_MAX_SLOTS
         self.reset_parameters()
@@ -192,7 +192,7 @@ class DegreeEncoder(nn.Module):
 
     def forward(self, degree: Tensor, node_mask: Tensor) -> Tensor:
         slot = torch.where(node_mask, degree.to(torch.int32).clamp(0, self.max_degree) + 1, 0)
-        if self.by_product and capture_form(self.capture_form, slot):
+        if self.by_product and static_form(self.static_shapes, slot):
             return embed_by_product(self.embedding.weight, slot[..., None])
         return self.embedding(slot)
 
@@ -233,8 +233,8 @@ class SpatialBias(nn.Module):
         super().__init__()
         _check_positive(max_spd=max_spd, num_heads=num_heads)
         self.embedding = nn.Embedding(max_spd + 2, num_heads)
-        #: Look up by product on every device (:func:`capture_form`); not saved.
-        self.capture_form = False
+        #: Look up by product on every device (:func:`static_form`); not saved.
+        self.static_shapes = False
         #: Small enough a table for :func:`lookup_by_product`.
         self.by_product = max_spd + 2 <= PRODUCT_MAX_SLOTS
         self.reset_parameters()
@@ -243,7 +243,7 @@ class SpatialBias(nn.Module):
         nn.init.normal_(self.embedding.weight, std=EMBEDDING_STD)
 
     def forward(self, slots: Tensor) -> Tensor:
-        if self.by_product and capture_form(self.capture_form, slots):
+        if self.by_product and static_form(self.static_shapes, slots):
             return lookup_by_product(self.embedding.weight, slots)
         return lookup_per_head(self.embedding.weight, slots)
 
@@ -296,11 +296,11 @@ class EdgePathBias(nn.Module):
 
     * CPU eager (:meth:`sum_hops_packed`): only the hops present are gathered and added up. Most
       (pair, hop) slots are absent at 20 hops; the number present is read from the data.
-    * The capture form (:func:`capture_form`: GPUs, ``torch.compile``, the training step on
+    * The static form (:func:`static_form`: GPUs, ``torch.compile``, the training step on
       batches of one shape), for bond vocabularies of up to :data:`COUNTED_MAX_BOND_IDS` ids
       (:meth:`sum_hops_counted`): each pair's counts of (hop, bond id) times the per-hop tables
       ``E_bond W_k``, one matrix product each way, with fixed shapes.
-    * The capture form for larger vocabularies (:meth:`sum_hops_gather`): every (pair, hop) slot
+    * The static form for larger vocabularies (:meth:`sum_hops_gather`): every (pair, hop) slot
       gathered from the per-hop tables of the batch's edges ``w(e) W_k`` and summed.
 
     Shapes: edge_attr ``[E+1, Fe]`` int ids, path_edges ``[B, N, N, K]`` int rows of edge_attr
@@ -314,11 +314,11 @@ class EdgePathBias(nn.Module):
         self.max_hops = max_hops
         self.embedding = nn.Embedding(num_bond_embeddings, num_heads, padding_idx=0)
         self.hop_weight = nn.Parameter(torch.empty(max_hops, num_heads, num_heads))
-        #: Sum hops in the capture form on every device (:func:`capture_form`; set by
-        #: Graphormer.make_capture_safe: a CUDA graph cannot hold the packed sum's data-dependent
+        #: Sum hops in the static form on every device (:func:`static_form`; set by
+        #: Graphormer.use_static_shapes: a CUDA graph cannot hold the packed sum's data-dependent
         #: size); not saved.
-        self.capture_form = False
-        #: The capture form counts (hop, bond id) pairs (:meth:`sum_hops_counted`) rather than
+        self.static_shapes = False
+        #: The static form counts (hop, bond id) pairs (:meth:`sum_hops_counted`) rather than
         #: gathering every (pair, hop) slot.
         self.counts_bonds = num_bond_embeddings - 1 <= max(num_heads, COUNTED_MAX_BOND_IDS)
         self.reset_parameters()
@@ -335,7 +335,7 @@ class EdgePathBias(nn.Module):
             raise ValueError(f"path_edges hold {k} hops but the edge encoding has max_hops={self.max_hops}")
         hops = path_edges.reshape(-1, k)
         present = hops >= 0
-        if not capture_form(self.capture_form, hops):
+        if not static_form(self.static_shapes, hops):
             summed = self.sum_hops_packed(self.edge_hop_tables(edge_attr), hops, present, edge_attr.shape[0])
         elif self.counts_bonds:
             summed = self.sum_hops_counted(self.bond_counts(edge_attr, hops, present),
@@ -435,8 +435,8 @@ class URPEScale(nn.Module):
         _check_positive(max_spd=max_spd, num_heads=num_heads)
         self.max_spd = max_spd
         self.delta = nn.Parameter(torch.empty(max_spd + 3, num_heads))
-        #: :meth:`lookup_many` by product on every device (:func:`capture_form`); not saved.
-        self.capture_form = False
+        #: :meth:`lookup_many` by product on every device (:func:`static_form`); not saved.
+        self.static_shapes = False
         #: Small enough a table for :func:`lookup_by_product`.
         self.by_product = max_spd + 3 <= PRODUCT_MAX_SLOTS
         self.reset_parameters()
@@ -459,7 +459,7 @@ class URPEScale(nn.Module):
 
     @staticmethod
     def lookup_many(scales: Sequence["URPEScale"], slots: Tensor) -> list[Tensor]:
-        """``[scale(slots) for scale in scales]`` in the capture form: one batched product of the
+        """``[scale(slots) for scale in scales]`` in the static form: one batched product of the
         concatenated tables with the slots' one-hot matrices (:func:`lookup_by_product`), whose
         backward is one too. The 1 of ``C = 1 + delta`` is added after the product, so a
         float32 product gives the gathered C bit for bit, and a TF32 one (matmul precision

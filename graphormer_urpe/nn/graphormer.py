@@ -42,7 +42,7 @@ from graphormer_urpe.nn.encodings import (
     SpatialBias,
     URPEScale,
     VirtualDistanceBias,
-    capture_form,
+    static_form,
     distance_slots,
 )
 from graphormer_urpe.task import get_task
@@ -216,8 +216,8 @@ class Graphormer(nn.Module):
         self.max_spd = max_spd = config.max_spd
         self.num_heads = num_heads = config.num_heads
         self.attention_impl = config.attention_impl
-        #: No per-batch host reads (set by :meth:`make_capture_safe`); not saved.
-        self.capture_safe = False
+        #: No per-batch host reads (set by :meth:`use_static_shapes`); not saved.
+        self.static_shapes = False
         hidden_dim, num_layers = config.hidden_dim, config.num_layers
 
         self.atom_encoder = AtomEncoder(facts.num_atom_embeddings, hidden_dim)
@@ -322,10 +322,10 @@ class Graphormer(nn.Module):
             raise ValueError(f"GraphBatch fields {bad} do not match node_mask [B={b}, N={n}] "
                              f"(x [B, N, F], degree [B, N], spd [B, N, N], path_edges [B, N, N, K], "
                              f"edge_attr [E+1, Fe])")
-        if batch.x.device.type != "cpu" or self.capture_safe:
+        if batch.x.device.type != "cpu" or self.static_shapes:
             # On an accelerator an out-of-range id fails loudly (device-side assert); checking here
             # would cost a host sync every step and stop the next step from being queued. A
-            # capture-safe model had its whole split's ids checked once (make_capture_safe).
+            # static-shape model had its whole split's ids checked once (use_static_shapes).
             return
         self.check_ids(batch.x, batch.edge_attr)
 
@@ -343,24 +343,24 @@ class Graphormer(nn.Module):
             raise ValueError(f"bond ids span [{e_lo}, {e_hi}] but num_bond_embeddings="
                              f"{self.num_bond_embeddings}")
 
-    def make_capture_safe(self, atom_ids, bond_ids) -> None:
+    def use_static_shapes(self, atom_ids, bond_ids) -> None:
         """Switch the training forward to what a CUDA graph can hold, on any device: no value read
         back to the host and no shape that depends on the data. The ids of everything it will see
         (a whole training split: ``atom_ids``, ``bond_ids``) are checked here, once, instead of
-        per batch, and the encodings take their capture form on every device
-        (:func:`~graphormer_urpe.nn.encodings.capture_form`, as they do on a GPU anyway).
+        per batch, and the encodings take their static form on every device
+        (:func:`~graphormer_urpe.nn.encodings.static_form`, as they do on a GPU anyway).
         The training step calls it on batches of one shape; the values stay the same up to
         float rounding (the edge encoding sums the hops in another order)."""
         self.check_ids(atom_ids, bond_ids)
-        self.capture_safe = True
+        self.static_shapes = True
         for module in self.modules():
-            if hasattr(module, "capture_form"):
-                module.capture_form = True
+            if hasattr(module, "static_shapes"):
+                module.static_shapes = True
 
     def attention_inputs(self, batch: GraphBatch) -> tuple[Tensor | None, Iterable[Tensor | None]]:
         """``B`` ``[B, H, N+1, N+1]`` (None for ``"none"``) and the ``C`` each layer uses
         (``[B, H, N+1, N+1]``, the same tensor for every layer when shared; None unless
-        ``"urpe"``), in layer order: a list when autograd records the capture form (all layers'
+        ``"urpe"``), in layer order: a list when autograd records the static form (all layers'
         C from one product), else a generator that gathers each layer's C when it is reached."""
         if not self.variant.bias:
             return None, [None] * len(self.layers)
@@ -372,7 +372,7 @@ class Graphormer(nn.Module):
         scale_slots = URPEScale.slots(slots, self.max_spd)
         scales = self.urpe_scales
         if (torch.is_grad_enabled() and scales[0].by_product
-                and capture_form(scales[0].capture_form, scale_slots)):
+                and static_form(scales[0].static_shapes, scale_slots)):
             looked_up = URPEScale.lookup_many(scales, scale_slots)  # all layers in one product
         else:
             # Each layer's C is gathered when the layer runs (without autograd one
@@ -393,8 +393,24 @@ class Graphormer(nn.Module):
         return nodes
 
     def forward(self, batch: GraphBatch, nodes: Tensor | None = None) -> Tensor:
-        """Outputs ``[B, head width]``; ``nodes`` replaces :meth:`node_features` (attributions:
-        :mod:`graphormer_urpe.explain` scales them along a path)."""
+        """Outputs ``[B, head width]``: the head applied to :meth:`embed`; ``nodes`` replaces
+        :meth:`node_features` (attributions: :mod:`graphormer_urpe.explain` scales them along a
+        path)."""
+        return self.head(self.embed(batch, nodes))
+
+    def embed(self, batch: GraphBatch, nodes: Tensor | None = None) -> Tensor:
+        """Each molecule's representation ``[B, D]``: the graph token's final vector after the
+        last LayerNorm, ``LN(h^{(L)})_0``, which the output head reads (:meth:`forward`)."""
+        return self.final_norm(self._token_states(batch, nodes)[:, 0])
+
+    def embed_atoms(self, batch: GraphBatch) -> tuple[Tensor, Tensor]:
+        """:meth:`embed`'s ``[B, D]`` and each atom's final vector ``[B, N, D]`` after the same
+        LayerNorm (zero at padding), from one pass."""
+        h = self._token_states(batch)
+        return self.final_norm(h[:, 0]), self.final_norm(h[:, 1:]).masked_fill(~batch.node_mask[..., None], 0.0)
+
+    def _token_states(self, batch: GraphBatch, nodes: Tensor | None = None) -> Tensor:
+        """``h^{(L)}`` ``[B, N+1, D]``, the graph token at index 0 (before the final LayerNorm)."""
         self._check_batch(batch)
         node_mask = batch.node_mask
         if nodes is None:
@@ -409,7 +425,7 @@ class Graphormer(nn.Module):
             key_padding_mask = None
         for layer, attn_scale in zip(self.layers, scales):
             h = layer(h, attn_bias, attn_scale, key_padding_mask)
-        return self.head(self.final_norm(h[:, 0]))
+        return h
 
 
 #: Architecture presets, complete :class:`GraphormerConfig` instances. ``slim`` is

@@ -26,8 +26,8 @@ dropout masks every replay (the default CUDA generator's offset advances with ea
 fused Triton attention draws its dropout seed there too). With ``model.freeze_backbone_steps``
 the frozen and the unfrozen phase each record their own graph (they update different
 parameters). Other batches (varying shapes, a CPU) are stepped as they come by the same
-function. On CPU it runs the eager forward; with ``capture_safe`` it runs what a GPU records
-(:meth:`~graphormer_urpe.nn.graphormer.Graphormer.make_capture_safe`), which the tests check for
+function. On CPU it runs the eager forward; with ``static_shapes`` it runs what a GPU records
+(:meth:`~graphormer_urpe.nn.graphormer.Graphormer.use_static_shapes`), which the tests check for
 host reads and data-dependent shapes. With ``model.compile`` the backbone's compiled regions run
 inside the step (compiled during the steps before the recording), so a GPU records their fused
 kernels.
@@ -62,6 +62,7 @@ from torch import Tensor
 
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.data.resident import BatchSlot, ResidentLoader, gather_batch
+from graphormer_urpe.training.lightning_private import logs_due
 from graphormer_urpe.training.schedule import relative_lr
 
 log = logging.getLogger(__name__)
@@ -179,9 +180,9 @@ class TrainingEngine(pl.Callback):
 
     def __init__(self, module: pl.LightningModule) -> None:
         self.module = module
-        #: Train with the forward a CUDA graph holds (:meth:`Graphormer.make_capture_safe`); None:
+        #: Train with the forward a CUDA graph holds (:meth:`Graphormer.use_static_shapes`); None:
         #: on a GPU only (a CPU runs the eager forward).
-        self.capture_safe: bool | None = None
+        self.static_shapes: bool | None = None
         self._ready = False
         #: One recorded step per phase of ``freeze_backbone_steps`` (frozen or not): the two
         #: phases update different parameters.
@@ -246,10 +247,10 @@ class TrainingEngine(pl.Callback):
         self.loss = zero()
         self.counts = StepCounts(device)
         self.optimizer.found_inf = self.found_inf
-        capture_safe = device.type == "cuda" if self.capture_safe is None else self.capture_safe
-        if capture_safe and slot is not None:  # the split's ids are checked once, here
+        static_shapes = device.type == "cuda" if self.static_shapes is None else self.static_shapes
+        if static_shapes and slot is not None:  # the split's ids are checked once, here
             graphs = self.split.graphs
-            module.model.make_capture_safe(graphs.x, graphs.edge_attr)
+            module.model.use_static_shapes(graphs.x, graphs.edge_attr)
         self._ready = True
 
     def _capture(self, trainer: pl.Trainer, slot: BatchSlot) -> torch.cuda.CUDAGraph:
@@ -325,8 +326,7 @@ class TrainingEngine(pl.Callback):
     # Reporting -----------------------------------------------------------------------------------
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch,
                            batch_idx: int) -> None:
-        # The steps at which Lightning writes its logs (the same rule, read from its connector).
-        if self._ready and trainer._logger_connector.should_update_logs:
+        if self._ready and logs_due(trainer):
             self.report(trainer)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -24,6 +24,7 @@ from graphormer_urpe.training import finetune
 from graphormer_urpe.training.run_checkpoint import rng_states, set_rng_states
 from graphormer_urpe.training.engine import OwnStepHooks, TrainingEngine
 from graphormer_urpe.nn.graphormer import build_backbone
+from graphormer_urpe.training.lightning_private import trainer_of
 from graphormer_urpe.training.optim import (ParameterKind, adamw_with_schedule, head_lr_groups,
                                            parameter_groups, set_optimizer_kernel)
 from graphormer_urpe.training.schedule import schedule_lengths
@@ -223,7 +224,7 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
         """``(warmup, total)`` of the schedule (:func:`~.schedule.schedule_lengths`): the total
         given, else the trainer's step budget; warns when the two disagree (the lr would not
         reach ``end_lr``, or stay there for long)."""
-        hp, trainer = self.hparams, self._trainer
+        hp, trainer = self.hparams, trainer_of(self)
         budget = trainer.estimated_stepping_batches if trainer is not None else math.inf
         warmup, total = schedule_lengths(hp.lr, hp.end_lr, hp.warmup_steps, hp.get("warmup_fraction"),
                                          hp.total_steps, budget)

@@ -40,6 +40,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 
 from graphormer_urpe.files import atomic_path, hold_directory
+from graphormer_urpe.training.lightning_private import epoch_finished
 
 log = logging.getLogger(__name__)
 
@@ -186,13 +187,6 @@ class RunCheckpoint(ModelCheckpoint):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
             self._last_global_step_saved, self._last_checkpoint_saved = saved
 
-    @staticmethod
-    def _epoch_finished(trainer: pl.Trainer) -> bool:
-        """Whether the current training epoch ran all its batches. Lightning ends an epoch that a
-        stop (max_steps, max_time) cut short as if it were finished: a checkpoint of that state
-        would resume at the next epoch, skipping the rest of this one."""
-        return trainer.fit_loop.epoch_loop._num_ready_batches_reached()
-
     # SIGTERM (a `kill`, a scheduler's preemption) ------------------------------------------
     # Lightning's handler only sets trainer.received_sigterm; its loops raise SIGTERMException
     # at the next check: after the step's end (past this callback's on_train_batch_end, the
@@ -249,7 +243,9 @@ class RunCheckpoint(ModelCheckpoint):
             self._refresh_last(trainer)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._epoch_finished(trainer):
+        # Lightning ends an epoch that a stop (max_steps, max_time) cut short as if it were
+        # finished: a checkpoint of that state would resume at the next epoch, skipping the rest.
+        if epoch_finished(trainer):
             super().on_train_epoch_end(trainer, pl_module)
             self._refresh_last(trainer)
             return
@@ -262,7 +258,7 @@ class RunCheckpoint(ModelCheckpoint):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_end(trainer, pl_module)
-        if self._epoch_finished(trainer):
+        if epoch_finished(trainer):
             self._refresh_last(trainer)
 
 

@@ -60,7 +60,7 @@ def test_edge_path_bias_is_the_mean_of_hop_transformed_bond_values(batch):
 
 def test_the_edge_encodings_forms_agree_with_gradients(zinc_graphs, monkeypatch):
     """On a CPU the edge encoding gathers only the hops present; at the recipe's 20 hops on 64 real
-    ZINC graphs it gives the values and gradients of the capture form, both by bond counts (ZINC's
+    ZINC graphs it gives the values and gradients of the static form, both by bond counts (ZINC's
     4 bond ids) and by the fixed-shape gather (larger vocabularies)."""
     from graphormer_urpe.data.encode import collate_pyg_graphs
 
@@ -82,7 +82,7 @@ def test_the_edge_encodings_forms_agree_with_gradients(zinc_graphs, monkeypatch)
         results.append((summed.detach(), table.grad))
     torch.testing.assert_close(results[0], results[1], rtol=1e-12, atol=1e-12)
 
-    # The module: the CPU form equals both capture forms (float32, values and parameter gradients).
+    # The module: the CPU form equals both static forms (float32, values and parameter gradients).
     torch.manual_seed(0)
     enc = EdgePathBias(num_bond_embeddings=5, num_heads=8, max_hops=k)
     assert enc.counts_bonds
@@ -98,7 +98,7 @@ def test_the_edge_encodings_forms_agree_with_gradients(zinc_graphs, monkeypatch)
     assert packed[0].abs().max() > 0 and packed[1][0].abs().max() == 0  # padding row: no gradient
     monkeypatch.setattr(EdgePathBias, "sum_hops_packed",
                         staticmethod(lambda *a: pytest.fail("the packed sum is CPU eager only")))
-    enc.capture_form = True
+    enc.static_shapes = True
     monkeypatch.setattr(EdgePathBias, "sum_hops_gather",
                         staticmethod(lambda *a: pytest.fail("ZINC's 4 bond ids are counted")))
     counted = run()
@@ -131,7 +131,7 @@ def test_bond_counts_follow_every_column_of_each_hops_edge(zinc_collate, zinc_gr
     expected[edge_attr[hops[p, h]].long() - 1] = 1
     assert torch.equal(counts[p, h], expected)
     assert counts[hops < 0].abs().max() == 0 and counts.sum() == 3 * (hops >= 0).sum()
-    enc.capture_form = True
+    enc.static_shapes = True
     counted = enc(edge_attr, batch.path_edges)
     enc.counts_bonds = False
     torch.testing.assert_close(counted, enc(edge_attr, batch.path_edges), rtol=1e-5, atol=1e-7)
@@ -168,8 +168,8 @@ def test_node_encodings_zero_at_padding_and_clamp_degrees(batch):
 
 
 @pytest.mark.parametrize("columns", [1, 3])
-def test_node_encodings_capture_form_is_the_lookup_with_gradients(batch, columns):
-    """The capture form's products give the embedding lookups and their gradients on real ZINC
+def test_node_encodings_static_shapes_is_the_lookup_with_gradients(batch, columns):
+    """The static form's products give the embedding lookups and their gradients on real ZINC
     atoms and degrees (and on three id columns per atom, as OGB's features have), and the
     padding row gets no gradient in either form."""
     torch.manual_seed(0)
@@ -179,7 +179,7 @@ def test_node_encodings_capture_form_is_the_lookup_with_gradients(batch, columns
     upstream = torch.randn(*batch.node_mask.shape, 16)
     results = []
     for form in (False, True):
-        atoms.capture_form = degrees.capture_form = form
+        atoms.static_shapes = degrees.static_shapes = form
         h = atoms(x) + degrees(batch.degree, batch.node_mask)
         grads = torch.autograd.grad((h * upstream).sum(), [atoms.embedding.weight, degrees.embedding.weight])
         results.append((h.detach(), grads))
@@ -214,7 +214,7 @@ def test_bad_sizes_raise_value_error():
 
 
 def test_lookup_many_equals_each_layers_lookup_with_gradients(batch):
-    """The capture form's one product for all layers gives each layer's gathered C, and the same
+    """The static form's one product for all layers gives each layer's gathered C, and the same
     gradients."""
     torch.manual_seed(0)
     scales = [URPEScale(max_spd=4, num_heads=H) for _ in range(3)]
@@ -249,7 +249,7 @@ class OperatorNames(TorchDispatchMode):
 
 
 def test_lookup_many_backward_copies_nothing(batch):
-    """The capture form's C for all layers is one batched product whose backward stacks the
+    """The static form's C for all layers is one batched product whose backward stacks the
     layers' gradients and takes one product: no whole-tensor copy (a GPU step's memory traffic)."""
     scales = [URPEScale(max_spd=4, num_heads=H) for _ in range(3)]
     slots = URPEScale.slots(distance_slots(batch.spd, 4), 4)
@@ -265,20 +265,20 @@ def test_lookup_many_backward_copies_nothing(batch):
     assert copies == []  # (the small tables' gradients are copied into place, as any parameter's)
 
 
-def test_spatial_bias_capture_form_is_the_lookup_with_gradients(batch):
+def test_spatial_bias_static_shapes_is_the_lookup_with_gradients(batch):
     torch.manual_seed(0)
     spatial = SpatialBias(max_spd=4, num_heads=H)
     slots = distance_slots(batch.spd, 4)
     upstream = torch.randn(*slots.shape[:1], H, *slots.shape[1:])
     results = []
     for form in (False, True):
-        spatial.capture_form = form
+        spatial.static_shapes = form
         out = spatial(slots)
         results.append((out.detach(), torch.autograd.grad((out * upstream).sum(), spatial.embedding.weight)[0]))
     assert torch.equal(results[0][0], results[1][0])
     torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-4, atol=1e-5)  # another order
-    # A 512-row table (max_spd 510, the small and base presets) gathers in the capture form too.
+    # A 512-row table (max_spd 510, the small and base presets) gathers in the static form too.
     wide = SpatialBias(max_spd=510, num_heads=H)
-    wide.capture_form = True
+    wide.static_shapes = True
     assert not wide.by_product and not URPEScale(max_spd=510, num_heads=H).by_product
     assert torch.equal(wide(slots), wide.embedding.weight[slots].permute(0, 3, 1, 2))

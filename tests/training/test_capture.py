@@ -102,7 +102,7 @@ def test_loss_masks_unknown_labels_without_a_data_dependent_shape(task, y):
 
 
 def test_compiled_edge_encoding_counts_bonds_like_the_cpu_form(zinc_data_root):
-    """Under torch.compile EdgePathBias takes its capture form (bond counts times the per-hop
+    """Under torch.compile EdgePathBias takes its static form (bond counts times the per-hop
     tables) instead of the CPU's packed sum: one graph, the same values on real ZINC paths."""
     batch = collate(ZINCDataModule(root=str(zinc_data_root)).train_dataset().graphs, np.arange(24))
     torch.manual_seed(0)
@@ -208,7 +208,7 @@ RECIPE_BACKBONE = {"attention": "urpe", "dropout": 0.1, "attention_dropout": 0.1
 
 
 def test_engine_step_at_the_recipe_shape_is_capturable(zinc_data_root):
-    """One run (W = 1): the training engine's whole step, as a GPU records it (``capture_safe``),
+    """One run (W = 1): the training engine's whole step, as a GPU records it (``static_shapes``),
     at the recipe's shape with dropout on and clipping, runs 3 steps without an operator a CUDA
     graph refuses, and keeps parameters, AdamW state, the learning rates and the step's input
     buffers at the same addresses from step 2 on (a replayed graph reads and writes fixed
@@ -221,9 +221,9 @@ def test_engine_step_at_the_recipe_shape_is_capturable(zinc_data_root):
                         static_shapes=True)
     pl.seed_everything(0, verbose=False)
     module = GraphormerModule(DataFacts.of(dm), preset="slim", backbone=RECIPE_BACKBONE,
-                              warmup_steps=2, total_steps=10, engine=True)
+                              warmup_steps=2, total_steps=10)
     engine = module._engine
-    engine.capture_safe = True
+    engine.static_shapes = True
     guard, addresses, losses = CaptureGuard(), [], []
     step = engine._step
 
@@ -245,7 +245,7 @@ def test_engine_step_at_the_recipe_shape_is_capturable(zinc_data_root):
                          enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module, datamodule=dm)
     assert trainer.global_step == 3 and len(losses) == 3 and all(map(math.isfinite, losses))
-    assert module.model.capture_safe and module.model.edge_bias.capture_form
+    assert module.model.static_shapes and module.model.edge_bias.static_shapes
     assert guard.ops > 1000 and guard.refused == []
     assert addresses[1] == addresses[2]
     assert len(addresses[2]) > 3 * len(list(module.parameters()))  # parameters, two moments, step

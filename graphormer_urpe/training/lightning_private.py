@@ -1,0 +1,35 @@
+"""The private parts of Lightning this package relies on, named in one place.
+
+Lightning has no public way to ask whether the training epoch ran all its batches (a stop inside
+an epoch must checkpoint the state inside it), whether this step writes the logs (the training
+step reads its device counters only then), or for a module's trainer without an error when it
+has none. :class:`~.run_checkpoint.RunCheckpoint` also overrides and reads protected members of
+its base class ``ModelCheckpoint`` (:data:`MODEL_CHECKPOINT_MEMBERS`). A test
+(``tests/training/test_lightning_private.py``) checks that every name here still exists in the
+installed Lightning, so an upgrade that moves one fails there, not in a run.
+"""
+from __future__ import annotations
+
+import lightning.pytorch as pl
+
+#: The protected members of ``ModelCheckpoint`` that :class:`~.run_checkpoint.RunCheckpoint`
+#: overrides or reads.
+MODEL_CHECKPOINT_MEMBERS = ("_save_checkpoint", "_save_last_checkpoint", "_monitor_candidates",
+                            "_should_save_on_train_epoch_end", "_last_global_step_saved",
+                            "_last_checkpoint_saved", "_every_n_train_steps")
+
+
+def epoch_finished(trainer: pl.Trainer) -> bool:
+    """Whether the current training epoch ran all its batches (Lightning ends an epoch that a stop
+    cut short as if it were finished)."""
+    return trainer.fit_loop.epoch_loop._num_ready_batches_reached()
+
+
+def logs_due(trainer: pl.Trainer) -> bool:
+    """Whether Lightning writes its logs at this step (``trainer.log_every_n_steps``)."""
+    return trainer._logger_connector.should_update_logs
+
+
+def trainer_of(module: pl.LightningModule) -> pl.Trainer | None:
+    """The module's trainer, or None when it is not attached to one (``module.trainer`` raises)."""
+    return module._trainer

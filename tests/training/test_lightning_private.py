@@ -1,0 +1,29 @@
+"""Every private part of Lightning the package relies on (graphormer_urpe/training/lightning_private.py)
+exists in the installed Lightning, with the kind of value the package reads: an upgrade that
+moves one fails here, by name."""
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from graphormer_urpe.training import lightning_private
+from graphormer_urpe.training.run_checkpoint import RunCheckpoint
+
+
+def test_the_trainer_internals_read_are_there():
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         max_steps=1)
+    assert isinstance(lightning_private.epoch_finished(trainer), bool)
+    assert isinstance(lightning_private.logs_due(trainer), bool)
+    module = pl.LightningModule()
+    assert lightning_private.trainer_of(module) is None
+    module.trainer = trainer
+    assert lightning_private.trainer_of(module) is trainer
+
+
+def test_the_model_checkpoint_members_run_checkpoint_uses_are_there():
+    checkpoint = ModelCheckpoint(dirpath="unused", every_n_train_steps=3)
+    for name in lightning_private.MODEL_CHECKPOINT_MEMBERS:
+        assert hasattr(checkpoint, name), name
+        assert hasattr(RunCheckpoint(), name), name
+    assert checkpoint._every_n_train_steps == 3 and checkpoint._last_global_step_saved == 0
+    for name in ("_save_checkpoint", "_save_last_checkpoint", "_monitor_candidates", "_should_save_on_train_epoch_end"):
+        assert callable(getattr(checkpoint, name)), name
