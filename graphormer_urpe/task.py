@@ -19,12 +19,24 @@ neither).
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+log = logging.getLogger(__name__)
+
+#: ``model.loss`` choices, for regression targets: L1 (the default) or squared error
+REGRESSION_LOSSES = ("l1", "mse")
+
+
+def check_loss_name(loss: str | None) -> None:
+    """ValueError unless ``loss`` is None or one of :data:`REGRESSION_LOSSES`."""
+    if loss is not None and loss not in REGRESSION_LOSSES:
+        raise ValueError(f"model.loss must be one of {list(REGRESSION_LOSSES)}, got {loss!r}")
 
 
 @dataclass(frozen=True)
@@ -58,12 +70,19 @@ class Task:
         """``(per-label losses, mask)`` with unknown labels already replaced."""
         raise NotImplementedError
 
+    #: the one loss of a task without a choice (what the log line names)
+    own_loss = ""
+
     def with_loss(self, loss: str | None) -> "Task":
         """This task training with ``loss`` (``model.loss``; None: its own). Only regression
-        has a choice (:class:`RegressionTask`); ValueError otherwise."""
+        has a choice (:class:`RegressionTask`). The other tasks have one loss each and train with
+        it whatever regression loss is named, so that one recipe (``configs/csv.yaml``) serves
+        every CSV task; a named one is said in a log line. A name that is no regression loss is a
+        ValueError for every task."""
+        check_loss_name(loss)
         if loss is not None:
-            raise ValueError(f"model.loss={loss!r}: a {self.name} model trains with its own loss "
-                             "(the choice of loss is for regression): set --model.loss null")
+            log.info("model.loss %s is for regression targets: this %s model trains with %s",
+                     loss, self.name, self.own_loss)
         return self
 
     def loss(self, outputs: Tensor, y: Tensor) -> Tensor:
@@ -99,16 +118,12 @@ class RegressionTask(Task):
 
     squared: bool = False
 
-    #: ``model.loss`` choices: L1 (the default) or squared error
-    LOSSES = ("l1", "mse")
-
     def losses(self, outputs: Tensor, y: Tensor, known: Tensor) -> tuple[Tensor, Tensor]:
         error = F.mse_loss if self.squared else F.l1_loss
         return error(outputs, torch.where(known, y, outputs.detach()), reduction="none"), known
 
     def with_loss(self, loss: str | None) -> "RegressionTask":
-        if loss is not None and loss not in self.LOSSES:
-            raise ValueError(f"model.loss must be one of {list(self.LOSSES)}, got {loss!r}")
+        check_loss_name(loss)
         return replace(self, squared=loss == "mse")
 
     def metric(self, num_targets: int):
@@ -123,6 +138,8 @@ class RegressionTask(Task):
 
 class ClassificationTask(Task):
     """Binary or multi-label 0/1 targets, one logit each: BCE, ROC-AUC, sigmoid probabilities."""
+
+    own_loss = "binary cross-entropy"
 
     def losses(self, outputs: Tensor, y: Tensor, known: Tensor) -> tuple[Tensor, Tensor]:
         return F.binary_cross_entropy_with_logits(outputs, torch.where(known, y, 0), reduction="none"), known
@@ -148,6 +165,8 @@ class ClassificationTask(Task):
 class MulticlassTask(Task):
     """One integer class id per graph (one label column), ``num_targets`` = number of classes
     logits: cross-entropy, accuracy, softmax probabilities (one column per class)."""
+
+    own_loss = "cross-entropy"
 
     def check_num_targets(self, num_targets: int) -> None:
         if num_targets < 2:

@@ -39,9 +39,10 @@ def test_regression_with_loss_mse_is_the_squared_error_mean_over_known_labels():
     assert get_task("regression").with_loss("l1") == get_task("regression").with_loss(None) == get_task("regression")
     with pytest.raises(ValueError, match="model.loss must be one of"):
         get_task("regression").with_loss("huber")
-    for name in ("classification", "multiclass"):
-        with pytest.raises(ValueError, match="trains with its own loss"):
-            get_task(name).with_loss("mse")
+    for name in ("classification", "multiclass"):  # one loss each: a regression loss is passed over
+        assert get_task(name).with_loss("mse") == get_task(name).with_loss(None) == get_task(name)
+        with pytest.raises(ValueError, match="model.loss must be one of"):
+            get_task(name).with_loss("huber")
 
 
 def test_classification_loss_is_bce_over_known_labels():
