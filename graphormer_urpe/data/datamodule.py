@@ -85,8 +85,7 @@ class GraphDataModule(pl.LightningDataModule):
         bucket_batches: train on batches of similar-sized graphs, sorted by node count within
             windows of this many batches of the shuffled order (:class:`SeededShuffleSampler`);
             0 (default) for a plain shuffle. Less padding, so faster steps where the step's cost
-            grows with the padded node count (Graphormer-slim on ZINC, batch 64, one CPU thread:
-            1.46x at 16, docs/results/bench_train_cpu_bucketed.txt).
+            grows with the padded node count (measured: docs/benchmarks.md).
     """
 
     featurizer: str = ""

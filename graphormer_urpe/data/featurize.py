@@ -99,7 +99,7 @@ def smiles_to_zinc_dense(smiles: str) -> tuple[np.ndarray, np.ndarray]:
 
     mol = _parse(smiles)
     n = mol.GetNumAtoms()
-    try:  # atoms by index: RDKit's GetAtoms() sequence wrapper adds ~15 % to each molecule's time
+    try:  # atoms by index: RDKit's GetAtoms() sequence wrapper costs time on every molecule
         atom_type = np.fromiter((_ZINC_TOKEN_IDS[zinc_atom_token(mol.GetAtomWithIdx(i))] for i in range(n)),
                                 dtype=np.uint8, count=n)
     except KeyError as err:
@@ -152,7 +152,7 @@ def featurizer_spec(name: str) -> FeaturizerSpec:
 
 def heavy_atom_count(smiles: str) -> int:
     """Atoms other than hydrogen in ``smiles``, from RDKit's parse without sanitization
-    (about 30 ms for a 100,000-atom polymer: no ring perception); 0 where it does not parse.
+    (no ring perception, so cheap even for a huge polymer); 0 where it does not parse.
     A featurized graph has at least this many nodes, so a SMILES over a size limit is known
     before featurizing or encoding it."""
     from rdkit import Chem

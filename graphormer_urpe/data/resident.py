@@ -27,9 +27,8 @@ batch with every intermediate of a fixed shape instead (dense grids and masks, n
 positions), as a training step recorded in a CUDA graph needs (:mod:`graphormer_urpe.training.engine`).
 
 Two implementations, one contract: the numpy :func:`~.collate.collate` stays the CPU
-``DataLoader`` path because its per-graph block copies of the pair arrays run ~2x faster on one
-core than these element-wise gathers (measured on ZINC-12k, batch 128, see ``docs/gpu.md``) and
-read memory-mapped storage without copying it; ``tests/data/test_resident.py`` asserts both give
+``DataLoader`` path because its per-graph block copies of the pair arrays run faster on one
+core than these element-wise gathers (docs/benchmarks.md) and read memory-mapped storage without copying it; ``tests/data/test_resident.py`` asserts both give
 identical batches on real ZINC.
 """
 from __future__ import annotations

@@ -113,7 +113,7 @@ def _exact_graphs(npz_path: Path) -> list[tuple[np.ndarray, np.ndarray, float]]:
 
 
 class _PickledAsTensor:
-    """Pickles as ``torch.from_numpy(array)``: unpickles into a real tensor ~10x faster than
+    """Pickles as ``torch.from_numpy(array)``: unpickles into a real tensor much faster than
     torch's own tensor pickling (which round-trips every storage through ``torch.load``)."""
 
     __slots__ = ("array",)

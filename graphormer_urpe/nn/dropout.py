@@ -8,8 +8,8 @@ the distribution of :func:`torch.nn.functional.dropout` with ``p`` rounded to a 
 ``2^-16`` (0.1 -> 0.100006): each element is kept with probability ``q`` and scaled by ``1 / q``,
 so the expectation is exact. On a CPU, PyTorch draws its mask with ``bernoulli_``, and even
 ``rand`` draws one 32-bit number per element from the Mersenne Twister; here each 64-bit draw
-gives four 16-bit ``u`` (Graphormer-slim at batch 64, 20 hops: the attention masks took ~46 ms of
-a ~270 ms training step with ``rand``, ~3.6x less this way). On accelerators and under
+gives four 16-bit ``u``, so the attention's masks, a large part of a CPU training step, cost
+less (docs/benchmarks.md). On accelerators and under
 ``torch.compile`` this is :func:`F.dropout` itself (fused kernels, RNG that CUDA graphs replay),
 so the two paths draw different masks from nearly the same distribution.
 """

@@ -74,8 +74,8 @@ def lookup_by_product(table: Tensor, slots: Tensor, offset: float = 0.0) -> Tens
 
     Why: a CUDA lookup's backward adds each slot's gradients with atomics (``index_add``) or one
     thread per feature (embedding's), both serial over the ~10,000 pairs that share a distance slot
-    in a batch of 256 ZINC graphs (the URPE scale's ``index_add`` alone took 3.2 of 17.6 ms per
-    step on one H200). Matrix products are exact for the one-hot factor; the table rounds as any
+    in a batch of 256 ZINC graphs, a large part of a slim step on a GPU (docs/benchmarks.md).
+    Matrix products are exact for the one-hot factor; the table rounds as any
     float32 matrix product does under ``torch.set_float32_matmul_precision`` (autocast stays off),
     which is why ``offset`` is added after the product (URPE's C is ``1 + delta``: a TF32 product
     then rounds delta, not C near 1). The graphs stay first, so the attention reads each graph's
@@ -371,10 +371,9 @@ class EdgePathBias(nn.Module):
     def sum_hops_counted(counts: Tensor, tables: Tensor) -> Tensor:
         """``sum_{k, v} counts[p, k, v] * tables[k, v]``: counts ``[P, K, ids]``, tables
         ``[K, ids, H]`` -> ``[P, H]``, one matrix product (its backward to the tables is another),
-        float32 with autocast off. The gather it replaces on GPUs writes ``[P, K, H]`` with a
-        thread block per gathered row (on one H200, the row gathers of a slim step at batch 256 and
-        20 hops took 4.5 of its 17.6 ms; this one gathers by far the most rows) and adds its
-        gradient back through a sort of all ``P K`` slots."""
+        float32 with autocast off. On a GPU a gather would write ``[P, K, H]`` with a thread block
+        per gathered row (of a slim step's row gathers, this one gathers by far the most rows) and
+        add its gradient back through a sort of all ``P K`` slots."""
         dtype = torch.promote_types(tables.dtype, torch.float32)
         with torch.autocast(counts.device.type, enabled=False):
             return counts.flatten(1).to(dtype) @ tables.flatten(0, 1).to(dtype)
@@ -401,8 +400,8 @@ class EdgePathBias(nn.Module):
         :data:`ABSENT_ROWS` appended zero rows (slot number modulo their count), whose gradient
         the padding drops. Most slots are absent at 20 hops, and CUDA's embedding backward sums
         each row's duplicates in one thread per feature: one shared absent row (``padding_idx``)
-        made that a loop over ~6 million slots, 57 of the 79 ms of a slim step at batch 256 on
-        one H200; spread over many rows the sums run side by side."""
+        would make that a loop over millions of slots; spread over many rows the sums run side by
+        side."""
         pad = table.shape[0]
         slot = torch.arange(index.numel(), device=index.device, dtype=index.dtype).view_as(index)
         rows = torch.where(present, index, pad + slot.remainder(ABSENT_ROWS))

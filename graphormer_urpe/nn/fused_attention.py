@@ -463,8 +463,8 @@ def _launch_config(head_dim: int, dtype: torch.dtype) -> dict[str, dict]:
     float32 (IEEE dots run on FMA units, not tensor cores) gets smaller tiles and still spills a
     little in the dK/dV kernel. The kernels are bound by reading B and C, so tiles smaller than
     plain flash attention's cost little. float32 with heads of width <= 16 takes the fastest of
-    ``scripts/bench_attention.py``'s configurations on one H200 at Graphormer-slim's ZINC shape
-    (38 tokens, width 10): twice as fast as the register-report tiles there.
+    ``scripts/bench_attention.py``'s configurations at Graphormer-slim's ZINC shape (38 tokens,
+    width 10; docs/benchmarks.md).
     """
     block_d = head_block(head_dim)
     if TRITON_INTERPRETED:  # the interpreter's cost is per op, so small tiles keep tests quick

@@ -46,8 +46,8 @@ no checkpoint ever holds a diverged model.
 
 It needs one device, no loss scaler (``32-true`` or ``bf16-mixed``), no gradient accumulation,
 and clipping by norm (or none): :meth:`TrainingEngine.unsupported` names what a run asks for
-beyond that, and the run is refused before it trains. A checkpoint written by earlier versions'
-unfused AdamW resumes too (:func:`~.optim.set_optimizer_kernel`).
+beyond that, and the run is refused before it trains. A checkpoint of an unfused AdamW
+resumes too (:func:`~.optim.set_optimizer_kernel` sets the kernel flags of the run that resumes it).
 """
 from __future__ import annotations
 

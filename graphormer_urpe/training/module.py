@@ -40,8 +40,8 @@ def compile_backbone(model: Graphormer, dynamic: bool = True) -> None:
     """``torch.compile(dynamic=dynamic)`` each encoder layer and the edge-path encoding, in place.
 
     Regions rather than the whole forward: the encoder layers share their code, so one compiled
-    graph serves all of them and a cold start compiles ~3x faster (slim on CPU: 45 s instead of
-    ~135 s); the batch checks and the cheap embedding lookups stay eager. ``dynamic=True``:
+    graph serves all of them and a cold start compiles several times faster than the whole
+    forward (docs/benchmarks.md); the batch checks and the cheap embedding lookups stay eager. ``dynamic=True``:
     batches vary in ``N``, ``E`` and ``B``, so shapes are symbolic from the first call instead of
     recompiling per size (``dynamic=False`` specializes to the first batch's shape, a
     measurement in ``scripts/bench_train.py``). ``nn.Module.compile`` keeps parameter names, so
