@@ -16,8 +16,8 @@ from typing import Any
 from graphormer_urpe.data.encoding_registry import EncodingParams
 
 
-#: The ``K`` of checkpoints saved before ``max_hops`` was recorded: what they were trained with,
-#: so it stays 5 whatever :data:`~.encoding_registry.DEFAULT_MAX_HOPS` (new runs) becomes.
+#: The ``K`` of a checkpoint that does not record ``max_hops``: such checkpoints were all trained
+#: with 5, so it stays 5 whatever :data:`~.encoding_registry.DEFAULT_MAX_HOPS` (new runs) becomes.
 UNRECORDED_MAX_HOPS = 5
 
 
@@ -55,8 +55,8 @@ class DataFacts:
     @classmethod
     def nest(cls, hparams: Mapping[str, Any]) -> dict[str, Any]:
         """A checkpoint's hyperparameters with the facts as one ``facts`` dict, as
-        ``GraphormerModule`` takes them; those of a checkpoint written before, where each fact
-        was a hyperparameter of its own, are moved into it."""
+        ``GraphormerModule`` takes them; a checkpoint that keeps each fact as a hyperparameter of
+        its own has them moved into it."""
         if "facts" in hparams:
             return dict(hparams)
         names = cls.names()
