@@ -61,6 +61,9 @@ def load_module(ckpt: str | Path, map_location: str = "cpu", *, inference_only: 
             or not isinstance(checkpoint.get("hyper_parameters"), dict):
         raise CheckpointError(f"{ckpt} is not a Lightning checkpoint (no state_dict/hyper_parameters)")
     _check_finite(ckpt, checkpoint["state_dict"])
+    if not any(key.startswith("model.") for key in checkpoint["state_dict"]):
+        # a shipped backbone (graphormer_urpe.pretrained.export): the backbone's own names
+        checkpoint["state_dict"] = {f"model.{k}": v for k, v in checkpoint["state_dict"].items()}
     hparams = DataFacts.nest(checkpoint["hyper_parameters"])  # either form of the facts
     for name in ("_instantiator", "_class_path", *RETIRED_HPARAMS):
         hparams.pop(name, None)
@@ -130,14 +133,22 @@ def best_checkpoint(run_dir: Path):
 
 
 def checkpoint_files(names: Sequence[str | Path]) -> list[Path]:
-    """The checkpoint files that ``names`` mean, in order: a file is itself; a run directory
+    """The checkpoint files that ``names`` mean, in order: a file is itself, ``pretrained:<name>``
+    a backbone shipped in the package (:mod:`graphormer_urpe.pretrained`, with its pretraining
+    head); a run directory
     (one with ``checkpoints/last.ckpt``) is its best-validation checkpoint
     (:func:`best_checkpoint`); a directory of run directories (an ablation grid, an ensemble's
     members) is the best checkpoint of each, in name order. :class:`CheckpointError` for a
     directory that is neither, a run whose last.ckpt records no best checkpoint or lacks it, and
     one file named twice (also through a link or a run directory)."""
+    from graphormer_urpe import pretrained
+
     files = []
-    for name in map(Path, names):
+    for name in names:
+        try:
+            name = pretrained.resolve(name, "--ckpt")
+        except ValueError as exc:
+            raise CheckpointError(str(exc)) from None
         if not name.is_dir():
             files.append(name)  # a missing or unreadable file is named when it is read
             continue

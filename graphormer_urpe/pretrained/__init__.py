@@ -21,15 +21,15 @@ MODELS = {"zinc-descriptors": "zinc-descriptors.pt"}
 PROG = "python -m graphormer_urpe.pretrained"
 
 
-def resolve(source: str | Path) -> Path:
+def resolve(source: str | Path, option: str = "model.init_from") -> Path:
     """The file ``source`` names: a shipped backbone for ``pretrained:<name>``, else the path
-    itself. ``ValueError`` (one line) for an unknown name."""
+    itself. ``ValueError`` (one line, naming ``option``) for an unknown name."""
     text = str(source)
     if not text.startswith(PREFIX):
         return Path(source)
     name = text[len(PREFIX):]
     if name not in MODELS:
-        raise ValueError(f"model.init_from: no shipped backbone {name!r} (shipped: "
+        raise ValueError(f"{option}: no shipped backbone {name!r} (shipped: "
                          f"{', '.join(PREFIX + n for n in MODELS)})")
     return Path(__file__).with_name(MODELS[name])
 
