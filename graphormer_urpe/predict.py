@@ -23,6 +23,13 @@ contains white space (RDKit would silently read only its first word) or a charac
 not ASCII (RDKit reads ``CCÖ`` as ``CC``), has an atom outside the featurizer's vocabulary, or is larger than ``--max-nodes`` gets an empty prediction and the
 reason; every other row is still predicted.
 
+Embeddings (``--embeddings FILE.npy``, ``--atom-embeddings FILE.npz``,
+:mod:`~graphormer_urpe.prediction.embeddings`, ``docs/embeddings.md``): each row's graph-token
+vector, the one the output head reads (float32 ``[rows, D]``, a row of NaN where the table has no
+prediction), and each atom's (``embeddings [atoms, D]`` with ``offsets [rows + 1]``), from one
+model (a checkpoint, a run directory or ``pretrained:<name>``; several ``--ckpt`` or
+``--mc-dropout`` are refused), streamed and written whole or not at all as the table is.
+
 Safety: the output is written to a temporary file beside it and renamed at the end, so a failure
 never leaves a truncated table nor destroys a previous one; an output that is the input file or
 the checkpoint (however spelled: a symbolic or hard link too), or that cannot be written, is
@@ -54,9 +61,11 @@ from graphormer_urpe.arguments import non_negative_int, positive_int
 from graphormer_urpe.cores import usable_cores
 from graphormer_urpe.files import AtomicFile, refuse_overwriting_inputs, run_command, unreadable_as_a_file
 from graphormer_urpe.checkpoint import CheckpointError
+from graphormer_urpe.prediction.embeddings import (
+    ATOM_OPTION, GRAPH_OPTION, EmbeddingFiles, check_embedding_paths)
 from graphormer_urpe.prediction.load import checkpoint_files, load_models
 from graphormer_urpe.prediction.model import (
-    DEFAULT_BATCH_SIZE, DEFAULT_MAX_NODES, DEFAULT_MAX_PAIRS, MCDropout, ScaledStd,
+    DEFAULT_BATCH_SIZE, DEFAULT_MAX_NODES, DEFAULT_MAX_PAIRS, MCDropout, ScaledStd, WithEmbeddings,
     stream_predictions)
 from graphormer_urpe.prediction.table import (
     PredictionTable, count_lines, open_smiles, prediction_columns)
@@ -99,6 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--input", required=True,
                         help="CSV with a 'smiles' column (other columns are kept), or one SMILES a line")
     parser.add_argument("--output", required=True, help="CSV to write (never the input nor the checkpoint)")
+    parser.add_argument("--embeddings", default=None, metavar="FILE.npy",
+                        help="also write each row's graph-token vector, the one the output head reads: "
+                             "float32 [rows, D] in input order, NaN where there is no prediction (one "
+                             "model only: no ensemble, no --mc-dropout)")
+    parser.add_argument("--atom-embeddings", default=None, metavar="FILE.npz",
+                        help="also write each atom's final vector: 'embeddings' [atoms, D] and "
+                             "'offsets' [rows + 1]; row i's atoms (RDKit order) are "
+                             "embeddings[offsets[i]:offsets[i+1]], none where there is no prediction")
     parser.add_argument("--max-nodes", type=positive_int, default=DEFAULT_MAX_NODES,
                         help="larger molecules get an error row instead of a prediction (default "
                              f"{DEFAULT_MAX_NODES})")
@@ -157,6 +174,9 @@ def _predict(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     source, target = Path(args.input), Path(args.output)
     calibration = Path(args.calibrate) if args.calibrate is not None else None
+    embedding_paths = {option: Path(path) if path is not None else None
+                       for option, path in ((GRAPH_OPTION, args.embeddings), (ATOM_OPTION, args.atom_embeddings))}
+    embeddings = None
     try:
         device = _check_device(args.device)
         ckpts = checkpoint_files(args.ckpt)
@@ -165,15 +185,28 @@ def _predict(args: argparse.Namespace) -> int:
         for read in (source, calibration):
             if read is not None:
                 _check_paths(read, target, ckpts)
+        if any(embedding_paths.values()):
+            _check_one_model(ckpts, args.mc_dropout)
+            check_embedding_paths(embedding_paths, [
+                ("--input", "input file", source), ("--calibrate", "calibration file", calibration),
+                ("--output", "prediction table", target), *(("--ckpt", "checkpoint", c) for c in ckpts)])
         output = AtomicFile(target)  # fails now, not after the predictions, if unwritable
+        if any(embedding_paths.values()):
+            try:
+                embeddings = EmbeddingFiles(*embedding_paths.values())
+            except ValueError:
+                output.discard()
+                raise
     except (FileNotFoundError, ValueError, OSError, CheckpointError) as exc:
         print(f"graphormer-urpe-predict: error: {exc}", file=sys.stderr)
         return 2
-    with output, open(source, newline="", encoding="utf-8-sig") as handle:
+    with output, embeddings or contextlib.nullcontext(), open(source, newline="", encoding="utf-8-sig") as handle:
         try:
             if args.mc_dropout is not None and len(ckpts) > 1:
                 raise ValueError("--mc-dropout takes one checkpoint (several checkpoints already give a std)")
             module = load_models(ckpts)
+            if embeddings is not None:
+                module = WithEmbeddings(module, atoms=embedding_paths[ATOM_OPTION] is not None)
             if args.mc_dropout is not None:
                 module = MCDropout(module, args.mc_dropout, args.seed, args.max_pairs)
             module = module.to(device)
@@ -194,16 +227,22 @@ def _predict(args: argparse.Namespace) -> int:
                 return 2
         table = PredictionTable(output.handle, prediction_columns(module), table_input.columns)
         try:
-            _stream(module, table_input, table, source, args, "predict")
+            _stream(module, table_input, table, source, args, "predict", embeddings)
+            if embeddings is not None:
+                embeddings.commit(module.width)
         except (UnicodeDecodeError, csv.Error) as exc:
             print(f"graphormer-urpe-predict: error: {source}: {exc}; nothing written", file=sys.stderr)
             return 2
         except OSError as exc:  # e.g. disk full: the previous output stays as it was
-            print(f"graphormer-urpe-predict: error: cannot write {target}: {exc}; nothing written",
+            written = ", ".join(map(str, [target, *(p for p in embedding_paths.values() if p is not None)]))
+            print(f"graphormer-urpe-predict: error: cannot write {written}: {exc}; nothing written",
                   file=sys.stderr)
             return 1
         output.commit()
     log.info("wrote %d rows to %s (%d without prediction)", table.rows_written, target, table.failed)
+    for path in embedding_paths.values():
+        if path is not None:
+            log.info("wrote the embeddings of those rows to %s", path)
     if args.evaluate is not None:
         names, num_targets = prediction_columns(module), module.facts.num_targets
         for k, (measured, predicted, std) in enumerate(
@@ -212,9 +251,18 @@ def _predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_one_model(ckpts: list[Path], mc_dropout: int | None) -> None:
+    """Embeddings are one model's vectors: one checkpoint, no MC dropout (one line otherwise)."""
+    if len(ckpts) > 1 or mc_dropout is not None:
+        given = f"{len(ckpts)} checkpoints" if len(ckpts) > 1 else f"--mc-dropout {mc_dropout}"
+        raise ValueError("--embeddings and --atom-embeddings come from one model: name one --ckpt (a "
+                         f"checkpoint, a run directory or pretrained:<name>) without --mc-dropout (got {given})")
+
+
 def _stream(module, table_input, table: PredictionTable, source: Path, args: argparse.Namespace,
-            desc: str) -> None:
-    """Predict every row of ``table_input`` into ``table``, with a progress bar named ``desc``."""
+            desc: str, embeddings: EmbeddingFiles | None = None) -> None:
+    """Predict every row of ``table_input`` into ``table`` (and ``embeddings``), with a progress
+    bar named ``desc``."""
     from tqdm import tqdm
 
     total = count_lines(source) - (table_input.columns is not None)
@@ -222,7 +270,8 @@ def _stream(module, table_input, table: PredictionTable, source: Path, args: arg
               mininterval=1.0, desc=desc) as progress:
         stream_predictions(module, table_input.rows, table, max_nodes=args.max_nodes,
                            max_pairs=args.max_pairs, batch_size=args.batch_size,
-                           chunk_rows=args.chunk_rows, workers=args.workers, progress=progress)
+                           chunk_rows=args.chunk_rows, workers=args.workers, progress=progress,
+                           embeddings=embeddings)
 
 
 def _check_regression(option: str, module) -> None:

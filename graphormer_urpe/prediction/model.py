@@ -190,6 +190,36 @@ class ScaledStd(nn.Module):
         return {**out, "std": out["std"] * self.scale.to(out["std"].dtype)}
 
 
+class WithEmbeddings(nn.Module):
+    """One model's predictions with what its output head reads: ``embedding [B, D]``, each
+    molecule's graph-token vector (:meth:`~graphormer_urpe.nn.graphormer.Graphormer.embed`),
+    and with ``atoms`` also ``atom_embedding [B, N, D]``, each atom's final vector
+    (:meth:`~graphormer_urpe.nn.graphormer.Graphormer.embed_atoms`; zero at padding). The
+    prediction is the head applied to that embedding, as the model's ``forward`` computes it.
+    ``ValueError`` for anything but one model (an ensemble, MC dropout): there, no one
+    vector is what the prediction was made from."""
+
+    def __init__(self, model: nn.Module, atoms: bool = False) -> None:
+        super().__init__()
+        if not isinstance(model, PredictionModel):
+            raise ValueError("embeddings come from one model: give one --ckpt (a checkpoint, a run directory "
+                             "or pretrained:<name>), without --mc-dropout")
+        self.model, self.atoms = model, bool(atoms)
+        self.facts, self.hparams = model.facts, model.hparams
+        #: ``D``: the width of every embedding.
+        self.width = model.model.config.hidden_dim
+
+    def predict_step(self, batch: GraphBatch, batch_idx: int = 0) -> dict[str, Tensor]:
+        backbone = self.model.model
+        if self.atoms:
+            graph, atoms = backbone.embed_atoms(batch)
+            extra = {"atom_embedding": atoms}
+        else:
+            graph, extra = backbone.embed(batch), {}
+        return {"index": batch.index, "prediction": self.model.task.predictions(backbone.head(graph)),
+                "embedding": graph, **extra}
+
+
 @contextlib.contextmanager
 def _dropout_on(model: nn.Module) -> Iterator[None]:
     """Dropout layers in training mode inside the block (nothing else in the backbone depends on
@@ -294,16 +324,37 @@ def chunk_batches(facts: DataFacts, chunk: RawChunk, max_pairs: int, batch_size:
         yield slice(g0, g1), collate(flat, np.repeat(np.arange(g1 - g0), repeat))
 
 
-def predict_chunk(module, chunk: RawChunk, num_rows: int, max_pairs: int, batch_size: int) -> np.ndarray:
-    """``[num_rows, len(prediction_columns(module))]`` predictions of one featurized chunk (NaN
-    for its rejected rows): the targets, then (an ensemble, MC dropout) their standard deviations."""
-    out = np.full((num_rows, len(prediction_columns(module))), np.nan, dtype=np.float32)
+@dataclass
+class ChunkOutput:
+    """What a model gives for one chunk's rows: ``predictions [rows, len(prediction_columns)]``
+    (NaN for the rejected rows) and, from :class:`WithEmbeddings`, ``embeddings [rows, D]``
+    (NaN there too) and ``atoms`` (each row's ``[atoms, D]``, ``None`` for a rejected row)."""
+
+    predictions: np.ndarray
+    embeddings: np.ndarray | None = None
+    atoms: list[np.ndarray | None] | None = None
+
+
+def predict_chunk(module, chunk: RawChunk, num_rows: int, max_pairs: int, batch_size: int) -> ChunkOutput:
+    """The :class:`ChunkOutput` of one featurized chunk: the targets, then (an ensemble, MC
+    dropout) their standard deviations; the embeddings of a :class:`WithEmbeddings`."""
+    out = ChunkOutput(np.full((num_rows, len(prediction_columns(module))), np.nan, dtype=np.float32))
+    if isinstance(module, WithEmbeddings):
+        out.embeddings = np.full((num_rows, module.width), np.nan, dtype=np.float32)
+        out.atoms = [None] * num_rows if module.atoms else None
     device = next(module.parameters()).device
     with torch.inference_mode():
         for graphs, batch in chunk_batches(module.facts, chunk, max_pairs, batch_size):
             step = module.predict_step(batch.to(device), 0)
             values = torch.cat([step["prediction"], step["std"]], 1) if "std" in step else step["prediction"]
-            out[chunk.position[graphs]] = values.cpu().numpy()
+            rows = chunk.position[graphs]
+            out.predictions[rows] = values.cpu().numpy()
+            if out.embeddings is not None:
+                out.embeddings[rows] = step["embedding"].float().cpu().numpy()
+            if out.atoms is not None:
+                atoms, sizes = step["atom_embedding"].float().cpu().numpy(), np.diff(chunk.node_ptr)[graphs]
+                for k, row in enumerate(rows):
+                    out.atoms[row] = atoms[k, :sizes[k]]
     return out
 
 
@@ -320,7 +371,7 @@ def predict_smiles(module, rows: list[InputRow], max_nodes: int = DEFAULT_MAX_NO
     """``[len(rows), num_targets]`` predictions in this process; NaN (with ``row.error`` set)
     where impossible."""
     chunk = featurize_chunk((module.facts.featurizer, max_nodes, [r.smiles for r in rows]))
-    predictions = predict_chunk(module, chunk, len(rows), max_pairs, batch_size)
+    predictions = predict_chunk(module, chunk, len(rows), max_pairs, batch_size).predictions
     _finish_rows(rows, chunk.errors, predictions)
     return predictions
 
@@ -353,9 +404,10 @@ def _init_worker(module) -> None:
     _worker_module = module
 
 
-def _chunk_job(job: tuple[str, int, int, int, list[str]]) -> tuple[RawChunk | np.ndarray, list[tuple[int, str]]]:
-    """In a worker: ``(featurizer, max_nodes, max_pairs, batch_size, smiles)`` -> (predictions
-    ``[rows, T]`` when the worker holds the model, else the featurized chunk; the row errors)."""
+def _chunk_job(job: tuple[str, int, int, int, list[str]]) -> tuple[RawChunk | ChunkOutput, list[tuple[int, str]]]:
+    """In a worker: ``(featurizer, max_nodes, max_pairs, batch_size, smiles)`` -> (the
+    :class:`ChunkOutput` when the worker holds the model, else the featurized chunk; the row
+    errors)."""
     featurizer, max_nodes, max_pairs, batch_size, smiles = job
     chunk = featurize_chunk((featurizer, max_nodes, smiles))
     if _worker_module is None:
@@ -364,8 +416,11 @@ def _chunk_job(job: tuple[str, int, int, int, list[str]]) -> tuple[RawChunk | np
 
 
 def stream_predictions(module, rows: Iterable[InputRow], table: PredictionTable, *, max_nodes: int,
-                       max_pairs: int, batch_size: int, chunk_rows: int, workers: int, progress=None) -> None:
-    """Predicts ``rows`` chunk by chunk and writes each chunk in input order.
+                       max_pairs: int, batch_size: int, chunk_rows: int, workers: int, progress=None,
+                       embeddings=None) -> None:
+    """Predicts ``rows`` chunk by chunk and writes each chunk in input order (to ``table``, and
+    its :class:`ChunkOutput` to ``embeddings.write(rows, output)`` when given:
+    :class:`~graphormer_urpe.prediction.embeddings.EmbeddingFiles`).
 
     ``workers = 0``: everything in this process. Otherwise ``workers`` forked processes
     featurize the chunks and, when the model is on the CPU, also predict them with one torch
@@ -374,11 +429,13 @@ def stream_predictions(module, rows: Iterable[InputRow], table: PredictionTable,
     """
     settings = (module.facts.featurizer, max_nodes, max_pairs, batch_size)
 
-    def finish(chunk: list[InputRow], result: RawChunk | np.ndarray, errors: list[tuple[int, str]]) -> None:
-        predictions = (predict_chunk(module, result, len(chunk), max_pairs, batch_size)
-                       if isinstance(result, RawChunk) else result)
-        _finish_rows(chunk, errors, predictions)
-        table.write(chunk, predictions)
+    def finish(chunk: list[InputRow], result: RawChunk | ChunkOutput, errors: list[tuple[int, str]]) -> None:
+        output = (predict_chunk(module, result, len(chunk), max_pairs, batch_size)
+                  if isinstance(result, RawChunk) else result)
+        _finish_rows(chunk, errors, output.predictions)
+        table.write(chunk, output.predictions)
+        if embeddings is not None:
+            embeddings.write(chunk, output)
         if progress is not None:
             progress.update(len(chunk))
 

@@ -1,0 +1,132 @@
+"""Molecule embeddings beside the predictions (``graphormer-urpe-predict --embeddings``): what
+the model's output head reads, one row per input row, written whole or not at all.
+
+``--embeddings FILE.npy``: float32 ``[rows, D]``, row ``i`` the graph token's final vector of
+the output's data row ``i + 1`` (:meth:`~graphormer_urpe.nn.graphormer.Graphormer.embed`);
+``np.load(FILE)``. ``--atom-embeddings FILE.npz``: ``embeddings`` float32 ``[atoms, D]``, every
+atom's final vector, and ``offsets`` int64 ``[rows + 1]``: row ``i``'s atoms (in RDKit's atom
+order of its SMILES, hydrogens implicit) are ``embeddings[offsets[i]:offsets[i + 1]]``. A row
+without a prediction (its reason in the table's ``error`` column) is a row of NaN in the
+``.npy`` and has no atoms in the ``.npz``.
+
+Memory stays bounded: each chunk's vectors go to an unnamed temporary file beside the output
+as they come (``tempfile.TemporaryFile``: the system removes it, even after a kill); at the end
+the ``.npy`` or ``.npz`` is assembled from it in an :class:`~graphormer_urpe.files.AtomicFile`
+and renamed onto its path, so a failure or Ctrl-C leaves a previous file as it was.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import zipfile
+from array import array
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
+
+import numpy as np
+
+from graphormer_urpe.files import AtomicFile, refuse_overwriting_inputs, written_in_place
+from graphormer_urpe.prediction.model import ChunkOutput
+from graphormer_urpe.prediction.table import InputRow
+
+#: ``(option, suffix)`` of each embeddings output.
+GRAPH_OPTION, ATOM_OPTION = ("--embeddings", ".npy"), ("--atom-embeddings", ".npz")
+
+
+def check_embedding_paths(paths: dict[tuple[str, str], Path | None],
+                          inputs: Sequence[tuple[str, str, Path | None]]) -> None:
+    """One-line ``ValueError`` before any work for an embeddings output (``{(option, suffix):
+    path}``) with another suffix, that is a directory or not a regular file, or that is one of
+    ``inputs`` (``(option, what, path)``: the input, the checkpoints, the prediction table) or
+    the other embeddings output."""
+    given = [(option, path) for (option, _), path in paths.items() if path is not None]
+    for (option, suffix), path in paths.items():
+        if path is None:
+            continue
+        if path.is_dir():
+            raise ValueError(f"{option} {path} is a directory; name the file to write")
+        if path.suffix.lower() != suffix:
+            raise ValueError(f"{option} {path}: the file must end in {suffix} (a NumPy "
+                             f"{'array' if suffix == '.npy' else 'archive'})")
+        if written_in_place(path):
+            raise ValueError(f"{option} {path} is not a regular file")
+        others = [(name, "embeddings output", other) for name, other in given if name != option]
+        refuse_overwriting_inputs(option, [path], [*inputs, *others])
+
+
+def _write_npy(handle: IO[bytes], raw: IO[bytes], shape: tuple[int, int], dtype: str) -> None:
+    """An ``.npy`` of ``shape`` to ``handle``: its header, then ``raw``'s bytes (C order)."""
+    np.lib.format.write_array_header_1_0(handle, {"descr": np.dtype(dtype).str, "fortran_order": False,
+                                                 "shape": shape})
+    raw.seek(0)
+    shutil.copyfileobj(raw, handle, 1 << 22)
+
+
+class EmbeddingFiles:
+    """The embeddings outputs of one prediction run (``graph``: the ``.npy``; ``atoms``: the
+    ``.npz``; either may be None). Creating it checks that they can be written (``ValueError``
+    naming the option); :meth:`write` takes each chunk in input order, :meth:`commit` puts the
+    files in place; leaving the ``with`` block otherwise writes nothing."""
+
+    def __init__(self, graph: Path | None, atoms: Path | None) -> None:
+        self._outputs: dict[str, tuple[AtomicFile, IO[bytes]]] = {}
+        self.rows = 0
+        self._offsets = array("q", [0])
+        try:
+            for key, option, path in (("graph", GRAPH_OPTION[0], graph), ("atoms", ATOM_OPTION[0], atoms)):
+                if path is None:
+                    continue
+                try:
+                    output = AtomicFile(path, binary=True)
+                except OSError as exc:
+                    raise ValueError(f"{option} {path} cannot be written ({exc.strerror or exc})") from None
+                self._outputs[key] = (output, tempfile.TemporaryFile(dir=Path(os.path.realpath(path)).parent))
+        except BaseException:
+            self.discard()
+            raise
+
+    def write(self, rows: Sequence[InputRow], output: ChunkOutput) -> None:
+        """One chunk: NaN (no atoms) for its rows with an error, as the table leaves them empty."""
+        failed = np.array([bool(row.error) for row in rows], dtype=bool)
+        self.rows += len(rows)
+        if "graph" in self._outputs:
+            vectors = output.embeddings.astype("<f4", copy=True)
+            vectors[failed] = np.nan
+            self._outputs["graph"][1].write(vectors.tobytes())
+        if "atoms" in self._outputs:
+            raw, end = self._outputs["atoms"][1], self._offsets[-1]
+            for row_failed, atoms in zip(failed, output.atoms):
+                if not row_failed and atoms is not None:
+                    raw.write(np.ascontiguousarray(atoms, dtype="<f4").tobytes())
+                    end += len(atoms)
+                self._offsets.append(end)
+
+    def commit(self, width: int) -> None:
+        """Assemble each file (``width``: D) and rename it onto its path."""
+        if "graph" in self._outputs:
+            output, raw = self._outputs["graph"]
+            _write_npy(output.handle, raw, (self.rows, width), "<f4")
+            output.commit()
+        if "atoms" in self._outputs:
+            output, raw = self._outputs["atoms"]
+            offsets = np.frombuffer(self._offsets, dtype=np.int64)
+            with zipfile.ZipFile(output.handle, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+                with archive.open("embeddings.npy", "w", force_zip64=True) as member:
+                    _write_npy(member, raw, (int(offsets[-1]), width), "<f4")
+                with archive.open("offsets.npy", "w", force_zip64=True) as member:
+                    np.lib.format.write_array(member, offsets)
+            output.commit()
+        self.discard()
+
+    def discard(self) -> None:
+        for output, raw in self._outputs.values():
+            raw.close()
+            output.discard()
+
+    def __enter__(self) -> EmbeddingFiles:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.discard()

@@ -1,0 +1,186 @@
+"""graphormer-urpe-predict --embeddings / --atom-embeddings, through the installed command on
+real ESOL rows: one row per input row in input order, the vectors the output head reads (the
+head applied to them gives the predictions), NaN where a molecule cannot be read, the same from
+a checkpoint, a run directory and ``pretrained:zinc-descriptors``, whole or nothing on a
+failure, and bad outputs refused in one line (exit 2)."""
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from graphormer_urpe.pretrained import resolve
+from graphormer_urpe.prediction.load import load_module
+from graphormer_urpe.prediction.model import chunk_batches, featurize_chunk
+
+PREDICT = Path(sys.executable).with_name("graphormer-urpe-predict")
+PRETRAINED = "pretrained:zinc-descriptors"
+UNREADABLE = "C1CC(N"  # an unclosed ring and branch: RDKit rejects it
+ROWS = 30
+BAD_ROW = 7  # 0-based data row replaced by UNREADABLE
+
+
+def run(*args, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run([str(PREDICT), "--quiet", *map(str, args)], capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if check:
+        assert done.returncode == 0, done.stderr
+    return done
+
+
+@pytest.fixture(scope="module")
+def molecules(esol_csv, tmp_path_factory) -> Path:
+    """The first ESOL rows (all their columns), one SMILES made unreadable."""
+    with open(esol_csv, newline="") as handle:
+        rows = list(csv.reader(handle))[:ROWS + 1]
+    column = [c.lower() for c in rows[0]].index("smiles")
+    rows[BAD_ROW + 1][column] = UNREADABLE
+    path = tmp_path_factory.mktemp("embeddings") / "esol_head.csv"
+    with open(path, "w", newline="") as handle:
+        csv.writer(handle).writerows(rows)
+    return path
+
+
+def smiles_of(path: Path) -> list[str]:
+    with open(path, newline="") as handle:
+        return [row["smiles"] for row in csv.DictReader(handle)]
+
+
+@pytest.fixture(scope="module")
+def written(molecules) -> dict:
+    """Predictions and both embeddings from the shipped backbone: small chunks in two workers,
+    so rows cross chunks and come back from other processes."""
+    out = molecules.parent / "pretrained"
+    out.mkdir()
+    run("--ckpt", PRETRAINED, "--input", molecules, "--output", out / "preds.csv", "--embeddings",
+        out / "graph.npy", "--atom-embeddings", out / "atoms.npz", "--workers", 2, "--chunk-rows", 8)
+    return {"dir": out, "graph": np.load(out / "graph.npy"), "atoms": dict(np.load(out / "atoms.npz")),
+            "table": list(csv.DictReader(open(out / "preds.csv", newline="")))}
+
+
+@pytest.fixture(scope="module")
+def backbone():
+    return load_module(resolve(PRETRAINED), inference_only=True)
+
+
+def alone(module, smiles: str):
+    """``smiles`` featurized and encoded as a batch of its own (no padding, no neighbours)."""
+    chunk = featurize_chunk((module.facts.featurizer, 512, [smiles]))
+    (_, batch), = chunk_batches(module.facts, chunk, 1 << 16, 1)
+    return batch
+
+
+def test_one_row_per_input_row_in_order_nan_where_unreadable(written, molecules, backbone):
+    graph, atoms, table = written["graph"], written["atoms"], written["table"]
+    smiles = smiles_of(molecules)
+    assert graph.dtype == np.float32 and graph.shape == (ROWS, 192) == (len(table), backbone.model.config.hidden_dim)
+    assert np.isnan(graph[BAD_ROW]).all() and table[BAD_ROW]["error"]
+    assert np.isfinite(np.delete(graph, BAD_ROW, 0)).all()
+    offsets = atoms["offsets"]
+    assert offsets.dtype == np.int64 and offsets.shape == (ROWS + 1,) and offsets[0] == 0
+    assert atoms["embeddings"].dtype == np.float32 and atoms["embeddings"].shape == (offsets[-1], 192)
+    from rdkit import Chem
+
+    counts = np.diff(offsets)
+    assert counts[BAD_ROW] == 0
+    assert [int(c) for k, c in enumerate(counts) if k != BAD_ROW] == [
+        Chem.MolFromSmiles(s).GetNumAtoms() for k, s in enumerate(smiles) if k != BAD_ROW]
+    with torch.inference_mode():  # each molecule alone, in this process: same vectors, same rows
+        for k, s in enumerate(smiles):
+            if k == BAD_ROW:
+                continue
+            mine, mine_atoms = backbone.model.embed_atoms(alone(backbone, s))
+            np.testing.assert_allclose(graph[k], mine[0].numpy(), atol=2e-5, rtol=1e-4)
+            np.testing.assert_allclose(atoms["embeddings"][offsets[k]:offsets[k + 1]], mine_atoms[0].numpy(),
+                                       atol=2e-5, rtol=1e-4)
+            assert torch.equal(backbone.model.embed(alone(backbone, s)), mine)
+
+
+def test_the_head_applied_to_the_embedding_gives_the_prediction(written, backbone, molecules):
+    graph, table = written["graph"], written["table"]
+    columns = [c for c in table[0] if c.startswith("prediction_")]
+    assert len(columns) == backbone.facts.num_targets == 206
+    predicted = np.array([[float(r[c]) if r[c] else np.nan for c in columns] for r in table])
+    with torch.inference_mode():
+        head = backbone.model.head(torch.from_numpy(graph)).numpy()
+        batch = alone(backbone, smiles_of(molecules)[0])
+        assert torch.equal(backbone.model(batch), backbone.model.head(backbone.model.embed(batch)))
+    assert np.isnan(head[BAD_ROW]).all() and np.isnan(predicted[BAD_ROW]).all()
+    np.testing.assert_allclose(np.delete(predicted, BAD_ROW, 0), np.delete(head, BAD_ROW, 0), rtol=1e-5, atol=1e-5)
+
+
+def test_a_checkpoint_and_a_run_directory_give_the_same_embeddings(written, molecules, tmp_path):
+    """The shipped backbone saved as a Lightning checkpoint, and as a run directory's best one."""
+    shipped = torch.load(resolve(PRETRAINED), weights_only=True)
+    checkpoint = {"state_dict": {f"model.{k}": v for k, v in shipped["state_dict"].items()},
+                  "hyper_parameters": shipped["hyper_parameters"], "global_step": 7}
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    best = run_dir / "checkpoints" / "epoch=0-step=7.ckpt"
+    torch.save(checkpoint, best)
+    torch.save({**checkpoint, "callbacks": {"ModelCheckpoint{'monitor': 'val/mae'}": {
+        "monitor": "val/mae", "best_model_path": str(best), "best_model_score": 0.1}}},
+        run_dir / "checkpoints" / "last.ckpt")
+    for name, ckpt in (("ckpt", best), ("run", run_dir)):
+        run("--ckpt", ckpt, "--input", molecules, "--output", tmp_path / f"{name}.csv",
+            "--embeddings", tmp_path / f"{name}.npy", "--workers", 0)
+        np.testing.assert_array_equal(np.load(tmp_path / f"{name}.npy"), written["graph"])
+
+
+def test_a_failure_leaves_previous_embeddings_whole(esol_csv, tmp_path):
+    """Invalid UTF-8 after 300 ESOL rows, read past the first text buffer (so after several
+    chunks were embedded): exit 2, and the previous .npy and .npz stay as they were, with no
+    temporary file beside them."""
+    broken = tmp_path / "broken.csv"
+    lines = esol_csv.read_bytes().splitlines(keepends=True)[:301]
+    assert sum(map(len, lines)) > 3 * 8192  # past the text buffer: the error comes mid-stream
+    broken.write_bytes(b"".join(lines) + b"\xff\xfe,not UTF-8\n")
+    previous = {name: tmp_path / name for name in ("graph.npy", "atoms.npz", "preds.csv")}
+    for path in previous.values():
+        path.write_bytes(b"previous " + path.name.encode())
+    done = run("--ckpt", PRETRAINED, "--input", broken, "--output", previous["preds.csv"],
+               "--embeddings", previous["graph.npy"], "--atom-embeddings", previous["atoms.npz"],
+               "--chunk-rows", 32, "--workers", 0, check=False)
+    assert done.returncode == 2 and "nothing written" in done.stderr, done.stderr
+    for path in previous.values():
+        assert path.read_bytes() == b"previous " + path.name.encode()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["broken.csv", *previous])
+
+
+def test_bad_outputs_are_refused_in_one_line(molecules, tmp_path):
+    """Each refused before the model is loaded: one line, exit 2, nothing written."""
+    smiles_file = tmp_path / "mols.npy"  # one SMILES a line, whatever its name
+    smiles_file.write_text("\n".join(smiles_of(molecules)[:3]) + "\n")
+    model_file = tmp_path / "model.npy"  # a checkpoint, whatever its name
+    model_file.write_bytes(resolve(PRETRAINED).read_bytes())
+    (tmp_path / "folder.npy").mkdir()
+    base = ["--input", molecules, "--output", tmp_path / "out.csv"]
+    cases = {
+        "is the input file": ["--ckpt", PRETRAINED, "--input", smiles_file, "--output", tmp_path / "o.csv",
+                              "--embeddings", smiles_file],
+        "is the checkpoint": ["--ckpt", model_file, *base, "--embeddings", model_file],
+        "is the prediction table": ["--ckpt", PRETRAINED, "--input", molecules, "--output", tmp_path / "t.npy",
+                                    "--embeddings", tmp_path / "t.npy"],
+        "is a directory": ["--ckpt", PRETRAINED, *base, "--embeddings", tmp_path / "folder.npy"],
+        "cannot be written": ["--ckpt", PRETRAINED, *base, "--embeddings", molecules / "e.npy"],
+        "must end in .npy": ["--ckpt", PRETRAINED, *base, "--embeddings", tmp_path / "e.npz"],
+        "must end in .npz": ["--ckpt", PRETRAINED, *base, "--atom-embeddings", tmp_path / "a.npy"],
+        "come from one model": ["--ckpt", PRETRAINED, *base, "--mc-dropout", 4, "--embeddings", tmp_path / "e.npy"],
+    }
+    before = sorted(p.name for p in tmp_path.iterdir())
+    started = {why: subprocess.Popen([str(PREDICT), "--quiet", *map(str, args)], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+               for why, args in cases.items()}
+    for why, process in started.items():
+        out, err = process.communicate(timeout=300)
+        errors = [line for line in err.splitlines() if line.startswith("graphormer-urpe-predict: error:")]
+        assert process.returncode == 2 and len(errors) == 1 and why in errors[0], (why, err)
+        assert "Traceback" not in err and not out
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written, no temporary left
+    assert smiles_file.read_text().count("\n") == 3 and model_file.stat().st_size == resolve(PRETRAINED).stat().st_size
