@@ -198,8 +198,10 @@ class GraphDataModule(pl.LightningDataModule):
             self._resident_graphs.append((dataset.graphs, graphs))
         trainer = getattr(self, "trainer", None)
         rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        # A fit's training batches of one shape: the training step gathers each itself, from its
+        # place in the epoch's order (inside the recorded step on a GPU).
         return ResidentLoader(ResidentSplit(dataset, graphs), batch_size, sampler, rank, world_size,
-                              drop_last)
+                              drop_last, order_slices=drop_last and trainer is not None)
 
     def _loader(self, dataset: EncodedGraphDataset, batch_size: int, sampler: Sampler | None,
                 drop_last: bool = False) -> DataLoader | ResidentLoader:
@@ -236,9 +238,9 @@ class GraphDataModule(pl.LightningDataModule):
         if not isinstance(interval, int) or trainer.check_val_every_n_epoch is None \
                 or not trainer.limit_val_batches:
             return
-        from lightning.pytorch.trainer.connectors.data_connector import _parse_num_batches
+        from graphormer_urpe.training.lightning_private import limited_batches
 
-        epoch = _parse_num_batches("train", batches, trainer.limit_train_batches)
+        epoch = limited_batches(trainer, batches)
         if interval > epoch:
             raise ValueError(f"--trainer.val_check_interval {interval} is more than the {epoch} training "
                              f"batches of an epoch ({graphs} training graphs, batch_size "

@@ -266,12 +266,13 @@ def _gather_padded(graphs: TensorGraphs, index: Tensor, n: Tensor, node_start: T
     )
 
 
-@dataclass(frozen=True)
-class BatchSlot:
-    """A training batch not yet gathered: items ``order[start:start + size]`` of the epoch's order
-    (``order`` is one device tensor per epoch). What a :class:`ResidentLoader` yields with
-    ``slots=True``, for a training engine that gathers the batch itself
-    (:mod:`graphormer_urpe.training.engine`)."""
+@dataclass
+class OrderSlice:
+    """A training batch by its place in the epoch's order: items ``order[start:start + size]``
+    (``order`` is one device tensor per epoch), which the training step gathers itself, inside
+    a recorded CUDA graph on a GPU (:mod:`graphormer_urpe.training.engine`). What a
+    :class:`ResidentLoader` with ``order_slices`` yields. A plain dataclass: Lightning moves its
+    tensor field to the device, where ``order`` already is (the same tensor comes back)."""
 
     order: Tensor
     start: int
@@ -280,9 +281,6 @@ class BatchSlot:
     @property
     def num_graphs(self) -> int:
         return self.size
-
-    def to(self, device, non_blocking: bool = False) -> "BatchSlot":
-        return self  # already on the split's device; Lightning calls this for every batch
 
 
 class ResidentSplit:
@@ -338,7 +336,7 @@ class ResidentLoader:
     """
 
     def __init__(self, split: ResidentSplit, batch_size: int, sampler: SeededShuffleSampler | None = None,
-                 rank: int = 0, world_size: int = 1, drop_last: bool = False) -> None:
+                 rank: int = 0, world_size: int = 1, drop_last: bool = False, order_slices: bool = False) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if not 0 <= rank < world_size:
@@ -352,8 +350,10 @@ class ResidentLoader:
         self.rank = int(rank)
         self.world_size = int(world_size)
         self.drop_last = bool(drop_last)
-        #: Yield :class:`BatchSlot` objects instead of gathered batches (read when iteration starts).
-        self.slots = False
+        if order_slices and not (drop_last and split.padding is not None):
+            raise ValueError("order_slices needs batches of one shape (drop_last and a padding)")
+        #: Yield :class:`OrderSlice` objects instead of gathered batches.
+        self.order_slices = bool(order_slices)
 
     def _num_items(self) -> int:
         return math.ceil(len(self.split) / self.world_size)
@@ -371,7 +371,7 @@ class ResidentLoader:
             order = np.resize(order, self._num_items() * self.world_size)[self.rank::self.world_size]
         return order
 
-    def __iter__(self) -> Iterator[GraphBatch | BatchSlot]:
+    def __iter__(self) -> Iterator[GraphBatch | OrderSlice]:
         order = self.order()
         order_on_device = torch.from_numpy(order)
         if self.split.device.type == "cuda":  # pinned, so the copy does not wait for the GPU
@@ -382,7 +382,7 @@ class ResidentLoader:
         end = len(self) * self.batch_size if self.drop_last else len(order)
         for start in range(first, end, self.batch_size):
             stop = start + self.batch_size
-            if self.slots:
-                yield BatchSlot(order_on_device, start, self.batch_size)
+            if self.order_slices:
+                yield OrderSlice(order_on_device, start, self.batch_size)
             else:
                 yield self.split.batch(order[start:stop], order_on_device[start:stop])

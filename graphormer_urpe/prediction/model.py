@@ -47,10 +47,9 @@ TRAINING_HPARAMS = frozenset({"lr", "end_lr", "warmup_steps", "total_steps", "po
                               "betas", "eps", "no_weight_decay", "compile",
                               "matmul_precision", "init_from", "reinit_head", "freeze_backbone_steps",
                               "head_lr", "warmup_fraction", "loss"})
-#: Options of earlier versions that their checkpoints still record; dropped wherever a
-#: checkpoint's hyperparameters are read (``cuda_graphs``: the forward-only CUDA-graph capture,
-#: replaced by the training engine).
-RETIRED_HPARAMS = frozenset({"cuda_graphs"})
+#: Options that no longer exist but that checkpoints may record (``cuda_graphs``, ``engine``: how
+#: steps ran, not what was trained); dropped wherever a checkpoint's hyperparameters are read.
+RETIRED_HPARAMS = frozenset({"cuda_graphs", "engine"})
 
 
 class HParams(dict):

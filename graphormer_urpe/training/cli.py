@@ -30,7 +30,6 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 from jsonargparse import Namespace
-from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.callbacks import BasePredictionWriter, LearningRateMonitor
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_module
@@ -40,6 +39,7 @@ from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.files import check_writable_dir, same_file
 from graphormer_urpe.checkpoint import read_checkpoint
 from graphormer_urpe.prediction.model import RETIRED_HPARAMS
+from graphormer_urpe.training.lightning_private import is_local_path
 from graphormer_urpe.training.run_checkpoint import (RunCheckpoint, check_run_dir, hold_run_dir,
                                                       run_dirs_released_after)
 from graphormer_urpe.training.module import GraphormerModule
@@ -192,7 +192,7 @@ class GraphormerCLI(LightningCLI):
             config.ckpt_path = check_run_dir(checkpoint.dirpath, config.get("ckpt_path"),
                                              checkpoint.overwrite, self.subcommand == "fit")
             ckpt_path = config.ckpt_path
-            if (ckpt_path and _is_local_file_protocol(ckpt_path)
+            if (ckpt_path and is_local_path(ckpt_path)
                     and ckpt_path.split(":")[0] not in LIGHTNING_CKPT_NAMES):
                 self._checkpoint_hparams(ckpt_path)  # a missing, damaged or crafted file: one line now
         if config.trainer.logger in (None, True):

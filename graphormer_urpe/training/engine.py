@@ -13,7 +13,7 @@ Every ``fit`` of :class:`~graphormer_urpe.training.module.GraphormerModule` trai
         \theta \leftarrow \text{AdamW}(\theta, g, \eta) \text{ unless skip}
 
 all on the device, with no device-to-host sync: the batch is gathered from the epoch order on
-the device (:class:`~graphormer_urpe.data.resident.BatchSlot`), the clipping is
+the device (:class:`~graphormer_urpe.data.resident.OrderSlice`), the clipping is
 ``torch.nn.utils.clip_grad_norm_``'s arithmetic (Lightning's ``gradient_clip_val``), the AdamW is
 torch's fused one with a device tensor for the learning rate and ``found_inf`` masking (a
 skipped step leaves parameters, moments and the step count untouched, as under a gradient
@@ -61,7 +61,7 @@ import torch
 from torch import Tensor
 
 from graphormer_urpe.data.batch import GraphBatch
-from graphormer_urpe.data.resident import BatchSlot, ResidentLoader, gather_batch
+from graphormer_urpe.data.resident import OrderSlice, ResidentLoader, gather_batch
 from graphormer_urpe.training.lightning_private import logs_due
 from graphormer_urpe.training.schedule import relative_lr
 
@@ -175,7 +175,7 @@ def record_step(step: Callable[[], Any], force_skip: Tensor, counts: StepCounts,
 class TrainingEngine(pl.Callback):
     """The whole optimizer step of ``module`` (a :class:`~.module.GraphormerModule`) on the device;
     see the module docstring. Also a Lightning callback: it checks the run's settings at the start,
-    switches the training loader to :class:`BatchSlot` batches, and reports the device-side
+    notes whether the training loader yields :class:`OrderSlice` batches, and reports the device-side
     statistics at each logging interval."""
 
     def __init__(self, module: pl.LightningModule) -> None:
@@ -209,12 +209,10 @@ class TrainingEngine(pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         loader = trainer.train_dataloader
-        # Batches of one shape on the device: the engine gathers them itself, inside the step
-        # (and inside the recorded graph on a GPU). Any other batches are stepped as they come.
-        self.slots = isinstance(loader, ResidentLoader) and loader.drop_last and loader.split.padding is not None
-        if self.slots:
-            loader.slots = True
-        elif pl_module.device.type == "cuda":
+        # Batches of one shape on the device come as their place in the epoch order: the step
+        # gathers them itself (inside the recorded graph on a GPU). Others are stepped as they come.
+        self.gathers = isinstance(loader, ResidentLoader) and loader.order_slices
+        if not self.gathers and pl_module.device.type == "cuda":
             log.warning("engine: the training batches vary in shape, so each step runs without a "
                         "CUDA graph; data.init_args.device_resident true and static_shapes true let "
                         "it record the step once")
@@ -222,18 +220,18 @@ class TrainingEngine(pl.Callback):
         self._ready, self._graphs, self._order_source = False, {}, None  # a new fit: new optimizer
 
     # The step ------------------------------------------------------------------------------------
-    def _build(self, trainer: pl.Trainer, slot: BatchSlot | None) -> None:
+    def _build(self, trainer: pl.Trainer, part: OrderSlice | None) -> None:
         """Static buffers (the same tensors every step, so a recorded graph can read them); the
-        epoch order's with batches of one shape (``slot``)."""
+        epoch order's with batches of one shape (``part``)."""
         module, device = self.module, self.module.device
         self.optimizer = trainer.optimizers[0]
         self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
         zero = lambda dtype=torch.float32: torch.zeros((), dtype=dtype, device=device)  # noqa: E731
-        if slot is not None:
+        if part is not None:
             self.split = trainer.train_dataloader.split
-            self.order = torch.empty_like(slot.order)
+            self.order = torch.empty_like(part.order)
             self.start = zero(torch.int64)
-            self.offsets = torch.arange(slot.size, device=device)
+            self.offsets = torch.arange(part.size, device=device)
         self.updates = zero(torch.float64)  # optimizer updates done (u)
         # One learning rate per param group: its peak (the LambdaLR's base lr: model.lr, or
         # model.head_lr for the head's groups) times the schedule's factor. The fused kernel reads
@@ -248,14 +246,14 @@ class TrainingEngine(pl.Callback):
         self.counts = StepCounts(device)
         self.optimizer.found_inf = self.found_inf
         static_shapes = device.type == "cuda" if self.static_shapes is None else self.static_shapes
-        if static_shapes and slot is not None:  # the split's ids are checked once, here
+        if static_shapes and part is not None:  # the split's ids are checked once, here
             graphs = self.split.graphs
             module.model.use_static_shapes(graphs.x, graphs.edge_attr)
         self._ready = True
 
-    def _capture(self, trainer: pl.Trainer, slot: BatchSlot) -> torch.cuda.CUDAGraph:
-        """The step recorded in a CUDA graph (:func:`record_step`) on the batch of ``slot``."""
-        self._feed(trainer, slot)
+    def _capture(self, trainer: pl.Trainer, part: OrderSlice) -> torch.cuda.CUDAGraph:
+        """The step recorded in a CUDA graph (:func:`record_step`) on the batch of ``part``."""
+        self._feed(trainer, part)
         graph, _ = record_step(self._step, self.force_skip, self.counts)
         self._host_updates = -1  # the warmup advanced the device counter
         return graph
@@ -294,33 +292,33 @@ class TrainingEngine(pl.Callback):
         self.updates.add_(1)
         self.loss.copy_(loss.detach())
 
-    def _feed(self, trainer: pl.Trainer, slot: BatchSlot | None) -> None:
-        """The step's inputs: the epoch order (once per epoch) and the batch start of ``slot``,
+    def _feed(self, trainer: pl.Trainer, part: OrderSlice | None) -> None:
+        """The step's inputs: the epoch order (once per epoch) and the batch start of ``part``,
         and the update count after a resume (host values, copied without a sync)."""
-        if slot is not None:
-            if slot.order is not self._order_source:
-                self.order.copy_(slot.order)
-                self._order_source = slot.order
-            self.start.fill_(slot.start)
+        if part is not None:
+            if part.order is not self._order_source:
+                self.order.copy_(part.order)
+                self._order_source = part.order
+            self.start.fill_(part.start)
         if self._host_updates != trainer.global_step:
             self.updates.fill_(trainer.global_step)
         self._host_updates = trainer.global_step + 1
 
-    def training_step(self, batch: BatchSlot | GraphBatch) -> Tensor:
-        """Run one whole optimizer step on ``batch`` (a :class:`BatchSlot` to gather, or a
+    def training_step(self, batch: OrderSlice | GraphBatch) -> Tensor:
+        """Run one whole optimizer step on ``batch`` (a :class:`OrderSlice` to gather, or a
         gathered batch); the step's loss (a device tensor, not read here)."""
         trainer = self.module.trainer
-        slot = batch if isinstance(batch, BatchSlot) else None
+        part = batch if isinstance(batch, OrderSlice) else None
         if not self._ready:
-            self._build(trainer, slot)
+            self._build(trainer, part)
         frozen = bool(getattr(self.module.model, "_backbone_frozen", False))
-        if slot is not None and slot.order.device.type == "cuda" and frozen not in self._graphs:
-            self._graphs[frozen] = self._capture(trainer, slot)
-        self._feed(trainer, slot)
+        if part is not None and part.order.device.type == "cuda" and frozen not in self._graphs:
+            self._graphs[frozen] = self._capture(trainer, part)
+        self._feed(trainer, part)
         if frozen in self._graphs:
             self._graphs[frozen].replay()
         else:
-            self._step(None if slot is not None else batch)
+            self._step(None if part is not None else batch)
         return self.loss
 
     # Reporting -----------------------------------------------------------------------------------

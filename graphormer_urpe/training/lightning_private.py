@@ -2,8 +2,9 @@
 
 Lightning has no public way to ask whether the training epoch ran all its batches (a stop inside
 an epoch must checkpoint the state inside it), whether this step writes the logs (the training
-step reads its device counters only then), or for a module's trainer without an error when it
-has none. :class:`~.run_checkpoint.RunCheckpoint` also overrides and reads protected members of
+step reads its device counters only then), how many batches ``limit_train_batches`` leaves of an
+epoch (checked against ``val_check_interval`` before training), whether it reads a path from
+the local file system, or for a module's trainer without an error when it has none. :class:`~.run_checkpoint.RunCheckpoint` also overrides and reads protected members of
 its base class ``ModelCheckpoint`` (:data:`MODEL_CHECKPOINT_MEMBERS`). A test
 (``tests/training/test_lightning_private.py``) checks that every name here still exists in the
 installed Lightning, so an upgrade that moves one fails there, not in a run.
@@ -28,6 +29,21 @@ def epoch_finished(trainer: pl.Trainer) -> bool:
 def logs_due(trainer: pl.Trainer) -> bool:
     """Whether Lightning writes its logs at this step (``trainer.log_every_n_steps``)."""
     return trainer._logger_connector.should_update_logs
+
+
+def limited_batches(trainer: pl.Trainer, batches: int) -> int:
+    """The training batches of an epoch of ``batches`` that the trainer runs
+    (``trainer.limit_train_batches``, a count or a fraction), as Lightning counts them."""
+    from lightning.pytorch.trainer.connectors.data_connector import _parse_num_batches
+
+    return _parse_num_batches("train", batches, trainer.limit_train_batches)
+
+
+def is_local_path(path: str) -> bool:
+    """Whether Lightning reads ``path`` from the local file system (not ``s3://`` and the like)."""
+    from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
+
+    return _is_local_file_protocol(path)
 
 
 def trainer_of(module: pl.LightningModule) -> pl.Trainer | None:

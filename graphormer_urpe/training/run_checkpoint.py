@@ -34,13 +34,12 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 
 from graphormer_urpe.files import atomic_path, hold_directory
-from graphormer_urpe.training.lightning_private import epoch_finished
+from graphormer_urpe.training.lightning_private import epoch_finished, is_local_path
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +158,7 @@ class RunCheckpoint(ModelCheckpoint):
         super().setup(trainer, pl_module, stage)
 
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
-        if not _is_local_file_protocol(filepath):
+        if not is_local_path(filepath):
             return super()._save_checkpoint(trainer, filepath)
         with atomic_path(filepath, replace=trainer.is_global_zero) as temporary:
             super()._save_checkpoint(trainer, str(temporary))

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from graphormer_urpe.data import ZINCDataModule
+from graphormer_urpe.data.resident import OrderSlice
 from graphormer_urpe.training.cli import build_cli
 from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.training.module import GraphormerModule
@@ -58,6 +59,9 @@ class LightningStep(GraphormerModule):
     optimizer), as the textbook LightningModule does."""
 
     def training_step(self, batch, batch_idx):
+        if isinstance(batch, OrderSlice):  # a fit's batches of one shape: gathered as the step does
+            items = batch.order[batch.start:batch.start + batch.size]
+            batch = self.trainer.train_dataloader.split.batch(items.cpu().numpy(), items)
         return self._loss(self.model(batch), batch.y)
 
     optimizer_step = pl.LightningModule.optimizer_step
@@ -127,7 +131,7 @@ def test_engine_step_equals_lightnings_own_step(zinc_data_root, data_args):
         return module, trainer, record
 
     engine = run(True)
-    assert engine[0]._engine.slots == (data_args is None)
+    assert engine[0]._engine.gathers == (data_args is None)
     assert_same_training(engine, run(False), exact=True)
 
 
@@ -338,7 +342,7 @@ def test_settings_the_step_does_not_do_are_refused_in_one_line_before_the_data(t
 def test_batches_of_varying_shapes_train_with_the_same_step(zinc_data_root, tmp_path):
     varying = fit(tmp_path / "varying", zinc_data_root, 2, "--data.init_args.static_shapes", "false",
                   "--data.init_args.device_resident", "false")
-    assert not varying.model._engine.slots and varying.trainer.global_step == 2
+    assert not varying.model._engine.gathers and varying.trainer.global_step == 2
 
 
 def test_console_scripts_train_with_the_engine_and_test_its_checkpoint(zinc_data_root, tmp_path):

@@ -13,6 +13,11 @@ def test_the_trainer_internals_read_are_there():
                          max_steps=1)
     assert isinstance(lightning_private.epoch_finished(trainer), bool)
     assert isinstance(lightning_private.logs_due(trainer), bool)
+    assert lightning_private.limited_batches(trainer, 40) == 40
+    limited = pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         limit_train_batches=0.25)
+    assert lightning_private.limited_batches(limited, 40) == 10
+    assert lightning_private.is_local_path("runs/a/last.ckpt") and not lightning_private.is_local_path("s3://b/c.ckpt")
     module = pl.LightningModule()
     assert lightning_private.trainer_of(module) is None
     module.trainer = trainer
