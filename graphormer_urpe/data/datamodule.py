@@ -35,7 +35,7 @@ from graphormer_urpe.cores import usable_cores
 from graphormer_urpe.data.batch import BatchPadding, GraphBatch
 from graphormer_urpe.data.collate import FlatGraphs
 from graphormer_urpe.data.dataset import EncodedGraphDataset, SeededShuffleSampler, check_seed
-from graphormer_urpe.data.encode import encode_smiles_store
+from graphormer_urpe.data.encode_cache import encode_smiles_store
 from graphormer_urpe.data.encoding_registry import DEFAULT_MAX_HOPS, EncodingParams
 from graphormer_urpe.data.feature_ids import num_embeddings
 from graphormer_urpe.data.featurize import cached_smiles_graphs, featurizer_spec

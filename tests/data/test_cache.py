@@ -235,7 +235,7 @@ def test_streamed_smiles_store_equals_in_memory_and_stays_memory_mapped(esol_csv
     store is a memory map (training start copies nothing)."""
     import pandas as pd
 
-    from graphormer_urpe.data.encode import encode_flat, encode_smiles_store
+    from graphormer_urpe.data.encode_cache import cached_flat, encode_smiles_store
     from graphormer_urpe.data.featurize import cached_smiles_graphs, featurizer_spec
 
     table = pd.read_csv(esol_csv)
@@ -254,7 +254,7 @@ def test_streamed_smiles_store_equals_in_memory_and_stays_memory_mapped(esol_csv
 
     params = EncodingParams(max_hops=4, rwse_steps=3)  # RWSE streamed into its own entry too
     store = encode_smiles_store(arrays, (tmp_path, "molecules"), params, "ogb")
-    expected = encode_flat(graphs["x"], graphs["node_ptr"], graphs["edge_index"], graphs["edge_attr"],
+    expected = cached_flat(graphs["x"], graphs["node_ptr"], graphs["edge_index"], graphs["edge_attr"],
                            graphs["edge_ptr"], np.zeros(len(graphs["node_ptr"]) - 1), cache=(tmp_path, "direct"),
                            params=params, atom_feature_dims=spec.atom_feature_dims,
                            bond_feature_dims=spec.bond_feature_dims)
