@@ -89,6 +89,9 @@ LOCK_FILE = "ablation.lock"
 HEARTBEAT_S = 15.0
 #: A slice shorter than this is not started (a ``fit`` needs seconds to start before it trains).
 MIN_SLICE_S = 20.0
+#: Seconds a ``fit`` has to save and stop after its SIGTERM (the step in progress, a validation,
+#: the checkpoint) before it is killed.
+STOP_GRACE_S = 180.0
 #: Exit statuses of a ``fit`` stopped by the SIGTERM that ends its slice (the CLI's 128 + 15, or
 #: the signal itself when it came before the CLI handles it).
 SLICE_END_STATUSES = (128 + signal.SIGTERM, -signal.SIGTERM)
@@ -108,6 +111,18 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """SIGTERM to a still running child (it saves its state at the end of its step), then wait
+    :data:`STOP_GRACE_S` for it, else SIGKILL."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def checkpoint_step(path: Path) -> int:
@@ -222,25 +237,42 @@ class Run:
             log.flush()
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                        env=self.grid.child_env, preexec_fn=_die_with_parent)
-            while True:
-                wait = HEARTBEAT_S
-                if deadline is not None and "slice_end" not in attempt:
-                    wait = min(wait, max(deadline - time.perf_counter(), 0.0))
-                try:
-                    returncode = process.wait(timeout=wait)
-                    break
-                except subprocess.TimeoutExpired:
-                    if deadline is not None and "slice_end" not in attempt and time.perf_counter() >= deadline:
-                        process.send_signal(signal.SIGTERM)
-                        attempt["slice_end"] = now()
-                    attempt["wall_s"] = round(time.perf_counter() - start, 1)
-                    write_json(self.record_path, record)
+            try:
+                returncode = self._wait(process, attempt, record, start, deadline)
+            except BaseException:  # the runner stopped (Ctrl-C, SIGTERM): the fit saves and stops first
+                _stop(process)
+                attempt.update(wall_s=round(time.perf_counter() - start, 1), returncode=process.returncode)
+                write_json(self.record_path, record)
+                raise
         attempt.update(wall_s=round(time.perf_counter() - start, 1), returncode=returncode)
         write_json(self.record_path, record)
         if returncode != 0 and not ("slice_end" in attempt and returncode in SLICE_END_STATUSES):
             raise RuntimeError(f"{self.label}: {stage} failed (exit {returncode}); see "
                                f"{self.dir / (stage + '.log')}")
         return attempt
+
+    def _wait(self, process: subprocess.Popen, attempt: dict, record: dict, start: float,
+              deadline: float | None) -> int:
+        """Wait for ``process``, updating the attempt's wall time every :data:`HEARTBEAT_S`; at
+        ``deadline``, SIGTERM (the slice's end), and SIGKILL :data:`STOP_GRACE_S` later."""
+        while True:
+            now_s = time.perf_counter()
+            wait = HEARTBEAT_S
+            if deadline is not None:
+                end = deadline if "slice_end" not in attempt else deadline + STOP_GRACE_S
+                wait = min(wait, max(end - now_s, 0.0))
+            try:
+                return process.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                now_s = time.perf_counter()
+                if deadline is not None and "slice_end" not in attempt and now_s >= deadline:
+                    process.send_signal(signal.SIGTERM)
+                    attempt["slice_end"] = now()
+                elif deadline is not None and now_s >= deadline + STOP_GRACE_S:
+                    process.kill()
+                    attempt["killed"] = now()
+                attempt["wall_s"] = round(now_s - start, 1)
+                write_json(self.record_path, record)
 
     def fit(self, record: dict, seconds: float | None = None) -> bool:
         """Fit from ``last.ckpt`` (or from the start), to the end of the recipe's steps or for
@@ -321,6 +353,7 @@ class Grid:
         self.runs = [Run(self, arm, seed) for seed in args.seeds for arm in args.arms]
         self.jobs = args.jobs
         self.time_budget, self.slice = args.time_budget, args.slice
+        self.started = time.monotonic()  # the time budget counts from here
         self.threads_per_job = args.threads_per_job
         self.commit = code_commit()
         self.device = describe_device(args.jobs, args.threads_per_job)
@@ -338,9 +371,10 @@ class Grid:
             print(f"[{now()}] {message}", flush=True)
 
     def resolve_recipe(self, prepare_data: bool) -> None:
-        """Parse the recipe once: its ``model.backbone`` (the arms are merged into it), its step
-        budget and, when runs remain, its data built here before parallel runs would race to
-        build it."""
+        """Parse the recipe once: its ``model.backbone`` (the arms are merged into it) and its
+        step budget; a run directory started with other arguments is refused then, before any
+        work; when runs remain, the data is built here before parallel runs would race to build
+        it."""
         from graphormer_urpe.training.cli import build_cli
 
         sys.argv = sys.argv[:1]  # the recipe travels as `args`; LightningCLI must not read ours
@@ -350,6 +384,9 @@ class Grid:
         self.max_steps = cli.trainer.max_steps
         if self.time_budget and self.max_steps < 1:
             raise ValueError("--time-budget needs a step budget (trainer.max_steps) to tell when a run is done")
+        for run in self.runs:
+            if run.record_path.exists():
+                run.load_record()
         if prepare_data:
             cli.datamodule.prepare_data()
 
@@ -394,9 +431,6 @@ class Grid:
         how = (f"slices within {self.time_budget:.0f} s" if self.time_budget else f"{self.jobs} at a time")
         self.log(f"grid {self.name}: {len(self.runs)} runs, {how}, commit {self.commit}")
         self.resolve_recipe(any("result" not in read_json(r.record_path, {}) for r in self.runs))
-        for run in self.runs:  # a run directory of other arguments: refused before any run starts
-            if run.record_path.exists():
-                run.load_record()
         if self.time_budget:
             return self.run_slices()
         with ThreadPoolExecutor(max_workers=self.jobs) as pool:
@@ -413,28 +447,40 @@ class Grid:
                              + "\n".join(str(e) for e in errors))
         return results
 
-    def next_run(self) -> Run | None:
-        """The run the next slice trains: of the first seed with unfinished runs, the one with
-        the fewest steps, on a tie the one with the fewest fits (a slice spent starting up moves
-        on to the next arm), then the first arm; None when every run is finished."""
+    def next_run(self, skip: Sequence[Run] = ()) -> Run | None:
+        """The run the next slice trains: of the first seed with unfinished runs (not in
+        ``skip``), a trained but untested one, else the one with the fewest steps, on a tie the one
+        with the fewest fits (a slice spent starting up moves on to the next arm), then the
+        first arm; None when every run is finished."""
         for seed in dict.fromkeys(run.seed for run in self.runs):
-            pending = [run for run in self.runs if run.seed == seed
-                       and "result" not in read_json(run.record_path, {})]
+            records = {run: read_json(run.record_path, {}) for run in self.runs
+                       if run.seed == seed and run not in skip}
+            pending = [run for run, record in records.items() if "result" not in record]
             if pending:
-                return min(pending, key=lambda run: (run.steps(), run.fits()))
+                return min(pending, key=lambda run: (not records[run].get("fit_done"), run.steps(), run.fits()))
         return None
 
     def run_slices(self) -> list[dict]:
         """``--time-budget``: slices of at most ``--slice`` seconds (default: the budget shared
-        by the arms) until the budget is spent or every run is finished (see the docstring)."""
-        end = time.monotonic() + self.time_budget
+        by the arms) until the budget, counted from the runner's start, is spent or every run is
+        finished (see the docstring). A run that fails is reported and left for this
+        invocation; the others go on."""
+        end = self.started + self.time_budget
         slice_s = self.slice or self.time_budget / len({run.arm for run in self.runs})
-        while (run := self.next_run()) is not None:
+        failed: dict[Run, Exception] = {}
+        while (run := self.next_run(list(failed))) is not None:
             left = end - time.monotonic()
             if left < MIN_SLICE_S:
                 self.log(f"{self.name}: the time budget is spent ({left:.0f} s left)")
                 break
-            self._finish(run, min(slice_s, left))
+            try:
+                self._finish(run, min(slice_s, left))
+            except RuntimeError as error:  # a fit or test that failed: named, the grid goes on
+                failed[run] = error
+                self.log(f"error: {error}")
+        if failed:
+            raise SystemExit(f"{len(failed)} of {len(self.runs)} runs failed:\n"
+                             + "\n".join(str(e) for e in failed.values()))
         return [r["result"] for r in (read_json(run.record_path, {}) for run in self.runs) if "result" in r]
 
     def progress(self) -> list[dict]:
@@ -519,6 +565,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
         parser.error("--seeds and --arms must not repeat a value")
     if args.slice and not args.time_budget:
         parser.error("--slice divides a --time-budget: add --time-budget")
+    if args.slice is not None and args.slice < MIN_SLICE_S:
+        parser.error(f"--slice must be at least {MIN_SLICE_S:.0f} s (a fit needs seconds to start), got {args.slice:.0f} s")
     if args.time_budget and args.jobs != 1:
         parser.error("--time-budget trains one slice at a time: drop --jobs")
     if args.readme and args.table_only and not args.name:
@@ -529,6 +577,44 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
         parser.error(f"unknown arguments {stray}: only LightningCLI overrides (--trainer.*, "
                      "--model.*, --data.*, --checkpoint.*) are passed through")
     return args, overrides
+
+
+class Stopped(BaseException):
+    """SIGTERM to the runner (a job scheduler, ``timeout``): raised where it waits."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _sigterm_stops():
+    """While the grid runs, SIGTERM raises :class:`Stopped` (the runner stops its fit, which saves
+    its state, writes the progress and exits 143) instead of ending the process at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Stopped(signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def check_creatable_dir(path: Path, option: str) -> None:
+    """One-line ``ValueError`` naming ``option`` unless ``path`` is a directory, or can be made
+    as one, that can be written (checked without creating anything)."""
+    existing = Path(path).absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"{option} {path} cannot be written ({existing} is not a directory)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{option} {path} cannot be written ({existing} is read-only)")
 
 
 def _refuse(error: Exception) -> SystemExit:
@@ -547,6 +633,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             for option, path in (("--table", args.table), ("--readme", args.readme)):
                 if path is not None:
                     check_writable_dir(path.parent, option)
+            check_creatable_dir(args.runs_dir, "--runs-dir")
     except ValueError as error:
         raise _refuse(error) from None
     with contextlib.ExitStack() as held:  # the run directories are let go when main() ends
@@ -568,9 +655,15 @@ def main(argv: Sequence[str] | None = None) -> None:
                 held.callback(lambda: write_progress_block(args.readme, grid.name, grid.progress(),
                                                            grid.max_steps))
             try:
-                results = grid.run()
+                with _sigterm_stops():
+                    results = grid.run()
             except ValueError as error:  # the recipe refused by the training CLI's parser
                 raise _refuse(error) from None
+            except (KeyboardInterrupt, Stopped) as stop:  # the fit in progress saved and stopped
+                signum = getattr(stop, "signum", signal.SIGINT)
+                print(f"graphormer-urpe-ablation: stopped by {signal.Signals(signum).name}; every run "
+                      "keeps its last.ckpt: the same command continues", file=sys.stderr, flush=True)
+                raise SystemExit(128 + signum) from None
             print(write_table(grid.results, grid.table))
         if args.readme:
             write_readme_block(args.readme, args.name or grid.name, read_json(args.results, []))

@@ -53,15 +53,18 @@ part() {
   echo "exit status $status" >> "$OUT_DIR/$name.txt"
 }
 
-# 1. Set-up (the runbook's): offline wheels, the extension for this interpreter.
+# 1. Set-up (the runbook's): offline wheels, the extension for this interpreter; the checkout
+# first on the path.
+export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 {
+  status=0
   if compgen -G ".whl/*.whl" > /dev/null; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-    export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+      || status=$?
   fi
-  "$PY" setup.py -q build_ext --inplace
+  "$PY" setup.py -q build_ext --inplace || status=$?
+  echo "exit status $status"
 } > "$OUT_DIR/setup.txt" 2>&1
-echo "exit status $?" >> "$OUT_DIR/setup.txt"
 export PYTHONUNBUFFERED=1
 export GRAPHORMER_URPE_ZINC_SOURCE=${GRAPHORMER_URPE_ZINC_SOURCE:-$PWD/shared/data/zinc}
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
@@ -77,10 +80,12 @@ numpy.__version__, '| rdkit', rdkit.__version__)"
 part data 60 "$PY" -c "from graphormer_urpe.data.zinc import load_zinc
 for split in ('train', 'val', 'test'): print(split, len(load_zinc('data/ZINC', split=split)), 'graphs')"
 
-# 3. The GPU tests and the speed ranking, once per state of the code and GPU.
+# 3. The GPU tests and the speed ranking, once per state of the code (names and contents) and
+# of the wheels, per GPU; recorded only when the tests passed.
 SLUG=$(echo "${GPU:-cpu}" | tr 'A-Z' 'a-z' | tr -cs 'a-z0-9' '-' | sed 's/-$//')
-CODE=$(find graphormer_urpe cython_ext configs scripts/bench_train.py -type f \( -name '*.py' -o -name '*.pyx' -o -name '*.yaml' \) \
-  | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)
+CODE=$( { find graphormer_urpe cython_ext configs tests scripts/bench_train.py setup.py pyproject.toml -type f \
+            \( -name '*.py' -o -name '*.pyx' -o -name '*.yaml' -o -name '*.toml' \) -print0 \
+          | LC_ALL=C sort -z | xargs -0 sha256sum; ls .whl 2>/dev/null; } | sha256sum | cut -c1-16)
 RANKING="$RESULTS_DIR/ranking_$SLUG.json"
 if [ -f "$RANKING" ] && grep -q "\"code\": \"$CODE\"" "$RANKING"; then
   echo "ranking of this code on this GPU: $RANKING" > "$OUT_DIR/ranking.txt"
@@ -89,17 +94,25 @@ else
   part ranking 120 "$PY" scripts/bench_train.py --presets zinc --attention urpe,rpe \
     --paths engine@bf16-mixed,engine-compiled@bf16-mixed,engine-triton@bf16-mixed,engine-compiled-triton@bf16-mixed \
     --zinc-batch 256 --skip-data-only --zinc-root data --count-ops 3 --top-ops 20 --warmup 10 --steps 60 \
-    --code "$CODE" --record "$RANKING"
+    --code "$CODE" --record "$OUT_DIR/ranking.json"
+  if grep -q "^exit status 0$" "$OUT_DIR/tests.txt" && [ -f "$OUT_DIR/ranking.json" ]; then
+    mkdir -p "$RESULTS_DIR" && cp "$OUT_DIR/ranking.json" "$RANKING"
+  fi
 fi
 
 # 4. The ablation, on the fastest path measured: the engine's recorded, compiled step on
 # device-resident batches of one shape.
 TRAIN=$(( $(seconds_left) - RESERVE ))
-part ablation $(( TRAIN + 30 )) "$PY" -m graphormer_urpe.ablation --config configs/zinc.yaml --name zinc-paper \
-  --runs-dir "$RUNS_DIR" --results "$RESULTS_DIR/zinc_gpu.json" --readme "$README" --time-budget "$(( TRAIN > 1 ? TRAIN : 1 ))s" \
-  --data.init_args.device_resident true --data.init_args.static_shapes true --model.compile true
+if (( TRAIN >= 20 )); then
+  part ablation $(( TRAIN + 30 )) "$PY" -m graphormer_urpe.ablation --config configs/zinc.yaml --name zinc-paper \
+    --runs-dir "$RUNS_DIR" --results "$RESULTS_DIR/zinc_gpu.json" --readme "$README" --time-budget "${TRAIN}s" \
+    --data.init_args.device_resident true --data.init_args.static_shapes true --model.compile true
+else
+  echo "skipped: the budget ran out" > "$OUT_DIR/ablation.txt"
+fi
 
 # 5. Everything the next machine resumes from.
+rm -f "$OUT_DIR"/state.tgz.part-*
 tar czf - --ignore-failed-read "$RUNS_DIR/zinc-paper" "$README" "$RESULTS_DIR" "$OUT_DIR"/*.txt 2> "$OUT_DIR/pack.txt" \
   | split -b 15m - "$OUT_DIR/state.tgz.part-"
 

@@ -228,6 +228,35 @@ def test_time_budget_slices_resume_exactly_and_write_the_progress(zinc_data_root
             assert torch.equal(sliced["optimizer_states"][0]["state"][index][key], value), (index, key)
 
 
+@pytest.mark.slow
+def test_sigterm_to_the_runner_saves_the_fit_in_progress_and_writes_the_progress(zinc_data_root, tmp_path):
+    """SIGTERM to the runner alone (a scheduler's stop): it stops its fit, which saves last.ckpt at
+    the end of its step, writes the README's progress table, and exits 143 with one line."""
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- ablation:tiny -->\n<!-- /ablation:tiny -->\n"
+                      "<!-- ablation-progress:tiny -->\n<!-- /ablation-progress:tiny -->\n")
+    stall = ["--trainer.callbacks+", json.dumps({"class_path": "slow_steps.StallOnce", "init_args": {
+        "step": 5, "marker": str(tmp_path / "stalled")}})]
+    command = runner_command(tmp_path, zinc_data_root, "--arms", "urpe", *stall, "--time-budget", "10m",
+                             "--readme", str(readme))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO / "tests" / "helpers")}
+    runner = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "stalled").exists() and runner.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    runner.send_signal(signal.SIGTERM)
+    out, err = runner.communicate(timeout=300)
+    assert runner.returncode == 143, out[-2000:] + err[-2000:]
+    assert err.strip().splitlines()[-1] == ("graphormer-urpe-ablation: stopped by SIGTERM; every run keeps its "
+                                            "last.ckpt: the same command continues")
+    assert "Traceback" not in err
+    last = tmp_path / "runs" / "tiny" / "urpe-s0" / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 5
+    assert "| urpe-s0 | 5 |" in readme.read_text()
+    [fit] = [a for a in run_record(tmp_path, "urpe")["attempts"] if a["stage"] == "fit"]
+    assert fit["returncode"] == 143
+
+
 def test_slices_keep_the_arms_of_a_seed_together_then_take_the_next_seed(tmp_path, monkeypatch):
     """The order of :meth:`Grid.run_slices`, with runs that advance 10 steps a slice (none on a
     slice that only starts up): URPE and RPE of seed 0 alternate, the one behind (or on a tie
@@ -237,7 +266,7 @@ def test_slices_keep_the_arms_of_a_seed_together_then_take_the_next_seed(tmp_pat
     args, overrides = ablation.parse_args(["--name", "n", "--runs-dir", str(tmp_path), "--seeds", "0", "1",
                                            "--time-budget", "190s", "--slice", "30s"])
     grid = ablation.Grid(args, overrides)
-    grid.max_steps = 20
+    grid.max_steps, grid.started = 20, 0.0
     state = {run.label: {"steps": 0, "fits": 0, "done": False} for run in grid.runs}
     trained = []
     clock = [0.0]
@@ -272,6 +301,7 @@ def test_slices_keep_the_arms_of_a_seed_together_then_take_the_next_seed(tmp_pat
     (["--seeds", "-1"], "--seeds must be integers from 0 to 4294967295 (2**32 - 1), got [-1]"),
     (["--seeds", "0", "0"], "--seeds and --arms must not repeat a value"),
     (["--jobs", "2", "--time-budget", "9m"], "--time-budget trains one slice at a time: drop --jobs"),
+    (["--time-budget", "9m", "--slice", "5s"], "--slice must be at least 20 s (a fit needs seconds to start), got 5 s"),
 ])
 def test_bad_runner_options_are_one_line_before_any_work(tmp_path, args, message):
     installed = str(Path(sys.executable).parent / "graphormer-urpe-ablation")
@@ -299,10 +329,12 @@ def test_a_rerun_with_other_arguments_is_refused_in_one_line(zinc_data_root, tmp
     run.dir.mkdir(parents=True)
     run.record_path.write_text(json.dumps({"cli_args": ["--trainer.max_steps", "4"], "attempts": []}))
     done = run_main(_main_status, ["--name", "n", "--runs-dir", tmp_path, "--seeds", "0", "--arms", "rpe",
-                                   "--results", tmp_path / "r.json", "--trainer.max_steps", "5"])
+                                   "--results", tmp_path / "r.json", "--trainer.max_steps", "5",
+                                   "--data.init_args.root", tmp_path / "nothing built"])
     assert done.returncode == 2, done.stderr
     [line] = done.stderr.strip().splitlines()
     assert line.startswith(f"graphormer-urpe-ablation: error: {run.dir} was started with other arguments")
+    assert not (tmp_path / "nothing built").exists()  # refused before the data
 
 
 def _main_status(args) -> int:

@@ -4,6 +4,7 @@ ablation with a time budget that leaves time to pack the runs' states into parts
 a part that fails is recorded and the next one runs, a budget that runs out skips the rest. A
 stand-in interpreter (``PYTHON``) records the commands instead of running them, and writes the
 ranking where the benchmark would."""
+import io
 import json
 import os
 import subprocess
@@ -28,9 +29,9 @@ esac
 """
 
 
-def run_check(tmp_path, seconds: int) -> tuple[subprocess.CompletedProcess, Path, list[str]]:
+def run_check(tmp_path, seconds: int, stand_in: str = STUB) -> tuple[subprocess.CompletedProcess, Path, list[str]]:
     log, stub, out = tmp_path / "calls.log", tmp_path / "python", tmp_path / "out"
-    stub.write_text(STUB.format(log=log, runs=tmp_path / "runs"))
+    stub.write_text(stand_in.format(log=log, runs=tmp_path / "runs"))
     stub.chmod(0o755)
     log.unlink(missing_ok=True)
     env = {**os.environ, "PYTHON": str(stub), "GPU_CHECK_SECONDS": str(seconds), "RUNS_DIR": str(tmp_path / "runs"),
@@ -44,8 +45,9 @@ def run_check(tmp_path, seconds: int) -> tuple[subprocess.CompletedProcess, Path
 def test_ranks_once_per_code_then_only_trains_and_packs_the_state(tmp_path):
     result, out, calls = run_check(tmp_path, 570)
     assert result.returncode == 0, result.stderr
-    assert "setup.py -q build_ext --inplace" in calls[0]
-    assert "load_zinc" in calls[2] and not any("bench_" in c for c in calls[:3])  # ZINC first
+    zinc = next(i for i, c in enumerate(calls) if "load_zinc" in c)
+    assert any("setup.py -q build_ext --inplace" in c for c in calls[:zinc])
+    assert not any("bench_" in c for c in calls[:zinc])  # ZINC first
     assert "exit status 3" in (out / "data.txt").read_text()  # recorded; the next part ran
     assert any("-m gpu tests" in c for c in calls) and "4 passed" in (out / "tests.txt").read_text()
     [bench] = [c for c in calls if "bench_train.py" in c]
@@ -64,13 +66,27 @@ def test_ranks_once_per_code_then_only_trains_and_packs_the_state(tmp_path):
     assert any(n.endswith("README.md") for n in names) and any(n.endswith("ablation.txt") for n in names)
     recorded = json.loads(next((tmp_path / "results").glob("ranking_*.json")).read_text())
 
-    # Again with the same code: the ranking recorded for this GPU stands; only training.
+    # Again with the same code, into the same folder: the ranking recorded for this GPU stands;
+    # only training; the packed state is this run's alone.
+    (out / "state.tgz.part-zz").write_bytes(b"stale")
     result, out, calls = run_check(tmp_path, 570)
     assert result.returncode == 0, result.stderr
     assert not any("bench_train.py" in c or "-m pytest" in c for c in calls)
     assert any("graphormer_urpe.ablation" in c for c in calls)
+    packed = b"".join(p.read_bytes() for p in sorted(out.glob("state.tgz.part-*")))
+    with tarfile.open(fileobj=io.BytesIO(packed), mode="r:gz") as whole:
+        assert any(n.endswith("zinc-paper/urpe-s0/last.ckpt") for n in whole.getnames())
     assert (out / "ranking.txt").read_text().startswith("ranking of this code on this GPU")
     assert recorded["code"]
+
+
+def test_a_ranking_whose_gpu_tests_failed_is_not_recorded(tmp_path):
+    failing = STUB.replace('*pytest*) echo "4 passed in 1.0s" ;;', '*pytest*) echo "1 failed, 3 passed in 1.0s"; exit 1 ;;')
+    assert failing != STUB
+    result, out, calls = run_check(tmp_path, 570, failing)
+    assert result.returncode == 0, result.stderr
+    assert any("bench_train.py" in c for c in calls) and (out / "ranking.json").exists()
+    assert not (tmp_path / "results").exists() or not list((tmp_path / "results").glob("ranking_*.json"))
 
 
 def test_a_spent_budget_skips_the_remaining_parts(tmp_path):

@@ -261,7 +261,7 @@ def check_step_config(trainer: Namespace) -> None:
     if accumulate not in (None, 1):
         problems.append(f"trainer.accumulate_grad_batches 1 (got {accumulate}; a larger "
                         "data.init_args.batch_size does the same)")
-    if trainer.get("gradient_clip_algorithm") not in (None, "norm"):
+    if trainer.get("gradient_clip_val") and trainer.get("gradient_clip_algorithm") not in (None, "norm"):
         problems.append(f"trainer.gradient_clip_algorithm norm (got {trainer.gradient_clip_algorithm})")
     if problems:
         raise ValueError("the training step needs " + "; ".join(problems))

@@ -217,7 +217,8 @@ class TrainingEngine(pl.Callback):
                         "CUDA graph; data.init_args.device_resident true and static_shapes true let "
                         "it record the step once")
         self.clip = float(trainer.gradient_clip_val or 0.0)
-        self._ready, self._graphs, self._order_source = False, {}, None  # a new fit: new optimizer
+        # a new fit: a new optimizer, and the device's update count taken from the trainer again
+        self._ready, self._graphs, self._order_source, self._host_updates = False, {}, None, -1
 
     # The step ------------------------------------------------------------------------------------
     def _build(self, trainer: pl.Trainer, part: OrderSlice | None) -> None:
@@ -332,13 +333,15 @@ class TrainingEngine(pl.Callback):
             self.check()
 
     def check(self) -> None:
-        """FloatingPointError if every step since the last report was skipped (one read of the
-        device counters): before a checkpoint is written and when training ends, so a run whose
-        every step diverges stops instead of saving its unchanged model as if it trained."""
+        """FloatingPointError if every step since the last report was skipped and they make a
+        whole logging interval (one read of the device counters): before a checkpoint is written
+        and when training ends, so a run whose every step diverges stops instead of saving its
+        unchanged model as if it trained, while a stop right after a report with one skipped
+        step (a time slice's end) saves as usual."""
         if not self._ready:
             return
         _, applied, skipped = self.counts.read()
-        if skipped and not applied:
+        if skipped and not applied and skipped >= self.module.trainer.log_every_n_steps:
             self._diverged(int(skipped))
 
     def _diverged(self, skipped: int) -> None:

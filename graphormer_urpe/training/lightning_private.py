@@ -35,8 +35,9 @@ def limited_batches(trainer: pl.Trainer, batches: int) -> int:
     """The training batches of an epoch of ``batches`` that the trainer runs
     (``trainer.limit_train_batches``, a count or a fraction), as Lightning counts them."""
     from lightning.pytorch.trainer.connectors.data_connector import _parse_num_batches
+    from lightning.pytorch.trainer.states import RunningStage
 
-    return _parse_num_batches("train", batches, trainer.limit_train_batches)
+    return _parse_num_batches(RunningStage.TRAINING, batches, trainer.limit_train_batches)
 
 
 def is_local_path(path: str) -> bool:

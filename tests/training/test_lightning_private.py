@@ -2,6 +2,8 @@
 exists in the installed Lightning, with the kind of value the package reads: an upgrade that
 moves one fails here, by name."""
 import lightning.pytorch as pl
+import pytest
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from graphormer_urpe.training import lightning_private
@@ -17,6 +19,10 @@ def test_the_trainer_internals_read_are_there():
     limited = pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          limit_train_batches=0.25)
     assert lightning_private.limited_batches(limited, 40) == 10
+    tiny = pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                      limit_train_batches=0.01)
+    with pytest.raises(MisconfigurationException, match="limit_train_batches"):  # Lightning's own message
+        lightning_private.limited_batches(tiny, 10)
     assert lightning_private.is_local_path("runs/a/last.ckpt") and not lightning_private.is_local_path("s3://b/c.ckpt")
     module = pl.LightningModule()
     assert lightning_private.trainer_of(module) is None
