@@ -419,12 +419,12 @@ def test_backbone_overrides_from_a_dict_or_a_typed_config():
     assert backbone_overrides(Namespace(num_layers=4, attention=None)) == {"num_layers": 4}
 
 
-def test_readme_without_the_block_is_refused_before_training(tmp_path):
+def test_readme_without_the_block_is_refused_before_training(tmp_path, run_main):
     readme = tmp_path / "README.md"
     readme.write_text("# Results\n")
-    with pytest.raises(SystemExit, match="needs one line <!-- ablation:n --> and, after it"):
-        main(["--name", "n", "--runs-dir", str(tmp_path / "runs"), "--results",
-              str(tmp_path / "r.json"), "--readme", str(readme), "--seeds", "0"])
+    done = run_main(_main_status, ["--name", "n", "--runs-dir", tmp_path / "runs", "--results",
+                                   tmp_path / "r.json", "--readme", readme, "--seeds", "0"])
+    assert done.returncode == 2 and "needs one line <!-- ablation:n --> and, after it" in done.stderr
     assert not (tmp_path / "runs").exists()
 
 

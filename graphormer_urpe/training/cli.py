@@ -250,8 +250,8 @@ def check_schedule_config(config: Namespace) -> None:
 
 def check_step_config(trainer: Namespace) -> None:
     """The trainer settings that the one training step (:mod:`~.engine`) does not do, refused in
-    one line before any data is read: a loss scaler (``16-mixed``), gradient accumulation,
-    clipping by value (:meth:`TrainingEngine.unsupported <.engine.TrainingEngine.unsupported>`
+    one line before any data is read: a loss scaler (``16-mixed``), several devices or nodes,
+    gradient accumulation, clipping by value (:meth:`TrainingEngine.unsupported <.engine.TrainingEngine.unsupported>`
     checks the built trainer again, with its devices)."""
     problems = []
     if str(trainer.get("precision")) in ("16-mixed", "16"):
@@ -261,6 +261,11 @@ def check_step_config(trainer: Namespace) -> None:
     if accumulate not in (None, 1):
         problems.append(f"trainer.accumulate_grad_batches 1 (got {accumulate}; a larger "
                         "data.init_args.batch_size does the same)")
+    devices, nodes = trainer.get("devices"), trainer.get("num_nodes") or 1
+    if (isinstance(devices, int) and devices > 1) or (isinstance(devices, (list, tuple)) and len(devices) > 1) \
+            or (isinstance(devices, str) and devices.isdigit() and int(devices) > 1) or nodes > 1:
+        problems.append(f"one device (trainer.devices 1 and trainer.num_nodes 1; got {devices} device(s) on "
+                        f"{nodes} node(s): it averages no gradients across processes)")
     if trainer.get("gradient_clip_val") and trainer.get("gradient_clip_algorithm") not in (None, "norm"):
         problems.append(f"trainer.gradient_clip_algorithm norm (got {trainer.gradient_clip_algorithm})")
     if problems:

@@ -190,6 +190,7 @@ class TrainingEngine(pl.Callback):
         self._order_source: Tensor | None = None
         self._host_updates = -1  # the update count the device counter holds
         self.total_skipped = 0
+        self.total_applied = 0  # of this fit, as read at the reports
 
     # Settings ------------------------------------------------------------------------------------
     @staticmethod
@@ -219,6 +220,7 @@ class TrainingEngine(pl.Callback):
         self.clip = float(trainer.gradient_clip_val or 0.0)
         # a new fit: a new optimizer, and the device's update count taken from the trainer again
         self._ready, self._graphs, self._order_source, self._host_updates = False, {}, None, -1
+        self.total_applied = 0
 
     # The step ------------------------------------------------------------------------------------
     def _build(self, trainer: pl.Trainer, part: OrderSlice | None) -> None:
@@ -337,11 +339,12 @@ class TrainingEngine(pl.Callback):
         whole logging interval (one read of the device counters): before a checkpoint is written
         and when training ends, so a run whose every step diverges stops instead of saving its
         unchanged model as if it trained, while a stop right after a report with one skipped
-        step (a time slice's end) saves as usual."""
+        step (a time slice's end) saves as usual once this fit has applied a step."""
         if not self._ready:
             return
         _, applied, skipped = self.counts.read()
-        if skipped and not applied and skipped >= self.module.trainer.log_every_n_steps:
+        whole = skipped >= self.module.trainer.log_every_n_steps or self.total_applied == 0
+        if skipped and not applied and whole:
             self._diverged(int(skipped))
 
     def _diverged(self, skipped: int) -> None:
@@ -356,6 +359,7 @@ class TrainingEngine(pl.Callback):
         loss_sum, finite, skipped = self.counts.read()
         self.counts.reset()
         self.total_skipped += int(skipped)
+        self.total_applied += int(finite)
         if skipped:
             log.warning("engine: skipped %d of the last %d steps (non-finite loss or gradient) before "
                         "step %d; %d skipped in all", skipped, finite + skipped, trainer.global_step,
