@@ -73,7 +73,7 @@ from typing import Any, Sequence
 from graphormer_urpe.ablation_results import (
     DEFAULT_RESULTS, code_commit, describe_device, merge_results, metric_of, now, read_results,
     readme_block, write_progress_block, write_readme_block, write_table)
-from graphormer_urpe.files import check_writable_dir, hold_directory, read_json, write_json
+from graphormer_urpe.files import check_creatable_dir, check_writable_dir, hold_directory, read_json, write_json
 
 #: What each arm changes in the recipe's ``model.backbone`` (merged into it; everything else in
 #: the backbone, e.g. a smaller model, stays as the recipe has it).
@@ -603,18 +603,6 @@ def _sigterm_stops():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def check_creatable_dir(path: Path, option: str) -> None:
-    """One-line ``ValueError`` naming ``option`` unless ``path`` is a directory, or can be made
-    as one, that can be written (checked without creating anything)."""
-    existing = Path(path).absolute()
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ValueError(f"{option} {path} cannot be written ({existing} is not a directory)")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"{option} {path} cannot be written ({existing} is read-only)")
 
 
 def _refuse(error: Exception) -> SystemExit:

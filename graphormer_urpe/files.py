@@ -110,6 +110,18 @@ def check_writable_dir(directory: str | os.PathLike, option: str) -> None:
         raise ValueError(f"{option} {directory} cannot be written ({exc.strerror or exc})") from None
 
 
+def check_creatable_dir(path: Path, option: str) -> None:
+    """One-line ``ValueError`` naming ``option`` unless ``path`` is a directory, or can be made
+    as one, that can be written (checked without creating anything)."""
+    existing = Path(path).absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"{option} {path} cannot be written ({existing} is not a directory)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{option} {path} cannot be written ({existing} is read-only)")
+
+
 def unreadable_as_a_file(path: str | os.PathLike) -> str | None:
     """Why ``path`` cannot be read as an input file, in words that follow its name (``"does not
     exist"``, ``"is a directory"``, ``"is a FIFO (named pipe), not a regular file"``, ...), or
