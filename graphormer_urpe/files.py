@@ -28,13 +28,22 @@ from typing import IO, Any
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
+class StoppedBySignal(SystemExit):
+    """Raised by :func:`stop_on_signals`: exit status 128 + ``signum``."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
 @contextlib.contextmanager
 def stop_on_signals() -> Iterator[None]:
-    """Within the block, :data:`STOP_SIGNALS` raise ``SystemExit(128 + signal)`` in the main
-    thread, so ``finally`` blocks and ``with`` exits run (temporary files are removed) instead of
-    the process dying on the spot; the previous handlers are restored on exit."""
+    """Within the block, :data:`STOP_SIGNALS` raise :class:`StoppedBySignal` (a ``SystemExit``,
+    status 128 + the signal) in the main thread, so ``finally`` blocks and ``with`` exits run
+    (temporary files are removed) instead of the process dying on the spot; the previous
+    handlers are restored on exit."""
     def stop(signum, frame):
-        raise SystemExit(128 + signum)
+        raise StoppedBySignal(signum)
 
     previous = {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS}
     try:
@@ -51,14 +60,18 @@ INTERRUPTED = 128 + signal.SIGINT
 
 
 def run_command(prog: str, work: Callable[[], int]) -> int:
-    """``work()``'s exit status, under :func:`stop_on_signals` (SIGTERM, SIGHUP: 128 + the
-    signal), with the endings every command shares said in one line on stderr instead of a
-    traceback: Ctrl-C (``KeyboardInterrupt``) exits with 130, a full disk (:data:`DISK_FULL`)
-    with 1. The files a command writes are :class:`AtomicFile` s, so either ending leaves each
-    output whole: the new content, or the previous."""
+    """``work()``'s exit status, under :func:`stop_on_signals`, with the endings every command
+    shares said in one line on stderr instead of a traceback: SIGTERM and SIGHUP exit with 128 +
+    the signal (143, 129), Ctrl-C (``KeyboardInterrupt``) with 130, a full disk
+    (:data:`DISK_FULL`) with 1. The files a command writes are :class:`AtomicFile` s, so each
+    ending leaves each output whole: the new content, or the previous."""
     try:
         with stop_on_signals():
             return work()
+    except StoppedBySignal as stop:
+        print(f"{prog}: stopped by {signal.Signals(stop.signum).name}; outputs not yet written are left "
+              "as they were", file=sys.stderr)
+        return stop.code
     except KeyboardInterrupt:
         print(f"{prog}: stopped by Ctrl-C (SIGINT); outputs not yet written are left as they were",
               file=sys.stderr)

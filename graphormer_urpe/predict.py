@@ -69,6 +69,7 @@ from graphormer_urpe.prediction.model import (
     stream_predictions)
 from graphormer_urpe.prediction.table import (
     PredictionTable, count_lines, open_smiles, prediction_columns)
+from graphormer_urpe.prediction.workers import WorkerDied
 
 log = logging.getLogger(__name__)
 
@@ -164,10 +165,19 @@ def _check_paths(source: Path, target: Path, ckpts: list[Path]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """The command: exit status 0; 2 for a refused input or output (one line, before any work);
-    1 for a full disk, 130 for Ctrl-C, 143 for SIGTERM (one line,
-    :func:`~graphormer_urpe.files.run_command`; a previous output is left as it was)."""
+    1 for a full disk or a worker process that died, 130 for Ctrl-C, 143 for SIGTERM, 129 for
+    SIGHUP (one line, :func:`~graphormer_urpe.files.run_command`; a previous output is left as
+    it was)."""
     args = build_parser().parse_args(argv)
-    return run_command("graphormer-urpe-predict", lambda: _predict(args))
+    return run_command("graphormer-urpe-predict", lambda: _predict_or_say_why_not(args))
+
+
+def _predict_or_say_why_not(args: argparse.Namespace) -> int:
+    try:
+        return _predict(args)
+    except WorkerDied as exc:  # its outputs were discarded on the way out
+        print(f"graphormer-urpe-predict: error: {exc}; nothing written", file=sys.stderr)
+        return 1
 
 
 def _predict(args: argparse.Namespace) -> int:

@@ -1,6 +1,7 @@
 """Temporary files are removed on every exit path: a cache build that runs out of disk space,
-and ``graphormer-urpe-predict`` stopped by SIGTERM, SIGHUP or Ctrl-C (a previous output stays as
-it was); ``graphormer-urpe fit`` stopped by Ctrl-C exits with 130, without a traceback."""
+and ``graphormer-urpe-predict`` stopped by SIGTERM, SIGHUP or Ctrl-C or losing its worker process
+(a previous output stays as it was, no process is left); ``graphormer-urpe fit`` stopped by
+Ctrl-C exits with 130, without a traceback."""
 from __future__ import annotations
 
 import errno
@@ -77,14 +78,10 @@ def esol_checkpoint(esol_csv, tmp_path_factory) -> Path:
     return work / "run" / "checkpoints" / "last.ckpt"
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
-def test_predict_stopped_by_a_signal_removes_its_part_file(esol_checkpoint, esol_csv,
-                                                           tmp_path, signum):
-    """A long prediction (ESOL's molecules 100 times, a worker process) is stopped once its
-    first predictions are in the ``.part`` file, by a signal to its whole process group (as
-    Ctrl-C or a closed terminal sends it): it exits with 128 + the signal (130 for Ctrl-C) and
-    one line, no traceback from it or its worker, the ``.part`` file is gone, the previous
-    output unchanged."""
+def _start_long_prediction(checkpoint: Path, esol_csv: Path, tmp_path: Path) -> tuple[subprocess.Popen, Path, str]:
+    """ESOL's molecules 100 times through one worker process, in a process group of its own,
+    over a previous output; returns once the first predictions are in the ``.part`` file:
+    (the process, the output, the previous output's SHA-256)."""
     smiles = pd.read_csv(esol_csv)["smiles"].tolist() * 100
     source = tmp_path / "in.smi"
     source.write_text("\n".join(smiles) + "\n")
@@ -92,7 +89,7 @@ def test_predict_stopped_by_a_signal_removes_its_part_file(esol_checkpoint, esol
     output.write_text("row,smiles,prediction,error\n1,CCO,-0.5,\n")  # a previous run's output
     before = hashlib.sha256(output.read_bytes()).hexdigest()
     assert PREDICT.is_file(), f"{PREDICT} is not installed (pip install -e .)"
-    process = subprocess.Popen([str(PREDICT), "--ckpt", str(esol_checkpoint), "--input", str(source),
+    process = subprocess.Popen([str(PREDICT), "--ckpt", str(checkpoint), "--input", str(source),
                                 "--output", str(output), "--workers", "1", "--quiet"],
                                stderr=subprocess.PIPE, text=True, start_new_session=True,
                                env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -106,13 +103,72 @@ def test_predict_stopped_by_a_signal_removes_its_part_file(esol_checkpoint, esol
         time.sleep(0.05)
     assert predictions_written(), "no predictions reached a .part file"
     assert process.poll() is None, "the prediction finished before the signal"
+    return process, output, before
+
+
+def _ended(process: subprocess.Popen, seconds: float) -> int:
+    """The exit status; a process still running after ``seconds`` (a stop that hangs) is killed
+    with its whole group, and the test fails."""
+    try:
+        return process.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        pytest.fail(f"still running {seconds} s after the signal: {process.args}")
+
+
+def _group_is_gone(pgid: int) -> bool:
+    """No process of the group is left (its workers included), within a few seconds."""
+    for _ in range(100):
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_predict_stopped_by_a_signal_removes_its_part_file(esol_checkpoint, esol_csv,
+                                                           tmp_path, signum):
+    """A long prediction (ESOL's molecules 100 times, a worker process) is stopped once its
+    first predictions are in the ``.part`` file, by a signal to its whole process group (as
+    Ctrl-C, a closed terminal, ``timeout`` or a scheduler sends it): it exits with 128 + the
+    signal (130 for Ctrl-C) and one line naming the signal, no traceback from it or its worker,
+    no process of it left, the ``.part`` file is gone, the previous output unchanged. (A worker
+    that died of the signal while it held a lock of ``multiprocessing.Pool``'s queues made the
+    parent wait for ever, on a busy CPU.)"""
+    process, output, before = _start_long_prediction(esol_checkpoint, esol_csv, tmp_path)
     os.killpg(process.pid, signum)
-    assert process.wait(timeout=60) == 128 + signum
+    assert _ended(process, 60) == 128 + signum
     stderr = process.stderr.read()
     assert "Traceback" not in stderr, stderr[-3000:]
-    if signum == signal.SIGINT:
-        assert stderr.strip().splitlines() == [
-            "graphormer-urpe-predict: stopped by Ctrl-C (SIGINT); outputs not yet written are left as they were"]
+    said = ("Ctrl-C (SIGINT)" if signum == signal.SIGINT else signal.Signals(signum).name)
+    assert stderr.strip().splitlines() == [
+        f"graphormer-urpe-predict: stopped by {said}; outputs not yet written are left as they were"]
+    assert _group_is_gone(process.pid), "a worker process outlived the command"
+    assert list(tmp_path.glob("*.part")) == [] and list(tmp_path.glob(".*.part")) == []
+    assert hashlib.sha256(output.read_bytes()).hexdigest() == before
+
+
+def test_predict_whose_worker_is_killed_says_so_and_keeps_the_previous_output(esol_checkpoint, esol_csv,
+                                                                              tmp_path):
+    """The worker process alone is killed (SIGKILL, as the out-of-memory killer does) while the
+    prediction streams: the command says so in one line naming the worker's exit status, exits
+    with 1 (it waited for ever for the lost chunk with ``multiprocessing.Pool``), the ``.part``
+    file is gone and the previous output unchanged."""
+    process, output, before = _start_long_prediction(esol_checkpoint, esol_csv, tmp_path)
+    children = Path(f"/proc/{process.pid}/task/{process.pid}/children")
+    if not children.exists():
+        pytest.skip("the kernel does not list a process's children (/proc/PID/task/PID/children)")
+    [worker] = map(int, children.read_text().split())
+    os.kill(worker, signal.SIGKILL)
+    assert _ended(process, 60) == 1
+    stderr = process.stderr.read()
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert stderr.strip().splitlines() == [
+        f"graphormer-urpe-predict: error: a worker process (pid {worker}) ended with exit status -9 "
+        "(killed by SIGKILL) before returning its chunk (out of memory?); nothing written"]
+    assert _group_is_gone(process.pid)
     assert list(tmp_path.glob("*.part")) == [] and list(tmp_path.glob(".*.part")) == []
     assert hashlib.sha256(output.read_bytes()).hexdigest() == before
 

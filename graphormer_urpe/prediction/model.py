@@ -15,9 +15,7 @@ featurize the chunks and, on the CPU, predict them with one torch thread each.
 from __future__ import annotations
 
 import contextlib
-import signal
 import zlib
-from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,13 +24,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from graphormer_urpe.cores import process_pool
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.data.facts import DataFacts
-from graphormer_urpe.files import STOP_SIGNALS
 from graphormer_urpe.nn.graphormer import GraphormerConfig, build_backbone
 from graphormer_urpe.task import get_task
 from graphormer_urpe.prediction.table import InputRow, PredictionTable, prediction_columns
+from graphormer_urpe.prediction.workers import WorkerProcesses
 
 #: Padded node pairs ``B * (N + 1)^2`` per batch (graph token included): ~100 ZINC molecules;
 #: larger batches are slower on the CPU (their [B, H, N+1, N+1] tensors leave the caches). The
@@ -392,11 +389,6 @@ _worker_module = None
 
 def _init_worker(module) -> None:
     global _worker_module
-    for signum in STOP_SIGNALS:  # the parent stops its pool; a worker just ends
-        signal.signal(signum, signal.SIG_DFL)
-    # Ctrl-C reaches the whole process group: the parent stops the pool (then SIGTERM ends this
-    # worker), and a worker's own KeyboardInterrupt would only print a traceback.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # One torch thread per process: processes scale over cores without OpenMP teams contending
     # (and a team in a forked child of a multi-threaded parent would deadlock in libgomp).
     torch.set_num_threads(1)
@@ -421,10 +413,10 @@ def stream_predictions(module, rows: Iterable[InputRow], table: PredictionTable,
     its :class:`ChunkOutput` to ``embeddings.write(rows, output)`` when given:
     :class:`~graphormer_urpe.prediction.embeddings.EmbeddingFiles`).
 
-    ``workers = 0``: everything in this process. Otherwise ``workers`` forked processes
-    featurize the chunks and, when the model is on the CPU, also predict them with one torch
-    thread each (on an accelerator this process predicts). At most ``2 * workers + 1`` chunks
-    are in memory.
+    ``workers = 0``: everything in this process. Otherwise ``workers`` processes
+    (:class:`~graphormer_urpe.prediction.workers.WorkerProcesses`) featurize the chunks and, when
+    the model is on the CPU, also predict them with one torch thread each (on an accelerator this
+    process predicts). At most ``2 * workers + 1`` chunks are in memory.
     """
     settings = (module.facts.featurizer, max_nodes, max_pairs, batch_size)
 
@@ -444,13 +436,7 @@ def stream_predictions(module, rows: Iterable[InputRow], table: PredictionTable,
             finish(chunk, featurized, featurized.errors)
         return
     on_cpu = next(module.parameters()).device.type == "cpu"
-    with process_pool(workers, _init_worker, (module if on_cpu else None,)) as pool:
-        pending: deque = deque()
-        for chunk in _chunks(rows, chunk_rows):
-            pending.append((chunk, pool.apply_async(_chunk_job, ((*settings, [r.smiles for r in chunk]),))))
-            if len(pending) > 2 * workers:
-                chunk, result = pending.popleft()
-                finish(chunk, *result.get())
-        while pending:
-            chunk, result = pending.popleft()
-            finish(chunk, *result.get())
+    jobs = ((chunk, (*settings, [r.smiles for r in chunk])) for chunk in _chunks(rows, chunk_rows))
+    with WorkerProcesses(workers, _chunk_job, _init_worker, (module if on_cpu else None,)) as pool:
+        for chunk, (result, errors) in pool.imap(jobs, ahead=2 * workers + 1):
+            finish(chunk, result, errors)

@@ -1,0 +1,191 @@
+"""Worker processes for :func:`~graphormer_urpe.prediction.model.stream_predictions`: each with a
+pipe of its own, so that stopping them can never wait for ever.
+
+``multiprocessing.Pool`` shares one task queue and one result queue, guarded by locks, among
+its workers. A worker that dies while it holds one (a SIGTERM to the process group, as a closed
+terminal, ``timeout`` or a scheduler sends it, arriving while the worker reads its next task or
+writes its result) leaves the lock taken, and the pool's ``terminate`` then waits for that lock
+for ever. Here nothing is shared: the parent writes each job to one worker's pipe and reads the
+result from the same pipe; a worker gets a job only when it has returned its previous one, so
+neither side ever waits for the other to read.
+
+Workers ignore SIGINT, SIGTERM and SIGHUP: a stop signal to the process group reaches the parent,
+which ends them (SIGKILL: they hold nothing that another process waits for) and waits for them,
+with those signals held back meanwhile so that no worker is left running. A worker whose parent
+was killed finds its pipe closed at its next job and ends. A worker that dies (the kernel's
+out-of-memory killer) ends the prediction with one error naming its exit status instead of a
+result that never comes.
+"""
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import multiprocessing.connection
+import signal
+import traceback
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+from graphormer_urpe.files import STOP_SIGNALS
+
+#: Signals a worker leaves to its parent.
+_PARENT_SIGNALS = (signal.SIGINT, *STOP_SIGNALS)
+#: Seconds a worker may take to leave after its last job before it is killed.
+_LEAVE_SECONDS = 10
+
+K = TypeVar("K")
+
+
+class WorkerDied(RuntimeError):
+    """A worker process ended without returning its job's result."""
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Within the block the stop signals wait (and are delivered when it ends)."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _PARENT_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _serve(connection, inherited: list, function: Callable, initializer: Callable | None,
+           initargs: tuple) -> None:
+    """A worker: ``function(job)`` for each job read from ``connection``, its result (or the
+    exception it raised) written back, until the pipe closes or a ``None`` job comes."""
+    for signum in _PARENT_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _PARENT_SIGNALS)
+    for other in inherited:  # the parent's ends of the pipes, so that its death closes them
+        other.close()
+    if initializer is not None:
+        initializer(*initargs)
+    while True:
+        try:
+            job = connection.recv()
+        except (EOFError, OSError):
+            return
+        if job is None:
+            return
+        try:
+            reply = (True, function(job))
+        except Exception as exc:  # returned to the parent, which raises it
+            reply = (False, exc)
+        try:
+            try:
+                connection.send(reply)
+            except (TypeError, AttributeError, ValueError, RuntimeError) as exc:  # not picklable
+                if reply[0]:
+                    raise
+                connection.send((False, RuntimeError("".join(traceback.format_exception(reply[1])))))
+        except (BrokenPipeError, EOFError, OSError):  # the parent is gone
+            return
+
+
+class WorkerProcesses:
+    """``workers`` processes computing ``function(job)`` (after ``initializer(*initargs)``),
+    forked where the platform can, else spawned. Use it as a ``with`` block: leaving the block
+    normally lets the workers end; leaving it by an exception or a signal kills them. Either way
+    they are gone when the block has ended."""
+
+    def __init__(self, workers: int, function: Callable, initializer: Callable | None = None,
+                 initargs: tuple = ()) -> None:
+        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+        context = multiprocessing.get_context(method)
+        self._processes: list = []
+        self._connections: list = []
+        with _signals_held():  # a signal now is taken once every worker ignores it
+            try:
+                for _ in range(workers):
+                    ours, theirs = context.Pipe()
+                    self._connections.append(ours)
+                    inherited = list(self._connections) if method == "fork" else []
+                    process = context.Process(target=_serve, daemon=True,
+                                              args=(theirs, inherited, function, initializer, initargs))
+                    process.start()
+                    theirs.close()
+                    self._processes.append(process)
+            except BaseException:
+                self._stop(kill=True)
+                raise
+
+    def imap(self, jobs: Iterable[tuple[K, Any]], ahead: int) -> Iterator[tuple[K, Any]]:
+        """``(key, function(job))`` for each ``(key, job)`` of ``jobs``, in their order; at most
+        ``ahead`` jobs are taken from ``jobs`` and not yet given back. A job's exception is
+        raised here; a worker that died raises :class:`WorkerDied`."""
+        jobs = iter(jobs)
+        idle = list(range(len(self._processes)))[::-1]
+        busy: dict[int, int] = {}  # worker -> the number of the job it holds
+        keys: dict[int, Any] = {}
+        done: dict[int, Any] = {}
+        taken = given = 0
+        more = True
+        while True:
+            while more and idle and taken - given < ahead:
+                try:
+                    key, job = next(jobs)
+                except StopIteration:
+                    more = False
+                    break
+                worker = idle.pop()
+                try:
+                    self._connections[worker].send(job)
+                except OSError:  # its end of the pipe is closed: it died
+                    raise self._died(worker) from None
+                busy[worker], keys[taken] = taken, key
+                taken += 1
+            if given in done:
+                yield keys.pop(given), done.pop(given)
+                given += 1
+                continue
+            if not busy:
+                return
+            by_connection = {self._connections[w]: w for w in busy}
+            for connection in multiprocessing.connection.wait(list(by_connection)):
+                worker = by_connection[connection]
+                try:
+                    ok, value = connection.recv()
+                except (EOFError, OSError):
+                    raise self._died(worker) from None
+                if not ok:
+                    raise value
+                done[busy.pop(worker)] = value
+                idle.append(worker)
+
+    def _died(self, worker: int) -> WorkerDied:
+        process = self._processes[worker]
+        process.join(_LEAVE_SECONDS)
+        return WorkerDied(f"a worker process (pid {process.pid}) ended with exit status "
+                          f"{_exit_status(process.exitcode)} before returning its chunk (out of memory?)")
+
+    def _stop(self, kill: bool) -> None:
+        with _signals_held():
+            for connection in self._connections:
+                if not kill:
+                    with contextlib.suppress(OSError):
+                        connection.send(None)
+                connection.close()
+            for process in self._processes:
+                if kill:
+                    process.kill()
+            for process in self._processes:
+                process.join(None if kill else _LEAVE_SECONDS)
+                if process.exitcode is None:
+                    process.kill()
+                    process.join()
+            self._processes, self._connections = [], []
+
+    def __enter__(self) -> WorkerProcesses:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._stop(kill=exc_type is not None)
+
+
+def _exit_status(code: int | None) -> str:
+    """``multiprocessing``'s exit code in words: ``-9`` is killed by SIGKILL."""
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return f"{code} (killed by {signal.Signals(-code).name})"
+    return str(code)
