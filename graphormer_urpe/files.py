@@ -53,6 +53,19 @@ def stop_on_signals() -> Iterator[None]:
             signal.signal(signum, handler)
 
 
+@contextlib.contextmanager
+def hold_stop_signals() -> Iterator[None]:
+    """Within the block Ctrl-C and :data:`STOP_SIGNALS` wait, and are delivered when it ends:
+    for steps that must not be cut in the middle (renames that go together, reaping child
+    processes)."""
+    held = (signal.SIGINT, *STOP_SIGNALS)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 #: ``errno`` of a full disk or an exhausted quota: a command says so in one line, exit status 1.
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 #: Exit status of a command stopped by Ctrl-C (SIGINT), as a shell reports it: 128 + 2.
@@ -222,13 +235,16 @@ class AtomicFile:
     def commit(self) -> None:
         """fsync, the permissions a previous file had (else a new file's under the umask), rename;
         for a file written in place, flush and close."""
+        self._finish_writing()
+        if self._temporary is not None:
+            _replace(self._temporary, self._destination)
+
+    def _finish_writing(self) -> None:
+        """Flush (to disk, for a temporary) and close: a full disk fails here, before a rename."""
         self.handle.flush()
-        if self._temporary is None:
-            self.handle.close()
-            return
-        os.fsync(self.handle.fileno())
+        if self._temporary is not None:
+            os.fsync(self.handle.fileno())
         self.handle.close()
-        _replace(self._temporary, self._destination)
 
     def discard(self) -> None:
         with contextlib.suppress(OSError):  # a full disk fails the flush of closing again
@@ -241,6 +257,49 @@ class AtomicFile:
 
     def __exit__(self, *exc_info) -> None:
         self.discard()
+
+
+def commit_together(outputs: Iterable[AtomicFile]) -> None:
+    """Put several :class:`AtomicFile` s in place as one, the outputs of one run that belong
+    together (a table and the arrays whose rows are its rows): all of them or none. Each is first
+    flushed to disk (a full disk fails here, before any path changes); then each is renamed onto
+    its path while a hard link keeps the file it replaces, so that a rename that fails puts back
+    the files already replaced (stop signals wait meanwhile). Files written in place (a device,
+    a FIFO: nothing to put back) are flushed after the renames."""
+    outputs = list(outputs)
+    for output in outputs:
+        if output._temporary is not None:
+            output._finish_writing()
+    with hold_stop_signals():
+        done: list[tuple[AtomicFile, bool, str | None]] = []  # (output, it replaced a file, that file)
+        try:
+            for output in outputs:
+                if output._temporary is None:
+                    continue
+                existed, previous = output._destination.exists(), None
+                if existed:
+                    previous = tempfile.mktemp(dir=output._destination.parent,
+                                               prefix=f".{output._destination.name}.", suffix=".previous")
+                    try:
+                        os.link(output._destination, previous)
+                    except OSError:  # no hard links there: that file cannot be put back
+                        previous = None
+                done.append((output, existed, previous))
+                _replace(output._temporary, output._destination)
+        except BaseException:
+            for output, existed, previous in reversed(done):
+                if previous is not None:
+                    os.replace(previous, output._destination)
+                elif not existed and not os.path.exists(output._temporary):  # a new file: it goes
+                    output._destination.unlink(missing_ok=True)
+            raise
+        finally:
+            for _, _, previous in done:
+                if previous is not None and os.path.exists(previous):
+                    os.unlink(previous)
+    for output in outputs:
+        if output._temporary is None:
+            output._finish_writing()
 
 
 def _replace(temporary: str | os.PathLike, path: Path) -> None:

@@ -28,7 +28,8 @@ Embeddings (``--embeddings FILE.npy``, ``--atom-embeddings FILE.npz``,
 vector, the one the output head reads (float32 ``[rows, D]``, a row of NaN where the table has no
 prediction), and each atom's (``embeddings [atoms, D]`` with ``offsets [rows + 1]``), from one
 model (a checkpoint, a run directory or ``pretrained:<name>``; several ``--ckpt`` or
-``--mc-dropout`` are refused), streamed and written whole or not at all as the table is.
+``--mc-dropout`` are refused), streamed, and put in place together with the table: all of them
+or, on any failure, none (the previous files stay as they were).
 
 Safety: the output is written to a temporary file beside it and renamed at the end, so a failure
 never leaves a truncated table nor destroys a previous one; an output that is the input file or
@@ -59,7 +60,8 @@ import torch
 
 from graphormer_urpe.arguments import non_negative_int, positive_int
 from graphormer_urpe.cores import usable_cores
-from graphormer_urpe.files import AtomicFile, refuse_overwriting_inputs, run_command, unreadable_as_a_file
+from graphormer_urpe.files import (
+    AtomicFile, commit_together, refuse_overwriting_inputs, run_command, unreadable_as_a_file)
 from graphormer_urpe.checkpoint import CheckpointError
 from graphormer_urpe.prediction.embeddings import (
     ATOM_OPTION, GRAPH_OPTION, EmbeddingFiles, check_embedding_paths)
@@ -238,8 +240,9 @@ def _predict(args: argparse.Namespace) -> int:
         table = PredictionTable(output.handle, prediction_columns(module), table_input.columns)
         try:
             _stream(module, table_input, table, source, args, "predict", embeddings)
-            if embeddings is not None:
-                embeddings.commit(module.width)
+            # every output of the run in place together, or none (new vectors never sit beside
+            # an old table)
+            commit_together([output, *(embeddings.assemble(module.width) if embeddings is not None else [])])
         except (UnicodeDecodeError, csv.Error) as exc:
             print(f"graphormer-urpe-predict: error: {source}: {exc}; nothing written", file=sys.stderr)
             return 2
@@ -248,7 +251,6 @@ def _predict(args: argparse.Namespace) -> int:
             print(f"graphormer-urpe-predict: error: cannot write {written}: {exc}; nothing written",
                   file=sys.stderr)
             return 1
-        output.commit()
     log.info("wrote %d rows to %s (%d without prediction)", table.rows_written, target, table.failed)
     for path in embedding_paths.values():
         if path is not None:

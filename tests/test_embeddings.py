@@ -153,6 +153,73 @@ def test_a_failure_leaves_previous_embeddings_whole(esol_csv, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["broken.csv", *previous])
 
 
+PREVIOUS_RUN = {"preds.csv": "row,smiles,prediction,error\n1,CCO,-0.5,\n2,CCC,-1.0,\n3,CCN,-0.2,\n"}
+
+
+def write_previous_run(folder: Path) -> dict[str, bytes]:
+    """A previous run's outputs in ``folder``: a 3-row table and its embeddings (3 vectors, 3
+    molecules' atoms); returns their bytes."""
+    (folder / "preds.csv").write_text(PREVIOUS_RUN["preds.csv"])
+    np.save(folder / "graph.npy", np.ones((3, 4), dtype=np.float32))
+    np.savez(folder / "atoms.npz", embeddings=np.ones((9, 4), dtype=np.float32), offsets=np.array([0, 3, 6, 9]))
+    return {name: (folder / name).read_bytes() for name in ("preds.csv", "graph.npy", "atoms.npz")}
+
+
+def outputs_args(folder: Path) -> list:
+    return ["--output", folder / "preds.csv", "--embeddings", folder / "graph.npy",
+            "--atom-embeddings", folder / "atoms.npz"]
+
+
+def test_a_disk_that_fills_while_the_npz_is_assembled_keeps_every_previous_file(written, molecules, tmp_path):
+    """A real disk (a tmpfs) with room for the run's table, both embeddings' streamed vectors and
+    the assembled .npy, but only half of the .npz: one line, exit 1, and the previous table and
+    both embeddings byte for byte (a new .npy of this run's rows once stood beside the old
+    table), no temporary file left."""
+    from helpers.small_disk import pages, small_disk
+
+    new = {name: (written["dir"] / name).stat().st_size for name in ("preds.csv", "graph.npy", "atoms.npz")}
+    (tmp_path / "measured").mkdir()
+    previous_room = sum(pages(len(b)) for b in write_previous_run(tmp_path / "measured").values())
+    # the table, the vectors streamed to unnamed temporaries (as large as the arrays), the .npy
+    # assembled, half the .npz
+    room = (previous_room + pages(new["preds.csv"]) + 2 * pages(new["graph.npy"]) + pages(new["atoms.npz"])
+            + new["atoms.npz"] // 2)
+    with small_disk(tmp_path / "full", room) as disk:
+        before = write_previous_run(disk)
+        done = run("--ckpt", PRETRAINED, "--input", molecules, *outputs_args(disk), "--workers", 1,
+                   "--chunk-rows", 8, check=False)
+        assert done.returncode == 1, done.stderr
+        assert done.stderr.strip().splitlines()[-1].endswith("No space left on device; nothing written")
+        assert "Traceback" not in done.stderr
+        assert {name: (disk / name).read_bytes() for name in before} == before
+        assert sorted(p.name for p in disk.iterdir()) == sorted(before)
+
+
+def test_a_failure_after_the_npy_is_assembled_keeps_every_previous_file(molecules, tmp_path, monkeypatch, capsys):
+    """The same in this process, on any machine: the disk fills while the .npz's offsets are
+    written, after the .npy was assembled."""
+    import errno
+
+    import graphormer_urpe.prediction.embeddings as embeddings
+    from graphormer_urpe.predict import main
+
+    write_array = embeddings.np.lib.format.write_array
+
+    def full(handle, array, *args, **kwargs):
+        if array.dtype == np.int64:  # the offsets, the .npz's last member
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write_array(handle, array, *args, **kwargs)
+
+    before = write_previous_run(tmp_path)
+    monkeypatch.setattr(embeddings.np.lib.format, "write_array", full)
+    status = main(["--quiet", "--ckpt", PRETRAINED, "--input", str(molecules),
+                   *map(str, outputs_args(tmp_path)), "--workers", "0"])
+    assert status == 1
+    assert capsys.readouterr().err.strip().endswith("No space left on device; nothing written")
+    assert {name: (tmp_path / name).read_bytes() for name in before} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(before)
+
+
 def test_bad_outputs_are_refused_in_one_line(molecules, tmp_path):
     """Each refused before the model is loaded: one line, exit 2, nothing written."""
     smiles_file = tmp_path / "mols.npy"  # one SMILES a line, whatever its name

@@ -198,3 +198,35 @@ def test_fit_stopped_by_ctrl_c_exits_130_without_a_traceback(esol_csv, tmp_path)
     assert "Traceback" not in stderr and stderr.strip().splitlines()[-1].startswith(
         "graphormer-urpe: stopped by Ctrl-C (SIGINT)"), stderr[-3000:]
     assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] >= 2
+
+
+def test_outputs_committed_together_are_all_put_back_when_one_rename_fails(tmp_path):
+    """``files.commit_together``: the first output is renamed into place, the second's rename
+    fails (a directory now stands at its path): the first output's previous file is put back
+    byte for byte, a new third one that was never renamed does not appear, and no temporary or
+    kept link is left."""
+    from graphormer_urpe.files import AtomicFile, commit_together
+
+    table, vectors, atoms = tmp_path / "table.csv", tmp_path / "vectors.npy", tmp_path / "atoms.npz"
+    table.write_text("the previous table\n")
+    outputs = [AtomicFile(table), AtomicFile(vectors, binary=True), AtomicFile(atoms, binary=True)]
+    outputs[0].handle.write("a new table\n")
+    outputs[1].handle.write(b"new vectors")
+    outputs[2].handle.write(b"new atoms")
+    vectors.mkdir()
+    (vectors / "in the way").write_text("")
+    with pytest.raises(OSError):
+        commit_together(outputs)
+    for output in outputs:
+        output.discard()
+    assert table.read_text() == "the previous table\n" and not atoms.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["table.csv", "vectors.npy"]
+
+    vectors.joinpath("in the way").unlink()
+    vectors.rmdir()
+    outputs = [AtomicFile(table), AtomicFile(vectors, binary=True)]
+    outputs[0].handle.write("a new table\n")
+    outputs[1].handle.write(b"new vectors")
+    commit_together(outputs)
+    assert table.read_text() == "a new table\n" and vectors.read_bytes() == b"new vectors"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["table.csv", "vectors.npy"]

@@ -11,8 +11,11 @@ without a prediction (its reason in the table's ``error`` column) is a row of Na
 
 Memory stays bounded: each chunk's vectors go to an unnamed temporary file beside the output
 as they come (``tempfile.TemporaryFile``: the system removes it, even after a kill); at the end
-the ``.npy`` or ``.npz`` is assembled from it in an :class:`~graphormer_urpe.files.AtomicFile`
-and renamed onto its path, so a failure or Ctrl-C leaves a previous file as it was.
+the ``.npy`` or ``.npz`` is assembled from it in an :class:`~graphormer_urpe.files.AtomicFile`,
+and the table and the embeddings are renamed onto their paths together
+(:func:`~graphormer_urpe.files.commit_together`): a failure (a full disk while the ``.npz`` is
+assembled), Ctrl-C or a stop signal leaves every previous file as it was, never new vectors
+beside an old table.
 """
 from __future__ import annotations
 
@@ -67,8 +70,9 @@ def _write_npy(handle: IO[bytes], raw: IO[bytes], shape: tuple[int, int], dtype:
 class EmbeddingFiles:
     """The embeddings outputs of one prediction run (``graph``: the ``.npy``; ``atoms``: the
     ``.npz``; either may be None). Creating it checks that they can be written (``ValueError``
-    naming the option); :meth:`write` takes each chunk in input order, :meth:`commit` puts the
-    files in place; leaving the ``with`` block otherwise writes nothing."""
+    naming the option); :meth:`write` takes each chunk in input order, :meth:`assemble` writes
+    the files for the caller to put in place with the table; leaving the ``with`` block
+    otherwise writes nothing."""
 
     def __init__(self, graph: Path | None, atoms: Path | None) -> None:
         self._outputs: dict[str, tuple[AtomicFile, IO[bytes]]] = {}
@@ -103,12 +107,14 @@ class EmbeddingFiles:
                     end += len(atoms)
                 self._offsets.append(end)
 
-    def commit(self, width: int) -> None:
-        """Assemble each file (``width``: D) and rename it onto its path."""
+    def assemble(self, width: int) -> list[AtomicFile]:
+        """Write each file (``width``: D) whole to its temporary beside its path; the returned
+        files are put in place together with the table
+        (:func:`~graphormer_urpe.files.commit_together`), so that the vectors on disk are always
+        those of the table's rows."""
         if "graph" in self._outputs:
             output, raw = self._outputs["graph"]
             _write_npy(output.handle, raw, (self.rows, width), "<f4")
-            output.commit()
         if "atoms" in self._outputs:
             output, raw = self._outputs["atoms"]
             offsets = np.frombuffer(self._offsets, dtype=np.int64)
@@ -117,8 +123,9 @@ class EmbeddingFiles:
                     _write_npy(member, raw, (int(offsets[-1]), width), "<f4")
                 with archive.open("offsets.npy", "w", force_zip64=True) as member:
                     np.lib.format.write_array(member, offsets)
-            output.commit()
-        self.discard()
+        for _, raw in self._outputs.values():
+            raw.close()
+        return [output for output, _ in self._outputs.values()]
 
     def discard(self) -> None:
         for output, raw in self._outputs.values():

@@ -26,7 +26,7 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-from graphormer_urpe.files import STOP_SIGNALS
+from graphormer_urpe.files import STOP_SIGNALS, hold_stop_signals
 
 #: Signals a worker leaves to its parent.
 _PARENT_SIGNALS = (signal.SIGINT, *STOP_SIGNALS)
@@ -38,16 +38,6 @@ K = TypeVar("K")
 
 class WorkerDied(RuntimeError):
     """A worker process ended without returning its job's result."""
-
-
-@contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """Within the block the stop signals wait (and are delivered when it ends)."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _PARENT_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _serve(connection, inherited: list, function: Callable, initializer: Callable | None,
@@ -95,7 +85,7 @@ class WorkerProcesses:
         context = multiprocessing.get_context(method)
         self._processes: list = []
         self._connections: list = []
-        with _signals_held():  # a signal now is taken once every worker ignores it
+        with hold_stop_signals():  # a signal now is taken once every worker ignores it
             try:
                 for _ in range(workers):
                     ours, theirs = context.Pipe()
@@ -160,7 +150,7 @@ class WorkerProcesses:
                           f"{_exit_status(process.exitcode)} before returning its chunk (out of memory?)")
 
     def _stop(self, kill: bool) -> None:
-        with _signals_held():
+        with hold_stop_signals():
             for connection in self._connections:
                 if not kill:
                     with contextlib.suppress(OSError):
