@@ -26,7 +26,7 @@ DOWNLOAD_TIMEOUT_S = 30
 #: The folder of long data builds in pytest's cache (``.pytest_cache/d/<this>``).
 DATA_BUILD_CACHE = "graphormer_urpe_datasets"
 #: MoleculeNet ESOL as PyG's ``MoleculeNet("ESOL")`` downloads it (deepchem's copy).
-ESOL_URL = "https://deepchemdata.s3-us-west-1.amazonaws.com/datasets/delaney-processed.csv"
+ESOL_URL = local_data.DOWNLOADS[local_data.ESOL]
 
 
 def pytest_configure(config) -> None:

@@ -21,6 +21,7 @@ from graphormer_urpe.data import property_csv
 from graphormer_urpe.data.datamodule import SMILESTableDataModule
 from graphormer_urpe.data.dataset import check_seed
 from graphormer_urpe.data.featurize import featurizer_spec, file_fingerprint, parallel_map
+from graphormer_urpe.data.local_data import data_file
 from graphormer_urpe.files import unreadable_as_a_file
 
 #: Left out: ``Ipc`` (spans 50 orders of magnitude), ``qed`` (a composite of the others and the
@@ -111,7 +112,8 @@ class DescriptorDataModule(SMILESTableDataModule):
 
     Args:
         path: the molecules: one SMILES per line (``.smi``, ``.txt``, optionally ``.gz``) or a
-            CSV with ``smiles_column``.
+            CSV with ``smiles_column``; ``data:<file>`` names a file of the local data copies
+            (:func:`~.local_data.data_file`).
         split_fractions: random train / val / test shares, drawn from ``split_seed`` (not from
             the training ``seed``: runs with other seeds share one split).
         cache_root: where the descriptors, graphs and encodings are cached (keyed by content).
@@ -124,7 +126,7 @@ class DescriptorDataModule(SMILESTableDataModule):
                  cache_root: str = "data/descriptors", batch_size: int = 128, featurizer: str = "ogb",
                  split_seed: int = 0, **kwargs) -> None:
         super().__init__(batch_size=batch_size, **kwargs)
-        self.path = Path(path)
+        self.path = data_file(path)
         problem = unreadable_as_a_file(self.path)
         if problem:
             raise ValueError(f"SMILES file {self.path} {problem}")

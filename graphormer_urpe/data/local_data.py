@@ -9,33 +9,57 @@ copies in one directory, laid out as::
     pcqm4mv2/pcqm4mv2_first2k_3d.csv.gz   a real slice of PCQM4Mv2 (tests and benchmarks)
     moleculenet/esol.csv                  MoleculeNet ESOL (deepchem's delaney-processed.csv)
 
-The directory is ``$GRAPHORMER_URPE_DATA``, by default ``shared/data`` beside the source
-checkout (``<checkout>/../shared/data``). Where it does not hold a data set, ZINC is downloaded
-by PyG and PCQM4M(v2) by OGB as usual. ``$GRAPHORMER_URPE_SHARED_DATA`` is an older name of the
-variable, still read.
+The directory is ``$GRAPHORMER_URPE_DATA``; unset, it is ``shared/data`` beside a source
+checkout (``<checkout>/../shared/data``) when the package runs from one, else the user's data
+cache, ``~/.cache/graphormer-urpe/data`` (``$XDG_CACHE_HOME/graphormer-urpe/data``). Where it
+does not hold a data set, ZINC is downloaded by PyG and PCQM4M(v2) by OGB as usual.
+``$GRAPHORMER_URPE_SHARED_DATA`` is an older name of the variable, still read.
+
+Recipes name a data file as ``data:<relative path>`` (:func:`data_file`): the file of that layout
+in the local copies, else in the user's data cache, else downloaded there where the file has a
+public address (ESOL), so a recipe reads the same file from any folder and any install.
 """
 from __future__ import annotations
 
 import os
+import urllib.request
 from pathlib import Path
+
+from graphormer_urpe.files import atomic_write
 
 DATA_ENV = "GRAPHORMER_URPE_DATA"
 _OLD_DATA_ENV = "GRAPHORMER_URPE_SHARED_DATA"
-#: The default: ``shared/data`` beside the source checkout holding this package.
-CHECKOUT_COPY = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+_CHECKOUT = Path(__file__).resolve().parents[2]
+#: The default in a source checkout: ``shared/data`` beside the checkout holding this package.
+CHECKOUT_COPY = _CHECKOUT.parent / "shared" / "data"
+#: Whether the package runs from a source checkout (not from an installed wheel).
+IN_CHECKOUT = (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "graphormer_urpe").is_dir()
+#: How a recipe names a file of the local data copies: ``data:moleculenet/esol.csv``.
+DATA_PREFIX = "data:"
 
 #: The files of each copy, relative to the directory (for messages naming what is missing).
 ZINC = "zinc"
 PCQM4MV2_SLICE = "pcqm4mv2/pcqm4mv2_first2k_3d.csv.gz"
 ESOL = "moleculenet/esol.csv"
+#: Public addresses of the files :func:`data_file` downloads when no copy holds them.
+DOWNLOADS = {ESOL: "https://deepchemdata.s3-us-west-1.amazonaws.com/datasets/delaney-processed.csv"}
+DOWNLOAD_TIMEOUT_S = 60
+
+
+def cache_data_dir() -> Path:
+    """The user's data cache: ``$XDG_CACHE_HOME/graphormer-urpe/data``, by default
+    ``~/.cache/graphormer-urpe/data`` (downloads of :func:`data_file` go there)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache).expanduser() / "graphormer-urpe" / "data"
 
 
 def local_data_dir() -> Path:
-    """``$GRAPHORMER_URPE_DATA``, else :data:`CHECKOUT_COPY` (either may not exist)."""
+    """``$GRAPHORMER_URPE_DATA``, else :data:`CHECKOUT_COPY` in a source checkout, else
+    :func:`cache_data_dir` (none of them need exist)."""
     for name in (DATA_ENV, _OLD_DATA_ENV):
         if os.environ.get(name):
             return Path(os.environ[name]).expanduser()
-    return CHECKOUT_COPY
+    return CHECKOUT_COPY if IN_CHECKOUT else cache_data_dir()
 
 
 def local_copy(relative: str) -> Path | None:
@@ -47,4 +71,34 @@ def local_copy(relative: str) -> Path | None:
 def where_to_put(relative: str) -> str:
     """Where a missing copy belongs, in words (for one-line messages)."""
     return (f"{local_data_dir() / relative} (${DATA_ENV} names the directory of local data "
-            "copies, by default ../shared/data beside the checkout)")
+            f"copies, by default {cache_data_dir()}, or ../shared/data beside a source checkout)")
+
+
+def data_file(path: str | os.PathLike) -> Path:
+    """The file a data option names: ``path`` itself, or for ``data:<relative>`` the file of the
+    local copies (:func:`local_copy`), else of the user's data cache, else downloaded into that
+    cache now (once, written whole) where :data:`DOWNLOADS` has its address. A ``data:`` file that
+    none of them gives is a ``ValueError`` naming where to put it."""
+    text = os.fspath(path)
+    if not text.startswith(DATA_PREFIX):
+        return Path(text)
+    relative = text[len(DATA_PREFIX):].lstrip("/")
+    found = local_copy(relative)
+    if found is not None:
+        return found
+    cached = cache_data_dir() / relative
+    if cached.is_file():
+        return cached
+    url = DOWNLOADS.get(relative)
+    if url is None:
+        raise ValueError(f"{text}: no local copy of {relative}; expected at {where_to_put(relative)}")
+    try:
+        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response, \
+                atomic_write(cached, binary=True) as out:
+            while chunk := response.read(1 << 20):
+                out.write(chunk)
+    except OSError as exc:  # URLError, timeouts, refused connections, an unwritable cache
+        raise ValueError(f"{text}: no local copy of {relative} (expected at {where_to_put(relative)}) "
+                         f"and its download from {url} to {cached} failed ({getattr(exc, 'reason', None) or exc})"
+                         ) from None
+    return cached

@@ -23,6 +23,7 @@ import numpy as np
 from graphormer_urpe.data.datamodule import SMILESTableDataModule
 from graphormer_urpe.data.dataset import check_seed
 from graphormer_urpe.data.featurize import REJECTED_ROW, TOO_LARGE_ROW, featurizer_spec, file_fingerprint
+from graphormer_urpe.data.local_data import data_file
 from graphormer_urpe.files import unreadable_as_a_file
 from graphormer_urpe.task import TASKS
 
@@ -263,7 +264,8 @@ def check_fractions(fractions: Sequence[float]) -> tuple[float, float, float]:
 
 
 class CSVDataModule(SMILESTableDataModule):
-    """A molecule property CSV (the file format above): ``smiles_column`` + ``target_columns``
+    """A molecule property CSV ``path`` (the file format above; ``data:<file>`` names a file of the
+    local data copies, :func:`~.local_data.data_file`): ``smiles_column`` + ``target_columns``
     (default: every other column), ``task`` ``regression``, ``classification`` (binary or
     multi-label 0/1 columns) or ``multiclass`` (one column of class ids; ``num_targets`` is the
     number of classes, the largest id + 1), ``split`` random (drawn from ``split_seed``, not from
@@ -288,7 +290,7 @@ class CSVDataModule(SMILESTableDataModule):
         if split not in ("random", "scaffold"):
             raise ValueError(f"split must be 'random' or 'scaffold', got {split!r}")
         self.featurizer = featurizer_spec(featurizer).name
-        self.path = Path(path)
+        self.path = data_file(path)  # a file, or data:<file> of the local data copies
         self.smiles_column = smiles_column
         self.split = split
         self.split_file = None if split_file is None else Path(split_file)

@@ -43,6 +43,7 @@ from graphormer_urpe.training.lightning_private import is_local_path
 from graphormer_urpe.training.run_checkpoint import (RunCheckpoint, check_run_dir, hold_run_dir,
                                                       run_dirs_released_after)
 from graphormer_urpe.training.module import GraphormerModule
+from graphormer_urpe.training.recipes import command_line
 from graphormer_urpe.training.schedule import schedule_lengths
 from graphormer_urpe.task import get_task
 
@@ -339,12 +340,20 @@ def configure_logging() -> None:
 
 def build_cli(args: list[str] | None = None, run: bool = True) -> GraphormerCLI:
     configure_logging()
+    # `--config NAME` reads the packaged recipe; `recipes [NAME]` lists them (exits here)
+    if args is None:  # LightningCLI warns when given both args and a command line: edit argv
+        sys.argv[1:] = command_line(sys.argv[1:])
+    elif isinstance(args, (list, tuple)):
+        args = command_line(list(args))
+    config_help = "--config takes a file or a packaged recipe's name (graphormer-urpe recipes lists them)"
     with run_dirs_released_after():  # a fit holds its run directory while it runs
         return GraphormerCLI(
             GraphormerModule,
             pl.LightningDataModule,
             subclass_mode_data=True,
             save_config_kwargs={"overwrite": True},
+            parser_kwargs={"description": f"Graphormer + URPE training (LightningCLI). {config_help}.",
+                           **{name: {"epilog": f"{config_help}."} for name in ("fit", "validate", "test", "predict")}},
             args=args,
             run=run,
         )

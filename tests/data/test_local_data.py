@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from graphormer_urpe.data import local_data
-from graphormer_urpe.data.local_data import DATA_ENV, local_copy, local_data_dir
+from graphormer_urpe.data.local_data import DATA_ENV, data_file, local_copy, local_data_dir
 
 CONFTEST = Path(__file__).resolve().parents[1] / "conftest.py"
 REQUIRE_DATA_ENV = "GRAPHORMER_URPE_REQUIRE_DATA"
@@ -57,3 +59,50 @@ def test_data_fixtures_work_without_pytests_cache_plugin(pytester):
         "    assert data_build_cache.is_dir()\n"))
     pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
     pytester.runpytest().assert_outcomes(passed=1)
+
+
+def test_a_recipes_data_file_is_the_local_copy_else_the_cache_else_downloaded_once(tmp_path, monkeypatch,
+                                                                                 esol_csv):
+    """``data:moleculenet/esol.csv`` (the ESOL recipes' path) from any folder: the local copy, else
+    the user's data cache, filled by one download (here the real file through a ``file:`` URL)."""
+    copies, cache = tmp_path / "copies", tmp_path / "cache"
+    monkeypatch.setenv(DATA_ENV, str(copies))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(local_data.DOWNLOADS, local_data.ESOL, esol_csv.as_uri())
+    downloaded = data_file("data:moleculenet/esol.csv")
+    assert downloaded == cache / "graphormer-urpe" / "data" / "moleculenet" / "esol.csv"
+    assert downloaded.read_bytes() == esol_csv.read_bytes()
+    assert sorted(p.name for p in downloaded.parent.iterdir()) == ["esol.csv"]  # nothing partial left
+    monkeypatch.setitem(local_data.DOWNLOADS, local_data.ESOL, (tmp_path / "gone.csv").as_uri())
+    assert data_file("data:moleculenet/esol.csv") == downloaded  # once: the cache serves it now
+    (copies / "moleculenet").mkdir(parents=True)
+    (copies / "moleculenet" / "esol.csv").write_bytes(esol_csv.read_bytes()[:2000])
+    assert data_file("data:moleculenet/esol.csv") == copies / "moleculenet" / "esol.csv"
+    assert data_file("moleculenet/esol.csv") == Path("moleculenet/esol.csv")  # a path is a path
+    monkeypatch.delenv(DATA_ENV)
+    monkeypatch.setattr(local_data, "IN_CHECKOUT", False)  # an installed package: the cache
+    assert local_data_dir() == cache / "graphormer-urpe" / "data"
+
+
+def test_a_data_file_that_no_copy_holds_is_refused_in_one_line(tmp_path, monkeypatch, run_main):
+    copies, cache = tmp_path / "copies", tmp_path / "cache"
+    monkeypatch.setenv(DATA_ENV, str(copies))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    with pytest.raises(ValueError, match=r"^data:zinc/jtvae_train.smi.gz: no local copy of zinc/jtvae_train"
+                                         rf".smi.gz; expected at {copies}/zinc/jtvae_train.smi.gz \(\$GRAPHORMER"):
+        data_file("data:zinc/jtvae_train.smi.gz")
+    gone = (tmp_path / "gone.csv").as_uri()
+    monkeypatch.setitem(local_data.DOWNLOADS, local_data.ESOL, gone)
+    monkeypatch.chdir(tmp_path)
+    from graphormer_urpe.training.cli import main
+
+    done = run_main(main, ["fit", "--config", "esol", "--trainer.default_root_dir", tmp_path / "run"])
+    lines = done.stderr.strip().splitlines()  # after Lightning's seeding note: the one line
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert [line for line in lines if line.startswith("graphormer-urpe: error: ")] == lines[-1:]
+    assert lines[-1].startswith("graphormer-urpe: error: data:moleculenet/esol.csv: no local copy of "
+                                f"moleculenet/esol.csv (expected at {copies}/moleculenet/esol.csv")
+    assert f"its download from {gone} to {cache}/graphormer-urpe/data/moleculenet/esol.csv failed" in lines[-1]
+    assert not (cache / "graphormer-urpe" / "data" / "moleculenet").exists() or \
+        not any((cache / "graphormer-urpe" / "data" / "moleculenet").iterdir())

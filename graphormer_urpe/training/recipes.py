@@ -1,0 +1,123 @@
+"""The training recipes packaged with graphormer-urpe, taken by name or by path.
+
+The recipes are the YAML files of ``graphormer_urpe/recipes`` (package data; a source checkout's
+``configs/`` links there). Every command that reads ``--config`` (``graphormer-urpe``,
+``graphormer-urpe-ablation``, ``graphormer-urpe-hpopt``) takes a recipe's name (``--config zinc``)
+as well as a file (``--config my.yaml``): an existing file wins, then a recipe of that name (with
+or without ``.yaml``), and anything else is refused in one line listing the recipes. A base
+recipe configures the data (``data.class_path``); an overlay sets a few keys on top of one
+(``--config zinc --config rpe``) and says so in its first line, the recipe's summary
+(``graphormer-urpe recipes`` lists them); ``graphormer-urpe recipes NAME`` prints one to copy
+and edit.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+#: The packaged recipes.
+RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
+#: The options whose value is a config file (LightningCLI's ``--config`` and its short form).
+CONFIG_OPTIONS = ("--config", "-c")
+#: The subcommand that lists the recipes (``graphormer-urpe recipes [NAME]``).
+LIST_COMMAND = "recipes"
+_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def recipe_names() -> list[str]:
+    """The packaged recipes' names, sorted."""
+    return sorted(path.stem for path in RECIPES_DIR.glob("*.yaml"))
+
+
+def recipe_file(name: str) -> Path | None:
+    """The packaged recipe called ``name`` (``zinc`` or ``zinc.yaml``), else None."""
+    stem = name[:-len(".yaml")] if name.endswith(".yaml") else name
+    path = RECIPES_DIR / f"{stem}.yaml"
+    return path if _NAME.fullmatch(stem) and path.is_file() else None
+
+
+def summary(path: Path) -> str:
+    """A recipe's first line, its summary (without the ``#``)."""
+    first = path.read_text(encoding="utf-8").split("\n", 1)[0]
+    return first.lstrip("#").strip()
+
+
+def _inline(value: str) -> bool:
+    """Whether ``value`` is a config given as text (``'{"trainer": {...}}'``, ``'trainer: ...'``),
+    which LightningCLI's ``--config`` also reads, rather than a file or a name."""
+    return value.lstrip().startswith(("{", "---")) or "\n" in value or ": " in value
+
+
+def resolve_config(value: str, option: str = "--config") -> str:
+    """What ``--config value`` reads: ``value`` when it is a file (or a config given as text),
+    else the packaged recipe of that name. ``ValueError`` (one line, listing the recipes) when it
+    is neither."""
+    if os.path.isfile(value) or _inline(value):
+        return value
+    packaged = recipe_file(value)
+    if packaged is not None:
+        return str(packaged)
+    if os.path.exists(value):  # a directory, a pipe: LightningCLI says what is wrong with it
+        return value
+    raise ValueError(f"{option} {value}: no such file, nor a recipe of that name (the recipes: "
+                     f"{', '.join(recipe_names())}; `graphormer-urpe recipes` says what each is)")
+
+
+def resolve_config_args(args: list[str]) -> list[str]:
+    """``args`` with each ``--config NAME`` (``--config=NAME``, ``-c NAME``) of a packaged recipe
+    replaced by the recipe's file (:func:`resolve_config`)."""
+    resolved = list(args)
+    for i, arg in enumerate(resolved):
+        if arg in CONFIG_OPTIONS and i + 1 < len(resolved):
+            resolved[i + 1] = resolve_config(os.fspath(resolved[i + 1]), arg)
+        elif isinstance(arg, str) and arg.startswith("--config="):
+            resolved[i] = "--config=" + resolve_config(arg[len("--config="):])
+    return resolved
+
+
+def listing() -> str:
+    """One line per recipe (its name and summary), then how to use them."""
+    names = recipe_names()
+    width = max(map(len, names), default=0) + 2
+    lines = [f"The recipes of graphormer-urpe ({RECIPES_DIR}):"]
+    lines += [f"  {name:<{width}}{summary(RECIPES_DIR / f'{name}.yaml')}" for name in names]
+    lines += ["Train with one by name, overlays after a base recipe: graphormer-urpe fit --config zinc "
+              "--config rpe.",
+              "A file works as well: graphormer-urpe recipes NAME > my.yaml prints one to copy and edit; "
+              "fit --config NAME --print_config prints it resolved, every key included."]
+    return "\n".join(lines)
+
+
+def recipes_command(args: list[str], prog: str = "graphormer-urpe") -> int:
+    """``graphormer-urpe recipes [NAME]``: the list, or one recipe's file as it is. Exit status 0,
+    2 for an unknown name (one line)."""
+    if args and args[0] not in ("-h", "--help"):
+        packaged = recipe_file(args[0]) if len(args) == 1 else None
+        if packaged is None:
+            print(f"{prog} {LIST_COMMAND}: error: {' '.join(args)}: not a recipe (the recipes: "
+                  f"{', '.join(recipe_names())})", file=sys.stderr)
+            return 2
+        text = packaged.read_text(encoding="utf-8")
+    else:
+        text = listing() + "\n"
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `| head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+def command_line(args: list[str], prog: str = "graphormer-urpe") -> list[str]:
+    """A training command's arguments with recipe names resolved; ``recipes [NAME]`` is answered
+    here. Either way, or for an unknown name (one line, exit status 2), a ``SystemExit`` ends the
+    command as argparse does."""
+    if args and args[0] == LIST_COMMAND:
+        raise SystemExit(recipes_command(args[1:], prog))
+    try:
+        return resolve_config_args(args)
+    except ValueError as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None

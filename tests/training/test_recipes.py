@@ -1,0 +1,100 @@
+"""The recipes packaged with graphormer-urpe: every command takes them by name from any folder,
+lists them, prints one, and refuses an unknown name in one line; the checkout's ``configs/`` is
+the same files; no recipe reads a path of the checkout."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from graphormer_urpe.training.cli import build_cli, main
+from graphormer_urpe.training.recipes import RECIPES_DIR, recipe_names, resolve_config
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+RECIPES = sorted(RECIPES_DIR.glob("*.yaml"))
+
+
+def test_configs_is_the_packaged_recipes_not_a_copy():
+    assert (REPO / "configs").is_symlink()
+    assert (REPO / "configs").resolve() == RECIPES_DIR.resolve()
+    assert len(RECIPES) >= 13 and recipe_names() == [path.stem for path in RECIPES]
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda path: path.stem)
+def test_each_recipe_reads_nothing_of_the_checkout_and_says_what_it_is(path):
+    text = path.read_text()
+    assert "../" not in text and "configs/" not in text and "shared/" not in text
+    summary = text.splitlines()[0]
+    assert summary.startswith("# ") and len(summary) <= 100
+    data = yaml.safe_load(text).get("data") or {}
+    # a recipe without a data module sets keys on top of another one, and says so first
+    assert summary.startswith("# Overlay") == ("class_path" not in data)
+
+
+def test_the_list_has_one_line_per_recipe_and_a_recipe_prints_as_its_file(tmp_path, capsys):
+    listed = subprocess.run([BIN / "graphormer-urpe", "recipes"], capture_output=True, text=True,
+                            cwd=tmp_path, timeout=300)
+    assert listed.returncode == 0 and listed.stderr == ""
+    lines = listed.stdout.splitlines()
+    for path in RECIPES:
+        [line] = [line for line in lines if line.split()[:1] == [path.stem]]
+        assert line.endswith(path.read_text().splitlines()[0][2:])
+    with pytest.raises(SystemExit) as shown:
+        main(["recipes", "csv"])
+    assert shown.value.code == 0 and capsys.readouterr().out == (RECIPES_DIR / "csv.yaml").read_text()
+    with pytest.raises(SystemExit) as unknown:
+        main(["recipes", "zync"])
+    out, err = capsys.readouterr()
+    assert unknown.value.code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith("graphormer-urpe recipes: error: zync: not a recipe") and "zinc_v2" in err
+
+
+@pytest.mark.parametrize("args, refused", [
+    (["fit", "--config", "zync"], "--config zync"),
+    (["fit", "--config", "zinc", "--config=rpee"], "--config rpee"),
+    (["fit", "-c", "configs/zinc.yaml"], "-c configs/zinc.yaml"),  # the checkout's path, elsewhere
+])
+def test_an_unknown_name_is_refused_in_one_line_listing_the_recipes(args, refused, tmp_path, monkeypatch,
+                                                                    capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        main(args)
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith(f"graphormer-urpe: error: {refused}: no such file, nor a recipe of that name")
+    assert all(name in err for name in recipe_names())
+
+
+def test_names_and_files_give_the_same_run_from_any_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    by_file = build_cli(["--config", str(REPO / "configs" / "zinc.yaml"),
+                         "--config", str(REPO / "configs" / "rpe.yaml")], run=False)
+    for spelled in (["--config", "zinc", "--config", "rpe"], ["-c", "zinc.yaml", "--config=rpe"]):
+        by_name = build_cli(spelled, run=False)
+        assert by_name.model.hparams == by_file.model.hparams
+        assert by_name.trainer.default_root_dir == by_file.trainer.default_root_dir
+
+
+def test_a_file_wins_over_a_recipe_of_its_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert resolve_config("rpe") == str(RECIPES_DIR / "rpe.yaml")
+    (tmp_path / "rpe").write_text("model:\n  lr: 0.5\n")
+    assert resolve_config("rpe") == "rpe"
+    inline = '{"model": {"lr": 0.5}}'  # a config given as text goes to LightningCLI as it is
+    assert resolve_config(inline) == inline
+
+
+def test_print_config_shows_a_recipe_in_full_from_any_folder(tmp_path):
+    shown = subprocess.run([BIN / "graphormer-urpe", "fit", "--config", "csv", "--print_config"],
+                           capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    config = yaml.safe_load(shown.stdout)
+    recipe = yaml.safe_load((RECIPES_DIR / "csv.yaml").read_text())
+    assert config["data"]["init_args"]["path"] == recipe["data"]["init_args"]["path"] == "data:moleculenet/esol.csv"
+    assert config["model"]["init_from"] == "pretrained:zinc-descriptors"
+    assert "gradient_clip_algorithm" in config["trainer"]  # every key, not only the recipe's
