@@ -87,8 +87,15 @@ class Task:
 
     def loss(self, outputs: Tensor, y: Tensor) -> Tensor:
         """Mean loss over the known labels of ``y`` (NaN = unknown); 0 if none is known."""
+        mean, _ = self.loss_terms(outputs, y)
+        return mean
+
+    def loss_terms(self, outputs: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        """``(mean loss over the known labels, their number)``: the number weighs the batch in a
+        mean over several (processes, accumulated batches). Both device tensors, fixed shapes."""
         losses, known = self.losses(outputs.float(), y, ~torch.isnan(y))
-        return (losses * known).sum() / known.sum().clamp_min(1)
+        count = known.sum()
+        return (losses * known).sum() / count.clamp_min(1), count
 
     def metric(self, num_targets: int):
         """A fresh torchmetrics ``Metric`` for validation / test."""

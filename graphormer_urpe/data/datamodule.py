@@ -28,6 +28,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import numpy as np
 import torch
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Sampler
 
 from graphormer_urpe.algos import MAX_HOPS_LIMIT
@@ -40,6 +41,7 @@ from graphormer_urpe.data.encoding_registry import DEFAULT_MAX_HOPS, EncodingPar
 from graphormer_urpe.data.feature_ids import num_embeddings
 from graphormer_urpe.data.featurize import cached_smiles_graphs, featurizer_spec
 from graphormer_urpe.data.resident import ResidentLoader, ResidentSplit, TensorGraphs
+from graphormer_urpe.training.lightning_private import batches_done
 
 log = logging.getLogger(__name__)
 
@@ -197,11 +199,10 @@ class GraphDataModule(pl.LightningDataModule):
             graphs = TensorGraphs.from_flat(dataset.graphs, device)
             self._resident_graphs.append((dataset.graphs, graphs))
         trainer = getattr(self, "trainer", None)
-        rank, world_size = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
         # A fit's training batches of one shape: the training step gathers each itself, from its
         # place in the epoch's order (inside the recorded step on a GPU).
-        return ResidentLoader(ResidentSplit(dataset, graphs), batch_size, sampler, rank, world_size,
-                              drop_last, order_slices=drop_last and trainer is not None)
+        return ResidentLoader(ResidentSplit(dataset, graphs), batch_size, sampler, drop_last,
+                              order_slices=drop_last and trainer is not None)
 
     def _loader(self, dataset: EncodedGraphDataset, batch_size: int, sampler: Sampler | None,
                 drop_last: bool = False) -> DataLoader | ResidentLoader:
@@ -219,9 +220,26 @@ class GraphDataModule(pl.LightningDataModule):
         """Batches of the current training epoch already trained (the attached trainer's count,
         restored from a checkpoint when resuming; 0 at an epoch's start or without a trainer)."""
         trainer = getattr(self, "trainer", None)
-        if trainer is None:
-            return 0
-        return int(trainer.fit_loop.epoch_loop.batch_progress.current.ready)
+        return 0 if trainer is None else batches_done(trainer)
+
+    def current_epoch(self) -> int | None:
+        """The attached trainer's epoch (restored from a checkpoint when resuming), else None."""
+        trainer = getattr(self, "trainer", None)
+        return None if trainer is None else trainer.current_epoch
+
+    def processes(self) -> tuple[int, int]:
+        """``(rank, number)`` of the processes that train together (1 without a trainer)."""
+        trainer = getattr(self, "trainer", None)
+        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+
+    def _eval_sampler(self, dataset: EncodedGraphDataset) -> Sampler[int] | None:
+        """Each process's share of an evaluation split: every item once (no topping up, so no
+        graph is counted twice in a metric; shares may differ by one item); ``None`` for one
+        process."""
+        rank, processes = self.processes()
+        if processes == 1:
+            return None
+        return UnrepeatedDistributedSampler(range(len(dataset)), num_replicas=processes, rank=rank, shuffle=False)
 
     def train_dataloader(self) -> DataLoader | ResidentLoader:
         dataset = self.train_dataset()
@@ -249,26 +267,32 @@ class GraphDataModule(pl.LightningDataModule):
 
     def _train_loader(self, dataset: EncodedGraphDataset) -> DataLoader | ResidentLoader:
         sizes = dataset.num_nodes if self.bucket_batches else None  # only bucketing reads them
+        rank, processes = self.processes()
         sampler = SeededShuffleSampler(len(dataset), self.seed, self.batch_size, self.batches_done,
-                                       sizes, self.bucket_batches)
+                                       sizes, self.bucket_batches, self.current_epoch, processes, rank,
+                                       drop_last=self.static_shapes)
         if not self.static_shapes:
             return self._loader(dataset, self.batch_size, sampler)
-        if len(dataset) < self.batch_size:
+        if len(sampler) == 0:
             raise ValueError(f"static_shapes drops incomplete batches, but the training split has only "
-                             f"{len(dataset)} graphs for batch_size={self.batch_size}")
+                             f"{len(dataset)} graphs for batch_size={self.batch_size} on each of "
+                             f"{processes} process(es)")
         padding = BatchPadding.covering(dataset.num_nodes, dataset.num_edges, self.batch_size)
         log.info("static_shapes: training batches of %d graphs padded to N=%d nodes, E=%d edges",
                  self.batch_size, padding.num_nodes, padding.num_edges)
         return self._loader(dataset.padded(padding), self.batch_size, sampler, drop_last=True)
 
     def val_dataloader(self) -> DataLoader | ResidentLoader:
-        return self._loader(self._split("val"), self.eval_batch_size, None)
+        dataset = self._split("val")
+        return self._loader(dataset, self.eval_batch_size, self._eval_sampler(dataset))
 
     def test_dataloader(self) -> DataLoader | ResidentLoader:
-        return self._loader(self._split("test"), self.eval_batch_size, None)
+        dataset = self._split("test")
+        return self._loader(dataset, self.eval_batch_size, self._eval_sampler(dataset))
 
     def predict_dataloader(self) -> DataLoader | ResidentLoader:
-        return self._loader(self._split("predict"), self.eval_batch_size, None)
+        dataset = self._split("predict")
+        return self._loader(dataset, self.eval_batch_size, self._eval_sampler(dataset))
 
 
 #: ``(molecules, graph_of_row [R], y [R, T], {table split: rows})`` of a SMILES table.

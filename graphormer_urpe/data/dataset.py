@@ -13,7 +13,7 @@ import numbers
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import Dataset, DistributedSampler
 
 from graphormer_urpe.data.batch import BatchPadding, GraphBatch
 from graphormer_urpe.data.collate import FlatGraphs, collate
@@ -68,8 +68,23 @@ class EncodedGraphDataset(Dataset):
         return self.__getitems__([item])
 
     def __getitems__(self, items: Sequence[int]) -> GraphBatch:
+        """The batch of ``items``; a :func:`masked` item is served without its labels (NaN) and at
+        position -1."""
         items = np.asarray(items, dtype=np.int64)
-        return collate(self.graphs, self.graph_ids[items], self.y[items], self.positions[items], self.padding)
+        unlabelled = items < 0
+        if not unlabelled.any():
+            return collate(self.graphs, self.graph_ids[items], self.y[items], self.positions[items], self.padding)
+        items = np.where(unlabelled, masked(items), items)
+        y = np.where(unlabelled[:, None], np.float32(np.nan), self.y[items])
+        return collate(self.graphs, self.graph_ids[items], y, np.where(unlabelled, -1, self.positions[items]),
+                       self.padding)
+
+
+def masked(items: np.ndarray) -> np.ndarray:
+    """Item ids marked as unlabelled, and back (``~i = -i - 1``, its own inverse): a sampler that
+    tops up a process's share of an epoch yields them; the dataset serves them with NaN labels,
+    which no loss or metric counts."""
+    return ~np.asarray(items, dtype=np.int64)
 
 
 #: Seeds are numpy's (and Lightning's ``seed_everything``'s): 0 to 2**32 - 1.
@@ -84,18 +99,26 @@ def check_seed(name: str, seed) -> int:
     return int(seed)
 
 
-class SeededShuffleSampler(Sampler[int]):
+class SeededShuffleSampler(DistributedSampler):
     """A random permutation of ``range(num_items)`` that depends only on ``(seed, epoch)``,
-    resumable inside an epoch.
+    resumable inside an epoch, and shared out among the processes of a distributed run.
 
-    Lightning calls :meth:`set_epoch` at every epoch start, so a run resumed at epoch ``e``
-    replays the order of an uninterrupted run. ``batches_done`` (a callable) tells how many
-    batches of ``batch_size`` items of the current epoch were already trained when iteration
-    starts: 0 at an epoch's start, ``k`` when the run resumes from a checkpoint saved after the
-    epoch's ``k``-th batch (a validation checkpoint inside the epoch, ``last.ckpt`` of a killed
-    run). Iteration then yields the rest of the epoch's order, so the resumed run trains on
-    exactly the batches the uninterrupted run would. ``len()`` stays the whole epoch (the
-    trainer counts batches from ``k``).
+    The epoch (``current_epoch``, a callable: the trainer's epoch; where it is missing or returns
+    None, the last :meth:`set_epoch`) and the batches of it already trained (``batches_done``, a callable: 0 at
+    an epoch's start, ``k`` when the run resumes from a checkpoint saved after the epoch's
+    ``k``-th batch) are read when iteration starts, so a resumed run trains on exactly the
+    batches an uninterrupted run would, whatever Lightning told :meth:`set_epoch` meanwhile.
+
+    Several processes (``num_replicas`` > 1, this one ``rank``): process ``r`` takes every
+    ``num_replicas``-th item of the epoch's order from ``r`` (:meth:`shard`), so its ``k``-th
+    batch of ``batch_size`` and the others' ``k``-th batches together hold exactly the ``k``-th
+    batch of one process at ``num_replicas * batch_size``: the same molecules in each step
+    whatever the number of processes, and a position in the epoch counted in global batches.
+    When the items do not share out evenly, the shards are topped up with items of the epoch's
+    start marked as unlabelled (:func:`masked`: they count in no loss), instead of counting
+    them twice. With ``drop_last`` only the whole global batches are kept (fixed shapes).
+    Being a ``DistributedSampler``, Lightning leaves it as it is instead of wrapping it in a
+    reshuffling one.
 
     With ``sizes`` (``[num_items]``, e.g. node counts) and ``bucket_batches = w > 0``, batches hold
     graphs of similar size: the random order is cut into windows of ``w * batch_size`` items, each
@@ -107,17 +130,21 @@ class SeededShuffleSampler(Sampler[int]):
 
     def __init__(self, num_items: int, seed: int = 0, batch_size: int = 1,
                  batches_done: Callable[[], int] | None = None, sizes: np.ndarray | None = None,
-                 bucket_batches: int = 0) -> None:
+                 bucket_batches: int = 0, current_epoch: Callable[[], int | None] | None = None,
+                 num_replicas: int = 1, rank: int = 0, drop_last: bool = False) -> None:
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank must lie in [0, num_replicas={num_replicas}), got {rank}")
+        super().__init__(range(int(num_items)), num_replicas=num_replicas, rank=rank, shuffle=False,
+                         seed=int(seed), drop_last=drop_last)
         self.num_items = int(num_items)
-        self.seed = int(seed)
         self.batch_size = int(batch_size)
         self.batches_done = batches_done or (lambda: 0)
+        self.current_epoch = current_epoch
         self.bucket_batches = self.check_bucket_batches(bucket_batches)
         if self.bucket_batches and (sizes is None or len(sizes) != self.num_items):
             raise ValueError(f"bucket_batches needs the size of each of the {self.num_items} items, "
                              f"got {None if sizes is None else len(sizes)}")
         self.sizes = None if sizes is None else np.asarray(sizes)
-        self.epoch = 0
 
     @staticmethod
     def check_bucket_batches(bucket_batches: int) -> int:
@@ -126,15 +153,17 @@ class SeededShuffleSampler(Sampler[int]):
             raise ValueError(f"bucket_batches must be >= 0, got {bucket_batches}")
         return int(bucket_batches)
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
-
     def __len__(self) -> int:
-        return self.num_items
+        """This process's items of an epoch."""
+        if self.drop_last:
+            return self.num_items // (self.num_replicas * self.batch_size) * self.batch_size
+        return -(-self.num_items // self.num_replicas)
 
     def permutation(self) -> np.ndarray:
         """This epoch's whole order, ``[num_items]`` int64."""
-        rng = np.random.default_rng([self.seed, self.epoch])
+        epoch = self.current_epoch() if self.current_epoch is not None else None
+        epoch = self.epoch if epoch is None else epoch
+        rng = np.random.default_rng([self.seed, epoch])
         order = rng.permutation(self.num_items)
         if not self.bucket_batches:
             return order
@@ -147,5 +176,17 @@ class SeededShuffleSampler(Sampler[int]):
         return np.concatenate([batches[rng.permutation(num_full)].reshape(-1),
                                order[num_full * self.batch_size:]])
 
+    def shard(self) -> np.ndarray:
+        """This process's items of the epoch in order, ``[len(self)]`` int64; items that only top
+        up an uneven share are :func:`masked`."""
+        order = self.permutation()
+        replicas = self.num_replicas
+        if self.drop_last:
+            order = order[:len(self) * replicas]
+        elif len(order) % replicas:
+            order = np.resize(order, len(self) * replicas)
+            order[self.num_items:] = masked(order[self.num_items:])
+        return order[self.rank::replicas]
+
     def __iter__(self) -> Iterator[int]:
-        return iter(self.permutation()[self.batches_done() * self.batch_size:].tolist())
+        return iter(self.shard()[self.batches_done() * self.batch_size:].tolist())

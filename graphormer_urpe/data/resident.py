@@ -45,7 +45,9 @@ from torch import Tensor
 
 from graphormer_urpe.data.batch import BatchPadding, GraphBatch
 from graphormer_urpe.data.collate import FlatGraphs, GraphArrays
-from graphormer_urpe.data.dataset import EncodedGraphDataset, SeededShuffleSampler
+from torch.utils.data import Sampler
+
+from graphormer_urpe.data.dataset import EncodedGraphDataset, SeededShuffleSampler, masked
 
 
 @functools.cache
@@ -312,12 +314,20 @@ class ResidentSplit:
         """The batch of items ``items [B]`` (host ints), padded as the dataset's batches are;
         ``items_on_device`` is the same ids already on the device (saves a host-to-device copy)."""
         items = np.asarray(items, dtype=np.int64)
+        unlabelled = items < 0  # masked: served without labels (EncodedGraphDataset.__getitems__)
+        if unlabelled.any():
+            items, items_on_device = np.where(unlabelled, masked(items), items), None
         if items_on_device is None:
             items_on_device = torch.from_numpy(items).to(self.device, non_blocking=True)
         shape = BatchShape.of(self.num_nodes[items], self.num_edges[items])
-        return gather_batch(self.graphs, self.graph_ids.index_select(0, items_on_device),
-                            self.y.index_select(0, items_on_device),
-                            self.positions.index_select(0, items_on_device), shape, self.padding)
+        y = self.y.index_select(0, items_on_device)
+        positions = self.positions.index_select(0, items_on_device)
+        if unlabelled.any():
+            keep = ~torch.from_numpy(unlabelled).to(self.device)
+            y = torch.where(keep[:, None], y, float("nan"))
+            positions = torch.where(keep, positions, -1)
+        return gather_batch(self.graphs, self.graph_ids.index_select(0, items_on_device), y, positions,
+                            shape, self.padding)
 
 
 class ResidentLoader:
@@ -326,29 +336,22 @@ class ResidentLoader:
     ``drop_last``). Batches are padded as the split's dataset pads them
     (:class:`~.batch.BatchPadding`); with a padding and ``drop_last`` all have one shape.
 
-    Order: ``sampler`` (a :class:`~.dataset.SeededShuffleSampler`, whose ``(seed, epoch)``
-    rule it uses; Lightning and :class:`~graphormer_urpe.training.module.GraphormerModule` call
-    ``loader.sampler.set_epoch``), else the split's order. The order is drawn when iteration
-    starts, so ``set_epoch`` before the first batch counts. With ``world_size > 1`` (DDP) each rank
-    takes every ``world_size``-th item of the order, padded by wrapping around to a multiple of
-    ``world_size``, as ``torch.utils.data.DistributedSampler`` does. Iteration starts after the
-    sampler's ``batches_done()`` batches (a run resumed inside an epoch).
+    Items: those of ``sampler`` (any sampler of item ids: a :class:`~.dataset.SeededShuffleSampler`
+    for training, which also knows this process's share of a distributed run and where a resumed
+    epoch continues; a share of an evaluation split), else the whole split in order. They are drawn
+    when iteration starts, as a ``DataLoader`` draws them.
     """
 
-    def __init__(self, split: ResidentSplit, batch_size: int, sampler: SeededShuffleSampler | None = None,
-                 rank: int = 0, world_size: int = 1, drop_last: bool = False, order_slices: bool = False) -> None:
+    def __init__(self, split: ResidentSplit, batch_size: int, sampler: Sampler[int] | None = None,
+                 drop_last: bool = False, order_slices: bool = False) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must lie in [0, world_size={world_size}), got {rank}")
-        if sampler is not None and len(sampler) != len(split):
-            raise ValueError(f"sampler covers {len(sampler)} items but the split has {len(split)}")
+        if isinstance(sampler, SeededShuffleSampler) and sampler.num_items != len(split):
+            raise ValueError(f"sampler covers {sampler.num_items} items but the split has {len(split)}")
         self.split = split
         self.batch_size = int(batch_size)
         self.sampler = sampler
         self.batch_sampler = None  # Lightning looks for either, as on a DataLoader
-        self.rank = int(rank)
-        self.world_size = int(world_size)
         self.drop_last = bool(drop_last)
         if order_slices and not (drop_last and split.padding is not None):
             raise ValueError("order_slices needs batches of one shape (drop_last and a padding)")
@@ -356,30 +359,32 @@ class ResidentLoader:
         self.order_slices = bool(order_slices)
 
     def _num_items(self) -> int:
-        return math.ceil(len(self.split) / self.world_size)
+        return len(self.sampler) if self.sampler is not None else len(self.split)
 
     def __len__(self) -> int:
         if self.drop_last:
             return self._num_items() // self.batch_size
-        return math.ceil(self._num_items() / self.batch_size)
+        return -(-self._num_items() // self.batch_size)
 
     def order(self) -> np.ndarray:
-        """This rank's item ids for the current epoch, ``[ceil(len / world_size)]`` int64."""
-        order = (self.sampler.permutation() if self.sampler is not None
-                 else np.arange(len(self.split), dtype=np.int64))
-        if self.world_size > 1:
-            order = np.resize(order, self._num_items() * self.world_size)[self.rank::self.world_size]
-        return order
+        """The items of this epoch (this process's share), in order, as int64."""
+        if self.sampler is None:
+            return np.arange(len(self.split), dtype=np.int64)
+        if isinstance(self.sampler, SeededShuffleSampler):
+            return self.sampler.shard()
+        return np.fromiter(iter(self.sampler), dtype=np.int64)
 
     def __iter__(self) -> Iterator[GraphBatch | OrderSlice]:
         order = self.order()
+        # Resuming inside an epoch: the batches already trained are skipped (the whole epoch's
+        # order stays on the device: one tensor of one shape per epoch).
+        first = (self.sampler.batches_done() * self.batch_size
+                 if isinstance(self.sampler, SeededShuffleSampler) else 0)
         order_on_device = torch.from_numpy(order)
         if self.split.device.type == "cuda":  # pinned, so the copy does not wait for the GPU
             order_on_device = order_on_device.pin_memory()
         order_on_device = order_on_device.to(self.split.device, non_blocking=True)
-        # Resuming inside an epoch: this rank's batches already trained are skipped.
-        first = self.sampler.batches_done() * self.batch_size if self.sampler is not None else 0
-        end = len(self) * self.batch_size if self.drop_last else len(order)
+        end = len(order) // self.batch_size * self.batch_size if self.drop_last else len(order)
         for start in range(first, end, self.batch_size):
             stop = start + self.batch_size
             if self.order_slices:

@@ -32,6 +32,7 @@ import torch
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import BasePredictionWriter, LearningRateMonitor
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.rank_zero import rank_zero_module
 
 from graphormer_urpe.data.dataset import check_seed
@@ -41,7 +42,7 @@ from graphormer_urpe.checkpoint import read_checkpoint
 from graphormer_urpe.prediction.model import RETIRED_HPARAMS
 from graphormer_urpe.training.lightning_private import is_local_path
 from graphormer_urpe.training.run_checkpoint import (RunCheckpoint, check_run_dir, hold_run_dir,
-                                                      run_dirs_released_after)
+                                                      pending_stop, run_dirs_released_after)
 from graphormer_urpe.training.module import GraphormerModule
 from graphormer_urpe.training.recipes import command_line
 from graphormer_urpe.training.schedule import schedule_lengths
@@ -249,28 +250,58 @@ def check_schedule_config(config: Namespace) -> None:
                      "trainer.max_steps")
 
 
+#: ``trainer.precision`` values the training step serves: float32 weights and optimizer moments
+#: (``16-true`` / ``bf16-true`` would keep them in half precision and train another model).
+STEP_PRECISIONS = ("32-true", "32", "bf16-mixed", "bf16", "16-mixed", "16", "64-true", "64")
+#: ``trainer.strategy`` names the training step serves (one process, or DDP's processes).
+STEP_STRATEGIES = ("auto", "ddp", "ddp_find_unused_parameters_false", "ddp_find_unused_parameters_true")
+
+
 def check_step_config(trainer: Namespace) -> None:
     """The trainer settings that the one training step (:mod:`~.engine`) does not do, refused in
-    one line before any data is read: a loss scaler (``16-mixed``), several devices or nodes,
-    gradient accumulation, clipping by value (:meth:`TrainingEngine.unsupported <.engine.TrainingEngine.unsupported>`
-    checks the built trainer again, with its devices)."""
+    one line before any data is read: weights or optimizer moments in half precision
+    (``16-true``, ``bf16-true``, ``transformer-engine``), strategies other than one process or DDP
+    (FSDP, DeepSpeed, spawned processes), clipping by value, and device counts that Lightning
+    would refuse with a traceback once the trainer is built (:meth:`TrainingEngine.unsupported
+    <.engine.TrainingEngine.unsupported>` checks the built trainer again)."""
     problems = []
-    if str(trainer.get("precision")) in ("16-mixed", "16"):
-        problems.append(f"trainer.precision 32-true or bf16-mixed (got {trainer.precision}: its loss scaler "
-                        "would read the gradients on the host every step)")
-    accumulate = trainer.get("accumulate_grad_batches")
-    if accumulate not in (None, 1):
-        problems.append(f"trainer.accumulate_grad_batches 1 (got {accumulate}; a larger "
-                        "data.init_args.batch_size does the same)")
-    devices, nodes = trainer.get("devices"), trainer.get("num_nodes") or 1
-    if (isinstance(devices, int) and devices > 1) or (isinstance(devices, (list, tuple)) and len(devices) > 1) \
-            or (isinstance(devices, str) and devices.isdigit() and int(devices) > 1) or nodes > 1:
-        problems.append(f"one device (trainer.devices 1 and trainer.num_nodes 1; got {devices} device(s) on "
-                        f"{nodes} node(s): it averages no gradients across processes)")
+    precision = trainer.get("precision")
+    if precision is not None and str(precision) not in STEP_PRECISIONS:
+        problems.append(f"trainer.precision 32-true, bf16-mixed or 16-mixed (got {precision}: the step keeps "
+                        "float32 weights and optimizer moments)")
+    strategy = trainer.get("strategy")
+    if isinstance(strategy, str) and strategy not in STEP_STRATEGIES:
+        problems.append(f"trainer.strategy ddp or auto (got {strategy}: the step averages the gradients of "
+                        "DDP's processes itself; sharded or spawned strategies it does not serve)")
     if trainer.get("gradient_clip_val") and trainer.get("gradient_clip_algorithm") not in (None, "norm"):
         problems.append(f"trainer.gradient_clip_algorithm norm (got {trainer.gradient_clip_algorithm})")
+    accumulate = trainer.get("accumulate_grad_batches")
+    if accumulate is not None and (isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1):
+        problems.append(f"trainer.accumulate_grad_batches an integer >= 1 (got {accumulate})")
+    problems += device_problems(trainer)
     if problems:
         raise ValueError("the training step needs " + "; ".join(problems))
+
+
+def device_problems(trainer: Namespace) -> list[str]:
+    """``trainer.devices`` and ``trainer.num_nodes`` that Lightning refuses with a traceback: on a
+    CPU a number of processes (an integer >= 1); anywhere, at least one device and one node."""
+    devices, nodes = trainer.get("devices"), trainer.get("num_nodes")
+    problems = []
+    if nodes is not None and (not isinstance(nodes, int) or nodes < 1):
+        problems.append(f"trainer.num_nodes >= 1 (got {nodes})")
+    if devices in (None, "auto"):
+        return problems
+    accelerator = trainer.get("accelerator")
+    on_cpu = accelerator == "cpu" or (accelerator in (None, "auto") and not torch.cuda.is_available())
+    count = devices if isinstance(devices, int) else int(devices) if (
+        isinstance(devices, str) and devices.strip().isdigit()) else None
+    if on_cpu and (count is None or count < 1):
+        problems.append(f"trainer.devices a number of processes >= 1 on a CPU (got {devices}: lists of "
+                        "device ids and -1 are for GPUs)")
+    elif count == 0 or (isinstance(devices, (list, tuple)) and not devices):
+        problems.append(f"trainer.devices at least one device (got {devices})")
+    return problems
 
 
 def check_prediction_output(config: Namespace, config_files: list) -> None:
@@ -294,9 +325,9 @@ def check_prediction_output(config: Namespace, config_files: list) -> None:
                              "the predictions would overwrite it; choose another output")
 
 
-def input_error(error: BaseException) -> ValueError | None:
-    """The ``ValueError`` this package raised about bad input (an option, a file), if ``error``
-    is one or wraps one. jsonargparse wraps an error raised while instantiating a subclass (the
+def input_error(error: BaseException) -> Exception | None:
+    """The ``ValueError`` this package raised about bad input (an option, a file), or Lightning's
+    ``MisconfigurationException`` about its own options, if ``error`` is one or wraps one. jsonargparse wraps an error raised while instantiating a subclass (the
     DataModule) in its own "Does not validate against any of the Union subtypes" error; the
     cause chain leads back to ours. Other errors are bugs, not input errors: they keep their
     traceback."""
@@ -304,6 +335,8 @@ def input_error(error: BaseException) -> ValueError | None:
     while error is not None and id(error) not in seen:
         seen.add(id(error))
         if isinstance(error, ValueError) and _raised_in_package(error):
+            return error
+        if isinstance(error, MisconfigurationException):  # Lightning's word on its own options
             return error
         error = error.__cause__ or error.__context__
     return None
@@ -361,18 +394,18 @@ def build_cli(args: list[str] | None = None, run: bool = True) -> GraphormerCLI:
 
 def main(args: list[str] | None = None) -> int:
     """The command: exit status 0, 2 for refused input (one line naming the option or file, as
-    argparse does), 1 for a diverged run or a full disk."""
+    argparse does), 1 for a diverged run or a full disk, 128 + the signal for a fit stopped by
+    SIGTERM or Ctrl-C (one line from the first process of a multi-process run)."""
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     try:
         build_cli(args)
     except SIGTERMException:  # raised after the step in progress, which last.ckpt then holds
-        print("graphormer-urpe: stopped by SIGTERM after the step in progress; a fit's "
-              "checkpoints/last.ckpt holds that step: resume with --ckpt_path last", file=sys.stderr)
-        return 128 + signal.SIGTERM
+        return stopped(pending_stop() or signal.SIGTERM, during_training=True)
     except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C; Lightning's trainer makes it sys.exit(1)
         if isinstance(exc, SystemExit) and not isinstance(exc.__context__, KeyboardInterrupt):
             raise
+        pending_stop()
         print("graphormer-urpe: stopped by Ctrl-C (SIGINT); the checkpoints already written are whole "
               "(a fit resumes from its last.ckpt with --ckpt_path last)", file=sys.stderr)
         return 128 + signal.SIGINT
@@ -388,9 +421,23 @@ def main(args: list[str] | None = None) -> int:
         refused = input_error(exc)
         if refused is None:
             raise
-        print(f"graphormer-urpe: error: {refused}", file=sys.stderr)
+        print(f"graphormer-urpe: error: {str(refused).splitlines()[0]}", file=sys.stderr)
         return 2
-    return 0
+    signum = pending_stop()
+    return stopped(signum, during_training=False) if signum else 0
+
+
+def stopped(signum: int, during_training: bool) -> int:
+    """Say (once per run: on its first process) how a signal stopped the command; its exit status."""
+    name = "Ctrl-C (SIGINT)" if signum == signal.SIGINT else signal.Signals(signum).name
+    if during_training:
+        said = ("after the step in progress; a fit's checkpoints/last.ckpt holds that step (on every "
+                "process): resume with --ckpt_path last")
+    else:
+        said = "after its training had ended; its checkpoints are complete"
+    if int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))) == 0:
+        print(f"graphormer-urpe: stopped by {name} {said}", file=sys.stderr)
+    return 128 + signum
 
 
 if __name__ == "__main__":

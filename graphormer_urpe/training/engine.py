@@ -58,7 +58,10 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import GradientAccumulationScheduler
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, SingleDeviceStrategy
 from torch import Tensor
+from torch.nn.parallel import DistributedDataParallel
 
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.data.resident import OrderSlice, ResidentLoader, gather_batch
@@ -82,7 +85,13 @@ class OwnStepHooks:
     _engine: "TrainingEngine"
 
     def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
-        optimizer_closure()  # training_step: the whole step (Lightning requires the call)
+        # training_step: the whole step (Lightning requires the call). Lightning calls the
+        # closure outside this hook for a batch that only accumulates gradients.
+        self._engine.updating = True
+        try:
+            optimizer_closure()
+        finally:
+            self._engine.updating = False
 
     def optimizer_zero_grad(self, epoch, batch_idx, optimizer) -> None:
         pass
@@ -96,39 +105,89 @@ class OwnStepHooks:
 
 class StepCounts:
     """What the steps of an interval did, counted on the device at fixed addresses (a recorded
-    graph updates them): the loss sum of the applied steps, the applied and the skipped steps.
-    Read once per logging interval."""
+    graph updates them): the loss sum of the applied steps, the applied and the skipped steps,
+    and of those skipped, the ones a loss scaler skipped for an overflow. Read once per logging
+    interval."""
 
     def __init__(self, device: torch.device) -> None:
-        self.loss_sum, self.applied, self.skipped = (
-            torch.zeros((), dtype=torch.float64, device=device) for _ in range(3))
+        self.loss_sum, self.applied, self.skipped, self.overflows = (
+            torch.zeros((), dtype=torch.float64, device=device) for _ in range(4))
 
     def tensors(self) -> tuple[Tensor, ...]:
-        return self.loss_sum, self.applied, self.skipped
+        return self.loss_sum, self.applied, self.skipped, self.overflows
 
-    def read(self) -> tuple[float, float, float]:
-        """``(loss sum, applied, skipped)``: one device-to-host copy."""
-        loss_sum, applied, skipped = torch.stack(self.tensors()).tolist()
-        return loss_sum, applied, skipped
+    def read(self) -> tuple[float, float, float, float]:
+        """``(loss sum, applied, skipped, overflows)``: one device-to-host copy."""
+        loss_sum, applied, skipped, overflows = torch.stack(self.tensors()).tolist()
+        return loss_sum, applied, skipped, overflows
 
     def reset(self) -> None:
         for t in self.tensors():
             t.zero_()
 
 
+class LossScale:
+    """fp16's dynamic loss scale (``torch.amp.GradScaler``'s rule) on the device: the loss is
+    multiplied by ``scale`` before backward; after an update whose gradients overflowed
+    (non-finite) the update is skipped and the scale multiplied by ``backoff``; after ``interval``
+    updates in a row without one, by ``growth``. Device tensors only, so a recorded step holds it;
+    :meth:`state_dict` goes into the checkpoint."""
+
+    def __init__(self, device: torch.device, scale: float = 2.0**16, growth: float = 2.0,
+                 backoff: float = 0.5, interval: int = 2000) -> None:
+        self.scale = torch.full((), float(scale), dtype=torch.float32, device=device)
+        self.good_steps = torch.zeros((), dtype=torch.int32, device=device)
+        self.growth, self.backoff, self.interval = float(growth), float(backoff), int(interval)
+
+    @classmethod
+    def like(cls, scaler: torch.amp.GradScaler, device: torch.device) -> "LossScale":
+        """The scale that ``scaler`` (Lightning's, of ``16-mixed``) would keep, its settings read
+        through its public getters."""
+        return cls(device, scaler.get_scale(), scaler.get_growth_factor(), scaler.get_backoff_factor(),
+                   scaler.get_growth_interval())
+
+    def update(self, overflow: Tensor, counts: Tensor) -> None:
+        """After an update: ``overflow`` (bool tensor) says whether its gradients were non-finite;
+        nothing changes unless ``counts`` (bool tensor; False for an update-free warmup step)."""
+        good = torch.where(overflow, 0, self.good_steps + 1)
+        grow = good >= self.interval
+        scale = torch.where(overflow, self.scale * self.backoff,
+                            torch.where(grow, self.scale * self.growth, self.scale))
+        self.scale.copy_(torch.where(counts, scale, self.scale))
+        self.good_steps.copy_(torch.where(counts, torch.where(grow, 0, good), self.good_steps))
+
+    def state_dict(self) -> dict[str, float | int]:
+        return {"scale": float(self.scale), "good_steps": int(self.good_steps)}
+
+    def load_state_dict(self, state: dict[str, float | int]) -> None:
+        self.scale.fill_(float(state["scale"]))
+        self.good_steps.fill_(int(state["good_steps"]))
+
+
 def optimizer_update(optimizer: torch.optim.Optimizer, grads: Sequence[Tensor], loss: Tensor,
-                     clip: float, counts: StepCounts, lrs: Sequence[Tensor], force_skip: Tensor) -> None:
-    """The update after backward: the gradients ``grads`` clipped to total norm ``clip``
-    (``torch.nn.utils.clip_grad_norm_``'s arithmetic: foreach norms, the norm of those, one
-    scale), then the optimizer's step, skipped (parameters, moments and step counts untouched:
-    the fused AdamW's ``optimizer.found_inf``) if the loss or the gradient norm is not finite or
-    ``force_skip`` is 1, then the counts. ``lrs``: a device learning rate per param group for this
-    step (a recorded graph reads them). Device work only: no host sync, fixed shapes."""
+                     clip: float, counts: StepCounts, lrs: Sequence[Tensor], force_skip: Tensor,
+                     unscale: Tensor | None = None, loss_scale: LossScale | None = None) -> None:
+    """The update after backward: the gradients ``grads`` multiplied by ``unscale`` (where given:
+    from a sum over several batches, or a scaled loss, to the gradient of the mean loss) and
+    clipped to total norm ``clip`` (``torch.nn.utils.clip_grad_norm_``'s arithmetic: foreach
+    norms, the norm of those, one scale; both factors in one multiplication), then the
+    optimizer's step, skipped (parameters, moments and step counts untouched: the fused AdamW's
+    ``optimizer.found_inf``) if the loss or the gradient norm is not finite or ``force_skip`` is
+    1, then the counts and ``loss_scale``'s update. ``loss``: the mean loss of the step;
+    ``lrs``: a device learning rate per param group for this step (a recorded graph reads them).
+    Device work only: no host sync, fixed shapes."""
     norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    factor = unscale
+    if unscale is not None:
+        norm = norm * unscale
     if clip > 0:
-        torch._foreach_mul_(grads, (clip / (norm + 1e-6)).clamp(max=1.0))
+        clip_factor = (clip / (norm + 1e-6)).clamp(max=1.0)
+        factor = clip_factor if factor is None else factor * clip_factor
+    if factor is not None:
+        torch._foreach_mul_(grads, factor)
     loss = loss.detach()
-    finite = torch.isfinite(loss) & torch.isfinite(norm) & (force_skip == 0)
+    finite_loss, finite_norm = torch.isfinite(loss), torch.isfinite(norm)
+    finite = finite_loss & finite_norm & (force_skip == 0)
     optimizer.found_inf.copy_((~finite).float())
     groups = optimizer.param_groups
     host_lrs = [group["lr"] for group in groups]
@@ -142,34 +201,11 @@ def optimizer_update(optimizer: torch.optim.Optimizer, grads: Sequence[Tensor], 
     counts.loss_sum.add_(torch.where(finite, loss.double(), 0.0))
     counts.applied.add_(finite.double())
     counts.skipped.add_(1.0 - finite.double())
-
-
-def record_step(step: Callable[[], Any], force_skip: Tensor, counts: StepCounts,
-                warmup: int = CAPTURE_WARMUP_STEPS) -> tuple[torch.cuda.CUDAGraph, Any]:
-    """``step`` (device work only, on fixed buffers; it passes ``force_skip`` to
-    :func:`optimizer_update`) recorded in a CUDA graph, and what the recorded call returned (the
-    graph's output buffers). Before it, ``warmup`` update-free runs on a side stream (``force_skip``
-    1: they initialise the optimizer state and let cuDNN / cuBLAS pick their kernels outside the
-    capture); the interval's ``counts`` and the CUDA random state are kept as they were."""
-    kept = [stat.clone() for stat in counts.tensors()]
-    # The warmup's dropout draws are given back: a run that records its step again (a resumed
-    # one) continues on the random stream of one that recorded it once.
-    rng = torch.cuda.get_rng_state()
-    force_skip.fill_(1.0)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.set_rng_state(rng)
-    force_skip.fill_(0.0)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        output = step()
-    for stat, value in zip(counts.tensors(), kept):
-        stat.copy_(value)
-    return graph, output
+    if loss_scale is not None:
+        # a finite loss whose scaled gradients overflowed: the scaler's business, not a divergence
+        overflow = finite_loss & ~finite_norm & (force_skip == 0)
+        counts.overflows.add_(overflow.double())
+        loss_scale.update(overflow, force_skip == 0)
 
 
 class TrainingEngine(pl.Callback):
@@ -191,21 +227,25 @@ class TrainingEngine(pl.Callback):
         self._host_updates = -1  # the update count the device counter holds
         self.total_skipped = 0
         self.total_applied = 0  # of this fit, as read at the reports
+        #: Set (by :meth:`OwnStepHooks.optimizer_step`) while the batch in progress ends with an
+        #: optimizer update; unset while it only accumulates gradients.
+        self.updating = False
+        self._cycle_start = True  # the next batch starts a new sum of gradients
+        #: fp16's loss scale (``16-mixed``), and the one of the checkpoint a fit resumes
+        self.loss_scale: LossScale | None = None
+        self.resumed_loss_scale: dict | None = None
 
     # Settings ------------------------------------------------------------------------------------
     @staticmethod
     def unsupported(trainer: pl.Trainer) -> list[str]:
         """What the trainer's settings ask for that the engine does not do, as the settings it needs."""
         problems = []
-        if getattr(trainer.precision_plugin, "scaler", None) is not None:  # 16-mixed on a GPU
-            problems.append("a precision without a loss scaler (trainer.precision 32-true or "
-                            "bf16-mixed, not 16-mixed)")
-        if trainer.accumulate_grad_batches != 1:
-            problems.append("no gradient accumulation (trainer.accumulate_grad_batches 1)")
         if trainer.gradient_clip_val and (trainer.gradient_clip_algorithm or "norm") != "norm":
             problems.append("clipping by norm (trainer.gradient_clip_algorithm norm)")
-        if trainer.world_size != 1:
-            problems.append("one device (trainer.devices 1)")
+        strategy = trainer.strategy
+        if not isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)) or isinstance(strategy, DeepSpeedStrategy):
+            problems.append(f"one device or DDP (trainer.strategy ddp; got {type(strategy).__name__}, whose "
+                            "sharded parameters or own optimizer step the training step does not serve)")
         return problems
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -218,8 +258,24 @@ class TrainingEngine(pl.Callback):
                         "CUDA graph; data.init_args.device_resident true and static_shapes true let "
                         "it record the step once")
         self.clip = float(trainer.gradient_clip_val or 0.0)
+        self.processes = trainer.world_size
+        self.accumulates = trainer.accumulate_grad_batches > 1 or any(
+            isinstance(callback, GradientAccumulationScheduler) for callback in trainer.callbacks)
+        #: The gradients are summed over the labelled targets of several batches (processes,
+        #: accumulation) and divided by their number at the update: the mean of the global batch.
+        self.weighted = self.processes > 1 or self.accumulates
+        if isinstance(trainer.strategy.model, DistributedDataParallel):
+            # DDP's own reducer would arm itself after this step's backward (run inside its
+            # forward) and catch the next one; the step averages the gradients itself.
+            trainer.strategy.model.require_backward_grad_sync = False
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        self.loss_scale = LossScale.like(scaler, pl_module.device) if scaler is not None else None
+        if self.loss_scale is not None and self.resumed_loss_scale is not None:
+            self.loss_scale.load_state_dict(self.resumed_loss_scale)
+        self.resumed_loss_scale = None
         # a new fit: a new optimizer, and the device's update count taken from the trainer again
         self._ready, self._graphs, self._order_source, self._host_updates = False, {}, None, -1
+        self._cycle_start = True
         self.total_applied = 0
 
     # The step ------------------------------------------------------------------------------------
@@ -246,6 +302,9 @@ class TrainingEngine(pl.Callback):
         self.found_inf = zero()  # 1.0: skip this update (fused AdamW's found_inf contract)
         self.force_skip = zero()  # 1.0 while warming up before a capture
         self.loss = zero()
+        # The update's loss: the sum of (mean loss x weight) over its batches, and of the weights
+        # (their labelled targets where the gradients are weighted, else 1).
+        self.loss_total, self.weights = zero(), zero()
         self.counts = StepCounts(device)
         self.optimizer.found_inf = self.found_inf
         static_shapes = device.type == "cuda" if self.static_shapes is None else self.static_shapes
@@ -261,9 +320,10 @@ class TrainingEngine(pl.Callback):
         self._host_updates = -1  # the warmup advanced the device counter
         return graph
 
-    def _step(self, batch: GraphBatch | None = None) -> None:
-        """One optimizer step on ``batch``, or (None) on the batch gathered from the epoch order;
-        device-side only (recorded as is into a CUDA graph)."""
+    def _step(self, batch: GraphBatch | None = None, update: bool = True) -> None:
+        """One batch on ``batch``, or (None) on the batch gathered from the epoch order: forward
+        and backward, adding to the gradients, then (``update``) the optimizer step; device-side
+        only (recorded as is into a CUDA graph)."""
         module = self.module
         if batch is None:
             split = self.split
@@ -272,28 +332,69 @@ class TrainingEngine(pl.Callback):
             batch = gather_batch(split.graphs, split.graph_ids.index_select(0, items),
                                  split.y.index_select(0, items), split.positions.index_select(0, items),
                                  padding=split.padding, check_padding=False)
-        # Freed, not zeroed: backward then hands each gradient over without a kernel (zeroing in
-        # place would add a zero and an add per parameter). In a recorded graph the gradients
-        # live in the graph's memory pool, so every replay writes them at the same addresses.
-        self.optimizer.zero_grad(set_to_none=True)
+        if self._cycle_start:
+            # Freed, not zeroed: backward then hands each gradient over without a kernel (zeroing
+            # in place would add a zero and an add per parameter). In a recorded graph the
+            # gradients live in the graph's memory pool, so every replay writes them at the same
+            # addresses.
+            self.optimizer.zero_grad(set_to_none=True)
+            self.loss_total.zero_()
+            self.weights.zero_()
         device = self.loss.device.type
-        # Under Lightning's bf16 autocast (it wraps training_step), without the cast cache: a
-        # recorded graph cannot keep one.
+        # Under Lightning's autocast (it wraps training_step), without the cast cache: a recorded
+        # graph cannot keep one.
         autocast = (torch.autocast(device, dtype=torch.get_autocast_dtype(device), cache_enabled=False)
                     if torch.is_autocast_enabled(device) else contextlib.nullcontext())
         with autocast:
-            loss = module._loss(module.model(batch), batch.y)
-        loss.backward()
+            mean, count = module.task.loss_terms(module.model(batch), batch.y)
+        # Weighted: the sum over the labelled targets, divided by the global batch's at the update.
+        weight = count if self.weighted else 1.0
+        objective = mean * weight if self.weighted else mean
+        if self.loss_scale is not None:
+            objective = objective * self.loss_scale.scale
+        objective.backward()
+        self.loss_total.add_(mean.detach() * weight)
+        self.weights.add_(weight)
+        if update:
+            self._update()
+
+    def _update(self) -> None:
+        """The optimizer update on the summed gradients: averaged across the processes (one
+        all-reduce of one flat buffer: every gradient, the loss and the weights), divided by
+        the labelled targets of the global batch and the loss scale, clipped by their global
+        norm, applied or skipped alike on every process (:func:`optimizer_update`)."""
+        if self.processes > 1:
+            grads = []
+            for p in self.params:
+                if p.requires_grad:
+                    if p.grad is None:  # unused by this batch, maybe not by another process's
+                        p.grad = torch.zeros_like(p)
+                    grads.append(p.grad)
+            dtype = grads[0].dtype
+            flat = torch.cat([g.reshape(-1) for g in grads]
+                             + [self.loss_total.reshape(1).to(dtype), self.weights.reshape(1).to(dtype)])
+            torch.distributed.all_reduce(flat)
+            parts = flat.split([g.numel() for g in grads] + [1, 1])
+            torch._foreach_copy_(grads, [part.view_as(g) for part, g in zip(parts, grads)])
+            self.loss_total.copy_(parts[-2].reshape(()))
+            self.weights.copy_(parts[-1].reshape(()))
+        else:
+            grads = [p.grad for p in self.params if p.grad is not None]
+        weights = self.weights.clamp(min=1.0)
+        loss = self.loss_total / weights
+        unscale = 1.0 / weights if self.weighted else None
+        if self.loss_scale is not None:
+            unscale = (1.0 if unscale is None else unscale) / self.loss_scale.scale
+        module = self.module
         factor = relative_lr(self.updates + 1, *module.schedule)
         for lr, peak in zip(self.lrs, self.peak_lrs):
             lr.copy_(peak * factor)
         # Lightning's gradient_clip_val, on the parameters that have gradients (not the frozen
         # backbone's): clip_grad_norm_'s arithmetic.
-        grads = [p.grad for p in self.params if p.grad is not None]
         optimizer_update(self.optimizer, grads, loss, self.clip, self.counts, self.lrs,
-                         self.force_skip)
+                         self.force_skip, unscale, self.loss_scale)
         self.updates.add_(1)
-        self.loss.copy_(loss.detach())
+        self.loss.copy_(loss)
 
     def _feed(self, trainer: pl.Trainer, part: OrderSlice | None) -> None:
         """The step's inputs: the epoch order (once per epoch) and the batch start of ``part``,
@@ -305,23 +406,27 @@ class TrainingEngine(pl.Callback):
             self.start.fill_(part.start)
         if self._host_updates != trainer.global_step:
             self.updates.fill_(trainer.global_step)
-        self._host_updates = trainer.global_step + 1
+        self._host_updates = trainer.global_step + int(self.updating)
 
     def training_step(self, batch: OrderSlice | GraphBatch) -> Tensor:
-        """Run one whole optimizer step on ``batch`` (a :class:`OrderSlice` to gather, or a
-        gathered batch); the step's loss (a device tensor, not read here)."""
+        """Run one batch of ``batch`` (a :class:`OrderSlice` to gather, or a gathered batch):
+        the whole optimizer step, or, while Lightning accumulates, its forward and backward;
+        the loss of the last update (a device tensor, not read here)."""
         trainer = self.module.trainer
         part = batch if isinstance(batch, OrderSlice) else None
         if not self._ready:
             self._build(trainer, part)
         frozen = bool(getattr(self.module.model, "_backbone_frozen", False))
-        if part is not None and part.order.device.type == "cuda" and frozen not in self._graphs:
+        # A recorded graph is one whole update; accumulation's batches are stepped as they come.
+        records = part is not None and part.order.device.type == "cuda" and not self.accumulates
+        if records and frozen not in self._graphs:
             self._graphs[frozen] = self._capture(trainer, part)
         self._feed(trainer, part)
         if frozen in self._graphs:
             self._graphs[frozen].replay()
         else:
-            self._step(None if part is not None else batch)
+            self._step(None if part is not None else batch, update=self.updating)
+        self._cycle_start = self.updating
         return self.loss
 
     # Reporting -----------------------------------------------------------------------------------
@@ -335,17 +440,19 @@ class TrainingEngine(pl.Callback):
             self.check()
 
     def check(self) -> None:
-        """FloatingPointError if every step since the last report was skipped and they make a
-        whole logging interval (one read of the device counters): before a checkpoint is written
-        and when training ends, so a run whose every step diverges stops instead of saving its
-        unchanged model as if it trained, while a stop right after a report with one skipped
-        step (a time slice's end) saves as usual once this fit has applied a step."""
+        """FloatingPointError if every step since the last report was skipped for a non-finite
+        loss or gradient (not a loss scaler's overflow) and they make a whole logging interval
+        (one read of the device counters): before a checkpoint is written and when training
+        ends, so a run whose every step diverges stops instead of saving its unchanged model as
+        if it trained, while a stop right after a report with one skipped step (a time slice's
+        end) saves as usual once this fit has applied a step."""
         if not self._ready:
             return
-        _, applied, skipped = self.counts.read()
-        whole = skipped >= self.module.trainer.log_every_n_steps or self.total_applied == 0
-        if skipped and not applied and whole:
-            self._diverged(int(skipped))
+        _, applied, skipped, overflows = self.counts.read()
+        diverged = skipped - overflows
+        whole = diverged >= self.module.trainer.log_every_n_steps or self.total_applied == 0
+        if diverged and not applied and not overflows and whole:
+            self._diverged(int(diverged))
 
     def _diverged(self, skipped: int) -> None:
         raise FloatingPointError(
@@ -355,19 +462,22 @@ class TrainingEngine(pl.Callback):
 
     def report(self, trainer: pl.Trainer) -> dict[str, float]:
         """Read and reset the interval's statistics (one device-to-host copy), log them, and raise
-        FloatingPointError if every step of the interval was skipped."""
-        loss_sum, finite, skipped = self.counts.read()
+        FloatingPointError if every step of the interval was skipped for a non-finite loss or
+        gradient."""
+        loss_sum, finite, skipped, overflows = self.counts.read()
         self.counts.reset()
         self.total_skipped += int(skipped)
         self.total_applied += int(finite)
-        if skipped:
+        if skipped - overflows:
             log.warning("engine: skipped %d of the last %d steps (non-finite loss or gradient) before "
-                        "step %d; %d skipped in all", skipped, finite + skipped, trainer.global_step,
-                        self.total_skipped)
-            if not finite:
+                        "step %d; %d skipped in all", skipped - overflows, finite + skipped,
+                        trainer.global_step, self.total_skipped)
+            if not finite and not overflows:
                 self._diverged(int(skipped))
         stats = {"train/skipped_steps": float(self.total_skipped)}
         if finite:
             stats["train/loss"] = loss_sum / finite
+        if self.loss_scale is not None:
+            stats["train/loss_scale"] = float(self.loss_scale.scale)
         self.module.log_dict(stats, batch_size=trainer.train_dataloader.batch_size, prog_bar=True)
         return stats

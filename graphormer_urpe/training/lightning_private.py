@@ -1,6 +1,7 @@
 """The private parts of Lightning this package relies on, named in one place.
 
-Lightning has no public way to ask whether the training epoch ran all its batches (a stop inside
+Lightning has no public way to ask how many batches of the training epoch ran (a resumed epoch
+continues after them), whether this batch only accumulates gradients, whether the training epoch ran all its batches (a stop inside
 an epoch must checkpoint the state inside it), whether this step writes the logs (the training
 step reads its device counters only then), how many batches ``limit_train_batches`` leaves of an
 epoch (checked against ``val_check_interval`` before training), whether it reads a path from
@@ -24,6 +25,18 @@ def epoch_finished(trainer: pl.Trainer) -> bool:
     """Whether the current training epoch ran all its batches (Lightning ends an epoch that a stop
     cut short as if it were finished)."""
     return trainer.fit_loop.epoch_loop._num_ready_batches_reached()
+
+
+def batches_done(trainer: pl.Trainer) -> int:
+    """Training batches of the current epoch already run (restored from a checkpoint when
+    resuming inside an epoch)."""
+    return int(trainer.fit_loop.epoch_loop.batch_progress.current.ready)
+
+
+def accumulating(trainer: pl.Trainer) -> bool:
+    """Whether this training batch only adds to the gradients (``accumulate_grad_batches``, also
+    as a ``GradientAccumulationScheduler`` sets it): no optimizer step at its end."""
+    return trainer.fit_loop._should_accumulate()
 
 
 def logs_due(trainer: pl.Trainer) -> bool:

@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 RNG_STATES = "rng_states"
 #: Checkpoint key of the learning-rate schedule it was trained with (``GraphormerModule.schedule``).
 LR_SCHEDULE = "lr_schedule"
+#: Checkpoint key of fp16's dynamic loss scale (``16-mixed``: :class:`~.engine.LossScale`).
+LOSS_SCALE = "loss_scale"
 
 def compile_backbone(model: Graphormer, dynamic: bool = True) -> None:
     """``torch.compile(dynamic=dynamic)`` each encoder layer and the edge-path encoding, in place.
@@ -156,6 +158,8 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
         checkpoint[RNG_STATES] = rng_states()
         if getattr(self, "schedule", None) is not None:
             checkpoint[LR_SCHEDULE] = list(self.schedule)
+        if self._engine.loss_scale is not None:
+            checkpoint[LOSS_SCALE] = self._engine.loss_scale.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Before the weights load: there a model built for other encodings fails with a list of
@@ -163,6 +167,7 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
         check_checkpoint_encodings(checkpoint.get("hyper_parameters", {}), self.facts)
         self._resumed_rng = checkpoint.get(RNG_STATES)
         self._resumed_schedule = checkpoint.get(LR_SCHEDULE)
+        self._engine.resumed_loss_scale = checkpoint.get(LOSS_SCALE)
 
     def on_train_start(self) -> None:
         # A checkpoint restores the optimizer's kernel flags of the run that saved it (eager or
@@ -192,14 +197,6 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
 
     def on_train_batch_start(self, batch: GraphBatch, batch_idx: int) -> None:
         finetune.freeze_backbone(self.model, self.global_step < self.hparams.get("freeze_backbone_steps", 0))
-
-    def on_train_epoch_start(self) -> None:
-        # The training order is a function of (seed, epoch). Lightning's own set_epoch call passes
-        # its count of processed epochs, which runs one ahead after resuming from an end-of-epoch
-        # checkpoint; the epoch number itself keeps a resumed run on the uninterrupted run's order.
-        sampler = getattr(self.trainer.train_dataloader, "sampler", None)
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(self.current_epoch)
 
     def _evaluate(self, batch: GraphBatch, stage: str) -> None:
         pred = self(batch).float()

@@ -37,6 +37,7 @@ import torch
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from graphormer_urpe.files import atomic_path, hold_directory
 from graphormer_urpe.training.lightning_private import epoch_finished, is_local_path
@@ -47,6 +48,20 @@ LAST = ModelCheckpoint.CHECKPOINT_NAME_LAST + ModelCheckpoint.FILE_EXTENSION
 OVERWRITE_OPTION = "--checkpoint.overwrite true"
 #: In a run directory: held (``fcntl.flock``) by the process that trains it, and names its pid.
 FIT_LOCK = "fit.lock"
+
+
+#: Signals a fit holds back to the end of its training step in progress.
+HELD_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: The signal that stopped this process's last fit, or arrived after its training ended.
+_pending_stop = 0
+
+
+def pending_stop() -> int:
+    """The signal (SIGTERM, SIGINT) that stopped the last fit at a step's end, or arrived after
+    its training ended, else 0; read once (it is cleared)."""
+    global _pending_stop
+    signum, _pending_stop = _pending_stop, 0
+    return signum
 
 
 #: The run directories this process holds (by real path) and their lock files.
@@ -136,9 +151,9 @@ class RunCheckpoint(ModelCheckpoint):
         self._validations = 0  # of this fit
         #: (global step, validations) of the newest last.ckpt this fit wrote
         self._last_written: tuple[int, int] | None = None
-        #: Lightning's SIGTERM handler while a fit holds the signal back, and a held-back SIGTERM
-        self._lightning_sigterm: Any = None
-        self._held_sigterm: tuple[int, Any] | None = None
+        #: The handlers replaced while a fit holds SIGTERM and SIGINT back, and the held signal
+        self._replaced_handlers: dict[int, Any] = {}
+        self._held_signal = 0
 
     @property
     def state_key(self) -> str:
@@ -186,53 +201,78 @@ class RunCheckpoint(ModelCheckpoint):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
             self._last_global_step_saved, self._last_checkpoint_saved = saved
 
-    # SIGTERM (a `kill`, a scheduler's preemption) ------------------------------------------
-    # Lightning's handler only sets trainer.received_sigterm; its loops raise SIGTERMException
-    # at the next check: after the step's end (past this callback's on_train_batch_end, the
-    # learning-rate update and the loggers) or inside a validation. A SIGTERM that arrived after
-    # the on_train_batch_end below stopped the run with no checkpoint of its last step. So while
-    # a fit trains, the signal is held back to the next training batch's end, where last.ckpt is
-    # written before Lightning stops: the step in progress and any validation in progress end.
+    # SIGTERM (a `kill`, a scheduler's preemption, a time slice's end) and Ctrl-C ---------------
+    # Lightning's SIGTERM handler sets trainer.received_sigterm (and, under DDP, broadcasts from
+    # inside the handler, which deadlocks a rank that is in another collective); its loops raise
+    # SIGTERMException at the next check, after the on_train_batch_end below, so a step's end
+    # would stop with no checkpoint of it; Ctrl-C raises KeyboardInterrupt wherever the process
+    # is. So while a fit runs, both signals are held back (a second Ctrl-C stops at once) to the
+    # next training batch's end, where every process learns whether any process got one (one
+    # all-reduce), last.ckpt is written, and every process stops at that same step.
+    def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_sanity_check_start(trainer, pl_module)
+        self._hold_signals()
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
-        current = signal.getsignal(signal.SIGTERM)
-        if threading.current_thread() is threading.main_thread() and callable(current):
-            self._lightning_sigterm = current
-            signal.signal(signal.SIGTERM, self._hold_sigterm)
+        self._hold_signals()
 
-    def _hold_sigterm(self, signum: int, frame: Any) -> None:
-        self._held_sigterm = (signum, frame)
+    def _hold_signals(self) -> None:
+        if self._replaced_handlers or threading.current_thread() is not threading.main_thread():
+            return
+        for signum in HELD_SIGNALS:
+            self._replaced_handlers[signum] = signal.getsignal(signum)
+            signal.signal(signum, self._hold_signal)
 
-    def _pass_on_sigterm(self) -> None:
-        held, self._held_sigterm = self._held_sigterm, None
-        if held is not None and self._lightning_sigterm is not None:
-            self._lightning_sigterm(*held)
+    def _hold_signal(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT and self._held_signal == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now
+        if self._held_signal != signal.SIGTERM:
+            self._held_signal = signum
 
-    def _release_sigterm(self) -> None:
-        if self._lightning_sigterm is not None:
-            if signal.getsignal(signal.SIGTERM) == self._hold_sigterm:
-                signal.signal(signal.SIGTERM, self._lightning_sigterm)
-            self._pass_on_sigterm()
-            self._lightning_sigterm = None
+    def _agreed_signal(self, trainer: pl.Trainer) -> int:
+        """The held signal of any process (SIGTERM before SIGINT), 0 if none: the same answer on
+        every process, at the same step."""
+        held = self._held_signal or 0
+        if trainer.world_size > 1 and torch.distributed.is_initialized():
+            flag = torch.tensor([held], dtype=torch.int32, device=trainer.strategy.root_device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            held = int(flag.item())
+        return held
+
+    def _release_signals(self) -> None:
+        """The handlers as they were; a signal held to the end of the fit (it came after the last
+        training step) is kept for the command to stop on (:func:`pending_stop`)."""
+        global _pending_stop
+        for signum, handler in self._replaced_handlers.items():
+            if signal.getsignal(signum) == self._hold_signal:
+                signal.signal(signum, handler)
+        self._replaced_handlers = {}
+        if self._held_signal:
+            _pending_stop, self._held_signal = self._held_signal, 0
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         super().on_exception(trainer, pl_module, exception)
-        self._release_sigterm()
+        self._release_signals()
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._release_sigterm()
+        self._release_signals()
         super().teardown(trainer, pl_module, stage)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any,
                            **kwargs: Any) -> None:
         super().on_train_batch_end(trainer, pl_module, *args, **kwargs)
-        self._pass_on_sigterm()  # a held-back SIGTERM: Lightning stops right after this hook
-        # with SIGTERMException, so this batch's end is the state a resume continues from.
-        stopping = (trainer.should_stop or trainer.received_sigterm
-                    or 0 <= trainer.max_steps <= trainer.global_step)
+        # A held signal stops every process right after this batch: its end is the state a
+        # resume continues from.
+        stop_signal = self._agreed_signal(trainer)
+        stopping = stop_signal or trainer.should_stop or 0 <= trainer.max_steps <= trainer.global_step
         every_n = self._every_n_train_steps >= 1 and trainer.global_step % self._every_n_train_steps == 0
         if stopping or every_n:  # the state a resume inside the epoch continues from exactly
             self._refresh_last(trainer)
+        if stop_signal:
+            global _pending_stop
+            self._held_signal, _pending_stop = 0, stop_signal
+            raise SIGTERMException
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
@@ -256,7 +296,9 @@ class RunCheckpoint(ModelCheckpoint):
             self.save_last = save_last
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        super().on_train_end(trainer, pl_module)
+        # Not ModelCheckpoint's own, which writes last.ckpt when it wrote none itself: after a
+        # stop inside an epoch, Lightning has marked that epoch complete by now, and such a
+        # last.ckpt would resume at the next epoch. The batch's end wrote the state to resume.
         if epoch_finished(trainer):
             self._refresh_last(trainer)
 

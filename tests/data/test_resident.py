@@ -165,21 +165,33 @@ def test_resident_pcqm4mv2_rows_sharing_molecules(pcqm_source, tmp_path):
     assert len(resident._resident_graphs) == 1  # all splits share the one store
 
 
-def test_ranks_split_the_order_like_a_distributed_sampler(zinc_data_root):
+def test_ranks_share_the_epoch_order_and_top_up_with_unlabelled_items(zinc_data_root):
+    """3 processes over the 1,000 validation graphs at 64 each: rank r serves items r, r + 3, ...
+    of the epoch's order, the 2 items that top up the shares of ranks 1 and 2 come without labels
+    (position -1), and the k-th batches of the three hold the k-th batch of one process at 192;
+    resumed after 2 batches, each rank continues its own share."""
     dataset = ZINCDataModule(root=str(zinc_data_root)).load_split("val")  # 1,000 graphs
     split = ResidentSplit(dataset, TensorGraphs.from_flat(dataset.graphs))
-    sampler = SeededShuffleSampler(len(split), seed=1)
-    ranks = [ResidentLoader(split, 64, sampler, rank, 3) for rank in range(3)]
+    samplers = [SeededShuffleSampler(len(split), seed=1, batch_size=64, num_replicas=3, rank=rank)
+                for rank in range(3)]
+    ranks = [ResidentLoader(split, 64, sampler) for sampler in samplers]
     orders = [loader.order() for loader in ranks]
     assert [len(o) for o in orders] == [334] * 3 and [len(loader) for loader in ranks] == [6] * 3
-    assert set(np.concatenate(orders).tolist()) == set(range(1000))  # 2 items repeat to fill rank 2
-    # rank r serves items r, r + 3, ... of the epoch's order
-    np.testing.assert_array_equal(np.stack(orders, 1).reshape(-1)[:1000], sampler.permutation())
-    served = torch.cat([b.index for b in ranks[1]])
-    assert served.tolist() == orders[1].tolist()
-    # Resumed after 2 batches of the epoch: each rank continues its own order.
-    sampler.batches_done = lambda: 2
-    assert torch.cat([b.index for b in ranks[1]]).tolist() == orders[1][128:].tolist()
+    whole = SeededShuffleSampler(len(split), seed=1, batch_size=192).permutation()
+    interleaved = np.stack(orders, 1).reshape(-1)
+    np.testing.assert_array_equal(interleaved[:1000], whole)
+    np.testing.assert_array_equal(interleaved[1000:], ~whole[:2])  # masked: ~i
+    batches = [list(loader) for loader in ranks]
+    for k, one in enumerate(whole[i:i + 192] for i in range(0, 1000, 192)):
+        served = torch.cat([b[k].index for b in batches])
+        assert sorted(p for p in served.tolist() if p >= 0) == sorted(dataset.positions[one].tolist())
+    for rank in (1, 2):
+        last = batches[rank][-1]
+        assert last.index.tolist()[-1] == -1 and torch.isnan(last.y[-1]).all() and not torch.isnan(last.y[:-1]).any()
+    samplers[1].batches_done = lambda: 2
+    rest = orders[1][128:]
+    expected = np.where(rest < 0, -1, dataset.positions[np.where(rest < 0, ~rest, rest)])
+    assert torch.cat([b.index for b in ranks[1]]).tolist() == expected.tolist()
 
 
 def test_bad_loader_arguments(zinc_data_root):
@@ -188,6 +200,6 @@ def test_bad_loader_arguments(zinc_data_root):
     with pytest.raises(ValueError, match="batch_size"):
         ResidentLoader(split, 0)
     with pytest.raises(ValueError, match="rank"):
-        ResidentLoader(split, 8, rank=2, world_size=2)
+        SeededShuffleSampler(1000, num_replicas=2, rank=2)
     with pytest.raises(ValueError, match="sampler covers 10 items but the split has 1000"):
         ResidentLoader(split, 8, SeededShuffleSampler(10))

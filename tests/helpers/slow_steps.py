@@ -9,8 +9,8 @@ import lightning.pytorch as pl
 
 class StallOnce(pl.Callback):
     """After training step ``step``, wait (at most ``timeout`` seconds) until the run's
-    checkpoint callback holds a SIGTERM back (:class:`~graphormer_urpe.training.run_checkpoint.RunCheckpoint`
-    passes it on at this batch's end), unless ``marker`` exists; creates ``marker``."""
+    checkpoint callback holds a SIGTERM or SIGINT back (:class:`~graphormer_urpe.training.run_checkpoint.RunCheckpoint`
+    stops at this batch's end), unless ``marker`` exists; creates ``marker``."""
 
     def __init__(self, step: int, marker: str, timeout: float = 300.0) -> None:
         self.step, self.marker, self.timeout = step, Path(marker), timeout
@@ -20,5 +20,5 @@ class StallOnce(pl.Callback):
             return
         self.marker.touch()
         end = time.monotonic() + self.timeout
-        while trainer.checkpoint_callback._held_sigterm is None and time.monotonic() < end:
+        while not trainer.checkpoint_callback._held_signal and time.monotonic() < end:
             time.sleep(0.05)

@@ -322,19 +322,30 @@ def test_a_checkpoint_of_the_previous_releases_eager_step_resumes(zinc_data_root
 
 @pytest.mark.parametrize("option, value, needs", [
     ("--trainer.gradient_clip_algorithm", "value", "trainer.gradient_clip_algorithm norm (got value)"),
-    ("--trainer.accumulate_grad_batches", "2", "trainer.accumulate_grad_batches 1 (got 2; a larger "
-                                               "data.init_args.batch_size does the same)"),
-    ("--trainer.precision", "16-mixed", "trainer.precision 32-true or bf16-mixed (got 16-mixed: its loss "
-                                        "scaler would read the gradients on the host every step)"),
+    ("--trainer.precision", "16-true", "trainer.precision 32-true, bf16-mixed or 16-mixed (got 16-true: the "
+                                       "step keeps float32 weights and optimizer moments)"),
+    ("--trainer.precision", "transformer-engine", "trainer.precision 32-true, bf16-mixed or 16-mixed (got "
+                                                  "transformer-engine: the step keeps float32 weights and optimizer moments)"),
+    ("--trainer.strategy", "fsdp", "trainer.strategy ddp or auto (got fsdp: the step averages the gradients of "
+                                   "DDP's processes itself; sharded or spawned strategies it does not serve)"),
+    ("--trainer.accumulate_grad_batches", "0", "trainer.accumulate_grad_batches an integer >= 1 (got 0)"),
+    ("--trainer.devices", "0,1", "trainer.devices a number of processes >= 1 on a CPU (got 0,1: lists of "
+                                 "device ids and -1 are for GPUs)"),
+    ("--trainer.devices", "-1", "trainer.devices a number of processes >= 1 on a CPU (got -1: lists of "
+                                "device ids and -1 are for GPUs)"),
+    ("--trainer.devices", "0", "trainer.devices a number of processes >= 1 on a CPU (got 0: lists of "
+                               "device ids and -1 are for GPUs)"),
 ])
 def test_settings_the_step_does_not_do_are_refused_in_one_line_before_the_data(tmp_path, run_main, option,
                                                                                value, needs):
     """Through the command: one line, exit status 2, before ZINC is read (its root is empty)."""
     from graphormer_urpe.training.cli import main
 
+    if option == "--trainer.devices" and torch.cuda.is_available():
+        pytest.skip("a CPU's device counts")
     done = run_main(main, ["fit", "--config", REPO / "configs" / "zinc.yaml", "--trainer.default_root_dir",
                            tmp_path / "run", "--trainer.gradient_clip_val", "1.0", "--data.init_args.root",
-                           tmp_path / "empty", option, value])
+                           tmp_path / "empty", "--trainer.accelerator", "cpu", option, value])
     assert done.returncode == 2 and done.stderr.strip() == f"graphormer-urpe: error: the training step needs {needs}"
     assert not (tmp_path / "empty").exists()
 
