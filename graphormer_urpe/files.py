@@ -340,6 +340,25 @@ def atomic_write(path: str | os.PathLike, binary: bool = False) -> Iterator[IO]:
         output.commit()
 
 
+def save_torch(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save(obj)`` to ``path``, whole or not at all (:func:`atomic_write`). Written
+    through a Python file so that a full disk is the ``OSError`` (ENOSPC) that
+    :func:`run_command` says in one line: torch's own writer reports it as a ``RuntimeError``
+    (``unexpected pos``), raised over the ``OSError`` when it closes the archive."""
+    import torch
+
+    with atomic_write(path, binary=True) as handle:
+        try:
+            torch.save(obj, handle)
+        except RuntimeError as exc:
+            cause = exc.__context__
+            while cause is not None and not isinstance(cause, OSError):
+                cause = cause.__context__
+            if cause is None:
+                raise
+            raise cause from None
+
+
 def remove_dir(directory: Path) -> None:
     """Remove ``directory`` by first renaming it aside (atomic), so that ``os.replace`` of a new
     directory onto its path (which needs an empty or absent target) can follow, and no reader

@@ -111,7 +111,7 @@ def test_a_full_disk_keeps_the_previous_file_whole(trained, tmp_path):
     out.write_bytes(b"the previous export")
     fill = ("import errno, torch\nsave = torch.save\n"
             "def full(obj, f, *a, **k):\n"
-            "    open(f, 'wb').write(b'half a file')\n"
+            "    f.write(b'half a file')\n"
             "    raise OSError(errno.ENOSPC, 'No space left on device')\n"
             "torch.save = full")
     assert_refused(export(trained, out, code=fill), 1, "No space left on device")

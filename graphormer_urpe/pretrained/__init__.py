@@ -43,10 +43,8 @@ def export(checkpoint: str | Path, out: str | Path) -> dict:
     is missing or ``out`` a directory, or ``checkpoint`` is no training checkpoint (missing, a
     directory, not a PyTorch archive, or a file without a model's weights, such as an exported
     backbone)."""
-    import torch
-
     from graphormer_urpe.checkpoint import CheckpointError, read_checkpoint
-    from graphormer_urpe.files import atomic_path, check_writable_dir, refuse_overwriting_inputs
+    from graphormer_urpe.files import check_writable_dir, refuse_overwriting_inputs, save_torch
 
     checkpoint, out = Path(checkpoint), Path(out)
     if out.is_dir():
@@ -65,8 +63,7 @@ def export(checkpoint: str | Path, out: str | Path) -> dict:
     hparams = {k: v for k, v in (saved.get("hyper_parameters") or {}).items() if k != "init_from"}
     content = {"state_dict": state, "hyper_parameters": hparams,
                "trained": {"global_step": int(saved.get("global_step", 0)), "source": checkpoint.name}}
-    with atomic_path(out) as temporary:
-        torch.save(content, temporary)
+    save_torch(content, out)  # a full disk: OSError (ENOSPC), one line from run_command
     return content
 
 

@@ -110,3 +110,26 @@ def test_resolve_leaves_paths_alone():
     assert pretrained.resolve("runs/a/last.ckpt") == Path("runs/a/last.ckpt")
     with pytest.raises(ValueError, match="no shipped backbone"):
         pretrained.resolve("pretrained:")
+
+
+def test_export_onto_a_full_disk_is_one_line_and_keeps_the_previous_file(esol_csv, tmp_path):
+    """``python -m graphormer_urpe.pretrained`` writing onto a real disk (a tmpfs) with room for
+    half of the export: one line naming the full disk, exit status 1, no traceback (torch.save to
+    a path said only ``unexpected pos``), the previous export byte for byte, no temporary file."""
+    from helpers.small_disk import pages, small_disk
+
+    run(*csv_fit(tmp_path / "run", esol_csv, "--model.init_from", "null", "--model.backbone", json.dumps(TINY),
+                 "--trainer.max_steps", "1", "--model.warmup_steps", "0"))
+    checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    run(sys.executable, "-m", "graphormer_urpe.pretrained", checkpoint, tmp_path / "measured.pt")
+    size = (tmp_path / "measured.pt").stat().st_size
+    previous = b"the previous export"
+    with small_disk(tmp_path / "disk", pages(len(previous)) + size // 2) as disk:
+        (disk / "backbone.pt").write_bytes(previous)
+        done = run(sys.executable, "-m", "graphormer_urpe.pretrained", checkpoint, disk / "backbone.pt", ok=False)
+        assert done.returncode == 1, done.stderr[-3000:]
+        assert done.stderr.strip().splitlines() == [
+            f"{pretrained.PROG}: error: [Errno 28] No space left on device; outputs not yet written are left "
+            "as they were"]
+        assert (disk / "backbone.pt").read_bytes() == previous
+        assert [p.name for p in disk.iterdir()] == ["backbone.pt"]
