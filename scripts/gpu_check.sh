@@ -19,6 +19,12 @@
 # the next part runs. The last lines printed are each part's summary. PYTHON picks the
 # interpreter (default python3); RUNS_DIR, RESULTS_DIR and README move the outputs (defaults
 # results/runs, docs/results, README.md).
+#
+# Before anything runs or is written it stops with one line: exit status 2 for an OUT_DIR that is
+# a link or a file, or a folder holding files it did not write (OUT_DIR/.gpu_check marks its
+# own; name an empty or new folder); exit status 1 when PYTHON's torch sees no CUDA GPU (a run
+# without one would pack untrained state for the next machine). Its CPU test sets PYTHON to a
+# stand-in that answers the GPU probe (`... get_device_name ...`) with `cuda device: <name>`.
 set -u
 OUT_DIR=${1:-gpu_check}
 BUDGET=${GPU_CHECK_SECONDS:-570}
@@ -33,7 +39,28 @@ if [ -L "$OUT_DIR" ] || { [ -e "$OUT_DIR" ] && [ ! -d "$OUT_DIR" ]; }; then
   echo "gpu_check.sh: $OUT_DIR is a link or not a directory; name a directory to write the results into" >&2
   exit 2
 fi
+#: marks OUT_DIR as this script's own, which a later run may write into again
+MARK=.gpu_check
+if [ -d "$OUT_DIR" ] && [ ! -f "$OUT_DIR/$MARK" ] && [ -n "$(ls -A "$OUT_DIR")" ]; then
+  echo "gpu_check.sh: $OUT_DIR holds files that gpu_check.sh did not write ($(ls -A "$OUT_DIR" | head -n 3 \
+| paste -sd ' ' -)...), which it would overwrite; name an empty or new directory" >&2
+  exit 2
+fi
+# The GPU the parts are for, as torch sees it (CUDA_VISIBLE_DEVICES included).
+PROBE=$("$PY" -c "import torch; print('cuda device:', torch.cuda.get_device_name(0) if torch.cuda.is_available() \
+else ''); print('torch', torch.__version__, 'built for CUDA', torch.version.cuda)" 2>&1)
+GPU=$(echo "$PROBE" | sed -n 's/^cuda device: //p' | head -n 1)
+if [ -z "$GPU" ]; then
+  if echo "$PROBE" | grep -q '^cuda device:'; then
+    why="$(echo "$PROBE" | grep '^torch ' | head -n 1) sees no CUDA device"
+  else
+    why="$(echo "$PROBE" | tail -n 1 | cut -c1-200)"
+  fi
+  echo "gpu_check.sh: no CUDA GPU visible to $PY ($why); nothing run, nothing written" >&2
+  exit 1
+fi
 mkdir -p "$OUT_DIR" || exit 2
+echo "written by scripts/gpu_check.sh, which may write here again" > "$OUT_DIR/$MARK"
 
 seconds_left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 # part NAME SECONDS COMMAND...: run COMMAND for at most SECONDS (less if the budget is short)
@@ -67,9 +94,8 @@ export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 } > "$OUT_DIR/setup.txt" 2>&1
 export PYTHONUNBUFFERED=1
 export GRAPHORMER_URPE_ZINC_SOURCE=${GRAPHORMER_URPE_ZINC_SOURCE:-$PWD/shared/data/zinc}
-GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 {
-  echo "${GPU:-no GPU}"
+  echo "$GPU"
   "$PY" -c "import torch, lightning, torch_geometric, numpy, rdkit; print('torch', torch.__version__, \
 '| lightning', lightning.__version__, '| torch_geometric', torch_geometric.__version__, '| numpy', \
 numpy.__version__, '| rdkit', rdkit.__version__)"
@@ -82,7 +108,7 @@ for split in ('train', 'val', 'test'): print(split, len(load_zinc('data/ZINC', s
 
 # 3. The GPU tests and the speed ranking, once per state of the code (names and contents) and
 # of the wheels, per GPU; recorded only when the tests passed.
-SLUG=$(echo "${GPU:-cpu}" | tr 'A-Z' 'a-z' | tr -cs 'a-z0-9' '-' | sed 's/-$//')
+SLUG=$(echo "$GPU" | tr 'A-Z' 'a-z' | tr -cs 'a-z0-9' '-' | sed 's/-$//')
 CODE=$( { find graphormer_urpe cython_ext configs tests scripts/bench_train.py setup.py pyproject.toml -type f \
             \( -name '*.py' -o -name '*.pyx' -o -name '*.yaml' -o -name '*.toml' \) -print0 \
           | LC_ALL=C sort -z | xargs -0 sha256sum; ls .whl 2>/dev/null; } | sha256sum | cut -c1-16)

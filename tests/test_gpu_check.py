@@ -2,14 +2,17 @@
 speed ranking only when the code differs from the ranking recorded for this GPU, then the
 ablation with a time budget that leaves time to pack the runs' states into parts that come back;
 a part that fails is recorded and the next one runs, a budget that runs out skips the rest. A
-stand-in interpreter (``PYTHON``) records the commands instead of running them, and writes the
-ranking where the benchmark would."""
+stand-in interpreter (``PYTHON``) records the commands instead of running them, names a GPU when
+asked for one, and writes the ranking where the benchmark would. Without a GPU, or into a folder
+of other files, it stops at once in one line."""
 import io
 import json
 import os
 import subprocess
 import tarfile
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,14 +27,16 @@ case "$*" in
   *graphormer_urpe.ablation*) mkdir -p "{runs}/zinc-paper/urpe-s0"; echo state > "{runs}/zinc-paper/urpe-s0/last.ckpt"
     echo "urpe-s0: fit for 300 s" ;;
   *pytest*) echo "4 passed in 1.0s" ;;
+  *get_device_name*) echo "cuda device: {gpu}"; echo "torch 2.11.0 built for CUDA 13.0" ;;
   *) echo "torch 2.11.0" ;;
 esac
 """
 
 
-def run_check(tmp_path, seconds: int, stand_in: str = STUB) -> tuple[subprocess.CompletedProcess, Path, list[str]]:
+def run_check(tmp_path, seconds: int, stand_in: str = STUB,
+              gpu: str = "NVIDIA H200") -> tuple[subprocess.CompletedProcess, Path, list[str]]:
     log, stub, out = tmp_path / "calls.log", tmp_path / "python", tmp_path / "out"
-    stub.write_text(stand_in.format(log=log, runs=tmp_path / "runs"))
+    stub.write_text(stand_in.format(log=log, runs=tmp_path / "runs", gpu=gpu))
     stub.chmod(0o755)
     log.unlink(missing_ok=True)
     env = {**os.environ, "PYTHON": str(stub), "GPU_CHECK_SECONDS": str(seconds), "RUNS_DIR": str(tmp_path / "runs"),
@@ -108,3 +113,51 @@ def test_an_output_path_that_is_a_file_or_a_link_is_refused_before_anything_runs
         assert result.returncode == 2 and result.stderr.strip() == (
             f"gpu_check.sh: {out} is a link or not a directory; name a directory to write the results into")
     assert (tmp_path / "file").read_text() == "keep" and not any((tmp_path / "target").iterdir())
+
+
+def test_a_folder_of_other_files_is_refused_before_anything_runs(tmp_path):
+    """An OUT_DIR holding the user's own ``setup.txt`` and ``data.txt`` (names the parts write):
+    one line, exit status 2, nothing run, the files as they were. A folder the script wrote
+    before (marked ``.gpu_check``) is written into again (the test above)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    mine = {"setup.txt": "my notes\n", "data.txt": "my data\n"}
+    for name, text in mine.items():
+        (out / name).write_text(text)
+    result, _, calls = run_check(tmp_path, 570)
+    assert result.returncode == 2 and calls == [], result.stderr
+    assert result.stderr.strip() == (f"gpu_check.sh: {out} holds files that gpu_check.sh did not write (data.txt "
+                                     "setup.txt...), which it would overwrite; name an empty or new directory")
+    assert {p.name: p.read_text() for p in out.iterdir()} == mine
+
+
+def test_without_a_gpu_it_stops_at_once_and_writes_nothing(tmp_path):
+    """The stand-in's torch sees no CUDA device: one line, exit status 1, only the probe ran,
+    no OUT_DIR (so no state part that the next machine would take for a trained slice)."""
+    result, out, calls = run_check(tmp_path, 570, gpu="")
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"gpu_check.sh: no CUDA GPU visible to {tmp_path / 'python'} (torch 2.11.0 built for CUDA 13.0 sees no "
+        "CUDA device); nothing run, nothing written"]
+    assert len(calls) == 1 and "get_device_name" in calls[0] and not out.exists()
+
+
+def test_without_a_gpu_the_real_interpreter_stops_at_once(tmp_path):
+    """The same with this interpreter's own torch, where it sees no CUDA device; and with an
+    interpreter that has no torch."""
+    import sys
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("torch sees a CUDA device here")
+    for python, why in ((sys.executable, f"torch {torch.__version__} built for CUDA {torch.version.cuda} "
+                                         "sees no CUDA device"),
+                        ("/nonexistent/python", "/nonexistent/python: No such file or directory")):
+        out = tmp_path / "out"
+        result = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), str(out)], cwd=REPO,
+                                env={**os.environ, "PYTHON": python}, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 1, result.stderr
+        [line] = result.stderr.strip().splitlines()
+        assert line.startswith(f"gpu_check.sh: no CUDA GPU visible to {python} (") and why in line, line
+        assert line.endswith("); nothing run, nothing written") and not out.exists()
