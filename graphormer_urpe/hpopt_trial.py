@@ -1,7 +1,8 @@
 """The callback in every trial's ``fit`` of ``graphormer-urpe-hpopt`` (:mod:`graphormer_urpe.hpopt`
 adds it as ``--trainer.callbacks+=graphormer_urpe.hpopt_trial.ReportToTrial``): it reports the
-task's validation metric to the Optuna trial and stops the run when the study's pruner says so.
-Apart from :mod:`graphormer_urpe.hpopt` so that the search command starts without Lightning."""
+task's validation metric to the Optuna trial, stops the run when the study's pruner says so, and
+stops it as diverged at a non-finite metric. Apart from :mod:`graphormer_urpe.hpopt` so that the
+search command starts without Lightning."""
 from __future__ import annotations
 
 import contextlib
@@ -15,14 +16,19 @@ from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
 
-from graphormer_urpe.hpopt import PROG, PRUNED_MARKER, TRIAL_ENV, make_pruner
+from graphormer_urpe.files import write_json
+from graphormer_urpe.hpopt import DIVERGED_MARKER, PROG, PRUNED_MARKER, TRIAL_ENV, make_pruner
 
 
 class ReportToTrial(Callback):
     """Inside a trial's ``fit``: after each validation, reports the task's validation metric to
     the trial (step = the number of the validation: 0, 1, ...) and, when the study's pruner says
-    so, stops the run and writes ``pruned.json`` into the run directory. Also ends the run when
-    the search that started it dies. The trial comes from :data:`TRIAL_ENV`."""
+    so, stops the run and writes ``pruned.json`` into the run directory. A non-finite metric, or
+    a fit stopped because its losses were (``FloatingPointError``), is a diverged run: the run
+    stops and ``diverged.json`` says why (the search records the trial as pruned). A study
+    database that cannot take a report (busy, locked) is said in the log and the run goes on,
+    unpruned at that validation. Also ends the run when the search that started it dies. The
+    trial comes from :data:`TRIAL_ENV`."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -36,14 +42,25 @@ class ReportToTrial(Callback):
         self._validations = 0
 
     def trial(self):
+        """``(study, storage, the trial's id in the storage)``, opened on first use."""
         if self._trial is None:
             import optuna
 
             optuna.logging.set_verbosity(optuna.logging.WARNING)
-            study = optuna.load_study(study_name=self.spec["study"], storage=self.spec["storage"],
+            storage = optuna.storages.RDBStorage(self.spec["storage"])
+            study = optuna.load_study(study_name=self.spec["study"], storage=storage,
                                       pruner=make_pruner(self.spec["pruner"]))
-            self._trial = optuna.trial.Trial(study, self.spec["trial_id"])
+            trial_id = storage.get_trial_id_from_study_id_trial_number(
+                storage.get_study_id_from_name(study.study_name), self.spec["trial"])
+            self._trial = study, storage, trial_id
         return self._trial
+
+    def report(self, value: float, step: int) -> bool:
+        """``value`` recorded as the trial's ``step``-th intermediate value; whether the
+        pruner says to stop (never at a non-finite value: that run stops as diverged)."""
+        study, storage, trial_id = self.trial()
+        storage.set_trial_intermediate_value(trial_id, step, value)
+        return math.isfinite(value) and study.pruner.prune(study, storage.get_trial(trial_id))
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking or not trainer.is_global_zero:
@@ -53,14 +70,31 @@ class ReportToTrial(Callback):
             return
         value, step = float(value), self._validations
         self._validations += 1
+        monitor = self.spec["monitor"]
+        from optuna.exceptions import StorageInternalError
+        from sqlalchemy.exc import SQLAlchemyError
+
+        try:
+            prune = self.report(value, step)
+        except (StorageInternalError, SQLAlchemyError) as exc:  # a busy or locked database: the run goes on
+            prune = False
+            print(f"{PROG}: validation {step}: {monitor} {value:.6g} could not be reported to the study "
+                  f"({type(exc).__name__}: {' '.join(str(exc).split())[:300]}); not pruned here",
+                  file=sys.stderr, flush=True)
         if not math.isfinite(value):
-            return
-        trial = self.trial()
-        trial.report(value, step)
-        if trial.should_prune():
             trainer.should_stop = True
-            Path(trainer.default_root_dir, PRUNED_MARKER).write_text(
-                json.dumps({"validation": step, self.spec["monitor"]: value}) + "\n")
+            self.diverged(trainer, f"{monitor} is {value} at validation {step}; the run was stopped there",
+                          step)
+        elif prune:
+            trainer.should_stop = True
+            write_json(Path(trainer.default_root_dir, PRUNED_MARKER), {"validation": step, monitor: value})
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        if isinstance(exception, FloatingPointError):  # the training step's divergence
+            self.diverged(trainer, " ".join(str(exception).split()), None)
+
+    def diverged(self, trainer, reason: str, validation: int | None) -> None:
+        write_json(Path(trainer.default_root_dir, DIVERGED_MARKER), {"validation": validation, "reason": reason})
 
 
 def _end_with_parent(parent: int) -> None:

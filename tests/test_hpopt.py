@@ -6,6 +6,7 @@ before any trial."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -154,7 +155,7 @@ def test_a_trial_reports_each_validation_and_the_pruner_stops_it(tmp_path, monke
     study.tell(done, 0.1)
     trial = study.ask()
     monkeypatch.setenv(hpopt.TRIAL_ENV, json.dumps({
-        "storage": storage, "study": "prune", "trial_id": trial._trial_id, "monitor": "val/mae",
+        "storage": storage, "study": "prune", "trial": trial.number, "monitor": "val/mae",
         "pruner": {"name": "median", "startup_trials": 1, "warmup_validations": 0}, "parent": os.getppid()}))
     callback = hpopt_trial.ReportToTrial()
     trainer = SimpleNamespace(sanity_checking=False, is_global_zero=True, should_stop=False,
@@ -163,3 +164,10 @@ def test_a_trial_reports_each_validation_and_the_pruner_stops_it(tmp_path, monke
     assert study.trials[1].intermediate_values == {0: 5.0}
     assert trainer.should_stop
     assert json.loads((tmp_path / hpopt.PRUNED_MARKER).read_text()) == {"validation": 0, "val/mae": 5.0}
+    assert not (tmp_path / hpopt.DIVERGED_MARKER).exists()
+    # a NaN metric: reported (the sampler ranks the trial last), and the run stops as diverged
+    trainer.should_stop, trainer.callback_metrics = False, {"val/mae": torch.tensor(float("nan"))}
+    callback.on_validation_end(trainer, None)
+    assert math.isnan(study.trials[1].intermediate_values[1]) and trainer.should_stop
+    assert json.loads((tmp_path / hpopt.DIVERGED_MARKER).read_text()) == {
+        "validation": 1, "reason": "val/mae is nan at validation 1; the run was stopped there"}
