@@ -1,0 +1,21 @@
+"""``graphormer-urpe-ablation`` and ``graphormer-urpe-hpopt`` take the packaged recipes by name
+from any folder, as ``graphormer-urpe`` does, and refuse an unknown name in one line before any
+work."""
+from __future__ import annotations
+
+import pytest
+
+from graphormer_urpe import hpopt
+from graphormer_urpe.training.recipes import RECIPES_DIR, recipe_names
+
+
+def test_hpopt_takes_recipes_by_name(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    args, _ = hpopt.parse_args(["--space", "space.yaml", "--config", "csv", "--n-trials", "1"])
+    assert args.config == [str(RECIPES_DIR / "csv.yaml")]
+    with pytest.raises(SystemExit) as refused:
+        hpopt.parse_args(["--space", "space.yaml", "--config", "csvv", "--n-trials", "1"])
+    assert refused.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("graphormer-urpe-hpopt: error: --config csvv: no such file, nor a recipe of that name")
