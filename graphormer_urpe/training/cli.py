@@ -43,7 +43,7 @@ from graphormer_urpe.prediction.model import RETIRED_HPARAMS
 from graphormer_urpe.training.lightning_private import is_local_path
 from graphormer_urpe.training.run_checkpoint import (RunCheckpoint, check_run_dir, hold_run_dir,
                                                       pending_stop, run_dirs_released_after)
-from graphormer_urpe.training.module import GraphormerModule
+from graphormer_urpe.training.module import DATA_POSITION, GraphormerModule, data_position
 from graphormer_urpe.training.recipes import command_line
 from graphormer_urpe.training.schedule import schedule_lengths
 from graphormer_urpe.task import get_task
@@ -140,19 +140,29 @@ class GraphormerCLI(LightningCLI):
         """The hyperparameters of the checkpoint the command starts from, read once (as plain
         data: :func:`~graphormer_urpe.checkpoint.read_checkpoint`, which refuses a
         damaged or crafted file in one line)."""
+        return self._read_checkpoint(ckpt_path)[1]
+
+    def _read_checkpoint(self, ckpt_path: str) -> tuple[str, dict, dict]:
+        """``(path, hyperparameters, where it stands in its epoch)`` of the checkpoint the
+        command starts from, read once (:func:`~graphormer_urpe.checkpoint.read_checkpoint`)."""
         cached = getattr(self, "_checkpoint", None)
         if cached is None or cached[0] != ckpt_path:
             checkpoint = read_checkpoint(ckpt_path)
-            hparams = checkpoint.get("hyper_parameters") if isinstance(checkpoint, dict) else None
-            self._checkpoint = cached = (ckpt_path, hparams if isinstance(hparams, dict) else {})
-        return cached[1]
+            checkpoint = checkpoint if isinstance(checkpoint, dict) else {}
+            hparams = checkpoint.get("hyper_parameters")
+            self._checkpoint = cached = (ckpt_path, hparams if isinstance(hparams, dict) else {},
+                                         epoch_place(checkpoint))
+        return cached
 
     def after_instantiate_classes(self) -> None:
         """Before any data is read or built: the checkpoint the command starts from was trained
         on data of this kind (:func:`check_checkpoint_data`)."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         if config.get("ckpt_path") and Path(config.ckpt_path).is_file():
-            check_checkpoint_data(config.ckpt_path, self._checkpoint_hparams(config.ckpt_path), self.model)
+            path, hparams, place = self._read_checkpoint(config.ckpt_path)
+            check_checkpoint_data(path, hparams, self.model)
+            if self.subcommand == "fit":
+                check_epoch_place(path, place, data_position(self.trainer, self.datamodule))
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data", "model.facts", apply_on="instantiate", compute_fn=DataFacts.of)
@@ -230,6 +240,31 @@ def check_checkpoint_data(ckpt_path: str, saved: dict, model: GraphormerModule) 
         raise ValueError(f"--ckpt_path {ckpt_path} was trained on other data (checkpoint's "
                          f"{'; '.join(differences)}): use a checkpoint of this data, or configure "
                          "the data it was trained on")
+
+
+def epoch_place(checkpoint: dict) -> dict:
+    """Where a checkpoint stands in its epoch: the batches done (``batches``) and their unit
+    (``position``, :func:`~.module.data_position`; None where it does not record one)."""
+    try:
+        batches = int(checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["ready"])
+    except (KeyError, TypeError, ValueError):
+        batches = 0
+    return {"batches": batches, "position": checkpoint.get(DATA_POSITION)}
+
+
+def check_epoch_place(ckpt_path: str, place: dict, ours: dict) -> None:
+    """``ValueError`` (one line, before any data is read) when a checkpoint saved inside an epoch
+    counted its batches in another unit than this run would: another global batch (processes x
+    batch size x accumulation) or another accumulation would continue the epoch's order at
+    another graph. The number of processes may change with the batch size (2 x 128 = 1 x 256)."""
+    saved = place.get("position")
+    if not place.get("batches") or not isinstance(saved, dict) or saved == ours:
+        return
+    raise ValueError(
+        f"--ckpt_path {ckpt_path} stopped inside an epoch after {place['batches']} batches of a global batch of "
+        f"{saved.get('global_batch')} graphs with accumulate_grad_batches {saved.get('accumulate')}; this run "
+        f"has {ours['global_batch']} with {ours['accumulate']}: resume with the same global batch "
+        "(processes x data.init_args.batch_size x trainer.accumulate_grad_batches) and accumulation")
 
 
 def _plain(value):

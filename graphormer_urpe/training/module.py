@@ -37,6 +37,25 @@ RNG_STATES = "rng_states"
 LR_SCHEDULE = "lr_schedule"
 #: Checkpoint key of fp16's dynamic loss scale (``16-mixed``: :class:`~.engine.LossScale`).
 LOSS_SCALE = "loss_scale"
+#: Checkpoint key of every process's random states (a multi-process run), in rank order.
+PROCESS_RNG_STATES = "process_rng_states"
+#: Checkpoint key of the unit its place in the epoch is counted in (:func:`data_position`).
+DATA_POSITION = "data_position"
+
+
+def data_position(trainer: pl.Trainer, datamodule: Any) -> dict[str, int]:
+    """What a checkpoint's count of batches done in its epoch means: ``global_batch`` graphs
+    (processes x batch size x accumulated batches) per optimizer step, ``accumulate`` batches per
+    step. A run resumed inside an epoch continues the epoch's order at the same graph only with
+    the same two."""
+    batch_size = int(getattr(datamodule, "batch_size", 0) or 0)
+    accumulate = int(trainer.accumulate_grad_batches)
+    return {"global_batch": trainer.world_size * batch_size * accumulate, "accumulate": accumulate}
+
+
+def process_seed(seed: int, rank: int) -> int:
+    """The torch seed of process ``rank`` of a run seeded with ``seed`` (rank 0 keeps it)."""
+    return (seed + rank * 0x9E3779B97F4A7C15) % 2**63
 
 def compile_backbone(model: Graphormer, dynamic: bool = True) -> None:
     """``torch.compile(dynamic=dynamic)`` each encoder layer and the edge-path encoding, in place.
@@ -156,6 +175,13 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._engine.check()  # a diverged run stops here, before its state is saved
         checkpoint[RNG_STATES] = rng_states()
+        trainer = trainer_of(self)
+        if trainer is not None and trainer.world_size > 1:  # every process's, in rank order
+            states = [None] * trainer.world_size
+            torch.distributed.all_gather_object(states, checkpoint[RNG_STATES])
+            checkpoint[RNG_STATES], checkpoint[PROCESS_RNG_STATES] = states[0], states
+        if trainer is not None:
+            checkpoint[DATA_POSITION] = data_position(trainer, trainer.datamodule)
         if getattr(self, "schedule", None) is not None:
             checkpoint[LR_SCHEDULE] = list(self.schedule)
         if self._engine.loss_scale is not None:
@@ -165,7 +191,11 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
         # Before the weights load: there a model built for other encodings fails with a list of
         # parameter names instead of the data options to change.
         check_checkpoint_encodings(checkpoint.get("hyper_parameters", {}), self.facts)
-        self._resumed_rng = checkpoint.get(RNG_STATES)
+        trainer = trainer_of(self)
+        rank = trainer.global_rank if trainer is not None else 0
+        processes = checkpoint.get(PROCESS_RNG_STATES) or [checkpoint.get(RNG_STATES)]
+        # A process the checkpoint did not have (resumed on more) draws from its own seed.
+        self._resumed_rng = processes[rank] if rank < len(processes) else None
         self._resumed_schedule = checkpoint.get(LR_SCHEDULE)
         self._engine.resumed_loss_scale = checkpoint.get(LOSS_SCALE)
 
@@ -180,6 +210,10 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
         if self._resumed_rng is not None:
             set_rng_states(self._resumed_rng)
             self._resumed_rng = None
+        elif self.trainer.global_rank > 0:
+            # Every process was seeded alike (the same initial weights); each draws its own
+            # dropout masks from here on.
+            torch.manual_seed(process_seed(torch.initial_seed(), self.trainer.global_rank))
 
     def setup(self, stage: str) -> None:
         if stage == "fit":

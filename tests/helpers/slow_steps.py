@@ -1,6 +1,7 @@
-"""A Lightning callback for tests of a fit stopped part-way by SIGTERM (the ablation's time
-slices): at one step it waits until the SIGTERM has arrived, once per marker file, so the stop
-falls inside the run however long the process took to start. Changes nothing trained."""
+"""A Lightning callback for tests of a fit stopped part-way by a signal (the ablation's time
+slices, a multi-process fit): at one step it waits until the signal has arrived, once per marker
+file, so the stop falls inside the run however long the process took to start. Changes nothing
+trained."""
 import time
 from pathlib import Path
 
@@ -10,13 +11,17 @@ import lightning.pytorch as pl
 class StallOnce(pl.Callback):
     """After training step ``step``, wait (at most ``timeout`` seconds) until the run's
     checkpoint callback holds a SIGTERM or SIGINT back (:class:`~graphormer_urpe.training.run_checkpoint.RunCheckpoint`
-    stops at this batch's end), unless ``marker`` exists; creates ``marker``."""
+    stops at this batch's end), unless ``marker`` exists; creates ``marker``. ``rank``: only that
+    process of a multi-process run waits (the one the signal is sent to; the others wait for it
+    in the step's collectives)."""
 
-    def __init__(self, step: int, marker: str, timeout: float = 300.0) -> None:
-        self.step, self.marker, self.timeout = step, Path(marker), timeout
+    def __init__(self, step: int, marker: str, timeout: float = 300.0, rank: int | None = None) -> None:
+        self.step, self.marker, self.timeout, self.rank = step, Path(marker), timeout, rank
 
     def on_train_batch_end(self, trainer, *args, **kwargs) -> None:
-        if trainer.global_step != self.step or self.marker.exists():
+        if trainer.global_step != self.step or (self.rank is not None and trainer.global_rank != self.rank):
+            return
+        if self.marker.exists():
             return
         self.marker.touch()
         end = time.monotonic() + self.timeout
