@@ -24,6 +24,7 @@ import logging
 import os
 import signal
 import sys
+import warnings
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -414,7 +415,11 @@ def build_cli(args: list[str] | None = None, run: bool = True) -> GraphormerCLI:
     elif isinstance(args, (list, tuple)):
         args = command_line(list(args))
     config_help = "--config takes a file or a packaged recipe's name (graphormer-urpe recipes lists them)"
-    with run_dirs_released_after():  # a fit holds its run directory while it runs
+    # a fit holds its run directory while it runs; Lightning's warning that a loader without a
+    # state_dict cannot resume inside an epoch is not true of these: their order and place come
+    # from the trainer's epoch and batch count (SeededShuffleSampler)
+    with run_dirs_released_after(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
         return GraphormerCLI(
             GraphormerModule,
             pl.LightningDataModule,

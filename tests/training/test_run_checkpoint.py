@@ -154,6 +154,26 @@ def test_a_resumed_run_with_dropout_equals_the_uninterrupted_one_bit_for_bit(zin
     assert torch.equal(result["rng_states"]["torch"], reference["rng_states"]["torch"])
 
 
+def test_a_fit_stopped_by_max_steps_inside_a_long_epoch_resumes_bit_for_bit(zinc_data_root, tmp_path):
+    """Whole epochs of the recipe's ZINC (625 batches of 16, the ordinary DataLoader), dropout on, no
+    validation before the stop: 3 steps then ``--ckpt_path last`` to 6 equal 6 steps at once, bit
+    for bit, and Lightning's warning about loaders that cannot resume is not shown (they do)."""
+    common = ["--model.backbone", json.dumps({**TINY_BACKBONE, **DROPOUT}), "--trainer.limit_train_batches", "1.0",
+              "--trainer.check_val_every_n_epoch", "10", "--model.total_steps", "100"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    fit(straight, zinc_data_root, *common, "--trainer.max_steps", "6")
+    fit(resumed, zinc_data_root, *common, "--trainer.max_steps", "3")
+    held = torch.load(resumed / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert held["global_step"] == 3 and held["epoch"] == 0  # inside epoch 0, not marked complete
+    kept = fit(resumed, zinc_data_root, *common, "--trainer.max_steps", "6", "--ckpt_path", "last")
+    assert "dataloader is not resumable" not in kept.stderr
+    load = lambda run: torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    reference, result = load(straight), load(resumed)
+    assert result["global_step"] == reference["global_step"] == 6
+    for name, value in reference["state_dict"].items():
+        assert torch.equal(result["state_dict"][name], value), name
+
+
 def test_a_resume_that_changes_the_schedule_says_so(zinc_data_root, tmp_path):
     """Validating every 3 steps, without ``model.total_steps``: each fit's schedule ends at its
     own ``max_steps``, so 3 steps then ``--ckpt_path last`` to 6 decayed the first 3 steps faster
