@@ -38,7 +38,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_module
 
 from graphormer_urpe.data.dataset import check_seed
 from graphormer_urpe.data.facts import DataFacts
-from graphormer_urpe.files import check_writable_dir, same_file
+from graphormer_urpe.files import check_creatable_dir, check_writable_dir, same_file
 from graphormer_urpe.checkpoint import read_checkpoint
 from graphormer_urpe.prediction.model import RETIRED_HPARAMS
 from graphormer_urpe.training.lightning_private import is_local_path
@@ -162,6 +162,7 @@ class GraphormerCLI(LightningCLI):
         if config.get("ckpt_path") and Path(config.ckpt_path).is_file():
             path, hparams, place = self._read_checkpoint(config.ckpt_path)
             check_checkpoint_data(path, hparams, self.model)
+            check_checkpoint_model(path, hparams, self.model)
             if self.subcommand == "fit":
                 check_epoch_place(path, place, data_position(self.trainer, self.datamodule))
 
@@ -195,6 +196,8 @@ class GraphormerCLI(LightningCLI):
         checkpoint = config.checkpoint
         if checkpoint.dirpath is None:
             checkpoint.dirpath = os.path.join(run_dir, "checkpoints")
+        if self.subcommand == "fit" and is_local_path(str(checkpoint.dirpath)):
+            check_creatable_dir(Path(checkpoint.dirpath), "--checkpoint.dirpath")  # before training
         if checkpoint.monitor is None:
             task = get_task(_data_task(config.data))
             checkpoint.monitor, checkpoint.mode = task.monitor, task.mode
@@ -241,6 +244,25 @@ def check_checkpoint_data(ckpt_path: str, saved: dict, model: GraphormerModule) 
         raise ValueError(f"--ckpt_path {ckpt_path} was trained on other data (checkpoint's "
                          f"{'; '.join(differences)}): use a checkpoint of this data, or configure "
                          "the data it was trained on")
+
+
+#: Backbone fields that decide the shapes of its parameters (the others, dropouts and the
+#: attention kernel, may change when a run resumes).
+SHAPE_FIELDS = ("num_layers", "hidden_dim", "ffn_dim", "num_heads", "attention", "share_urpe_scale",
+                "max_degree", "max_spd")
+
+
+def check_checkpoint_model(ckpt_path: str, saved: dict, model: GraphormerModule) -> None:
+    """``ValueError`` (one line, before any data is read) naming each backbone field whose value
+    differs between the checkpoint and the model the options build: its weights would not load."""
+    theirs, ours = saved.get("backbone"), model.hparams.get("backbone")
+    if not isinstance(theirs, dict) or not isinstance(ours, dict):
+        return
+    differences = [f"{name} {theirs[name]!r}, this run's {ours[name]!r}" for name in SHAPE_FIELDS
+                   if name in theirs and name in ours and theirs[name] != ours[name]]
+    if differences:
+        raise ValueError(f"--ckpt_path {ckpt_path} holds another model (checkpoint's {'; '.join(differences)}): "
+                         "drop the --model options that change it, or start a new run")
 
 
 def epoch_place(checkpoint: dict) -> dict:

@@ -243,6 +243,18 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
     def validation_step(self, batch: GraphBatch, batch_idx: int) -> None:
         self._evaluate(batch, "val")
 
+    def on_validation_epoch_end(self) -> None:
+        # A model whose outputs are no longer finite (a learning rate far too high) is not
+        # checkpointed as if it were the best: the fit stops here, before the checkpoints.
+        if self.trainer.sanity_checking or self.trainer.state.fn != "fit":
+            return
+        value = self.val_metrics[self.task.metric_name].compute()
+        if not torch.isfinite(value).all():
+            raise FloatingPointError(
+                f"the validation {self.task.metric_name} is {float(value)} after step {self.global_step}: the "
+                "model's outputs are not finite, and no checkpoint of it is kept; lower the learning rate "
+                "and resume from the last checkpoint, or start again")
+
     def test_step(self, batch: GraphBatch, batch_idx: int) -> None:
         self._evaluate(batch, "test")
 

@@ -245,3 +245,26 @@ def test_sixteen_mixed_trains_with_the_loss_scale_and_resumes_it(zinc_data_root,
     assert saved["scale"] == scale
     resumed, _ = run(13, ckpt_path=str(path))
     assert resumed._engine.total_skipped == 0 and resumed._engine.total_applied == 1
+
+
+def test_lightnings_accumulation_scheduler_accumulates_in_the_step(zinc_data_root):
+    """``GradientAccumulationScheduler`` (3 batches an update from epoch 0): 4 updates take 12
+    batches, and AdamW counts 4 steps, as the trainer does."""
+    from lightning.pytorch.callbacks import GradientAccumulationScheduler
+
+    from graphormer_urpe.data import ZINCDataModule
+    from graphormer_urpe.data.facts import DataFacts
+    from graphormer_urpe.training.module import GraphormerModule
+
+    dm = ZINCDataModule(root=str(zinc_data_root), batch_size=16, max_hops=5)
+    pl.seed_everything(0, verbose=False)
+    module = GraphormerModule(DataFacts.of(dm), backbone={**TINY, **NO_DROPOUT}, lr=1e-3, warmup_steps=2,
+                              total_steps=40)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=4, logger=False, enable_checkpointing=False,
+                         callbacks=[GradientAccumulationScheduler({0: 3})], limit_val_batches=0,
+                         num_sanity_val_steps=0, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, datamodule=dm)
+    assert trainer.global_step == 4
+    assert trainer.fit_loop.epoch_loop.batch_progress.current.ready == 12
+    steps = {float(state["step"]) for state in trainer.optimizers[0].state.values()}
+    assert steps == {4.0}

@@ -458,3 +458,40 @@ def test_replays_of_compiled_dropout_draw_new_masks():
         masks.append(out.clone())
     assert not torch.equal(masks[0], masks[1]) and not torch.equal(masks[1], masks[2])
     assert 0.4 < float((masks[0] == 0).float().mean()) < 0.6
+
+
+def test_fits_refused_or_stopped_in_one_line(zinc_data_root, tmp_path, run_main):
+    """Through the command: a resume whose options build another model names each changed field
+    before the data is read; a checkpoint folder that is a file is refused before training; a
+    learning rate so high that the validation MAE is NaN stops the fit (exit 1, one line) with no
+    checkpoint of that model."""
+    from graphormer_urpe.training.cli import main
+
+    def args(run_dir, *extra):
+        return ["fit", "--config", REPO / "configs" / "zinc.yaml", "--trainer.default_root_dir", run_dir,
+                "--data.init_args.root", zinc_data_root, "--data.init_args.max_hops", "5",
+                "--trainer.precision", "32-true", "--trainer.limit_train_batches", "3",
+                "--trainer.limit_val_batches", "2", "--trainer.check_val_every_n_epoch", "1",
+                "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+                "--model.backbone", json.dumps({**TINY, **NO_DROPOUT}), "--model.warmup_steps", "1",
+                "--data.init_args.batch_size", "16", *extra]
+
+    run = tmp_path / "run"
+    assert run_main(main, args(run, "--trainer.max_steps", "2")).returncode == 0
+    changed = run_main(main, args(run, "--trainer.max_steps", "4", "--ckpt_path", "last",
+                                  "--model.backbone.num_layers", "3", "--model.backbone.attention", "rpe"))
+    assert changed.returncode == 2 and changed.stderr.strip() == (
+        f"graphormer-urpe: error: --ckpt_path {run / 'checkpoints' / 'last.ckpt'} holds another model "
+        "(checkpoint's num_layers 2, this run's 3; attention 'urpe', this run's 'rpe'): drop the --model "
+        "options that change it, or start a new run")
+
+    (tmp_path / "file").write_text("not a folder")
+    into_file = run_main(main, args(tmp_path / "other", "--checkpoint.dirpath", tmp_path / "file"))
+    assert into_file.returncode == 2 and into_file.stderr.strip() == (
+        f"graphormer-urpe: error: --checkpoint.dirpath {tmp_path / 'file'} cannot be written "
+        f"({tmp_path / 'file'} is not a directory)")
+
+    diverged = run_main(main, args(tmp_path / "diverged", "--trainer.max_steps", "12", "--model.lr", "1e6"))
+    assert diverged.returncode == 1 and diverged.stderr.strip().splitlines()[-1].startswith(
+        "graphormer-urpe: error: the validation mae is nan after step 3: the model's outputs are not finite")
+    assert not list((tmp_path / "diverged").glob("checkpoints/*nan*"))
