@@ -34,7 +34,6 @@ identical batches on real ZINC.
 from __future__ import annotations
 
 import functools
-import math
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
@@ -42,11 +41,10 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 from torch import Tensor
+from torch.utils.data import Sampler
 
 from graphormer_urpe.data.batch import BatchPadding, GraphBatch
 from graphormer_urpe.data.collate import FlatGraphs, GraphArrays
-from torch.utils.data import Sampler
-
 from graphormer_urpe.data.dataset import EncodedGraphDataset, SeededShuffleSampler, masked
 
 
