@@ -121,7 +121,8 @@ class SeededShuffleSampler(DistributedSampler):
     reshuffling one.
 
     With ``sizes`` (``[num_items]``, e.g. node counts) and ``bucket_batches = w > 0``, batches hold
-    graphs of similar size: the random order is cut into windows of ``w * batch_size`` items, each
+    graphs of similar size: the random order is cut into windows of ``w`` global batches
+    (``num_replicas * batch_size`` items each), each
     window is sorted by size (stable), cut into batches, and the full batches are shuffled again
     (the one incomplete batch, if any, stays last). Every item is still seen once per epoch, but a
     batch padded to its largest graph wastes less: with ``w = 16`` a ZINC batch of 64 has about
@@ -167,14 +168,16 @@ class SeededShuffleSampler(DistributedSampler):
         order = rng.permutation(self.num_items)
         if not self.bucket_batches:
             return order
-        window = self.bucket_batches * self.batch_size
+        # in global batches (all processes' together), so each process's share of one is a share
+        # of one size-sorted run, as one process at the global batch would train it
+        batch = self.batch_size * self.num_replicas
+        window = self.bucket_batches * batch
         for start in range(0, self.num_items, window):
             part = order[start:start + window]
             order[start:start + window] = part[np.argsort(self.sizes[part], kind="stable")]
-        num_full = self.num_items // self.batch_size
-        batches = order[:num_full * self.batch_size].reshape(num_full, self.batch_size)
-        return np.concatenate([batches[rng.permutation(num_full)].reshape(-1),
-                               order[num_full * self.batch_size:]])
+        num_full = self.num_items // batch
+        batches = order[:num_full * batch].reshape(num_full, batch)
+        return np.concatenate([batches[rng.permutation(num_full)].reshape(-1), order[num_full * batch:]])
 
     def shard(self) -> np.ndarray:
         """This process's items of the epoch in order, ``[len(self)]`` int64; items that only top

@@ -31,7 +31,7 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 from jsonargparse import Namespace
-from lightning.pytorch.callbacks import BasePredictionWriter, LearningRateMonitor
+from lightning.pytorch.callbacks import BasePredictionWriter, GradientAccumulationScheduler, LearningRateMonitor
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.rank_zero import rank_zero_module
@@ -163,7 +163,8 @@ class GraphormerCLI(LightningCLI):
             path, hparams, place = self._read_checkpoint(config.ckpt_path)
             check_checkpoint_data(path, hparams, self.model)
             check_checkpoint_model(path, hparams, self.model)
-            if self.subcommand == "fit":
+            scheduled = any(isinstance(c, GradientAccumulationScheduler) for c in self.trainer.callbacks)
+            if self.subcommand == "fit" and not scheduled:  # a scheduler's factor depends on the epoch
                 check_epoch_place(path, place, data_position(self.trainer, self.datamodule))
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -191,6 +192,9 @@ class GraphormerCLI(LightningCLI):
             # before the checkpoint folder is checked: a second fit must not remove the first's
             hold_run_dir(run_dir)
         if self.subcommand == "predict":
+            if device_count(config.trainer) > 1:
+                raise ValueError("graphormer-urpe predict writes one table from one process: give "
+                                 "--trainer.devices 1 (graphormer-urpe-predict --workers N predicts in parallel)")
             config_files = [*(self.config.get("config") or []), *(config.get("config") or [])]
             check_prediction_output(config, config_files)  # before the data and the model are built
         checkpoint = config.checkpoint
@@ -341,6 +345,21 @@ def check_step_config(trainer: Namespace) -> None:
         raise ValueError("the training step needs " + "; ".join(problems))
 
 
+def device_count(trainer: Namespace) -> int:
+    """The processes ``trainer.devices`` x ``trainer.num_nodes`` start (1 where it says ``auto``)."""
+    devices, nodes = trainer.get("devices"), trainer.get("num_nodes") or 1
+    if isinstance(devices, (list, tuple)):
+        count = len(devices)
+    elif isinstance(devices, str) and "," in devices:
+        count = len([d for d in devices.split(",") if d.strip()])
+    elif isinstance(devices, int) or (isinstance(devices, str) and devices.strip().lstrip("-").isdigit()):
+        count = int(devices)
+        count = torch.cuda.device_count() if count == -1 else count
+    else:
+        count = 1
+    return max(count, 1) * (nodes if isinstance(nodes, int) else 1)
+
+
 def device_problems(trainer: Namespace) -> list[str]:
     """``trainer.devices`` and ``trainer.num_nodes`` that Lightning refuses with a traceback: on a
     CPU a number of processes (an integer >= 1); anywhere, at least one device and one node."""
@@ -483,7 +502,7 @@ def main(args: list[str] | None = None) -> int:
         refused = input_error(exc)
         if refused is None:
             raise
-        print(f"graphormer-urpe: error: {str(refused).splitlines()[0]}", file=sys.stderr)
+        print(f"graphormer-urpe: error: {refused}", file=sys.stderr)
         return 2
     signum = pending_stop()
     return stopped(signum, during_training=False) if signum else 0

@@ -202,10 +202,39 @@ def optimizer_update(optimizer: torch.optim.Optimizer, grads: Sequence[Tensor], 
     counts.applied.add_(finite.double())
     counts.skipped.add_(1.0 - finite.double())
     if loss_scale is not None:
-        # a finite loss whose scaled gradients overflowed: the scaler's business, not a divergence
-        overflow = finite_loss & ~finite_norm & (force_skip == 0)
-        counts.overflows.add_(overflow.double())
-        loss_scale.update(overflow, force_skip == 0)
+        # a finite loss whose scaled gradients overflowed: the scaler's business, not a divergence;
+        # the scale backs off after any non-finite step, as GradScaler's (which sees the gradients)
+        counted = force_skip == 0
+        counts.overflows.add_((finite_loss & ~finite_norm & counted).double())
+        loss_scale.update(~(finite_loss & finite_norm), counted)
+
+
+def record_step(step: Callable[[], Any], force_skip: Tensor, counts: StepCounts,
+                warmup: int = CAPTURE_WARMUP_STEPS) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """``step`` (device work only, on fixed buffers; it passes ``force_skip`` to
+    :func:`optimizer_update`) recorded in a CUDA graph, and what the recorded call returned (the
+    graph's output buffers). Before it, ``warmup`` update-free runs on a side stream (``force_skip``
+    1: they initialise the optimizer state and let cuDNN / cuBLAS pick their kernels outside the
+    capture); the interval's ``counts`` and the CUDA random state are kept as they were."""
+    kept = [stat.clone() for stat in counts.tensors()]
+    # The warmup's dropout draws are given back: a run that records its step again (a resumed
+    # one) continues on the random stream of one that recorded it once.
+    rng = torch.cuda.get_rng_state()
+    force_skip.fill_(1.0)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.set_rng_state(rng)
+    force_skip.fill_(0.0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        output = step()
+    for stat, value in zip(counts.tensors(), kept):
+        stat.copy_(value)
+    return graph, output
 
 
 class TrainingEngine(pl.Callback):
@@ -432,7 +461,9 @@ class TrainingEngine(pl.Callback):
     # Reporting -----------------------------------------------------------------------------------
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs, batch,
                            batch_idx: int) -> None:
-        if self._ready and logs_due(trainer):
+        # after an update only: batches that accumulate count nothing (Lightning's log interval
+        # counts updates, so it stays due over an accumulation cycle)
+        if self._ready and self._cycle_start and logs_due(trainer):
             self.report(trainer)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -234,6 +234,8 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
 
     def _evaluate(self, batch: GraphBatch, stage: str) -> None:
         pred = self(batch).float()
+        if stage == "val":
+            self._nonfinite_outputs += (~torch.isfinite(pred)).sum()
         metrics = getattr(self, f"{stage}_metrics")
         self.task.update_metric(metrics[self.task.metric_name], pred, batch.y)
         self.log(f"{stage}/loss", self._loss(pred, batch.y), batch_size=batch.num_graphs,
@@ -243,17 +245,22 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
     def validation_step(self, batch: GraphBatch, batch_idx: int) -> None:
         self._evaluate(batch, "val")
 
+    def on_validation_epoch_start(self) -> None:
+        self._nonfinite_outputs = torch.zeros((), dtype=torch.int64, device=self.device)
+
     def on_validation_epoch_end(self) -> None:
         # A model whose outputs are no longer finite (a learning rate far too high) is not
-        # checkpointed as if it were the best: the fit stops here, before the checkpoints.
+        # checkpointed as if it were the best: the fit stops here, before the checkpoints. The
+        # outputs, not the metric: a ROC-AUC or an accuracy of NaN outputs is a number.
         if self.trainer.sanity_checking or self.trainer.state.fn != "fit":
             return
-        value = self.val_metrics[self.task.metric_name].compute()
-        if not torch.isfinite(value).all():
+        nonfinite = int(self.trainer.strategy.reduce(self._nonfinite_outputs, reduce_op="sum"))
+        if nonfinite:
             raise FloatingPointError(
-                f"the validation {self.task.metric_name} is {float(value)} after step {self.global_step}: the "
-                "model's outputs are not finite, and no checkpoint of it is kept; lower the learning rate "
-                "and resume from the last checkpoint, or start again")
+                f"{nonfinite} validation outputs are not finite after step {self.global_step} (validation "
+                f"{self.task.metric_name}: {float(self.val_metrics[self.task.metric_name].compute())}): no "
+                "checkpoint of this model is kept; lower the learning rate and resume from the last "
+                "checkpoint, or start again")
 
     def test_step(self, batch: GraphBatch, batch_idx: int) -> None:
         self._evaluate(batch, "test")

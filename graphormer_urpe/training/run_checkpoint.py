@@ -40,7 +40,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from graphormer_urpe.files import atomic_path, hold_directory
-from graphormer_urpe.training.lightning_private import epoch_finished, is_local_path
+from graphormer_urpe.training.lightning_private import accumulating, epoch_finished, is_local_path
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +196,8 @@ class RunCheckpoint(ModelCheckpoint):
         saved exactly as without this write."""
         if (self.save_last and self._last_written != (trainer.global_step, self._validations)
                 and trainer.global_step > 0 and trainer.state.fn == TrainerFn.FITTING
-                and not trainer.sanity_checking and not trainer.fast_dev_run):
+                and not trainer.sanity_checking and not trainer.fast_dev_run
+                and not accumulating(trainer)):  # inside an accumulation cycle no state is whole
             saved = self._last_global_step_saved, self._last_checkpoint_saved
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
             self._last_global_step_saved, self._last_checkpoint_saved = saved
@@ -225,8 +226,8 @@ class RunCheckpoint(ModelCheckpoint):
             signal.signal(signum, self._hold_signal)
 
     def _hold_signal(self, signum: int, frame: Any) -> None:
-        if signum == signal.SIGINT and self._held_signal == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: stop now
+        if signum == signal.SIGINT and self._held_signal:
+            raise KeyboardInterrupt  # Ctrl-C after a held signal: stop now
         if self._held_signal != signal.SIGTERM:
             self._held_signal = signum
 
@@ -262,6 +263,10 @@ class RunCheckpoint(ModelCheckpoint):
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any,
                            **kwargs: Any) -> None:
         super().on_train_batch_end(trainer, pl_module, *args, **kwargs)
+        if accumulating(trainer):
+            # Inside an accumulation cycle no state is whole (the gradients of its batches would
+            # be lost): a held signal waits for the cycle's update, on every process alike.
+            return
         # A held signal stops every process right after this batch: its end is the state a
         # resume continues from.
         stop_signal = self._agreed_signal(trainer)

@@ -64,3 +64,16 @@ def test_bucketing_needs_item_sizes(tmp_path):
         SeededShuffleSampler(10, batch_size=2, bucket_batches=4)
     with pytest.raises(ValueError, match="bucket_batches must be >= 0"):
         SeededShuffleSampler(10, batch_size=2, sizes=np.ones(10), bucket_batches=-1)
+
+
+def test_bucketed_shares_of_processes_make_the_global_batches_of_one_process():
+    """With bucketing, 2 processes at 8 serve in their k-th batches together exactly the k-th
+    batch of one process at 16 (size-sorted runs of global batches, then shared)."""
+    sizes = np.random.default_rng(0).integers(5, 40, 200)
+    one = SeededShuffleSampler(200, seed=1, batch_size=16, sizes=sizes, bucket_batches=4)
+    ranks = [SeededShuffleSampler(200, seed=1, batch_size=8, sizes=sizes, bucket_batches=4, num_replicas=2, rank=r)
+             for r in range(2)]
+    whole, shares = one.permutation(), [r.shard() for r in ranks]
+    for k in range(200 // 16):
+        served = np.concatenate([share[8 * k:8 * (k + 1)] for share in shares])
+        assert sorted(served.tolist()) == sorted(whole[16 * k:16 * (k + 1)].tolist()), k

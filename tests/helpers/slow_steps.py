@@ -13,13 +13,16 @@ class StallOnce(pl.Callback):
     checkpoint callback holds a SIGTERM or SIGINT back (:class:`~graphormer_urpe.training.run_checkpoint.RunCheckpoint`
     stops at this batch's end), unless ``marker`` exists; creates ``marker``. ``rank``: only that
     process of a multi-process run waits (the one the signal is sent to; the others wait for it
-    in the step's collectives)."""
+    in the step's collectives). ``batch``: at the end of the epoch's batch of that index instead
+    (with accumulation, several batches end at one step)."""
 
-    def __init__(self, step: int, marker: str, timeout: float = 300.0, rank: int | None = None) -> None:
-        self.step, self.marker, self.timeout, self.rank = step, Path(marker), timeout, rank
+    def __init__(self, step: int = -1, marker: str = "", timeout: float = 300.0, rank: int | None = None,
+                 batch: int | None = None) -> None:
+        self.step, self.marker, self.timeout, self.rank, self.batch = step, Path(marker), timeout, rank, batch
 
-    def on_train_batch_end(self, trainer, *args, **kwargs) -> None:
-        if trainer.global_step != self.step or (self.rank is not None and trainer.global_rank != self.rank):
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        due = batch_idx == self.batch if self.batch is not None else trainer.global_step == self.step
+        if not due or (self.rank is not None and trainer.global_rank != self.rank):
             return
         if self.marker.exists():
             return

@@ -227,15 +227,16 @@ def test_engine_step_at_the_recipe_shape_is_capturable(zinc_data_root):
     guard, addresses, losses = CaptureGuard(), [], []
     step = engine._step
 
-    def guarded_step(batch=None):
-        assert batch is None  # the engine gathers the batch itself, inside the step
+    def guarded_step(batch=None, update=True):
+        assert batch is None and update  # the engine gathers the batch itself, inside the step
         with guard:
             step()
         losses.append(float(engine.loss))
         addresses.append({**tensor_addresses({n: p for n, p in module.named_parameters()}),
                           **optimizer_addresses(engine.optimizer),
                           **tensor_addresses({name: getattr(engine, name) for name in (
-                              "order", "start", "offsets", "updates", "found_inf", "loss")}),
+                              "order", "start", "offsets", "updates", "found_inf", "loss", "loss_total",
+                              "weights")}),
                           **tensor_addresses({f"count{i}": t for i, t in enumerate(engine.counts.tensors())}),
                           **tensor_addresses({f"lr{i}": lr for i, lr in enumerate(engine.lrs)})})
 

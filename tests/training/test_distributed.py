@@ -268,3 +268,34 @@ def test_lightnings_accumulation_scheduler_accumulates_in_the_step(zinc_data_roo
     assert trainer.fit_loop.epoch_loop.batch_progress.current.ready == 12
     steps = {float(state["step"]) for state in trainer.optimizers[0].state.values()}
     assert steps == {4.0}
+
+
+def test_ddp_on_one_device_trains(zinc_data_root, tmp_path):
+    """``--trainer.strategy ddp`` with one process (DDP's wrapper, a process group of one) trains
+    through the step as without it."""
+    graphormer_urpe(*fit_args(tmp_path / "run", zinc_data_root, 1, 16, 3, "--trainer.strategy", "ddp"))
+    assert last(tmp_path / "run")["global_step"] == 3
+
+
+def test_a_signal_inside_an_accumulation_cycle_stops_at_its_update(zinc_data_root, tmp_path):
+    """Accumulating 2 batches an update, SIGTERM held while the 7th batch (the first of update 4's
+    cycle) ends: the fit stops after that cycle's update (step 4, 8 batches), never between its
+    batches, and resumed to 6 it equals the run that went to 6 at once, bit for bit."""
+    accumulate = ["--trainer.accumulate_grad_batches", "2"]
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    graphormer_urpe(*fit_args(straight, zinc_data_root, 1, 16, 6, *accumulate, backbone=DROPOUT))
+    stall = json.dumps({"class_path": "slow_steps.StallOnce", "init_args": {"batch": 6, "marker": str(tmp_path / "s")}})
+    process = subprocess.Popen([str(COMMAND), *fit_args(stopped, zinc_data_root, 1, 16, 6, *accumulate,
+                                                        "--trainer.callbacks+", stall, backbone=DROPOUT)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=environment())
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "s").exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=300) == 143, process.stderr.read()[-3000:]
+    held = last(stopped)
+    assert held["global_step"] == 4
+    assert held["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["ready"] == 8
+    graphormer_urpe(*fit_args(stopped, zinc_data_root, 1, 16, 6, *accumulate, "--ckpt_path", "last",
+                              backbone=DROPOUT))
+    assert largest_difference(last(stopped), last(straight)) == 0.0

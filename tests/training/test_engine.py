@@ -463,8 +463,8 @@ def test_replays_of_compiled_dropout_draw_new_masks():
 def test_fits_refused_or_stopped_in_one_line(zinc_data_root, tmp_path, run_main):
     """Through the command: a resume whose options build another model names each changed field
     before the data is read; a checkpoint folder that is a file is refused before training; a
-    learning rate so high that the validation MAE is NaN stops the fit (exit 1, one line) with no
-    checkpoint of that model."""
+    learning rate so high that the validation outputs are NaN stops the fit (exit 1, one line) with
+    no checkpoint of that model."""
     from graphormer_urpe.training.cli import main
 
     def args(run_dir, *extra):
@@ -491,7 +491,14 @@ def test_fits_refused_or_stopped_in_one_line(zinc_data_root, tmp_path, run_main)
         f"graphormer-urpe: error: --checkpoint.dirpath {tmp_path / 'file'} cannot be written "
         f"({tmp_path / 'file'} is not a directory)")
 
+    several = run_main(main, ["predict", *args(tmp_path / "predicted")[1:], "--ckpt_path", "last",
+                              "--trainer.devices", "2", "--trainer.strategy", "ddp"])
+    assert several.returncode == 2 and several.stderr.strip() == (
+        "graphormer-urpe: error: graphormer-urpe predict writes one table from one process: give --trainer.devices 1 "
+        "(graphormer-urpe-predict --workers N predicts in parallel)")
+
     diverged = run_main(main, args(tmp_path / "diverged", "--trainer.max_steps", "12", "--model.lr", "1e6"))
-    assert diverged.returncode == 1 and diverged.stderr.strip().splitlines()[-1].startswith(
-        "graphormer-urpe: error: the validation mae is nan after step 3: the model's outputs are not finite")
+    last_line = diverged.stderr.strip().splitlines()[-1]
+    assert diverged.returncode == 1 and last_line.startswith("graphormer-urpe: error: "), diverged.stderr[-2000:]
+    assert "validation outputs are not finite after step 3 (validation mae: nan): no checkpoint" in last_line
     assert not list((tmp_path / "diverged").glob("checkpoints/*nan*"))
