@@ -2,7 +2,8 @@
 file (a checkpoint, a model's weights, a saved training state): as data only
 (``torch.load(weights_only=True)``: never code to run) after checking its zip CRCs; any failure
 is a :class:`CheckpointError` naming the file. Building a model from a checkpoint is
-:func:`graphormer_urpe.prediction.load.load_module`, layers up.
+:func:`graphormer_urpe.prediction.load.load_module` (and, for training's Lightning module,
+:func:`graphormer_urpe.training.module.load_training_module`), layers up.
 """
 from __future__ import annotations
 

@@ -169,9 +169,9 @@ def graph_tables(path: Path) -> tuple[np.ndarray, np.ndarray]:
     Lightning checkpoint of :class:`~graphormer_urpe.training.module.GraphormerModule` (the model
     is rebuilt from its hyperparameters; C is :meth:`Graphormer.urpe_scale_tables`). With a
     shared C, only one table is returned."""
-    from graphormer_urpe.prediction.load import load_module
+    from graphormer_urpe.training.module import load_training_module
 
-    model = load_module(path).model
+    model = load_training_module(path).model
     if model.urpe_scales is None:
         raise ValueError(f"the graph model was trained with attention={model.attention!r}: it has "
                          "no URPE scale C (train with attention 'urpe')")
@@ -268,7 +268,8 @@ def plot_learned_tables(entries: Sequence[dict], runs_dir: Path, out_dir: Path,
     spatial bias B of the URPE run with the lowest validation MAE and of the RPE run with the
     same seed (same y axis), then that URPE run's scale C of every layer, for distances up to
     ``max_spd`` (ZINC-12k's largest). Checkpoints are the runs' best validation ones."""
-    from graphormer_urpe.prediction.load import best_checkpoint, load_module
+    from graphormer_urpe.prediction.load import best_checkpoint
+    from graphormer_urpe.training.module import load_training_module
 
     urpe = min((e for e in entries if e["attention"] == "urpe"), key=lambda e: e["val_mae"],
                default=None)
@@ -277,7 +278,7 @@ def plot_learned_tables(entries: Sequence[dict], runs_dir: Path, out_dir: Path,
     recipe, seed = urpe["recipe"], urpe["seed"]
     rpe = next((e for e in entries if e["attention"] == BASELINE and e["seed"] == seed
                 and e["recipe"] == recipe), None)
-    models = {arm: load_module(best_checkpoint(runs_dir / recipe / f"{arm}-s{seed}")[0]).model
+    models = {arm: load_training_module(best_checkpoint(runs_dir / recipe / f"{arm}-s{seed}")[0]).model
               for arm in ["urpe"] + ([BASELINE] if rpe else [])}
     panels = [(f"B, {arm} (val {e['val_mae']:.3f}, test {e['test_mae']:.3f})", "bias",
                models[arm].spatial_bias.embedding.weight.detach().float().numpy())

@@ -32,7 +32,6 @@ import numpy as np
 
 from graphormer_urpe.arguments import positive_int
 from graphormer_urpe.data.ogb_lsc import LAYOUTS, LSCLayout, read_split_dict_checked, require_layout
-from graphormer_urpe.prediction.load import load_module
 
 PROG = "graphormer-urpe-submit"
 
@@ -85,10 +84,11 @@ def submit(args: argparse.Namespace) -> dict:
     import ogb.lsc
 
     from graphormer_urpe.data import PCQM4MDataModule, PCQM4Mv2DataModule
+    from graphormer_urpe.training.module import load_training_module
 
     layout = LAYOUTS[args.dataset]
     require_layout(args.root, layout)
-    module = load_module(args.ckpt)
+    module = load_training_module(args.ckpt)
     facts = module.facts
     if facts.featurizer != "ogb" or facts.num_targets != 1 or facts.task != "regression":
         raise SubmissionError(f"{args.ckpt} was trained for {facts.task} with featurizer "

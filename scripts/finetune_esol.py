@@ -69,7 +69,7 @@ def test_rmse(ckpt: Path, split: str, seed: int) -> float:
     from graphormer_urpe.data import CSVDataModule
     from graphormer_urpe.prediction.load import load_module
 
-    module = load_module(ckpt, inference_only=True)
+    module = load_module(ckpt)
     data = CSVDataModule(path=str(SHARED / "moleculenet" / "esol.csv"),
                          target_columns=["measured log solubility in mols per litre"], split=split,
                          split_seed=seed, featurizer="zinc", encode_threads=1, build_workers=1)

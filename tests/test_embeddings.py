@@ -66,7 +66,7 @@ def written(molecules) -> dict:
 
 @pytest.fixture(scope="module")
 def backbone():
-    return load_module(resolve(PRETRAINED), inference_only=True)
+    return load_module(resolve(PRETRAINED))
 
 
 def alone(module, smiles: str):

@@ -56,7 +56,7 @@ def esol_smiles(esol_csv: Path, count: int) -> list[str]:
 
 @pytest.mark.parametrize("featurizer", ["zinc", "ogb"])
 def test_contributions_add_up_to_the_change_from_the_baseline(featurizer, zinc_source, esol_csv, tmp_path):
-    module = load_module(checkpoint(tmp_path / "m.ckpt", featurizer), inference_only=True)
+    module = load_module(checkpoint(tmp_path / "m.ckpt", featurizer))
     smiles = zinc_smiles(zinc_source, 12) if featurizer == "zinc" else esol_smiles(esol_csv, 12)
     results = explain_smiles(module, smiles, steps=32)
     assert all(isinstance(r, Explanation) for r in results)
@@ -109,8 +109,7 @@ def test_the_command_writes_pictures_table_and_page(zinc_source, tmp_path):
 
 
 def test_classification_explains_the_logit_and_reports_the_probability(esol_csv, tmp_path):
-    module = load_module(checkpoint(tmp_path / "m.ckpt", "ogb", task="multiclass", num_targets=3),
-                         inference_only=True)
+    module = load_module(checkpoint(tmp_path / "m.ckpt", "ogb", task="multiclass", num_targets=3))
     (result,) = explain_smiles(module, esol_smiles(esol_csv, 1), target=2)
     assert 0 < result.prediction < 1 and result.prediction != result.output
     with pytest.raises(ValueError, match="--target 3: the model has 3 outputs"):
@@ -141,7 +140,7 @@ def test_the_attention_view_is_the_graph_tokens_row_of_the_last_layer(zinc_sourc
     over heads, after URPE's C (recomputed here from that layer's own inputs); the output is the
     one the gradients view explains; with C = 1 (plain softmax) the atoms' weights add up to 1
     minus the token's weight on itself."""
-    module = load_module(checkpoint(tmp_path / "m.ckpt", "zinc"), inference_only=True)
+    module = load_module(checkpoint(tmp_path / "m.ckpt", "zinc"))
     smiles = zinc_smiles(zinc_source, 6)
     attention = explain_smiles(module, smiles, view="attention")
     gradients = explain_smiles(module, smiles, steps=4)

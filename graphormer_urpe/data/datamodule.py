@@ -41,7 +41,7 @@ from graphormer_urpe.data.encoding_registry import DEFAULT_MAX_HOPS, EncodingPar
 from graphormer_urpe.data.feature_ids import num_embeddings
 from graphormer_urpe.data.featurize import cached_smiles_graphs, featurizer_spec
 from graphormer_urpe.data.resident import ResidentLoader, ResidentSplit, TensorGraphs
-from graphormer_urpe.training.lightning_private import batches_done
+from graphormer_urpe.lightning_private import batches_done
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +256,7 @@ class GraphDataModule(pl.LightningDataModule):
         if not isinstance(interval, int) or trainer.check_val_every_n_epoch is None \
                 or not trainer.limit_val_batches:
             return
-        from graphormer_urpe.training.lightning_private import limited_batches
+        from graphormer_urpe.lightning_private import limited_batches
 
         epoch = limited_batches(trainer, batches)
         if interval > epoch:

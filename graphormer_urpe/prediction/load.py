@@ -36,10 +36,12 @@ def _check_finite(ckpt: Path, state_dict: dict) -> None:
                               f"tensor(s): {', '.join(bad[:5])}")
 
 
-def load_module(ckpt: str | Path, map_location: str = "cpu", *, inference_only: bool = False):
-    """The verified :class:`GraphormerModule` stored in a Lightning checkpoint, in eval mode;
-    with ``inference_only`` its :class:`~graphormer_urpe.prediction.model.PredictionModel`
-    instead (same ``model``, ``hparams`` and ``predict_step``; Lightning is not imported).
+def load_module(ckpt: str | Path, map_location: str = "cpu", *, model_class: type | None = None):
+    """The verified model stored in a Lightning checkpoint, in eval mode: a
+    :class:`~graphormer_urpe.prediction.model.PredictionModel` (Lightning is not imported), or
+    ``model_class`` built from the same hyperparameters and weights
+    (:func:`graphormer_urpe.training.module.load_training_module` gives the
+    ``GraphormerModule`` itself, with the same ``model``, ``hparams`` and ``predict_step``).
 
     Raises :class:`CheckpointError` for a missing file, a damaged archive (zip CRCs), content
     that is not plain data, non-finite weights, and hyperparameters or weights that do not build
@@ -50,10 +52,8 @@ def load_module(ckpt: str | Path, map_location: str = "cpu", *, inference_only: 
     from graphormer_urpe.data.featurize import featurizer_spec
     from graphormer_urpe.task import get_task
 
-    if inference_only:
+    if model_class is None:
         from graphormer_urpe.prediction.model import PredictionModel as model_class
-    else:
-        from graphormer_urpe.training.module import GraphormerModule as model_class
 
     ckpt = Path(ckpt)
     checkpoint = read_checkpoint(ckpt, map_location)
@@ -91,7 +91,7 @@ def load_models(ckpts: Sequence[str | Path]):
     """The verified inference model (:func:`load_module`) of one checkpoint, or the
     :class:`~graphormer_urpe.prediction.model.ModelEnsemble` of several (their mean, and their
     spread as a ``std``), each named by its path in errors."""
-    models = [load_module(ckpt, inference_only=True) for ckpt in ckpts]
+    models = [load_module(ckpt) for ckpt in ckpts]
     return models[0] if len(models) == 1 else ModelEnsemble(models, list(map(str, ckpts)))
 
 

@@ -41,7 +41,7 @@ from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.files import check_creatable_dir, check_writable_dir, same_file
 from graphormer_urpe.checkpoint import read_checkpoint
 from graphormer_urpe.prediction.model import RETIRED_HPARAMS
-from graphormer_urpe.training.lightning_private import is_local_path
+from graphormer_urpe.lightning_private import is_local_path
 from graphormer_urpe.training.run_checkpoint import (RunCheckpoint, check_run_dir, hold_run_dir,
                                                       pending_stop, run_dirs_released_after)
 from graphormer_urpe.training.module import DATA_POSITION, GraphormerModule, data_position

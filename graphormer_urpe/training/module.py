@@ -24,7 +24,7 @@ from graphormer_urpe.training import finetune
 from graphormer_urpe.training.run_checkpoint import rng_states, set_rng_states
 from graphormer_urpe.training.engine import OwnStepHooks, TrainingEngine
 from graphormer_urpe.nn.graphormer import build_backbone
-from graphormer_urpe.training.lightning_private import trainer_of
+from graphormer_urpe.lightning_private import trainer_of
 from graphormer_urpe.training.optim import (ParameterKind, adamw_with_schedule, head_lr_groups,
                                            parameter_groups, set_optimizer_kernel)
 from graphormer_urpe.training.schedule import schedule_lengths
@@ -313,3 +313,12 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
         self._warn_if_the_schedule_changed()
         return {"optimizer": optimizer,
                 "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}
+
+
+def load_training_module(ckpt, map_location: str = "cpu") -> GraphormerModule:
+    """The verified :class:`GraphormerModule` of a Lightning checkpoint, in eval mode, with the
+    checks of :func:`~graphormer_urpe.prediction.load.load_module` (for a Lightning trainer's
+    predict loop, or the module's own methods)."""
+    from graphormer_urpe.prediction.load import load_module
+
+    return load_module(ckpt, map_location, model_class=GraphormerModule)

@@ -1,0 +1,66 @@
+"""The private parts of Lightning this package relies on, named in one place (below both
+``data/`` and ``training/``, which read them).
+
+Lightning has no public way to ask how many batches of the training epoch ran (a resumed epoch
+continues after them), whether this batch only accumulates gradients, whether the training epoch ran all its batches (a stop inside
+an epoch must checkpoint the state inside it), whether this step writes the logs (the training
+step reads its device counters only then), how many batches ``limit_train_batches`` leaves of an
+epoch (checked against ``val_check_interval`` before training), whether it reads a path from
+the local file system, or for a module's trainer without an error when it has none. :class:`~graphormer_urpe.training.run_checkpoint.RunCheckpoint` also overrides and reads protected members of
+its base class ``ModelCheckpoint`` (:data:`MODEL_CHECKPOINT_MEMBERS`). A test
+(``tests/test_lightning_private.py``) checks that every name here still exists in the
+installed Lightning, so an upgrade that moves one fails there, not in a run.
+"""
+from __future__ import annotations
+
+import lightning.pytorch as pl
+
+#: The protected members of ``ModelCheckpoint`` that :class:`~graphormer_urpe.training.run_checkpoint.RunCheckpoint`
+#: overrides or reads.
+MODEL_CHECKPOINT_MEMBERS = ("_save_checkpoint", "_save_last_checkpoint", "_monitor_candidates",
+                            "_should_save_on_train_epoch_end", "_last_global_step_saved",
+                            "_last_checkpoint_saved", "_every_n_train_steps")
+
+
+def epoch_finished(trainer: pl.Trainer) -> bool:
+    """Whether the current training epoch ran all its batches (Lightning ends an epoch that a stop
+    cut short as if it were finished)."""
+    return trainer.fit_loop.epoch_loop._num_ready_batches_reached()
+
+
+def batches_done(trainer: pl.Trainer) -> int:
+    """Training batches of the current epoch already run (restored from a checkpoint when
+    resuming inside an epoch)."""
+    return int(trainer.fit_loop.epoch_loop.batch_progress.current.ready)
+
+
+def accumulating(trainer: pl.Trainer) -> bool:
+    """Whether this training batch only adds to the gradients (``accumulate_grad_batches``, also
+    as a ``GradientAccumulationScheduler`` sets it): no optimizer step at its end."""
+    return trainer.fit_loop._should_accumulate()
+
+
+def logs_due(trainer: pl.Trainer) -> bool:
+    """Whether Lightning writes its logs at this step (``trainer.log_every_n_steps``)."""
+    return trainer._logger_connector.should_update_logs
+
+
+def limited_batches(trainer: pl.Trainer, batches: int) -> int:
+    """The training batches of an epoch of ``batches`` that the trainer runs
+    (``trainer.limit_train_batches``, a count or a fraction), as Lightning counts them."""
+    from lightning.pytorch.trainer.connectors.data_connector import _parse_num_batches
+    from lightning.pytorch.trainer.states import RunningStage
+
+    return _parse_num_batches(RunningStage.TRAINING, batches, trainer.limit_train_batches)
+
+
+def is_local_path(path: str) -> bool:
+    """Whether Lightning reads ``path`` from the local file system (not ``s3://`` and the like)."""
+    from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
+
+    return _is_local_file_protocol(path)
+
+
+def trainer_of(module: pl.LightningModule) -> pl.Trainer | None:
+    """The module's trainer, or None when it is not attached to one (``module.trainer`` raises)."""
+    return module._trainer
