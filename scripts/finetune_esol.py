@@ -84,11 +84,10 @@ def test_rmse(ckpt: Path, split: str, seed: int) -> float:
 def checkpoint_state(ckpt: Path) -> tuple[int, dict]:
     """A run's ``last.ckpt``: its optimizer steps and its ``ModelCheckpoint`` state (the best
     checkpoint's ``best_model_path`` and ``best_model_score``)."""
-    from graphormer_urpe.checkpoint import read_checkpoint
+    from graphormer_urpe.checkpoint import model_checkpoint_state, read_checkpoint
 
     last = read_checkpoint(ckpt)
-    state = next(v for k, v in last["callbacks"].items() if k.startswith("ModelCheckpoint"))
-    return int(last["global_step"]), state
+    return int(last["global_step"]), model_checkpoint_state(last)
 
 
 def checkpoint_record(ckpt: Path) -> tuple[int, float]:

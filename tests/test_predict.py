@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from graphormer_urpe.checkpoint import model_checkpoint_state, read_checkpoint
 from graphormer_urpe.predict import main as predict_main
 from graphormer_urpe.prediction.load import best_checkpoint, load_module
 from graphormer_urpe.prediction.model import stream_predictions
@@ -812,6 +813,26 @@ def test_a_copied_run_directory_predicts_with_its_own_best_checkpoint_only(esol_
     done = installed_predict("--ckpt", copy, "--input", source, "--output", tmp_path / "missing.csv")
     assert_one_line(done, 2, f"{copy}: its best checkpoint epoch=")
     assert "is missing from" in done.stderr and not (tmp_path / "missing.csv").exists()
+
+
+def test_a_run_whose_last_checkpoint_records_no_best_is_refused(esol_run, tmp_path):
+    """A run directory whose last.ckpt holds no ModelCheckpoint state for the task's metric (a
+    run that never validated, here its state removed) is refused in one line by the installed
+    command; the state the real run recorded names its best checkpoint."""
+    _, last = esol_run
+    recorded = model_checkpoint_state(read_checkpoint(last), "val/mae")
+    assert Path(recorded["best_model_path"]).name == best_checkpoint(last.parents[1])[0].name
+    copy = tmp_path / "copy"
+    shutil.copytree(last.parents[1], copy)
+    checkpoint = read_checkpoint(copy / "checkpoints" / "last.ckpt")
+    checkpoint["callbacks"] = {key: state for key, state in checkpoint["callbacks"].items()
+                               if not key.startswith("ModelCheckpoint")}
+    torch.save(checkpoint, copy / "checkpoints" / "last.ckpt")
+    source = tmp_path / "in.smi"
+    source.write_text("CCO\n")
+    done = installed_predict("--ckpt", copy, "--input", source, "--output", tmp_path / "out.csv")
+    assert_one_line(done, 2, f"{copy}: last.ckpt has no best val/mae checkpoint")
+    assert not (tmp_path / "out.csv").exists()
 
 
 def test_mc_dropout_of_a_molecule_depends_on_it_alone(esol_run, esol_csv, tmp_path):

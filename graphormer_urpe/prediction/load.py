@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from graphormer_urpe.checkpoint import CheckpointError, read_checkpoint
+from graphormer_urpe.checkpoint import CheckpointError, model_checkpoint_state, read_checkpoint
 from graphormer_urpe.prediction.model import RETIRED_HPARAMS, ModelEnsemble, predict_smiles
 from graphormer_urpe.prediction.table import InputRow
 
@@ -105,19 +105,18 @@ def _recorded_best(run_dir: Path):
     run_dir = Path(run_dir)
     last = read_checkpoint(run_dir / RUN_LAST_CHECKPOINT)
     task = get_task(DataFacts.recorded(last.get("hyper_parameters", {}), "task"))
-    states = [state for key, state in last.get("callbacks", {}).items()
-              if key.startswith("ModelCheckpoint") and state.get("monitor") == task.monitor]
-    if not states or not states[0].get("best_model_path"):
+    state = model_checkpoint_state(last, task.monitor)
+    if not state or not state.get("best_model_path"):
         raise CheckpointError(f"{run_dir}: last.ckpt has no best {task.monitor} checkpoint (was "
                               "validation run? the budget must cover at least one validation)")
     # Only the run's own folder: the recorded path is where the run was trained, and a copied
     # or moved run directory must not silently predict with the original's checkpoint.
-    name = Path(states[0]["best_model_path"]).name
+    name = Path(state["best_model_path"]).name
     path = run_dir / RUN_LAST_CHECKPOINT.parent / name
     if not path.is_file():
         raise CheckpointError(f"{run_dir}: its best checkpoint {name} (recorded in {RUN_LAST_CHECKPOINT}) "
                               f"is missing from {path.parent}; copy it there, or name a checkpoint file")
-    return path, float(states[0]["best_model_score"]), int(last["global_step"]), task
+    return path, float(state["best_model_score"]), int(last["global_step"]), task
 
 
 def best_checkpoint(run_dir: Path):
