@@ -107,7 +107,7 @@ class GraphBatch:
 
 
 #: GraphBatch's tensor fields (all but ``encodings``), in order; a constant, which
-#: ``torch.compile`` reads where it cannot trace ``dataclasses.fields`` (the compiled ensemble).
+#: ``torch.compile`` reads where it cannot trace ``dataclasses.fields``.
 _TENSOR_FIELDS = tuple(f.name for f in fields(GraphBatch) if f.name != "encodings")
 
 
@@ -120,35 +120,25 @@ class BatchPadding:
     graphs smaller than the batch's largest: masked nodes (``node_mask`` False, id 0), pairs
     with ``spd = -1`` and no path edges, and all-zero ``edge_attr`` rows that no path points to;
     so the padded batch gives the same loss and gradients as the unpadded one.
-
-    With ``num_graphs`` a batch of fewer graphs (an epoch's last) gets empty graphs appended up
-    to that count: no nodes, no pairs, no target (``y`` NaN, which the loss skips), ``index`` -1.
     """
 
     num_nodes: int
     num_edges: int
-    num_graphs: int | None = None
 
     @classmethod
-    def covering(cls, num_nodes: np.ndarray, num_edges: np.ndarray, batch_size: int,
-                 pad_graphs: bool = False) -> "BatchPadding":
+    def covering(cls, num_nodes: np.ndarray, num_edges: np.ndarray, batch_size: int) -> "BatchPadding":
         """The smallest padding that fits any ``batch_size`` of the given graphs (node counts
         ``[G]``, edge counts ``[G]``): the largest node count, and the sum of the
-        ``batch_size`` largest edge counts; with ``pad_graphs``, ``batch_size`` graphs too."""
+        ``batch_size`` largest edge counts."""
         if len(num_nodes) == 0:
             raise ValueError("cannot size a padding for an empty split")
         edges = np.sort(np.asarray(num_edges, dtype=np.int64))[::-1][:batch_size]
-        return cls(int(np.max(num_nodes)), int(edges.sum()), int(batch_size) if pad_graphs else None)
-
-    def graphs(self, num_graphs: int) -> int:
-        """How many graphs a batch of ``num_graphs`` holds once padded."""
-        return num_graphs if self.num_graphs is None else self.num_graphs
+        return cls(int(np.max(num_nodes)), int(edges.sum()))
 
     def check(self, max_nodes: int, total_edges: int, num_graphs: int = 0) -> None:
         """ValueError unless a batch of ``num_graphs`` graphs, ``max_nodes`` (N) and
         ``total_edges`` (E) fits."""
-        too_many_graphs = self.num_graphs is not None and num_graphs > self.num_graphs
-        if max_nodes > self.num_nodes or total_edges > self.num_edges or too_many_graphs:
+        if max_nodes > self.num_nodes or total_edges > self.num_edges:
             raise ValueError(f"a batch of {num_graphs} graphs with N={max_nodes} nodes per graph and "
                              f"E={total_edges} edges does not fit the padding N={self.num_nodes}, "
-                             f"E={self.num_edges}" + (f", {self.num_graphs} graphs" if self.num_graphs else ""))
+                             f"E={self.num_edges}")

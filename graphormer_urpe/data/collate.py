@@ -116,8 +116,7 @@ def collate(graphs: FlatGraphs, indices: Sequence[int] | np.ndarray, y: np.ndarr
     ``N`` = the largest node count among them; see :class:`GraphBatch` for shapes and padding.
     ``y [B, T]`` and ``positions [B]`` override ``graphs.y[indices]`` and ``GraphBatch.index``
     (default: ``indices``) when several data rows share one stored graph (deduplicated SMILES).
-    ``padding`` fixes ``N`` and ``E`` instead, and with its ``num_graphs`` appends empty graphs
-    (:class:`~.batch.BatchPadding`).
+    ``padding`` fixes ``N`` and ``E`` instead (:class:`~.batch.BatchPadding`).
     """
     index = np.asarray(indices, dtype=np.int64).reshape(-1)
     if index.size and (index.min() < 0 or index.max() >= len(graphs)):
@@ -136,12 +135,6 @@ def collate(graphs: FlatGraphs, indices: Sequence[int] | np.ndarray, y: np.ndarr
     if padding is not None:
         padding.check(big_n, edge_rows, b)
         big_n, edge_rows = padding.num_nodes, padding.num_edges
-        if padding.graphs(b) > b:  # empty graphs after the real ones: no nodes, no target
-            extra = padding.graphs(b) - b
-            n = np.concatenate([n, np.zeros(extra, dtype=n.dtype)])
-            targets = np.concatenate([targets, np.full((extra, *targets.shape[1:]), np.nan, np.float32)])
-            positions = np.concatenate([positions, np.full(extra, -1, np.int64)])
-            b += extra
 
     # Nodes: destination b * N + local in a [B * N] grid.
     node_owner, node_local = _ragged_positions(n)

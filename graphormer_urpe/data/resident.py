@@ -195,8 +195,7 @@ def _gather_padded(graphs: TensorGraphs, index: Tensor, n: Tensor, node_start: T
                    edge_start: Tensor, padding: BatchPadding, y: Tensor | None,
                    positions: Tensor | None) -> GraphBatch:
     r""":func:`gather_batch` into ``padding`` with every intermediate of a fixed shape, so it can
-    be captured in a CUDA graph: ``B = len(index)`` graphs (or ``padding.num_graphs``, the rest
-    empty), ``N``, ``E`` from ``padding``, no size
+    be captured in a CUDA graph: ``B = len(index)`` graphs, ``N``, ``E`` from ``padding``, no size
     read from the data (no device-to-host sync, no ``repeat_interleave``); ``n``, ``m`` are the
     graphs' node and edge counts, starting at ``node_start``, ``edge_start``.
 
@@ -210,13 +209,7 @@ def _gather_padded(graphs: TensorGraphs, index: Tensor, n: Tensor, node_start: T
     big_n, big_e = padding.num_nodes, padding.num_edges
     y = graphs.y.index_select(0, index) if y is None else y
     positions = index if positions is None else positions
-    b = padding.graphs(len(index))
-    if b > len(index):  # empty graphs after the real ones (graph 0's rows, all masked): no target
-        extra = b - len(index)
-        index = torch.cat([index, index.new_zeros(extra)])
-        n, m, node_start, edge_start = (torch.cat([t, t.new_zeros(extra)]) for t in (n, m, node_start, edge_start))
-        y = torch.cat([y, y.new_full((extra, *y.shape[1:]), float("nan"))])
-        positions = torch.cat([positions, positions.new_full((extra,), -1)])
+    b = len(index)
 
     local = torch.arange(big_n, device=device)
     node_real = local < n[:, None]  # [B, N]

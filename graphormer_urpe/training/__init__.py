@@ -1,2 +1,2 @@
-"""Training and prediction: the module around the backbone, the LR schedule, the CLI, verified
-checkpoints, the model without Lightning and the prediction table."""
+"""Training: the Lightning module around the backbone, its training step, AdamW and the LR
+schedule, fine-tuning from a checkpoint, the run's checkpoints, and the ``graphormer-urpe`` CLI."""

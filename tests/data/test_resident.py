@@ -88,35 +88,6 @@ def test_fixed_shape_gather_equals_the_padded_collation_on_real_zinc(zinc_data_r
     assert_same_batch(collate(graphs, index, y, positions, padding), gathered)
 
 
-def test_graph_count_padding_appends_empty_target_less_graphs_in_both_builders(zinc_data_root):
-    """A padding with ``num_graphs`` (an epoch's last, smaller batch of a stacked ensemble):
-    the numpy collation and the fixed-shape gather both append empty graphs, bit for bit alike;
-    the real graphs are those of the batch without it, the empty ones hold no node, no pair,
-    no target (NaN) and index -1; a batch of more graphs than the padding is refused."""
-    graphs = ZINCDataModule(root=str(zinc_data_root)).train_dataset().graphs
-    on_cpu = TensorGraphs.from_flat(graphs)
-    n, m = np.diff(graphs.node_ptr), np.diff(graphs.edge_ptr)
-    padding = BatchPadding.covering(n, m, 16, pad_graphs=True)
-    assert padding.num_graphs == 16 and padding.graphs(9) == 16
-    index = np.random.default_rng(2).integers(0, len(graphs), 9)
-    padded = collate(graphs, index, padding=padding)
-    assert_same_batch(padded, gather_batch(on_cpu, torch.from_numpy(index), padding=padding))
-    assert_same_batch(padded, gather_batch(on_cpu, torch.from_numpy(index), padding=padding, check_padding=False))
-    real = collate(graphs, index, padding=BatchPadding(padding.num_nodes, padding.num_edges))
-    assert padded.num_graphs == 16 and real.num_graphs == 9
-    for name, value in padded.tensors().items():
-        if name != "edge_attr":  # one [E + 1, Fe] table for the whole batch
-            assert torch.equal(value[:9], real.tensors()[name]), name
-    assert torch.equal(padded.edge_attr, real.edge_attr)
-    assert not padded.node_mask[9:].any() and (padded.num_nodes[9:] == 0).all()
-    assert torch.isnan(padded.y[9:]).all() and (padded.index[9:] == -1).all()
-    assert (padded.spd[9:] == -1).all() and (padded.path_edges[9:] == -1).all() and not padded.x[9:].any()
-    with pytest.raises(ValueError, match="a batch of 17 graphs .* does not fit the padding .* 16 graphs"):
-        collate(graphs, np.arange(17), padding=padding)
-    with pytest.raises(ValueError, match="a batch of 17 graphs"):
-        gather_batch(on_cpu, torch.arange(17), padding=padding)
-
-
 def test_gather_batch_rejects_a_shape_for_another_batch(zinc_data_root):
     graphs = TensorGraphs.from_flat(ZINCDataModule(root=str(zinc_data_root)).train_dataset().graphs)
     with pytest.raises(ValueError, match="shape is for 2 graphs but index has 3"):
