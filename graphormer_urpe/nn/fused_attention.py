@@ -190,6 +190,38 @@ if triton is not None:
         return s
 
     @triton.jit
+    def _grad_tile(
+        q, k, v, do, lse, delta, Bias, bias_base, stride_bm, stride_bn,
+        Scale, scale_base, stride_cm, stride_cn, offs_m, offs_n, tile_valid, sm_scale,
+        Seed, dropout_p, pid_bh, len_q, len_k,
+        HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, DROPOUT: tl.constexpr,
+        INPUT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    ):
+        """One [BLOCK_M, BLOCK_N] tile of the backward, recomputed from the forward's ``lse`` and
+        ``delta = rowsum(dO ⊙ O)``: ``(P, ∂L/∂(P ⊙ C), A, dS)``, in float32, where ``A`` is what
+        multiplied V (P times the dropout mask times C) and ``dS = P ⊙ (dP - delta)``. Both
+        backward kernels call it, so they recompute dS alike."""
+        s = _scores_tile(q, k, Bias, bias_base, stride_bm, stride_bn, offs_m, offs_n, tile_valid,
+                         sm_scale, HAS_BIAS, INPUT_PRECISION, DOT_UPCAST)
+        p = tl.where(tile_valid, tl.exp(s - lse[:, None]), 0.0)
+        d_pc = _dot(do, tl.trans(v), INPUT_PRECISION, DOT_UPCAST)  # dO V^T: ∂L/∂(P ⊙ C), [M, N]
+        a = p
+        if DROPOUT:
+            keep_scale = _dropout_scale(Seed, dropout_p, pid_bh, offs_m, offs_n, len_q, len_k)
+            a = a * keep_scale
+            d_pc = d_pc * keep_scale
+        dp = d_pc
+        if HAS_SCALE:
+            scale = tl.load(
+                Scale + scale_base + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn,
+                mask=tile_valid, other=0.0,
+            ).to(tl.float32)
+            a = a * scale
+            dp = dp * scale
+        ds = p * (dp - delta[:, None])
+        return p, d_pc, a, ds
+
+    @triton.jit
     def _key_valid(Mask, mask_base, stride_mn, offs_n, len_k, HAS_MASK: tl.constexpr):
         """Keys inside the sequence and not padding."""
         valid = offs_n < len_k
@@ -340,25 +372,11 @@ if triton is not None:
             )
             lse = tl.load(Lse + pid_bh * len_q + offs_m, mask=row_valid, other=float("inf"))
             delta = tl.load(Delta + pid_bh * len_q + offs_m, mask=row_valid, other=0.0)
-            s = _scores_tile(q, k, Bias, bias_base, stride_bm, stride_bn, offs_m, offs_n, tile_valid,
-                             sm_scale, HAS_BIAS, INPUT_PRECISION, DOT_UPCAST)
-            p = tl.where(tile_valid, tl.exp(s - lse[:, None]), 0.0)
-            d_pc = _dot(do, tl.trans(v), INPUT_PRECISION, DOT_UPCAST)  # dO V^T: ∂L/∂(P ⊙ C), [M, N]
-            a = p
-            if DROPOUT:
-                keep_scale = _dropout_scale(Seed, dropout_p, pid_bh, offs_m, offs_n, len_q, len_k)
-                a = a * keep_scale
-                d_pc = d_pc * keep_scale
-            dp = d_pc
-            if HAS_SCALE:
-                scale = tl.load(
-                    Scale + scale_base + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn,
-                    mask=tile_valid, other=0.0,
-                ).to(tl.float32)
-                a = a * scale
-                dp = dp * scale
+            p, d_pc, a, ds = _grad_tile(
+                q, k, v, do, lse, delta, Bias, bias_base, stride_bm, stride_bn,
+                Scale, scale_base, stride_cm, stride_cn, offs_m, offs_n, tile_valid, sm_scale,
+                Seed, dropout_p, pid_bh, len_q, len_k, HAS_BIAS, HAS_SCALE, DROPOUT, INPUT_PRECISION, DOT_UPCAST)
             dv += _dot_f32_lhs(tl.trans(a), do, INPUT_PRECISION, DOT_UPCAST, SPLIT)
-            ds = p * (dp - delta[:, None])
             dk += _dot_f32_lhs(tl.trans(ds), q, INPUT_PRECISION, DOT_UPCAST, SPLIT)
             grad_offs = grad_base + offs_m[:, None] * len_k + offs_n[None, :]
             grad_store = row_valid[:, None] & (offs_n < len_k)[None, :]
@@ -428,19 +446,10 @@ if triton is not None:
                 V + b * stride_vb + h * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
                 mask=kv_valid, other=0.0,
             )
-            s = _scores_tile(q, k, Bias, bias_base, stride_bm, stride_bn, offs_m, offs_n, tile_valid,
-                             sm_scale, HAS_BIAS, INPUT_PRECISION, DOT_UPCAST)
-            p = tl.where(tile_valid, tl.exp(s - lse[:, None]), 0.0)
-            dp = _dot(do, tl.trans(v), INPUT_PRECISION, DOT_UPCAST)
-            if DROPOUT:
-                dp = dp * _dropout_scale(Seed, dropout_p, pid_bh, offs_m, offs_n, len_q, len_k)
-            if HAS_SCALE:
-                scale = tl.load(
-                    Scale + scale_base + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn,
-                    mask=tile_valid, other=0.0,
-                )
-                dp = dp * scale.to(tl.float32)
-            ds = p * (dp - delta[:, None])
+            _, _, _, ds = _grad_tile(
+                q, k, v, do, lse, delta, Bias, bias_base, stride_bm, stride_bn,
+                Scale, scale_base, stride_cm, stride_cn, offs_m, offs_n, tile_valid, sm_scale,
+                Seed, dropout_p, pid_bh, len_q, len_k, HAS_BIAS, HAS_SCALE, DROPOUT, INPUT_PRECISION, DOT_UPCAST)
             dq += _dot_f32_lhs(ds, k, INPUT_PRECISION, DOT_UPCAST, SPLIT)
         dq *= sm_scale
         tl.store(
