@@ -1,6 +1,6 @@
 """Benchmark of the graph-encoding core against scipy on the 1,000 real ZINC test molecules.
 
-``ours``: one batched :func:`graphormer_urpe.algos.encode_graphs` call over all graphs, from the
+``ours``: one batched :func:`graphormer_urpe.data.algos.encode_graphs` call over all graphs, from the
 stored ``edge_index`` to SPD, the first ``max_hops`` edges of one shortest path per pair and
 degrees (validation included), best of ``--repeats``.
 ``scipy``: the same job done per graph the usual way, from the same ``edge_index``:
@@ -28,7 +28,7 @@ import numpy as np
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import shortest_path
 
-from graphormer_urpe.algos import UNREACHABLE, encode_graphs
+from graphormer_urpe.data.algos import UNREACHABLE, encode_graphs
 from graphormer_urpe.data.local_data import local_data_dir
 
 DEFAULT_DATA_DIR = local_data_dir() / "zinc"

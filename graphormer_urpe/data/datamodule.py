@@ -31,7 +31,7 @@ import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Sampler
 
-from graphormer_urpe.algos import MAX_HOPS_LIMIT
+from graphormer_urpe.data.algos import MAX_HOPS_LIMIT
 from graphormer_urpe.cores import usable_cores
 from graphormer_urpe.data.batch import BatchPadding, GraphBatch
 from graphormer_urpe.data.collate import FlatGraphs

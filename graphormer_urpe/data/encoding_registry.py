@@ -39,8 +39,8 @@ from dataclasses import asdict, dataclass, fields, replace
 
 import numpy as np
 
-from graphormer_urpe import algos
-from graphormer_urpe.algos import UNREACHABLE
+from graphormer_urpe.data import algos
+from graphormer_urpe.data.algos import UNREACHABLE
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class Encoding:
 
 
 #: ``compute(node_ptr, edge_index, edge_ptr, params, num_threads) -> {name: array}``: flat graphs
-#: (as :func:`graphormer_urpe.algos.encode_graphs` takes them) to the encoder's arrays, stored layout.
+#: (as :func:`graphormer_urpe.data.algos.encode_graphs` takes them) to the encoder's arrays, stored layout.
 ComputeFn = Callable[[np.ndarray, np.ndarray, np.ndarray, "EncodingParams", int], dict]
 
 
@@ -229,7 +229,7 @@ class EncodingParams:
         return params
 
 
-#: The Cython encoder (:mod:`graphormer_urpe.algos`): always on.
+#: The Cython encoder (:mod:`graphormer_urpe.data.algos`): always on.
 PATHS = Encoder(
     "paths",
     (

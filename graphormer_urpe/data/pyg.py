@@ -1,7 +1,7 @@
 r"""Graphormer + URPE on any PyG dataset, in a plain PyTorch loop.
 
 :class:`GraphormerEncodings` is a ``torch_geometric.transforms.BaseTransform`` that adds this
-project's structural encodings (:mod:`graphormer_urpe.algos`, the Cython encoder, and those its
+project's structural encodings (:mod:`graphormer_urpe.data.algos`, the Cython encoder, and those its
 :class:`~.encoding_registry.EncodingParams` switch on) to a ``Data`` with ``n`` nodes, in the
 stored layout of :mod:`~.encoding_registry`:
 

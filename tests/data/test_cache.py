@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from graphormer_urpe import algos
+from graphormer_urpe.data import algos
 from graphormer_urpe.data import cache
 from graphormer_urpe.data import store as array_store
 from graphormer_urpe.data.cache import cached_encodings

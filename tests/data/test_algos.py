@@ -1,4 +1,4 @@
-"""Tests of the graph-encoding core (:mod:`graphormer_urpe.algos`).
+"""Tests of the graph-encoding core (:mod:`graphormer_urpe.data.algos`).
 
 References: scipy's and networkx's unweighted shortest paths for distances, a pure-Python BFS with
 the documented tie-breaking for the exact path choice, the real ZINC subset val/test graphs.
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import shortest_path as scipy_shortest_path
 
-from graphormer_urpe.algos import (MAX_GRAPH_SIZE, MAX_HOPS_LIMIT, UNREACHABLE, EncodedGraphs,
+from graphormer_urpe.data.algos import (MAX_GRAPH_SIZE, MAX_HOPS_LIMIT, UNREACHABLE, EncodedGraphs,
                                    encode_graphs, shortest_paths)
 
 FAST = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -279,7 +279,7 @@ _FORK_AFTER_TORCH = """
 import os, sys
 import numpy as np
 import torch
-from graphormer_urpe.algos import encode_graphs
+from graphormer_urpe.data.algos import encode_graphs
 
 args = [np.load(sys.argv[1])[k] for k in ("node_ptr", "edge_index", "edge_ptr")]
 torch.set_num_threads(2)
@@ -501,7 +501,7 @@ def test_encoder_source_has_no_negative_indices():
     import tokenize
     from pathlib import Path
 
-    source = (Path(__file__).resolve().parents[1] / "cython_ext" / "encoding.pyx").read_text()
+    source = (Path(__file__).resolve().parents[2] / "cython_ext" / "encoding.pyx").read_text()
     tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline)
               if t.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT)]
     negative = [a.start[0] for a, b in zip(tokens, tokens[1:]) if a.string == "[" and b.string == "-"]
