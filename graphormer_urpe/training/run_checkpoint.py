@@ -40,7 +40,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from graphormer_urpe.files import atomic_path, hold_directory
-from graphormer_urpe.training.lightning_private import accumulating, epoch_finished, is_local_path
+from graphormer_urpe.lightning_private import accumulating, epoch_finished, is_local_path
 
 log = logging.getLogger(__name__)
 
