@@ -63,8 +63,8 @@ def run(processes: int, batch: int, seed: int, args, work: Path) -> float:
                "--trainer.precision", "32-true", "--trainer.max_steps", str(args.warmup + args.steps + 1),
                "--trainer.limit_val_batches", "0", "--trainer.enable_progress_bar", "false",
                "--trainer.enable_model_summary", "false",
-               "--trainer.logger", "false", "--checkpoint.save_last", "false",
-               "--model.backbone", json.dumps(width), "--model.total_steps", "1000",
+               "--checkpoint.save_last", "false",
+               "--model.backbone", json.dumps(width), "--model.total_steps", "1000", "--model.warmup_steps", "10",
                "--data.init_args.root", str(args.zinc_root), "--data.init_args.batch_size", str(batch),
                "--data.init_args.seed", str(seed), "--seed_everything", str(seed),
                "--trainer.callbacks+", timer]
