@@ -43,10 +43,17 @@ or on another machine, continues exactly where it stopped. A finished run is tes
 ``--readme FILE`` writes the recipe's result table into FILE between ``<!-- ablation:NAME -->``
 and ``<!-- /ablation:NAME -->``, and its progress table (steps done, best and latest validation
 metric, device time, steps/s, device per run) between ``<!-- ablation-progress:NAME -->`` and
-``<!-- /ablation-progress:NAME -->``, after every invocation, also one stopped by a signal.
+``<!-- /ablation-progress:NAME -->``, after every invocation, also one stopped by a signal. The
+rest of FILE is the user's: it is read when a block is written.
 
 Several GPUs: one invocation per GPU (``CUDA_VISIBLE_DEVICES=i``, its own ``--seeds``) with the
-same ``--name`` and ``--results``; the results file is merged under a lock (build the data first, e.g. with one finished run).
+same ``--name``, ``--results`` and ``--readme`` (build the data first, e.g. with one finished
+run). The results, the table and the README's blocks are rebuilt under locks from every run of
+the grid on disk, whichever invocation trained it.
+
+Every output is checked before any work: not a file the runner reads nor another output, and
+writable; so are the files it reads (results, README, run records, the checkpoints it resumes
+or reports): one line and exit status 2 otherwise.
 
 Arguments this runner does not know are passed to every ``fit`` and ``test`` unchanged.
 Run it again with the same arguments to continue a killed grid.
@@ -58,6 +65,7 @@ import contextlib
 import csv
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -68,12 +76,15 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Sequence
+from typing import IO, Any, Callable, Sequence
 
 from graphormer_urpe.ablation_results import (
-    DEFAULT_RESULTS, code_commit, describe_device, merge_results, metric_of, now, read_results,
-    readme_block, write_progress_block, write_readme_block, write_table)
-from graphormer_urpe.files import check_creatable_dir, check_writable_dir, hold_directory, read_json, write_json
+    DEFAULT_RESULTS, code_commit, describe_device, entry_problem, is_number, metric_of, now,
+    publish_results, read_json_file, read_results, readme_block, write_progress_block,
+    write_readme_block, write_table)
+from graphormer_urpe.files import (
+    check_creatable_dir, check_writable_dir, hold_directory, refuse_overwriting_inputs, write_json,
+    written_in_place)
 
 #: What each arm changes in the recipe's ``model.backbone`` (merged into it; everything else in
 #: the backbone, e.g. a smaller model, stays as the recipe has it).
@@ -83,8 +94,12 @@ ARMS: dict[str, dict[str, Any]] = {
     "urpe-shared": {"attention": "urpe", "share_urpe_scale": True},
 }
 RUN_RECORD = "ablation_run.json"
+#: The name of a run directory: ``<arm>-s<seed>``.
+RUN_DIR = re.compile(rf"(?P<arm>{'|'.join(map(re.escape, ARMS))})-s(?P<seed>0|[1-9][0-9]*)")
 #: In a run directory: held (``fcntl.flock``) by the runner that trains it, and names its pid.
 LOCK_FILE = "ablation.lock"
+#: The lock files this process holds (:meth:`Grid.lock`), which a forked child lets go of.
+_HELD_LOCKS: list[IO] = []
 #: Seconds between updates of a running attempt's wall time in its run record.
 HEARTBEAT_S = 15.0
 #: A slice shorter than this is not started (a ``fit`` needs seconds to start before it trains).
@@ -125,11 +140,31 @@ def _stop(process: subprocess.Popen) -> None:
         process.wait()
 
 
+def checkpoint_state(path: Path) -> tuple[int, str, float | None]:
+    """``(steps, metric, best validation score)`` that a run's ``last.ckpt`` records: its
+    ``global_step``, its task's metric and its checkpoint callback's ``best_model_score`` (None
+    before the first validation). Read as plain data; ``ValueError`` naming the file for one that
+    is damaged, crafted, or lacks them."""
+    from graphormer_urpe.checkpoint import read_checkpoint
+    from graphormer_urpe.data.facts import DataFacts
+    from graphormer_urpe.task import get_task
+
+    checkpoint = read_checkpoint(path)
+    try:
+        steps = int(checkpoint["global_step"])
+        task = get_task(DataFacts.recorded(checkpoint.get("hyper_parameters", {}), "task"))
+        scores = [state.get("best_model_score") for key, state in checkpoint.get("callbacks", {}).items()
+                  if key.startswith("ModelCheckpoint") and state.get("monitor") == task.monitor]
+        score = None if not scores or scores[0] is None else float(scores[0])
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise ValueError(f"checkpoint {path} is not a run's last.ckpt ({type(error).__name__}: "
+                         f"{error}); remove it to start the run over") from None
+    return steps, task.metric_name, score
+
+
 def checkpoint_step(path: Path) -> int:
     """The optimizer steps a checkpoint holds (its ``global_step``)."""
-    from graphormer_urpe.checkpoint import read_checkpoint
-
-    return int(read_checkpoint(path)["global_step"])
+    return checkpoint_state(path)[0]
 
 
 def read_metric(metrics_csv: Path, name: str) -> float:
@@ -150,21 +185,6 @@ def latest_logged(run_dir: Path, name: str) -> float | None:
                 if row.get(name) and (latest is None or int(row["step"]) >= latest[0]):
                     latest = (int(row["step"]), float(row[name]))
     return None if latest is None else latest[1]
-
-
-def best_score(last: Path) -> tuple[str, float | None]:
-    """``(metric, best validation score)`` that a ``last.ckpt`` records (its checkpoint
-    callback's ``best_model_score``; None before the first validation)."""
-    from graphormer_urpe.checkpoint import read_checkpoint
-    from graphormer_urpe.data.facts import DataFacts
-    from graphormer_urpe.task import get_task
-
-    checkpoint = read_checkpoint(last)
-    task = get_task(DataFacts.recorded(checkpoint.get("hyper_parameters", {}), "task"))
-    scores = [state.get("best_model_score") for key, state in checkpoint.get("callbacks", {}).items()
-              if key.startswith("ModelCheckpoint") and state.get("monitor") == task.monitor]
-    score = scores[0] if scores else None
-    return task.metric_name, None if score is None else float(score)
 
 
 def parse_duration(text: str) -> float:
@@ -201,8 +221,22 @@ class Run:
     def label(self) -> str:
         return f"{self.grid.name}/{self.arm}-s{self.seed}"
 
+    def read_record(self) -> dict | None:
+        """The run record as stored (None without one); ``ValueError`` naming the file when it is
+        not a run record (:func:`record_problem`)."""
+        if not self.record_path.exists():
+            return None
+        record = read_json_file(self.record_path, None)
+        problem = record_problem(record)
+        if problem:
+            raise ValueError(f"{self.record_path}: not a run record ({problem}); fix it or remove "
+                             "the run directory")
+        return record
+
     def load_record(self) -> dict:
-        record = read_json(self.record_path, None)
+        """The run record (a new one without one); ``ValueError`` when it is not one or the run
+        was started with other arguments."""
+        record = self.read_record()
         if record is None:
             return {"cli_args": self.cli_args, "commit": self.grid.commit, "attempts": []}
         from graphormer_urpe.training.cli import training_args
@@ -218,7 +252,7 @@ class Run:
 
     def fits(self) -> int:
         """The ``fit`` attempts its record holds."""
-        return sum(a["stage"] == "fit" for a in read_json(self.record_path, {"attempts": []})["attempts"])
+        return sum(a["stage"] == "fit" for a in (self.read_record() or {"attempts": []})["attempts"])
 
     def _subprocess(self, stage: str, args: list[str], record: dict, seconds: float | None = None) -> dict:
         """``graphormer-urpe <stage> args`` with its output appended to ``<stage>.log``; the
@@ -327,18 +361,46 @@ class Run:
 
     def progress(self) -> dict:
         """Where the run stands, for the progress table: steps done, best and latest validation
-        metric, device time (every attempt's wall time), steps per second of that time, devices."""
-        record = read_json(self.record_path, {"attempts": []})
-        entry = {"run": f"{self.arm}-s{self.seed}", "steps": self.steps(), "best": None, "latest": None,
-                 "wall_s": round(sum(a.get("wall_s", 0.0) for a in record["attempts"]), 1),
+        metric, device time (every attempt's wall time), steps per second of that time, devices.
+        A finished run's steps and best come from its result, an unfinished one's from its
+        ``last.ckpt``."""
+        record = self.read_record() or {"attempts": []}
+        result = record.get("result")
+        entry = {"run": f"{self.arm}-s{self.seed}", "steps": 0, "best": None, "latest": None,
+                 "wall_s": round(sum(a["wall_s"] for a in record["attempts"]), 1),
                  "devices": sorted({a["device"] for a in record["attempts"] if a.get("device")}),
-                 "done": "result" in record}
-        if self.last.exists():
-            entry["metric"], entry["best"] = best_score(self.last)
+                 "done": result is not None}
+        if result is not None:
+            entry["metric"] = metric_of(result)
+            entry["steps"], entry["best"] = result["steps"], result[f"val_{entry['metric']}"]
+        elif self.last.exists():
+            entry["steps"], entry["metric"], entry["best"] = checkpoint_state(self.last)
+        if "metric" in entry:
             entry["latest"] = latest_logged(self.dir, f"val/{entry['metric']}")
-        fit_s = sum(a.get("wall_s", 0.0) for a in record["attempts"] if a.get("stage") == "fit")
+        fit_s = sum(a["wall_s"] for a in record["attempts"] if a["stage"] == "fit")
         entry["steps_per_s"] = round(entry["steps"] / fit_s, 1) if fit_s and entry["steps"] else None
         return entry
+
+
+def record_problem(record: Any) -> str | None:
+    """What keeps ``record`` from being a run record (:data:`RUN_RECORD`: its arguments, its
+    attempts, each with its stage, commit and wall time, and the result of a finished run), in
+    words; None for one."""
+    if not isinstance(record, dict):
+        return f"a JSON {'null' if record is None else type(record).__name__}, not an object"
+    arguments = record.get("cli_args")
+    if not (isinstance(arguments, list) and all(isinstance(a, str) for a in arguments)):
+        return "cli_args is not a list of arguments"
+    attempts = record.get("attempts")
+    if not isinstance(attempts, list):
+        return "attempts is not a list"
+    for index, attempt in enumerate(attempts):
+        if not (isinstance(attempt, dict) and isinstance(attempt.get("stage"), str)
+                and isinstance(attempt.get("commit"), str) and is_number(attempt.get("wall_s"))):
+            return f"attempt {index} lacks its stage, commit or wall_s"
+    if "result" in record and entry_problem(record["result"]):
+        return f"its result: {entry_problem(record['result'])}"
+    return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -384,19 +446,35 @@ class Grid:
         self.max_steps = cli.trainer.max_steps
         if self.time_budget and self.max_steps < 1:
             raise ValueError("--time-budget needs a step budget (trainer.max_steps) to tell when a run is done")
-        for run in self.runs:
-            if run.record_path.exists():
-                run.load_record()
+        for run in self.all_runs():  # the grid's runs on disk are of one recipe
+            run.load_record()
         if prepare_data:
             cli.datamodule.prepare_data()
+
+    def all_runs(self) -> list[Run]:
+        """This invocation's runs and every other run of the grid on disk (a run directory with
+        a run record: the seeds or arms of another invocation, e.g. one per GPU), by seed, then
+        arm."""
+        runs = {(run.arm, run.seed): run for run in self.runs}
+        for record in self.dir.glob(f"*-s*/{RUN_RECORD}"):
+            match = RUN_DIR.fullmatch(record.parent.name)
+            if match and (match["arm"], int(match["seed"])) not in runs:
+                runs[match["arm"], int(match["seed"])] = Run(self, match["arm"], int(match["seed"]))
+        return sorted(runs.values(), key=lambda run: (run.seed, list(ARMS).index(run.arm)))
+
+    def publish(self) -> str:
+        """Merge the result of every finished run of the grid on disk (this invocation's and any
+        other's) into the results file and rewrite the table, under the results' lock; the table."""
+        finished = [record["result"] for record in (run.read_record() for run in self.all_runs())
+                    if record and "result" in record]
+        with self._results_lock:
+            return publish_results(self.results, self.table, finished)
 
     def _finish(self, run: Run, seconds: float | None = None) -> dict | None:
         result = run.execute(seconds)
         if result is None:
             return None
-        with self._results_lock:
-            merge_results(self.results, [result])
-            write_table(self.results, self.table)
+        self.publish()
         metric = metric_of(result)
         self.log(f"{run.label}: val {metric} {result[f'val_{metric}']:.4f}, test {metric} "
                  f"{result[f'test_{metric}']:.4f}"
@@ -410,27 +488,32 @@ class Grid:
         self._locks = [hold_directory(run.dir, LOCK_FILE, "graphormer-urpe-ablation",
                                       "wait for it to end, or choose another --name or --runs-dir")
                        for run in self.runs]
+        _HELD_LOCKS.extend(self._locks)
 
     def release(self) -> None:
         """Let go of the run directories :meth:`lock` holds (a process that goes on after
         :func:`main`, such as a test, must not keep them)."""
         for handle in getattr(self, "_locks", ()):
+            _HELD_LOCKS.remove(handle)
             handle.close()
         self._locks = []
 
-    def check_checkpoints(self) -> None:
-        """``ValueError`` (one line) for a damaged or crafted ``last.ckpt`` of an unfinished run
-        (read as plain data, :func:`checkpoint_step`), which it resumes or tests from: before the
-        recipe is parsed."""
-        for run in self.runs:
-            if run.last.exists() and "result" not in read_json(run.record_path, {}):
-                checkpoint_step(run.last)
+    def check_runs(self, reported: bool) -> None:
+        """``ValueError`` (one line) before any work for what this invocation reads later: a run
+        record that is not one, of any run of the grid on disk, and a damaged or crafted
+        ``last.ckpt`` (read as plain data, :func:`checkpoint_state`) of an unfinished run that
+        it resumes or, when ``reported`` (``--readme``'s progress table), of any unfinished
+        run of the grid."""
+        for run in self.all_runs():
+            record = run.read_record() or {}
+            if run.last.exists() and "result" not in record and (reported or run in self.runs):
+                checkpoint_state(run.last)
 
     def run(self) -> list[dict]:
         self.dir.mkdir(parents=True, exist_ok=True)
         how = (f"slices within {self.time_budget:.0f} s" if self.time_budget else f"{self.jobs} at a time")
         self.log(f"grid {self.name}: {len(self.runs)} runs, {how}, commit {self.commit}")
-        self.resolve_recipe(any("result" not in read_json(r.record_path, {}) for r in self.runs))
+        self.resolve_recipe(any("result" not in (r.read_record() or {}) for r in self.runs))
         if self.time_budget:
             return self.run_slices()
         with ThreadPoolExecutor(max_workers=self.jobs) as pool:
@@ -453,7 +536,7 @@ class Grid:
         with the fewest fits (a slice spent starting up moves on to the next arm), then the
         first arm; None when every run is finished."""
         for seed in dict.fromkeys(run.seed for run in self.runs):
-            records = {run: read_json(run.record_path, {}) for run in self.runs
+            records = {run: run.read_record() or {} for run in self.runs
                        if run.seed == seed and run not in skip}
             pending = [run for run, record in records.items() if "result" not in record]
             if pending:
@@ -466,7 +549,7 @@ class Grid:
         finished (see the docstring). A run that fails is reported and left for this
         invocation; the others go on."""
         end = self.started + self.time_budget
-        slice_s = self.slice or self.time_budget / len({run.arm for run in self.runs})
+        slice_s = self.slice or max(self.time_budget / len({run.arm for run in self.runs}), MIN_SLICE_S)
         failed: dict[Run, Exception] = {}
         while (run := self.next_run(list(failed))) is not None:
             left = end - time.monotonic()
@@ -481,10 +564,22 @@ class Grid:
         if failed:
             raise SystemExit(f"{len(failed)} of {len(self.runs)} runs failed:\n"
                              + "\n".join(str(e) for e in failed.values()))
-        return [r["result"] for r in (read_json(run.record_path, {}) for run in self.runs) if "result" in r]
+        return [r["result"] for r in (run.read_record() or {} for run in self.runs) if "result" in r]
 
     def progress(self) -> list[dict]:
-        return [run.progress() for run in self.runs]
+        """:meth:`Run.progress` of every run of the grid on disk (:meth:`all_runs`)."""
+        return [run.progress() for run in self.all_runs()]
+
+    def figure(self, figures: Path) -> str:
+        """B and C of the grid's best-validation URPE run among all its finished runs in the
+        results file, and B of RPE with the same seed, in ``figures``; its path, or why there
+        is none yet."""
+        entries = [e for e in read_results(self.results) if e.get("recipe") == self.name]
+        if not any(e["attention"] == "urpe" for e in entries):
+            return f"no figure yet: no urpe run of {self.name} has finished"
+        from graphormer_urpe.plot import plot_learned_tables  # matplotlib only when plotting
+
+        return str(plot_learned_tables(entries, self.dir.parent, figures))
 
 
 def backbone_overrides(backbone: Any) -> dict[str, Any]:
@@ -565,8 +660,10 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
         parser.error("--seeds and --arms must not repeat a value")
     if args.slice and not args.time_budget:
         parser.error("--slice divides a --time-budget: add --time-budget")
-    if args.slice is not None and args.slice < MIN_SLICE_S:
-        parser.error(f"--slice must be at least {MIN_SLICE_S:.0f} s (a fit needs seconds to start), got {args.slice:.0f} s")
+    for option, seconds in (("--time-budget", args.time_budget), ("--slice", args.slice)):
+        if seconds is not None and seconds < MIN_SLICE_S:
+            parser.error(f"{option} must be at least {MIN_SLICE_S:.0f} s (the shortest slice: a fit needs "
+                         f"seconds to start), got {seconds:.0f} s")
     if args.time_budget and args.jobs != 1:
         parser.error("--time-budget trains one slice at a time: drop --jobs")
     if args.readme and args.table_only and not args.name:
@@ -587,6 +684,10 @@ class Stopped(BaseException):
         self.signum = signum
 
 
+def _stop_the_grid(signum: int, frame: Any) -> None:
+    raise Stopped(signum)
+
+
 @contextlib.contextmanager
 def _sigterm_stops():
     """While the grid runs, SIGTERM raises :class:`Stopped` (the runner stops its fit, which saves
@@ -594,15 +695,31 @@ def _sigterm_stops():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def stop(signum, frame):
-        raise Stopped(signum)
-
-    previous = signal.signal(signal.SIGTERM, stop)
+    previous = signal.signal(signal.SIGTERM, _stop_the_grid)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _in_a_forked_child() -> None:
+    """A process forked by the runner (a worker of the pool that builds the data) is not the
+    runner: SIGTERM and Ctrl-C end it as they end any process (the pool's end sends its workers
+    SIGTERM, and the runner's handler, which raises :class:`Stopped` to stop the grid, would print
+    a traceback from each worker), and it lets go of its copies of the run directories' locks (a
+    worker that outlived the runner would hold them). A fit is a new program: ``exec`` resets
+    the handlers, and it inherits no lock."""
+    if signal.getsignal(signal.SIGTERM) is _stop_the_grid:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if _HELD_LOCKS:
+        null = os.open(os.devnull, os.O_RDONLY)
+        for handle in _HELD_LOCKS:  # the open file stays valid; the lock is the runner's alone
+            os.dup2(null, handle.fileno())
+        os.close(null)
+
+
+os.register_at_fork(after_in_child=_in_a_forked_child)
 
 
 def _refuse(error: Exception) -> SystemExit:
@@ -610,59 +727,135 @@ def _refuse(error: Exception) -> SystemExit:
     return SystemExit(2)
 
 
+def check_output(option: str, path: Path) -> None:
+    """One-line ``ValueError`` naming ``option`` unless ``path`` can be written as the runner
+    writes its outputs (a new file renamed onto it): its folder takes a new file, and it is not a
+    directory or a file that cannot be replaced (immutable, read-only to this user)."""
+    if path.is_dir():
+        raise ValueError(f"{option} {path} is a directory; name the file to write")
+    check_writable_dir(Path(os.path.realpath(path)).parent if path.is_symlink() else path.parent, option)
+    if path.exists() and not written_in_place(path):
+        try:
+            open(path, "ab").close()  # nothing is written: opening for writing is the test
+        except OSError as error:
+            raise ValueError(f"{option} {path} cannot be written ({error.strerror or error})") from None
+
+
+def check_files(args: argparse.Namespace, table: Path, figure: Path | None) -> None:
+    """One-line ``ValueError`` before any work for the files the invocation reads and writes: the
+    results (a list of runs) and the README (UTF-8 text with the recipe's markers) it reads, and
+    every output (``--results``, ``--table``, the README's blocks, the ``--figures`` file) that is
+    a file it reads (a ``--config``, with ``--table-only`` the results) or another output,
+    however spelled (:func:`~graphormer_urpe.files.same_file`: links too), or that cannot be
+    written (:func:`check_output`)."""
+    outputs = [] if args.table_only else [("--results", "results file", args.results)]
+    outputs.append(("--table" if args.table else "the default --table", "table", table))
+    if args.readme:
+        outputs.append(("--readme", "README", args.readme))
+    if figure is not None:
+        outputs.append(("--figures", "figure", figure))
+    inputs = [("--config", "recipe config", config) for config in args.config if os.path.isfile(config)]
+    if args.table_only:
+        inputs.append(("--results", "results file", args.results))
+    for index, (option, _, path) in enumerate(outputs):
+        refuse_overwriting_inputs(option, [path], [*inputs, *outputs[:index]])
+    if figure is not None:
+        if importlib.util.find_spec("matplotlib") is None:
+            raise ValueError("--figures needs matplotlib: pip install 'graphormer-urpe[plot]'")
+        check_writable_dir(args.figures, "--figures")
+    for option, _, path in outputs:
+        check_output(option, path)
+    read_results(args.results)
+    if args.readme:
+        readme_block(args.readme, args.name)
+        if not args.table_only:
+            readme_block(args.readme, args.name, "ablation-progress")
+
+
+def figure_of(entries: Sequence[dict], figures: Path) -> Path:
+    """The file :func:`~graphormer_urpe.plot.plot_learned_tables` writes for ``entries``: of the
+    recipe of the best-validation URPE run. ``ValueError`` when no URPE run has finished."""
+    urpe = [e for e in entries if e["attention"] == "urpe"]
+    if not urpe:
+        raise ValueError("--figures plots a finished urpe run, and there is none"
+                         + (f" of {entries[0].get('recipe')}" if entries else ""))
+    best = min(urpe, key=lambda e: e[f"val_{metric_of(e)}"])
+    return figures / f"{best.get('recipe')}-tables.png"
+
+
+def _late(problems: list[str], write: Callable[[], Any]) -> Any:
+    """``write()``, done after the runs; a failure (the README's markers removed meanwhile, a full
+    disk, a file made read-only) is said in one line and added to ``problems``, and the other
+    outputs are still written."""
+    try:
+        return write()
+    except (ValueError, OSError) as error:
+        message = f"graphormer-urpe-ablation: error: {error}"
+        print(message, file=sys.stderr, flush=True)
+        problems.append(message)
+        return None
+
+
+def table_only(args: argparse.Namespace) -> None:
+    """``--table-only``: the table, the README's result block and the figure from the results
+    file alone."""
+    table = args.table or args.results.with_suffix(".md")
+    try:
+        chosen = [e for e in read_results(args.results) if args.name in (None, e.get("recipe"))]
+        check_files(args, table, figure_of(chosen, args.figures) if args.figures else None)
+    except ValueError as error:
+        raise _refuse(error) from None
+    print(write_table(args.results, table))
+    if args.readme:
+        write_readme_block(args.readme, args.name, args.results)
+    if args.figures:
+        from graphormer_urpe.plot import plot_learned_tables  # matplotlib only when plotting
+
+        print(plot_learned_tables(chosen, args.runs_dir, args.figures))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """The command (returns None: a console script exits with main()'s value)."""
     args, overrides = parse_args(argv)
+    if args.table_only:
+        return table_only(args)
     start = time.perf_counter()
-    try:
-        read_results(args.results)  # a damaged file is reported now, not after the runs
-        if not args.table_only:  # results, tables and the README are written after the runs
-            check_writable_dir(args.results.parent, "--results")
-            for option, path in (("--table", args.table), ("--readme", args.readme)):
-                if path is not None:
-                    check_writable_dir(path.parent, option)
-            check_creatable_dir(args.runs_dir, "--runs-dir")
-    except ValueError as error:
-        raise _refuse(error) from None
+    problems: list[str] = []
     with contextlib.ExitStack() as held:  # the run directories are let go when main() ends
-        if args.table_only:
-            results = read_json(args.results, [])
-            print(write_table(args.results, args.table or args.results.with_suffix(".md")))
-        else:
+        try:
             grid = Grid(args, overrides)
-            try:
-                if args.readme:  # a missing block is said now, not after training
-                    readme_block(args.readme, grid.name)
-                    readme_block(args.readme, grid.name, "ablation-progress")
-                held.callback(grid.release)
-                grid.lock()
-                grid.check_checkpoints()
-            except ValueError as error:
-                raise _refuse(error) from None
-            if args.readme:  # however the grid ends, where it stands
-                held.callback(lambda: write_progress_block(args.readme, grid.name, grid.progress(),
-                                                           grid.max_steps))
-            try:
-                with _sigterm_stops():
-                    results = grid.run()
-            except ValueError as error:  # the recipe refused by the training CLI's parser
-                raise _refuse(error) from None
-            except (KeyboardInterrupt, Stopped) as stop:  # the fit in progress saved and stopped
-                signum = getattr(stop, "signum", signal.SIGINT)
-                print(f"graphormer-urpe-ablation: stopped by {signal.Signals(signum).name}; every run "
-                      "keeps its last.ckpt: the same command continues", file=sys.stderr, flush=True)
-                raise SystemExit(128 + signum) from None
-            print(write_table(grid.results, grid.table))
+            args.name = grid.name
+            check_files(args, grid.table, args.figures and args.figures / f"{grid.name}-tables.png")
+            check_creatable_dir(args.runs_dir, "--runs-dir")
+            held.callback(grid.release)
+            grid.lock()
+            grid.check_runs(reported=bool(args.readme))
+        except ValueError as error:
+            raise _refuse(error) from None
+        if args.readme:  # however the grid ends, where all its runs stand
+            held.callback(_late, problems, lambda: write_progress_block(
+                args.readme, grid.name, grid.progress, grid.max_steps))
+        try:
+            with _sigterm_stops():
+                results = grid.run()
+        except ValueError as error:  # the recipe refused by the training CLI's parser
+            raise _refuse(error) from None
+        except (KeyboardInterrupt, Stopped) as stop:  # the fit in progress saved and stopped
+            signum = getattr(stop, "signum", signal.SIGINT)
+            print(f"graphormer-urpe-ablation: stopped by {signal.Signals(signum).name}; every run "
+                  "keeps its last.ckpt: the same command continues", file=sys.stderr, flush=True)
+            raise SystemExit(128 + signum) from None
+        table = _late(problems, grid.publish)
+        if table is not None:
+            print(table)
         if args.readme:
-            write_readme_block(args.readme, args.name or grid.name, read_json(args.results, []))
-        if args.figures and results:
-            chosen = [e for e in results if args.name in (None, e.get("recipe"))]
-            from graphormer_urpe.plot import plot_learned_tables  # matplotlib only when plotting
-
-            print(plot_learned_tables(chosen, args.runs_dir, args.figures))
-    if not args.table_only:
-        print(f"graphormer-urpe-ablation: {grid.name} took {(time.perf_counter() - start) / 60:.1f} "
-              f"min ({len(results)} runs finished)")
+            _late(problems, lambda: write_readme_block(args.readme, grid.name, args.results))
+        if args.figures:
+            _late(problems, lambda: print(grid.figure(args.figures)))
+    print(f"graphormer-urpe-ablation: {grid.name} took {(time.perf_counter() - start) / 60:.1f} "
+          f"min ({len(results)} runs finished)")
+    if problems:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

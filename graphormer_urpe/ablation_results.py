@@ -8,6 +8,7 @@ gives per arm the mean ± sample std over seeds and, per seed, the paired differ
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import fcntl
 import os
@@ -15,9 +16,9 @@ import platform
 import statistics
 import subprocess
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Iterator, Sequence
 
-from graphormer_urpe.files import atomic_write, read_json, write_json
+from graphormer_urpe.files import AtomicFile, atomic_write, read_json, write_json
 from graphormer_urpe.task import get_task
 
 #: The arm every other arm is compared with, seed by seed (plain Graphormer).
@@ -70,34 +71,98 @@ def result_key(entry: dict) -> tuple:
     return entry.get("recipe"), entry["attention"], entry["seed"]
 
 
+def read_json_file(path: Path, default: Any) -> Any:
+    """:func:`~graphormer_urpe.files.read_json`, with a file that is not UTF-8 text or cannot be
+    read (a directory, no permission) said as a ``ValueError`` naming it."""
+    try:
+        return read_json(path, default)
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start}); fix or "
+                         "remove it") from None
+    except OSError as error:
+        raise ValueError(f"{path} cannot be read ({error.strerror or error})") from None
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _is_commit(value: Any) -> bool:
+    return isinstance(value, str) or isinstance(value, list) and all(map(_is_text, value))
+
+
+def entry_problem(entry: Any) -> str | None:
+    """What keeps ``entry`` from being a run's result (the fields the tables read), in words;
+    None for a result."""
+    if not isinstance(entry, dict):
+        return f"a JSON {type(entry).__name__}, not an object"
+    try:
+        metric = get_task(entry.get("task", "regression")).metric_name
+    except (ValueError, TypeError):
+        return f"unknown task {entry.get('task')!r}"
+    checks = {"attention": _is_text, "seed": _is_count, "steps": _is_count, "wall_s": is_number,
+              "device": _is_text, "commit": _is_commit, f"val_{metric}": is_number,
+              f"test_{metric}": is_number}
+    wrong = [name for name, check in checks.items() if not check(entry.get(name))]
+    return f"missing or wrong {', '.join(wrong)}" if wrong else None
+
+
 def read_results(path: Path) -> list[dict]:
     """The result list at ``path`` (empty when missing); ``ValueError`` naming the file when it
-    is not a JSON list of runs (each with ``attention`` and ``seed``), which is never rewritten."""
-    entries = read_json(path, [])
+    is not a JSON list of runs (:func:`entry_problem`), which is never rewritten."""
+    entries = read_json_file(path, [])
     if not isinstance(entries, list):
         raise ValueError(f"{path}: expected a JSON list of runs, found {type(entries).__name__}; "
                          "fix or remove it")
-    bad = [i for i, e in enumerate(entries) if not (isinstance(e, dict) and {"attention", "seed"} <= set(e))]
-    if bad:
-        raise ValueError(f"{path}: entries {bad[:5]} are not runs (objects with attention and seed); "
-                         "fix or remove them")
+    for index, entry in enumerate(entries):
+        problem = entry_problem(entry)
+        if problem:
+            raise ValueError(f"{path}: entry {index} is not a run ({problem}); fix or remove it")
     return entries
 
 
-def merge_results(path: Path, new: Sequence[dict]) -> list[dict]:
-    """Merge ``new`` into the result list at ``path``: an entry replaces the one with the same
-    ``(recipe, attention, seed)``, all others are kept; sorted by that key. An exclusive lock on
-    ``<path>.lock`` lets several grids (e.g. one per GPU) share one results file."""
+@contextlib.contextmanager
+def results_locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``<path>.lock`` while the block runs: several grids (e.g. one per
+    GPU) share one results file and its table."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        entries = read_results(path)
-        merged = {result_key(entry): entry for entry in entries}
-        merged.update({result_key(entry): entry for entry in new})
-        ordered = sorted(merged.values(),
-                         key=lambda e: (str(e.get("recipe")), e["attention"], e["seed"]))
+        yield
+
+
+def _merged(path: Path, new: Sequence[dict]) -> list[dict]:
+    entries = read_results(path)
+    merged = {result_key(entry): entry for entry in entries}
+    merged.update({result_key(entry): entry for entry in new})
+    ordered = sorted(merged.values(), key=lambda e: (str(e.get("recipe")), e["attention"], e["seed"]))
+    if ordered != entries:
         write_json(path, ordered)
     return ordered
+
+
+def merge_results(path: Path, new: Sequence[dict]) -> list[dict]:
+    """Merge ``new`` into the result list at ``path`` under :func:`results_locked`: an entry
+    replaces the one with the same ``(recipe, attention, seed)``, all others are kept; sorted by
+    that key."""
+    with results_locked(path):
+        return _merged(path, new)
+
+
+def publish_results(path: Path, table: Path, new: Sequence[dict]) -> str:
+    """:func:`merge_results`, then the table of the whole list written to ``table``, both under
+    one :func:`results_locked` (a grid that merges later writes the later table); the table."""
+    with results_locked(path):
+        _merged(path, new)
+        return write_table(path, table)
 
 
 def metric_of(entry: dict) -> str:
@@ -174,18 +239,30 @@ def format_table(entries: Sequence[dict]) -> str:
 
 
 def write_table(results: Path, table: Path) -> str:
-    text = format_table(read_json(results, []))
+    """The table of the result list at ``results`` written to ``table``; the table."""
+    text = format_table(read_results(results))
     with atomic_write(table) as handle:
         handle.write(text)
     return text
 
 
-def readme_block(readme: Path, name: str, kind: str = "ablation") -> tuple[str, str, str, str]:
-    """``(before, begin marker, end marker, after)`` of recipe ``name``'s block in ``readme``;
-    ValueError unless it has one line ``<!-- KIND:NAME -->`` and, after it, one line
-    ``<!-- /KIND:NAME -->`` (``kind``: ``ablation`` for the results, ``ablation-progress``)."""
+def read_readme(readme: Path) -> str:
+    """The text of ``readme`` as it stands (its line endings kept; empty when missing);
+    ``ValueError`` naming it when it is not UTF-8 text or cannot be read."""
+    try:
+        with open(readme, encoding="utf-8", newline="") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return ""
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{readme}: not UTF-8 text ({error.reason} at byte {error.start}); save it "
+                         "as UTF-8") from None
+    except OSError as error:
+        raise ValueError(f"{readme} cannot be read ({error.strerror or error})") from None
+
+
+def _split_block(readme: Path, text: str, name: str, kind: str) -> tuple[str, str, str, str]:
     begin, end = f"<!-- {kind}:{name} -->", f"<!-- /{kind}:{name} -->"
-    text = readme.read_text() if readme.is_file() else ""
     if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
         raise ValueError(f"{readme} needs one line {begin} and, after it, one line {end} "
                          "where the table belongs")
@@ -193,16 +270,65 @@ def readme_block(readme: Path, name: str, kind: str = "ablation") -> tuple[str, 
     return head, begin, end, rest.split(end, 1)[1]
 
 
-def _write_block(readme: Path, name: str, kind: str, text: str) -> None:
-    head, begin, end, tail = readme_block(readme, name, kind)
-    with atomic_write(readme) as handle:
-        handle.write(f"{head}{begin}\n{text.strip()}\n{end}{tail}")
+def readme_block(readme: Path, name: str, kind: str = "ablation") -> tuple[str, str, str, str]:
+    """``(before, begin marker, end marker, after)`` of recipe ``name``'s block in ``readme``;
+    ValueError unless it has one line ``<!-- KIND:NAME -->`` and, after it, one line
+    ``<!-- /KIND:NAME -->`` (``kind``: ``ablation`` for the results, ``ablation-progress``), or
+    when it is not UTF-8 text (:func:`read_readme`)."""
+    return _split_block(readme, read_readme(readme), name, kind)
 
 
-def write_readme_block(readme: Path, name: str, entries: Sequence[dict]) -> None:
-    """Replace what stands between the markers of :func:`readme_block` with recipe ``name``'s
-    table (:func:`format_table`)."""
-    _write_block(readme, name, "ablation", format_table([e for e in entries if e.get("recipe") == name]))
+@contextlib.contextmanager
+def _readme_locked(readme: Path) -> Iterator[None]:
+    """An exclusive lock (``flock``) on the README's folder while the block runs: runners that
+    share a README (one per GPU) write their blocks one at a time, and no lock file is left
+    beside it."""
+    folder = os.open(Path(os.path.realpath(readme)).parent, os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(folder)
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        stat = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
+#: Times a block is written again when the README changed while it was written.
+_README_TRIES = 5
+
+
+def update_readme_block(readme: Path, name: str, kind: str, make_text: Callable[[], str]) -> None:
+    """Replace what stands between the markers of :func:`readme_block` with ``make_text()``,
+    which runs under :func:`_readme_locked` (a table built from the runs and results as they are
+    when it is written). The README is read when it is written and only the block changes: edits
+    made meanwhile stay, and when it changes between that reading and the rename onto it, it is
+    read and written again. ``ValueError`` naming the README for missing markers or text that is
+    not UTF-8, which leave it as it is."""
+    with _readme_locked(readme):
+        block = make_text().strip()
+        for _ in range(_README_TRIES):
+            stamp = _stamp(readme)
+            head, begin, end, tail = readme_block(readme, name, kind)
+            with AtomicFile(readme) as output:
+                output.handle.write(f"{head}{begin}\n{block}\n{end}{tail}")
+                if _stamp(readme) == stamp:
+                    output.commit()
+                    return
+        raise ValueError(f"{readme} changed {_README_TRIES} times while its {kind}:{name} block was "
+                         "written; it is left as it is")
+
+
+def write_readme_block(readme: Path, name: str, results: Path) -> None:
+    """Recipe ``name``'s result table (:func:`format_table` of its entries in ``results`` as
+    they are when it is written) into its ``ablation`` block of ``readme``."""
+    update_readme_block(readme, name, "ablation", lambda: format_table(
+        [e for e in read_results(results) if e.get("recipe") == name]))
 
 
 def _value(value: float | None) -> str:
@@ -227,7 +353,7 @@ def format_progress(runs: Sequence[dict], max_steps: int) -> str:
     return "\n".join(lines)
 
 
-def write_progress_block(readme: Path, name: str, runs: Sequence[dict], max_steps: int) -> None:
-    """Replace recipe ``name``'s ``ablation-progress`` block (:func:`readme_block`) with
-    :func:`format_progress`."""
-    _write_block(readme, name, "ablation-progress", format_progress(runs, max_steps))
+def write_progress_block(readme: Path, name: str, runs: Callable[[], Sequence[dict]], max_steps: int) -> None:
+    """Recipe ``name``'s ``ablation-progress`` block (:func:`readme_block`): :func:`format_progress`
+    of ``runs()``, taken when the block is written."""
+    update_readme_block(readme, name, "ablation-progress", lambda: format_progress(runs(), max_steps))

@@ -273,8 +273,7 @@ def test_slices_keep_the_arms_of_a_seed_together_then_take_the_next_seed(tmp_pat
     monkeypatch.setattr(ablation.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(ablation.Run, "steps", lambda run: state[run.label]["steps"])
     monkeypatch.setattr(ablation.Run, "fits", lambda run: state[run.label]["fits"])
-    monkeypatch.setattr(ablation, "read_json", lambda path, default: (
-        {"result": {}} if any(state[r.label]["done"] for r in grid.runs if r.record_path == path) else default))
+    monkeypatch.setattr(ablation.Run, "read_record", lambda run: {"result": {}} if state[run.label]["done"] else None)
 
     def finish(run, seconds):
         clock[0] += seconds
@@ -301,7 +300,10 @@ def test_slices_keep_the_arms_of_a_seed_together_then_take_the_next_seed(tmp_pat
     (["--seeds", "-1"], "--seeds must be integers from 0 to 4294967295 (2**32 - 1), got [-1]"),
     (["--seeds", "0", "0"], "--seeds and --arms must not repeat a value"),
     (["--jobs", "2", "--time-budget", "9m"], "--time-budget trains one slice at a time: drop --jobs"),
-    (["--time-budget", "9m", "--slice", "5s"], "--slice must be at least 20 s (a fit needs seconds to start), got 5 s"),
+    (["--time-budget", "9m", "--slice", "5s"],
+     "--slice must be at least 20 s (the shortest slice: a fit needs seconds to start), got 5 s"),
+    (["--time-budget", "10s"], "--time-budget must be at least 20 s (the shortest slice: a fit needs seconds to "
+                               "start), got 10 s"),
 ])
 def test_bad_runner_options_are_one_line_before_any_work(tmp_path, args, message):
     installed = str(Path(sys.executable).parent / "graphormer-urpe-ablation")
