@@ -85,6 +85,7 @@ from graphormer_urpe.ablation_results import (
 from graphormer_urpe.files import (
     check_creatable_dir, check_writable_dir, hold_directory, refuse_overwriting_inputs, write_json,
     written_in_place)
+from graphormer_urpe.training.recipes import resolve_config
 
 #: What each arm changes in the recipe's ``model.backbone`` (merged into it; everything else in
 #: the backbone, e.g. a smaller model, stays as the recipe has it).
@@ -145,7 +146,7 @@ def checkpoint_state(path: Path) -> tuple[int, str, float | None]:
     ``global_step``, its task's metric and its checkpoint callback's ``best_model_score`` (None
     before the first validation). Read as plain data; ``ValueError`` naming the file for one that
     is damaged, crafted, or lacks them."""
-    from graphormer_urpe.checkpoint import read_checkpoint
+    from graphormer_urpe.checkpoint import model_checkpoint_state, read_checkpoint
     from graphormer_urpe.data.facts import DataFacts
     from graphormer_urpe.task import get_task
 
@@ -153,9 +154,8 @@ def checkpoint_state(path: Path) -> tuple[int, str, float | None]:
     try:
         steps = int(checkpoint["global_step"])
         task = get_task(DataFacts.recorded(checkpoint.get("hyper_parameters", {}), "task"))
-        scores = [state.get("best_model_score") for key, state in checkpoint.get("callbacks", {}).items()
-                  if key.startswith("ModelCheckpoint") and state.get("monitor") == task.monitor]
-        score = None if not scores or scores[0] is None else float(scores[0])
+        state = model_checkpoint_state(checkpoint, task.monitor) or {}
+        score = None if state.get("best_model_score") is None else float(state["best_model_score"])
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise ValueError(f"checkpoint {path} is not a run's last.ckpt ({type(error).__name__}: "
                          f"{error}); remove it to start the run over") from None
@@ -619,7 +619,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         epilog="Other arguments (e.g. --trainer.max_steps 1570) go to every fit and test.")
     parser.add_argument("--config", action="append", default=None,
-                        help="recipe config file, repeatable, in order (default: configs/zinc.yaml)")
+                        help="a packaged recipe's name or a config file, repeatable, in order (default: zinc)")
     parser.add_argument("--arms", nargs="+", choices=sorted(ARMS), default=["urpe", "rpe"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--name", default=None,
@@ -648,7 +648,12 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
                         help="after the grid, plot B and C of the best-validation URPE run and "
                              "B of RPE with the same seed to DIR/<name>-tables.png")
     args, overrides = parser.parse_known_args(argv)
-    args.config = args.config or ["configs/zinc.yaml"]
+    args.config = args.config or ["zinc"]
+    for config in args.config:  # names stay names: each fit reads the recipe of its own install
+        try:
+            resolve_config(config)
+        except ValueError as error:
+            parser.error(str(error))
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
     if args.threads_per_job is not None and args.threads_per_job < 1:

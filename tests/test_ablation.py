@@ -172,6 +172,20 @@ def test_one_runner_per_run_directory_and_steps_from_the_checkpoint(zinc_data_ro
 
 
 @pytest.mark.slow
+def sliced_and_uninterrupted(tmp_path: Path, record: dict, env: dict) -> tuple[dict, dict]:
+    """The last.ckpt of the runner's urpe-s0 run, and that of the same fit run uninterrupted by
+    the fit command (one thread, as the runner's --threads-per-job 1) into ``reference``."""
+    cli_args = record["cli_args"]
+    root = cli_args.index("--trainer.default_root_dir")
+    reference = [*cli_args[:root + 1], str(tmp_path / "reference"), *cli_args[root + 2:]]
+    one_thread = {**env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    straight = subprocess.run([sys.executable, "-m", "graphormer_urpe.training.cli", "fit", *reference],
+                              cwd=REPO, env=one_thread, capture_output=True, text=True, timeout=900)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    return (torch.load(tmp_path / "runs" / "tiny" / "urpe-s0" / "checkpoints" / "last.ckpt", weights_only=True),
+            torch.load(tmp_path / "reference" / "checkpoints" / "last.ckpt", weights_only=True))
+
+
 def test_time_budget_slices_resume_exactly_and_write_the_progress(zinc_data_root, tmp_path):
     """``--time-budget``: each invocation trains slices (SIGTERM ends one: the run's whole state
     is saved in last.ckpt at the end of the step in progress) and writes the progress table into
@@ -209,16 +223,7 @@ def test_time_budget_slices_resume_exactly_and_write_the_progress(zinc_data_root
     assert [a["steps"][0] for a in fits[1:]] == [a["steps"][1] for a in fits[:-1]]
     assert fits[-1]["steps"][1] == steps
 
-    # The same fit uninterrupted (one thread, as the runner's --threads-per-job 1).
-    cli_args = record["cli_args"]
-    root = cli_args.index("--trainer.default_root_dir")
-    reference = [*cli_args[:root + 1], str(tmp_path / "reference"), *cli_args[root + 2:]]
-    one_thread = {**env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    straight = subprocess.run([sys.executable, "-m", "graphormer_urpe.training.cli", "fit", *reference],
-                              cwd=REPO, env=one_thread, capture_output=True, text=True, timeout=600)
-    assert straight.returncode == 0, straight.stderr[-3000:]
-    sliced = torch.load(tmp_path / "runs" / "tiny" / "urpe-s0" / "checkpoints" / "last.ckpt", weights_only=True)
-    whole = torch.load(tmp_path / "reference" / "checkpoints" / "last.ckpt", weights_only=True)
+    sliced, whole = sliced_and_uninterrupted(tmp_path, record, env)
     assert sliced["global_step"] == whole["global_step"] == steps
     assert sliced["state_dict"].keys() == whole["state_dict"].keys()
     for name, value in whole["state_dict"].items():

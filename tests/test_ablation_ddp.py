@@ -7,10 +7,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import torch
-from test_ablation import REPO, run_record, runner_command
+from test_ablation import REPO, run_record, runner_command, sliced_and_uninterrupted
 
 from graphormer_urpe.files import read_json
 
@@ -36,15 +35,7 @@ def test_time_slices_of_a_two_process_run_resume_exactly(zinc_data_root, tmp_pat
     assert any("slice_end" in a and a["steps"][1] == 5 for a in fits), fits
     assert [a["steps"][0] for a in fits[1:]] == [a["steps"][1] for a in fits[:-1]]
 
-    cli_args = run_record(tmp_path, "urpe")["cli_args"]
-    root = cli_args.index("--trainer.default_root_dir")
-    reference = [*cli_args[:root + 1], str(tmp_path / "reference"), *cli_args[root + 2:]]
-    one_thread = {**env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    straight = subprocess.run([sys.executable, "-m", "graphormer_urpe.training.cli", "fit", *reference],
-                              cwd=REPO, env=one_thread, capture_output=True, text=True, timeout=900)
-    assert straight.returncode == 0, straight.stderr[-3000:]
-    sliced = torch.load(tmp_path / "runs" / "tiny" / "urpe-s0" / "checkpoints" / "last.ckpt", weights_only=True)
-    whole = torch.load(tmp_path / "reference" / "checkpoints" / "last.ckpt", weights_only=True)
+    sliced, whole = sliced_and_uninterrupted(tmp_path, run_record(tmp_path, "urpe"), env)
     assert sliced["global_step"] == whole["global_step"] == steps
     assert len(sliced["process_rng_states"]) == 2
     for name, value in whole["state_dict"].items():

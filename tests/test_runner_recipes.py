@@ -5,8 +5,24 @@ from __future__ import annotations
 
 import pytest
 
-from graphormer_urpe import hpopt
+from graphormer_urpe import ablation, hpopt
 from graphormer_urpe.training.recipes import RECIPES_DIR, recipe_names
+
+
+def test_the_ablation_takes_recipes_by_name_and_defaults_to_zinc(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    args, _ = ablation.parse_args([])
+    assert args.config == ["zinc"]
+    grid = ablation.Grid(*ablation.parse_args(["--config", "zinc", "--config", "rpe", "--seeds", "0"]))
+    assert grid.recipe_args == ["--config", "zinc", "--config", "rpe"]  # names: each fit resolves them
+    assert grid.name.startswith("zinc+rpe-")
+    with pytest.raises(SystemExit) as refused:
+        ablation.parse_args(["--config", "zinc", "--config", "rpee"])
+    assert refused.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].startswith("graphormer-urpe-ablation: error: --config rpee: no such file, "
+                                           "nor a recipe of that name")
+    assert all(name in err for name in recipe_names())
 
 
 def test_hpopt_takes_recipes_by_name(tmp_path, monkeypatch, capsys):
