@@ -80,11 +80,11 @@ from typing import IO, Any, Callable, Sequence
 
 from graphormer_urpe.ablation_results import (
     DEFAULT_RESULTS, code_commit, describe_device, entry_problem, is_number, metric_of, now,
-    publish_results, read_json_file, read_results, readme_block, write_progress_block,
+    publish_results, read_results, readme_block, write_progress_block,
     write_readme_block, write_table)
 from graphormer_urpe.files import (
-    check_creatable_dir, check_writable_dir, hold_directory, refuse_overwriting_inputs, write_json,
-    written_in_place)
+    check_creatable_dir, check_writable_dir, hold_directory, read_json, refuse_overwriting_inputs,
+    write_json, written_in_place)
 from graphormer_urpe.training.recipes import resolve_config
 
 #: What each arm changes in the recipe's ``model.backbone`` (merged into it; everything else in
@@ -226,7 +226,7 @@ class Run:
         not a run record (:func:`record_problem`)."""
         if not self.record_path.exists():
             return None
-        record = read_json_file(self.record_path, None)
+        record = read_json(self.record_path, None)
         problem = record_problem(record)
         if problem:
             raise ValueError(f"{self.record_path}: not a run record ({problem}); fix it or remove "

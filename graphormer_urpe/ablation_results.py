@@ -71,18 +71,6 @@ def result_key(entry: dict) -> tuple:
     return entry.get("recipe"), entry["attention"], entry["seed"]
 
 
-def read_json_file(path: Path, default: Any) -> Any:
-    """:func:`~graphormer_urpe.files.read_json`, with a file that is not UTF-8 text or cannot be
-    read (a directory, no permission) said as a ``ValueError`` naming it."""
-    try:
-        return read_json(path, default)
-    except UnicodeDecodeError as error:
-        raise ValueError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start}); fix or "
-                         "remove it") from None
-    except OSError as error:
-        raise ValueError(f"{path} cannot be read ({error.strerror or error})") from None
-
-
 def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -118,7 +106,7 @@ def entry_problem(entry: Any) -> str | None:
 def read_results(path: Path) -> list[dict]:
     """The result list at ``path`` (empty when missing); ``ValueError`` naming the file when it
     is not a JSON list of runs (:func:`entry_problem`), which is never rewritten."""
-    entries = read_json_file(path, [])
+    entries = read_json(path, [])
     if not isinstance(entries, list):
         raise ValueError(f"{path}: expected a JSON list of runs, found {type(entries).__name__}; "
                          "fix or remove it")

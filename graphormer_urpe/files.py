@@ -420,13 +420,18 @@ def hold_directory(directory: Path, lock_name: str, holder: str, advice: str) ->
 
 def read_json(path: Path, default: Any) -> Any:
     """The JSON value at ``path``, ``default`` when it is missing; ``ValueError`` naming the file
-    when it is not JSON."""
+    when it is not JSON, not UTF-8 text, or cannot be read (a directory, no permission)."""
     if not path.exists():
         return default
     try:
-        return json.loads(path.read_text())
+        return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
         raise ValueError(f"{path}: not valid JSON ({error}); fix or remove it") from None
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start}); fix or "
+                         "remove it") from None
+    except OSError as error:
+        raise ValueError(f"{path} cannot be read ({error.strerror or error})") from None
 
 
 def write_json(path: Path, value: Any) -> None:
