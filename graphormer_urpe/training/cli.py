@@ -479,6 +479,7 @@ def main(args: list[str] | None = None) -> int:
     SIGTERM or Ctrl-C (one line from the first process of a multi-process run)."""
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+    pending_stop()  # a signal of an earlier fit in this process (built without main) is not this one's
     try:
         build_cli(args)
     except SIGTERMException:  # raised after the step in progress, which last.ckpt then holds

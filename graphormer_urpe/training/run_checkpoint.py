@@ -219,8 +219,10 @@ class RunCheckpoint(ModelCheckpoint):
         self._hold_signals()
 
     def _hold_signals(self) -> None:
+        global _pending_stop
         if self._replaced_handlers or threading.current_thread() is not threading.main_thread():
             return
+        _pending_stop = 0  # this fit's own from here on
         for signum in HELD_SIGNALS:
             self._replaced_handlers[signum] = signal.getsignal(signum)
             signal.signal(signum, self._hold_signal)
