@@ -157,7 +157,11 @@ class GraphormerCLI(LightningCLI):
 
     def after_instantiate_classes(self) -> None:
         """Before any data is read or built: the checkpoint the command starts from was trained
-        on data of this kind (:func:`check_checkpoint_data`)."""
+        on data of this kind (:func:`check_checkpoint_data`). A run without a logger
+        (``--trainer.logger false``) drops the learning-rate monitor, which has nothing to log
+        to (Lightning would stop the run on it once the data is built)."""
+        if self.trainer is not None and not self.trainer.loggers:
+            self.trainer.callbacks = [c for c in self.trainer.callbacks if not isinstance(c, LearningRateMonitor)]
         config = self.config[self.subcommand] if self.subcommand else self.config
         if config.get("ckpt_path") and Path(config.ckpt_path).is_file():
             path, hparams, place = self._read_checkpoint(config.ckpt_path)

@@ -151,3 +151,15 @@ def test_warmup_longer_than_the_trainer_budget_is_a_clear_error(zinc_data_root, 
     with pytest.raises(ValueError, match=r"warmup_steps \(60\) must be below the schedule's "
                                          r"total_steps \(5, from trainer.max_steps\)"):
         build_cli(["fit", *args, "--trainer.max_steps", "5", "--model.warmup_steps", "60"])
+
+
+def test_a_fit_without_a_logger_trains(zinc_data_root, tmp_path, run_main):
+    """``--trainer.logger false``: the learning-rate monitor has nothing to log to and is left out,
+    instead of stopping the run once the data is built."""
+    from graphormer_urpe.training.cli import main
+
+    done = run_main(main, ["fit", *zinc_args(tmp_path / "run", zinc_data_root, "--trainer.max_steps", "2",
+                                             "--trainer.logger", "false")])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert last_checkpoint(tmp_path / "run")["global_step"] == 2
+    assert not (tmp_path / "run" / "csv").exists()
