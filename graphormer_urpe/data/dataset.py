@@ -70,14 +70,11 @@ class EncodedGraphDataset(Dataset):
     def __getitems__(self, items: Sequence[int]) -> GraphBatch:
         """The batch of ``items``; a :func:`masked` item is served without its labels (NaN) and at
         position -1."""
-        items = np.asarray(items, dtype=np.int64)
-        unlabelled = items < 0
-        if not unlabelled.any():
-            return collate(self.graphs, self.graph_ids[items], self.y[items], self.positions[items], self.padding)
-        items = np.where(unlabelled, masked(items), items)
-        y = np.where(unlabelled[:, None], np.float32(np.nan), self.y[items])
-        return collate(self.graphs, self.graph_ids[items], y, np.where(unlabelled, -1, self.positions[items]),
-                       self.padding)
+        items, unlabelled = unmasked(items)
+        y, positions = self.y[items], self.positions[items]
+        if unlabelled.any():
+            y, positions = np.where(unlabelled[:, None], np.float32(np.nan), y), np.where(unlabelled, -1, positions)
+        return collate(self.graphs, self.graph_ids[items], y, positions, self.padding)
 
 
 def masked(items: np.ndarray) -> np.ndarray:
@@ -85,6 +82,14 @@ def masked(items: np.ndarray) -> np.ndarray:
     tops up a process's share of an epoch yields them; the dataset serves them with NaN labels,
     which no loss or metric counts."""
     return ~np.asarray(items, dtype=np.int64)
+
+
+def unmasked(items: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The item ids of a batch's ``items`` with :func:`masked` ones turned back, and which were
+    masked (int64, bool)."""
+    items = np.asarray(items, dtype=np.int64)
+    unlabelled = items < 0
+    return np.where(unlabelled, masked(items), items), unlabelled
 
 
 #: Seeds are numpy's (and Lightning's ``seed_everything``'s): 0 to 2**32 - 1.

@@ -45,7 +45,7 @@ from torch.utils.data import Sampler
 
 from graphormer_urpe.data.batch import BatchPadding, GraphBatch
 from graphormer_urpe.data.collate import FlatGraphs, GraphArrays
-from graphormer_urpe.data.dataset import EncodedGraphDataset, SeededShuffleSampler, masked
+from graphormer_urpe.data.dataset import EncodedGraphDataset, SeededShuffleSampler, unmasked
 
 
 @functools.cache
@@ -304,10 +304,9 @@ class ResidentSplit:
     def batch(self, items: np.ndarray, items_on_device: Tensor | None = None) -> GraphBatch:
         """The batch of items ``items [B]`` (host ints), padded as the dataset's batches are;
         ``items_on_device`` is the same ids already on the device (saves a host-to-device copy)."""
-        items = np.asarray(items, dtype=np.int64)
-        unlabelled = items < 0  # masked: served without labels (EncodedGraphDataset.__getitems__)
+        items, unlabelled = unmasked(items)  # masked: served without labels, as the dataset does
         if unlabelled.any():
-            items, items_on_device = np.where(unlabelled, masked(items), items), None
+            items_on_device = None
         if items_on_device is None:
             items_on_device = torch.from_numpy(items).to(self.device, non_blocking=True)
         shape = BatchShape.of(self.num_nodes[items], self.num_edges[items])

@@ -34,7 +34,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.callbacks import BasePredictionWriter, GradientAccumulationScheduler, LearningRateMonitor
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.utilities.rank_zero import rank_zero_module
+from lightning.pytorch.utilities.rank_zero import rank_zero_module, rank_zero_only
 
 from graphormer_urpe.data.dataset import check_seed
 from graphormer_urpe.data.facts import DataFacts
@@ -349,19 +349,27 @@ def check_step_config(trainer: Namespace) -> None:
         raise ValueError("the training step needs " + "; ".join(problems))
 
 
+def device_number(devices) -> int | None:
+    """``trainer.devices`` given as one integer (``3``, ``"3"``, ``-1``), else None (a list of
+    device ids, ``auto``)."""
+    if isinstance(devices, int) and not isinstance(devices, bool):
+        return devices
+    if isinstance(devices, str) and devices.strip().lstrip("-").isdigit():
+        return int(devices)
+    return None
+
+
 def device_count(trainer: Namespace) -> int:
     """The processes ``trainer.devices`` x ``trainer.num_nodes`` start (1 where it says ``auto``)."""
     devices, nodes = trainer.get("devices"), trainer.get("num_nodes") or 1
-    if isinstance(devices, (list, tuple)):
+    count = device_number(devices)
+    if count == -1:
+        count = torch.cuda.device_count()
+    elif count is None and isinstance(devices, (list, tuple)):
         count = len(devices)
-    elif isinstance(devices, str) and "," in devices:
+    elif count is None and isinstance(devices, str) and "," in devices:
         count = len([d for d in devices.split(",") if d.strip()])
-    elif isinstance(devices, int) or (isinstance(devices, str) and devices.strip().lstrip("-").isdigit()):
-        count = int(devices)
-        count = torch.cuda.device_count() if count == -1 else count
-    else:
-        count = 1
-    return max(count, 1) * (nodes if isinstance(nodes, int) else 1)
+    return max(count or 1, 1) * (nodes if isinstance(nodes, int) else 1)
 
 
 def device_problems(trainer: Namespace) -> list[str]:
@@ -375,8 +383,7 @@ def device_problems(trainer: Namespace) -> list[str]:
         return problems
     accelerator = trainer.get("accelerator")
     on_cpu = accelerator == "cpu" or (accelerator in (None, "auto") and not torch.cuda.is_available())
-    count = devices if isinstance(devices, int) else int(devices) if (
-        isinstance(devices, str) and devices.strip().isdigit()) else None
+    count = device_number(devices)
     if on_cpu and (count is None or count < 1):
         problems.append(f"trainer.devices a number of processes >= 1 on a CPU (got {devices}: lists of "
                         "device ids and -1 are for GPUs)")
@@ -521,7 +528,7 @@ def stopped(signum: int, during_training: bool) -> int:
                 "process): resume with --ckpt_path last")
     else:
         said = "after its training had ended; its checkpoints are complete"
-    if int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))) == 0:
+    if rank_zero_only.rank == 0:
         print(f"graphormer-urpe: stopped by {name} {said}", file=sys.stderr)
     return 128 + signum
 

@@ -219,10 +219,8 @@ class RunCheckpoint(ModelCheckpoint):
         self._hold_signals()
 
     def _hold_signals(self) -> None:
-        global _pending_stop
         if self._replaced_handlers or threading.current_thread() is not threading.main_thread():
             return
-        _pending_stop = 0  # this fit's own from here on
         for signum in HELD_SIGNALS:
             self._replaced_handlers[signum] = signal.getsignal(signum)
             signal.signal(signum, self._hold_signal)
@@ -236,7 +234,7 @@ class RunCheckpoint(ModelCheckpoint):
     def _agreed_signal(self, trainer: pl.Trainer) -> int:
         """The held signal of any process (SIGTERM before SIGINT), 0 if none: the same answer on
         every process, at the same step."""
-        held = self._held_signal or 0
+        held = self._held_signal
         if trainer.world_size > 1 and torch.distributed.is_initialized():
             flag = torch.tensor([held], dtype=torch.int32, device=trainer.strategy.root_device)
             torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
