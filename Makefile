@@ -28,4 +28,4 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
 
 clean:
-	rm -rf build graphormer_urpe/*.so cython_ext/*.c
+	rm -rf build graphormer_urpe/data/*.so cython_ext/*.c

@@ -5,7 +5,7 @@ from setuptools import Extension, setup
 
 extensions = [
     Extension(
-        "graphormer_urpe._encoding",
+        "graphormer_urpe.data._encoding",
         ["cython_ext/encoding.pyx"],
         include_dirs=[np.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from graphormer_urpe.cores import usable_cores
+from graphormer_urpe.utils.process import usable_cores
 from graphormer_urpe.data.local_data import local_data_dir
 
 

@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
               "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
               "summary": summary, "per_split": results}
     if args.out is not None:
-        from graphormer_urpe.files import write_json
+        from graphormer_urpe.utils.files import write_json
 
         write_json(args.out, record)
     print(json.dumps(record))

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from graphormer_urpe.cores import usable_cores
+from graphormer_urpe.utils.process import usable_cores
 from graphormer_urpe.data.local_data import local_data_dir
 
 

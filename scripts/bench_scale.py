@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from graphormer_urpe.cores import usable_cores
+from graphormer_urpe.utils.process import usable_cores
 from graphormer_urpe.data.local_data import local_data_dir
 
 FULL_PCQM4MV2 = 3_746_620

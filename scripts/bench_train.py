@@ -609,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
         results["fastest"] = {key: fastest[key] for key in ("preset", "attention", "path", "ms_per_step", "steps_per_s")}
         print(f"fastest: {fastest['path']} ({fastest['attention']}), {fastest['ms_per_step']:.2f} ms/step")
     if args.record:
-        from graphormer_urpe.files import write_json
+        from graphormer_urpe.utils.files import write_json
 
         write_json(args.record, {**results, "code": args.code})
     print(json.dumps(results))

@@ -38,7 +38,7 @@ def cli(args: list[str], log: Path) -> None:
     """``graphormer-urpe`` in a subprocess (one torch thread), its output in ``log``."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
            "GRAPHORMER_URPE_ZINC_SOURCE": os.environ.get("GRAPHORMER_URPE_ZINC_SOURCE", str(SHARED / "zinc"))}
-    command = [sys.executable, "-m", "graphormer_urpe.training.cli", *args]
+    command = [sys.executable, "-m", "graphormer_urpe.cli.fit", *args]
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as out:
         out.write(" ".join(command) + "\n")
@@ -84,7 +84,7 @@ def test_rmse(ckpt: Path, split: str, seed: int) -> float:
 def checkpoint_state(ckpt: Path) -> tuple[int, dict]:
     """A run's ``last.ckpt``: its optimizer steps and its ``ModelCheckpoint`` state (the best
     checkpoint's ``best_model_path`` and ``best_model_score``)."""
-    from graphormer_urpe.checkpoint import model_checkpoint_state, read_checkpoint
+    from graphormer_urpe.utils.torch_files import model_checkpoint_state, read_checkpoint
 
     last = read_checkpoint(ckpt)
     return int(last["global_step"]), model_checkpoint_state(last)

@@ -130,7 +130,7 @@ fi
 # device-resident batches of one shape.
 TRAIN=$(( $(seconds_left) - RESERVE ))
 if (( TRAIN >= 20 )); then
-  part ablation $(( TRAIN + 30 )) "$PY" -m graphormer_urpe.ablation --config configs/zinc.yaml --name zinc-paper \
+  part ablation $(( TRAIN + 30 )) "$PY" -m graphormer_urpe.cli.ablation --config configs/zinc.yaml --name zinc-paper \
     --runs-dir "$RUNS_DIR" --results "$RESULTS_DIR/zinc_gpu.json" --readme "$README" --time-budget "${TRAIN}s" \
     --data.init_args.device_resident true --data.init_args.static_shapes true --model.compile true
 else

@@ -257,7 +257,7 @@ def plant_crafted_checkpoint():
 @pytest.fixture
 def start_lock_holder():
     """``start(command, lock, **popen_kwargs) -> process``: the command started, once it holds
-    ``lock`` (a :func:`~graphormer_urpe.files.hold_directory` lock file naming its pid)."""
+    ``lock`` (a :func:`~graphormer_urpe.utils.files.hold_directory` lock file naming its pid)."""
     import subprocess
     import time
 

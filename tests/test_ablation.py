@@ -15,9 +15,9 @@ import pytest
 import torch
 import yaml
 
-from graphormer_urpe.ablation import backbone_overrides, main
-from graphormer_urpe.ablation_results import format_table, merge_results
-from graphormer_urpe.files import read_json
+from graphormer_urpe.cli.ablation import backbone_overrides, main
+from graphormer_urpe.training.studies.ablation_results import format_table, merge_results
+from graphormer_urpe.utils.files import read_json
 from graphormer_urpe.prediction.load import best_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,7 +27,7 @@ STEPS = 16  # 8 epochs of 2 batches, each validated: long enough to be killed pa
 
 def runner_command(tmp_path: Path, data_root: Path, *extra: str) -> list[str]:
     return [
-        sys.executable, "-m", "graphormer_urpe.ablation",
+        sys.executable, "-m", "graphormer_urpe.cli.ablation",
         "--config", str(REPO / "configs" / "zinc.yaml"), "--name", "tiny",
         "--arms", "urpe", "rpe", "--seeds", "0",
         "--runs-dir", str(tmp_path / "runs"), "--results", str(tmp_path / "results.json"),
@@ -179,7 +179,7 @@ def sliced_and_uninterrupted(tmp_path: Path, record: dict, env: dict) -> tuple[d
     root = cli_args.index("--trainer.default_root_dir")
     reference = [*cli_args[:root + 1], str(tmp_path / "reference"), *cli_args[root + 2:]]
     one_thread = {**env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    straight = subprocess.run([sys.executable, "-m", "graphormer_urpe.training.cli", "fit", *reference],
+    straight = subprocess.run([sys.executable, "-m", "graphormer_urpe.cli.fit", "fit", *reference],
                               cwd=REPO, env=one_thread, capture_output=True, text=True, timeout=900)
     assert straight.returncode == 0, straight.stderr[-3000:]
     return (torch.load(tmp_path / "runs" / "tiny" / "urpe-s0" / "checkpoints" / "last.ckpt", weights_only=True),
@@ -266,7 +266,7 @@ def test_slices_keep_the_arms_of_a_seed_together_then_take_the_next_seed(tmp_pat
     """The order of :meth:`Grid.run_slices`, with runs that advance 10 steps a slice (none on a
     slice that only starts up): URPE and RPE of seed 0 alternate, the one behind (or on a tie
     the one with fewer fits) first, until both are done; then seed 1; the budget stops it."""
-    from graphormer_urpe import ablation
+    from graphormer_urpe.cli import ablation
 
     args, overrides = ablation.parse_args(["--name", "n", "--runs-dir", str(tmp_path), "--seeds", "0", "1",
                                            "--time-budget", "190s", "--slice", "30s"])
@@ -328,7 +328,7 @@ def test_results_that_cannot_be_written_are_refused_before_any_run(tmp_path, run
 
 
 def test_a_rerun_with_other_arguments_is_refused_in_one_line(zinc_data_root, tmp_path, run_main):
-    from graphormer_urpe.ablation import Grid, parse_args
+    from graphormer_urpe.cli.ablation import Grid, parse_args
 
     args, overrides = parse_args(["--name", "n", "--runs-dir", str(tmp_path), "--seeds", "0",
                                   "--arms", "rpe", "--trainer.max_steps", "5"])
@@ -364,7 +364,7 @@ def test_a_run_started_without_compile_continues_with_it(zinc_data_root, tmp_pat
     """``--model.compile`` says how the steps run, not what is trained: a run directory started
     without it continues with it (the committed paper ablation resumes compiled), and a grid's
     default name stays the same."""
-    from graphormer_urpe.ablation import Grid, default_name, parse_args
+    from graphormer_urpe.cli.ablation import Grid, default_name, parse_args
 
     def grid(*extra):
         args, overrides = parse_args(["--name", "n", "--runs-dir", str(tmp_path), "--seeds", "0",
@@ -383,7 +383,7 @@ def test_a_run_started_without_compile_continues_with_it(zinc_data_root, tmp_pat
 
 
 def test_unknown_runner_argument_is_an_error(capsys):
-    from graphormer_urpe.ablation import parse_args
+    from graphormer_urpe.cli.ablation import parse_args
 
     with pytest.raises(SystemExit):
         parse_args(["--seed", "3"])

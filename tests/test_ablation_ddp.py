@@ -11,7 +11,7 @@ import subprocess
 import torch
 from test_ablation import REPO, run_record, runner_command, sliced_and_uninterrupted
 
-from graphormer_urpe.files import read_json
+from graphormer_urpe.utils.files import read_json
 
 
 def test_time_slices_of_a_two_process_run_resume_exactly(zinc_data_root, tmp_path):

@@ -271,7 +271,7 @@ def test_a_stop_while_the_data_is_built_is_one_line(zinc_source, tmp_path, signu
     """A signal to the runner (SIGTERM: a scheduler; SIGINT: Ctrl-C, which the terminal sends to
     the pool too) while its worker pool builds ZINC: the one line and its exit status, no
     traceback from the runner or from a forked worker."""
-    from graphormer_urpe.cores import usable_cores
+    from graphormer_urpe.utils.process import usable_cores
 
     if usable_cores() < 2:
         pytest.skip("the data is built without a worker pool on one core")

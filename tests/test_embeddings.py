@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from graphormer_urpe.pretrained import resolve
+from graphormer_urpe.prediction.pretrained import resolve
 from graphormer_urpe.prediction.load import load_module
 from graphormer_urpe.prediction.model import chunk_batches, featurize_chunk
 
@@ -201,7 +201,7 @@ def test_a_failure_after_the_npy_is_assembled_keeps_every_previous_file(molecule
     import errno
 
     import graphormer_urpe.prediction.embeddings as embeddings
-    from graphormer_urpe.predict import main
+    from graphormer_urpe.cli.predict import main
 
     write_array = embeddings.np.lib.format.write_array
 

@@ -18,7 +18,7 @@ import torch
 from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.data.feature_ids import num_embeddings
 from graphormer_urpe.data.featurize import featurizer_spec
-from graphormer_urpe.explain import COLUMNS, Explanation, explain_smiles
+from graphormer_urpe.cli.explain import COLUMNS, Explanation, explain_smiles
 from graphormer_urpe.prediction.load import load_module
 from graphormer_urpe.training.module import GraphormerModule
 
@@ -235,7 +235,7 @@ def run_explain(*args, code: str | None = None) -> subprocess.CompletedProcess:
     """The installed command (``code``: run first in a Python process that then runs it, e.g. a
     patch that fills the disk)."""
     command = [EXPLAIN] if code is None else [
-        sys.executable, "-c", f"{code}\nimport sys\nfrom graphormer_urpe.explain import main\nsys.exit(main())"]
+        sys.executable, "-c", f"{code}\nimport sys\nfrom graphormer_urpe.cli.explain import main\nsys.exit(main())"]
     return subprocess.run([*command, *map(str, args), "--quiet"], capture_output=True, text=True, timeout=300)
 
 
@@ -276,7 +276,7 @@ def test_an_out_that_cannot_be_written_or_fills_the_disk_is_one_line(esol_csv, t
     out = tmp_path / "out"
     out.mkdir()
     (out / "attributions.csv").write_text("a previous table\n")
-    fill = ("import errno\nfrom graphormer_urpe import files\ncommit = files.AtomicFile.commit\n"
+    fill = ("import errno\nfrom graphormer_urpe.utils import files\ncommit = files.AtomicFile.commit\n"
             "def commit_until_full(self):\n"
             "    files.room = getattr(files, 'room', 2)\n"
             "    if files.room == 0:\n"

@@ -1,4 +1,4 @@
-"""``python -m graphormer_urpe.pretrained CHECKPOINT OUT`` (the export of a training checkpoint's
+"""``graphormer-urpe-export CHECKPOINT OUT`` (the export of a training checkpoint's
 backbone), run as a command on a checkpoint trained on real ESOL molecules: it never writes over
 its input, writes whole or not at all, and says every refusal in one line (exit status 2; 1 for
 a full disk) with the files left as they were."""
@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from graphormer_urpe import pretrained
-from graphormer_urpe.training.cli import main as cli_main
+from graphormer_urpe.cli import export as export_command
+from graphormer_urpe.prediction import pretrained
+from graphormer_urpe.cli.fit import main as cli_main
 
 REPO = Path(__file__).resolve().parents[1]
-EXPORT = [sys.executable, "-m", "graphormer_urpe.pretrained"]
+EXPORT = [str(Path(sys.executable).with_name("graphormer-urpe-export"))]
 TINY = {"num_layers": 2, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2}
-SHIPPED = Path(pretrained.__file__).with_name("zinc-descriptors.pt")
+SHIPPED = pretrained.WEIGHTS_DIR / "zinc-descriptors.pt"
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +40,8 @@ def trained(esol_csv, tmp_path_factory) -> Path:
 def export(*args, code: str | None = None) -> subprocess.CompletedProcess:
     """The export command (``code``: run first in its process, e.g. a patch that fills the disk)."""
     command = EXPORT if code is None else [
-        sys.executable, "-c", f"{code}\nimport sys, runpy\nsys.argv = ['pretrained', *sys.argv[1:]]\n"
-                              "runpy.run_module('graphormer_urpe.pretrained', run_name='__main__')"]
+        sys.executable, "-c", f"{code}\nimport sys, runpy\nsys.argv = ['graphormer-urpe-export', *sys.argv[1:]]\n"
+                              "runpy.run_module('graphormer_urpe.cli.export', run_name='__main__')"]
     return subprocess.run([*command, *map(str, args)], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
 
@@ -52,7 +53,7 @@ def digest(path: Path) -> str:
 def assert_refused(done: subprocess.CompletedProcess, status: int, message: str) -> None:
     lines = done.stderr.strip().splitlines()
     assert done.returncode == status and len(lines) == 1, done.stderr[-3000:]
-    assert lines[0].startswith(f"{pretrained.PROG}: error: ") and message in lines[0], lines[0]
+    assert lines[0].startswith(f"{export_command.PROG}: error: ") and message in lines[0], lines[0]
 
 
 def hidden_files(folder: Path) -> list[str]:

@@ -93,7 +93,7 @@ def parse_fit_cli(args: list[str]) -> None:
     """``graphormer-urpe SUBCOMMAND ...`` through LightningCLI's parser (configs, overrides and
     their types), stopped before anything is instantiated, checked or written; a refused
     argument is LightningCLI's SystemExit."""
-    from graphormer_urpe.training.cli import GraphormerCLI, build_cli
+    from graphormer_urpe.cli.fit import GraphormerCLI, build_cli
 
     if args[:1] == ["recipes"] or "--print_config" in args:  # printed once parsed: exit status 0
         with pytest.raises(SystemExit) as printed:
@@ -121,7 +121,12 @@ def parse_with_overrides(parse, configs_of):
 
 
 def parsers() -> dict:
-    from graphormer_urpe import ablation, explain, hpopt, predict, submit, synthetic
+    from graphormer_urpe.cli import ablation
+    from graphormer_urpe.cli import explain
+    from graphormer_urpe.cli import hpopt
+    from graphormer_urpe.cli import predict
+    from graphormer_urpe.cli import submit
+    from graphormer_urpe.cli import synthetic
 
     return {
         "graphormer-urpe": parse_fit_cli,

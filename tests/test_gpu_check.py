@@ -24,7 +24,7 @@ case "$*" in
     record=$(echo "$*" | sed 's/.*--record \\([^ ]*\\).*/\\1/'); code=$(echo "$*" | sed 's/.*--code \\([^ ]*\\).*/\\1/')
     mkdir -p "$(dirname "$record")"; echo "{{\\"code\\": \\"$code\\"}}" > "$record"
     echo "fastest: engine-compiled (urpe), 6.88 ms/step" ;;
-  *graphormer_urpe.ablation*) mkdir -p "{runs}/zinc-paper/urpe-s0"; echo state > "{runs}/zinc-paper/urpe-s0/last.ckpt"
+  *graphormer_urpe.cli.ablation*) mkdir -p "{runs}/zinc-paper/urpe-s0"; echo state > "{runs}/zinc-paper/urpe-s0/last.ckpt"
     echo "urpe-s0: fit for 300 s" ;;
   *pytest*) echo "4 passed in 1.0s" ;;
   *get_device_name*) echo "cuda device: {gpu}"; echo "torch 2.11.0 built for CUDA 13.0" ;;
@@ -57,7 +57,7 @@ def test_ranks_once_per_code_then_only_trains_and_packs_the_state(tmp_path):
     assert any("-m gpu tests" in c for c in calls) and "4 passed" in (out / "tests.txt").read_text()
     [bench] = [c for c in calls if "bench_train.py" in c]
     assert "--zinc-batch 256" in bench and "engine-compiled@bf16-mixed" in bench and "--count-ops 3" in bench
-    [ablation] = [c for c in calls if "graphormer_urpe.ablation" in c]
+    [ablation] = [c for c in calls if "graphormer_urpe.cli.ablation" in c]
     assert "--config configs/zinc.yaml --name zinc-paper" in ablation and "--model.compile true" in ablation
     assert f"--readme {tmp_path / 'README.md'}" in ablation
     budget = int(ablation.split("--time-budget ")[1].split("s ")[0])
@@ -77,7 +77,7 @@ def test_ranks_once_per_code_then_only_trains_and_packs_the_state(tmp_path):
     result, out, calls = run_check(tmp_path, 570)
     assert result.returncode == 0, result.stderr
     assert not any("bench_train.py" in c or "-m pytest" in c for c in calls)
-    assert any("graphormer_urpe.ablation" in c for c in calls)
+    assert any("graphormer_urpe.cli.ablation" in c for c in calls)
     packed = b"".join(p.read_bytes() for p in sorted(out.glob("state.tgz.part-*")))
     with tarfile.open(fileobj=io.BytesIO(packed), mode="r:gz") as whole:
         assert any(n.endswith("zinc-paper/urpe-s0/last.ckpt") for n in whole.getnames())
@@ -97,7 +97,7 @@ def test_a_ranking_whose_gpu_tests_failed_is_not_recorded(tmp_path):
 def test_a_spent_budget_skips_the_remaining_parts(tmp_path):
     result, out, calls = run_check(tmp_path, 12)
     assert result.returncode == 0, result.stderr
-    assert not any("bench_train.py" in c or "-m pytest" in c or "graphormer_urpe.ablation" in c for c in calls)
+    assert not any("bench_train.py" in c or "-m pytest" in c or "graphormer_urpe.cli.ablation" in c for c in calls)
     for name in ("data", "ranking", "tests", "ablation"):
         assert (out / f"{name}.txt").read_text().startswith("skipped: the budget ran out")
 

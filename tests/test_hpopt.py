@@ -19,8 +19,9 @@ import pytest
 import torch
 import yaml
 
-from graphormer_urpe import hpopt, hpopt_trial
-from graphormer_urpe.checkpoint import read_checkpoint
+from graphormer_urpe.cli import hpopt
+from graphormer_urpe.training.studies import search_trial as hpopt_trial
+from graphormer_urpe.utils.torch_files import read_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

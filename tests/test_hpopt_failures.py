@@ -18,7 +18,7 @@ import optuna
 import pytest
 import yaml
 
-from graphormer_urpe import hpopt
+from graphormer_urpe.cli import hpopt
 from test_hpopt import ENV, REPO, hpopt_command, refused, run, trials
 
 #: model.lr so large that the first steps make the model's outputs non-finite.

@@ -1,4 +1,4 @@
-"""Every private part of Lightning the package relies on (graphormer_urpe/lightning_private.py)
+"""Every private part of Lightning the package relies on (graphormer_urpe/utils/lightning_private.py)
 exists in the installed Lightning, with the kind of value the package reads: an upgrade that
 moves one fails here, by name."""
 import lightning.pytorch as pl
@@ -6,7 +6,7 @@ import pytest
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from graphormer_urpe import lightning_private
+from graphormer_urpe.utils import lightning_private
 from graphormer_urpe.training.run_checkpoint import RunCheckpoint
 
 

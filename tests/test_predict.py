@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 import torch
 
-from graphormer_urpe.checkpoint import model_checkpoint_state, read_checkpoint
-from graphormer_urpe.predict import main as predict_main
+from graphormer_urpe.utils.torch_files import model_checkpoint_state, read_checkpoint
+from graphormer_urpe.cli.predict import main as predict_main
 from graphormer_urpe.prediction.load import best_checkpoint, load_module
 from graphormer_urpe.prediction.model import stream_predictions
 from graphormer_urpe.prediction.table import InputRow, PredictionTable
-from graphormer_urpe.training.cli import build_cli
+from graphormer_urpe.cli.fit import build_cli
 
 REPO = Path(__file__).resolve().parents[1]
 PREDICT = Path(sys.executable).with_name("graphormer-urpe-predict")
@@ -874,7 +874,7 @@ def test_calibrate_writes_no_temporary_file(esol_run, esol_csv, tmp_path):
             "        return make(*args, dir=dir, **kwargs)\n"
             "    return made\n"
             "tempfile.mkstemp, tempfile.mkdtemp = full_disk(tempfile.mkstemp), full_disk(tempfile.mkdtemp)\n"
-            "from graphormer_urpe.predict import main\nimport sys\nsys.exit(main())")
+            "from graphormer_urpe.cli.predict import main\nimport sys\nsys.exit(main())")
     outputs = []
     for name, command in (("here.csv", [str(PREDICT)]), ("full.csv", [sys.executable, "-c", full])):
         done = subprocess.run([*command, "--ckpt", str(ckpt), "--mc-dropout", "4", "--calibrate", str(calibration),

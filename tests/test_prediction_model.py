@@ -85,7 +85,7 @@ def test_predict_command_does_not_import_lightning(zinc_source, tmp_path):
                tmp_path / "m.ckpt")
     with gzip.open(zinc_source / "jtvae_test.smi.gz", "rt") as handle:
         (tmp_path / "in.smi").write_text("".join(line for _, line in zip(range(20), handle)))
-    script = ("import sys; from graphormer_urpe.predict import main; "
+    script = ("import sys; from graphormer_urpe.cli.predict import main; "
               f"code = main(['--ckpt', {str(tmp_path / 'm.ckpt')!r}, '--input', {str(tmp_path / 'in.smi')!r}, "
               f"'--output', {str(tmp_path / 'out.csv')!r}, '--quiet']); "
               "print(sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'torchmetrics'))); "

@@ -17,9 +17,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from graphormer_urpe import ablation, submit
+from graphormer_urpe.cli import ablation
+from graphormer_urpe.cli import submit
 from graphormer_urpe.data.ogb_lsc import PCQM4M, write_root
-from graphormer_urpe.training.cli import main as cli_main
+from graphormer_urpe.cli.fit import main as cli_main
 
 REPO = Path(__file__).resolve().parents[1]
 COMMAND = Path(sys.executable).with_name("graphormer-urpe")
@@ -165,7 +166,7 @@ def test_damaged_processed_zinc_file_is_rebuilt(zinc_root, tmp_path, plant_craft
     (which PyG's own reader would run): the run says which file and why, rebuilds it from the raw
     files and trains; the planted code never runs. A truncated processed file fails the same
     read (so it takes the same way), naming the file."""
-    from graphormer_urpe.checkpoint import CheckpointError, read_checkpoint
+    from graphormer_urpe.utils.torch_files import CheckpointError, read_checkpoint
 
     data = tmp_path / "data" / "ZINC"
     (data / "subset").mkdir(parents=True)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from graphormer_urpe import ablation, hpopt
+from graphormer_urpe.cli import ablation
+from graphormer_urpe.cli import hpopt
 from graphormer_urpe.training.recipes import RECIPES_DIR, recipe_names
 
 

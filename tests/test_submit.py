@@ -16,9 +16,9 @@ import pandas as pd
 import pytest
 import torch
 
-from graphormer_urpe import submit
+from graphormer_urpe.cli import submit
 from graphormer_urpe.data.ogb_lsc import PCQM4M, PCQM4MV2, RAW_TABLE, SPLIT_FILE, read_split_dict, write_root
-from graphormer_urpe.training.cli import main as cli_main
+from graphormer_urpe.cli.fit import main as cli_main
 from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.training.module import GraphormerModule
 
@@ -86,7 +86,7 @@ def test_pcqm4m_config_trains_through_the_cli(fitted_v1):
 ])
 def test_pcqm4m_config_is_graphormer_small_and_rpe_yaml_is_its_ablation(overlay, attention, parameters, run_dir):
     from graphormer_urpe.nn.graphormer import count_parameters
-    from graphormer_urpe.training.cli import build_cli
+    from graphormer_urpe.cli.fit import build_cli
 
     cli = build_cli(["--config", str(REPO / "configs" / "pcqm4m.yaml"), *overlay], run=False)
     assert type(cli.datamodule).__name__ == "PCQM4MDataModule" and cli.datamodule.batch_size == 256

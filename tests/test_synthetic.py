@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from graphormer_urpe import synthetic
-from graphormer_urpe.synthetic import (IGNORE_INDEX, RESULTS_BEGIN, RESULTS_END, TrainConfig,
+from graphormer_urpe.cli import synthetic
+from graphormer_urpe.cli.synthetic import (IGNORE_INDEX, RESULTS_BEGIN, RESULTS_END, TrainConfig,
                                        cell_name, even_token_targets, make_batch, num_classes,
                                        position_identification_targets, run_grid, task_config,
                                        train_cell)
@@ -161,7 +161,7 @@ def test_console_script_exits_zero_after_a_successful_grid(tmp_path):
 
 
 def _plot_module():
-    return importlib.import_module("graphormer_urpe.plot")
+    return importlib.import_module("graphormer_urpe.cli.plot")
 
 
 def test_plot_script_renders_a_trained_sequence_model(tmp_path):

@@ -1,4 +1,4 @@
-"""The tasks' maths (graphormer_urpe/task.py) against torch's own losses and torchmetrics on the
+"""The tasks' maths (graphormer_urpe/data/task.py) against torch's own losses and torchmetrics on the
 known labels alone: unknown (NaN) labels add nothing to a loss or a metric nor any NaN to a
 gradient, a batch without a known label has loss 0, and predictions and columns follow the task."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from graphormer_urpe.task import TASKS, get_task
+from graphormer_urpe.data.task import TASKS, get_task
 
 NAN = math.nan
 

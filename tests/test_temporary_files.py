@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 import graphormer_urpe.data.store as store
-from graphormer_urpe.training.cli import main as cli_main
+from graphormer_urpe.cli.fit import main as cli_main
 
 REPO = Path(__file__).resolve().parents[1]
 PREDICT = Path(sys.executable).with_name("graphormer-urpe-predict")
@@ -205,7 +205,7 @@ def test_outputs_committed_together_are_all_put_back_when_one_rename_fails(tmp_p
     fails (a directory now stands at its path): the first output's previous file is put back
     byte for byte, a new third one that was never renamed does not appear, and no temporary or
     kept link is left."""
-    from graphormer_urpe.files import AtomicFile, commit_together
+    from graphormer_urpe.utils.files import AtomicFile, commit_together
 
     table, vectors, atoms = tmp_path / "table.csv", tmp_path / "vectors.npy", tmp_path / "atoms.npz"
     table.write_text("the previous table\n")

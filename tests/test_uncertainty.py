@@ -3,7 +3,7 @@ on a std that is 3x too small, and at the edges (a std of 0, nothing measured)."
 import numpy as np
 import pytest
 
-from graphormer_urpe.uncertainty import regression_scores
+from graphormer_urpe.prediction.uncertainty import regression_scores
 
 
 def test_a_calibrated_std_scores_as_a_gaussian_and_an_overconfident_one_does_not():

@@ -12,7 +12,7 @@ For a graph with ``n`` nodes and directed edge list ``edge_index`` (both directi
 
 The path is the BFS tree path: ``path(i, j) = path(i, parent_i(j)) + [edge(parent_i(j) -> j)]``
 with ``parent_i(j)`` the first node to discover ``j`` when neighbours are scanned in increasing
-edge-id order, so it is deterministic. The work is done in C (``graphormer_urpe._encoding``,
+edge-id order, so it is deterministic. The work is done in C (``graphormer_urpe.data._encoding``,
 built from ``cython_ext/encoding.pyx``): ``O(n * e + n^2 * K)`` per graph, parallel over graphs.
 
 Example::
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graphormer_urpe import _encoding
+from graphormer_urpe.data import _encoding
 
 #: The ``spd`` value of a pair in different components.
 UNREACHABLE: int = _encoding.UNREACHABLE

@@ -32,7 +32,7 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Sampler
 
 from graphormer_urpe.data.algos import MAX_HOPS_LIMIT
-from graphormer_urpe.cores import usable_cores
+from graphormer_urpe.utils.process import usable_cores
 from graphormer_urpe.data.batch import BatchPadding, GraphBatch
 from graphormer_urpe.data.collate import FlatGraphs
 from graphormer_urpe.data.dataset import EncodedGraphDataset, SeededShuffleSampler, check_seed
@@ -41,7 +41,7 @@ from graphormer_urpe.data.encoding_registry import DEFAULT_MAX_HOPS, EncodingPar
 from graphormer_urpe.data.feature_ids import num_embeddings
 from graphormer_urpe.data.featurize import cached_smiles_graphs, featurizer_spec
 from graphormer_urpe.data.resident import ResidentLoader, ResidentSplit, TensorGraphs
-from graphormer_urpe.lightning_private import batches_done
+from graphormer_urpe.utils.lightning_private import batches_done
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class GraphDataModule(pl.LightningDataModule):
         max_nodes: training graphs with more nodes are dropped (logged); evaluation keeps all.
         seed: training order seed (with the epoch).
         encode_threads: threads for computing encodings (once per split; cached afterwards);
-            default: every usable core (:func:`graphormer_urpe.cores.usable_cores`).
+            default: every usable core (:func:`graphormer_urpe.utils.process.usable_cores`).
         build_workers: processes featurizing SMILES (default: every usable core).
         device_resident: keep each split on the trainer's device (``trainer.strategy.root_device``,
             CPU outside a trainer) and gather batches there (:mod:`.resident`); the loaders are
@@ -91,7 +91,7 @@ class GraphDataModule(pl.LightningDataModule):
     """
 
     featurizer: str = ""
-    #: The task (:data:`graphormer_urpe.task.TASKS`: regression, classification, multiclass), linked
+    #: The task (:data:`graphormer_urpe.data.task.TASKS`: regression, classification, multiclass), linked
     #: into the model by the CLI.
     task: str = "regression"
 
@@ -256,7 +256,7 @@ class GraphDataModule(pl.LightningDataModule):
         if not isinstance(interval, int) or trainer.check_val_every_n_epoch is None \
                 or not trainer.limit_val_batches:
             return
-        from graphormer_urpe.lightning_private import limited_batches
+        from graphormer_urpe.utils.lightning_private import limited_batches
 
         epoch = limited_batches(trainer, batches)
         if interval > epoch:

@@ -22,7 +22,7 @@ from graphormer_urpe.data.datamodule import SMILESTableDataModule
 from graphormer_urpe.data.dataset import check_seed
 from graphormer_urpe.data.featurize import featurizer_spec, file_fingerprint, parallel_map
 from graphormer_urpe.data.local_data import data_file
-from graphormer_urpe.files import unreadable_as_a_file
+from graphormer_urpe.utils.files import unreadable_as_a_file
 
 #: Left out: ``Ipc`` (spans 50 orders of magnitude), ``qed`` (a composite of the others and the
 #: slowest), ``SPS`` and the eight ``BCUT2D_*`` (slow; charges and masses are covered by others).

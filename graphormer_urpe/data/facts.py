@@ -29,7 +29,7 @@ class DataFacts:
         max_hops: hops of each shortest path the edge encoding reads (absent from the oldest
             checkpoints: :data:`UNRECORDED_MAX_HOPS`).
         task: ``regression``, ``classification`` or ``multiclass``
-            (:data:`~graphormer_urpe.task.TASKS`).
+            (:data:`~graphormer_urpe.data.task.TASKS`).
         featurizer: how SMILES become graphs (``zinc`` or ``ogb``), so inference can redo it.
         node_encodings: ``{name: width}`` of the optional per-node encodings (e.g.
             ``{"rwse": 16}``); None (a checkpoint from before they existed): none.

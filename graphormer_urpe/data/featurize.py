@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
-from graphormer_urpe.cores import process_pool, usable_cores
+from graphormer_urpe.utils.process import process_pool, usable_cores
 
 #: The ZINC benchmark's atom vocabulary, in id order (= ``atom_dict.json`` of the raw data).
 ZINC_ATOM_TOKENS: tuple[str, ...] = (

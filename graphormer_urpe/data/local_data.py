@@ -25,7 +25,7 @@ import os
 import urllib.request
 from pathlib import Path
 
-from graphormer_urpe.files import atomic_write
+from graphormer_urpe.utils.files import atomic_write
 
 DATA_ENV = "GRAPHORMER_URPE_DATA"
 _OLD_DATA_ENV = "GRAPHORMER_URPE_SHARED_DATA"

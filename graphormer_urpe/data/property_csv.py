@@ -24,8 +24,8 @@ from graphormer_urpe.data.datamodule import SMILESTableDataModule
 from graphormer_urpe.data.dataset import check_seed
 from graphormer_urpe.data.featurize import REJECTED_ROW, TOO_LARGE_ROW, featurizer_spec, file_fingerprint
 from graphormer_urpe.data.local_data import data_file
-from graphormer_urpe.files import unreadable_as_a_file
-from graphormer_urpe.task import TASKS
+from graphormer_urpe.utils.files import unreadable_as_a_file
+from graphormer_urpe.data.task import TASKS
 
 log = logging.getLogger(__name__)
 

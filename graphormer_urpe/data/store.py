@@ -10,7 +10,7 @@ The fingerprint is the caller's: everything the arrays depend on (parameters, a 
 input). Entries are written by :class:`EntryWriter`, which streams blocks of rows into each
 ``.npy`` file (its header is rewritten with the final shape on close), so an entry of any size is
 built with memory bounded by the block size. Everything goes into a temporary sibling directory
-(:class:`~graphormer_urpe.files.AtomicDirectory`), is fsynced and renamed into place: a killed
+(:class:`~graphormer_urpe.utils.files.AtomicDirectory`), is fsynced and renamed into place: a killed
 run leaves at most a stray temporary directory, never an entry that loads as valid. The manifest
 records a BLAKE2b checksum of every array's data.
 
@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from graphormer_urpe.files import AtomicDirectory
+from graphormer_urpe.utils.files import AtomicDirectory
 
 log = logging.getLogger(__name__)
 

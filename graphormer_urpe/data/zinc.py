@@ -41,7 +41,7 @@ from graphormer_urpe.data.dataset import EncodedGraphDataset
 from graphormer_urpe.data.encode_cache import flat_graphs_from_pyg
 from graphormer_urpe.data.featurize import ZINC_ATOM_TOKENS, parallel_map, smiles_to_zinc_dense
 from graphormer_urpe.data.local_data import ZINC, local_copy
-from graphormer_urpe.files import AtomicDirectory
+from graphormer_urpe.utils.files import AtomicDirectory
 
 log = logging.getLogger(__name__)
 
@@ -263,13 +263,13 @@ class _RawZincPickle:
 def pyg_files_read_as_data() -> Iterator[None]:
     """Within the block PyG's ZINC reads its files as plain data only. Raw pickles go through
     :class:`RawZincUnpickler` (PyG uses ``pickle.load``). Processed files (``processed/*.pt``) go
-    through :func:`~graphormer_urpe.checkpoint.read_checkpoint`: PyG's own reader
+    through :func:`~graphormer_urpe.utils.torch_files.read_checkpoint`: PyG's own reader
     retries a file that holds other objects with ``weights_only=False``, which would run a
     planted file's code; such a file fails to load instead, and is rebuilt as a damaged one."""
     from torch_geometric.datasets import zinc as pyg_zinc
     from torch_geometric.io import fs
 
-    from graphormer_urpe.checkpoint import read_checkpoint
+    from graphormer_urpe.utils.torch_files import read_checkpoint
 
     pyg_reader, pyg_pickle = fs.torch_load, pyg_zinc.pickle
     fs.torch_load = lambda path, map_location=None: read_checkpoint(

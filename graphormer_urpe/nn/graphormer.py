@@ -45,7 +45,7 @@ from graphormer_urpe.nn.encodings import (
     static_form,
     distance_slots,
 )
-from graphormer_urpe.task import get_task
+from graphormer_urpe.data.task import get_task
 
 
 
@@ -182,7 +182,7 @@ class Graphormer(nn.Module):
             Graphormer-slim's (``PRESETS["slim"]``).
         facts: what the model takes from its data (:class:`~graphormer_urpe.data.facts.DataFacts`):
             the vocabulary sizes (padding id 0 included; ZINC: 29 atom, 5 bond ids), the task
-            and ``num_targets`` (the head's width: :meth:`~graphormer_urpe.task.Task.head_width`),
+            and ``num_targets`` (the head's width: :meth:`~graphormer_urpe.data.task.Task.head_width`),
             ``max_hops`` (the batches' ``path_edges`` must hold exactly as many) and
             ``node_encodings`` (``{name: width}`` of per-node float encodings such as
             ``{"rwse": 16}``, each embedded by a linear map added to the atom features; every
@@ -394,7 +394,7 @@ class Graphormer(nn.Module):
 
     def forward(self, batch: GraphBatch, nodes: Tensor | None = None) -> Tensor:
         """Outputs ``[B, head width]``: the head applied to :meth:`embed`; ``nodes`` replaces
-        :meth:`node_features` (attributions: :mod:`graphormer_urpe.explain` scales them along a
+        :meth:`node_features` (attributions: :mod:`graphormer_urpe.cli.explain` scales them along a
         path)."""
         return self.head(self.embed(batch, nodes))
 

@@ -11,9 +11,9 @@ without a prediction (its reason in the table's ``error`` column) is a row of Na
 
 Memory stays bounded: each chunk's vectors go to an unnamed temporary file beside the output
 as they come (``tempfile.TemporaryFile``: the system removes it, even after a kill); at the end
-the ``.npy`` or ``.npz`` is assembled from it in an :class:`~graphormer_urpe.files.AtomicFile`,
+the ``.npy`` or ``.npz`` is assembled from it in an :class:`~graphormer_urpe.utils.files.AtomicFile`,
 and the table and the embeddings are renamed onto their paths together
-(:func:`~graphormer_urpe.files.commit_together`): a failure (a full disk while the ``.npz`` is
+(:func:`~graphormer_urpe.utils.files.commit_together`): a failure (a full disk while the ``.npz`` is
 assembled), Ctrl-C or a stop signal leaves every previous file as it was, never new vectors
 beside an old table.
 """
@@ -30,7 +30,7 @@ from typing import IO
 
 import numpy as np
 
-from graphormer_urpe.files import AtomicFile, refuse_overwriting_inputs, written_in_place
+from graphormer_urpe.utils.files import AtomicFile, refuse_overwriting_inputs, written_in_place
 from graphormer_urpe.prediction.model import ChunkOutput
 from graphormer_urpe.prediction.table import InputRow
 
@@ -110,7 +110,7 @@ class EmbeddingFiles:
     def assemble(self, width: int) -> list[AtomicFile]:
         """Write each file (``width``: D) whole to its temporary beside its path; the returned
         files are put in place together with the table
-        (:func:`~graphormer_urpe.files.commit_together`), so that the vectors on disk are always
+        (:func:`~graphormer_urpe.utils.files.commit_together`), so that the vectors on disk are always
         those of the table's rows."""
         if "graph" in self._outputs:
             output, raw = self._outputs["graph"]

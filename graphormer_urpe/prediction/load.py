@@ -1,8 +1,8 @@
 """A model from a checkpoint, verified before use: :func:`load_module` reads a Lightning
-checkpoint with :func:`~graphormer_urpe.checkpoint.read_checkpoint` (plain data, zip
+checkpoint with :func:`~graphormer_urpe.utils.torch_files.read_checkpoint` (plain data, zip
 CRCs checked), then checks that its weights are finite, that its hyperparameters build this
 version's model for their featurizer and task, and that the model predicts a probe molecule; any
-failure is a :class:`~graphormer_urpe.checkpoint.CheckpointError` naming the file.
+failure is a :class:`~graphormer_urpe.utils.torch_files.CheckpointError` naming the file.
 
 :func:`best_checkpoint` finds a run directory's best-validation checkpoint, and
 :func:`checkpoint_files` turns what a user names as checkpoints (files, run directories, or a
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from graphormer_urpe.checkpoint import CheckpointError, model_checkpoint_state, read_checkpoint
+from graphormer_urpe.utils.torch_files import CheckpointError, model_checkpoint_state, read_checkpoint
 from graphormer_urpe.prediction.model import RETIRED_HPARAMS, ModelEnsemble, predict_smiles
 from graphormer_urpe.prediction.table import InputRow
 
@@ -50,7 +50,7 @@ def load_module(ckpt: str | Path, map_location: str = "cpu", *, model_class: typ
     from graphormer_urpe.data.facts import DataFacts
     from graphormer_urpe.data.feature_ids import num_embeddings
     from graphormer_urpe.data.featurize import featurizer_spec
-    from graphormer_urpe.task import get_task
+    from graphormer_urpe.data.task import get_task
 
     if model_class is None:
         from graphormer_urpe.prediction.model import PredictionModel as model_class
@@ -62,7 +62,7 @@ def load_module(ckpt: str | Path, map_location: str = "cpu", *, model_class: typ
         raise CheckpointError(f"{ckpt} is not a Lightning checkpoint (no state_dict/hyper_parameters)")
     _check_finite(ckpt, checkpoint["state_dict"])
     if not any(key.startswith("model.") for key in checkpoint["state_dict"]):
-        # a shipped backbone (graphormer_urpe.pretrained.export): the backbone's own names
+        # a shipped backbone (graphormer_urpe.prediction.pretrained.export): the backbone's own names
         checkpoint["state_dict"] = {f"model.{k}": v for k, v in checkpoint["state_dict"].items()}
     hparams = DataFacts.nest(checkpoint["hyper_parameters"])  # either form of the facts
     for name in ("_instantiator", "_class_path", *RETIRED_HPARAMS):
@@ -100,7 +100,7 @@ def _recorded_best(run_dir: Path):
     ModelCheckpoint state its ``checkpoints/last.ckpt`` carries, without reading the best file
     itself (:func:`best_checkpoint`)."""
     from graphormer_urpe.data.facts import DataFacts
-    from graphormer_urpe.task import get_task
+    from graphormer_urpe.data.task import get_task
 
     run_dir = Path(run_dir)
     last = read_checkpoint(run_dir / RUN_LAST_CHECKPOINT)
@@ -133,14 +133,14 @@ def best_checkpoint(run_dir: Path):
 
 def checkpoint_files(names: Sequence[str | Path]) -> list[Path]:
     """The checkpoint files that ``names`` mean, in order: a file is itself, ``pretrained:<name>``
-    a backbone shipped in the package (:mod:`graphormer_urpe.pretrained`, with its pretraining
+    a backbone shipped in the package (:mod:`graphormer_urpe.prediction.pretrained`, with its pretraining
     head); a run directory
     (one with ``checkpoints/last.ckpt``) is its best-validation checkpoint
     (:func:`best_checkpoint`); a directory of run directories (an ablation grid, an ensemble's
     members) is the best checkpoint of each, in name order. :class:`CheckpointError` for a
     directory that is neither, a run whose last.ckpt records no best checkpoint or lacks it, and
     one file named twice (also through a link or a run directory)."""
-    from graphormer_urpe import pretrained
+    from graphormer_urpe.prediction import pretrained
 
     files = []
     for name in names:

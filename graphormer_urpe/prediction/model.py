@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.nn.graphormer import GraphormerConfig, build_backbone
-from graphormer_urpe.task import get_task
+from graphormer_urpe.data.task import get_task
 from graphormer_urpe.prediction.table import InputRow, PredictionTable, prediction_columns
 from graphormer_urpe.prediction.workers import WorkerProcesses
 
@@ -171,7 +171,7 @@ class MCDropout(nn.Module):
 class ScaledStd(nn.Module):
     """A model that predicts a ``std`` (:class:`ModelEnsemble`, :class:`MCDropout`) with that std
     multiplied by one factor per target, fitted on molecules with measured values
-    (:func:`~graphormer_urpe.uncertainty.std_scale`) so that it reads as a Gaussian's."""
+    (:func:`~graphormer_urpe.prediction.uncertainty.std_scale`) so that it reads as a Gaussian's."""
 
     predicts_std = True
 
@@ -302,7 +302,7 @@ def chunk_batches(facts: DataFacts, chunk: RawChunk, max_pairs: int, batch_size:
                   repeat: int = 1) -> Iterator[tuple[slice, GraphBatch]]:
     """The encoded, padded batches of a featurized chunk, sized by :func:`size_batches`: each
     with the slice of ``chunk.position`` it holds. ``repeat``: each graph that many times in a
-    row (an integrated-gradients path, :mod:`graphormer_urpe.explain`)."""
+    row (an integrated-gradients path, :mod:`graphormer_urpe.cli.explain`)."""
     from graphormer_urpe.data.collate import collate
     from graphormer_urpe.data.encode import encode_flat
     from graphormer_urpe.data.featurize import featurizer_spec

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from graphormer_urpe.files import AtomicFile
-from graphormer_urpe.task import get_task
+from graphormer_urpe.utils.files import AtomicFile
+from graphormer_urpe.data.task import get_task
 
 
 @dataclass
@@ -116,7 +116,7 @@ def write_predictions(path: str | Path, rows: Sequence[InputRow], predictions: n
 
 def prediction_columns(module) -> list[str]:
     """The prediction columns of a loaded model: its task's
-    (:meth:`~graphormer_urpe.task.Task.prediction_columns`), named after the targets
+    (:meth:`~graphormer_urpe.data.task.Task.prediction_columns`), named after the targets
     when the checkpoint records them; for a model that also predicts a spread
     (``ModelEnsemble``, ``MCDropout``: ``predicts_std``) also ``std...`` for each
     (``prediction_logS`` -> ``std_logS``)."""

@@ -26,7 +26,7 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-from graphormer_urpe.files import STOP_SIGNALS, hold_stop_signals
+from graphormer_urpe.utils.process import STOP_SIGNALS, hold_stop_signals
 
 #: Signals a worker leaves to its parent.
 _PARENT_SIGNALS = (signal.SIGINT, *STOP_SIGNALS)

@@ -65,7 +65,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.data.resident import OrderSlice, ResidentLoader, gather_batch
-from graphormer_urpe.lightning_private import logs_due
+from graphormer_urpe.utils.lightning_private import logs_due
 from graphormer_urpe.training.schedule import relative_lr
 
 log = logging.getLogger(__name__)

@@ -22,9 +22,9 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from graphormer_urpe import pretrained
+from graphormer_urpe.prediction import pretrained
 from graphormer_urpe.data.facts import DataFacts
-from graphormer_urpe.checkpoint import CheckpointError, read_checkpoint
+from graphormer_urpe.utils.torch_files import CheckpointError, read_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class InitFromError(ValueError):
 
 def read_backbone_state(path: str | Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
     """``(backbone state_dict, hyperparameters or {})`` of a training or weights-only checkpoint,
-    or of a shipped backbone (``pretrained:<name>``, :mod:`graphormer_urpe.pretrained`)."""
+    or of a shipped backbone (``pretrained:<name>``, :mod:`graphormer_urpe.prediction.pretrained`)."""
     try:
         path = pretrained.resolve(path)
     except ValueError as exc:

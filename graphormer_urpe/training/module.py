@@ -24,11 +24,11 @@ from graphormer_urpe.training import finetune
 from graphormer_urpe.training.run_checkpoint import rng_states, set_rng_states
 from graphormer_urpe.training.engine import OwnStepHooks, TrainingEngine
 from graphormer_urpe.nn.graphormer import build_backbone
-from graphormer_urpe.lightning_private import trainer_of
+from graphormer_urpe.utils.lightning_private import trainer_of
 from graphormer_urpe.training.optim import (ParameterKind, adamw_with_schedule, head_lr_groups,
                                            parameter_groups, set_optimizer_kernel)
 from graphormer_urpe.training.schedule import schedule_lengths
-from graphormer_urpe.task import get_task
+from graphormer_urpe.data.task import get_task
 
 log = logging.getLogger(__name__)
 #: The checkpoint key of the global random states (:func:`~.run_checkpoint.rng_states`).
@@ -77,7 +77,7 @@ def compile_backbone(model: Graphormer, dynamic: bool = True) -> None:
 class GraphormerModule(OwnStepHooks, pl.LightningModule):
     """Graph-level regression (L1 loss, MAE), binary / multi-label classification (BCE,
     ROC-AUC) or multi-class classification (cross-entropy, accuracy), as the data's
-    ``facts.task`` says: a :class:`~graphormer_urpe.task.Task` each.
+    ``facts.task`` says: a :class:`~graphormer_urpe.data.task.Task` each.
 
     Args:
         facts: the facts of the data (:class:`~graphormer_urpe.data.facts.DataFacts`, or its

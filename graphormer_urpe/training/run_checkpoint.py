@@ -7,7 +7,7 @@
   ``max_time``, early stopping), so ``--ckpt_path last`` never resumes an older state. It is
   always ``last.ckpt``, never ``last-v1.ckpt``. Every checkpoint file is written to a
   ``.<name>.<random>.part`` file beside it and renamed over it
-  (:func:`~graphormer_urpe.files.atomic_path`): a killed run leaves the previous file whole.
+  (:func:`~graphormer_urpe.utils.files.atomic_path`): a killed run leaves the previous file whole.
 * :func:`check_run_dir` decides, before any data is read, what ``fit`` / ``test`` / ... do with
   the folder: a ``fit`` without ``--ckpt_path`` into a folder that holds checkpoints is refused
   (resume with ``--ckpt_path last``, choose another ``--trainer.default_root_dir``, or start over
@@ -39,8 +39,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from graphormer_urpe.files import atomic_path, hold_directory
-from graphormer_urpe.lightning_private import accumulating, epoch_finished, is_local_path
+from graphormer_urpe.utils.files import atomic_path, hold_directory
+from graphormer_urpe.utils.lightning_private import accumulating, epoch_finished, is_local_path
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ _held_run_dirs: dict[str, Any] = {}
 
 
 def hold_run_dir(run_dir: str | os.PathLike) -> None:
-    """Hold the run directory's lock (:func:`~graphormer_urpe.files.hold_directory` on
+    """Hold the run directory's lock (:func:`~graphormer_urpe.utils.files.hold_directory` on
     :data:`FIT_LOCK`) until the enclosing :func:`run_dirs_released_after` block ends, else until
     this process ends; ``ValueError`` (one line, exit status 2) naming the pid of another process
     that trains it. A directory this process holds already is held on. Only the first process of

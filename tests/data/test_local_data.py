@@ -95,7 +95,7 @@ def test_a_data_file_that_no_copy_holds_is_refused_in_one_line(tmp_path, monkeyp
     gone = (tmp_path / "gone.csv").as_uri()
     monkeypatch.setitem(local_data.DOWNLOADS, local_data.ESOL, gone)
     monkeypatch.chdir(tmp_path)
-    from graphormer_urpe.training.cli import main
+    from graphormer_urpe.cli.fit import main
 
     done = run_main(main, ["fit", "--config", "esol", "--trainer.default_root_dir", tmp_path / "run"])
     lines = done.stderr.strip().splitlines()  # after Lightning's seeding note: the one line

@@ -13,9 +13,9 @@ from torch_geometric.data import Data
 from torch_geometric.transforms import AddRandomWalkPE
 
 from graphormer_urpe.data.encoding_registry import EncodingParams, random_walk_return_probabilities
-from graphormer_urpe.predict import main as predict_main
-from graphormer_urpe.training.cli import build_cli
-from graphormer_urpe.training.cli import main as cli_main
+from graphormer_urpe.cli.predict import main as predict_main
+from graphormer_urpe.cli.fit import build_cli
+from graphormer_urpe.cli.fit import main as cli_main
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_BACKBONE = {"num_layers": 1, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2}

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from graphormer_urpe.data.facts import DataFacts
-from graphormer_urpe.training.cli import build_cli
+from graphormer_urpe.cli.fit import build_cli
 from graphormer_urpe.prediction.load import load_module
 
 REPO = Path(__file__).resolve().parents[2]
@@ -156,7 +156,7 @@ def test_warmup_longer_than_the_trainer_budget_is_a_clear_error(zinc_data_root, 
 def test_a_fit_without_a_logger_trains(zinc_data_root, tmp_path, run_main):
     """``--trainer.logger false``: the learning-rate monitor has nothing to log to and is left out,
     instead of stopping the run once the data is built."""
-    from graphormer_urpe.training.cli import main
+    from graphormer_urpe.cli.fit import main
 
     done = run_main(main, ["fit", *zinc_args(tmp_path / "run", zinc_data_root, "--trainer.max_steps", "2",
                                              "--trainer.logger", "false")])

@@ -114,7 +114,7 @@ def test_two_processes_accumulation_and_resume_across_process_counts_train_one_m
     one, two = validate(1), validate(2)
     assert set(one) == {"val/loss", "val/mae"} and one == pytest.approx(two, rel=1e-6)
 
-    from graphormer_urpe.training.cli import main
+    from graphormer_urpe.cli.fit import main
 
     refused = run_main(main, fit_args(two_then_one, tmp_path / "empty", 1, 16, 9, "--ckpt_path", "last"))
     assert refused.returncode == 2 and refused.stderr.strip() == (

@@ -17,7 +17,7 @@ import torch
 
 from graphormer_urpe.data import ZINCDataModule
 from graphormer_urpe.data.resident import OrderSlice
-from graphormer_urpe.training.cli import build_cli
+from graphormer_urpe.cli.fit import build_cli
 from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.training.module import GraphormerModule
 
@@ -339,7 +339,7 @@ def test_a_checkpoint_of_the_previous_releases_eager_step_resumes(zinc_data_root
 def test_settings_the_step_does_not_do_are_refused_in_one_line_before_the_data(tmp_path, run_main, option,
                                                                                value, needs):
     """Through the command: one line, exit status 2, before ZINC is read (its root is empty)."""
-    from graphormer_urpe.training.cli import main
+    from graphormer_urpe.cli.fit import main
 
     if option == "--trainer.devices" and torch.cuda.is_available():
         pytest.skip("a CPU's device counts")
@@ -465,7 +465,7 @@ def test_fits_refused_or_stopped_in_one_line(zinc_data_root, tmp_path, run_main)
     before the data is read; a checkpoint folder that is a file is refused before training; a
     learning rate so high that the validation outputs are NaN stops the fit (exit 1, one line) with
     no checkpoint of that model."""
-    from graphormer_urpe.training.cli import main
+    from graphormer_urpe.cli.fit import main
 
     def args(run_dir, *extra):
         return ["fit", "--config", REPO / "configs" / "zinc.yaml", "--trainer.default_root_dir", run_dir,

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from graphormer_urpe.data.facts import DataFacts
-from graphormer_urpe.training.cli import main as cli_main
+from graphormer_urpe.cli.fit import main as cli_main
 from graphormer_urpe.training.module import GraphormerModule
 
 REPO = Path(__file__).resolve().parents[2]

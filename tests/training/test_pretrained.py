@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from graphormer_urpe import pretrained
+from graphormer_urpe.cli import export as export_command
+from graphormer_urpe.prediction import pretrained
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -39,7 +40,7 @@ def csv_fit(run_dir: Path, esol: Path, *extra) -> list:
 def fit_here(run_main, caplog, *command) -> tuple[int, str]:
     """A ``graphormer-urpe`` command of :func:`csv_fit` run by its ``main()`` in this process:
     its exit status and what it wrote to stderr and logged."""
-    from graphormer_urpe.training.cli import main as cli_main
+    from graphormer_urpe.cli.fit import main as cli_main
 
     caplog.clear()
     with caplog.at_level("INFO", logger="graphormer_urpe"):
@@ -70,7 +71,7 @@ def test_pretrain_on_descriptors_export_and_fine_tune_a_csv(zinc_source, esol_cs
         "--model.backbone", json.dumps(TINY), "--trainer.max_steps", "4", "--trainer.val_check_interval", "2",
         "--model.warmup_steps", "1")
     exported = tmp_path / "backbone.pt"
-    done = run(sys.executable, "-m", "graphormer_urpe.pretrained", pre / "checkpoints" / "last.ckpt", exported)
+    done = run(Path(sys.executable).with_name("graphormer-urpe-export"), pre / "checkpoints" / "last.ckpt", exported)
     assert f"{exported}:" in done.stdout
     content = torch.load(exported, map_location="cpu", weights_only=True)  # plain data, no code
     assert content["trained"]["global_step"] == 4 and content["hyper_parameters"]["facts"]["featurizer"] == "ogb"
@@ -113,7 +114,7 @@ def test_resolve_leaves_paths_alone():
 
 
 def test_export_onto_a_full_disk_is_one_line_and_keeps_the_previous_file(esol_csv, tmp_path):
-    """``python -m graphormer_urpe.pretrained`` writing onto a real disk (a tmpfs) with room for
+    """``graphormer-urpe-export`` writing onto a real disk (a tmpfs) with room for
     half of the export: one line naming the full disk, exit status 1, no traceback (torch.save to
     a path said only ``unexpected pos``), the previous export byte for byte, no temporary file."""
     from helpers.small_disk import pages, small_disk
@@ -121,15 +122,15 @@ def test_export_onto_a_full_disk_is_one_line_and_keeps_the_previous_file(esol_cs
     run(*csv_fit(tmp_path / "run", esol_csv, "--model.init_from", "null", "--model.backbone", json.dumps(TINY),
                  "--trainer.max_steps", "1", "--model.warmup_steps", "0"))
     checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"
-    run(sys.executable, "-m", "graphormer_urpe.pretrained", checkpoint, tmp_path / "measured.pt")
+    run(Path(sys.executable).with_name("graphormer-urpe-export"), checkpoint, tmp_path / "measured.pt")
     size = (tmp_path / "measured.pt").stat().st_size
     previous = b"the previous export"
     with small_disk(tmp_path / "disk", pages(len(previous)) + size // 2) as disk:
         (disk / "backbone.pt").write_bytes(previous)
-        done = run(sys.executable, "-m", "graphormer_urpe.pretrained", checkpoint, disk / "backbone.pt", ok=False)
+        done = run(Path(sys.executable).with_name("graphormer-urpe-export"), checkpoint, disk / "backbone.pt", ok=False)
         assert done.returncode == 1, done.stderr[-3000:]
         assert done.stderr.strip().splitlines() == [
-            f"{pretrained.PROG}: error: [Errno 28] No space left on device; outputs not yet written are left "
+            f"{export_command.PROG}: error: [Errno 28] No space left on device; outputs not yet written are left "
             "as they were"]
         assert (disk / "backbone.pt").read_bytes() == previous
         assert [p.name for p in disk.iterdir()] == ["backbone.pt"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from graphormer_urpe.training.cli import build_cli, main
+from graphormer_urpe.cli.fit import build_cli, main
 from graphormer_urpe.training.recipes import RECIPES_DIR, recipe_names, resolve_config
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ import pytest
 import torch
 from test_cli import TINY_BACKBONE, zinc_args
 
-from graphormer_urpe.training.cli import main as cli_main
+from graphormer_urpe.cli.fit import main as cli_main
 
 REPO = Path(__file__).resolve().parents[2]
 COMMAND = Path(sys.executable).with_name("graphormer-urpe")
@@ -230,7 +230,7 @@ def test_a_sigterm_during_a_validation_is_held_to_the_next_step_end(zinc_data_ro
     Lightning alone would stop inside the validation with no last.ckpt at all."""
     import signal
 
-    from graphormer_urpe.training.cli import build_cli
+    from graphormer_urpe.cli.fit import build_cli
     from graphormer_urpe.training.module import GraphormerModule
 
     validate = GraphormerModule.validation_step

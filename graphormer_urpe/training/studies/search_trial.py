@@ -1,7 +1,7 @@
-"""The callback in every trial's ``fit`` of ``graphormer-urpe-hpopt`` (:mod:`graphormer_urpe.hpopt`
-adds it as ``--trainer.callbacks+=graphormer_urpe.hpopt_trial.ReportToTrial``): it reports the
+"""The callback in every trial's ``fit`` of ``graphormer-urpe-hpopt`` (:mod:`graphormer_urpe.cli.hpopt`
+adds it as ``--trainer.callbacks+=graphormer_urpe.training.studies.search_trial.ReportToTrial``): it reports the
 task's validation metric to the Optuna trial, stops the run when the study's pruner says so, and
-stops it as diverged at a non-finite metric. Apart from :mod:`graphormer_urpe.hpopt` so that the
+stops it as diverged at a non-finite metric. Apart from :mod:`graphormer_urpe.cli.hpopt` so that the
 search command starts without Lightning."""
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
 
-from graphormer_urpe.files import write_json
-from graphormer_urpe.hpopt import DIVERGED_MARKER, PROG, PRUNED_MARKER, TRIAL_ENV, make_pruner
+from graphormer_urpe.utils.files import write_json
+from graphormer_urpe.cli.hpopt import DIVERGED_MARKER, PROG, PRUNED_MARKER, TRIAL_ENV, make_pruner
 
 
 class ReportToTrial(Callback):

@@ -5,20 +5,18 @@ nothing is downloaded); ``docs/pretrained.md`` is each one's model card. :func:`
 such a file from a training checkpoint: the backbone's tensors and the hyperparameters that say
 what they fit (architecture, featurizer, ``max_hops``), nothing else.
 
-    python -m graphormer_urpe.pretrained RUN/checkpoints/BEST.ckpt OUT.pt
+    graphormer-urpe-export RUN/checkpoints/BEST.ckpt OUT.pt
 """
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
 #: How ``init_from`` names a shipped backbone.
 PREFIX = "pretrained:"
-#: ``{name: file in this folder}``.
+#: The folder of the shipped weights (package data, no code).
+WEIGHTS_DIR = Path(__file__).resolve().parents[1] / "pretrained"
+#: ``{name: file in WEIGHTS_DIR}``.
 MODELS = {"zinc-descriptors": "zinc-descriptors.pt"}
-#: The export command's name in its messages.
-PROG = "python -m graphormer_urpe.pretrained"
 
 
 def resolve(source: str | Path, option: str = "model.init_from") -> Path:
@@ -31,7 +29,7 @@ def resolve(source: str | Path, option: str = "model.init_from") -> Path:
     if name not in MODELS:
         raise ValueError(f"{option}: no shipped backbone {name!r} (shipped: "
                          f"{', '.join(PREFIX + n for n in MODELS)})")
-    return Path(__file__).with_name(MODELS[name])
+    return WEIGHTS_DIR / MODELS[name]
 
 
 def export(checkpoint: str | Path, out: str | Path) -> dict:
@@ -43,8 +41,8 @@ def export(checkpoint: str | Path, out: str | Path) -> dict:
     is missing or ``out`` a directory, or ``checkpoint`` is no training checkpoint (missing, a
     directory, not a PyTorch archive, or a file without a model's weights, such as an exported
     backbone)."""
-    from graphormer_urpe.checkpoint import CheckpointError, read_checkpoint
-    from graphormer_urpe.files import check_writable_dir, refuse_overwriting_inputs, save_torch
+    from graphormer_urpe.utils.torch_files import CheckpointError, read_checkpoint
+    from graphormer_urpe.utils.files import check_writable_dir, refuse_overwriting_inputs, save_torch
 
     checkpoint, out = Path(checkpoint), Path(out)
     if out.is_dir():
@@ -65,32 +63,3 @@ def export(checkpoint: str | Path, out: str | Path) -> dict:
                "trained": {"global_step": int(saved.get("global_step", 0)), "source": checkpoint.name}}
     save_torch(content, out)  # a full disk: OSError (ENOSPC), one line from run_command
     return content
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The command: exit status 0; 2 for a refused input or output (one line naming it, before
-    anything is written); 1 for a full disk (one line; a previous ``out`` stays as it was)."""
-    from graphormer_urpe.files import run_command
-
-    parser = argparse.ArgumentParser(prog=PROG, description="Write a training checkpoint's backbone as "
-                                                            "a weights-only file.")
-    parser.add_argument("checkpoint", type=Path)
-    parser.add_argument("out", type=Path)
-    args = parser.parse_args(argv)
-    return run_command(PROG, lambda: _export(args.checkpoint, args.out))
-
-
-def _export(checkpoint: Path, out: Path) -> int:
-    try:
-        content = export(checkpoint, out)
-    except ValueError as exc:  # CheckpointError too
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    size = sum(t.numel() for t in content["state_dict"].values())
-    print(f"{out}: {len(content['state_dict'])} tensors, {size:,} numbers, "
-          f"{out.stat().st_size / 1e6:.1f} MB")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

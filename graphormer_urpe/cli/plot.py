@@ -3,7 +3,7 @@ r"""Render learned URPE tables (the paper's Figure 2) to PNG.
 Two kinds of checkpoint are understood:
 
 * a sequence model from the synthetic grid (``runs/synthetic/<cell>.pt``, written by
-  ``python -m graphormer_urpe.synthetic``): the per-layer, per-head tables of the bias ``B``
+  ``python -m graphormer_urpe.cli.synthetic``): the per-layer, per-head tables of the bias ``B``
   (``layers.<l>.bias.table``) and the URPE scale ``C`` (``layers.<l>.scale.table``), indexed
   by the offset ``j - i``. Writes ``<stem>-B.png`` and ``<stem>-C.png`` (the Toeplitz matrices
   ``T_ij = table[j - i]``, layers x heads) and ``<stem>-offsets.png`` (the tables as curves
@@ -41,7 +41,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.colors import TwoSlopeNorm  # noqa: E402
 
-from graphormer_urpe.ablation_results import BASELINE  # noqa: E402
+from graphormer_urpe.training.studies.ablation_results import BASELINE  # noqa: E402
 
 SEQUENCE_TABLE = re.compile(r"(?:^|\.)layers\.(\d+)\.(bias|scale)\.table$")
 # The neutral value of each table: B adds, C multiplies.
@@ -51,8 +51,8 @@ SYMBOL = {"bias": "B", "scale": "C"}
 
 def load_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
     """``(state_dict, metadata)`` of a synthetic-grid ``.pt``, a Lightning ``.ckpt`` or a bare
-    state_dict, read as plain data (:func:`~graphormer_urpe.checkpoint.read_checkpoint`)."""
-    from graphormer_urpe.checkpoint import read_checkpoint
+    state_dict, read as plain data (:func:`~graphormer_urpe.utils.torch_files.read_checkpoint`)."""
+    from graphormer_urpe.utils.torch_files import read_checkpoint
 
     checkpoint = read_checkpoint(path)
     if not isinstance(checkpoint, Mapping):

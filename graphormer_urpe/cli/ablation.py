@@ -15,7 +15,7 @@ per run, on the same recipe (config files plus LightningCLI overrides). Every ru
   its grid, and a second runner given any of them stops at once (exit status 2) naming the first
   one's pid;
 * is selected on the validation metric of its task only (the CLI's best checkpoint: ``val/mae``
-  for regression, see :mod:`graphormer_urpe.task`) and that checkpoint is evaluated on
+  for regression, see :mod:`graphormer_urpe.data.task`) and that checkpoint is evaluated on
   the test split (``graphormer-urpe test``).
 
 Results are merged into a JSON list (default ``docs/results/zinc_ablation.json``; one entry per
@@ -78,11 +78,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any, Callable, Sequence
 
-from graphormer_urpe.ablation_results import (
+from graphormer_urpe.training.studies.ablation_results import (
     DEFAULT_RESULTS, code_commit, describe_device, entry_problem, is_number, metric_of, now,
     publish_results, read_results, readme_block, write_progress_block,
     write_readme_block, write_table)
-from graphormer_urpe.files import (
+from graphormer_urpe.utils.files import (
     check_creatable_dir, check_writable_dir, hold_directory, read_json, refuse_overwriting_inputs,
     write_json, written_in_place)
 from graphormer_urpe.training.recipes import resolve_config
@@ -146,9 +146,9 @@ def checkpoint_state(path: Path) -> tuple[int, str, float | None]:
     ``global_step``, its task's metric and its checkpoint callback's ``best_model_score`` (None
     before the first validation). Read as plain data; ``ValueError`` naming the file for one that
     is damaged, crafted, or lacks them."""
-    from graphormer_urpe.checkpoint import model_checkpoint_state, read_checkpoint
+    from graphormer_urpe.utils.torch_files import model_checkpoint_state, read_checkpoint
     from graphormer_urpe.data.facts import DataFacts
-    from graphormer_urpe.task import get_task
+    from graphormer_urpe.data.task import get_task
 
     checkpoint = read_checkpoint(path)
     try:
@@ -239,7 +239,7 @@ class Run:
         record = self.read_record()
         if record is None:
             return {"cli_args": self.cli_args, "commit": self.grid.commit, "attempts": []}
-        from graphormer_urpe.training.cli import training_args
+        from graphormer_urpe.cli.fit import training_args
 
         if training_args(record["cli_args"]) != training_args(self.cli_args):
             raise ValueError(f"{self.dir} was started with other arguments ({' '.join(record['cli_args'])}; "
@@ -259,7 +259,7 @@ class Run:
         attempt's wall time is kept up to date in the run record (a kill loses < HEARTBEAT_S).
         With ``seconds``, the command gets SIGTERM after that long (the end of a slice: a fit
         saves its state and stops). The attempt (its record entry)."""
-        command = [sys.executable, "-m", "graphormer_urpe.training.cli", stage, *args]
+        command = [sys.executable, "-m", "graphormer_urpe.cli.fit", stage, *args]
         attempt = {"stage": stage, "started": now(), "commit": self.grid.commit, "device": self.grid.device,
                    "wall_s": 0.0, "returncode": None}
         record["attempts"].append(attempt)
@@ -437,7 +437,7 @@ class Grid:
         step budget; a run directory started with other arguments is refused then, before any
         work; when runs remain, the data is built here before parallel runs would race to build
         it."""
-        from graphormer_urpe.training.cli import build_cli
+        from graphormer_urpe.cli.fit import build_cli
 
         sys.argv = sys.argv[:1]  # the recipe travels as `args`; LightningCLI must not read ours
         cli = build_cli([*self.recipe_args, "--trainer.logger", "false",
@@ -483,7 +483,7 @@ class Grid:
 
     def lock(self) -> None:
         """Hold every run directory of this grid until the process ends
-        (:func:`~graphormer_urpe.files.hold_directory` on :data:`LOCK_FILE`); ``ValueError`` when
+        (:func:`~graphormer_urpe.utils.files.hold_directory` on :data:`LOCK_FILE`); ``ValueError`` when
         another runner holds one."""
         self._locks = [hold_directory(run.dir, LOCK_FILE, "graphormer-urpe-ablation",
                                       "wait for it to end, or choose another --name or --runs-dir")
@@ -577,7 +577,7 @@ class Grid:
         entries = [e for e in read_results(self.results) if e.get("recipe") == self.name]
         if not any(e["attention"] == "urpe" for e in entries):
             return f"no figure yet: no urpe run of {self.name} has finished"
-        from graphormer_urpe.plot import plot_learned_tables  # matplotlib only when plotting
+        from graphormer_urpe.cli.plot import plot_learned_tables  # matplotlib only when plotting
 
         return str(plot_learned_tables(entries, self.dir.parent, figures))
 
@@ -597,7 +597,7 @@ def backbone_overrides(backbone: Any) -> dict[str, Any]:
 def default_name(recipe_args: Sequence[str]) -> str:
     """``<config stems>-<hash of the recipe arguments>``: one name per distinct recipe (arguments
     that only say how the steps run, such as ``--model.compile``, leave it as it is)."""
-    from graphormer_urpe.training.cli import training_args
+    from graphormer_urpe.cli.fit import training_args
 
     stems = [Path(a).stem for prev, a in zip(recipe_args, recipe_args[1:]) if prev == "--config"]
     digest = hashlib.sha256("\0".join(training_args(list(recipe_args))).encode()).hexdigest()[:8]
@@ -751,7 +751,7 @@ def check_files(args: argparse.Namespace, table: Path, figure: Path | None) -> N
     results (a list of runs) and the README (UTF-8 text with the recipe's markers) it reads, and
     every output (``--results``, ``--table``, the README's blocks, the ``--figures`` file) that is
     a file it reads (a ``--config``, with ``--table-only`` the results) or another output,
-    however spelled (:func:`~graphormer_urpe.files.same_file`: links too), or that cannot be
+    however spelled (:func:`~graphormer_urpe.utils.files.same_file`: links too), or that cannot be
     written (:func:`check_output`)."""
     outputs = [] if args.table_only else [("--results", "results file", args.results)]
     outputs.append(("--table" if args.table else "the default --table", "table", table))
@@ -778,7 +778,7 @@ def check_files(args: argparse.Namespace, table: Path, figure: Path | None) -> N
 
 
 def figure_of(entries: Sequence[dict], figures: Path) -> Path:
-    """The file :func:`~graphormer_urpe.plot.plot_learned_tables` writes for ``entries``: of the
+    """The file :func:`~graphormer_urpe.cli.plot.plot_learned_tables` writes for ``entries``: of the
     recipe of the best-validation URPE run. ``ValueError`` when no URPE run has finished."""
     urpe = [e for e in entries if e["attention"] == "urpe"]
     if not urpe:
@@ -814,7 +814,7 @@ def table_only(args: argparse.Namespace) -> None:
     if args.readme:
         write_readme_block(args.readme, args.name, args.results)
     if args.figures:
-        from graphormer_urpe.plot import plot_learned_tables  # matplotlib only when plotting
+        from graphormer_urpe.cli.plot import plot_learned_tables  # matplotlib only when plotting
 
         print(plot_learned_tables(chosen, args.runs_dir, args.figures))
 

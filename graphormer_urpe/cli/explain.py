@@ -50,12 +50,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from graphormer_urpe.arguments import positive_int
+from graphormer_urpe.cli.arguments import positive_int
 from graphormer_urpe.data.batch import GraphBatch
-from graphormer_urpe.files import (
-    AtomicFile, check_writable_dir, refuse_overwriting_inputs, run_command, unreadable_as_a_file)
-from graphormer_urpe.checkpoint import CheckpointError
-from graphormer_urpe.task import get_task
+from graphormer_urpe.utils.files import AtomicFile, check_writable_dir, refuse_overwriting_inputs, unreadable_as_a_file
+from graphormer_urpe.utils.process import run_command
+from graphormer_urpe.utils.torch_files import CheckpointError
+from graphormer_urpe.data.task import get_task
 from graphormer_urpe.prediction.load import checkpoint_files, load_models
 from graphormer_urpe.prediction.model import DEFAULT_MAX_NODES, ModelEnsemble, chunk_batches, featurize_chunk
 from graphormer_urpe.prediction.table import InputRow, open_smiles
@@ -267,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """The command: exit status 0; 2 for a refused input or ``--out`` (one line, before any
-    work); 1 for a full disk, 130 for Ctrl-C (one line: :func:`~graphormer_urpe.files.run_command`;
+    work); 1 for a full disk, 130 for Ctrl-C (one line: :func:`~graphormer_urpe.utils.process.run_command`;
     the files already written are whole)."""
     args = build_parser().parse_args(argv)
     return run_command("graphormer-urpe-explain", lambda: _explain(args))

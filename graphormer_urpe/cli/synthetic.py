@@ -16,7 +16,7 @@ information; the paper's point is that RPE (softmax rows sum to one, so a Toepli
 tell positions apart) fails them while URPE (a learnable Toeplitz scale after the softmax)
 solves them.
 
-Run the grid (``task x vocab x scheme x seed``) with ``python -m graphormer_urpe.synthetic``
+Run the grid (``task x vocab x scheme x seed``) with ``python -m graphormer_urpe.cli.synthetic``
 (``--help`` lists the options). Each finished cell is written to ``<run-dir>/<cell>.json``
 (metrics) and ``<run-dir>/<cell>.pt`` (weights, for ``graphormer-urpe-plot``) before the next
 starts, so a killed grid resumes where it stopped. The cell name ends in a fingerprint of its
@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from graphormer_urpe.files import atomic_write
+from graphormer_urpe.utils.files import atomic_write
 from graphormer_urpe.nn.sequence import POSITION_SCHEMES, SequenceTransformer
 
 TASKS: tuple[str, ...] = ("pi", "etp")

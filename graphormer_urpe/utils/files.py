@@ -1,100 +1,27 @@
 """Files that appear whole or not at all (JSON ones too), the same-file test and the refusal of
-an output that is an input, stopping on signals (:func:`run_command`: Ctrl-C, SIGTERM, a full
-disk as one line and an exit status), and the lock that gives a folder to one process.
+an output that is an input, and the lock that gives a folder to one process.
 
 A file is written to a temporary sibling (``.<name>.<random>.part``), flushed to disk (fsync)
 and renamed onto its path with ``os.replace``, which is atomic within one file system: a reader,
 a crash or a kill sees the previous content or the new, never half of it. A folder is built the
 same way (``.<name>.tmp-<random>``). The temporary is removed on every other exit (an exception,
-a full disk, ``SystemExit`` from :func:`stop_on_signals`).
+a full disk, ``SystemExit`` from
+:func:`graphormer_urpe.utils.process.stop_on_signals`).
 """
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import os
 import shutil
-import signal
 import stat
-import sys
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-#: Signals that stop a command like Ctrl-C: ``kill``, a closed terminal or SSH session.
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
-
-
-class StoppedBySignal(SystemExit):
-    """Raised by :func:`stop_on_signals`: exit status 128 + ``signum``."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(128 + signum)
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def stop_on_signals() -> Iterator[None]:
-    """Within the block, :data:`STOP_SIGNALS` raise :class:`StoppedBySignal` (a ``SystemExit``,
-    status 128 + the signal) in the main thread, so ``finally`` blocks and ``with`` exits run
-    (temporary files are removed) instead of the process dying on the spot; the previous
-    handlers are restored on exit."""
-    def stop(signum, frame):
-        raise StoppedBySignal(signum)
-
-    previous = {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-
-@contextlib.contextmanager
-def hold_stop_signals() -> Iterator[None]:
-    """Within the block Ctrl-C and :data:`STOP_SIGNALS` wait, and are delivered when it ends:
-    for steps that must not be cut in the middle (renames that go together, reaping child
-    processes)."""
-    held = (signal.SIGINT, *STOP_SIGNALS)
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
-#: ``errno`` of a full disk or an exhausted quota: a command says so in one line, exit status 1.
-DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
-#: Exit status of a command stopped by Ctrl-C (SIGINT), as a shell reports it: 128 + 2.
-INTERRUPTED = 128 + signal.SIGINT
-
-
-def run_command(prog: str, work: Callable[[], int]) -> int:
-    """``work()``'s exit status, under :func:`stop_on_signals`, with the endings every command
-    shares said in one line on stderr instead of a traceback: SIGTERM and SIGHUP exit with 128 +
-    the signal (143, 129), Ctrl-C (``KeyboardInterrupt``) with 130, a full disk
-    (:data:`DISK_FULL`) with 1. The files a command writes are :class:`AtomicFile` s, so each
-    ending leaves each output whole: the new content, or the previous."""
-    try:
-        with stop_on_signals():
-            return work()
-    except StoppedBySignal as stop:
-        print(f"{prog}: stopped by {signal.Signals(stop.signum).name}; outputs not yet written are left "
-              "as they were", file=sys.stderr)
-        return stop.code
-    except KeyboardInterrupt:
-        print(f"{prog}: stopped by Ctrl-C (SIGINT); outputs not yet written are left as they were",
-              file=sys.stderr)
-        return INTERRUPTED
-    except OSError as exc:
-        if exc.errno not in DISK_FULL:
-            raise
-        print(f"{prog}: error: {exc}; outputs not yet written are left as they were", file=sys.stderr)
-        return 1
-
+from graphormer_urpe.utils.process import hold_stop_signals
 
 def refuse_overwriting_inputs(option: str, outputs: Iterable[str | os.PathLike],
                               inputs: Iterable[tuple[str, str, str | os.PathLike | None]]) -> None:

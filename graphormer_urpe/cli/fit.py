@@ -38,16 +38,16 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_module, rank_zero_on
 
 from graphormer_urpe.data.dataset import check_seed
 from graphormer_urpe.data.facts import DataFacts
-from graphormer_urpe.files import check_creatable_dir, check_writable_dir, same_file
-from graphormer_urpe.checkpoint import read_checkpoint
+from graphormer_urpe.utils.files import check_creatable_dir, check_writable_dir, same_file
+from graphormer_urpe.utils.torch_files import read_checkpoint
 from graphormer_urpe.prediction.model import RETIRED_HPARAMS
-from graphormer_urpe.lightning_private import is_local_path
+from graphormer_urpe.utils.lightning_private import is_local_path
 from graphormer_urpe.training.run_checkpoint import (RunCheckpoint, check_run_dir, hold_run_dir,
                                                       pending_stop, run_dirs_released_after)
 from graphormer_urpe.training.module import DATA_POSITION, GraphormerModule, data_position
 from graphormer_urpe.training.recipes import command_line
 from graphormer_urpe.training.schedule import schedule_lengths
-from graphormer_urpe.task import get_task
+from graphormer_urpe.data.task import get_task
 
 DEFAULT_RUN_DIR = "runs/default"
 #: ``--ckpt_path`` values that Lightning resolves itself (``last`` is resolved here).
@@ -139,13 +139,13 @@ class GraphormerCLI(LightningCLI):
 
     def _checkpoint_hparams(self, ckpt_path: str) -> dict:
         """The hyperparameters of the checkpoint the command starts from, read once (as plain
-        data: :func:`~graphormer_urpe.checkpoint.read_checkpoint`, which refuses a
+        data: :func:`~graphormer_urpe.utils.torch_files.read_checkpoint`, which refuses a
         damaged or crafted file in one line)."""
         return self._read_checkpoint(ckpt_path)[1]
 
     def _read_checkpoint(self, ckpt_path: str) -> tuple[str, dict, dict]:
         """``(path, hyperparameters, where it stands in its epoch)`` of the checkpoint the
-        command starts from, read once (:func:`~graphormer_urpe.checkpoint.read_checkpoint`)."""
+        command starts from, read once (:func:`~graphormer_urpe.utils.torch_files.read_checkpoint`)."""
         cached = getattr(self, "_checkpoint", None)
         if cached is None or cached[0] != ckpt_path:
             checkpoint = read_checkpoint(ckpt_path)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from graphormer_urpe.arguments import positive_int
+from graphormer_urpe.cli.arguments import positive_int
 from graphormer_urpe.data.ogb_lsc import LAYOUTS, LSCLayout, read_split_dict_checked, require_layout
 
 PROG = "graphormer-urpe-submit"

@@ -18,8 +18,8 @@ import subprocess
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from graphormer_urpe.files import AtomicFile, atomic_write, read_json, write_json
-from graphormer_urpe.task import get_task
+from graphormer_urpe.utils.files import AtomicFile, atomic_write, read_json, write_json
+from graphormer_urpe.data.task import get_task
 
 #: The arm every other arm is compared with, seed by seed (plain Graphormer).
 BASELINE = "rpe"
@@ -32,7 +32,7 @@ DEFAULT_RESULTS = Path("docs/results/zinc_ablation.json")
 def code_commit() -> str:
     """HEAD of the checkout this package is imported from, ``+dirty`` with uncommitted changes
     to tracked files; ``unknown`` outside git."""
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[3]
     try:
         head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip()

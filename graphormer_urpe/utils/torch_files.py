@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from graphormer_urpe.files import unreadable_as_a_file
+from graphormer_urpe.utils.files import unreadable_as_a_file
 
 
 class CheckpointError(ValueError):

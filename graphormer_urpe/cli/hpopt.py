@@ -65,7 +65,7 @@ from typing import Any
 
 import yaml
 
-from graphormer_urpe.files import STOP_SIGNALS
+from graphormer_urpe.utils.process import STOP_SIGNALS
 from graphormer_urpe.training.recipes import resolve_config
 
 PROG = "graphormer-urpe-hpopt"
@@ -76,8 +76,8 @@ BEST_CONFIG = "best.yaml"
 TRIALS_TABLE = "trials.csv"
 PARAMS_CONFIG = "params.yaml"
 FIT_LOG = "fit.log"
-#: The callback added to every trial's fit (:class:`graphormer_urpe.hpopt_trial.ReportToTrial`).
-TRIAL_CALLBACK = "graphormer_urpe.hpopt_trial.ReportToTrial"
+#: The callback added to every trial's fit (:class:`graphormer_urpe.training.studies.search_trial.ReportToTrial`).
+TRIAL_CALLBACK = "graphormer_urpe.training.studies.search_trial.ReportToTrial"
 #: Written into a trial's run directory by the trial's callback when the pruner stopped it.
 PRUNED_MARKER = "pruned.json"
 #: Written there when the run diverged (a non-finite validation metric, or a fit stopped by
@@ -341,7 +341,7 @@ def parse_fit(args: list[str]):
     :class:`Refused` with the parser's or the check's message."""
     import lightning.pytorch as pl
 
-    from graphormer_urpe.training.cli import GraphormerCLI, check_schedule_config, check_step_config
+    from graphormer_urpe.cli.fit import GraphormerCLI, check_schedule_config, check_step_config
     from graphormer_urpe.training.module import GraphormerModule
 
     class ParseOnly(GraphormerCLI):
@@ -371,8 +371,8 @@ def check_recipe(configs: list[str], overrides: list[str], space: dict[str, Para
     """The recipe parses with both ends of every range and every choice set on it (one parse
     per probe, all keys at once; on a failure, each key alone names the culprit); returns the
     objective, the task's validation metric and whether it is minimised or maximised."""
-    from graphormer_urpe.task import get_task
-    from graphormer_urpe.training.cli import _data_task
+    from graphormer_urpe.data.task import get_task
+    from graphormer_urpe.cli.fit import _data_task
 
     recipe = [arg for path in configs for arg in ("--config", path)] + list(overrides)
     with tempfile.TemporaryDirectory(prefix="hpopt-check-") as scratch:
@@ -454,7 +454,7 @@ def check_writable(study_dir: Path, url: str, option: str) -> None:
     """Before any trial (and before the recipe's check): the study folder, where the trials
     run, and a SQLite study database with its folder (SQLite writes its journal beside it) can
     be written; :class:`Refused` naming the path that cannot."""
-    from graphormer_urpe.files import check_creatable_dir, check_writable_dir
+    from graphormer_urpe.utils.files import check_creatable_dir, check_writable_dir
 
     try:
         if study_dir.is_dir():
@@ -716,7 +716,7 @@ def best_config(study, recipe_line: str) -> str | None:
 
 
 def write_outputs(study, study_dir: Path, recipe_line: str) -> None:
-    from graphormer_urpe.files import atomic_write
+    from graphormer_urpe.utils.files import atomic_write
 
     text = best_config(study, recipe_line)
     if text is not None:
@@ -732,7 +732,7 @@ def write_outputs(study, study_dir: Path, recipe_line: str) -> None:
 
 def fit_command() -> list[str]:
     script = Path(sys.executable).with_name("graphormer-urpe")
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "graphormer_urpe.training.cli"]
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "graphormer_urpe.cli.fit"]
 
 
 @dataclass
@@ -762,8 +762,8 @@ class Search:
         logging interval non-finite), :class:`TrialFailed` when its fit failed otherwise."""
         import optuna
 
-        from graphormer_urpe.checkpoint import CheckpointError
-        from graphormer_urpe.files import read_json
+        from graphormer_urpe.utils.torch_files import CheckpointError
+        from graphormer_urpe.utils.files import read_json
         from graphormer_urpe.prediction.load import best_checkpoint
 
         number = trial.number
@@ -849,7 +849,7 @@ def _stopped(stop: BaseException, study, current: int | None) -> tuple[str, int]
     failed and its values queued to run again; the line that says so, and the exit status."""
     from optuna.exceptions import StorageInternalError
 
-    from graphormer_urpe.files import INTERRUPTED
+    from graphormer_urpe.utils.process import INTERRUPTED
 
     if isinstance(stop, KeyboardInterrupt):
         how, status = "Ctrl-C (SIGINT)", INTERRUPTED
@@ -1041,7 +1041,7 @@ def search(args, overrides: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from graphormer_urpe.files import run_command
+    from graphormer_urpe.utils.process import run_command
 
     args, overrides = parse_args(argv)
 

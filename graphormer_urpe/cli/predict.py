@@ -58,11 +58,11 @@ from typing import TextIO
 import numpy as np
 import torch
 
-from graphormer_urpe.arguments import non_negative_int, positive_int
-from graphormer_urpe.cores import usable_cores
-from graphormer_urpe.files import (
-    AtomicFile, commit_together, refuse_overwriting_inputs, run_command, unreadable_as_a_file)
-from graphormer_urpe.checkpoint import CheckpointError
+from graphormer_urpe.cli.arguments import non_negative_int, positive_int
+from graphormer_urpe.utils.process import usable_cores
+from graphormer_urpe.utils.files import AtomicFile, commit_together, refuse_overwriting_inputs, unreadable_as_a_file
+from graphormer_urpe.utils.process import run_command
+from graphormer_urpe.utils.torch_files import CheckpointError
 from graphormer_urpe.prediction.embeddings import (
     ATOM_OPTION, GRAPH_OPTION, EmbeddingFiles, check_embedding_paths)
 from graphormer_urpe.prediction.load import checkpoint_files, load_models
@@ -168,7 +168,7 @@ def _check_paths(source: Path, target: Path, ckpts: list[Path]) -> None:
 def main(argv: list[str] | None = None) -> int:
     """The command: exit status 0; 2 for a refused input or output (one line, before any work);
     1 for a full disk or a worker process that died, 130 for Ctrl-C, 143 for SIGTERM, 129 for
-    SIGHUP (one line, :func:`~graphormer_urpe.files.run_command`; a previous output is left as
+    SIGHUP (one line, :func:`~graphormer_urpe.utils.process.run_command`; a previous output is left as
     it was)."""
     args = build_parser().parse_args(argv)
     return run_command("graphormer-urpe-predict", lambda: _predict_or_say_why_not(args))
@@ -320,12 +320,12 @@ def _check_calibrate(module, calibration: Path) -> list[str]:
 
 
 def _calibrated(module, calibration: Path, columns: list[str], args: argparse.Namespace) -> ScaledStd:
-    """``module`` with each target's std scaled by :func:`~graphormer_urpe.uncertainty.std_scale`
+    """``module`` with each target's std scaled by :func:`~graphormer_urpe.prediction.uncertainty.std_scale`
     fitted on the molecules of ``calibration`` (predicted into memory, then read back: no
     temporary file, so a full or read-only temporary directory does not matter)."""
     import io
 
-    from graphormer_urpe.uncertainty import std_scale
+    from graphormer_urpe.prediction.uncertainty import std_scale
 
     names, num_targets = prediction_columns(module), module.facts.num_targets
     predicted = io.StringIO(newline="")
@@ -386,7 +386,7 @@ def _report(name: str, column: str, measured: np.ndarray, predicted: np.ndarray,
     a JSON line."""
     import json
 
-    from graphormer_urpe.uncertainty import regression_scores
+    from graphormer_urpe.prediction.uncertainty import regression_scores
 
     scores = regression_scores(measured, predicted, std)
     log.info("%s against %s: %s", name, column, ", ".join(f"{key} {value:.4g}" for key, value in scores.items()))

@@ -1,0 +1,101 @@
+"""The command's process: how many CPU cores it may use and pools of workers over them;
+stopping on signals (:func:`run_command`: Ctrl-C, SIGTERM, a full disk as one line and an
+exit status)."""
+from __future__ import annotations
+
+import contextlib
+import errno
+import multiprocessing
+import multiprocessing.pool
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity where the platform reports one (a
+    container or ``taskset`` limit), else every core of the machine; at least 1."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(len(os.sched_getaffinity(0)), 1)
+    return os.cpu_count() or 1
+
+
+def process_pool(workers: int, initializer: Callable | None = None,
+                 initargs: tuple = ()) -> multiprocessing.pool.Pool:
+    """A pool of ``workers`` processes, forked where the platform can (a worker starts in
+    milliseconds, with what this process has imported and loaded), else spawned."""
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    return multiprocessing.get_context(method).Pool(workers, initializer, initargs)
+
+
+#: Signals that stop a command like Ctrl-C: ``kill``, a closed terminal or SSH session.
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+class StoppedBySignal(SystemExit):
+    """Raised by :func:`stop_on_signals`: exit status 128 + ``signum``."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """Within the block, :data:`STOP_SIGNALS` raise :class:`StoppedBySignal` (a ``SystemExit``,
+    status 128 + the signal) in the main thread, so ``finally`` blocks and ``with`` exits run
+    (temporary files are removed) instead of the process dying on the spot; the previous
+    handlers are restored on exit."""
+    def stop(signum, frame):
+        raise StoppedBySignal(signum)
+
+    previous = {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
+def hold_stop_signals() -> Iterator[None]:
+    """Within the block Ctrl-C and :data:`STOP_SIGNALS` wait, and are delivered when it ends:
+    for steps that must not be cut in the middle (renames that go together, reaping child
+    processes)."""
+    held = (signal.SIGINT, *STOP_SIGNALS)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+#: ``errno`` of a full disk or an exhausted quota: a command says so in one line, exit status 1.
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+#: Exit status of a command stopped by Ctrl-C (SIGINT), as a shell reports it: 128 + 2.
+INTERRUPTED = 128 + signal.SIGINT
+
+
+def run_command(prog: str, work: Callable[[], int]) -> int:
+    """``work()``'s exit status, under :func:`stop_on_signals`, with the endings every command
+    shares said in one line on stderr instead of a traceback: SIGTERM and SIGHUP exit with 128 +
+    the signal (143, 129), Ctrl-C (``KeyboardInterrupt``) with 130, a full disk
+    (:data:`DISK_FULL`) with 1. The files a command writes are :class:`AtomicFile` s, so each
+    ending leaves each output whole: the new content, or the previous."""
+    try:
+        with stop_on_signals():
+            return work()
+    except StoppedBySignal as stop:
+        print(f"{prog}: stopped by {signal.Signals(stop.signum).name}; outputs not yet written are left "
+              "as they were", file=sys.stderr)
+        return stop.code
+    except KeyboardInterrupt:
+        print(f"{prog}: stopped by Ctrl-C (SIGINT); outputs not yet written are left as they were",
+              file=sys.stderr)
+        return INTERRUPTED
+    except OSError as exc:
+        if exc.errno not in DISK_FULL:
+            raise
+        print(f"{prog}: error: {exc}; outputs not yet written are left as they were", file=sys.stderr)
+        return 1
