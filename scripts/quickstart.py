@@ -51,7 +51,7 @@ def main(argv: list[str]) -> None:
 
     import torch
 
-    from graphormer_urpe.cli.fit import build_cli
+    from graphormer_urpe.training.lightning_cli import build_cli
 
     # One thread unless OMP_NUM_THREADS says otherwise: on a 2-core CPU shared with other jobs,
     # two threads trained this small model 7-12x slower than one (their barriers wait for a busy

@@ -25,7 +25,7 @@ def test_usable_cores_follow_the_affinity_mask(monkeypatch):
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity on this platform")
 def test_encode_threads_default_to_usable_cores_and_the_cli_flag_overrides(monkeypatch, tmp_path):
     from graphormer_urpe.data import CSVDataModule, ZINCDataModule
-    from graphormer_urpe.cli.fit import build_cli
+    from graphormer_urpe.training.lightning_cli import build_cli
 
     monkeypatch.setattr(cores.os, "sched_getaffinity", lambda pid: {0, 1, 2})
     assert ZINCDataModule(root="unused").encode_threads == 3

@@ -93,7 +93,7 @@ def parse_fit_cli(args: list[str]) -> None:
     """``graphormer-urpe SUBCOMMAND ...`` through LightningCLI's parser (configs, overrides and
     their types), stopped before anything is instantiated, checked or written; a refused
     argument is LightningCLI's SystemExit."""
-    from graphormer_urpe.cli.fit import GraphormerCLI, build_cli
+    from graphormer_urpe.training.lightning_cli import GraphormerCLI, build_cli
 
     if args[:1] == ["recipes"] or "--print_config" in args:  # printed once parsed: exit status 0
         with pytest.raises(SystemExit) as printed:

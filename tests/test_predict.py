@@ -22,7 +22,7 @@ from graphormer_urpe.cli.predict import main as predict_main
 from graphormer_urpe.prediction.load import best_checkpoint, load_module
 from graphormer_urpe.prediction.model import stream_predictions
 from graphormer_urpe.prediction.table import InputRow, PredictionTable
-from graphormer_urpe.cli.fit import build_cli
+from graphormer_urpe.training.lightning_cli import build_cli
 
 REPO = Path(__file__).resolve().parents[1]
 PREDICT = Path(sys.executable).with_name("graphormer-urpe-predict")

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from graphormer_urpe.cli.fit import build_cli
+from graphormer_urpe.training.lightning_cli import build_cli
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = ["--config", str(REPO / "configs" / "zinc.yaml"),

@@ -86,7 +86,7 @@ def test_pcqm4m_config_trains_through_the_cli(fitted_v1):
 ])
 def test_pcqm4m_config_is_graphormer_small_and_rpe_yaml_is_its_ablation(overlay, attention, parameters, run_dir):
     from graphormer_urpe.nn.graphormer import count_parameters
-    from graphormer_urpe.cli.fit import build_cli
+    from graphormer_urpe.training.lightning_cli import build_cli
 
     cli = build_cli(["--config", str(REPO / "configs" / "pcqm4m.yaml"), *overlay], run=False)
     assert type(cli.datamodule).__name__ == "PCQM4MDataModule" and cli.datamodule.batch_size == 256

@@ -239,7 +239,7 @@ class Run:
         record = self.read_record()
         if record is None:
             return {"cli_args": self.cli_args, "commit": self.grid.commit, "attempts": []}
-        from graphormer_urpe.cli.fit import training_args
+        from graphormer_urpe.training.lightning_cli import training_args
 
         if training_args(record["cli_args"]) != training_args(self.cli_args):
             raise ValueError(f"{self.dir} was started with other arguments ({' '.join(record['cli_args'])}; "
@@ -437,7 +437,7 @@ class Grid:
         step budget; a run directory started with other arguments is refused then, before any
         work; when runs remain, the data is built here before parallel runs would race to build
         it."""
-        from graphormer_urpe.cli.fit import build_cli
+        from graphormer_urpe.training.lightning_cli import build_cli
 
         sys.argv = sys.argv[:1]  # the recipe travels as `args`; LightningCLI must not read ours
         cli = build_cli([*self.recipe_args, "--trainer.logger", "false",
@@ -597,7 +597,7 @@ def backbone_overrides(backbone: Any) -> dict[str, Any]:
 def default_name(recipe_args: Sequence[str]) -> str:
     """``<config stems>-<hash of the recipe arguments>``: one name per distinct recipe (arguments
     that only say how the steps run, such as ``--model.compile``, leave it as it is)."""
-    from graphormer_urpe.cli.fit import training_args
+    from graphormer_urpe.training.lightning_cli import training_args
 
     stems = [Path(a).stem for prev, a in zip(recipe_args, recipe_args[1:]) if prev == "--config"]
     digest = hashlib.sha256("\0".join(training_args(list(recipe_args))).encode()).hexdigest()[:8]

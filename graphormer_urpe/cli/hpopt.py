@@ -341,7 +341,8 @@ def parse_fit(args: list[str]):
     :class:`Refused` with the parser's or the check's message."""
     import lightning.pytorch as pl
 
-    from graphormer_urpe.cli.fit import GraphormerCLI, check_schedule_config, check_step_config
+    from graphormer_urpe.training.lightning_cli import GraphormerCLI
+    from graphormer_urpe.training.fit_checks import check_schedule_config, check_step_config
     from graphormer_urpe.training.module import GraphormerModule
 
     class ParseOnly(GraphormerCLI):
@@ -372,7 +373,7 @@ def check_recipe(configs: list[str], overrides: list[str], space: dict[str, Para
     per probe, all keys at once; on a failure, each key alone names the culprit); returns the
     objective, the task's validation metric and whether it is minimised or maximised."""
     from graphormer_urpe.data.task import get_task
-    from graphormer_urpe.cli.fit import _data_task
+    from graphormer_urpe.training.lightning_cli import _data_task
 
     recipe = [arg for path in configs for arg in ("--config", path)] + list(overrides)
     with tempfile.TemporaryDirectory(prefix="hpopt-check-") as scratch:

@@ -12,9 +12,9 @@ import torch
 from torch_geometric.data import Data
 from torch_geometric.transforms import AddRandomWalkPE
 
-from graphormer_urpe.data.encoding_registry import EncodingParams, random_walk_return_probabilities
+from graphormer_urpe.data.encodings import EncodingParams, random_walk_return_probabilities
 from graphormer_urpe.cli.predict import main as predict_main
-from graphormer_urpe.cli.fit import build_cli
+from graphormer_urpe.training.lightning_cli import build_cli
 from graphormer_urpe.cli.fit import main as cli_main
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from graphormer_urpe.data.facts import DataFacts
-from graphormer_urpe.cli.fit import build_cli
+from graphormer_urpe.training.lightning_cli import build_cli
 from graphormer_urpe.prediction.load import load_module
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from graphormer_urpe.prediction.load import load_module
-from graphormer_urpe.cli.fit import build_cli, main
+from graphormer_urpe.cli.fit import main
+from graphormer_urpe.training.lightning_cli import build_cli
 
 REPO = Path(__file__).resolve().parents[2]
 ESOL_TARGET = "measured log solubility in mols per litre"

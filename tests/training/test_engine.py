@@ -17,7 +17,7 @@ import torch
 
 from graphormer_urpe.data import ZINCDataModule
 from graphormer_urpe.data.resident import OrderSlice
-from graphormer_urpe.cli.fit import build_cli
+from graphormer_urpe.training.lightning_cli import build_cli
 from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.training.module import GraphormerModule
 

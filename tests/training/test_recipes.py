@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from graphormer_urpe.cli.fit import build_cli, main
+from graphormer_urpe.cli.fit import main
+from graphormer_urpe.training.lightning_cli import build_cli
 from graphormer_urpe.training.recipes import RECIPES_DIR, recipe_names, resolve_config
 
 REPO = Path(__file__).resolve().parents[2]

@@ -230,7 +230,7 @@ def test_a_sigterm_during_a_validation_is_held_to_the_next_step_end(zinc_data_ro
     Lightning alone would stop inside the validation with no last.ckpt at all."""
     import signal
 
-    from graphormer_urpe.cli.fit import build_cli
+    from graphormer_urpe.training.lightning_cli import build_cli
     from graphormer_urpe.training.module import GraphormerModule
 
     validate = GraphormerModule.validation_step

@@ -1,0 +1,277 @@
+"""The configuration of ``graphormer-urpe {fit,validate,test,predict}``: :class:`GraphormerCLI`, a
+LightningCLI over the module and the datamodules, built by :func:`build_cli`.
+
+Facts that belong to the data (:class:`~graphormer_urpe.data.facts.DataFacts`: vocabulary sizes,
+number of targets, ``max_hops``, the widths of its optional node encodings, the task and the
+featurizer) are linked from the instantiated DataModule into the model as one object, so a
+config names each of them once, on the data. A run's outputs all go under
+``trainer.default_root_dir``: TensorBoard and CSV logs, ``checkpoints/`` with the best model by the task's validation metric
+(``epoch=…-step=…-val_<metric>=….ckpt``: ``val_mae``, ``val_auroc``, ``val_accuracy``) plus ``last.ckpt``, always the run's newest state (resume
+a killed or finished run with ``--ckpt_path last``; :mod:`~graphormer_urpe.training.run_checkpoint`),
+and for ``predict`` the predictions (``predictions.csv``, or ``--prediction_writer.output``).
+A ``fit`` into a run directory that already holds checkpoints is refused unless it resumes
+(``--ckpt_path last``) or starts over (``--checkpoint.overwrite true``).
+The refusals it applies before any data is read are :mod:`~graphormer_urpe.training.fit_checks`.
+
+The backbone is typed (:class:`~graphormer_urpe.nn.graphormer.GraphormerConfig`), so partial
+overrides merge in any order: ``--model.backbone '{"num_layers": 4}'``,
+``--model.backbone.attention rpe`` or a config overlay that sets one key.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from jsonargparse import Namespace
+from lightning.pytorch.callbacks import BasePredictionWriter, GradientAccumulationScheduler, LearningRateMonitor
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities.rank_zero import rank_zero_module
+
+from graphormer_urpe.data.dataset import check_seed
+from graphormer_urpe.data.facts import DataFacts
+from graphormer_urpe.data.task import get_task
+from graphormer_urpe.prediction.model import RETIRED_HPARAMS
+from graphormer_urpe.training.fit_checks import (PREDICTIONS_FILE, check_checkpoint_data, check_checkpoint_model,
+                                                 check_epoch_place, check_prediction_output,
+                                                 check_schedule_config, check_step_config, device_count,
+                                                 epoch_place)
+from graphormer_urpe.training.module import GraphormerModule, data_position
+from graphormer_urpe.training.recipes import command_line
+from graphormer_urpe.training.run_checkpoint import (RunCheckpoint, check_run_dir, hold_run_dir,
+                                                      run_dirs_released_after)
+from graphormer_urpe.utils.files import check_creatable_dir, check_writable_dir
+from graphormer_urpe.utils.lightning_private import is_local_path
+from graphormer_urpe.utils.torch_files import read_checkpoint
+
+DEFAULT_RUN_DIR = "runs/default"
+#: ``--ckpt_path`` values that Lightning resolves itself (``last`` is resolved here).
+LIGHTNING_CKPT_NAMES = ("best", "hpc", "registry")  # also registry:<name>
+
+
+class PredictionWriter(BasePredictionWriter):
+    """Writes ``predict``'s outputs to a CSV with the columns of ``graphormer-urpe-predict``
+    (``row, smiles, prediction_<target>..., error``), in the order of the predict split.
+
+    Args:
+        output: the CSV (default: ``<trainer.default_root_dir>/predictions.csv``).
+    """
+
+    def __init__(self, output: str | None = None) -> None:
+        super().__init__(write_interval="epoch")
+        self.output = output
+
+    def write_on_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           predictions, batch_indices) -> None:
+        from graphormer_urpe.prediction.table import InputRow, prediction_columns, write_predictions
+
+        outputs = [o for per_loader in _per_dataloader(predictions) for o in per_loader]
+        if not outputs:
+            return
+        index = torch.cat([o["index"] for o in outputs]).cpu().numpy()
+        values = torch.cat([o["prediction"] for o in outputs]).float().cpu().numpy()
+        values = values[np.argsort(index, kind="stable")]
+        smiles_of = getattr(trainer.datamodule, "predict_smiles", None)
+        smiles = smiles_of() if smiles_of is not None else None
+        rows = [InputRow(smiles[i] if smiles is not None else "") for i in range(len(values))]
+        path = Path(self.output or os.path.join(trainer.default_root_dir, PREDICTIONS_FILE))
+        write_predictions(path, rows, values, prediction_columns(pl_module))
+        logging.getLogger(__name__).info("wrote %d predictions to %s", len(rows), path)
+
+
+#: Run arguments that say how the steps run, not what is trained: a run or an ablation grid
+#: started with or without them continues either way.
+EXECUTION_ARGS = ("--model.compile",)
+
+
+def training_args(args: list[str]) -> list[str]:
+    """``args`` without :data:`EXECUTION_ARGS` (``--name value`` or ``--name=value``)."""
+    kept, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in EXECUTION_ARGS:
+            skip = True
+        elif not arg.startswith(tuple(f"{name}=" for name in EXECUTION_ARGS)):
+            kept.append(arg)
+    return kept
+
+
+def _per_dataloader(predictions) -> list[list]:
+    """Lightning returns a flat list for one predict loader and a list of lists for several."""
+    if predictions and isinstance(predictions[0], list):
+        return predictions
+    return [predictions]
+
+
+class GraphormerCLI(LightningCLI):
+    def _parse_ckpt_path(self) -> None:
+        """As LightningCLI's: with ``--ckpt_path FILE`` the checkpoint's hyperparameters become
+        the model's arguments, except the facts (either form, :meth:`DataFacts.nest`): those
+        are linked from the data, not options of the model."""
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if not ckpt_path or not Path(ckpt_path).is_file():
+            return
+        hparams = {k: v for k, v in DataFacts.nest(self._checkpoint_hparams(ckpt_path)).items()
+                   if k not in ("facts", "_instantiator", "_class_path", *RETIRED_HPARAMS)}
+        if hparams:
+            try:
+                self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
+            except SystemExit:
+                sys.stderr.write("Parsing of ckpt_path hyperparameters failed!\n")
+                raise
+
+    def parse_arguments(self, parser: LightningArgumentParser, args) -> None:
+        super().parse_arguments(parser, args)
+        # before Lightning seeds with it: its own out-of-range error is a traceback
+        subcommand = self.config.get("subcommand")
+        seed = (self.config[subcommand] if subcommand else self.config).get("seed_everything")
+        if seed is not None and not isinstance(seed, bool):
+            check_seed("seed_everything", seed)
+
+    def _checkpoint_hparams(self, ckpt_path: str) -> dict:
+        """The hyperparameters of the checkpoint the command starts from, read once (as plain
+        data: :func:`~graphormer_urpe.utils.torch_files.read_checkpoint`, which refuses a
+        damaged or crafted file in one line)."""
+        return self._read_checkpoint(ckpt_path)[1]
+
+    def _read_checkpoint(self, ckpt_path: str) -> tuple[str, dict, dict]:
+        """``(path, hyperparameters, where it stands in its epoch)`` of the checkpoint the
+        command starts from, read once (:func:`~graphormer_urpe.utils.torch_files.read_checkpoint`)."""
+        cached = getattr(self, "_checkpoint", None)
+        if cached is None or cached[0] != ckpt_path:
+            checkpoint = read_checkpoint(ckpt_path)
+            checkpoint = checkpoint if isinstance(checkpoint, dict) else {}
+            hparams = checkpoint.get("hyper_parameters")
+            self._checkpoint = cached = (ckpt_path, hparams if isinstance(hparams, dict) else {},
+                                         epoch_place(checkpoint))
+        return cached
+
+    def after_instantiate_classes(self) -> None:
+        """Before any data is read or built: the checkpoint the command starts from was trained
+        on data of this kind (:func:`check_checkpoint_data`). A run without a logger
+        (``--trainer.logger false``) drops the learning-rate monitor, which has nothing to log
+        to (Lightning would stop the run on it once the data is built)."""
+        if self.trainer is not None and not self.trainer.loggers:
+            self.trainer.callbacks = [c for c in self.trainer.callbacks if not isinstance(c, LearningRateMonitor)]
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        if config.get("ckpt_path") and Path(config.ckpt_path).is_file():
+            path, hparams, place = self._read_checkpoint(config.ckpt_path)
+            check_checkpoint_data(path, hparams, self.model)
+            check_checkpoint_model(path, hparams, self.model)
+            scheduled = any(isinstance(c, GradientAccumulationScheduler) for c in self.trainer.callbacks)
+            if self.subcommand == "fit" and not scheduled:  # a scheduler's factor depends on the epoch
+                check_epoch_place(path, place, data_position(self.trainer, self.datamodule))
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.link_arguments("data", "model.facts", apply_on="instantiate", compute_fn=DataFacts.of)
+        parser.link_arguments("data", "model.target_names", apply_on="instantiate",
+                              compute_fn=lambda data: getattr(data, "target_columns", None))
+        parser.add_lightning_class_args(RunCheckpoint, "checkpoint")
+        # monitor / mode / filename left unset follow the task (before_instantiate_classes).
+        parser.set_defaults({"checkpoint.save_last": True,
+                             "checkpoint.auto_insert_metric_name": False})
+        parser.add_lightning_class_args(LearningRateMonitor, "lr_monitor")
+        parser.set_defaults({"lr_monitor.logging_interval": "step"})
+        parser.add_lightning_class_args(PredictionWriter, "prediction_writer")
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        run_dir = config.trainer.default_root_dir or DEFAULT_RUN_DIR
+        config.trainer.default_root_dir = run_dir
+        if self.subcommand == "fit":
+            check_schedule_config(config)  # before any data is read
+            check_step_config(config.trainer)
+        if self.subcommand is not None:  # its logs (and a fit's checkpoints) go there
+            check_writable_dir(run_dir, "--trainer.default_root_dir")
+        if self.subcommand == "fit":
+            # before the checkpoint folder is checked: a second fit must not remove the first's
+            hold_run_dir(run_dir)
+        if self.subcommand == "predict":
+            if device_count(config.trainer) > 1:
+                raise ValueError("graphormer-urpe predict writes one table from one process: give "
+                                 "--trainer.devices 1 (graphormer-urpe-predict --workers N predicts in parallel)")
+            config_files = [*(self.config.get("config") or []), *(config.get("config") or [])]
+            check_prediction_output(config, config_files)  # before the data and the model are built
+        checkpoint = config.checkpoint
+        if checkpoint.dirpath is None:
+            checkpoint.dirpath = os.path.join(run_dir, "checkpoints")
+        if self.subcommand == "fit" and is_local_path(str(checkpoint.dirpath)):
+            check_creatable_dir(Path(checkpoint.dirpath), "--checkpoint.dirpath")  # before training
+        if checkpoint.monitor is None:
+            task = get_task(_data_task(config.data))
+            checkpoint.monitor, checkpoint.mode = task.monitor, task.mode
+            if checkpoint.filename is None:
+                checkpoint.filename = (f"epoch={{epoch}}-step={{step}}-val_{task.metric_name}="
+                                       f"{{{task.monitor}:.4f}}")
+        if self.subcommand is not None:  # before any data is read
+            config.ckpt_path = check_run_dir(checkpoint.dirpath, config.get("ckpt_path"),
+                                             checkpoint.overwrite, self.subcommand == "fit")
+            ckpt_path = config.ckpt_path
+            if (ckpt_path and is_local_path(ckpt_path)
+                    and ckpt_path.split(":")[0] not in LIGHTNING_CKPT_NAMES):
+                self._checkpoint_hparams(ckpt_path)  # a missing, damaged or crafted file: one line now
+        if config.trainer.logger in (None, True):
+            config.trainer.logger = [
+                Namespace(class_path=f"lightning.pytorch.loggers.{cls}",
+                          init_args=Namespace(save_dir=run_dir, name=name))
+                for cls, name in (("TensorBoardLogger", "tensorboard"), ("CSVLogger", "csv"))
+            ]
+
+
+def _data_task(data: Namespace) -> str:
+    """The task the configured DataModule will link into the model: its ``task`` init
+    argument, else its class's ``task`` attribute."""
+    task = (data.get("init_args") or Namespace()).get("task")
+    if task is None and data.get("class_path"):
+        module, _, name = data.class_path.rpartition(".")
+        task = getattr(getattr(importlib.import_module(module), name), "task", None)
+    return task or "regression"
+
+
+class _DropLightningTips(logging.Filter):
+    """Lightning's advertisements for its cloud products ("💡 Tip: ...") are not run output."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip")
+
+
+def configure_logging() -> None:
+    """This package's INFO messages (dataset builds: "encoding N graphs", rejected rows,
+    schedule warnings) on stderr; Lightning keeps its own handler; no Lightning tips."""
+    logging.basicConfig(format="%(message)s")  # no-op where the application configured logging
+    logging.getLogger("graphormer_urpe").setLevel(logging.INFO)
+    if not any(isinstance(f, _DropLightningTips) for f in rank_zero_module.log.filters):
+        rank_zero_module.log.addFilter(_DropLightningTips())
+
+
+def build_cli(args: list[str] | None = None, run: bool = True) -> GraphormerCLI:
+    configure_logging()
+    # `--config NAME` reads the packaged recipe; `recipes [NAME]` lists them (exits here)
+    if args is None:  # LightningCLI warns when given both args and a command line: edit argv
+        sys.argv[1:] = command_line(sys.argv[1:])
+    elif isinstance(args, (list, tuple)):
+        args = command_line(list(args))
+    config_help = "--config takes a file or a packaged recipe's name (graphormer-urpe recipes lists them)"
+    # a fit holds its run directory while it runs; Lightning's warning that a loader without a
+    # state_dict cannot resume inside an epoch is not true of these: their order and place come
+    # from the trainer's epoch and batch count (SeededShuffleSampler)
+    with run_dirs_released_after(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
+        return GraphormerCLI(
+            GraphormerModule,
+            pl.LightningDataModule,
+            subclass_mode_data=True,
+            save_config_kwargs={"overwrite": True},
+            parser_kwargs={"description": f"Graphormer + URPE training (LightningCLI). {config_help}.",
+                           **{name: {"epilog": f"{config_help}."} for name in ("fit", "validate", "test", "predict")}},
+            args=args,
+            run=run,
+        )
