@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from graphormer_urpe.cli import synthetic
-from graphormer_urpe.cli.synthetic import (IGNORE_INDEX, RESULTS_BEGIN, RESULTS_END, TrainConfig,
-                                       cell_name, even_token_targets, make_batch, num_classes,
-                                       position_identification_targets, run_grid, task_config,
-                                       train_cell)
+from graphormer_urpe.cli import synthetic as synthetic_command
+from graphormer_urpe.training.studies import synthetic
+from graphormer_urpe.training.studies.synthetic import (
+    IGNORE_INDEX, RESULTS_BEGIN, RESULTS_END, TrainConfig, cell_name, even_token_targets, make_batch,
+    num_classes, position_identification_targets, run_grid, task_config, train_cell)
 
 REPO = Path(__file__).resolve().parents[1]
 # Small enough that a cell trains in about a second on the 2-core box.
@@ -128,7 +128,7 @@ def test_main_writes_json_csv_and_markdown_block(tmp_path, capsys):
     for name, value in TINY.__dict__.items():
         argv += [f"--{name.replace('_', '-')}", str(value)]
     argv[argv.index("--steps") + 1] = "10"
-    results = synthetic.run(argv)
+    results = synthetic_command.run(argv)
     assert len(results) == 4
     text = markdown.read_text()
     assert text.startswith("# Title\n\nProse before.") and text.endswith("Prose after.\n")
@@ -164,6 +164,10 @@ def _plot_module():
     return importlib.import_module("graphormer_urpe.cli.plot")
 
 
+def _learned_tables():
+    return importlib.import_module("graphormer_urpe.training.studies.learned_tables")
+
+
 def test_plot_script_renders_a_trained_sequence_model(tmp_path):
     plot = _plot_module()
     brief = dataclasses.replace(TINY, steps=5)  # moves the tables off their init
@@ -176,9 +180,9 @@ def test_plot_script_renders_a_trained_sequence_model(tmp_path):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5_000
     # The pictures show the trained model's tables, laid out as Toeplitz matrices.
     state = torch.load(checkpoint, weights_only=True)["state_dict"]
-    tables = plot.sequence_tables(state)
+    tables = _learned_tables().sequence_tables(state)
     assert torch.equal(torch.from_numpy(tables["scale"][1]), state["layers.1.scale.table"])
-    matrix = plot.toeplitz(tables["scale"][0, 1], 5)
+    matrix = _learned_tables().toeplitz(tables["scale"][0, 1], 5)
     assert matrix[3, 1] == state["layers.0.scale.table"][1, (1 - 3) + TINY.length - 1]
 
 
@@ -197,7 +201,7 @@ def test_plot_script_renders_graph_urpe_tables_from_a_lightning_checkpoint(tmp_p
             scale.delta.add_(torch.randn(scale.delta.shape))
     checkpoint = {"state_dict": module.state_dict(), "epoch": 3, "hyper_parameters": hparams}
     torch.save(checkpoint, tmp_path / "graph.ckpt")
-    spatial, scales = plot.graph_tables(tmp_path / "graph.ckpt")
+    spatial, scales = _learned_tables().graph_tables(tmp_path / "graph.ckpt")
     assert scales.shape == (3, 6 + 3, 4) and spatial.shape == (6 + 2, 4)
     assert torch.equal(torch.from_numpy(scales[2]), 1 + model.urpe_scales[2].delta.detach())
     paths = plot.main([str(tmp_path / "graph.ckpt"), "--out", str(tmp_path)])

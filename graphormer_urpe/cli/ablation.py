@@ -577,7 +577,7 @@ class Grid:
         entries = [e for e in read_results(self.results) if e.get("recipe") == self.name]
         if not any(e["attention"] == "urpe" for e in entries):
             return f"no figure yet: no urpe run of {self.name} has finished"
-        from graphormer_urpe.cli.plot import plot_learned_tables  # matplotlib only when plotting
+        from graphormer_urpe.training.studies.learned_tables import plot_learned_tables  # matplotlib only when plotting
 
         return str(plot_learned_tables(entries, self.dir.parent, figures))
 
@@ -778,7 +778,7 @@ def check_files(args: argparse.Namespace, table: Path, figure: Path | None) -> N
 
 
 def figure_of(entries: Sequence[dict], figures: Path) -> Path:
-    """The file :func:`~graphormer_urpe.cli.plot.plot_learned_tables` writes for ``entries``: of the
+    """The file :func:`~graphormer_urpe.training.studies.learned_tables.plot_learned_tables` writes for ``entries``: of the
     recipe of the best-validation URPE run. ``ValueError`` when no URPE run has finished."""
     urpe = [e for e in entries if e["attention"] == "urpe"]
     if not urpe:
@@ -814,7 +814,7 @@ def table_only(args: argparse.Namespace) -> None:
     if args.readme:
         write_readme_block(args.readme, args.name, args.results)
     if args.figures:
-        from graphormer_urpe.cli.plot import plot_learned_tables  # matplotlib only when plotting
+        from graphormer_urpe.training.studies.learned_tables import plot_learned_tables  # matplotlib only when plotting
 
         print(plot_learned_tables(chosen, args.runs_dir, args.figures))
 
