@@ -1,4 +1,4 @@
-"""Cost of the RWSE encoding (:func:`graphormer_urpe.data.encoding_registry.random_walk_return_probabilities`)
+"""Cost of the RWSE encoding (:func:`graphormer_urpe.data.encodings.random_walk_return_probabilities`)
 on every molecule of ZINC: the train, val and test pickles of PyG's raw ZINC layout (249,456
 molecules), encoded in one call, one thread. Prints the time and, as the last line, a JSON object.
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from graphormer_urpe.data.encoding_registry import random_walk_return_probabilities
+from graphormer_urpe.data.encodings import random_walk_return_probabilities
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ import pytest
 import graphormer_urpe.data.featurize as featurize_module
 import graphormer_urpe.data.zinc as zinc_module
 from graphormer_urpe.data import local_data
-from graphormer_urpe.data.store import _build_lock
+from graphormer_urpe.data.array_store import _build_lock
 
 pytest_plugins = ["pytester"]  # tests/data/test_local_data.py runs this file's fixtures in a child session
 

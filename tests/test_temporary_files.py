@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import graphormer_urpe.data.store as store
+import graphormer_urpe.data.array_store as store
 from graphormer_urpe.cli.fit import main as cli_main
 
 REPO = Path(__file__).resolve().parents[1]

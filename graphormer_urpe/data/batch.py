@@ -27,7 +27,7 @@ class GraphBatch:
         y: ``[B, T]`` float32 targets (NaN where unknown, e.g. PCQM4Mv2 test sets).
         num_nodes: ``[B]`` int32 node counts.
         index: ``[B]`` int64 position of each graph in its dataset (for prediction order).
-        encodings: the structural encodings by name (:mod:`.encoding_registry`: layout, dtype,
+        encodings: the structural encodings by name (:mod:`.encodings`: layout, dtype,
             padding), each also readable as an attribute (``batch.spd``). Always:
 
             - ``degree [B, N]`` int16 node degrees (count of directed edges leaving the node);
@@ -79,7 +79,7 @@ class GraphBatch:
         padding of the others), ``edge_attr`` its own edge rows (numbered from 0, then the zero
         row), so the same graph gives the same batch whatever batch it came from (the batch
         :func:`~.collate.collate` makes of it alone, copies sharing its edge rows)."""
-        from graphormer_urpe.data.encoding_registry import ENCODING_BY_NAME
+        from graphormer_urpe.data.encodings import ENCODING_BY_NAME
 
         n = int(self.num_nodes[g])
         rows = torch.arange(g, g + 1, device=self.x.device).repeat(times)

@@ -9,7 +9,7 @@ the ``O(n^2)`` pair arrays, so a ``DataLoader`` builds a whole batch in one ``__
 (> 40,000 ZINC graphs/s on one core).
 
 The node and node-pair encodings, whichever the graphs carry, are gathered as their specs in
-:mod:`~.encoding_registry` say (per node or pair, dtype, padding value). Path edges are stored as LOCAL edge ids (relative to
+:mod:`~.encodings` say (per node or pair, dtype, padding value). Path edges are stored as LOCAL edge ids (relative to
 ``edge_ptr[g]``, as the encoder returns them); collation turns them into rows of the batch's
 ``edge_attr`` by adding the number of edges of the graphs before ``b`` in the batch. ``-1``
 stays ``-1``, which indexes the all-zero last row of ``edge_attr``, so
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from graphormer_urpe.data.batch import BatchPadding, GraphBatch
-from graphormer_urpe.data.encoding_registry import ENCODING_BY_NAME, Encoding
+from graphormer_urpe.data.encodings import ENCODING_BY_NAME, Encoding
 
 
 A = TypeVar("A")
@@ -44,7 +44,7 @@ class GraphArrays(Generic[A]):
         edge_ptr: ``[G + 1]`` int64.
         y: ``[G, T]`` float32 targets (NaN = unknown).
         pair_ptr: ``[G + 1]`` int64, ``pair_ptr[g + 1] - pair_ptr[g] = n_g^2``.
-        encodings: name -> stored array, in the layout of :mod:`~.encoding_registry`
+        encodings: name -> stored array, in the layout of :mod:`~.encodings`
             (``spd [sum n^2]`` shortest-path hops, ``-1`` = unreachable; ``path_edges [sum n^2, K]``
             local edge ids along one shortest path, ``-1`` pad; ``degree [sum n]`` out-degree;
             optional ones such as ``rwse [sum n, S]``).

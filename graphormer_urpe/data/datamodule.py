@@ -36,8 +36,8 @@ from graphormer_urpe.utils.process import usable_cores
 from graphormer_urpe.data.batch import BatchPadding, GraphBatch
 from graphormer_urpe.data.collate import FlatGraphs
 from graphormer_urpe.data.dataset import EncodedGraphDataset, SeededShuffleSampler, check_seed
-from graphormer_urpe.data.encode_cache import encode_smiles_store
-from graphormer_urpe.data.encoding_registry import DEFAULT_MAX_HOPS, EncodingParams
+from graphormer_urpe.data.encoding_cache import encode_smiles_store
+from graphormer_urpe.data.encodings import DEFAULT_MAX_HOPS, EncodingParams
 from graphormer_urpe.data.feature_ids import num_embeddings
 from graphormer_urpe.data.featurize import cached_smiles_graphs, featurizer_spec
 from graphormer_urpe.data.resident import ResidentLoader, ResidentSplit, TensorGraphs
@@ -67,7 +67,7 @@ class GraphDataModule(pl.LightningDataModule):
     Args:
         max_hops: ``K``, path edges kept per node pair (the model's multi-hop edge encoding).
         rwse_steps: random-walk steps of the RWSE node encoding (0: none), which the model embeds
-            and adds to the atom features (:mod:`.encoding_registry`).
+            and adds to the atom features (:mod:`.encodings`).
         batch_size: graphs per training batch; ``eval_batch_size`` (default: the same) for the rest.
         num_workers, pin_memory: ``DataLoader`` options.
         max_nodes: training graphs with more nodes are dropped (logged); evaluation keeps all.

@@ -6,7 +6,7 @@ each clipped to its 0.1-99.9 % quantiles over the file and standardised. A backb
 to predict them from the graph alone has learnt general chemistry (size, polarity, lipophilicity,
 aromaticity, functional groups) that small property sets cannot teach, as chemprop's CheMeleon
 does with Mordred descriptors. The descriptors are computed once per file, on worker processes,
-and cached beside the featurized graphs (:mod:`.store`).
+and cached beside the featurized graphs (:mod:`.array_store`).
 """
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def cached_descriptors(directory: Path, source: dict, smiles: Sequence[str], num
     entry ``directory`` keyed by ``source`` and the RDKit version."""
     import rdkit
 
-    from graphormer_urpe.data.store import cached_entry
+    from graphormer_urpe.data.array_store import cached_entry
 
     names = descriptor_names()
     fingerprint = {"kind": "rdkit descriptors", "source": source, "rdkit": rdkit.__version__, "names": names}

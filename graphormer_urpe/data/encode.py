@@ -1,8 +1,8 @@
 """Raw graphs -> :class:`~.collate.FlatGraphs` in memory: shared feature ids plus the encodings
-that :class:`~.encoding_registry.EncodingParams` switch on.
+that :class:`~.encodings.EncodingParams` switch on.
 
 :func:`encode_flat` takes raw flat arrays (a featurized chunk at prediction time; with
-``encoded`` given, a data set whose encodings come from the cache, :mod:`.encode_cache`);
+``encoded`` given, a data set whose encodings come from the cache, :mod:`.encoding_cache`);
 :func:`collate_pyg_graphs` encodes and collates a handful of ``torch_geometric.data.Data``
 graphs in one call (small inputs, test fixtures). Nothing here reads or writes files.
 """
@@ -14,7 +14,7 @@ import numpy as np
 
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.data.collate import FlatGraphs, collate
-from graphormer_urpe.data.encoding_registry import Encoder, EncodingParams
+from graphormer_urpe.data.encodings import Encoder, EncodingParams
 from graphormer_urpe.data.feature_ids import to_shared_ids
 
 
@@ -70,7 +70,7 @@ def encode_flat(
 def collate_pyg_graphs(data_list: Sequence, params: EncodingParams | int, atom_feature_dims: Sequence[int],
                        bond_feature_dims: Sequence[int]) -> GraphBatch:
     """Encode (in memory) and collate a few ``torch_geometric.data.Data`` graphs: small inputs
-    and test fixtures; data sets go through :func:`~.encode_cache.flat_graphs_from_pyg` and its cache.
+    and test fixtures; data sets go through :func:`~.encoding_cache.flat_graphs_from_pyg` and its cache.
 
     Each ``Data`` needs ``x`` (``[n, F]`` or ``[n]`` raw values), ``edge_index`` (``[2, E]``),
     ``edge_attr`` (``[E, Fe]`` or ``[E]``) and optionally ``y`` (``T`` values; missing -> NaN).

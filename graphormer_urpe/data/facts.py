@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
-from graphormer_urpe.data.encoding_registry import EncodingParams
+from graphormer_urpe.data.encodings import EncodingParams
 
 
 #: The ``K`` of a checkpoint that does not record ``max_hops``: such checkpoints were all trained
-#: with 5, so it stays 5 whatever :data:`~.encoding_registry.DEFAULT_MAX_HOPS` (new runs) becomes.
+#: with 5, so it stays 5 whatever :data:`~.encodings.DEFAULT_MAX_HOPS` (new runs) becomes.
 UNRECORDED_MAX_HOPS = 5
 
 

@@ -288,7 +288,7 @@ def cached_smiles_graphs(directory: str | os.PathLike, source_fingerprint: dict,
                          read_table: Callable[[], tuple[Sequence[str], np.ndarray]], featurizer: str,
                          num_workers: int | None = None, chunk_size: int = 1000,
                          max_atoms: int | None = None) -> dict[str, np.ndarray]:
-    """A SMILES table featurized once and kept in the cache entry ``directory`` (:mod:`.cache`).
+    """A SMILES table featurized once and kept in the array-store entry ``directory`` (:mod:`.array_store`).
 
     ``read_table() -> (smiles [R], y [R, T])`` is called only when the entry is missing, stale
     (keyed by ``source_fingerprint``, the featurizer and the RDKit/OGB versions) or damaged.
@@ -306,7 +306,7 @@ def cached_smiles_graphs(directory: str | os.PathLike, source_fingerprint: dict,
     import ogb
     import rdkit
 
-    from graphormer_urpe.data.store import cached_entry
+    from graphormer_urpe.data.array_store import cached_entry
 
     fingerprint = {"kind": "featurized smiles", "featurizer": featurizer, "source": source_fingerprint,
                    "rdkit": rdkit.__version__, "ogb": ogb.__version__}

@@ -2,8 +2,8 @@ r"""Graphormer + URPE on any PyG dataset, in a plain PyTorch loop.
 
 :class:`GraphormerEncodings` is a ``torch_geometric.transforms.BaseTransform`` that adds this
 project's structural encodings (:mod:`graphormer_urpe.data.algos`, the Cython encoder, and those its
-:class:`~.encoding_registry.EncodingParams` switch on) to a ``Data`` with ``n`` nodes, in the
-stored layout of :mod:`~.encoding_registry`:
+:class:`~.encodings.EncodingParams` switch on) to a ``Data`` with ``n`` nodes, in the
+stored layout of :mod:`~.encodings`:
 
 - ``spd`` int16 ``[n * n]``: shortest-path hops, pair ``(i, j)`` at ``i * n + j`` (-1 unreachable);
 - ``path_edges`` int16 ``[n * n, K]``: local edge ids (columns of ``edge_index``) along one
@@ -39,7 +39,7 @@ from torch_geometric.transforms import BaseTransform
 
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.data.collate import FlatGraphs, collate
-from graphormer_urpe.data.encoding_registry import CORE_ENCODINGS, DEFAULT_MAX_HOPS, ENCODING_BY_NAME, EncodingParams
+from graphormer_urpe.data.encodings import CORE_ENCODINGS, DEFAULT_MAX_HOPS, ENCODING_BY_NAME, EncodingParams
 from graphormer_urpe.data.feature_ids import check_integer_features, to_shared_ids
 
 
@@ -49,7 +49,7 @@ class GraphormerEncodings(BaseTransform):
 
     Args:
         max_hops: ``K``, edges kept per shortest path (the model's ``max_hops``).
-        rwse_steps: and the other :class:`~.encoding_registry.EncodingParams` fields.
+        rwse_steps: and the other :class:`~.encodings.EncodingParams` fields.
     """
 
     def __init__(self, max_hops: int = DEFAULT_MAX_HOPS, **params: int) -> None:

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from graphormer_urpe.data.batch import GraphBatch
-from graphormer_urpe.data.encoding_registry import CORE_ENCODINGS
+from graphormer_urpe.data.encodings import CORE_ENCODINGS
 from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.nn.attention import URPEAttention, attention_kernel
 from graphormer_urpe.nn.dropout import Dropout

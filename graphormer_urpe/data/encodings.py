@@ -3,10 +3,10 @@ r"""The structural encodings stored per node or per node pair: one spec each, in
 An :class:`Encoding` is one array: per node or per pair, its dtype (stored and batched), its
 padding value and the parameter that sets its width. An :class:`Encoder` is one computation
 producing one or more encodings from the graph structure, with its parameters: they name its
-cache entry's folder and make its fingerprint (:mod:`.cache`). :class:`EncodingParams` holds every
+cache entry's folder and make its fingerprint (:mod:`.encoding_cache`). :class:`EncodingParams` holds every
 parameter; the encoders a run computes are those its parameters switch on
 (:meth:`EncodingParams.encoders`). Collation (:func:`~.collate.collate`), the device gather
-(:func:`~.resident.gather_batch`), the cache (:func:`~.cache.cached_encodings`), the checks of
+(:func:`~.resident.gather_batch`), the cache (:func:`~.encoding_cache.cached_encodings`), the checks of
 :class:`~.collate.FlatGraphs` and of the model
 (:meth:`graphormer_urpe.nn.graphormer.Graphormer.check_encodings`) loop over the encodings a
 batch carries, by name.

@@ -9,7 +9,7 @@ import torch
 from graphormer_urpe.data.batch import BatchPadding
 from graphormer_urpe.data.collate import FlatGraphs, collate
 from graphormer_urpe.data import ZINCDataModule
-from graphormer_urpe.data.encoding_registry import ENCODINGS, Encoding, EncodingParams
+from graphormer_urpe.data.encodings import ENCODINGS, Encoding, EncodingParams
 from graphormer_urpe.data.resident import TensorGraphs, gather_batch
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

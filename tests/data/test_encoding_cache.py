@@ -6,12 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from graphormer_urpe.data import algos
-from graphormer_urpe.data import cache
-from graphormer_urpe.data import store as array_store
-from graphormer_urpe.data.cache import cached_encodings
-from graphormer_urpe.data.encoding_registry import EncodingParams
-from graphormer_urpe.data.store import load_arrays
+from graphormer_urpe.data import algos, array_store, encoding_cache
+from graphormer_urpe.data.array_store import load_arrays
+from graphormer_urpe.data.encoding_cache import cached_encodings
+from graphormer_urpe.data.encodings import EncodingParams
 
 
 @pytest.fixture(scope="module")
@@ -122,11 +120,13 @@ def test_streamed_entry_equals_the_whole_arrays(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["e"]
 
 
-def test_chunked_encoding_equals_one_shot(zinc_val, tmp_path, monkeypatch):
+def test_chunked_encoding_equals_one_shot(zinc_val, tmp_path, monkeypatch, count_encodes):
     node_ptr, edge_index, edge_ptr = zinc_val
-    monkeypatch.setattr(cache, "PAIRS_PER_CHUNK", 5_000)  # ~20 graphs a chunk, 1,000 graphs
-    assert len(cache.graph_chunks(node_ptr, 5_000)) > 20
+    monkeypatch.setattr(encoding_cache, "PAIRS_PER_CHUNK", 5_000)  # ~20 graphs a chunk, 1,000 graphs
+    chunks = len(encoding_cache.graph_chunks(node_ptr))
+    assert chunks > 20
     chunked = cached_encodings(tmp_path / "k3", node_ptr, edge_index, edge_ptr, EncodingParams(max_hops=3))
+    assert len(count_encodes) == chunks  # one encoder call per chunk
     direct = algos.encode_graphs(node_ptr, edge_index, edge_ptr, 3)
     assert np.array_equal(chunked["spd"], direct.spd) and np.array_equal(chunked["degree"], direct.degree)
     assert np.array_equal(chunked["path_edges"], direct.path_edges.reshape(-1, 3))
@@ -159,7 +159,7 @@ def test_damaged_entry_is_rebuilt_naming_the_file(damage, zinc_val, tmp_path, co
     expected = cached_encodings(entry, node_ptr, edge_index, edge_ptr, EncodingParams(max_hops=3))["spd"].copy()
     damage_entry, message = DAMAGES[damage]
     damage_entry(entry)
-    with caplog.at_level("WARNING", logger="graphormer_urpe.data.store"):
+    with caplog.at_level("WARNING", logger="graphormer_urpe.data.array_store"):
         rebuilt = cached_encodings(entry, node_ptr, edge_index, edge_ptr, EncodingParams(max_hops=3))
     assert count_encodes == [3, 3] and np.array_equal(rebuilt["spd"], expected)
     assert f"cache entry {entry} is damaged, rebuilding it" in caplog.text and message in caplog.text
@@ -235,7 +235,7 @@ def test_streamed_smiles_store_equals_in_memory_and_stays_memory_mapped(esol_csv
     store is a memory map (training start copies nothing)."""
     import pandas as pd
 
-    from graphormer_urpe.data.encode_cache import cached_flat, encode_smiles_store
+    from graphormer_urpe.data.encoding_cache import cached_flat, encode_smiles_store
     from graphormer_urpe.data.featurize import cached_smiles_graphs, featurizer_spec
 
     table = pd.read_csv(esol_csv)
