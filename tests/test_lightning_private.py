@@ -5,6 +5,7 @@ import lightning.pytorch as pl
 import pytest
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningCLI
 
 from graphormer_urpe.utils import lightning_private
 from graphormer_urpe.training.run_checkpoint import RunCheckpoint
@@ -38,3 +39,11 @@ def test_the_model_checkpoint_members_run_checkpoint_uses_are_there():
     assert checkpoint._every_n_train_steps == 3 and checkpoint._last_global_step_saved == 0
     for name in ("_save_checkpoint", "_save_last_checkpoint", "_monitor_candidates", "_should_save_on_train_epoch_end"):
         assert callable(getattr(checkpoint, name)), name
+
+
+def test_the_lightning_cli_members_the_fit_overrides_are_there():
+    from graphormer_urpe.training.lightning_cli import GraphormerCLI
+
+    for name in lightning_private.LIGHTNING_CLI_MEMBERS:
+        assert callable(getattr(LightningCLI, name, None)), name
+        assert name in vars(GraphormerCLI), name  # overridden: the override is the reason it is listed

@@ -7,7 +7,8 @@ an epoch must checkpoint the state inside it), whether this step writes the logs
 step reads its device counters only then), how many batches ``limit_train_batches`` leaves of an
 epoch (checked against ``val_check_interval`` before training), whether it reads a path from
 the local file system, or for a module's trainer without an error when it has none. :class:`~graphormer_urpe.training.run_checkpoint.RunCheckpoint` also overrides and reads protected members of
-its base class ``ModelCheckpoint`` (:data:`MODEL_CHECKPOINT_MEMBERS`). A test
+its base class ``ModelCheckpoint`` (:data:`MODEL_CHECKPOINT_MEMBERS`), and the fit's and the search's
+``LightningCLI`` subclasses override one of their base's (:data:`LIGHTNING_CLI_MEMBERS`). A test
 (``tests/test_lightning_private.py``) checks that every name here still exists in the
 installed Lightning, so an upgrade that moves one fails there, not in a run.
 """
@@ -20,6 +21,11 @@ import lightning.pytorch as pl
 MODEL_CHECKPOINT_MEMBERS = ("_save_checkpoint", "_save_last_checkpoint", "_monitor_candidates",
                             "_should_save_on_train_epoch_end", "_last_global_step_saved",
                             "_last_checkpoint_saved", "_every_n_train_steps")
+
+#: The protected members of ``LightningCLI`` that :class:`~graphormer_urpe.training.lightning_cli.GraphormerCLI`
+#: (and the search's check of a trial's configuration) override: where a checkpoint's
+#: hyperparameters become the model's arguments.
+LIGHTNING_CLI_MEMBERS = ("_parse_ckpt_path",)
 
 
 def epoch_finished(trainer: pl.Trainer) -> bool:
