@@ -1,1 +1,6 @@
-"""Ground floor."""
+"""The ground floor, below every other room, imported by all and importing none of them:
+:mod:`.files` (files and folders written whole or not at all, JSON, the same-file test, the lock
+that gives a folder to one process), :mod:`.process` (the usable CPU cores and worker pools;
+stopping on signals and the exit statuses every command shares), :mod:`.torch_files` (every torch
+file read as data, never code) and :mod:`.lightning_private` (the private parts of Lightning the
+package relies on, named in one place and checked by a test)."""
