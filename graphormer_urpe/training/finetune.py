@@ -1,6 +1,6 @@
 """Fine-tuning: start a run from another run's backbone (``GraphormerModule(init_from=...)``).
 
-``graphormer-urpe fit --config configs/esol.yaml --config configs/esol_finetune.yaml
+``graphormer-urpe fit --config esol --config esol_finetune
 --model.init_from runs/zinc_full/checkpoints/last.ckpt`` loads every backbone tensor of the
 checkpoint (a Lightning checkpoint of this project, or a weights-only file: a ``state_dict`` of
 the backbone ``Graphormer`` or of the whole module) before the first step. The output head
