@@ -14,6 +14,8 @@ The path is the BFS tree path: ``path(i, j) = path(i, parent_i(j)) + [edge(paren
 with ``parent_i(j)`` the first node to discover ``j`` when neighbours are scanned in increasing
 edge-id order, so it is deterministic. The work is done in C (``graphormer_urpe.data._encoding``,
 built from ``cython_ext/encoding.pyx``): ``O(n * e + n^2 * K)`` per graph, parallel over graphs.
+The extension is loaded when a graph is first encoded, so the model and everything that only
+reads the encodings' specs import without it.
 
 Example::
 
@@ -24,23 +26,41 @@ Example::
 """
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 
-from graphormer_urpe.data import _encoding
-
 #: The ``spd`` value of a pair in different components.
-UNREACHABLE: int = _encoding.UNREACHABLE
+UNREACHABLE: int = -1
 #: Bump whenever the encoder's output for the same input changes (path choice, dtypes, layout):
 #: encoding caches are keyed by it.
 ENCODER_VERSION: str = "1"
 #: Largest node or edge count of one graph (the outputs are int16).
-MAX_GRAPH_SIZE: int = _encoding.MAX_GRAPH_SIZE
+MAX_GRAPH_SIZE: int = 32767
 #: Largest accepted ``max_hops``.
-MAX_HOPS_LIMIT: int = _encoding.MAX_HOPS_LIMIT
+MAX_HOPS_LIMIT: int = 255
+
+_BUILD = "build it with `pip install -e .` (or `make env` in a source checkout)"
+
+
+@functools.cache
+def _extension() -> ModuleType:
+    """The compiled encoder, imported on first use; ImportError in one line saying how to build
+    it when it is missing, or was built from a source whose limits differ from the ones above."""
+    try:
+        from graphormer_urpe.data import _encoding
+    except ImportError as error:
+        raise ImportError(f"the compiled graph encoder graphormer_urpe.data._encoding is missing ({error}); "
+                          f"{_BUILD}") from None
+    for name in ("UNREACHABLE", "MAX_GRAPH_SIZE", "MAX_HOPS_LIMIT"):
+        if getattr(_encoding, name, None) != globals()[name]:
+            raise ImportError(f"the compiled graph encoder {_encoding.__file__} is stale ({name} differs); "
+                              f"re{_BUILD}")
+    return _encoding
 
 # libgomp is not fork-safe: a child forked while the parent had an OpenMP thread team (its own
 # encoder call with num_threads > 1, or any torch/numpy op: torch shares this libgomp) deadlocks in
@@ -138,8 +158,8 @@ def encode_graphs(node_ptr: np.ndarray, edge_index: np.ndarray, edge_ptr: np.nda
         warnings.warn("encode_graphs: this process was forked from a multi-threaded one; using "
                       "num_threads=1 (libgomp would deadlock)", RuntimeWarning, stacklevel=2)
         num_threads = 1
-    spd, path_edges, degree, pair_ptr = _encoding.encode(node_ptr, edge_index, edge_ptr,
-                                                         max_hops, num_threads)
+    spd, path_edges, degree, pair_ptr = _extension().encode(node_ptr, edge_index, edge_ptr,
+                                                            max_hops, num_threads)
     return EncodedGraphs(spd=spd, path_edges=path_edges, degree=degree, pair_ptr=pair_ptr,
                          node_ptr=node_ptr.copy(), max_hops=int(max_hops))
 
