@@ -27,7 +27,8 @@ written; the encoding then runs under ``nogil`` without Python objects, in paral
 when ``num_threads > 1``. Each thread owns scratch sized by the largest graph and graphs are
 independent, so the result does not depend on the thread count.
 
-This is the private core; :mod:`graphormer_urpe.algos` is the public API.
+This is the private core (``graphormer_urpe.data._encoding``), loaded on first use by
+:mod:`graphormer_urpe.data.algos`, its public API.
 """
 import numpy as np
 
