@@ -6,9 +6,10 @@ and :mod:`.descriptors`, holding its DataModule (a subclass of
 :class:`~.datamodule.GraphDataModule`), named in ``_LAZY`` below so that configs reach it as
 ``graphormer_urpe.data.<Class>``; a new encoding is a spec, an encoder and a parameter in
 :mod:`.encodings` and an init argument of the same name on the GraphDataModule (the cache of
-:mod:`.encoding_cache`, collation and the model follow it by name); a new featurizer is a :class:`~.featurize.FeaturizerSpec` in ``FEATURIZERS`` of
-:mod:`.featurize`. The DataModules (and everything that imports Lightning, PyG or RDKit) load
-on first access, so ``import graphormer_urpe.data`` stays cheap.
+:mod:`.encoding_cache`, collation and the model follow it by name); a new featurizer is a
+:class:`~.featurize.FeaturizerSpec` in ``FEATURIZERS`` of :mod:`.featurize`. The DataModules
+(and everything that imports Lightning, PyG or RDKit) load on first access, so
+``import graphormer_urpe.data`` stays cheap.
 """
 from __future__ import annotations
 
