@@ -241,6 +241,11 @@ class Graphormer(nn.Module):
         if self.node_encodings:  # absent otherwise: the state dict of a model without them is unchanged
             self.node_encoders = nn.ModuleDict({name: nn.Linear(width, hidden_dim)
                                                 for name, width in self.node_encodings.items()})
+        #: The encodings with a static form, each switched by its ``static_shapes``
+        #: (:func:`~graphormer_urpe.nn.encodings.static_form`): what :meth:`use_static_shapes` sets.
+        self.static_form_encodings: tuple[nn.Module, ...] = (
+            self.atom_encoder, self.degree_encoder,
+            *((self.spatial_bias, self.edge_bias) if variant.bias else ()), *(self.urpe_scales or ()))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -349,13 +354,13 @@ class Graphormer(nn.Module):
         (a whole training split: ``atom_ids``, ``bond_ids``) are checked here, once, instead of
         per batch, and the encodings take their static form on every device
         (:func:`~graphormer_urpe.nn.encodings.static_form`, as they do on a GPU anyway).
-        The training step calls it on batches of one shape; the values stay the same up to
-        float rounding (the edge encoding sums the hops in another order)."""
+        The training step calls it on a GPU, for batches of one shape (on a CPU, only where a test
+        or benchmark asks for the GPU's forward); the values stay the same up to float rounding
+        (the edge encoding sums the hops in another order)."""
         self.check_ids(atom_ids, bond_ids)
         self.static_shapes = True
-        for module in self.modules():
-            if hasattr(module, "static_shapes"):
-                module.static_shapes = True
+        for encoding in self.static_form_encodings:
+            encoding.static_shapes = True
 
     def attention_inputs(self, batch: GraphBatch) -> tuple[Tensor | None, Iterable[Tensor | None]]:
         """``B`` ``[B, H, N+1, N+1]`` (None for ``"none"``) and the ``C`` each layer uses
