@@ -349,8 +349,9 @@ def run_training(name: str, attention: str, path: str, args) -> dict:
         preset=PRESET_DATA[name][1], backbone={"attention": attention, "attention_impl": impl, **width},
         warmup_steps=10, total_steps=10 * (args.warmup + args.steps), compile=spec.compile,
         matmul_precision=spec.matmul_precision)
-    if spec.static_shapes:
-        module._engine.static_shapes = True  # on CPU too: the step a GPU records
+    if spec.static_shapes:  # on CPU too: the forward a GPU records
+        graphs = dm.train_dataset().graphs
+        module.model.use_static_shapes(graphs.x, graphs.edge_attr)
     if spec.static_compile:  # the training batches' one shape, not symbolic sizes
         compile_backbone(module.model, dynamic=False)
     timer = make_step_timer(args.device, args.warmup, args.steps)

@@ -82,8 +82,10 @@ class GraphDataModule(pl.LightningDataModule):
             smaller batch of each epoch is dropped), padded to the training split's largest node
             count and to the most edges any ``batch_size`` of its graphs have
             (:meth:`~.batch.BatchPadding.covering`). Needed to capture training steps in CUDA
-            graphs (the training engine, with ``device_resident``); padding changes no loss or gradient.
-            Evaluation batches are not padded.
+            graphs: with ``device_resident`` the training loader yields each batch's place in the
+            epoch order (:class:`~.resident.OrderSlice`) and the training engine gathers it
+            inside its recorded step. Padding changes no loss or gradient. Evaluation batches are
+            not padded.
         bucket_batches: train on batches of similar-sized graphs, sorted by node count within
             windows of this many batches of the shuffled order (:class:`SeededShuffleSampler`);
             0 (default) for a plain shuffle. Less padding, so faster steps where the step's cost
@@ -191,28 +193,26 @@ class GraphDataModule(pl.LightningDataModule):
         return trainer.strategy.root_device if trainer is not None else torch.device("cpu")
 
     def _resident_loader(self, dataset: EncodedGraphDataset, batch_size: int,
-                         sampler: SeededShuffleSampler | None, drop_last: bool) -> ResidentLoader:
+                         sampler: SeededShuffleSampler | None, static_shapes: bool) -> ResidentLoader:
         device = self.resident_device()
         graphs = next((on_device for host, on_device in self._resident_graphs
                        if host is dataset.graphs and on_device.device == device), None)
         if graphs is None:
             graphs = TensorGraphs.from_flat(dataset.graphs, device)
             self._resident_graphs.append((dataset.graphs, graphs))
-        trainer = getattr(self, "trainer", None)
-        # A fit's training batches of one shape: the training step gathers each itself, from its
-        # place in the epoch's order (inside the recorded step on a GPU).
-        return ResidentLoader(ResidentSplit(dataset, graphs), batch_size, sampler, drop_last,
-                              order_slices=drop_last and trainer is not None)
+        # Training batches of one shape come as their place in the epoch's order: the training
+        # step gathers each itself (inside the recorded step on a GPU).
+        return ResidentLoader(ResidentSplit(dataset, graphs), batch_size, sampler, static_shapes)
 
     def _loader(self, dataset: EncodedGraphDataset, batch_size: int, sampler: Sampler | None,
-                drop_last: bool = False) -> DataLoader | ResidentLoader:
+                static_shapes: bool = False) -> DataLoader | ResidentLoader:
         if self.device_resident:
-            return self._resident_loader(dataset, batch_size, sampler, drop_last)
+            return self._resident_loader(dataset, batch_size, sampler, static_shapes)
         # Its own generator: a DataLoader draws its workers' base seed when an iterator starts,
         # from the global torch generator if it has none, which would shift the dropout masks of
         # every step after an epoch start or a validation (and so differ after a resume).
         return DataLoader(dataset, batch_size=batch_size, sampler=sampler, shuffle=False,
-                          collate_fn=_already_collated, num_workers=self.num_workers, drop_last=drop_last,
+                          collate_fn=_already_collated, num_workers=self.num_workers, drop_last=static_shapes,
                           pin_memory=self.pin_memory, persistent_workers=self.num_workers > 0,
                           generator=torch.Generator().manual_seed(self.seed))
 
@@ -270,7 +270,7 @@ class GraphDataModule(pl.LightningDataModule):
         rank, processes = self.processes()
         sampler = SeededShuffleSampler(len(dataset), self.seed, self.batch_size, self.batches_done,
                                        sizes, self.bucket_batches, self.current_epoch, processes, rank,
-                                       drop_last=self.static_shapes)
+                                       static_shapes=self.static_shapes)
         if not self.static_shapes:
             return self._loader(dataset, self.batch_size, sampler)
         if len(sampler) == 0:
@@ -280,7 +280,7 @@ class GraphDataModule(pl.LightningDataModule):
         padding = BatchPadding.covering(dataset.num_nodes, dataset.num_edges, self.batch_size)
         log.info("static_shapes: training batches of %d graphs padded to N=%d nodes, E=%d edges",
                  self.batch_size, padding.num_nodes, padding.num_edges)
-        return self._loader(dataset.padded(padding), self.batch_size, sampler, drop_last=True)
+        return self._loader(dataset.padded(padding), self.batch_size, sampler, static_shapes=True)
 
     def val_dataloader(self) -> DataLoader | ResidentLoader:
         dataset = self._split("val")

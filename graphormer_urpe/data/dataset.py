@@ -121,7 +121,8 @@ class SeededShuffleSampler(DistributedSampler):
     whatever the number of processes, and a position in the epoch counted in global batches.
     When the items do not share out evenly, the shards are topped up with items of the epoch's
     start marked as unlabelled (:func:`masked`: they count in no loss), instead of counting
-    them twice. With ``drop_last`` only the whole global batches are kept (fixed shapes).
+    them twice. With ``static_shapes`` (the data's option) only the whole global batches are
+    kept: every batch has ``batch_size`` items.
     Being a ``DistributedSampler``, Lightning leaves it as it is instead of wrapping it in a
     reshuffling one.
 
@@ -137,11 +138,12 @@ class SeededShuffleSampler(DistributedSampler):
     def __init__(self, num_items: int, seed: int = 0, batch_size: int = 1,
                  batches_done: Callable[[], int] | None = None, sizes: np.ndarray | None = None,
                  bucket_batches: int = 0, current_epoch: Callable[[], int | None] | None = None,
-                 num_replicas: int = 1, rank: int = 0, drop_last: bool = False) -> None:
+                 num_replicas: int = 1, rank: int = 0, static_shapes: bool = False) -> None:
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank must lie in [0, num_replicas={num_replicas}), got {rank}")
         super().__init__(range(int(num_items)), num_replicas=num_replicas, rank=rank, shuffle=False,
-                         seed=int(seed), drop_last=drop_last)
+                         seed=int(seed), drop_last=static_shapes)
+        self.static_shapes = bool(static_shapes)
         self.num_items = int(num_items)
         self.batch_size = int(batch_size)
         self.batches_done = batches_done or (lambda: 0)
@@ -161,7 +163,7 @@ class SeededShuffleSampler(DistributedSampler):
 
     def __len__(self) -> int:
         """This process's items of an epoch."""
-        if self.drop_last:
+        if self.static_shapes:
             return self.num_items // (self.num_replicas * self.batch_size) * self.batch_size
         return -(-self.num_items // self.num_replicas)
 
@@ -189,7 +191,7 @@ class SeededShuffleSampler(DistributedSampler):
         up an uneven share are :func:`masked`."""
         order = self.permutation()
         replicas = self.num_replicas
-        if self.drop_last:
+        if self.static_shapes:
             order = order[:len(self) * replicas]
         elif len(order) % replicas:
             order = np.resize(order, len(self) * replicas)

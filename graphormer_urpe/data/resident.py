@@ -262,10 +262,11 @@ def _gather_padded(graphs: TensorGraphs, index: Tensor, n: Tensor, node_start: T
 @dataclass
 class OrderSlice:
     """A training batch by its place in the epoch's order: items ``order[start:start + size]``
-    (``order`` is one device tensor per epoch), which the training step gathers itself, inside
-    a recorded CUDA graph on a GPU (:mod:`graphormer_urpe.training.engine`). What a
-    :class:`ResidentLoader` with ``order_slices`` yields. A plain dataclass: Lightning moves its
-    tensor field to the device, where ``order`` already is (the same tensor comes back)."""
+    (``order`` is one device tensor per epoch), which the training step gathers itself
+    (:meth:`ResidentSplit.gather`), inside a recorded CUDA graph on a GPU
+    (:mod:`graphormer_urpe.training.engine`). What a :class:`ResidentLoader` with
+    ``static_shapes`` yields. A plain dataclass: Lightning moves its tensor field to the device,
+    where ``order`` already is (the same tensor comes back)."""
 
     order: Tensor
     start: int
@@ -319,12 +320,27 @@ class ResidentSplit:
         return gather_batch(self.graphs, self.graph_ids.index_select(0, items_on_device), y, positions,
                             shape, self.padding)
 
+    def gather(self, order: Tensor, start: Tensor | int, offsets: Tensor) -> GraphBatch:
+        """The batch of items ``order[start + offsets]`` (device tensors), in the split's padding:
+        device work of fixed shapes only, no sync, as a recorded training step needs. The padding
+        covers every batch of the split (:meth:`~.batch.BatchPadding.covering`), so it is not
+        checked; an :class:`OrderSlice` is ``gather(part.order, part.start, arange(part.size))``."""
+        if self.padding is None:
+            raise ValueError("gathering from the epoch order needs a split padded to one shape")
+        items = order.index_select(0, start + offsets)
+        return gather_batch(self.graphs, self.graph_ids.index_select(0, items), self.y.index_select(0, items),
+                            self.positions.index_select(0, items), padding=self.padding, check_padding=False)
+
 
 class ResidentLoader:
     """A ``DataLoader`` stand-in over a :class:`ResidentSplit`: yields batches (:class:`GraphBatch`)
-    already on the split's device, ``batch_size`` items each (the last one may be smaller, unless
-    ``drop_last``). Batches are padded as the split's dataset pads them
-    (:class:`~.batch.BatchPadding`); with a padding and ``drop_last`` all have one shape.
+    already on the split's device, ``batch_size`` items each (the last one may be smaller), padded
+    as the split's dataset pads them (:class:`~.batch.BatchPadding`).
+
+    ``static_shapes`` (the data's option of that name; the split must be padded to one shape):
+    every batch has ``batch_size`` items (an incomplete last one is dropped), so all have one
+    shape, and each is yielded as its place in the epoch order (:class:`OrderSlice`), which the
+    training step gathers itself (:meth:`ResidentSplit.gather`).
 
     Items: those of ``sampler`` (any sampler of item ids: a :class:`~.dataset.SeededShuffleSampler`
     for training, which also knows this process's share of a distributed run and where a resumed
@@ -333,26 +349,24 @@ class ResidentLoader:
     """
 
     def __init__(self, split: ResidentSplit, batch_size: int, sampler: Sampler[int] | None = None,
-                 drop_last: bool = False, order_slices: bool = False) -> None:
+                 static_shapes: bool = False) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if isinstance(sampler, SeededShuffleSampler) and sampler.num_items != len(split):
             raise ValueError(f"sampler covers {sampler.num_items} items but the split has {len(split)}")
+        if static_shapes and split.padding is None:
+            raise ValueError("static_shapes needs a split padded to one shape")
         self.split = split
         self.batch_size = int(batch_size)
         self.sampler = sampler
         self.batch_sampler = None  # Lightning looks for either, as on a DataLoader
-        self.drop_last = bool(drop_last)
-        if order_slices and not (drop_last and split.padding is not None):
-            raise ValueError("order_slices needs batches of one shape (drop_last and a padding)")
-        #: Yield :class:`OrderSlice` objects instead of gathered batches.
-        self.order_slices = bool(order_slices)
+        self.static_shapes = bool(static_shapes)
 
     def _num_items(self) -> int:
         return len(self.sampler) if self.sampler is not None else len(self.split)
 
     def __len__(self) -> int:
-        if self.drop_last:
+        if self.static_shapes:
             return self._num_items() // self.batch_size
         return -(-self._num_items() // self.batch_size)
 
@@ -374,10 +388,10 @@ class ResidentLoader:
         if self.split.device.type == "cuda":  # pinned, so the copy does not wait for the GPU
             order_on_device = order_on_device.pin_memory()
         order_on_device = order_on_device.to(self.split.device, non_blocking=True)
-        end = len(order) // self.batch_size * self.batch_size if self.drop_last else len(order)
+        end = len(order) // self.batch_size * self.batch_size if self.static_shapes else len(order)
         for start in range(first, end, self.batch_size):
             stop = start + self.batch_size
-            if self.order_slices:
+            if self.static_shapes:
                 yield OrderSlice(order_on_device, start, self.batch_size)
             else:
                 yield self.split.batch(order[start:stop], order_on_device[start:stop])

@@ -26,45 +26,44 @@ dropout masks every replay (the default CUDA generator's offset advances with ea
 fused Triton attention draws its dropout seed there too). With ``model.freeze_backbone_steps``
 the frozen and the unfrozen phase each record their own graph (they update different
 parameters). Other batches (varying shapes, a CPU) are stepped as they come by the same
-function. On CPU it runs the eager forward; with ``static_shapes`` it runs what a GPU records
-(:meth:`~graphormer_urpe.nn.graphormer.Graphormer.use_static_shapes`), which the tests check for
-host reads and data-dependent shapes. With ``model.compile`` the backbone's compiled regions run
-inside the step (compiled during the steps before the recording), so a GPU records their fused
-kernels.
+function, on CPU with the eager forward unless the model was switched to the one a GPU records
+(:meth:`~graphormer_urpe.nn.graphormer.Graphormer.use_static_shapes`; the tests do, to check it
+for host reads and data-dependent shapes). With ``model.compile`` the backbone's compiled regions
+run inside the step (compiled during the steps before the recording).
+
+The step takes what it needs from its LightningModule as one :class:`StepSpec` (the network, the
+loss, the schedule and the data's ``static_shapes``), which the module builds when training
+starts, and the phase of ``model.freeze_backbone_steps`` with each batch.
 
 Lightning stays in charge of everything else, in its ordinary automatic optimization: the
-engine runs inside the optimizer-step hook (:class:`OwnStepHooks`), so ``global_step``, the host
-``LambdaLR`` (whose learning rate the learning-rate monitor and the checkpoints record),
-checkpoints (an ordinary AdamW state dict), exact resume (the loader restarts mid-epoch),
-validation and callbacks all work as for any Lightning run. (Lightning's manual optimization
-would refuse ``trainer.gradient_clip_val`` and count ``global_step`` in another progress tracker
-than the automatic loop.) Losses and skipped steps are read from the device every
+engine runs inside the module's optimizer-step hook (:class:`~.module.OwnStepHooks`), so
+``global_step``, the host ``LambdaLR`` (whose learning rate the learning-rate monitor and the
+checkpoints record), checkpoints (an ordinary AdamW state dict), exact resume (the loader
+restarts mid-epoch), validation and callbacks all work as for any Lightning run. (Lightning's
+manual optimization would refuse ``trainer.gradient_clip_val`` and count ``global_step`` in
+another progress tracker than the automatic loop.) Losses and skipped steps are read from the device every
 ``trainer.log_every_n_steps`` (one sync per interval), logged as ``train/loss`` (mean of the
 interval's finite losses) and ``train/skipped_steps`` (total); an interval in which every step
 was skipped stops training with a ``FloatingPointError``, and since skipped steps change nothing,
-no checkpoint ever holds a diverged model.
-
-It needs one device, no loss scaler (``32-true`` or ``bf16-mixed``), no gradient accumulation,
-and clipping by norm (or none): :meth:`TrainingEngine.unsupported` names what a run asks for
-beyond that, and the run is refused before it trains. A checkpoint of an unfused AdamW
-resumes too (:func:`~.optim.set_optimizer_kernel` sets the kernel flags of the run that resumes it).
+no checkpoint ever holds a diverged model. What a run asks for beyond the step (clipping by
+value, sharded strategies) :meth:`TrainingEngine.unsupported` names before it trains.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import GradientAccumulationScheduler
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, SingleDeviceStrategy
-from torch import Tensor
+from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from graphormer_urpe.data.batch import GraphBatch
-from graphormer_urpe.data.resident import OrderSlice, ResidentLoader, gather_batch
+from graphormer_urpe.data.resident import OrderSlice, ResidentSplit
 from graphormer_urpe.utils.lightning_private import logs_due
 from graphormer_urpe.training.schedule import relative_lr
 
@@ -74,33 +73,21 @@ log = logging.getLogger(__name__)
 CAPTURE_WARMUP_STEPS = 3
 
 
-class OwnStepHooks:
-    """LightningModule hooks for a ``training_step`` that takes the whole optimizer step itself
-    (``self._engine``, a :class:`TrainingEngine`: gathering, forward, backward, clipping, the
-    optimizer's update) while Lightning's automatic optimization counts it: its optimizer-step
-    hook only runs the closure (``training_step``), and its zero-grad and backward hooks do
-    nothing. Lightning keeps ``global_step``, the host learning-rate schedule, validation,
-    checkpoints and resume, as for any run."""
+@dataclass(frozen=True)
+class StepSpec:
+    """What the training step takes from its LightningModule, built by the module's
+    ``step_spec()`` when training starts (its schedule and training batches are known then):
+    the network (batch -> outputs), the loss (:meth:`~graphormer_urpe.data.task.Task.loss_terms`:
+    outputs, targets -> mean loss over the labelled targets, their number), the schedule
+    (:func:`~.schedule.relative_lr`'s arguments after the update number), and ``static_shapes``:
+    with the data's option of that name on device-resident data, the training split, whose
+    batches of one shape come as :class:`OrderSlice` and are gathered by the step itself (inside
+    its recorded graph on a GPU); None: batches come gathered, of any shape."""
 
-    _engine: "TrainingEngine"
-
-    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
-        # training_step: the whole step (Lightning requires the call). Lightning calls the
-        # closure outside this hook for a batch that only accumulates gradients.
-        self._engine.updating = True
-        try:
-            optimizer_closure()
-        finally:
-            self._engine.updating = False
-
-    def optimizer_zero_grad(self, epoch, batch_idx, optimizer) -> None:
-        pass
-
-    def backward(self, loss: Tensor, *args, **kwargs) -> None:
-        pass
-
-    def configure_callbacks(self):
-        return [*super().configure_callbacks(), self._engine]
+    model: nn.Module
+    loss_terms: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
+    schedule: tuple[int, int, float, float]
+    static_shapes: ResidentSplit | None = None
 
 
 class StepCounts:
@@ -118,8 +105,7 @@ class StepCounts:
 
     def read(self) -> tuple[float, float, float, float]:
         """``(loss sum, applied, skipped, overflows)``: one device-to-host copy."""
-        loss_sum, applied, skipped, overflows = torch.stack(self.tensors()).tolist()
-        return loss_sum, applied, skipped, overflows
+        return tuple(torch.stack(self.tensors()).tolist())
 
     def reset(self) -> None:
         for t in self.tensors():
@@ -209,13 +195,13 @@ def optimizer_update(optimizer: torch.optim.Optimizer, grads: Sequence[Tensor], 
         loss_scale.update(~(finite_loss & finite_norm), counted)
 
 
-def record_step(step: Callable[[], Any], force_skip: Tensor, counts: StepCounts,
-                warmup: int = CAPTURE_WARMUP_STEPS) -> tuple[torch.cuda.CUDAGraph, Any]:
+def record_step(step: Callable[[], None], force_skip: Tensor, counts: StepCounts,
+                warmup: int = CAPTURE_WARMUP_STEPS) -> torch.cuda.CUDAGraph:
     """``step`` (device work only, on fixed buffers; it passes ``force_skip`` to
-    :func:`optimizer_update`) recorded in a CUDA graph, and what the recorded call returned (the
-    graph's output buffers). Before it, ``warmup`` update-free runs on a side stream (``force_skip``
-    1: they initialise the optimizer state and let cuDNN / cuBLAS pick their kernels outside the
-    capture); the interval's ``counts`` and the CUDA random state are kept as they were."""
+    :func:`optimizer_update`) recorded in a CUDA graph. Before it, ``warmup`` update-free runs on a
+    side stream (``force_skip`` 1: they initialise the optimizer state and let cuDNN / cuBLAS pick
+    their kernels outside the capture); the interval's ``counts`` and the CUDA random state are
+    kept as they were."""
     kept = [stat.clone() for stat in counts.tensors()]
     # The warmup's dropout draws are given back: a run that records its step again (a resumed
     # one) continues on the random stream of one that recorded it once.
@@ -231,23 +217,21 @@ def record_step(step: Callable[[], Any], force_skip: Tensor, counts: StepCounts,
     force_skip.fill_(0.0)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        output = step()
+        step()
     for stat, value in zip(counts.tensors(), kept):
         stat.copy_(value)
-    return graph, output
+    return graph
 
 
 class TrainingEngine(pl.Callback):
-    """The whole optimizer step of ``module`` (a :class:`~.module.GraphormerModule`) on the device;
-    see the module docstring. Also a Lightning callback: it checks the run's settings at the start,
-    notes whether the training loader yields :class:`OrderSlice` batches, and reports the device-side
-    statistics at each logging interval."""
+    """The whole optimizer step, on the device, of a module with :class:`~.module.OwnStepHooks`;
+    see the module docstring. Also a Lightning callback: when training starts it takes the
+    module's :class:`StepSpec` and the run's settings, and it reports the device-side statistics
+    at each logging interval."""
 
-    def __init__(self, module: pl.LightningModule) -> None:
-        self.module = module
-        #: Train with the forward a CUDA graph holds (:meth:`Graphormer.use_static_shapes`); None:
-        #: on a GPU only (a CPU runs the eager forward).
-        self.static_shapes: bool | None = None
+    def __init__(self) -> None:
+        #: What the step takes from the module (:class:`StepSpec`), from when training starts.
+        self.spec: StepSpec | None = None
         self._ready = False
         #: One recorded step per phase of ``freeze_backbone_steps`` (frozen or not): the two
         #: phases update different parameters.
@@ -256,8 +240,8 @@ class TrainingEngine(pl.Callback):
         self._host_updates = -1  # the update count the device counter holds
         self.total_skipped = 0
         self.total_applied = 0  # of this fit, as read at the reports
-        #: Set (by :meth:`OwnStepHooks.optimizer_step`) while the batch in progress ends with an
-        #: optimizer update; unset while it only accumulates gradients.
+        #: Set (by the module's optimizer-step hook, :class:`~.module.OwnStepHooks`) while the
+        #: batch in progress ends with an optimizer update; unset while it only accumulates.
         self.updating = False
         self._cycle_start = True  # the next batch starts a new sum of gradients
         #: fp16's loss scale (``16-mixed``), and the one of the checkpoint a fit resumes
@@ -278,11 +262,8 @@ class TrainingEngine(pl.Callback):
         return problems
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        loader = trainer.train_dataloader
-        # Batches of one shape on the device come as their place in the epoch order: the step
-        # gathers them itself (inside the recorded graph on a GPU). Others are stepped as they come.
-        self.gathers = isinstance(loader, ResidentLoader) and loader.order_slices
-        if not self.gathers and pl_module.device.type == "cuda":
+        self.spec, self.device = pl_module.step_spec(), pl_module.device
+        if self.spec.static_shapes is None and self.device.type == "cuda":
             log.warning("engine: the training batches vary in shape, so each step runs without a "
                         "CUDA graph; data.init_args.device_resident true and static_shapes true let "
                         "it record the step once")
@@ -298,7 +279,7 @@ class TrainingEngine(pl.Callback):
             # forward) and catch the next one; the step averages the gradients itself.
             trainer.strategy.model.require_backward_grad_sync = False
         scaler = getattr(trainer.precision_plugin, "scaler", None)
-        self.loss_scale = LossScale.like(scaler, pl_module.device) if scaler is not None else None
+        self.loss_scale = LossScale.like(scaler, self.device) if scaler is not None else None
         if self.loss_scale is not None and self.resumed_loss_scale is not None:
             self.loss_scale.load_state_dict(self.resumed_loss_scale)
         self.resumed_loss_scale = None
@@ -311,12 +292,11 @@ class TrainingEngine(pl.Callback):
     def _build(self, trainer: pl.Trainer, part: OrderSlice | None) -> None:
         """Static buffers (the same tensors every step, so a recorded graph can read them); the
         epoch order's with batches of one shape (``part``)."""
-        module, device = self.module, self.module.device
+        device, split = self.device, self.spec.static_shapes
         self.optimizer = trainer.optimizers[0]
         self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
         zero = lambda dtype=torch.float32: torch.zeros((), dtype=dtype, device=device)  # noqa: E731
         if part is not None:
-            self.split = trainer.train_dataloader.split
             self.order = torch.empty_like(part.order)
             self.start = zero(torch.int64)
             self.offsets = torch.arange(part.size, device=device)
@@ -336,16 +316,14 @@ class TrainingEngine(pl.Callback):
         self.loss_total, self.weights = zero(), zero()
         self.counts = StepCounts(device)
         self.optimizer.found_inf = self.found_inf
-        static_shapes = device.type == "cuda" if self.static_shapes is None else self.static_shapes
-        if static_shapes and part is not None:  # the split's ids are checked once, here
-            graphs = self.split.graphs
-            module.model.use_static_shapes(graphs.x, graphs.edge_attr)
+        if part is not None and device.type == "cuda":  # what a CUDA graph holds; ids checked once
+            self.spec.model.use_static_shapes(split.graphs.x, split.graphs.edge_attr)
         self._ready = True
 
     def _capture(self, trainer: pl.Trainer, part: OrderSlice) -> torch.cuda.CUDAGraph:
         """The step recorded in a CUDA graph (:func:`record_step`) on the batch of ``part``."""
         self._feed(trainer, part)
-        graph, _ = record_step(self._step, self.force_skip, self.counts)
+        graph = record_step(self._step, self.force_skip, self.counts)
         self._host_updates = -1  # the warmup advanced the device counter
         return graph
 
@@ -353,14 +331,9 @@ class TrainingEngine(pl.Callback):
         """One batch on ``batch``, or (None) on the batch gathered from the epoch order: forward
         and backward, adding to the gradients, then (``update``) the optimizer step; device-side
         only (recorded as is into a CUDA graph)."""
-        module = self.module
+        spec = self.spec
         if batch is None:
-            split = self.split
-            items = self.order.index_select(0, self.start + self.offsets)
-            # The split's padding covers its every batch (BatchPadding.covering): no check, no sync.
-            batch = gather_batch(split.graphs, split.graph_ids.index_select(0, items),
-                                 split.y.index_select(0, items), split.positions.index_select(0, items),
-                                 padding=split.padding, check_padding=False)
+            batch = spec.static_shapes.gather(self.order, self.start, self.offsets)
         if self._cycle_start:
             # Freed, not zeroed: backward then hands each gradient over without a kernel (zeroing
             # in place would add a zero and an add per parameter). In a recorded graph the
@@ -375,7 +348,7 @@ class TrainingEngine(pl.Callback):
         autocast = (torch.autocast(device, dtype=torch.get_autocast_dtype(device), cache_enabled=False)
                     if torch.is_autocast_enabled(device) else contextlib.nullcontext())
         with autocast:
-            mean, count = module.task.loss_terms(module.model(batch), batch.y)
+            mean, count = spec.loss_terms(spec.model(batch), batch.y)
         # Weighted: the sum over the labelled targets, divided by the global batch's at the update.
         weight = count if self.weighted else 1.0
         objective = mean * weight if self.weighted else mean
@@ -414,8 +387,7 @@ class TrainingEngine(pl.Callback):
         unscale = 1.0 / weights if self.weighted else None
         if self.loss_scale is not None:
             unscale = (1.0 if unscale is None else unscale) / self.loss_scale.scale
-        module = self.module
-        factor = relative_lr(self.updates + 1, *module.schedule)
+        factor = relative_lr(self.updates + 1, *self.spec.schedule)
         for lr, peak in zip(self.lrs, self.peak_lrs):
             lr.copy_(peak * factor)
         # Lightning's gradient_clip_val, on the parameters that have gradients (not the frozen
@@ -437,15 +409,14 @@ class TrainingEngine(pl.Callback):
             self.updates.fill_(trainer.global_step)
         self._host_updates = trainer.global_step + int(self.updating)
 
-    def training_step(self, batch: OrderSlice | GraphBatch) -> Tensor:
+    def training_step(self, batch: OrderSlice | GraphBatch, trainer: pl.Trainer, frozen: bool) -> Tensor:
         """Run one batch of ``batch`` (a :class:`OrderSlice` to gather, or a gathered batch):
         the whole optimizer step, or, while Lightning accumulates, its forward and backward;
-        the loss of the last update (a device tensor, not read here)."""
-        trainer = self.module.trainer
-        part = batch if isinstance(batch, OrderSlice) else None
+        the loss of the last update (a device tensor, not read here). ``frozen``: the module
+        trains the head alone (``model.freeze_backbone_steps``), a phase with its own graph."""
+        part = batch if self.spec.static_shapes is not None else None
         if not self._ready:
             self._build(trainer, part)
-        frozen = bool(getattr(self.module.model, "_backbone_frozen", False))
         # A recorded graph is one whole update; accumulation's batches are stepped as they come.
         records = part is not None and part.order.device.type == "cuda" and not self.accumulates
         if records and frozen not in self._graphs:
@@ -464,13 +435,12 @@ class TrainingEngine(pl.Callback):
         # after an update only: batches that accumulate count nothing (Lightning's log interval
         # counts updates, so it stays due over an accumulation cycle)
         if self._ready and self._cycle_start and logs_due(trainer):
-            self.report(trainer)
+            self.report(trainer, pl_module)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._ready:
-            self.check()
+        self.check(trainer)
 
-    def check(self) -> None:
+    def check(self, trainer: pl.Trainer) -> None:
         """FloatingPointError if every step since the last report was skipped for a non-finite
         loss or gradient (not a loss scaler's overflow) and they make a whole logging interval
         (one read of the device counters): before a checkpoint is written and when training
@@ -481,18 +451,20 @@ class TrainingEngine(pl.Callback):
             return
         _, applied, skipped, overflows = self.counts.read()
         diverged = skipped - overflows
-        whole = diverged >= self.module.trainer.log_every_n_steps or self.total_applied == 0
+        whole = diverged >= trainer.log_every_n_steps or self.total_applied == 0
         if diverged and not applied and not overflows and whole:
-            self._diverged(int(diverged))
+            self._diverged(int(diverged), trainer)
 
-    def _diverged(self, skipped: int) -> None:
+    @staticmethod
+    def _diverged(skipped: int, trainer: pl.Trainer) -> None:
         raise FloatingPointError(
             f"every training step of the last {skipped} had a non-finite loss or gradient (up to "
-            f"step {self.module.trainer.global_step}); no update was applied and no checkpoint "
+            f"step {trainer.global_step}); no update was applied and no checkpoint "
             "holds a diverged model: check the targets for huge values and lower the learning rate")
 
-    def report(self, trainer: pl.Trainer) -> dict[str, float]:
-        """Read and reset the interval's statistics (one device-to-host copy), log them, and raise
+    def report(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, float]:
+        """Read and reset the interval's statistics (one device-to-host copy), log them (through
+        ``pl_module``), and raise
         FloatingPointError if every step of the interval was skipped for a non-finite loss or
         gradient."""
         loss_sum, finite, skipped, overflows = self.counts.read()
@@ -504,11 +476,11 @@ class TrainingEngine(pl.Callback):
                         "step %d; %d skipped in all", skipped - overflows, finite + skipped,
                         trainer.global_step, self.total_skipped)
             if not finite and not overflows:
-                self._diverged(int(skipped))
+                self._diverged(int(skipped), trainer)
         stats = {"train/skipped_steps": float(self.total_skipped)}
         if finite:
             stats["train/loss"] = loss_sum / finite
         if self.loss_scale is not None:
             stats["train/loss_scale"] = float(self.loss_scale.scale)
-        self.module.log_dict(stats, batch_size=trainer.train_dataloader.batch_size, prog_bar=True)
+        pl_module.log_dict(stats, batch_size=trainer.train_dataloader.batch_size, prog_bar=True)
         return stats

@@ -19,10 +19,11 @@ from torchmetrics import MetricCollection
 
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.data.facts import DataFacts, check_checkpoint_encodings
+from graphormer_urpe.data.resident import ResidentLoader
 from graphormer_urpe.nn.graphormer import Graphormer, GraphormerConfig
 from graphormer_urpe.training import finetune
 from graphormer_urpe.training.run_checkpoint import rng_states, set_rng_states
-from graphormer_urpe.training.engine import OwnStepHooks, TrainingEngine
+from graphormer_urpe.training.engine import StepSpec, TrainingEngine
 from graphormer_urpe.nn.graphormer import build_backbone
 from graphormer_urpe.utils.lightning_private import trainer_of
 from graphormer_urpe.training.optim import (ParameterKind, adamw_with_schedule, head_lr_groups,
@@ -72,6 +73,36 @@ def compile_backbone(model: Graphormer, dynamic: bool = True) -> None:
         layer.compile(dynamic=dynamic)
     if getattr(model, "edge_bias", None) is not None:  # "urpe" / "rpe" only
         model.edge_bias.compile(dynamic=dynamic)
+
+
+class OwnStepHooks:
+    """LightningModule hooks for a ``training_step`` that takes the whole optimizer step itself
+    (``self._engine``, a :class:`~.engine.TrainingEngine`: gathering, forward, backward,
+    clipping, the optimizer's update) while Lightning's automatic optimization counts it: its
+    optimizer-step hook only runs the closure (``training_step``), and its zero-grad and
+    backward hooks do nothing. Lightning keeps ``global_step``, the host learning-rate schedule,
+    validation, checkpoints and resume, as for any run. The module provides ``step_spec()`` (a
+    :class:`~.engine.StepSpec`), which the engine takes when training starts."""
+
+    _engine: TrainingEngine
+
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
+        # training_step: the whole step (Lightning requires the call). Lightning calls the
+        # closure outside this hook for a batch that only accumulates gradients.
+        self._engine.updating = True
+        try:
+            optimizer_closure()
+        finally:
+            self._engine.updating = False
+
+    def optimizer_zero_grad(self, epoch, batch_idx, optimizer) -> None:
+        pass
+
+    def backward(self, loss: Tensor, *args, **kwargs) -> None:
+        pass
+
+    def configure_callbacks(self):
+        return [*super().configure_callbacks(), self._engine]
 
 
 class GraphormerModule(OwnStepHooks, pl.LightningModule):
@@ -152,8 +183,10 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
             compile_backbone(self.model)
         self._resumed_rng: dict[str, Any] | None = None  # from the checkpoint a fit resumes
         self._resumed_schedule: list | None = None  # the lr schedule of that checkpoint
+        #: relative_lr's arguments after the update number, set by :meth:`configure_optimizers`.
+        self.schedule: tuple[int, int, float, float] | None = None
         #: The one training step (:mod:`~graphormer_urpe.training.engine`).
-        self._engine = TrainingEngine(self)
+        self._engine = TrainingEngine()
         self.task = get_task(self.facts.task).with_loss(loss)
         for stage in ("val", "test"):
             setattr(self, f"{stage}_metrics", MetricCollection(
@@ -170,19 +203,33 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
 
     def training_step(self, batch: GraphBatch, batch_idx: int) -> Tensor:
         """The whole optimizer step (:meth:`TrainingEngine.training_step`); its loss, unread."""
-        return self._engine.training_step(batch)
+        return self._engine.training_step(batch, self.trainer, frozen=self.backbone_frozen())
+
+    def step_spec(self) -> StepSpec:
+        """What the training step takes from this module, when training starts: the backbone, the
+        task's loss, the schedule (:meth:`configure_optimizers` has run) and the data's
+        ``static_shapes``: the training split its batches of one shape are gathered from, where
+        the training loader is device-resident with that option."""
+        loader = self.trainer.train_dataloader
+        static = isinstance(loader, ResidentLoader) and loader.static_shapes
+        return StepSpec(self.model, self.task.loss_terms, self.schedule, loader.split if static else None)
+
+    def backbone_frozen(self) -> bool:
+        """Whether this step trains the output head alone (``freeze_backbone_steps``)."""
+        return self.global_step < self.hparams.get("freeze_backbone_steps", 0)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self._engine.check()  # a diverged run stops here, before its state is saved
-        checkpoint[RNG_STATES] = rng_states()
         trainer = trainer_of(self)
+        if trainer is not None:
+            self._engine.check(trainer)  # a diverged run stops here, before its state is saved
+        checkpoint[RNG_STATES] = rng_states()
         if trainer is not None and trainer.world_size > 1:  # every process's, in rank order
             states = [None] * trainer.world_size
             torch.distributed.all_gather_object(states, checkpoint[RNG_STATES])
             checkpoint[RNG_STATES], checkpoint[PROCESS_RNG_STATES] = states[0], states
         if trainer is not None:
             checkpoint[DATA_POSITION] = data_position(trainer, trainer.datamodule)
-        if getattr(self, "schedule", None) is not None:
+        if self.schedule is not None:
             checkpoint[LR_SCHEDULE] = list(self.schedule)
         if self._engine.loss_scale is not None:
             checkpoint[LOSS_SCALE] = self._engine.loss_scale.state_dict()
@@ -230,7 +277,7 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
             finetune.load_backbone(self, self.hparams.init_from, self.hparams.get("reinit_head", False))
 
     def on_train_batch_start(self, batch: GraphBatch, batch_idx: int) -> None:
-        finetune.freeze_backbone(self.model, self.global_step < self.hparams.get("freeze_backbone_steps", 0))
+        finetune.freeze_backbone(self.model, self.backbone_frozen())
 
     def _evaluate(self, batch: GraphBatch, stage: str) -> None:
         pred = self(batch).float()

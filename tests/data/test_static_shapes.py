@@ -9,9 +9,9 @@ import torch
 from graphormer_urpe.data.batch import BatchPadding
 from graphormer_urpe.data.collate import collate
 from graphormer_urpe.data import ZINCDataModule
-from graphormer_urpe.data.resident import TensorGraphs, gather_batch
+from graphormer_urpe.data.resident import OrderSlice, ResidentLoader, ResidentSplit, TensorGraphs, gather_batch
 
-from test_resident import assert_same_batch, assert_same_loaders
+from test_resident import assert_same_batch
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -55,22 +55,36 @@ def test_padding_covers_every_batch_and_rejects_a_larger_one(zinc_data_root):
 
 def test_static_shapes_training_batches_have_one_shape(zinc_data_root):
     """ZINC-12k train, batch 64: 10,000 // 64 = 156 batches (the last incomplete one dropped),
-    each of one shape; the resident loader serves the DataLoader's batches bit for bit; the
+    each of one shape; the resident loader yields each batch's place in the epoch order, which
+    gathered as the training step gathers it is the DataLoader's batch bit for bit; the
     validation batches stay unpadded."""
     kwargs = {"root": str(zinc_data_root), "batch_size": 64, "static_shapes": True}
     loader_dm, resident_dm = ZINCDataModule(**kwargs), ZINCDataModule(**kwargs, device_resident=True)
     for dm in (loader_dm, resident_dm):
         dm.setup("fit")
     loader, resident = loader_dm.train_dataloader(), resident_dm.train_dataloader()
+    assert resident.static_shapes and resident.sampler.static_shapes
     assert len(loader) == len(resident) == 10_000 // 64
-    shapes = set()
-    for batch in resident:
+    shapes, count, offsets = set(), 0, torch.arange(64)
+    for expected, part in zip(loader, resident, strict=True):
+        assert isinstance(part, OrderSlice) and part.size == 64
+        batch = resident.split.gather(part.order, part.start, offsets)
         shapes.add(tuple(tuple(t.shape) for t in (batch.x, batch.spd, batch.edge_attr, batch.path_edges, batch.y)))
-    assert len(shapes) == 1
+        assert_same_batch(expected, batch)
+        count += 1
+    assert count == 156 and len(shapes) == 1
     assert shapes.pop()[0][:2] == (64, 37)  # ZINC-12k's largest training graph has 37 atoms
-    assert assert_same_loaders(loader, resident) == 156
     widths = {batch.x.shape[1] for _, batch in zip(range(4), resident_dm.val_dataloader())}
     assert len(widths) > 1
+
+
+def test_static_shapes_needs_a_padded_split(zinc_data_root):
+    dataset = ZINCDataModule(root=str(zinc_data_root)).train_dataset()
+    split = ResidentSplit(dataset, TensorGraphs.from_flat(dataset.graphs))
+    with pytest.raises(ValueError, match="static_shapes needs a split padded to one shape"):
+        ResidentLoader(split, 16, static_shapes=True)
+    with pytest.raises(ValueError, match="needs a split padded to one shape"):
+        split.gather(torch.arange(16), 0, torch.arange(16))
 
 
 def test_static_shapes_needs_a_full_batch(zinc_data_root):

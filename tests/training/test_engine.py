@@ -131,7 +131,7 @@ def test_engine_step_equals_lightnings_own_step(zinc_data_root, data_args):
         return module, trainer, record
 
     engine = run(True)
-    assert engine[0]._engine.gathers == (data_args is None)
+    assert (engine[0]._engine.spec.static_shapes is not None) == (data_args is None)
     assert_same_training(engine, run(False), exact=True)
 
 
@@ -353,7 +353,7 @@ def test_settings_the_step_does_not_do_are_refused_in_one_line_before_the_data(t
 def test_batches_of_varying_shapes_train_with_the_same_step(zinc_data_root, tmp_path):
     varying = fit(tmp_path / "varying", zinc_data_root, 2, "--data.init_args.static_shapes", "false",
                   "--data.init_args.device_resident", "false")
-    assert not varying.model._engine.gathers and varying.trainer.global_step == 2
+    assert varying.model._engine.spec.static_shapes is None and varying.trainer.global_step == 2
 
 
 def test_console_scripts_train_with_the_engine_and_test_its_checkpoint(zinc_data_root, tmp_path):
