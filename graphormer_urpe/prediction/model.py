@@ -302,7 +302,7 @@ def chunk_batches(facts: DataFacts, chunk: RawChunk, max_pairs: int, batch_size:
                   repeat: int = 1) -> Iterator[tuple[slice, GraphBatch]]:
     """The encoded, padded batches of a featurized chunk, sized by :func:`size_batches`: each
     with the slice of ``chunk.position`` it holds. ``repeat``: each graph that many times in a
-    row (an integrated-gradients path, :mod:`graphormer_urpe.cli.explain`)."""
+    row (an integrated-gradients path, :mod:`graphormer_urpe.prediction.explain`)."""
     from graphormer_urpe.data.collate import collate
     from graphormer_urpe.data.encode import encode_flat
     from graphormer_urpe.data.featurize import featurizer_spec

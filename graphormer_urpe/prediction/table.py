@@ -8,6 +8,7 @@ column whose name the output uses gets the prefix ``input_``.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -54,6 +55,15 @@ def open_smiles(handle, path: Path) -> SmilesInput:
             yield InputRow(line.rstrip("\r\n"))
 
     return SmilesInput(path, None, lines())
+
+
+@contextlib.contextmanager
+def read_smiles(path: Path) -> Iterator[SmilesInput]:
+    """The SMILES file at ``path`` (UTF-8, a byte-order mark ignored) opened with
+    :func:`open_smiles` for the ``with`` block: ValueError for a CSV header without a ``smiles``
+    column, UnicodeDecodeError for text that is not UTF-8."""
+    with open(path, newline="", encoding="utf-8-sig") as handle:
+        yield open_smiles(handle, path)
 
 
 def _csv_rows(reader, column: int, width: int) -> Iterator[InputRow]:
