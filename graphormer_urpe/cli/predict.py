@@ -4,14 +4,15 @@
 
 With several checkpoints of one task (``--ckpt A.ckpt B.ckpt C.ckpt``: the same recipe trained
 with other seeds; a run directory stands for its best-validation checkpoint, and a folder of run
-directories, such as an ensemble's or an ablation's, for the best checkpoint of each) the prediction columns hold the models' mean, and a ``std...`` column after
-them holds each target's standard deviation over the models (``prediction_logS`` ->
-``std_logS``): how much models trained alike disagree on that molecule, a first sign of an
-unreliable prediction (``docs/uncertainty.md`` measures how well it ranks the errors).
-``--mc-dropout N`` gives the same columns from one checkpoint trained with dropout: N predictions
-with dropout on (Monte Carlo dropout), their mean and standard deviation. ``--calibrate VAL.csv``
-scales each std by the factor that fits the errors on labelled held-out molecules (their
-measured values in the columns of the model's targets), so it can be read as a Gaussian error bar.
+directories, such as an ensemble's or an ablation's, for the best checkpoint of each) the
+prediction columns hold the models' mean, and a ``std...`` column after them holds each target's
+standard deviation over the models (``prediction_logS`` -> ``std_logS``): how much models trained
+alike disagree on that molecule, a first sign of an unreliable prediction (``docs/uncertainty.md``
+measures how well it ranks the errors). ``--mc-dropout N`` gives the same columns from one
+checkpoint trained with dropout: N predictions with dropout on (Monte Carlo dropout), their mean
+and standard deviation. ``--calibrate VAL.csv`` scales each std by the factor that fits the errors
+on labelled held-out molecules (their measured values in the columns of the model's targets), so
+it can be read as a Gaussian error bar.
 
 Input: a CSV whose header has a ``smiles`` column (any case), or any other file with one SMILES
 a line (UTF-8, a byte-order mark is ignored). Output: one CSV row per input row, in input order:
@@ -20,76 +21,50 @@ prediction column per target (``prediction_<target name>`` when the checkpoint r
 targets' names, else ``prediction`` / ``prediction_<k>``) and ``error``. An input column whose
 name the output uses gets the prefix ``input_``. A row whose SMILES is empty, rejected by RDKit,
 contains white space (RDKit would silently read only its first word) or a character that is
-not ASCII (RDKit reads ``CCÖ`` as ``CC``), has an atom outside the featurizer's vocabulary, or is larger than ``--max-nodes`` gets an empty prediction and the
-reason; every other row is still predicted.
+not ASCII (RDKit reads ``CCÖ`` as ``CC``), has an atom outside the featurizer's vocabulary, or is
+larger than ``--max-nodes`` gets an empty prediction and the reason; every other row is still
+predicted.
 
 Embeddings (``--embeddings FILE.npy``, ``--atom-embeddings FILE.npz``,
 :mod:`~graphormer_urpe.prediction.embeddings`, ``docs/embeddings.md``): each row's graph-token
-vector, the one the output head reads (float32 ``[rows, D]``, a row of NaN where the table has no
-prediction), and each atom's (``embeddings [atoms, D]`` with ``offsets [rows + 1]``), from one
-model (a checkpoint, a run directory or ``pretrained:<name>``; several ``--ckpt`` or
-``--mc-dropout`` are refused), streamed, and put in place together with the table: all of them
-or, on any failure, none (the previous files stay as they were).
+vector, the one the output head reads, and each atom's, from one model.
 
-Safety: the output is written to a temporary file beside it and renamed at the end, so a failure
-never leaves a truncated table nor destroys a previous one; an output that is the input file or
-the checkpoint (however spelled: a symbolic or hard link too), or that cannot be written, is
-refused before any work. A checkpoint is verified before use
-(:func:`~graphormer_urpe.prediction.load.load_module`): zip CRCs, finite weights,
-hyperparameters that build this version's model (exit 2 otherwise).
-
-Memory and speed: the input is streamed in chunks of ``--chunk-rows`` rows; ``--workers``
-processes featurize them and, on the CPU, predict them with one torch thread each (the model is
-loaded without Lightning, :class:`~graphormer_urpe.prediction.model.PredictionModel`). Within a
-chunk molecules are sorted by size and batched so a batch holds at most ``--max-pairs`` padded
-node pairs ``B * (N + 1)^2`` (and ``--batch-size`` molecules), so peak memory is bounded by the
-larger of ``--max-pairs`` and ``(max_nodes + 1)^2`` whatever the input's length.
+Safety and memory (:mod:`~graphormer_urpe.prediction.run`): the outputs are put in place together
+at the end, or none (a previous file stays as it was); an output that is a file the command reads
+(a link too) or cannot be written, and a checkpoint that fails its checks, are refused before any
+work; peak memory is bounded by ``--max-pairs``, whatever the input's length.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import csv
+import json
 import logging
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
 
-import numpy as np
 import torch
 
 from graphormer_urpe.cli.arguments import non_negative_int, positive_int
-from graphormer_urpe.utils.process import usable_cores
-from graphormer_urpe.utils.files import AtomicFile, commit_together, refuse_overwriting_inputs, unreadable_as_a_file
-from graphormer_urpe.utils.process import run_command
-from graphormer_urpe.utils.torch_files import CheckpointError
-from graphormer_urpe.prediction.embeddings import (
-    ATOM_OPTION, GRAPH_OPTION, EmbeddingFiles, check_embedding_paths)
-from graphormer_urpe.prediction.load import checkpoint_files, load_models
-from graphormer_urpe.prediction.model import (
-    DEFAULT_BATCH_SIZE, DEFAULT_MAX_NODES, DEFAULT_MAX_PAIRS, MCDropout, ScaledStd, WithEmbeddings,
-    stream_predictions)
-from graphormer_urpe.prediction.table import (
-    PredictionTable, count_lines, open_smiles, prediction_columns)
+from graphormer_urpe.prediction.load import checkpoint_files
+from graphormer_urpe.prediction.model import DEFAULT_BATCH_SIZE, DEFAULT_MAX_NODES, DEFAULT_MAX_PAIRS
+from graphormer_urpe.prediction.run import (
+    DEFAULT_CHUNK_ROWS, PEAK_MEMORY, Outputs, Streaming, check_device, check_files, prediction_model,
+    stream)
+from graphormer_urpe.prediction.table import PredictionTable, SmilesInput, prediction_columns, read_smiles
+from graphormer_urpe.prediction.uncertainty import calibrated, check_calibrate, check_evaluate, evaluation
 from graphormer_urpe.prediction.workers import WorkerDied
+from graphormer_urpe.utils.process import run_command, usable_cores
+from graphormer_urpe.utils.torch_files import CheckpointError
 
+PROG = "graphormer-urpe-predict"
 log = logging.getLogger(__name__)
-
-#: Bytes per padded pair a predicting process needs for Graphormer-slim (measured, README).
-_SLIM_BYTES_PER_PAIR = 200
-DEFAULT_CHUNK_ROWS = 1024
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="graphormer-urpe-predict", description=__doc__.split("\n")[0],
-        epilog="Peak memory: a batch holds at most max(--max-pairs, (--max-nodes + 1)^2) padded node "
-               "pairs; each predicting process (each worker on the CPU) needs "
-               f"~{_SLIM_BYTES_PER_PAIR / 1000:.1f} KB per pair for the slim model "
-               f"(~{max(DEFAULT_MAX_PAIRS, (DEFAULT_MAX_NODES + 1) ** 2) * _SLIM_BYTES_PER_PAIR / 1e6:.0f} MB "
-               "at the defaults) on top of ~0.4 GB "
-               "of libraries and model, whatever the input's length. Lower --max-pairs and --max-nodes "
-               "for bigger models or smaller machines.")
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0], epilog=PEAK_MEMORY)
     parser.add_argument("--ckpt", required=True, nargs="+", metavar="CKPT",
                         help="Lightning checkpoint (.ckpt) of any config, or a run directory (its "
                              "best-validation checkpoint) or a folder of run directories (an ablation "
@@ -140,29 +115,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _check_device(name: str) -> torch.device:
+class _Exit(Exception):
+    """Ends the command with exit status ``status`` after its one line on stderr."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@contextlib.contextmanager
+def _exit_on(errors, status: int = 2, about: str = "", after: str = ""):
+    """The ``errors`` raised in the block end the command: ``status``, one line ``about`` them."""
     try:
-        device = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise ValueError(f"--device {name!r} is not a torch device (e.g. cpu, cuda, cuda:1)") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: CUDA is not available here (torch {torch.__version__}, "
-                         f"built for CUDA {torch.version.cuda}); use --device cpu")
-    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ValueError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s)")
-    return device
-
-
-def _check_paths(source: Path, target: Path, ckpts: list[Path]) -> None:
-    """The output is never a file the command reads: the input or a checkpoint (any spelling,
-    symbolic or hard link)."""
-    problem = unreadable_as_a_file(source)
-    if problem:
-        raise ValueError(f"--input {source} {problem}")
-    if target.is_dir():
-        raise IsADirectoryError(f"--output {target} is a directory")
-    refuse_overwriting_inputs("--output", [target], [("--input", "input file", source),
-                                                    *(("--ckpt", "checkpoint", ckpt) for ckpt in ckpts)])
+        yield
+    except errors as exc:
+        raise _Exit(status, f"{about}{exc}{after}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,226 +138,96 @@ def main(argv: list[str] | None = None) -> int:
     SIGHUP (one line, :func:`~graphormer_urpe.utils.process.run_command`; a previous output is left as
     it was)."""
     args = build_parser().parse_args(argv)
-    return run_command("graphormer-urpe-predict", lambda: _predict_or_say_why_not(args))
+    return run_command(PROG, lambda: _predict_or_say_why_not(args))
 
 
 def _predict_or_say_why_not(args: argparse.Namespace) -> int:
     try:
-        return _predict(args)
-    except WorkerDied as exc:  # its outputs were discarded on the way out
-        print(f"graphormer-urpe-predict: error: {exc}; nothing written", file=sys.stderr)
-        return 1
+        with _exit_on(WorkerDied, status=1, after="; nothing written"):  # its outputs discarded on the way out
+            return _predict(args)
+    except _Exit as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return exc.status
+
+
+@dataclass
+class _Run:
+    """What a run reads and writes, checked before any work."""
+
+    source: Path
+    ckpts: list[Path]
+    calibration: Path | None
+    device: torch.device
+    outputs: Outputs
+    streaming: Streaming
 
 
 def _predict(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    source, target = Path(args.input), Path(args.output)
-    calibration = Path(args.calibrate) if args.calibrate is not None else None
-    embedding_paths = {option: Path(path) if path is not None else None
-                       for option, path in ((GRAPH_OPTION, args.embeddings), (ATOM_OPTION, args.atom_embeddings))}
-    embeddings = None
-    try:
-        device = _check_device(args.device)
-        ckpts = checkpoint_files(args.ckpt)
-        if ckpts != [Path(ckpt) for ckpt in args.ckpt]:  # a run directory stood for its best
-            log.info("models: %s", ", ".join(map(str, ckpts)))
-        for read in (source, calibration):
-            if read is not None:
-                _check_paths(read, target, ckpts)
-        if any(embedding_paths.values()):
-            _check_one_model(ckpts, args.mc_dropout)
-            check_embedding_paths(embedding_paths, [
-                ("--input", "input file", source), ("--calibrate", "calibration file", calibration),
-                ("--output", "prediction table", target), *(("--ckpt", "checkpoint", c) for c in ckpts)])
-        output = AtomicFile(target)  # fails now, not after the predictions, if unwritable
-        if any(embedding_paths.values()):
-            try:
-                embeddings = EmbeddingFiles(*embedding_paths.values())
-            except ValueError:
-                output.discard()
-                raise
-    except (FileNotFoundError, ValueError, OSError, CheckpointError) as exc:
-        print(f"graphormer-urpe-predict: error: {exc}", file=sys.stderr)
-        return 2
-    with output, embeddings or contextlib.nullcontext(), open(source, newline="", encoding="utf-8-sig") as handle:
-        try:
-            if args.mc_dropout is not None and len(ckpts) > 1:
-                raise ValueError("--mc-dropout takes one checkpoint (several checkpoints already give a std)")
-            module = load_models(ckpts)
-            if embeddings is not None:
-                module = WithEmbeddings(module, atoms=embedding_paths[ATOM_OPTION] is not None)
-            if args.mc_dropout is not None:
-                module = MCDropout(module, args.mc_dropout, args.seed, args.max_pairs)
-            module = module.to(device)
-            table_input = open_smiles(handle, source)
-            if args.evaluate is not None:
-                _check_evaluate(args.evaluate, table_input.columns, module, source, target)
-            if calibration is not None:
-                measured_columns = _check_calibrate(module, calibration)
-        except (CheckpointError, ValueError, UnicodeDecodeError) as exc:
-            print(f"graphormer-urpe-predict: error: {exc}", file=sys.stderr)
-            return 2
-        if calibration is not None:
-            try:
-                module = _calibrated(module, calibration, measured_columns, args)
-            except (UnicodeDecodeError, csv.Error, ValueError) as exc:
-                print(f"graphormer-urpe-predict: error: {calibration}: {exc}; nothing written",
-                      file=sys.stderr)
-                return 2
-        table = PredictionTable(output.handle, prediction_columns(module), table_input.columns)
-        try:
-            _stream(module, table_input, table, source, args, "predict", embeddings)
-            # every output of the run in place together, or none (new vectors never sit beside
-            # an old table)
-            commit_together([output, *(embeddings.assemble(module.width) if embeddings is not None else [])])
-        except (UnicodeDecodeError, csv.Error) as exc:
-            print(f"graphormer-urpe-predict: error: {source}: {exc}; nothing written", file=sys.stderr)
-            return 2
-        except OSError as exc:  # e.g. disk full: the previous output stays as it was
-            written = ", ".join(map(str, [target, *(p for p in embedding_paths.values() if p is not None)]))
-            print(f"graphormer-urpe-predict: error: cannot write {written}: {exc}; nothing written",
-                  file=sys.stderr)
-            return 1
-    log.info("wrote %d rows to %s (%d without prediction)", table.rows_written, target, table.failed)
-    for path in embedding_paths.values():
-        if path is not None:
-            log.info("wrote the embeddings of those rows to %s", path)
+    run = _checked(args)
+    with run.outputs, contextlib.ExitStack() as held:
+        module, table_input, measured = _loaded(args, run, held)
+        if run.calibration is not None:
+            module = _calibrated(run, module, measured)
+        table = _written(run, module, table_input)
+    log.info("wrote %d rows to %s (%d without prediction)", table.rows_written, run.outputs.paths[0], table.failed)
+    for path in run.outputs.paths[1:]:
+        log.info("wrote the embeddings of those rows to %s", path)
     if args.evaluate is not None:
-        names, num_targets = prediction_columns(module), module.facts.num_targets
-        for k, (measured, predicted, std) in enumerate(
-                _read_back(args.evaluate, source, target, names, num_targets)):
-            _report(names[k], args.evaluate[k], measured, predicted, std)
+        for name, column, scores in evaluation(args.evaluate, run.source, run.outputs.paths[0], module):
+            log.info("%s against %s: %s", name, column, ", ".join(f"{key} {value:.4g}" for key, value in scores.items()))
+            print(json.dumps({"prediction": name, "measured": column, **scores}))
     return 0
 
 
-def _check_one_model(ckpts: list[Path], mc_dropout: int | None) -> None:
-    """Embeddings are one model's vectors: one checkpoint, no MC dropout (one line otherwise)."""
-    if len(ckpts) > 1 or mc_dropout is not None:
-        given = f"{len(ckpts)} checkpoints" if len(ckpts) > 1 else f"--mc-dropout {mc_dropout}"
-        raise ValueError("--embeddings and --atom-embeddings come from one model: name one --ckpt (a "
-                         f"checkpoint, a run directory or pretrained:<name>) without --mc-dropout (got {given})")
+def _checked(args: argparse.Namespace) -> _Run:
+    """The device, the checkpoints, the inputs and the outputs (opened), before any work; one line
+    and exit status 2 for any of them that cannot serve."""
+    source, target = Path(args.input), Path(args.output)
+    calibration = Path(args.calibrate) if args.calibrate is not None else None
+    graph, atoms = (Path(path) if path is not None else None for path in (args.embeddings, args.atom_embeddings))
+    with _exit_on((FileNotFoundError, ValueError, OSError, CheckpointError)):
+        device = check_device(args.device)
+        ckpts = checkpoint_files(args.ckpt)
+        if ckpts != [Path(ckpt) for ckpt in args.ckpt]:  # a run directory stood for its best
+            log.info("models: %s", ", ".join(map(str, ckpts)))
+        check_files(source, target, ckpts, calibration=calibration, graph=graph, atoms=atoms,
+                    mc_dropout=args.mc_dropout)
+        outputs = Outputs(target, graph, atoms)
+    streaming = Streaming(args.max_nodes, args.max_pairs, args.batch_size, args.chunk_rows, args.workers, args.quiet)
+    return _Run(source, ckpts, calibration, device, outputs, streaming)
 
 
-def _stream(module, table_input, table: PredictionTable, source: Path, args: argparse.Namespace,
-            desc: str, embeddings: EmbeddingFiles | None = None) -> None:
-    """Predict every row of ``table_input`` into ``table`` (and ``embeddings``), with a progress
-    bar named ``desc``."""
-    from tqdm import tqdm
-
-    total = count_lines(source) - (table_input.columns is not None)
-    with tqdm(total=max(total, 0), unit="mol", disable=args.quiet, file=sys.stderr,
-              mininterval=1.0, desc=desc) as progress:
-        stream_predictions(module, table_input.rows, table, max_nodes=args.max_nodes,
-                           max_pairs=args.max_pairs, batch_size=args.batch_size,
-                           chunk_rows=args.chunk_rows, workers=args.workers, progress=progress,
-                           embeddings=embeddings)
-
-
-def _check_regression(option: str, module) -> None:
-    """``--calibrate`` and ``--evaluate`` compare predictions with measured values: a regression
-    model's only (checked before any file is read)."""
-    if module.facts.task != "regression":
-        raise ValueError(f"{option} compares a regression model's predictions with measured values; "
-                         f"this model's task is {module.facts.task!r}")
+def _loaded(args: argparse.Namespace, run: _Run, held: contextlib.ExitStack):
+    """The model, the opened input and the measured columns of ``--calibrate``; exit status 2 for
+    a checkpoint that does not load and an option the model or the input cannot serve."""
+    with _exit_on((CheckpointError, ValueError, UnicodeDecodeError)):
+        module = prediction_model(run.ckpts, run.device, mc_dropout=args.mc_dropout, seed=args.seed,
+                                  max_pairs=args.max_pairs, embeddings=run.outputs.embeddings is not None,
+                                  atoms=args.atom_embeddings is not None)
+        table_input = held.enter_context(read_smiles(run.source))
+        if args.evaluate is not None:
+            check_evaluate(args.evaluate, table_input.columns, module, run.source, run.outputs.paths[0])
+        measured = check_calibrate(module, run.calibration) if run.calibration is not None else None
+    return module, table_input, measured
 
 
-def _check_columns(option: str, path: Path, header: list[str] | None, columns: list[str]) -> None:
-    """The CSV ``path`` (its ``header``) has the ``columns`` that hold the measured values."""
-    if header is None:
-        raise ValueError(f"{option} reads measured values from a CSV with a header; {path} is one SMILES a line")
-    missing = [c for c in columns if c not in header]
-    if missing:
-        raise ValueError(f"{option}: {path} has no column(s) {missing} (columns: {header})")
+def _calibrated(run: _Run, module, measured: list[str]):
+    """``module`` with its std scaled to fit ``--calibrate``'s errors (exit status 2 where it cannot)."""
+    with _exit_on((UnicodeDecodeError, csv.Error, ValueError), about=f"{run.calibration}: ", after="; nothing written"):
+        return calibrated(module, run.calibration, measured, run.streaming)
 
 
-def _check_calibrate(module, calibration: Path) -> list[str]:
-    """``--calibrate`` scales the std of a regression model that predicts one and whose
-    checkpoint names its targets: the measured columns, in target order."""
-    if not getattr(module, "predicts_std", False):
-        raise ValueError("--calibrate scales the std columns: give several --ckpt or --mc-dropout N")
-    _check_regression("--calibrate", module)
-    names = module.hparams.get("target_names")
-    if not names:
-        raise ValueError("--calibrate reads the measured values from the columns of the model's targets, "
-                         "and this checkpoint records no target names")
-    with open(calibration, newline="", encoding="utf-8-sig") as handle:
-        header = open_smiles(handle, calibration).columns
-    _check_columns("--calibrate", calibration, header, list(names))
-    return list(names)
-
-
-def _calibrated(module, calibration: Path, columns: list[str], args: argparse.Namespace) -> ScaledStd:
-    """``module`` with each target's std scaled by :func:`~graphormer_urpe.prediction.uncertainty.std_scale`
-    fitted on the molecules of ``calibration`` (predicted into memory, then read back: no
-    temporary file, so a full or read-only temporary directory does not matter)."""
-    import io
-
-    from graphormer_urpe.prediction.uncertainty import std_scale
-
-    names, num_targets = prediction_columns(module), module.facts.num_targets
-    predicted = io.StringIO(newline="")
-    with open(calibration, newline="", encoding="utf-8-sig") as handle:
-        table_input = open_smiles(handle, calibration)
-        _stream(module, table_input, PredictionTable(predicted, names, table_input.columns),
-                calibration, args, "calibrate")
-    predicted.seek(0)
-    scales = []
-    for k, (measured, prediction, std) in enumerate(
-            _read_back(columns, calibration, predicted, names, num_targets)):
-        scale, count = std_scale(measured, prediction, std)
-        log.info("%s scaled by %.4g (fitted on %d molecules of %s)", names[num_targets + k], scale,
-                 count, calibration)
-        scales.append(scale)
-    return ScaledStd(module, scales)
-
-
-def _check_evaluate(columns: list[str], header: list[str] | None, module, source: Path, target: Path) -> None:
-    """``--evaluate`` needs one measured column per target, and an output it can read back (a
-    regular file)."""
-    if target.exists() and not target.is_file():
-        raise ValueError(f"--evaluate reads the predictions back from --output, so {target} must be a "
-                         "regular file")
-    _check_regression("--evaluate", module)
-    _check_columns("--evaluate", source, header, columns)
-    if len(columns) != module.facts.num_targets:
-        raise ValueError(f"--evaluate needs one column per target: the model has {module.facts.num_targets}, "
-                         f"got {len(columns)}")
-
-
-def _numbers(values) -> np.ndarray:
-    out = []
-    for value in values:
-        try:
-            out.append(float(value))
-        except (TypeError, ValueError):  # empty or not a number: not measured
-            out.append(float("nan"))
-    return np.array(out)
-
-
-def _read_back(columns: list[str], source: Path, target: Path | TextIO, names: list[str], num_targets: int):
-    """Per target: ``(measured, predicted, std or None)`` arrays, the measured values from
-    ``source``'s ``columns`` and the predictions written to ``target`` (a file, or the text of
-    one; same rows, in order)."""
-    with open(source, newline="", encoding="utf-8-sig") as handle:
-        measured = list(csv.DictReader(handle))
-    with (open(target, newline="", encoding="utf-8") if isinstance(target, Path)
-          else contextlib.nullcontext(target)) as handle:
-        predicted = list(csv.DictReader(handle))
-    for k, column in enumerate(columns):
-        std = _numbers(r[names[num_targets + k]] for r in predicted) if len(names) > num_targets else None
-        yield _numbers(r[column] for r in measured), _numbers(r[names[k]] for r in predicted), std
-
-
-def _report(name: str, column: str, measured: np.ndarray, predicted: np.ndarray, std) -> None:
-    """Score the predictions against the measured values (:mod:`..uncertainty`): a log line and
-    a JSON line."""
-    import json
-
-    from graphormer_urpe.prediction.uncertainty import regression_scores
-
-    scores = regression_scores(measured, predicted, std)
-    log.info("%s against %s: %s", name, column, ", ".join(f"{key} {value:.4g}" for key, value in scores.items()))
-    print(json.dumps({"prediction": name, "measured": column, **scores}))
+def _written(run: _Run, module, table_input: SmilesInput) -> PredictionTable:
+    """Every row predicted into the outputs, put in place together: exit status 2 for an input
+    that cannot be read, 1 for an output that cannot be written (a previous one left as it was)."""
+    table = PredictionTable(run.outputs.table.handle, prediction_columns(module), table_input.columns)
+    written = ", ".join(map(str, run.outputs.paths))
+    with _exit_on(OSError, status=1, about=f"cannot write {written}: ", after="; nothing written"), \
+            _exit_on((UnicodeDecodeError, csv.Error), about=f"{run.source}: ", after="; nothing written"):
+        stream(module, table_input, table, run.streaming, "predict", run.outputs.embeddings)
+        run.outputs.commit(module)
+    return table
 
 
 if __name__ == "__main__":

@@ -13,12 +13,33 @@ literature use to judge it (Tran et al., 2020; Hirschfeld et al., 2020):
   lies inside the central :math:`p` interval of :math:`N(0, \sigma^2)`; 0 for a calibrated std, up to 0.5;
 - ``within_1_std``, ``within_2_std``: the share of errors inside 1 and 2 std (a Gaussian has
   68.3 % and 95.4 %).
+
+:func:`std_scale` fits the factor that makes a std read as a Gaussian's error bar.
+
+Against a file of measured values, as ``graphormer-urpe-predict`` compares: :func:`calibrated`
+(``--calibrate``: a model whose std is scaled by the factor fitted on held-out molecules) and
+:func:`evaluation` (``--evaluate``: the scores of a written prediction table against the input's
+measured columns), each after its check (:func:`check_calibrate`, :func:`check_evaluate`): a
+regression model, the measured columns present, one line otherwise before any file is read.
 """
 from __future__ import annotations
 
+import contextlib
+import csv
+import io
+import logging
 import math
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TextIO
 
 import numpy as np
+
+from graphormer_urpe.prediction.model import ScaledStd
+from graphormer_urpe.prediction.run import Streaming, stream
+from graphormer_urpe.prediction.table import PredictionTable, prediction_columns, read_smiles
+
+log = logging.getLogger(__name__)
 
 #: Expected proportions of the miscalibration area.
 PROPORTIONS = np.linspace(0.01, 0.99, 99)
@@ -66,3 +87,103 @@ def std_scale(measured: np.ndarray, predicted: np.ndarray, std: np.ndarray) -> t
         raise ValueError("no molecule with a measured value, a prediction and a positive std")
     z = (predicted[usable] - measured[usable]) / std[usable]
     return float(np.sqrt(np.mean(z ** 2))), int(usable.sum())
+
+
+# ------------------------------------------------------------------ against measured values
+def _check_regression(option: str, module) -> None:
+    """``--calibrate`` and ``--evaluate`` compare predictions with measured values: a regression
+    model's only (checked before any file is read)."""
+    if module.facts.task != "regression":
+        raise ValueError(f"{option} compares a regression model's predictions with measured values; "
+                         f"this model's task is {module.facts.task!r}")
+
+
+def _check_columns(option: str, path: Path, header: list[str] | None, columns: Sequence[str]) -> None:
+    """The CSV ``path`` (its ``header``) has the ``columns`` that hold the measured values."""
+    if header is None:
+        raise ValueError(f"{option} reads measured values from a CSV with a header; {path} is one SMILES a line")
+    missing = [c for c in columns if c not in header]
+    if missing:
+        raise ValueError(f"{option}: {path} has no column(s) {missing} (columns: {header})")
+
+
+def check_calibrate(module, calibration: Path) -> list[str]:
+    """``--calibrate`` scales the std of a regression model that predicts one and whose
+    checkpoint names its targets: the measured columns of ``calibration``, in target order
+    (ValueError otherwise; UnicodeDecodeError for a file that is not UTF-8)."""
+    if not getattr(module, "predicts_std", False):
+        raise ValueError("--calibrate scales the std columns: give several --ckpt or --mc-dropout N")
+    _check_regression("--calibrate", module)
+    names = module.hparams.get("target_names")
+    if not names:
+        raise ValueError("--calibrate reads the measured values from the columns of the model's targets, "
+                         "and this checkpoint records no target names")
+    with read_smiles(calibration) as table:
+        _check_columns("--calibrate", calibration, table.columns, list(names))
+    return list(names)
+
+
+def check_evaluate(columns: Sequence[str], header: list[str] | None, module, source: Path, target: Path) -> None:
+    """``--evaluate`` needs a regression model, one measured column of ``source`` (its
+    ``header``) per target, and an output ``target`` it can read back (a regular file)."""
+    if target.exists() and not target.is_file():
+        raise ValueError(f"--evaluate reads the predictions back from --output, so {target} must be a "
+                         "regular file")
+    _check_regression("--evaluate", module)
+    _check_columns("--evaluate", source, header, columns)
+    if len(columns) != module.facts.num_targets:
+        raise ValueError(f"--evaluate needs one column per target: the model has {module.facts.num_targets}, "
+                         f"got {len(columns)}")
+
+
+def calibrated(module, calibration: Path, columns: Sequence[str], streaming: Streaming) -> ScaledStd:
+    """``module`` with each target's std scaled by :func:`std_scale` fitted on the molecules of
+    ``calibration`` and their measured ``columns`` (predicted into memory, then read back: no
+    temporary file, so a full or read-only temporary directory does not matter). ValueError
+    where no molecule has a measured value and a std; UnicodeDecodeError, csv.Error for the file."""
+    names, num_targets = prediction_columns(module), module.facts.num_targets
+    predicted = io.StringIO(newline="")
+    with read_smiles(calibration) as table_input:
+        stream(module, table_input, PredictionTable(predicted, names, table_input.columns), streaming, "calibrate")
+    predicted.seek(0)
+    scales = []
+    for k, (measured, prediction, std) in enumerate(_read_back(columns, calibration, predicted, names, num_targets)):
+        scale, count = std_scale(measured, prediction, std)
+        log.info("%s scaled by %.4g (fitted on %d molecules of %s)", names[num_targets + k], scale,
+                 count, calibration)
+        scales.append(scale)
+    return ScaledStd(module, scales)
+
+
+def evaluation(columns: Sequence[str], source: Path, target: Path, module) -> Iterator[tuple[str, str, dict]]:
+    """Per target of ``module``: ``(prediction column, measured column, scores)``, the
+    :func:`regression_scores` of the table written to ``target`` against the measured
+    ``columns`` of its input ``source`` (same rows, in order)."""
+    names = prediction_columns(module)
+    for k, (measured, predicted, std) in enumerate(
+            _read_back(columns, source, target, names, module.facts.num_targets)):
+        yield names[k], columns[k], regression_scores(measured, predicted, std)
+
+
+def _numbers(values) -> np.ndarray:
+    out = []
+    for value in values:
+        try:
+            out.append(float(value))
+        except (TypeError, ValueError):  # empty or not a number: not measured
+            out.append(float("nan"))
+    return np.array(out)
+
+
+def _read_back(columns: Sequence[str], source: Path, target: Path | TextIO, names: list[str], num_targets: int):
+    """Per target: ``(measured, predicted, std or None)`` arrays, the measured values from
+    ``source``'s ``columns`` and the predictions written to ``target`` (a file, or the text of
+    one; same rows, in order)."""
+    with open(source, newline="", encoding="utf-8-sig") as handle:
+        measured = list(csv.DictReader(handle))
+    with (open(target, newline="", encoding="utf-8") if isinstance(target, Path)
+          else contextlib.nullcontext(target)) as handle:
+        predicted = list(csv.DictReader(handle))
+    for k, column in enumerate(columns):
+        std = _numbers(r[names[num_targets + k]] for r in predicted) if len(names) > num_targets else None
+        yield _numbers(r[column] for r in measured), _numbers(r[names[k]] for r in predicted), std
