@@ -19,8 +19,8 @@ import pytest
 import torch
 import yaml
 
-from graphormer_urpe.cli import hpopt
 from graphormer_urpe.training.studies import search_trial as hpopt_trial
+from graphormer_urpe.training.studies.search import BEST_CONFIG, DIVERGED_MARKER, FIT_LOG, PRUNED_MARKER, TRIAL_ENV
 from graphormer_urpe.utils.torch_files import read_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,7 +73,7 @@ def searched(esol_csv, tmp_path_factory):
             if line.startswith("trial 0: "):
                 break
         assert line.startswith("trial 0: complete"), line + search.stderr.read()[-3000:]
-        second = work / "runs" / "esol" / "trial-1" / hpopt.FIT_LOG
+        second = work / "runs" / "esol" / "trial-1" / FIT_LOG
         deadline = time.monotonic() + 60
         while not (second.is_file() and "Seed set" in second.read_text()) and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -106,7 +106,7 @@ def test_a_killed_search_keeps_its_finished_trials_and_reruns_the_killed_one(sea
 
 def test_best_yaml_is_the_best_trial_and_fit_takes_it(searched):
     best = min((t for t in searched.final if t.value is not None), key=lambda t: t.value)
-    best_yaml = searched.work / "runs" / "esol" / hpopt.BEST_CONFIG
+    best_yaml = searched.work / "runs" / "esol" / BEST_CONFIG
     config = yaml.safe_load(best_yaml.read_text())
     assert config == {"model": {"lr": best.params["model.lr"],
                                 "backbone": {"dropout": best.params["model.backbone.dropout"]}}}
@@ -155,7 +155,7 @@ def test_a_trial_reports_each_validation_and_the_pruner_stops_it(tmp_path, monke
     done.report(0.1, 0)
     study.tell(done, 0.1)
     trial = study.ask()
-    monkeypatch.setenv(hpopt.TRIAL_ENV, json.dumps({
+    monkeypatch.setenv(TRIAL_ENV, json.dumps({
         "storage": storage, "study": "prune", "trial": trial.number, "monitor": "val/mae",
         "pruner": {"name": "median", "startup_trials": 1, "warmup_validations": 0}, "parent": os.getppid()}))
     callback = hpopt_trial.ReportToTrial()
@@ -164,11 +164,11 @@ def test_a_trial_reports_each_validation_and_the_pruner_stops_it(tmp_path, monke
     callback.on_validation_end(trainer, None)
     assert study.trials[1].intermediate_values == {0: 5.0}
     assert trainer.should_stop
-    assert json.loads((tmp_path / hpopt.PRUNED_MARKER).read_text()) == {"validation": 0, "val/mae": 5.0}
-    assert not (tmp_path / hpopt.DIVERGED_MARKER).exists()
+    assert json.loads((tmp_path / PRUNED_MARKER).read_text()) == {"validation": 0, "val/mae": 5.0}
+    assert not (tmp_path / DIVERGED_MARKER).exists()
     # a NaN metric: reported (the sampler ranks the trial last), and the run stops as diverged
     trainer.should_stop, trainer.callback_metrics = False, {"val/mae": torch.tensor(float("nan"))}
     callback.on_validation_end(trainer, None)
     assert math.isnan(study.trials[1].intermediate_values[1]) and trainer.should_stop
-    assert json.loads((tmp_path / hpopt.DIVERGED_MARKER).read_text()) == {
+    assert json.loads((tmp_path / DIVERGED_MARKER).read_text()) == {
         "validation": 1, "reason": "val/mae is nan at validation 1; the run was stopped there"}

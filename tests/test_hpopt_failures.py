@@ -18,7 +18,7 @@ import optuna
 import pytest
 import yaml
 
-from graphormer_urpe.cli import hpopt
+from graphormer_urpe.training.studies.search import BEST_CONFIG, DIVERGED_MARKER, FIT_LOG, STUDY_DB
 from test_hpopt import ENV, REPO, hpopt_command, refused, run, trials
 
 #: model.lr so large that the first steps make the model's outputs non-finite.
@@ -69,7 +69,7 @@ def test_a_diverged_trial_is_pruned_with_its_reason_never_complete(esol_csv, tmp
     reason = trial.user_attrs["reason"]
     assert reason.startswith("diverged: ")
     run_dir = tmp_path / "runs" / "esol" / "trial-0"
-    marker = yaml.safe_load((run_dir / hpopt.DIVERGED_MARKER).read_text())
+    marker = yaml.safe_load((run_dir / DIVERGED_MARKER).read_text())
     if where == "validation":  # the fit stops at the validation, before its value is reported
         assert "validation outputs are not finite after step" in reason and "(validation mae: nan)" in reason
         assert marker["validation"] is None and not trial.intermediate_values
@@ -77,7 +77,7 @@ def test_a_diverged_trial_is_pruned_with_its_reason_never_complete(esol_csv, tmp
         assert "non-finite loss or gradient" in reason and marker["validation"] is None
     assert f"trial 0: {reason}" in done.stdout
     assert "complete" not in done.stdout and "inf" not in done.stdout
-    assert not (tmp_path / "runs" / "esol" / hpopt.BEST_CONFIG).exists()
+    assert not (tmp_path / "runs" / "esol" / BEST_CONFIG).exists()
 
 
 # ---------------------------------------------------------------- refused before any trial
@@ -88,7 +88,7 @@ def refused_space(tmp_path: Path, esol_csv: Path, text: str, *extra: str) -> str
     command = hpopt_command(tmp_path, esol_csv, "--n-trials", "1", *extra)
     command[command.index("--space") + 1] = str(tmp_path / "bad-space.yaml")
     line = refused(command, work=tmp_path)
-    assert not (tmp_path / "runs" / "esol" / hpopt.STUDY_DB).exists()
+    assert not (tmp_path / "runs" / "esol" / STUDY_DB).exists()
     return line
 
 
@@ -131,7 +131,7 @@ def test_values_fit_refuses_are_one_line_before_any_trial(esol_csv, tmp_path):
                    work=tmp_path)
     assert line == ("graphormer-urpe-hpopt: error: the recipe (--config files and overrides) is not accepted "
                     "by graphormer-urpe fit: trainer.max_steps must be >= 1, or -1 for no limit, got 0")
-    assert not (tmp_path / "runs" / "esol" / hpopt.STUDY_DB).exists()
+    assert not (tmp_path / "runs" / "esol" / STUDY_DB).exists()
 
 
 @pytest.mark.parametrize("name", ["..", ".", "", "a/b", "../elsewhere"])
@@ -202,7 +202,7 @@ def test_a_read_only_study_is_one_line_before_any_trial(esol_csv, tmp_path, what
     cannot be written: one line naming the path, exit status 2, the database unchanged."""
     runs, study_dir = tmp_path / "runs", tmp_path / "runs" / "esol"
     runs.mkdir()
-    database = study_dir / hpopt.STUDY_DB
+    database = study_dir / STUDY_DB
     if what != "runs-dir":
         study_dir.mkdir()
         optuna.create_study(study_name="esol", storage=f"sqlite:///{database}")
@@ -225,8 +225,8 @@ def test_a_study_locked_during_a_trial_ends_in_one_line_and_the_trial_runs_again
     trial and runs its values again."""
     command = hpopt_command(tmp_path, esol_csv, "--n-trials", "1")
     search = start(command)
-    wait_for_fit(tmp_path / "runs" / "esol" / "trial-0" / hpopt.FIT_LOG, search)
-    holder = sqlite3.connect(tmp_path / "runs" / "esol" / hpopt.STUDY_DB, timeout=60, isolation_level=None)
+    wait_for_fit(tmp_path / "runs" / "esol" / "trial-0" / FIT_LOG, search)
+    holder = sqlite3.connect(tmp_path / "runs" / "esol" / STUDY_DB, timeout=60, isolation_level=None)
     try:
         holder.execute("BEGIN EXCLUSIVE")
         out, err = search.communicate(timeout=WAIT_S)
@@ -236,7 +236,7 @@ def test_a_study_locked_during_a_trial_ends_in_one_line_and_the_trial_runs_again
     assert search.returncode == 1 and len(lines) == 1, err[-3000:]
     assert lines[0].startswith(f"graphormer-urpe-hpopt: error: the study database sqlite:///{tmp_path}"), lines
     assert "database is locked" in lines[0] and "trial 0 is left running" in lines[0], lines
-    assert "could not be reported to the study" in (tmp_path / "runs" / "esol" / "trial-0" / hpopt.FIT_LOG).read_text()
+    assert "could not be reported to the study" in (tmp_path / "runs" / "esol" / "trial-0" / FIT_LOG).read_text()
     (left,) = trials(tmp_path)
     assert left.state == optuna.trial.TrialState.RUNNING
 
@@ -255,7 +255,7 @@ def test_sigterm_stops_the_search_in_one_line_naming_the_trial_and_how_to_resume
     command = hpopt_command(tmp_path, esol_csv, "--n-trials", "1")
     search = start(command)
     run_dir = tmp_path / "runs" / "esol" / "trial-0"
-    wait_for_fit(run_dir / hpopt.FIT_LOG, search)
+    wait_for_fit(run_dir / FIT_LOG, search)
     search.send_signal(signal.SIGTERM)
     out, err = search.communicate(timeout=WAIT_S)
     assert search.returncode == 128 + signal.SIGTERM, err[-3000:]

@@ -1,8 +1,10 @@
-"""The callback in every trial's ``fit`` of ``graphormer-urpe-hpopt`` (:mod:`graphormer_urpe.cli.hpopt`
-adds it as ``--trainer.callbacks+=graphormer_urpe.training.studies.search_trial.ReportToTrial``): it reports the
-task's validation metric to the Optuna trial, stops the run when the study's pruner says so, and
-stops it as diverged at a non-finite metric. Apart from :mod:`graphormer_urpe.cli.hpopt` so that the
-search command starts without Lightning."""
+"""The callback in every trial's ``fit`` of ``graphormer-urpe-hpopt``
+(:mod:`graphormer_urpe.training.studies.search` adds it as
+``--trainer.callbacks+=graphormer_urpe.training.studies.search_trial.ReportToTrial``): it reports
+the task's validation metric to the Optuna trial, stops the run when the study's pruner says so,
+and stops it as diverged at a non-finite metric. Apart from the search so that the search starts
+without Lightning.
+"""
 from __future__ import annotations
 
 import contextlib
@@ -16,8 +18,9 @@ from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
 
+from graphormer_urpe.training.studies.search import DIVERGED_MARKER, PROG, PRUNED_MARKER, TRIAL_ENV, make_pruner
+from graphormer_urpe.training.studies.search_storage import trial_id
 from graphormer_urpe.utils.files import write_json
-from graphormer_urpe.cli.hpopt import DIVERGED_MARKER, PROG, PRUNED_MARKER, TRIAL_ENV, make_pruner
 
 
 class ReportToTrial(Callback):
@@ -50,9 +53,7 @@ class ReportToTrial(Callback):
             storage = optuna.storages.RDBStorage(self.spec["storage"])
             study = optuna.load_study(study_name=self.spec["study"], storage=storage,
                                       pruner=make_pruner(self.spec["pruner"]))
-            trial_id = storage.get_trial_id_from_study_id_trial_number(
-                storage.get_study_id_from_name(study.study_name), self.spec["trial"])
-            self._trial = study, storage, trial_id
+            self._trial = study, storage, trial_id(storage, study.study_name, self.spec["trial"])
         return self._trial
 
     def report(self, value: float, step: int) -> bool:

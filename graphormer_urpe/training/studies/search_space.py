@@ -1,0 +1,332 @@
+"""The search space of ``graphormer-urpe-hpopt`` and the recipe it is searched with, both checked
+before any trial.
+
+The space is a YAML mapping from a ``graphormer-urpe fit`` key to its range::
+
+    model.lr: {type: float, low: 1e-5, high: 1e-3, log: true}
+    model.backbone.num_layers: {type: int, low: 2, high: 6}
+    model.backbone.dropout: {type: categorical, choices: [0.0, 0.1]}
+
+A refusal (:class:`Refused`) names the file, the line and the key. A trial's values are drawn
+by :meth:`Param.suggest` and given to its ``fit`` as one more config file (:func:`config_text`).
+The recipe (``--config`` files and overrides) must parse with both ends of every range and every
+choice set on it (:func:`check_recipe`, ``fit``'s own parser and checks; no data is read).
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import tempfile
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+#: Keys the search sets itself in every trial.
+OWN_KEYS = ("trainer.default_root_dir", "ckpt_path")
+KINDS = ("float", "int", "categorical")
+#: A trial's values, as a config file in its run directory (after the recipe's).
+PARAMS_CONFIG = "params.yaml"
+
+
+class Refused(ValueError):
+    """Bad input: one line on stderr, exit status 2."""
+
+
+def one_line(exc: BaseException) -> str:
+    """An error's message in one line (at most 500 characters), or its type's name."""
+    return " ".join(str(exc).split())[:500] or type(exc).__name__
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.2 floats: ``1e-5`` is a number (PyYAML's YAML 1.1 reads it as a string)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|\.[0-9_]+(?:[eE][-+]?[0-9]+)?"
+               r"|[0-9][0-9_]*[eE][-+]?[0-9]+|\.inf|\.Inf|\.INF|\.nan|\.NaN|\.NAN)$"),
+    list("-+0123456789."))
+
+
+class _Dumper(yaml.SafeDumper):
+    """Floats always with a dot (``1.0e-05``), so that every YAML reader sees a number."""
+
+
+def _represent_float(dumper: yaml.SafeDumper, value: float):
+    text = repr(float(value))
+    if "e" in text and "." not in text:
+        text = text.replace("e", ".0e")
+    if not math.isfinite(value):
+        return dumper.represent_float(value)
+    return dumper.represent_scalar("tag:yaml.org,2002:float", text)
+
+
+_Dumper.add_representer(float, _represent_float)
+
+
+@dataclass(frozen=True)
+class Param:
+    """One key's range: ``float`` / ``int`` between ``low`` and ``high`` (``log`` scale or a
+    ``step``), or ``categorical`` ``choices`` (finite numbers, strings, booleans, null)."""
+
+    key: str
+    type: str
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: float | None = None
+    choices: tuple | None = None
+    #: Where the key is written (``--space FILE, line N: KEY``), to name it in a refusal; not
+    #: part of the recipe a study records.
+    where: str = field(default="", compare=False, repr=False)
+
+    def suggest(self, trial) -> Any:
+        """This key's value in an Optuna trial."""
+        if self.type == "categorical":
+            return trial.suggest_categorical(self.key, self.choices)
+        if self.type == "int":
+            return trial.suggest_int(self.key, int(self.low), int(self.high), step=int(self.step or 1), log=self.log)
+        return trial.suggest_float(self.key, self.low, self.high, step=self.step, log=self.log)
+
+    def probes(self) -> list:
+        """The values whose config must parse: both ends, or every choice."""
+        return list(self.choices) if self.type == "categorical" else [self.low, self.high]
+
+    def as_dict(self) -> dict:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()
+                if k not in ("key", "where") and v not in (None, False)}
+
+
+def _finite(value: Any) -> bool:
+    return not isinstance(value, float) or math.isfinite(value)
+
+
+def _number(where: str, name: str, value: Any, integer: bool) -> float | int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
+        raise Refused(f"{where}: {name} must be a finite number, got {value!r}")
+    if integer and value != int(value):
+        raise Refused(f"{where}: {name} must be an integer for type int, got {value!r}")
+    return int(value) if integer else float(value)
+
+
+def parse_param(key: str, spec: Any, where: str = "") -> Param:
+    """One entry of the search space, checked (:class:`Refused` starting with ``where``, which
+    names the key and where it is written)."""
+    where = where or f"search space {key}"
+    if not isinstance(spec, dict):
+        raise Refused(f"{where}: expected a mapping such as {{type: float, low: 1e-5, "
+                      f"high: 1e-3}}, got {spec!r}")
+    kind = spec.get("type")
+    if kind not in KINDS:
+        raise Refused(f"{where}: type must be one of {list(KINDS)}, got {kind!r}")
+    allowed = {"type", "choices"} if kind == "categorical" else {"type", "low", "high", "log", "step"}
+    unknown = sorted(map(str, set(spec) - allowed))
+    if unknown:
+        raise Refused(f"{where}: unknown field(s) {unknown} for type {kind} (allowed: {sorted(allowed)})")
+    if kind == "categorical":
+        choices = spec.get("choices")
+        if not isinstance(choices, list) or not choices:
+            raise Refused(f"{where}: choices must be a non-empty list, got {choices!r}")
+        bad = [c for c in choices if c is not None and not (isinstance(c, (bool, int, float, str)) and _finite(c))]
+        if bad:
+            raise Refused(f"{where}: choices must be finite numbers, strings, booleans or null, got {bad[0]!r}")
+        if len({json.dumps(c) for c in choices}) != len(choices):
+            raise Refused(f"{where}: choices repeat a value: {choices!r}")
+        return Param(key, kind, choices=tuple(choices), where=where)
+    for name in ("low", "high"):
+        if name not in spec:
+            raise Refused(f"{where}: type {kind} needs low and high")
+    integer = kind == "int"
+    low, high = (_number(where, name, spec[name], integer) for name in ("low", "high"))
+    log = spec.get("log", False)
+    if not isinstance(log, bool):
+        raise Refused(f"{where}: log must be true or false, got {log!r}")
+    step = spec.get("step")
+    if step is not None:
+        step = _number(where, "step", step, integer)
+        if step <= 0:
+            raise Refused(f"{where}: step must be > 0, got {step!r}")
+        if log:
+            raise Refused(f"{where}: step and log cannot be combined")
+    if not low < high:
+        raise Refused(f"{where}: low must be below high, got low={low!r}, high={high!r}")
+    if log and low <= 0:
+        raise Refused(f"{where}: a log range needs low > 0, got low={low!r}")
+    return Param(key, kind, low, high, log, step, where=where)
+
+
+def _refuse_repeated_keys(path: Path, node: yaml.Node, parent: str | None = None) -> None:
+    """A key written twice in one mapping of the space file (YAML would keep the last silently),
+    refused naming the file, the key and both lines."""
+    if isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            _refuse_repeated_keys(path, item, parent)
+    if not isinstance(node, yaml.MappingNode):
+        return
+    seen: dict[str, int] = {}
+    for key_node, value_node in node.value:
+        line = key_node.start_mark.line + 1
+        key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+        if key is not None and key in seen:
+            what = f"{parent}: field {key!r}" if parent else key
+            raise Refused(f"--space {path}, line {line}: {what} is written twice (first on line "
+                          f"{seen[key]}; YAML would keep only the last): write it once")
+        if key is not None:
+            seen[key] = line
+        _refuse_repeated_keys(path, value_node, parent or key)
+
+
+def read_space(path: Path) -> dict[str, Param]:
+    """The search space file: a mapping of dotted ``fit`` keys to ranges. A refusal names the
+    file, the line and the key."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise Refused(f"--space {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise Refused(f"--space {path}: not a text file") from None
+    try:
+        root = yaml.compose(text, Loader=_Loader)
+        space = yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as exc:
+        raise Refused(f"--space {path}: not YAML ({' '.join(str(exc).split())})") from None
+    if not isinstance(space, dict) or not space:
+        raise Refused(f"--space {path}: expected a non-empty mapping of fit keys to ranges, e.g. "
+                      "'model.lr: {type: float, low: 1e-5, high: 1e-3, log: true}'")
+    _refuse_repeated_keys(path, root)
+    lines = {node.value: node.start_mark.line + 1 for node, _ in root.value if isinstance(node, yaml.ScalarNode)}
+    params = {}
+    for key, spec in space.items():
+        line = lines.get(str(key))
+        where = f"--space {path}{f', line {line}' if line else ''}: {key}"
+        if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", key):
+            raise Refused(f"{where}: not a dotted fit key such as model.lr")
+        if key.removeprefix("fit.") in OWN_KEYS:
+            raise Refused(f"{where}: the search sets it for every trial")
+        params[key] = parse_param(key, spec, where)
+    return params
+
+
+def nested(values: dict[str, Any]) -> dict:
+    """``{"model.backbone.dropout": 0.1}`` -> ``{"model": {"backbone": {"dropout": 0.1}}}``."""
+    tree: dict = {}
+    for key, value in values.items():
+        *parents, leaf = key.split(".")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return tree
+
+
+def config_text(values: dict[str, Any]) -> str:
+    return yaml.dump(nested(values), Dumper=_Dumper, sort_keys=False, default_flow_style=False)
+
+
+def override_keys(overrides: list[str]) -> list[str]:
+    """The keys the pass-through overrides set (``--key value`` / ``--key=value``)."""
+    return [arg[2:].split("=", 1)[0] for arg in overrides if arg.startswith("--") and len(arg) > 2]
+
+
+def check_overrides(overrides: list[str], space: dict[str, Param]) -> None:
+    for key in override_keys(overrides):
+        if key.removeprefix("fit.") in OWN_KEYS:
+            raise Refused(f"--{key}: the search sets it for every trial (trials run in "
+                          "<runs-dir>/<study>/trial-<n>)")
+        if key in space:
+            raise Refused(f"--{key} is both an override and a search space key: drop one")
+
+
+class _Parsed(Exception):
+    def __init__(self, config) -> None:
+        super().__init__("parsed")
+        self.config = config
+
+
+def parse_fit(args: list[str]):
+    """``graphormer-urpe fit``'s parsed config for ``args``, built by its own parser and checked
+    by the checks ``fit`` makes before it reads any data (the schedule, ``trainer.max_steps``,
+    the training step's trainer settings); nothing is instantiated, no data read.
+    :class:`Refused` with the parser's or the check's message."""
+    import lightning.pytorch as pl
+
+    from graphormer_urpe.training.lightning_cli import GraphormerCLI
+    from graphormer_urpe.training.fit_checks import check_schedule_config, check_step_config
+    from graphormer_urpe.training.module import GraphormerModule
+
+    class ParseOnly(GraphormerCLI):
+        def _parse_ckpt_path(self) -> None:  # right after parsing: stop before seeding, building
+            raise _Parsed(self.config)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            ParseOnly(GraphormerModule, pl.LightningDataModule, subclass_mode_data=True,
+                      parser_kwargs={"exit_on_error": False}, args=["fit", *args])
+        except _Parsed as parsed:
+            config = parsed.config.fit
+        except Exception as exc:  # noqa: BLE001 - the parser's errors come in several types
+            raise Refused(one_line(exc)) from None
+        else:
+            raise RuntimeError("LightningCLI did not stop after parsing")
+    try:
+        check_schedule_config(config)
+        check_step_config(config.trainer)
+    except ValueError as exc:
+        raise Refused(one_line(exc)) from None
+    return config
+
+
+def check_recipe(configs: list[str], overrides: list[str], space: dict[str, Param]) -> dict:
+    """The recipe parses with both ends of every range and every choice set on it (one parse
+    per probe, all keys at once; on a failure, each key alone names the culprit); returns the
+    objective, the task's validation metric and whether it is minimised or maximised."""
+    from graphormer_urpe.data.task import get_task
+    from graphormer_urpe.training.lightning_cli import _data_task
+
+    recipe = [arg for path in configs for arg in ("--config", path)] + list(overrides)
+    with tempfile.TemporaryDirectory(prefix="hpopt-check-") as scratch:
+        probe = Path(scratch) / PARAMS_CONFIG
+
+        def parse(values: dict):
+            probe.write_text(config_text(values))
+            return parse_fit([*recipe, "--config", str(probe)])
+
+        probes = {key: param.probes() for key, param in space.items()}
+        for i in range(max(map(len, probes.values()))):
+            values = {key: values[i % len(values)] for key, values in probes.items()}
+            try:
+                config = parse(values)
+            except Refused as together:
+                try:
+                    parse_fit(recipe)
+                except Refused as exc:
+                    raise Refused("the recipe (--config files and overrides) is not accepted by "
+                                  f"graphormer-urpe fit: {exc}") from None
+                for key, value in values.items():
+                    try:
+                        parse({key: value})
+                    except Refused as exc:
+                        raise Refused(f"{space[key].where}: {value!r} is not accepted by graphormer-urpe "
+                                      f"fit: {exc}") from None
+                raise Refused(f"search space values {values} are not accepted together by "
+                              f"graphormer-urpe fit: {together}") from None
+    task = get_task(_data_task(config.data))
+    return {"monitor": task.monitor, "mode": task.mode}
+
+
+def recipe_record(configs: list[str], overrides: list[str], space: dict[str, Param]) -> dict:
+    """What a study is tied to: the config files' contents, the overrides and the search space
+    (stored in the study with the objective; another run of the study must bring the same)."""
+    texts = []
+    for path in configs:
+        try:
+            texts.append(Path(path).read_text())
+        except OSError as exc:
+            raise Refused(f"--config {path}: {exc.strerror or exc}") from None
+    return {"configs": texts, "overrides": list(overrides),
+            "space": {key: param.as_dict() for key, param in space.items()}}
