@@ -15,7 +15,8 @@ import pytest
 import torch
 import yaml
 
-from graphormer_urpe.cli.ablation import backbone_overrides, main
+from graphormer_urpe.cli.ablation import main
+from graphormer_urpe.training.studies.ablation import backbone_overrides
 from graphormer_urpe.training.studies.ablation_results import format_table, merge_results
 from graphormer_urpe.utils.files import read_json
 from graphormer_urpe.prediction.load import best_checkpoint
@@ -267,18 +268,19 @@ def test_slices_keep_the_arms_of_a_seed_together_then_take_the_next_seed(tmp_pat
     slice that only starts up): URPE and RPE of seed 0 alternate, the one behind (or on a tie
     the one with fewer fits) first, until both are done; then seed 1; the budget stops it."""
     from graphormer_urpe.cli import ablation
+    from graphormer_urpe.training.studies.ablation_run import Run
 
     args, overrides = ablation.parse_args(["--name", "n", "--runs-dir", str(tmp_path), "--seeds", "0", "1",
                                            "--time-budget", "190s", "--slice", "30s"])
-    grid = ablation.Grid(args, overrides)
+    grid = ablation.grid_of(args, overrides)
     grid.max_steps, grid.started = 20, 0.0
     state = {run.label: {"steps": 0, "fits": 0, "done": False} for run in grid.runs}
     trained = []
     clock = [0.0]
-    monkeypatch.setattr(ablation.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(ablation.Run, "steps", lambda run: state[run.label]["steps"])
-    monkeypatch.setattr(ablation.Run, "fits", lambda run: state[run.label]["fits"])
-    monkeypatch.setattr(ablation.Run, "read_record", lambda run: {"result": {}} if state[run.label]["done"] else None)
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(Run, "steps", lambda run: state[run.label]["steps"])
+    monkeypatch.setattr(Run, "fits", lambda run: state[run.label]["fits"])
+    monkeypatch.setattr(Run, "read_record", lambda run: {"result": {}} if state[run.label]["done"] else None)
 
     def finish(run, seconds):
         clock[0] += seconds
@@ -328,11 +330,11 @@ def test_results_that_cannot_be_written_are_refused_before_any_run(tmp_path, run
 
 
 def test_a_rerun_with_other_arguments_is_refused_in_one_line(zinc_data_root, tmp_path, run_main):
-    from graphormer_urpe.cli.ablation import Grid, parse_args
+    from graphormer_urpe.cli.ablation import grid_of, parse_args
 
     args, overrides = parse_args(["--name", "n", "--runs-dir", str(tmp_path), "--seeds", "0",
                                   "--arms", "rpe", "--trainer.max_steps", "5"])
-    run = Grid(args, overrides).runs[0]
+    run = grid_of(args, overrides).runs[0]
     run.dir.mkdir(parents=True)
     run.record_path.write_text(json.dumps({"cli_args": ["--trainer.max_steps", "4"], "attempts": []}))
     done = run_main(_main_status, ["--name", "n", "--runs-dir", tmp_path, "--seeds", "0", "--arms", "rpe",
@@ -364,12 +366,13 @@ def test_a_run_started_without_compile_continues_with_it(zinc_data_root, tmp_pat
     """``--model.compile`` says how the steps run, not what is trained: a run directory started
     without it continues with it (the committed paper ablation resumes compiled), and a grid's
     default name stays the same."""
-    from graphormer_urpe.cli.ablation import Grid, default_name, parse_args
+    from graphormer_urpe.cli.ablation import grid_of, parse_args
+    from graphormer_urpe.training.studies.ablation import default_name
 
     def grid(*extra):
         args, overrides = parse_args(["--name", "n", "--runs-dir", str(tmp_path), "--seeds", "0",
                                       "--arms", "rpe", "--trainer.max_steps", "5", *extra])
-        return Grid(args, overrides)
+        return grid_of(args, overrides)
 
     plain = grid().runs[0]
     plain.dir.mkdir(parents=True)

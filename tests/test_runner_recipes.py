@@ -14,7 +14,7 @@ def test_the_ablation_takes_recipes_by_name_and_defaults_to_zinc(tmp_path, monke
     monkeypatch.chdir(tmp_path)
     args, _ = ablation.parse_args([])
     assert args.config == ["zinc"]
-    grid = ablation.Grid(*ablation.parse_args(["--config", "zinc", "--config", "rpe", "--seeds", "0"]))
+    grid = ablation.grid_of(*ablation.parse_args(["--config", "zinc", "--config", "rpe", "--seeds", "0"]))
     assert grid.recipe_args == ["--config", "zinc", "--config", "rpe"]  # names: each fit resolves them
     assert grid.name.startswith("zinc+rpe-")
     with pytest.raises(SystemExit) as refused:

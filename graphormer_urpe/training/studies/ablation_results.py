@@ -159,6 +159,21 @@ def metric_of(entry: dict) -> str:
     return get_task(entry.get("task", "regression")).metric_name
 
 
+def best_run(entries: Sequence[dict], arm: str = "urpe") -> dict | None:
+    """The result of ``arm`` with the best validation metric of its task (the lowest MAE for
+    regression): the run whose learned tables the figure draws; None when none has finished."""
+    runs = [entry for entry in entries if entry["attention"] == arm]
+    if not runs:
+        return None
+    best = max if get_task(runs[0].get("task", "regression")).maximize else min
+    return best(runs, key=lambda entry: entry[f"val_{metric_of(entry)}"])
+
+
+def figure_path(figures: Path, recipe: str) -> Path:
+    """The file of recipe ``recipe``'s figure of learned tables in the folder ``figures``."""
+    return figures / f"{recipe}-tables.png"
+
+
 # --------------------------------------------------------------------------------------------
 # The table
 # --------------------------------------------------------------------------------------------

@@ -34,7 +34,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.colors import TwoSlopeNorm  # noqa: E402
 
-from graphormer_urpe.training.studies.ablation_results import BASELINE  # noqa: E402
+from graphormer_urpe.training.studies.ablation_results import (  # noqa: E402
+    BASELINE, best_run, figure_path, metric_of)
 
 SEQUENCE_TABLE = re.compile(r"(?:^|\.)layers\.(\d+)\.(bias|scale)\.table$")
 # The neutral value of each table: B adds, C multiplies.
@@ -257,27 +258,28 @@ def plot_checkpoint(path: Path, out_dir: Path, length: int | None = None,
 
 def plot_learned_tables(entries: Sequence[dict], runs_dir: Path, out_dir: Path,
                         max_spd: int = 21) -> Path:
-    """``<out_dir>/<recipe>-tables.png``: over shortest-path distance, one line per head, the
-    spatial bias B of the URPE run with the lowest validation MAE and of the RPE run with the
-    same seed (same y axis), then that URPE run's scale C of every layer, for distances up to
-    ``max_spd`` (ZINC-12k's largest). Checkpoints are the runs' best validation ones."""
+    """``<out_dir>/<recipe>-tables.png`` (:func:`~graphormer_urpe.training.studies.ablation_results.figure_path`):
+    over shortest-path distance, one line per head, the spatial bias B of the URPE run with the
+    best validation metric (:func:`~graphormer_urpe.training.studies.ablation_results.best_run`)
+    and of the RPE run with the same seed (same y axis), then that URPE run's scale C of every
+    layer, for distances up to ``max_spd`` (ZINC-12k's largest). Checkpoints are the runs' best
+    validation ones, in ``runs_dir/<recipe>/<arm>-s<seed>``."""
     from graphormer_urpe.prediction.load import best_checkpoint
     from graphormer_urpe.training.module import load_training_module
 
-    urpe = min((e for e in entries if e["attention"] == "urpe"), key=lambda e: e["val_mae"],
-               default=None)
+    urpe = best_run(entries)
     if urpe is None:
         raise ValueError("no finished urpe run to plot")
-    recipe, seed = urpe["recipe"], urpe["seed"]
+    recipe, seed, metric = urpe["recipe"], urpe["seed"], metric_of(urpe)
     rpe = next((e for e in entries if e["attention"] == BASELINE and e["seed"] == seed
                 and e["recipe"] == recipe), None)
     models = {arm: load_training_module(best_checkpoint(runs_dir / recipe / f"{arm}-s{seed}")[0]).model
               for arm in ["urpe"] + ([BASELINE] if rpe else [])}
-    panels = [(f"B, {arm} (val {e['val_mae']:.3f}, test {e['test_mae']:.3f})", "bias",
+    panels = [(f"B, {arm} (val {e[f'val_{metric}']:.3f}, test {e[f'test_{metric}']:.3f})", "bias",
                models[arm].spatial_bias.embedding.weight.detach().float().numpy())
               for arm, e in (("urpe", urpe), (BASELINE, rpe)) if e is not None]
     panels += [(f"C, urpe layer {layer}", "scale", table)
                for layer, table in enumerate(models["urpe"].urpe_scale_tables().numpy())]
-    return plot_spd_panels(panels, out_dir / f"{recipe}-tables.png",
+    return plot_spd_panels(panels, figure_path(out_dir, recipe),
                            f"{recipe}, seed {seed}: best-validation checkpoints, one line per head",
                            max_spd)
