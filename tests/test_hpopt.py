@@ -68,6 +68,7 @@ def searched(esol_csv, tmp_path_factory):
     work = tmp_path_factory.mktemp("hpopt")
     command = hpopt_command(work, esol_csv, "--n-trials", "2")
     search = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=REPO)
+    line = ""  # a search that prints nothing: its stderr says why
     try:
         for line in search.stdout:
             if line.startswith("trial 0: "):
