@@ -883,3 +883,18 @@ def test_calibrate_writes_no_temporary_file(esol_run, esol_csv, tmp_path):
         assert done.returncode == 0, done.stderr[-3000:]
         outputs.append((tmp_path / name).read_text())
     assert outputs[0] == outputs[1]
+
+
+def test_a_calibration_file_that_cannot_be_read_or_is_the_output_is_named_as_calibrate(tmp_path, run_main):
+    """--calibrate's file is refused under its own option (not as --input), before any work."""
+    source = tmp_path / "mols.csv"
+    source.write_text("smiles\nCCO\n")
+    out = tmp_path / "out.csv"
+    missing = tmp_path / "nowhere.csv"
+    for calibration, expected in ((missing, f"--calibrate {missing} does not exist"),
+                                  (out, f"--output {out} is the calibration file")):
+        if calibration == out:
+            out.write_text("smiles,logS\nCCO,1.0\n")
+        result = run_main(predict_main, ["--ckpt", "pretrained:zinc-descriptors", "--input", str(source),
+                                         "--output", str(out), "--calibrate", str(calibration), "--quiet"])
+        assert result.returncode == 2 and expected in result.stderr, result.stderr

@@ -399,7 +399,7 @@ class Graphormer(nn.Module):
 
     def forward(self, batch: GraphBatch, nodes: Tensor | None = None) -> Tensor:
         """Outputs ``[B, head width]``: the head applied to :meth:`embed`; ``nodes`` replaces
-        :meth:`node_features` (attributions: :mod:`graphormer_urpe.cli.explain` scales them along a
+        :meth:`node_features` (attributions: :mod:`graphormer_urpe.prediction.explain` scales them along a
         path)."""
         return self.head(self.embed(batch, nodes))
 

@@ -161,11 +161,12 @@ def checkpoint_files(names: Sequence[str | Path]) -> list[Path]:
     return files
 
 
-def files_read(source: Path, ckpts: Sequence[Path]) -> list[tuple[str, str, Path]]:
-    """What a command that predicts ``source`` with ``ckpts`` reads, as
+def files_read(source: Path, ckpts: Sequence[Path], option: str = "--input",
+               what: str = "input file") -> list[tuple[str, str, Path]]:
+    """What a command that predicts ``source`` (named by ``option``) with ``ckpts`` reads, as
     :func:`~graphormer_urpe.utils.files.refuse_overwriting_inputs` names them: ``(option, what,
     path)`` of the input and of each checkpoint, which no output may be."""
-    return [("--input", "input file", source), *(("--ckpt", "checkpoint", ckpt) for ckpt in ckpts)]
+    return [(option, what, source), *(("--ckpt", "checkpoint", ckpt) for ckpt in ckpts)]
 
 
 def _refuse_repeated(names: Sequence[str | Path], files: list[Path]) -> None:

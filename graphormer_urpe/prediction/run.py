@@ -84,9 +84,9 @@ def check_files(source: Path, target: Path, ckpts: Sequence[Path], *, calibratio
     for what a run with these files cannot do: an input (``source``, ``calibration``) that is
     not a readable file, an output (the table ``target``, the embeddings ``graph`` and
     ``atoms``) that is one of the files the run reads, embeddings of more than one model."""
-    for read in (source, calibration):
+    for option, read in (("--input", source), ("--calibrate", calibration)):
         if read is not None:
-            _check_input(read, target, ckpts)
+            _check_input(option, read, target, ckpts)
     if graph is not None or atoms is not None:
         check_one_model(ckpts, mc_dropout)
         check_embedding_paths({GRAPH_OPTION: graph, ATOM_OPTION: atoms}, [
@@ -94,15 +94,16 @@ def check_files(source: Path, target: Path, ckpts: Sequence[Path], *, calibratio
             ("--output", "prediction table", target)])
 
 
-def _check_input(source: Path, target: Path, ckpts: Sequence[Path]) -> None:
-    """The output is never a file the command reads: the input or a checkpoint (any spelling,
-    symbolic or hard link)."""
-    problem = unreadable_as_a_file(source)
+def _check_input(option: str, read: Path, target: Path, ckpts: Sequence[Path]) -> None:
+    """The file ``option`` names (the input, the calibration file) can be read, and the output is
+    never a file the command reads: it or a checkpoint (any spelling, symbolic or hard link)."""
+    problem = unreadable_as_a_file(read)
     if problem:
-        raise ValueError(f"--input {source} {problem}")
+        raise ValueError(f"{option} {read} {problem}")
     if target.is_dir():
         raise IsADirectoryError(f"--output {target} is a directory")
-    refuse_overwriting_inputs("--output", [target], files_read(source, ckpts))
+    what = "input file" if option == "--input" else "calibration file"
+    refuse_overwriting_inputs("--output", [target], files_read(read, ckpts, option, what))
 
 
 def check_one_model(ckpts: Sequence[Path], mc_dropout: int | None) -> None:
