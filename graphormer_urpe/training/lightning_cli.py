@@ -206,7 +206,7 @@ class GraphormerCLI(LightningCLI):
         if self.subcommand == "fit" and is_local_path(str(checkpoint.dirpath)):
             check_creatable_dir(Path(checkpoint.dirpath), "--checkpoint.dirpath")  # before training
         if checkpoint.monitor is None:
-            task = get_task(_data_task(config.data))
+            task = get_task(data_task(config.data))
             checkpoint.monitor, checkpoint.mode = task.monitor, task.mode
             if checkpoint.filename is None:
                 checkpoint.filename = (f"epoch={{epoch}}-step={{step}}-val_{task.metric_name}="
@@ -226,7 +226,7 @@ class GraphormerCLI(LightningCLI):
             ]
 
 
-def _data_task(data: Namespace) -> str:
+def data_task(data: Namespace) -> str:
     """The task the configured DataModule will link into the model: its ``task`` init
     argument, else its class's ``task`` attribute."""
     task = (data.get("init_args") or Namespace()).get("task")

@@ -286,7 +286,7 @@ def check_recipe(configs: list[str], overrides: list[str], space: dict[str, Para
     per probe, all keys at once; on a failure, each key alone names the culprit); returns the
     objective, the task's validation metric and whether it is minimised or maximised."""
     from graphormer_urpe.data.task import get_task
-    from graphormer_urpe.training.lightning_cli import _data_task
+    from graphormer_urpe.training.lightning_cli import data_task
 
     recipe = [arg for path in configs for arg in ("--config", path)] + list(overrides)
     with tempfile.TemporaryDirectory(prefix="hpopt-check-") as scratch:
@@ -315,7 +315,7 @@ def check_recipe(configs: list[str], overrides: list[str], space: dict[str, Para
                                       f"fit: {exc}") from None
                 raise Refused(f"search space values {values} are not accepted together by "
                               f"graphormer-urpe fit: {together}") from None
-    task = get_task(_data_task(config.data))
+    task = get_task(data_task(config.data))
     return {"monitor": task.monitor, "mode": task.mode}
 
 
