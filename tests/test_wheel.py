@@ -144,7 +144,7 @@ def test_the_wheel_carries_the_recipes_the_encoder_and_the_backbone_and_no_check
                    if name.startswith("graphormer_urpe/recipes/")}
     assert recipes == {path.name: path.read_bytes() for path in (REPO / "configs").glob("*.yaml")}
     assert "graphormer_urpe/pretrained/zinc-descriptors.pt" in names
-    assert any(name.startswith("graphormer_urpe/_encoding") and name.endswith(".so") for name in names)
+    assert any(name.startswith("graphormer_urpe/data/_encoding") and name.endswith(".so") for name in names)
     assert not any(name.startswith(("tests/", "configs/", "scripts/", "docs/")) for name in names)
 
 
@@ -182,7 +182,9 @@ def test_the_installed_commands_work_from_an_empty_folder_without_the_checkout(i
     embeddings = np.load(installed["work"] / "my.npy")
     assert embeddings.shape == (48, 192) and np.isfinite(embeddings).all()
 
-    for command in ("graphormer-urpe-ablation", "graphormer-urpe-hpopt"):
+    for command in ("graphormer-urpe-ablation", "graphormer-urpe-hpopt", "graphormer-urpe-explain",
+                    "graphormer-urpe-plot", "graphormer-urpe-submit", "graphormer-urpe-synthetic",
+                    "graphormer-urpe-export"):
         assert run(installed, command, "--help").stdout.startswith(f"usage: {command}")
     log = installed["log"]
     assert not log.exists(), "read from the checkout:\n" + log.read_text()[:3000]

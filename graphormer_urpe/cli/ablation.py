@@ -31,13 +31,13 @@ import argparse
 import contextlib
 import importlib.util
 import os
-import re
 import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from graphormer_urpe.cli.arguments import duration
 from graphormer_urpe.training.recipes import resolve_config
 from graphormer_urpe.training.studies.ablation import (
     MIN_SLICE_S, Grid, RunsFailed, Stopped, sigterm_stops)
@@ -50,19 +50,6 @@ from graphormer_urpe.utils.files import (
 
 #: The seeds ``seed_everything`` takes (numpy's).
 MAX_SEED = 2**32 - 1
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in ``90``, ``90s``, ``9m``, ``1h30m`` (an argparse type: a usage error for anything
-    else or 0)."""
-    match = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?", text.strip())
-    if not text.strip() or match is None:
-        raise argparse.ArgumentTypeError(f"expected a duration such as 540, 540s, 9m or 1h30m, got {text!r}")
-    hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
-    total = 3600 * hours + 60 * minutes + seconds
-    if total <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive duration, got {text!r}")
-    return total
 
 
 def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
@@ -86,10 +73,10 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (without --time-budget)")
     parser.add_argument("--threads-per-job", type=int, default=None,
                         help="OMP/MKL threads of each run (CPU); default: torch's choice")
-    parser.add_argument("--time-budget", type=parse_duration, default=None, metavar="DURATION",
+    parser.add_argument("--time-budget", type=duration, default=None, metavar="DURATION",
                         help="train in time slices for this long (e.g. 9m), then stop; the same "
                              "command continues (see the description)")
-    parser.add_argument("--slice", type=parse_duration, default=None, metavar="DURATION",
+    parser.add_argument("--slice", type=duration, default=None, metavar="DURATION",
                         help="with --time-budget: the longest slice of one run (default: the "
                              "budget shared by the arms)")
     parser.add_argument("--table-only", action="store_true",

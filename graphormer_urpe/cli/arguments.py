@@ -3,6 +3,7 @@ error naming the option, exit status 2."""
 from __future__ import annotations
 
 import argparse
+import re
 
 
 def positive_int(text: str) -> int:
@@ -19,3 +20,15 @@ def non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
     return value
+
+
+def duration(text: str) -> float:
+    """Seconds in ``540``, ``540s``, ``9m``, ``1h30m`` (> 0)."""
+    match = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?", text.strip())
+    if not text.strip() or match is None:
+        raise argparse.ArgumentTypeError(f"expected a duration such as 540, 540s, 9m or 1h30m, got {text!r}")
+    hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
+    total = 3600 * hours + 60 * minutes + seconds
+    if total <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive duration, got {text!r}")
+    return total

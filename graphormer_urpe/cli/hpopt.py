@@ -41,23 +41,11 @@ import sys
 import time
 from pathlib import Path
 
+from graphormer_urpe.cli.arguments import duration
 from graphormer_urpe.training.recipes import resolve_config
 from graphormer_urpe.training.studies.search import BEST_CONFIG, FIT_LOG, PROG, STUDY_DB, open_search
 from graphormer_urpe.training.studies.search_space import Refused, check_overrides, read_space
 from graphormer_urpe.training.studies.search_storage import fail_dead_trials, safe_url
-
-
-def duration(text: str) -> float:
-    """``--timeout``: seconds, or ``1h30m``, ``30m``, ``90s``, ``2h``."""
-    match = re.fullmatch(r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*",
-                         text)
-    if not text.strip() or match is None:
-        raise argparse.ArgumentTypeError(f"expected a duration such as 30m, 1h30m, 90s or 600, got {text!r}")
-    hours, minutes, seconds = (float(group or 0) for group in match.groups())
-    total = hours * 3600 + minutes * 60 + seconds
-    if total <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
-    return total
 
 
 class _Parser(argparse.ArgumentParser):
