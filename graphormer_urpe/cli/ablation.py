@@ -13,12 +13,12 @@ a markdown table (mean +- sample std per arm, per-seed paired difference ``arm -
 GPUs: one invocation per GPU with the same ``--name``, ``--results`` and ``--readme``
 (docs/ablation.md).
 
-    graphormer-urpe-ablation --config configs/zinc.yaml --name zinc-400k \\
+    graphormer-urpe-ablation --config zinc --name zinc-400k \\
         --seeds 0 1 2 --figures docs/figures   # the paper's 400k steps, each run to its end
-    graphormer-urpe-ablation --config configs/zinc.yaml --name zinc-paper --time-budget 8m \\
+    graphormer-urpe-ablation --config zinc --name zinc-paper --time-budget 8m \\
         --runs-dir results/runs --results docs/results/zinc_gpu.json --readme README.md
         # 8 minutes further, then the progress table in README.md
-    graphormer-urpe-ablation --config configs/zinc.yaml --config configs/zinc_v2.yaml \\
+    graphormer-urpe-ablation --config zinc --config zinc_v2 \\
         --name cpu-slim-1256 --jobs 2 --threads-per-job 1 --trainer.precision 32-true --trainer.max_steps 1256 \\
         --model.warmup_steps 126 --model.total_steps 1256   # a CPU budget: 8 epochs
     graphormer-urpe-ablation --table-only     # rewrite the table from the JSON

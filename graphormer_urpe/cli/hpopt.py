@@ -1,6 +1,6 @@
 """``graphormer-urpe-hpopt``: hyperparameter search with Optuna over any LightningCLI key.
 
-    graphormer-urpe-hpopt --space space.yaml --config configs/csv.yaml --study esol \\
+    graphormer-urpe-hpopt --space space.yaml --config csv --study esol \\
         --n-trials 20 [--timeout 30m] [LightningCLI overrides for every trial, e.g. --trainer.max_epochs 10]
 
 The search space is a YAML mapping from a ``graphormer-urpe fit`` key to its range::
