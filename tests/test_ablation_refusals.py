@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.processes import children, group_is_gone
 from test_ablation import REPO, runner_command
 
 INSTALLED = str(Path(sys.executable).parent / "graphormer-urpe-ablation")
@@ -250,14 +251,6 @@ def test_readme_edits_made_while_the_grid_runs_are_kept(zinc_data_root, tmp_path
 # --------------------------------------------------------------------------------------------
 # A stop while the data is built
 # --------------------------------------------------------------------------------------------
-def children(pid: int) -> list[int]:
-    try:
-        return [int(child) for task in os.listdir(f"/proc/{pid}/task")
-                for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
-    except OSError:
-        return []
-
-
 def open_files(pid: int) -> list[str]:
     """What the process's file descriptors name (none once it has ended)."""
     try:
@@ -269,8 +262,9 @@ def open_files(pid: int) -> list[str]:
 @pytest.mark.parametrize("signum, status, name", [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 130, "SIGINT")])
 def test_a_stop_while_the_data_is_built_is_one_line(zinc_source, tmp_path, signum, status, name):
     """A signal to the runner (SIGTERM: a scheduler; SIGINT: Ctrl-C, which the terminal sends to
-    the pool too) while its worker pool builds ZINC: the one line and its exit status, no
-    traceback from the runner or from a forked worker."""
+    the workers too) while its worker processes build ZINC: the one line and its exit status, no
+    traceback from the runner or from a worker, and no worker left running (a re-forked
+    ``multiprocessing.Pool`` worker used to outlive the runner, holding its output pipes)."""
     from graphormer_urpe.utils.process import usable_cores
 
     if usable_cores() < 2:
@@ -298,6 +292,7 @@ def test_a_stop_while_the_data_is_built_is_one_line(zinc_source, tmp_path, signu
         runner.send_signal(signum)
     out, err = runner.communicate(timeout=300)
     assert runner.returncode == status, out[-2000:] + err[-3000:]
+    assert group_is_gone(runner.pid), "a worker process outlived the runner"
     assert "Traceback" not in err and "Stopped" not in err, err[-3000:]
     assert err.strip().splitlines()[-1] == (f"graphormer-urpe-ablation: stopped by {name}; every run keeps "
                                             "its last.ckpt: the same command continues")

@@ -20,6 +20,8 @@ import pytest
 
 import graphormer_urpe.data.array_store as store
 from graphormer_urpe.cli.fit import main as cli_main
+from graphormer_urpe.data.zinc import ZINC_SOURCE_ENV
+from helpers.processes import children, group_is_gone
 
 REPO = Path(__file__).resolve().parents[1]
 PREDICT = Path(sys.executable).with_name("graphormer-urpe-predict")
@@ -116,17 +118,6 @@ def _ended(process: subprocess.Popen, seconds: float) -> int:
         pytest.fail(f"still running {seconds} s after the signal: {process.args}")
 
 
-def _group_is_gone(pgid: int) -> bool:
-    """No process of the group is left (its workers included), within a few seconds."""
-    for _ in range(100):
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.05)
-    return False
-
-
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_predict_stopped_by_a_signal_removes_its_part_file(esol_checkpoint, esol_csv,
                                                            tmp_path, signum):
@@ -145,7 +136,7 @@ def test_predict_stopped_by_a_signal_removes_its_part_file(esol_checkpoint, esol
     said = ("Ctrl-C (SIGINT)" if signum == signal.SIGINT else signal.Signals(signum).name)
     assert stderr.strip().splitlines() == [
         f"graphormer-urpe-predict: stopped by {said}; outputs not yet written are left as they were"]
-    assert _group_is_gone(process.pid), "a worker process outlived the command"
+    assert group_is_gone(process.pid), "a worker process outlived the command"
     assert list(tmp_path.glob("*.part")) == [] and list(tmp_path.glob(".*.part")) == []
     assert hashlib.sha256(output.read_bytes()).hexdigest() == before
 
@@ -168,9 +159,37 @@ def test_predict_whose_worker_is_killed_says_so_and_keeps_the_previous_output(es
     assert stderr.strip().splitlines() == [
         f"graphormer-urpe-predict: error: a worker process (pid {worker}) ended with exit status -9 "
         "(killed by SIGKILL) before returning its chunk (out of memory?); nothing written"]
-    assert _group_is_gone(process.pid)
+    assert group_is_gone(process.pid)
     assert list(tmp_path.glob("*.part")) == [] and list(tmp_path.glob(".*.part")) == []
     assert hashlib.sha256(output.read_bytes()).hexdigest() == before
+
+
+def test_fit_whose_data_build_worker_is_killed_says_so_in_one_line(zinc_source, tmp_path):
+    """``graphormer-urpe fit --config zinc`` builds ZINC from its SMILES in worker processes; one
+    of them is killed (SIGKILL, as the out-of-memory killer does): one line naming the worker's
+    exit status, exit status 1, no traceback, no process left (``multiprocessing.Pool`` waited
+    for ever for the lost chunk)."""
+    from graphormer_urpe.utils.process import usable_cores
+
+    if usable_cores() < 2:
+        pytest.skip("the data is built without worker processes on one core")
+    command = [str(Path(sys.executable).with_name("graphormer-urpe")), "fit", "--config", "zinc",
+               "--data.init_args.root", str(tmp_path / "data"), "--trainer.default_root_dir",
+               str(tmp_path / "run"), "--trainer.max_steps", "4", "--model.warmup_steps", "1"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True, env={**os.environ, ZINC_SOURCE_ENV: str(zinc_source)})
+    deadline = time.monotonic() + 300
+    while process.poll() is None and len(children(process.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    worker = children(process.pid)[0]
+    os.kill(worker, signal.SIGKILL)
+    assert _ended(process, 120) == 1
+    stderr = process.stderr.read()
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1] == (
+        f"graphormer-urpe: error: a worker process (pid {worker}) ended with exit status -9 "
+        "(killed by SIGKILL) before returning its chunk (out of memory?)")
+    assert group_is_gone(process.pid)
 
 
 def test_fit_stopped_by_ctrl_c_exits_130_without_a_traceback(esol_csv, tmp_path):

@@ -47,6 +47,7 @@ from graphormer_urpe.training.studies.ablation_results import (
 from graphormer_urpe.training.studies.ablation_run import ARMS
 from graphormer_urpe.utils.files import (
     check_creatable_dir, check_writable_dir, refuse_overwriting_inputs, written_in_place)
+from graphormer_urpe.utils.workers import WorkerDied
 
 #: The seeds ``seed_everything`` takes (numpy's).
 MAX_SEED = 2**32 - 1
@@ -256,6 +257,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise _refuse(error) from None
         except RunsFailed as failed:  # each named; the others are finished and published
             raise SystemExit(str(failed)) from None
+        except WorkerDied as died:  # a worker of the data build (the out-of-memory killer)
+            raise SystemExit(f"graphormer-urpe-ablation: error: {died}") from None
         except (KeyboardInterrupt, Stopped) as stop:  # the fit in progress saved and stopped
             signum = getattr(stop, "signum", signal.SIGINT)
             print(f"graphormer-urpe-ablation: stopped by {signal.Signals(signum).name}; every run "

@@ -17,6 +17,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from graphormer_urpe.training.lightning_cli import build_cli
 from graphormer_urpe.training.run_checkpoint import pending_stop
+from graphormer_urpe.utils.workers import WorkerDied
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
@@ -53,7 +54,7 @@ def _raised_in_package(error: BaseException) -> bool:
 
 def main(args: list[str] | None = None) -> int:
     """The command: exit status 0, 2 for refused input (one line naming the option or file, as
-    argparse does), 1 for a diverged run or a full disk, 128 + the signal for a fit stopped by
+    argparse does), 1 for a diverged run, a worker process of the data build that died, or a full disk, 128 + the signal for a fit stopped by
     SIGTERM or Ctrl-C (one line from the first process of a multi-process run)."""
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -69,7 +70,7 @@ def main(args: list[str] | None = None) -> int:
         print("graphormer-urpe: stopped by Ctrl-C (SIGINT); the checkpoints already written are whole "
               "(a fit resumes from its last.ckpt with --ckpt_path last)", file=sys.stderr)
         return 128 + signal.SIGINT
-    except FloatingPointError as exc:  # a diverged run: say why, without a traceback
+    except (FloatingPointError, WorkerDied) as exc:  # a diverged run, a data build's lost worker
         print(f"graphormer-urpe: error: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:

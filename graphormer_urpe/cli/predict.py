@@ -55,7 +55,7 @@ from graphormer_urpe.prediction.run import (
     stream)
 from graphormer_urpe.prediction.table import PredictionTable, SmilesInput, prediction_columns, read_smiles
 from graphormer_urpe.prediction.uncertainty import calibrated, check_calibrate, check_evaluate, evaluation
-from graphormer_urpe.prediction.workers import WorkerDied
+from graphormer_urpe.utils.workers import WorkerDied
 from graphormer_urpe.utils.process import run_command, usable_cores
 from graphormer_urpe.utils.torch_files import CheckpointError
 

@@ -16,16 +16,16 @@ memory-mapped cache entry, so a 3.7M-molecule table never materialises its graph
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
-import multiprocessing.pool
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
-from graphormer_urpe.utils.process import process_pool, usable_cores
+from graphormer_urpe.utils.process import usable_cores
+from graphormer_urpe.utils.workers import WorkerProcesses
 
 #: The ZINC benchmark's atom vocabulary, in id order (= ``atom_dict.json`` of the raw data).
 ZINC_ATOM_TOKENS: tuple[str, ...] = (
@@ -197,29 +197,39 @@ def _featurize_chunk(args: tuple[str, int, list[str], int | None]) -> tuple:
     )
 
 
+def _apply(job: tuple[Callable, Any]) -> Any:
+    function, argument = job
+    return function(argument)
+
+
 @contextlib.contextmanager
-def worker_pool(num_workers: int | None) -> Iterator[multiprocessing.pool.Pool | None]:
-    """A pool of ``num_workers`` forked processes (default: all cores), or None for one. Fork it
-    BEFORE reading a large input: a worker forked later shares the parent's pages, which are then
-    duplicated as the parent keeps touching them (reference counts, garbage collection)."""
+def worker_pool(num_workers: int | None) -> Iterator[WorkerProcesses | None]:
+    """``num_workers`` worker processes (default: all cores; :mod:`~graphormer_urpe.utils.workers`),
+    or None for one. Start them BEFORE reading a large input: a worker forked later shares the
+    parent's pages, which are then duplicated as the parent keeps touching them (reference
+    counts, garbage collection)."""
     num_workers = num_workers or usable_cores()
     if num_workers <= 1:
         yield None
         return
-    with process_pool(num_workers) as pool:
+    with WorkerProcesses(num_workers, _apply) as pool:
         yield pool
 
 
 def parallel_map(function: Callable, chunks: Iterable, num_workers: int | None, desc: str, sizes: list[int],
-                 pool: multiprocessing.pool.Pool | None = None):
-    """``map(function, chunks)`` over ``pool`` or else ``num_workers`` forked processes (default:
+                 pool: WorkerProcesses | None = None):
+    """``map(function, chunks)`` over ``pool`` or else ``num_workers`` worker processes (default:
     all cores), in order, with a tqdm bar counting ``sizes`` (items per chunk, one per chunk).
-    ``chunks`` may be a generator: the pool takes chunks from it only as fast as the workers pass
-    them on."""
+    ``chunks`` may be a generator: at most two chunks per worker are taken from it ahead of the
+    results. A stop (Ctrl-C, SIGTERM) ends the workers before it is raised here."""
     with tqdm(total=sum(sizes), desc=desc, unit="mol") as bar, contextlib.ExitStack() as stack:
         if pool is None and len(sizes) > 1:
             pool = stack.enter_context(worker_pool(min(num_workers or usable_cores(), len(sizes))))
-        results = map(function, chunks) if pool is None else pool.imap(function, chunks)
+        if pool is None:
+            results = map(function, chunks)
+        else:
+            jobs = ((None, (function, chunk)) for chunk in chunks)
+            results = (result for _, result in pool.imap(jobs, ahead=2 * pool.workers + 1))
         for result, size in zip(results, sizes):
             yield result
             bar.update(size)
@@ -227,7 +237,7 @@ def parallel_map(function: Callable, chunks: Iterable, num_workers: int | None, 
 
 def iter_featurized(smiles: Sequence[str], featurizer: str, num_workers: int | None = None,
                     chunk_size: int = 1000, desc: str | None = None,
-                    pool: multiprocessing.pool.Pool | None = None,
+                    pool: WorkerProcesses | None = None,
                     max_atoms: int | None = None) -> Iterator[tuple]:
     """Featurize ``smiles`` in chunks of ``chunk_size`` over worker processes (default: all
     cores; tqdm progress), yielding per chunk, in order, ``(x, num_nodes, edge_index, edge_attr,
@@ -321,7 +331,7 @@ def cached_smiles_graphs(directory: str | os.PathLike, source_fingerprint: dict,
 
 
 def _stream_graphs(writer, read_table: Callable[[], tuple[Sequence[str], np.ndarray]], featurizer: str,
-                   pool: multiprocessing.pool.Pool | None, chunk_size: int,
+                   pool: WorkerProcesses | None, chunk_size: int,
                    max_atoms: int | None = None) -> None:
     """The build of :func:`cached_smiles_graphs`: featurized chunks appended to ``writer``."""
     spec = featurizer_spec(featurizer)

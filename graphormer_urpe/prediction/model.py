@@ -29,7 +29,7 @@ from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.nn.graphormer import GraphormerConfig, build_backbone
 from graphormer_urpe.data.task import get_task
 from graphormer_urpe.prediction.table import InputRow, PredictionTable, prediction_columns
-from graphormer_urpe.prediction.workers import WorkerProcesses
+from graphormer_urpe.utils.workers import WorkerProcesses
 
 #: Padded node pairs ``B * (N + 1)^2`` per batch (graph token included): ~100 ZINC molecules;
 #: larger batches are slower on the CPU (their [B, H, N+1, N+1] tensors leave the caches). The
@@ -414,7 +414,7 @@ def stream_predictions(module, rows: Iterable[InputRow], table: PredictionTable,
     :class:`~graphormer_urpe.prediction.embeddings.EmbeddingFiles`).
 
     ``workers = 0``: everything in this process. Otherwise ``workers`` processes
-    (:class:`~graphormer_urpe.prediction.workers.WorkerProcesses`) featurize the chunks and, when
+    (:class:`~graphormer_urpe.utils.workers.WorkerProcesses`) featurize the chunks and, when
     the model is on the CPU, also predict them with one torch thread each (on an accelerator this
     process predicts). At most ``2 * workers + 1`` chunks are in memory.
     """

@@ -1,12 +1,10 @@
-"""The command's process: how many CPU cores it may use and pools of workers over them;
+"""The command's process: how many CPU cores it may use (its workers: :mod:`.workers`);
 stopping on signals (:func:`run_command`: Ctrl-C, SIGTERM, a full disk as one line and an
 exit status)."""
 from __future__ import annotations
 
 import contextlib
 import errno
-import multiprocessing
-import multiprocessing.pool
 import os
 import signal
 import sys
@@ -19,14 +17,6 @@ def usable_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return max(len(os.sched_getaffinity(0)), 1)
     return os.cpu_count() or 1
-
-
-def process_pool(workers: int, initializer: Callable | None = None,
-                 initargs: tuple = ()) -> multiprocessing.pool.Pool:
-    """A pool of ``workers`` processes, forked where the platform can (a worker starts in
-    milliseconds, with what this process has imported and loaded), else spawned."""
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    return multiprocessing.get_context(method).Pool(workers, initializer, initargs)
 
 
 #: Signals that stop a command like Ctrl-C: ``kill``, a closed terminal or SSH session.

@@ -297,15 +297,9 @@ def sigterm_stops() -> Iterator[None]:
 
 
 def _in_a_forked_child() -> None:
-    """A process forked by the runner (a worker of the pool that builds the data) is not the
-    runner: SIGTERM and Ctrl-C end it as they end any process (the pool's end sends its workers
-    SIGTERM, and the runner's handler, which raises :class:`Stopped` to stop the grid, would print
-    a traceback from each worker), and it lets go of its copies of the run directories' locks (a
-    worker that outlived the runner would hold them). A fit is a new program: ``exec`` resets
-    the handlers, and it inherits no lock."""
-    if signal.getsignal(signal.SIGTERM) is _stop_the_grid:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    """A process forked by the runner (a worker that builds the data) lets go of its copies of
+    the run directories' locks: a worker that outlived the runner would hold them. A fit is a
+    new program (``exec``) and inherits no lock."""
     if _HELD_LOCKS:
         null = os.open(os.devnull, os.O_RDONLY)
         for handle in _HELD_LOCKS:  # the open file stays valid; the lock is the runner's alone

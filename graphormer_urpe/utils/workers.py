@@ -1,20 +1,22 @@
-"""Worker processes for :func:`~graphormer_urpe.prediction.model.stream_predictions`: each with a
-pipe of its own, so that stopping them can never wait for ever.
+"""Worker processes, each with a pipe of its own, so that stopping them can never wait for
+ever: the data builds' featurizers (:func:`~graphormer_urpe.data.featurize.parallel_map`) and
+the prediction's (:func:`~graphormer_urpe.prediction.model.stream_predictions`).
 
 ``multiprocessing.Pool`` shares one task queue and one result queue, guarded by locks, among
-its workers. A worker that dies while it holds one (a SIGTERM to the process group, as a closed
-terminal, ``timeout`` or a scheduler sends it, arriving while the worker reads its next task or
-writes its result) leaves the lock taken, and the pool's ``terminate`` then waits for that lock
-for ever. Here nothing is shared: the parent writes each job to one worker's pipe and reads the
-result from the same pipe; a worker gets a job only when it has returned its previous one, so
-neither side ever waits for the other to read.
+its workers, and re-forks a worker that ends. A worker that dies while it holds a lock or writes
+a result (a SIGTERM to the process group, as a closed terminal, ``timeout`` or a scheduler sends
+it) leaves the pool's ``terminate`` waiting for ever; a stop raised while the pool starts or ends
+leaves a re-forked worker that outlives the command and holds its output pipes. Here nothing is
+shared: the parent writes each job to one worker's pipe and reads the result from the same pipe;
+a worker gets a job only when it has returned its previous one, so neither side ever waits for
+the other to read.
 
 Workers ignore SIGINT, SIGTERM and SIGHUP: a stop signal to the process group reaches the parent,
 which ends them (SIGKILL: they hold nothing that another process waits for) and waits for them,
 with those signals held back meanwhile so that no worker is left running. A worker whose parent
 was killed finds its pipe closed at its next job and ends. A worker that dies (the kernel's
-out-of-memory killer) ends the prediction with one error naming its exit status instead of a
-result that never comes.
+out-of-memory killer) ends the work with one error naming its exit status instead of a result
+that never comes.
 """
 from __future__ import annotations
 
@@ -100,10 +102,23 @@ class WorkerProcesses:
                 self._stop(kill=True)
                 raise
 
+    @property
+    def workers(self) -> int:
+        """The number of worker processes."""
+        return len(self._processes)
+
     def imap(self, jobs: Iterable[tuple[K, Any]], ahead: int) -> Iterator[tuple[K, Any]]:
         """``(key, function(job))`` for each ``(key, job)`` of ``jobs``, in their order; at most
         ``ahead`` jobs are taken from ``jobs`` and not yet given back. A job's exception is
-        raised here; a worker that died raises :class:`WorkerDied`."""
+        raised here; a worker that died raises :class:`WorkerDied`. Left before its end (an
+        exception, a ``break``), it kills the workers: their pipes may hold results of its jobs."""
+        try:
+            yield from self._imap(jobs, ahead)
+        except BaseException:
+            self._stop(kill=True)
+            raise
+
+    def _imap(self, jobs: Iterable[tuple[K, Any]], ahead: int) -> Iterator[tuple[K, Any]]:
         jobs = iter(jobs)
         idle = list(range(len(self._processes)))[::-1]
         busy: dict[int, int] = {}  # worker -> the number of the job it holds
