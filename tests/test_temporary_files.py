@@ -164,11 +164,9 @@ def test_predict_whose_worker_is_killed_says_so_and_keeps_the_previous_output(es
     assert hashlib.sha256(output.read_bytes()).hexdigest() == before
 
 
-def test_fit_whose_data_build_worker_is_killed_says_so_in_one_line(zinc_source, tmp_path):
-    """``graphormer-urpe fit --config zinc`` builds ZINC from its SMILES in worker processes; one
-    of them is killed (SIGKILL, as the out-of-memory killer does): one line naming the worker's
-    exit status, exit status 1, no traceback, no process left (``multiprocessing.Pool`` waited
-    for ever for the lost chunk)."""
+def _fit_building_zinc(zinc_source: Path, tmp_path: Path) -> subprocess.Popen:
+    """``graphormer-urpe fit --config zinc`` (its own process group), once its worker processes
+    build ZINC from its SMILES."""
     from graphormer_urpe.utils.process import usable_cores
 
     if usable_cores() < 2:
@@ -181,6 +179,15 @@ def test_fit_whose_data_build_worker_is_killed_says_so_in_one_line(zinc_source, 
     deadline = time.monotonic() + 300
     while process.poll() is None and len(children(process.pid)) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert len(children(process.pid)) == 2, "the data was not being built"
+    return process
+
+
+def test_fit_whose_data_build_worker_is_killed_says_so_in_one_line(zinc_source, tmp_path):
+    """One worker process of the data build is killed (SIGKILL, as the out-of-memory killer
+    does): one line naming the worker's exit status, exit status 1, no traceback, no process left
+    (``multiprocessing.Pool`` waited for ever for the lost chunk)."""
+    process = _fit_building_zinc(zinc_source, tmp_path)
     worker = children(process.pid)[0]
     os.kill(worker, signal.SIGKILL)
     assert _ended(process, 120) == 1
@@ -190,6 +197,25 @@ def test_fit_whose_data_build_worker_is_killed_says_so_in_one_line(zinc_source, 
         f"graphormer-urpe: error: a worker process (pid {worker}) ended with exit status -9 "
         "(killed by SIGKILL) before returning its chunk (out of memory?)")
     assert group_is_gone(process.pid)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_fit_stopped_while_the_data_is_built_removes_what_was_half_built(zinc_source, tmp_path, signum):
+    """SIGTERM or SIGHUP to the fit while its workers build ZINC (before Lightning's own handlers
+    are in place, when the process died on the spot): one line, exit status 128 + the signal,
+    no worker left, no temporary file or folder (``.part``, ``.tmp-``, ``.stale-``) left in the
+    data root."""
+    process = _fit_building_zinc(zinc_source, tmp_path)
+    process.send_signal(signum)
+    assert _ended(process, 120) == 128 + signum
+    stderr = process.stderr.read()
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1] == (
+        f"graphormer-urpe: stopped by {signal.Signals(signum).name} while the data was built; what was "
+        "half-built is removed: the same command builds it again")
+    assert group_is_gone(process.pid)
+    left = [p.name for p in (tmp_path / "data").rglob("*") if any(m in p.name for m in (".part", ".tmp-", ".stale-"))]
+    assert left == []
 
 
 def test_fit_stopped_by_ctrl_c_exits_130_without_a_traceback(esol_csv, tmp_path):

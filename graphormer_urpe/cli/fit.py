@@ -17,6 +17,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from graphormer_urpe.training.lightning_cli import build_cli
 from graphormer_urpe.training.run_checkpoint import pending_stop
+from graphormer_urpe.utils.process import StoppedBySignal
 from graphormer_urpe.utils.workers import WorkerDied
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -54,8 +55,9 @@ def _raised_in_package(error: BaseException) -> bool:
 
 def main(args: list[str] | None = None) -> int:
     """The command: exit status 0, 2 for refused input (one line naming the option or file, as
-    argparse does), 1 for a diverged run, a worker process of the data build that died, or a full disk, 128 + the signal for a fit stopped by
-    SIGTERM or Ctrl-C (one line from the first process of a multi-process run)."""
+    argparse does), 1 for a diverged run, a lost worker of the data build or a full disk, 128 +
+    the signal for a fit stopped by SIGTERM or Ctrl-C, or by SIGHUP while the data is built (one
+    line from the first process of a multi-process run)."""
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     pending_stop()  # a signal of an earlier fit in this process (built without main) is not this one's
@@ -63,6 +65,10 @@ def main(args: list[str] | None = None) -> int:
         build_cli(args)
     except SIGTERMException:  # raised after the step in progress, which last.ckpt then holds
         return stopped(pending_stop() or signal.SIGTERM, during_training=True)
+    except StoppedBySignal as stop:  # while the data was built (DataModule.prepare_data)
+        print(f"graphormer-urpe: stopped by {signal.Signals(stop.signum).name} while the data was built; "
+              "what was half-built is removed: the same command builds it again", file=sys.stderr)
+        return stop.code
     except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C; Lightning's trainer makes it sys.exit(1)
         if isinstance(exc, SystemExit) and not isinstance(exc.__context__, KeyboardInterrupt):
             raise

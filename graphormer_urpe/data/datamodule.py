@@ -32,7 +32,6 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Sampler
 
 from graphormer_urpe.data.algos import MAX_HOPS_LIMIT
-from graphormer_urpe.utils.process import usable_cores
 from graphormer_urpe.data.batch import BatchPadding, GraphBatch
 from graphormer_urpe.data.collate import FlatGraphs
 from graphormer_urpe.data.dataset import EncodedGraphDataset, SeededShuffleSampler, check_seed
@@ -42,6 +41,7 @@ from graphormer_urpe.data.feature_ids import num_embeddings
 from graphormer_urpe.data.featurize import cached_smiles_graphs, featurizer_spec
 from graphormer_urpe.data.resident import ResidentLoader, ResidentSplit, TensorGraphs
 from graphormer_urpe.utils.lightning_private import batches_done
+from graphormer_urpe.utils.process import stop_on_signals, usable_cores
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +167,8 @@ class GraphDataModule(pl.LightningDataModule):
 
     # Lightning hooks -----------------------------------------------------------------------------
     def prepare_data(self) -> None:
-        self.build()
+        with stop_on_signals(unless_handled=True):  # a stop removes what is half-built
+            self.build()
 
     def setup(self, stage: str | None = None) -> None:
         for split in STAGE_SPLITS.get(stage, ("train", "val", "test")):

@@ -8,6 +8,7 @@ import errno
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 
 
@@ -32,15 +33,20 @@ class StoppedBySignal(SystemExit):
 
 
 @contextlib.contextmanager
-def stop_on_signals() -> Iterator[None]:
+def stop_on_signals(unless_handled: bool = False) -> Iterator[None]:
     """Within the block, :data:`STOP_SIGNALS` raise :class:`StoppedBySignal` (a ``SystemExit``,
     status 128 + the signal) in the main thread, so ``finally`` blocks and ``with`` exits run
     (temporary files are removed) instead of the process dying on the spot; the previous
-    handlers are restored on exit."""
+    handlers are restored on exit. ``unless_handled``: a signal that already has a handler (a
+    runner's own) is left to it."""
     def stop(signum, frame):
         raise StoppedBySignal(signum)
 
-    previous = {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS}
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS
+                if not unless_handled or signal.getsignal(signum) == signal.SIG_DFL}
     try:
         yield
     finally:
