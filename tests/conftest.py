@@ -30,15 +30,18 @@ ESOL_URL = local_data.DOWNLOADS[local_data.ESOL]
 
 
 def pytest_configure(config) -> None:
-    """Ctrl-C's default handling, whatever this session inherited: a suite started with SIGINT
-    ignored (``make test &`` from a script, ``nohup``) would pass SIG_IGN on to every command a
-    test starts (an ignored signal stays ignored across ``exec``, and Python then installs no
-    KeyboardInterrupt handler), so the tests that stop a command with SIGINT would fail. A Python
-    handler here is reset to the default in each child at ``exec``."""
+    """The default handling of Ctrl-C and SIGHUP in every command a test starts, whatever this
+    session inherited: a suite started with them ignored (``make test &`` from a script,
+    ``nohup``) would pass SIG_IGN on to its commands (an ignored signal stays ignored across
+    ``exec``, and the commands keep it ignored), so the tests that stop a command with SIGINT or
+    SIGHUP would fail. A Python handler here is reset to the default in each child at ``exec``;
+    the session itself still ignores SIGHUP."""
     import signal
 
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, lambda signum, frame: None)
 
 
 def pytest_collection_modifyitems(config, items) -> None:

@@ -235,9 +235,13 @@ def test_time_budget_slices_resume_exactly_and_write_the_progress(zinc_data_root
 
 
 @pytest.mark.slow
-def test_sigterm_to_the_runner_saves_the_fit_in_progress_and_writes_the_progress(zinc_data_root, tmp_path):
-    """SIGTERM to the runner alone (a scheduler's stop): it stops its fit, which saves last.ckpt at
-    the end of its step, writes the README's progress table, and exits 143 with one line."""
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP"])
+def test_a_stop_signal_to_the_runner_saves_the_fit_in_progress_and_writes_the_progress(zinc_data_root, tmp_path,
+                                                                                      name):
+    """SIGTERM to the runner alone (a scheduler's stop), or SIGHUP to its process group (a closed
+    terminal, which ended both on the spot): it stops its fit, which saves last.ckpt at the end of
+    its step, writes the README's progress table, and exits 128 + the signal with one line."""
+    signum = getattr(signal, name)
     readme = tmp_path / "README.md"
     readme.write_text("<!-- ablation:tiny -->\n<!-- /ablation:tiny -->\n"
                       "<!-- ablation-progress:tiny -->\n<!-- /ablation-progress:tiny -->\n")
@@ -246,21 +250,25 @@ def test_sigterm_to_the_runner_saves_the_fit_in_progress_and_writes_the_progress
     command = runner_command(tmp_path, zinc_data_root, "--arms", "urpe", *stall, "--time-budget", "10m",
                              "--readme", str(readme))
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO / "tests" / "helpers")}
-    runner = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    runner = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True)
     deadline = time.monotonic() + 300
     while not (tmp_path / "stalled").exists() and runner.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
-    runner.send_signal(signal.SIGTERM)
+    if signum == signal.SIGHUP:
+        os.killpg(runner.pid, signum)
+    else:
+        runner.send_signal(signum)
     out, err = runner.communicate(timeout=300)
-    assert runner.returncode == 143, out[-2000:] + err[-2000:]
-    assert err.strip().splitlines()[-1] == ("graphormer-urpe-ablation: stopped by SIGTERM; every run keeps its "
+    assert runner.returncode == 128 + signum, out[-2000:] + err[-2000:]
+    assert err.strip().splitlines()[-1] == (f"graphormer-urpe-ablation: stopped by {name}; every run keeps its "
                                             "last.ckpt: the same command continues")
     assert "Traceback" not in err
     last = tmp_path / "runs" / "tiny" / "urpe-s0" / "checkpoints" / "last.ckpt"
     assert torch.load(last, weights_only=True)["global_step"] == 5
     assert "| urpe-s0 | 5 |" in readme.read_text()
     [fit] = [a for a in run_record(tmp_path, "urpe")["attempts"] if a["stage"] == "fit"]
-    assert fit["returncode"] == 143
+    assert fit["returncode"] in {128 + signum, 143}  # its own SIGHUP, or the runner's SIGTERM first
 
 
 def test_slices_keep_the_arms_of_a_seed_together_then_take_the_next_seed(tmp_path, monkeypatch):

@@ -218,6 +218,35 @@ def test_fit_stopped_while_the_data_is_built_removes_what_was_half_built(zinc_so
     assert left == []
 
 
+def test_a_hangup_ignored_at_start_stays_ignored():
+    """A command started with SIGHUP ignored (``nohup``) keeps it ignored wherever a command takes
+    the stop signals (a command's stop, a data build's, a fit's held signals, the ablation's
+    grid), while SIGTERM is still taken; the handlers are given back after each."""
+    from graphormer_urpe.training.run_checkpoint import RunCheckpoint
+    from graphormer_urpe.training.studies.ablation import stop_signals_stop_the_grid
+    from graphormer_urpe.utils.process import stop_on_signals
+
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN), signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        for takes in (stop_on_signals, lambda: stop_on_signals(unless_handled=True), stop_signals_stop_the_grid):
+            with takes():
+                assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+                assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN)
+                os.kill(os.getpid(), signal.SIGHUP)  # nothing happens
+            assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+        checkpoint = RunCheckpoint()
+        checkpoint._hold_signals()
+        try:
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) == checkpoint._hold_signal
+        finally:
+            checkpoint._release_signals()
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGHUP, before[0])
+        signal.signal(signal.SIGTERM, before[1])
+
+
 def test_fit_stopped_by_ctrl_c_exits_130_without_a_traceback(esol_csv, tmp_path):
     """``graphormer-urpe fit --config configs/csv.yaml`` (ESOL) gets SIGINT in its process group
     once training has written a checkpoint: exit status 130 (Lightning's own is 1), one line and

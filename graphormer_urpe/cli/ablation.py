@@ -40,7 +40,7 @@ from typing import Any, Callable, Sequence
 from graphormer_urpe.cli.arguments import duration
 from graphormer_urpe.training.recipes import resolve_config
 from graphormer_urpe.training.studies.ablation import (
-    MIN_SLICE_S, Grid, RunsFailed, Stopped, sigterm_stops)
+    MIN_SLICE_S, Grid, RunsFailed, Stopped, stop_signals_stop_the_grid)
 from graphormer_urpe.training.studies.ablation_results import (
     DEFAULT_RESULTS, best_run, figure_path, read_results, readme_block, write_progress_block,
     write_readme_block, write_table)
@@ -251,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             held.callback(_late, problems, lambda: write_progress_block(
                 args.readme, grid.name, grid.progress, grid.max_steps))
         try:
-            with sigterm_stops():
+            with stop_signals_stop_the_grid():
                 results = grid.run()
         except ValueError as error:  # the recipe refused by the training CLI's parser
             raise _refuse(error) from None

@@ -56,8 +56,8 @@ def _raised_in_package(error: BaseException) -> bool:
 def main(args: list[str] | None = None) -> int:
     """The command: exit status 0, 2 for refused input (one line naming the option or file, as
     argparse does), 1 for a diverged run, a lost worker of the data build or a full disk, 128 +
-    the signal for a fit stopped by SIGTERM or Ctrl-C, or by SIGHUP while the data is built (one
-    line from the first process of a multi-process run)."""
+    the signal for a fit stopped by SIGTERM, Ctrl-C or SIGHUP (one line from the first process
+    of a multi-process run)."""
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     pending_stop()  # a signal of an earlier fit in this process (built without main) is not this one's

@@ -50,15 +50,16 @@ OVERWRITE_OPTION = "--checkpoint.overwrite true"
 FIT_LOCK = "fit.lock"
 
 
-#: Signals a fit holds back to the end of its training step in progress.
-HELD_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: Signals a fit holds back to the end of its training step in progress: ``kill`` or a
+#: scheduler, Ctrl-C, a closed terminal or SSH session.
+HELD_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, name))
 #: The signal that stopped this process's last fit, or arrived after its training ended.
 _pending_stop = 0
 
 
 def pending_stop() -> int:
-    """The signal (SIGTERM, SIGINT) that stopped the last fit at a step's end, or arrived after
-    its training ended, else 0; read once (it is cleared)."""
+    """The signal (:data:`HELD_SIGNALS`) that stopped the last fit at a step's end, or arrived
+    after its training ended, else 0; read once (it is cleared)."""
     global _pending_stop
     signum, _pending_stop = _pending_stop, 0
     return signum
@@ -151,7 +152,7 @@ class RunCheckpoint(ModelCheckpoint):
         self._validations = 0  # of this fit
         #: (global step, validations) of the newest last.ckpt this fit wrote
         self._last_written: tuple[int, int] | None = None
-        #: The handlers replaced while a fit holds SIGTERM and SIGINT back, and the held signal
+        #: The handlers replaced while a fit holds HELD_SIGNALS back, and the held signal
         self._replaced_handlers: dict[int, Any] = {}
         self._held_signal = 0
 
@@ -202,14 +203,15 @@ class RunCheckpoint(ModelCheckpoint):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
             self._last_global_step_saved, self._last_checkpoint_saved = saved
 
-    # SIGTERM (a `kill`, a scheduler's preemption, a time slice's end) and Ctrl-C ---------------
+    # SIGTERM (a `kill`, a scheduler's preemption, a time slice's end), Ctrl-C, SIGHUP ---------
     # Lightning's SIGTERM handler sets trainer.received_sigterm (and, under DDP, broadcasts from
     # inside the handler, which deadlocks a rank that is in another collective); its loops raise
     # SIGTERMException at the next check, after the on_train_batch_end below, so a step's end
     # would stop with no checkpoint of it; Ctrl-C raises KeyboardInterrupt wherever the process
-    # is. So while a fit runs, both signals are held back (a second Ctrl-C stops at once) to the
-    # next training batch's end, where every process learns whether any process got one (one
-    # all-reduce), last.ckpt is written, and every process stops at that same step.
+    # is; SIGHUP (a closed terminal) ends the process on the spot. So while a fit runs, all three
+    # are held back (a second Ctrl-C stops at once) to the next training batch's end, where every
+    # process learns whether any process got one (one all-reduce), last.ckpt is written, and
+    # every process stops at that same step.
     def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_sanity_check_start(trainer, pl_module)
         self._hold_signals()
@@ -222,6 +224,8 @@ class RunCheckpoint(ModelCheckpoint):
         if self._replaced_handlers or threading.current_thread() is not threading.main_thread():
             return
         for signum in HELD_SIGNALS:
+            if signal.getsignal(signum) is signal.SIG_IGN:  # started to ignore it (nohup): it stays so
+                continue
             self._replaced_handlers[signum] = signal.getsignal(signum)
             signal.signal(signum, self._hold_signal)
 

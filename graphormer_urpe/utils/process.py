@@ -37,16 +37,19 @@ def stop_on_signals(unless_handled: bool = False) -> Iterator[None]:
     """Within the block, :data:`STOP_SIGNALS` raise :class:`StoppedBySignal` (a ``SystemExit``,
     status 128 + the signal) in the main thread, so ``finally`` blocks and ``with`` exits run
     (temporary files are removed) instead of the process dying on the spot; the previous
-    handlers are restored on exit. ``unless_handled``: a signal that already has a handler (a
-    runner's own) is left to it."""
+    handlers are restored on exit. A signal the command was started to ignore (``nohup``) stays
+    ignored; ``unless_handled``: one that already has a handler (a runner's own) is left to it."""
     def stop(signum, frame):
         raise StoppedBySignal(signum)
 
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS
-                if not unless_handled or signal.getsignal(signum) == signal.SIG_DFL}
+    def taken(signum: int) -> bool:
+        handler = signal.getsignal(signum)
+        return handler == signal.SIG_DFL or (handler is not signal.SIG_IGN and not unless_handled)
+
+    previous = {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS if taken(signum)}
     try:
         yield
     finally:

@@ -190,12 +190,16 @@ def test_a_resume_that_changes_the_schedule_says_so(zinc_data_root, tmp_path):
             "was trained with (warmup 2, total 3 steps)") in changed.stderr
 
 
-def test_a_fit_stopped_by_sigterm_keeps_its_last_step_in_last_ckpt(zinc_data_root, tmp_path):
-    """``kill`` (SIGTERM) in the middle of a fit that never validated: the step in progress ends,
-    last.ckpt holds it, the command says so in one line with exit status 143, and
-    ``--ckpt_path last`` continues from that step."""
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP"])
+def test_a_fit_stopped_by_a_signal_keeps_its_last_step_in_last_ckpt(zinc_data_root, tmp_path, name):
+    """``kill`` (SIGTERM) or a closed terminal (SIGHUP, which ended the process on the spot) in
+    the middle of a fit that never validated: the step in progress ends, last.ckpt holds it, the
+    command says so in one line with exit status 128 + the signal, and ``--ckpt_path last``
+    continues from that step."""
     import signal
     import time
+
+    signum = getattr(signal, name)
 
     run_dir = tmp_path / "run"
     long_fit = ["--trainer.limit_train_batches", "1.0", "--trainer.max_epochs", "-1",
@@ -209,11 +213,11 @@ def test_a_fit_stopped_by_sigterm_keeps_its_last_step_in_last_ckpt(zinc_data_roo
     while not (metrics.is_file() and len(metrics.read_text().splitlines()) > 1):  # it has trained
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
         time.sleep(0.2)
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(signum)
     _, stderr = process.communicate(timeout=300)
-    assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert process.returncode == 128 + signum, stderr[-3000:]
     assert "Traceback" not in stderr
-    assert "graphormer-urpe: stopped by SIGTERM after the step in progress" in stderr
+    assert f"graphormer-urpe: stopped by {name} after the step in progress" in stderr
     stopped = last_step(run_dir)
     assert stopped > 0
     assert_one_last_ckpt(run_dir)

@@ -33,8 +33,8 @@ AdamW, schedule, RNG, data position) in ``last.ckpt`` at the end of the step in 
 same command, here or on another machine, continues exactly where it stopped. A finished run is
 tested at once.
 
-While the grid runs (:func:`sigterm_stops`), SIGTERM stops it as Ctrl-C does: the fit in progress
-saves and stops, and :class:`Stopped` is raised where the runner waits.
+While the grid runs (:func:`stop_signals_stop_the_grid`), SIGTERM and SIGHUP stop it as Ctrl-C does:
+the fit in progress saves and stops, and :class:`Stopped` is raised where the runner waits.
 """
 from __future__ import annotations
 
@@ -55,6 +55,7 @@ from graphormer_urpe.training.studies.ablation_results import (
     code_commit, describe_device, metric_of, now, publish_results)
 from graphormer_urpe.training.studies.ablation_run import ARMS, RUN_RECORD, Run, checkpoint_state
 from graphormer_urpe.utils.files import hold_directory
+from graphormer_urpe.utils.process import STOP_SIGNALS
 
 #: The name of a run directory: ``<arm>-s<seed>``.
 RUN_DIR = re.compile(rf"(?P<arm>{'|'.join(map(re.escape, ARMS))})-s(?P<seed>0|[1-9][0-9]*)")
@@ -271,7 +272,8 @@ def default_name(recipe_args: Sequence[str]) -> str:
 
 
 class Stopped(BaseException):
-    """SIGTERM to the runner (a job scheduler, ``timeout``): raised where it waits."""
+    """SIGTERM or SIGHUP to the runner (a job scheduler, ``timeout``, a closed terminal): raised
+    where it waits."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
@@ -283,17 +285,20 @@ def _stop_the_grid(signum: int, frame: Any) -> None:
 
 
 @contextlib.contextmanager
-def sigterm_stops() -> Iterator[None]:
-    """While the grid runs, SIGTERM raises :class:`Stopped` (the runner stops its fit, which saves
-    its state, writes the progress and exits 143) instead of ending the process at once."""
+def stop_signals_stop_the_grid() -> Iterator[None]:
+    """While the grid runs, :data:`~graphormer_urpe.utils.process.STOP_SIGNALS` (SIGTERM, SIGHUP)
+    raise :class:`Stopped` (the runner stops its fit, which saves its state, writes the progress
+    and exits 128 + the signal) instead of ending the process at once."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _stop_the_grid)
+    previous = {signum: signal.signal(signum, _stop_the_grid) for signum in STOP_SIGNALS
+                if signal.getsignal(signum) is not signal.SIG_IGN}  # nohup: SIGHUP stays ignored
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _in_a_forked_child() -> None:
