@@ -5,8 +5,10 @@ is refused with one line and exit status 2, writing nothing."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -202,3 +204,71 @@ def test_usage_errors_exit_2(capsys):
             submit.main(argv)
         assert exit_info.value.code == 2
     assert "--batch-size: must be >= 1" in capsys.readouterr().err
+
+
+def test_the_files_of_a_submission_are_put_in_place_together(tmp_path, monkeypatch):
+    """OGB's own PCQM4Mv2 evaluator writes the two test sets' files; they replace the previous
+    submission together. A failure while the second is written (a stop, a full disk) leaves the
+    previous files byte for byte and no temporary behind, never one new file beside an old one."""
+    import ogb.lsc
+
+    from graphormer_urpe.training.submission import write_submission
+
+    evaluator = ogb.lsc.PCQM4Mv2Evaluator()
+    sizes = {split: PCQM4MV2.split_sizes[split] for split in PCQM4MV2.test_splits}
+    out_dir = tmp_path / "submission"
+
+    def preds(value: float) -> dict[str, np.ndarray]:
+        return {split: np.full(size, value, dtype=np.float32) for split, size in sizes.items()}
+
+    files = write_submission(evaluator, preds(1.0), out_dir, by_mode=True)
+    assert files == ["y_pred_pcqm4m-v2_test-challenge.npz", "y_pred_pcqm4m-v2_test-dev.npz"]
+    before = {name: (out_dir / name).read_bytes() for name in files}
+
+    save, calls = evaluator.save_test_submission, []
+
+    def fail_on_the_second(*args, **kwargs):
+        calls.append(kwargs["mode"])
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # as a Ctrl-C there would
+        return save(*args, **kwargs)
+
+    monkeypatch.setattr(evaluator, "save_test_submission", fail_on_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        write_submission(evaluator, preds(2.0), out_dir, by_mode=True)
+    assert {p.name: p.read_bytes() for p in out_dir.iterdir()} == before
+    monkeypatch.undo()
+
+    write_submission(evaluator, preds(3.0), out_dir, by_mode=True)
+    assert sorted(p.name for p in out_dir.iterdir()) == files
+    for name in files:
+        assert (np.load(out_dir / name)["y_pred"] == 3.0).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_submission_stopped_while_it_predicts_leaves_the_previous_files(fitted_v1, tmp_path, signum):
+    """SIGTERM (a scheduler) or Ctrl-C to ``graphormer-urpe-submit`` once it predicts the test
+    set: one line, exit status 128 + the signal, no traceback, and the output folder as it was
+    (the previous submission byte for byte, no temporary)."""
+    work, ckpt = fitted_v1
+    out_dir = tmp_path / "submission"
+    out_dir.mkdir()
+    previous = out_dir / "y_pred_pcqm4m.npz"
+    previous.write_bytes(b"the previous submission")
+    process = subprocess.Popen([str(SUBMIT), "--dataset", "pcqm4m", "--ckpt", str(ckpt), "--root",
+                                str(work / "root"), "--out-dir", str(out_dir)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    for line in process.stdout:  # the valid set is predicted: the test set is next
+        if line.startswith("valid MAE"):
+            break
+    os.killpg(process.pid, signum)
+    out, err = process.communicate(timeout=300)
+    said = "Ctrl-C (SIGINT)" if signum == signal.SIGINT else signal.Signals(signum).name
+    assert process.returncode == 128 + signum, out[-2000:] + err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == (f"graphormer-urpe-submit: stopped by {said}; outputs not yet "
+                                            "written are left as they were")
+    assert [p.name for p in out_dir.iterdir()] == [previous.name]
+    assert previous.read_bytes() == b"the previous submission"

@@ -17,7 +17,9 @@ pcqm4mv2   ``y_pred_pcqm4m-v2_test-dev.npz`` (147,037), ``y_pred_pcqm4m-v2_test-
 =========  ===============================================================================
 
 Anything refused is one line on stderr and exit status 2, with nothing written. A final JSON
-line on stdout summarises a successful run.
+line on stdout summarises a successful run. Stopped (Ctrl-C, SIGTERM, SIGHUP), it says so in one
+line and leaves the output folder as it was (exit status 128 + the signal): the files are put in
+place together, each whole.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from pathlib import Path
 
 from graphormer_urpe.cli.arguments import positive_int
 from graphormer_urpe.data.ogb_lsc import LAYOUTS
+from graphormer_urpe.utils.process import run_command
 
 PROG = "graphormer-urpe-submit"
 
@@ -49,13 +52,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from graphormer_urpe.training.submission import submit  # Lightning is imported after the arguments
 
-    try:
-        summary = submit(args)
-    except ValueError as exc:  # SubmissionError, CheckpointError, the data layer's input errors
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(summary))
-    return 0
+    def work() -> int:
+        try:
+            summary = submit(args)
+        except ValueError as exc:  # SubmissionError, CheckpointError, the data layer's input errors
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return 2
+        except SystemExit as exc:  # Lightning's predict loop turns Ctrl-C into sys.exit(1)
+            if isinstance(exc.__context__, KeyboardInterrupt):
+                raise KeyboardInterrupt from None
+            raise
+        print(json.dumps(summary))
+        return 0
+
+    return run_command(PROG, work)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,21 @@
 """An OGB-LSC PCQM4M / PCQM4Mv2 submission from a Lightning checkpoint (``graphormer-urpe-submit``,
 :mod:`graphormer_urpe.cli.submit`): the split dict checked, the valid MAE by OGB's evaluator,
 every test set predicted by Lightning's predict loop and checked, and only then the files
-written by the evaluator's ``save_test_submission``."""
+written by the evaluator's ``save_test_submission``, put in place together and each whole."""
 from __future__ import annotations
 
+import contextlib
 import math
+import shutil
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
 from graphormer_urpe.data.ogb_lsc import LAYOUTS, LSCLayout, read_split_dict_checked, require_layout
+from graphormer_urpe.utils.files import AtomicFile, commit_together
 
 
 class SubmissionError(ValueError):
@@ -93,13 +98,32 @@ def submit(args) -> dict:
 
     summary = {"dataset": args.dataset, "ckpt": str(args.ckpt), "valid_mae": valid_mae,
                "valid_count": len(valid_pred)}
-    for split, pred in test_preds.items():  # written only once every split passed
-        if layout.test_splits == ("test",):
-            evaluator.save_test_submission({"y_pred": pred}, dir_path=str(args.out_dir))
-        else:
-            evaluator.save_test_submission({"y_pred": pred}, dir_path=str(args.out_dir), mode=split)
+    files = write_submission(evaluator, test_preds, args.out_dir, by_mode=layout.test_splits != ("test",))
+    for split, pred in test_preds.items():
         summary[f"{split}_count"] = len(pred)
         print(f"{split}: {len(pred):,} predictions written to {args.out_dir}")
-    summary["files"] = sorted(p.name for p in args.out_dir.glob("y_pred_*.npz"))
+    summary["files"] = files
     summary["seconds"] = round(time.perf_counter() - started, 1)
     return summary
+
+
+def write_submission(evaluator, test_preds: dict[str, np.ndarray], out_dir: Path, by_mode: bool) -> list[str]:
+    """The evaluator's files (``save_test_submission``, with ``mode=split`` when ``by_mode``) of
+    every test set, put in ``out_dir`` together (:func:`~graphormer_urpe.utils.files.commit_together`):
+    a stop or a failure leaves every previous file as it was, never a truncated ``.npz`` nor the
+    files of two models side by side. Returns their names."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".submission.tmp-", dir=out_dir))
+    try:
+        for split, pred in test_preds.items():  # written only once every split passed
+            mode = {"mode": split} if by_mode else {}
+            evaluator.save_test_submission({"y_pred": pred}, dir_path=str(staging), **mode)
+        with contextlib.ExitStack() as stack:
+            outputs = [stack.enter_context(AtomicFile(out_dir / written.name, binary=True))
+                       for written in sorted(staging.iterdir())]
+            for output in outputs:
+                output.handle.write((staging / output.path.name).read_bytes())
+            commit_together(outputs)
+        return [output.path.name for output in outputs]
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
