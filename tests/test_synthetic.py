@@ -2,8 +2,11 @@
 import dataclasses
 import importlib.util
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -147,17 +150,42 @@ def test_main_writes_json_csv_and_markdown_block(tmp_path, capsys):
     assert "| Even Token Prediction |" in capsys.readouterr().out
 
 
-def test_console_script_exits_zero_after_a_successful_grid(tmp_path):
+def _console_command(tmp_path: Path, steps: int) -> list[str]:
+    """``graphormer-urpe-synthetic`` on one TINY cell of ``steps`` steps."""
     script = Path(sys.executable).with_name("graphormer-urpe-synthetic")
     argv = [str(script), "--tasks", "pi", "--vocab-sizes", "40", "--schemes", "urpe", "--seeds", "0",
             "--run-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results"),
             "--markdown", "", "--no-progress"]
     for name, value in TINY.__dict__.items():
         argv += [f"--{name.replace('_', '-')}", str(value)]
-    argv[argv.index("--steps") + 1] = "2"
+    argv[argv.index("--steps") + 1] = str(steps)
+    return argv
+
+
+def test_console_script_exits_zero_after_a_successful_grid(tmp_path):
+    argv = _console_command(tmp_path, steps=2)
     result = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "| urpe |" in result.stdout
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_console_script_stopped_while_it_trains_says_so_in_one_line(tmp_path, signum):
+    """SIGTERM (a scheduler) or Ctrl-C while the grid trains its first cell: one line naming the
+    signal, exit status 128 + the signal, no traceback, no temporary file in the run folder."""
+    process = subprocess.Popen(_console_command(tmp_path, steps=1_000_000), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "runs").is_dir() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)  # into its training steps
+    os.killpg(process.pid, signum)
+    out, err = process.communicate(timeout=120)
+    said = "Ctrl-C (SIGINT)" if signum == signal.SIGINT else signal.Signals(signum).name
+    assert process.returncode == 128 + signum, out[-2000:] + err[-3000:]
+    assert err.strip().splitlines() == [f"graphormer-urpe-synthetic: stopped by {said}; outputs not yet "
+                                        "written are left as they were"]
+    assert list((tmp_path / "runs").iterdir()) == [] and not (tmp_path / "results").exists()
 
 
 def _plot_module():

@@ -18,6 +18,7 @@ from typing import Sequence
 from graphormer_urpe.nn.sequence import POSITION_SCHEMES
 from graphormer_urpe.training.studies.synthetic import (
     TASK_OVERRIDES, TASKS, CellResult, TrainConfig, run_grid, task_config, write_reports)
+from graphormer_urpe.utils.process import run_command
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -62,9 +63,14 @@ def run(argv: Sequence[str] | None = None) -> list[CellResult]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``graphormer-urpe-synthetic``: exit status 0 after a successful grid."""
-    run(argv)
-    return 0
+    """``graphormer-urpe-synthetic``: exit status 0 after a successful grid; stopped (Ctrl-C,
+    SIGTERM, SIGHUP), one line and 128 + the signal, its finished cells kept for the same command
+    to skip."""
+    def work() -> int:
+        run(argv)
+        return 0
+
+    return run_command("graphormer-urpe-synthetic", work)
 
 
 if __name__ == "__main__":
