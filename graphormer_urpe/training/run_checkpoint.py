@@ -224,7 +224,7 @@ class RunCheckpoint(ModelCheckpoint):
         if self._replaced_handlers or threading.current_thread() is not threading.main_thread():
             return
         for signum in HELD_SIGNALS:
-            if signal.getsignal(signum) is signal.SIG_IGN:  # started to ignore it (nohup): it stays so
+            if signal.getsignal(signum) in (signal.SIG_IGN, None):  # ignored (nohup), or a C handler's
                 continue
             self._replaced_handlers[signum] = signal.getsignal(signum)
             signal.signal(signum, self._hold_signal)

@@ -38,16 +38,17 @@ def stop_on_signals(unless_handled: bool = False) -> Iterator[None]:
     status 128 + the signal) in the main thread, so ``finally`` blocks and ``with`` exits run
     (temporary files are removed) instead of the process dying on the spot; the previous
     handlers are restored on exit. A signal the command was started to ignore (``nohup``) stays
-    ignored; ``unless_handled``: one that already has a handler (a runner's own) is left to it."""
+    ignored, one whose handler was installed from C is left to it; ``unless_handled``: one that
+    already has a handler (a runner's own) is left to it."""
     def stop(signum, frame):
         raise StoppedBySignal(signum)
 
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    def taken(signum: int) -> bool:
+    def taken(signum: int) -> bool:  # a handler installed from C (None) could not be given back
         handler = signal.getsignal(signum)
-        return handler == signal.SIG_DFL or (handler is not signal.SIG_IGN and not unless_handled)
+        return handler == signal.SIG_DFL or (handler not in (signal.SIG_IGN, None) and not unless_handled)
 
     previous = {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS if taken(signum)}
     try:

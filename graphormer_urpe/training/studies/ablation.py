@@ -293,7 +293,7 @@ def stop_signals_stop_the_grid() -> Iterator[None]:
         yield
         return
     previous = {signum: signal.signal(signum, _stop_the_grid) for signum in STOP_SIGNALS
-                if signal.getsignal(signum) is not signal.SIG_IGN}  # nohup: SIGHUP stays ignored
+                if signal.getsignal(signum) not in (signal.SIG_IGN, None)}  # nohup: SIGHUP stays ignored
     try:
         yield
     finally:
