@@ -220,15 +220,14 @@ def test_fit_stopped_while_the_data_is_built_removes_what_was_half_built(zinc_so
 
 def test_a_hangup_ignored_at_start_stays_ignored():
     """A command started with SIGHUP ignored (``nohup``) keeps it ignored wherever a command takes
-    the stop signals (a command's stop, a data build's, a fit's held signals, the ablation's
-    grid), while SIGTERM is still taken; the handlers are given back after each."""
+    the stop signals (a command's stop and the ablation's grid, a data build's, a fit's held
+    signals), while SIGTERM is still taken; the handlers are given back after each."""
     from graphormer_urpe.training.run_checkpoint import RunCheckpoint
-    from graphormer_urpe.training.studies.ablation import stop_signals_stop_the_grid
     from graphormer_urpe.utils.process import stop_on_signals
 
     before = signal.signal(signal.SIGHUP, signal.SIG_IGN), signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
-        for takes in (stop_on_signals, lambda: stop_on_signals(unless_handled=True), stop_signals_stop_the_grid):
+        for takes in (stop_on_signals, lambda: stop_on_signals(unless_handled=True)):
             with takes():
                 assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
                 assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN)

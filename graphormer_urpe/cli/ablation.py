@@ -39,14 +39,14 @@ from typing import Any, Callable, Sequence
 
 from graphormer_urpe.cli.arguments import duration
 from graphormer_urpe.training.recipes import resolve_config
-from graphormer_urpe.training.studies.ablation import (
-    MIN_SLICE_S, Grid, RunsFailed, Stopped, stop_signals_stop_the_grid)
+from graphormer_urpe.training.studies.ablation import MIN_SLICE_S, Grid, RunsFailed
 from graphormer_urpe.training.studies.ablation_results import (
     DEFAULT_RESULTS, best_run, figure_path, read_results, readme_block, write_progress_block,
     write_readme_block, write_table)
 from graphormer_urpe.training.studies.ablation_run import ARMS
 from graphormer_urpe.utils.files import (
     check_creatable_dir, check_writable_dir, refuse_overwriting_inputs, written_in_place)
+from graphormer_urpe.utils.process import StoppedBySignal, stop_on_signals
 from graphormer_urpe.utils.workers import WorkerDied
 
 #: The seeds ``seed_everything`` takes (numpy's).
@@ -251,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             held.callback(_late, problems, lambda: write_progress_block(
                 args.readme, grid.name, grid.progress, grid.max_steps))
         try:
-            with stop_signals_stop_the_grid():
+            with stop_on_signals():
                 results = grid.run()
         except ValueError as error:  # the recipe refused by the training CLI's parser
             raise _refuse(error) from None
@@ -259,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise SystemExit(str(failed)) from None
         except WorkerDied as died:  # a worker of the data build (the out-of-memory killer)
             raise SystemExit(f"graphormer-urpe-ablation: error: {died}") from None
-        except (KeyboardInterrupt, Stopped) as stop:  # the fit in progress saved and stopped
+        except (KeyboardInterrupt, StoppedBySignal) as stop:  # the fit in progress saved and stopped
             signum = getattr(stop, "signum", signal.SIGINT)
             print(f"graphormer-urpe-ablation: stopped by {signal.Signals(signum).name}; every run "
                   "keeps its last.ckpt: the same command continues", file=sys.stderr, flush=True)

@@ -41,6 +41,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from graphormer_urpe.utils.files import atomic_path, hold_directory
 from graphormer_urpe.utils.lightning_private import accumulating, epoch_finished, is_local_path
+from graphormer_urpe.utils.process import replaceable
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +225,7 @@ class RunCheckpoint(ModelCheckpoint):
         if self._replaced_handlers or threading.current_thread() is not threading.main_thread():
             return
         for signum in HELD_SIGNALS:
-            if signal.getsignal(signum) in (signal.SIG_IGN, None):  # ignored (nohup), or a C handler's
+            if not replaceable(signum):  # ignored (nohup), or a C handler's
                 continue
             self._replaced_handlers[signum] = signal.getsignal(signum)
             signal.signal(signum, self._hold_signal)

@@ -32,6 +32,13 @@ class StoppedBySignal(SystemExit):
         self.signum = signum
 
 
+def replaceable(signum: int) -> bool:
+    """Whether a handler may be put on ``signum`` and the present one given back later: not when
+    the command was started to ignore it (``nohup``), nor when its handler was installed from C
+    (``signal.getsignal`` gives None, which cannot be given back)."""
+    return signal.getsignal(signum) not in (signal.SIG_IGN, None)
+
+
 @contextlib.contextmanager
 def stop_on_signals(unless_handled: bool = False) -> Iterator[None]:
     """Within the block, :data:`STOP_SIGNALS` raise :class:`StoppedBySignal` (a ``SystemExit``,
@@ -46,9 +53,9 @@ def stop_on_signals(unless_handled: bool = False) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    def taken(signum: int) -> bool:  # a handler installed from C (None) could not be given back
-        handler = signal.getsignal(signum)
-        return handler == signal.SIG_DFL or (handler not in (signal.SIG_IGN, None) and not unless_handled)
+
+    def taken(signum: int) -> bool:
+        return signal.getsignal(signum) == signal.SIG_DFL or (replaceable(signum) and not unless_handled)
 
     previous = {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS if taken(signum)}
     try:

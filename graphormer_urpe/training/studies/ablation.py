@@ -33,29 +33,28 @@ AdamW, schedule, RNG, data position) in ``last.ckpt`` at the end of the step in 
 same command, here or on another machine, continues exactly where it stopped. A finished run is
 tested at once.
 
-While the grid runs (:func:`stop_signals_stop_the_grid`), SIGTERM and SIGHUP stop it as Ctrl-C does:
-the fit in progress saves and stops, and :class:`Stopped` is raised where the runner waits.
+While the grid runs (the command holds it in
+:func:`~graphormer_urpe.utils.process.stop_on_signals`), SIGTERM and SIGHUP stop it as Ctrl-C
+does: the fit in progress saves and stops, and
+:class:`~graphormer_urpe.utils.process.StoppedBySignal` is raised where the runner waits.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import os
 import re
-import signal
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, Any, Iterator, Sequence
+from typing import IO, Any, Sequence
 
 from graphormer_urpe.training.studies.ablation_results import (
     code_commit, describe_device, metric_of, now, publish_results)
 from graphormer_urpe.training.studies.ablation_run import ARMS, RUN_RECORD, Run, checkpoint_state
 from graphormer_urpe.utils.files import hold_directory
-from graphormer_urpe.utils.process import STOP_SIGNALS
 
 #: The name of a run directory: ``<arm>-s<seed>``.
 RUN_DIR = re.compile(rf"(?P<arm>{'|'.join(map(re.escape, ARMS))})-s(?P<seed>0|[1-9][0-9]*)")
@@ -269,36 +268,6 @@ def default_name(recipe_args: Sequence[str]) -> str:
     stems = [Path(a).stem for prev, a in zip(recipe_args, recipe_args[1:]) if prev == "--config"]
     digest = hashlib.sha256("\0".join(training_args(list(recipe_args))).encode()).hexdigest()[:8]
     return "+".join(stems or ["recipe"]) + f"-{digest}"
-
-
-class Stopped(BaseException):
-    """SIGTERM or SIGHUP to the runner (a job scheduler, ``timeout``, a closed terminal): raised
-    where it waits."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _stop_the_grid(signum: int, frame: Any) -> None:
-    raise Stopped(signum)
-
-
-@contextlib.contextmanager
-def stop_signals_stop_the_grid() -> Iterator[None]:
-    """While the grid runs, :data:`~graphormer_urpe.utils.process.STOP_SIGNALS` (SIGTERM, SIGHUP)
-    raise :class:`Stopped` (the runner stops its fit, which saves its state, writes the progress
-    and exits 128 + the signal) instead of ending the process at once."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {signum: signal.signal(signum, _stop_the_grid) for signum in STOP_SIGNALS
-                if signal.getsignal(signum) not in (signal.SIG_IGN, None)}  # nohup: SIGHUP stays ignored
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def _in_a_forked_child() -> None:
