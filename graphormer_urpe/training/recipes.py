@@ -4,18 +4,26 @@ The recipes are the YAML files of ``graphormer_urpe/recipes`` (package data; a s
 ``configs/`` links there). Every command that reads ``--config`` (``graphormer-urpe``,
 ``graphormer-urpe-ablation``, ``graphormer-urpe-hpopt``) takes a recipe's name (``--config zinc``)
 as well as a file (``--config my.yaml``): an existing file wins, then a recipe of that name (with
-or without ``.yaml``), and anything else is refused in one line listing the recipes. A base
-recipe configures the data (``data.class_path``); an overlay sets a few keys on top of one
-(``--config zinc --config rpe``) and says so in its first line, the recipe's summary
-(``graphormer-urpe recipes`` lists them); ``graphormer-urpe recipes NAME`` prints one to copy
-and edit.
+or without ``.yaml``), and anything else is refused in one line listing the recipes. A bare name
+that could mean both a file here (``esol``, ``esol.yaml``) and a recipe says in one line which
+one it read; a path (``./esol.yaml``) is always the file. A file that is not a YAML mapping of
+options (a data file named like a recipe) is refused in one line. A base recipe configures the
+data (``data.class_path``); an overlay sets a few keys on top of one (``--config zinc --config
+rpe``) and says so in its first line, the recipe's summary (``graphormer-urpe recipes`` lists
+them); a base given after an overlay, which would override it, is refused in one line.
+``graphormer-urpe recipes NAME`` prints one to copy and edit.
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
 from pathlib import Path
+
+import yaml
+
+log = logging.getLogger(__name__)
 
 #: The packaged recipes.
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
@@ -52,28 +60,91 @@ def _inline(value: str) -> bool:
 
 def resolve_config(value: str, option: str = "--config") -> str:
     """What ``--config value`` reads: ``value`` when it is a file (or a config given as text),
-    else the packaged recipe of that name. ``ValueError`` (one line, listing the recipes) when it
-    is neither."""
-    if os.path.isfile(value) or _inline(value):
-        return value
+    else the packaged recipe of that name; a bare name that could mean both a file here and a
+    recipe says which it read (one line on stderr). ``ValueError`` (one line) when it is neither
+    (listing the recipes), or a file that is not a YAML mapping of options."""
+    return _resolve(value, option)[0]
+
+
+def _resolve(value: str, option: str) -> tuple[str, dict | None]:
+    """:func:`resolve_config`'s file and the options it sets (None where LightningCLI reads the
+    value itself: a config given as text, a directory, a pipe)."""
+    if _inline(value):
+        return value, None
     packaged = recipe_file(value)
+    if os.path.isfile(value):
+        options = _read_options(value, option, packaged)
+        if packaged is not None and _is_bare(value):
+            log.warning("%s %s: read the file %s here, not the packaged recipe %s (give that path "
+                        "to read the recipe)", option, value, os.path.abspath(value), packaged)
+        return value, options
     if packaged is not None:
-        return str(packaged)
+        local = f"{value}.yaml"
+        if _is_bare(value) and not value.endswith(".yaml") and os.path.isfile(local):
+            log.warning("%s %s: read the packaged recipe %s, not the file %s here (give --config "
+                        "./%s to read that file)", option, value, packaged, os.path.abspath(local), local)
+        return str(packaged), _read_options(str(packaged), option)
     if os.path.exists(value):  # a directory, a pipe: LightningCLI says what is wrong with it
-        return value
+        return value, None
     raise ValueError(f"{option} {value}: no such file, nor a recipe of that name (the recipes: "
                      f"{', '.join(recipe_names())}; `graphormer-urpe recipes` says what each is)")
 
 
+def _is_bare(value: str) -> bool:
+    """Whether ``value`` is a bare name (``esol``, ``esol.yaml``), which may mean a recipe, rather
+    than a path (``./esol.yaml``, ``configs/esol.yaml``), which is a file."""
+    return os.sep not in value and "/" not in value
+
+
+def _read_options(path: str, option: str = "--config", packaged: Path | None = None) -> dict:
+    """The options the config file ``path`` sets: a YAML mapping. ``ValueError`` (one line, naming
+    ``packaged``, the recipe of its name, if any) for a file that is anything else (a data file,
+    an empty file, broken YAML), which LightningCLI would answer with its whole usage."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            options = yaml.safe_load(file)
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        options, reason = None, " ".join(str(exc).split())
+    else:
+        reason = ("it is empty" if options is None else "it reads as plain text" if isinstance(options, str)
+                  else f"it is a {type(options).__name__}")
+    if isinstance(options, dict):
+        return options
+    recipe = f"; the packaged recipe of that name is {packaged}" if packaged is not None else ""
+    raise ValueError(f"{option} {path}: not a config file (a YAML mapping of options): {reason}{recipe}")
+
+
+def _is_overlay(options: dict) -> bool:
+    """Whether a config's ``options`` set keys on top of a base recipe: they name no data module
+    (``data.class_path``, or ``data`` as a class name)."""
+    data = options.get("data")
+    return not (isinstance(data, str) or (isinstance(data, dict) and "class_path" in data))
+
+
 def resolve_config_args(args: list[str]) -> list[str]:
     """``args`` with each ``--config NAME`` (``--config=NAME``, ``-c NAME``) of a packaged recipe
-    replaced by the recipe's file (:func:`resolve_config`)."""
+    replaced by the recipe's file (:func:`resolve_config`). ``ValueError`` (one line) for a base
+    config given after an overlay: it would override the overlay's keys."""
     resolved = list(args)
+    overlay = None  # the first overlay given so far, as given: "--config rpe"
     for i, arg in enumerate(resolved):
         if arg in CONFIG_OPTIONS and i + 1 < len(resolved):
-            resolved[i + 1] = resolve_config(os.fspath(resolved[i + 1]), arg)
+            option, at, prefix = arg, i + 1, ""
         elif isinstance(arg, str) and arg.startswith("--config="):
-            resolved[i] = "--config=" + resolve_config(arg[len("--config="):])
+            option, at, prefix = "--config", i, "--config="
+        else:
+            continue
+        given = os.fspath(resolved[at])[len(prefix):]
+        path, options = _resolve(given, option)
+        resolved[at] = prefix + path
+        if options is None:
+            continue
+        if _is_overlay(options):
+            overlay = overlay or f"{option} {given}"
+        elif overlay is not None:
+            raise ValueError(f"{option} {given} configures the data, a base recipe, but comes after "
+                             f"{overlay}, which sets keys on top of one: the base would override them; "
+                             f"give the base first ({option} {given} {overlay})")
     return resolved
 
 

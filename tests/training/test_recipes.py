@@ -99,3 +99,61 @@ def test_print_config_shows_a_recipe_in_full_from_any_folder(tmp_path):
     assert config["data"]["init_args"]["path"] == recipe["data"]["init_args"]["path"] == "data:moleculenet/esol.csv"
     assert config["model"]["init_from"] == "pretrained:zinc-descriptors"
     assert "gradient_clip_algorithm" in config["trainer"]  # every key, not only the recipe's
+
+
+def test_a_bare_name_of_a_file_here_and_of_a_recipe_says_which_it_read(tmp_path, monkeypatch, caplog):
+    """``--config esol`` beside an edited ``./esol.yaml`` reads the recipe and says, in one line,
+    that the file here is not read; ``./esol.yaml`` reads the file; ``esol.yaml`` (a file here
+    by that exact name) reads the file and says the recipe is not read."""
+    monkeypatch.chdir(tmp_path)
+    recipe = yaml.safe_load((RECIPES_DIR / "esol.yaml").read_text())
+    edited = {**recipe, "trainer": {**recipe["trainer"], "max_epochs": 123}}
+    (tmp_path / "esol.yaml").write_text(yaml.safe_dump(edited))
+    shown = subprocess.run([BIN / "graphormer-urpe", "fit", "--config", "esol", "--print_config"],
+                           capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert yaml.safe_load(shown.stdout)["trainer"]["max_epochs"] == recipe["trainer"]["max_epochs"] != 123
+    assert [line for line in shown.stderr.splitlines() if "esol" in line] == [
+        f"--config esol: read the packaged recipe {RECIPES_DIR / 'esol.yaml'}, not the file "
+        f"{tmp_path / 'esol.yaml'} here (give --config ./esol.yaml to read that file)"]
+    caplog.clear()
+    assert build_cli(["--config", "./esol.yaml"], run=False).trainer.max_epochs == 123
+    assert "--config" not in caplog.text  # a path is the file: nothing to say
+    assert build_cli(["--config", "esol.yaml"], run=False).trainer.max_epochs == 123
+    assert [m for m in caplog.messages if m.startswith("--config")] == [f"--config esol.yaml: read the file {tmp_path / 'esol.yaml'} here, not the "
+                               f"packaged recipe {RECIPES_DIR / 'esol.yaml'} (give that path to read the recipe)"]
+
+
+@pytest.mark.parametrize("content, reason", [
+    ("smiles,y\nCCO,1.5\nCCN,0.5\n", "it reads as plain text"),  # a data file named like the recipe
+    ("", "it is empty"),
+    ("trainer: [max_steps\n", "while parsing a flow sequence"),  # an edit that broke the YAML
+])
+def test_a_file_that_is_no_config_is_refused_in_one_line(tmp_path, monkeypatch, capsys, content, reason):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "esol").write_text(content)
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", "--config", "esol"])
+    out, err = capsys.readouterr()
+    assert stopped.value.code == 2 and out == "" and err.count("\n") == 1, err
+    assert err.startswith("graphormer-urpe: error: --config esol: not a config file (a YAML mapping of "
+                          f"options): {reason}")
+    assert err.rstrip().endswith(f"; the packaged recipe of that name is {RECIPES_DIR / 'esol.yaml'}")
+
+
+@pytest.mark.parametrize("configs", [["--config", "rpe", "--config", "zinc"],
+                                     ["--config=quickstart", "-c", str(REPO / "configs" / "zinc.yaml")],
+                                     ["--config", "overrides.yaml", "--config", "esol"]])
+def test_a_base_recipe_after_an_overlay_is_refused_in_one_line(configs, tmp_path, monkeypatch, capsys):
+    """The base would override the overlay's keys (``rpe`` then ``zinc`` trained URPE)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "overrides.yaml").write_text("trainer:\n  max_steps: 10\n")
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", *configs])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.count("\n") == 1, err
+    overlay = " ".join(configs[:2]) if configs[0] == "--config" else configs[0].replace("=", " ")
+    base = " ".join(configs[-2:])
+    assert err == (f"graphormer-urpe: error: {base} configures the data, a base recipe, but comes after "
+                   f"{overlay}, which sets keys on top of one: the base would override them; give the "
+                   f"base first ({base} {overlay})\n")
