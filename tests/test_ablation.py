@@ -461,3 +461,42 @@ def test_crafted_state_in_a_run_directory_is_refused_without_running_its_code(
         "than tensors and plain values, which are never loaded"), done.stderr[-3000:]
     assert not marker.exists()
     assert ": fit" not in done.stdout  # refused before the run started
+
+
+def test_the_runs_import_no_module_of_the_folder_the_command_runs_in(zinc_data_root, tmp_path):
+    """A ``torchmetrics.py`` in the current folder is the user's file, not the library: the
+    installed command's fit and test import the installed one, and the planted file never runs."""
+    work, marker = tmp_path / "work", tmp_path / "planted module ran"
+    work.mkdir()
+    (work / "torchmetrics.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    command = [str(Path(sys.executable).parent / "graphormer-urpe-ablation"),
+               *runner_command(tmp_path, zinc_data_root, "--arms", "rpe", "--trainer.max_steps", "2",
+                               "--model.total_steps", "2", "--model.warmup_steps", "1")[3:]]
+    done = subprocess.run(command, cwd=work, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert ": test" in done.stdout and read_json(tmp_path / "results.json", [])
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("python", [(3, 11), (3, 10)])
+def test_a_command_run_without_its_console_script_imports_nothing_of_the_current_folder(
+        tmp_path, monkeypatch, python):
+    """Where no console script stands beside the interpreter, a child command is the interpreter
+    running the module (``-P -m``; on Python 3.10, which has no ``-P``, ``runpy``): a module of the
+    current folder is not found, one on ``PYTHONPATH`` is."""
+    from graphormer_urpe.utils import process
+
+    work, on_path = tmp_path / "work", tmp_path / "on_path"
+    for folder in (work, on_path):
+        folder.mkdir()
+        (folder / "shadowed.py").write_text(f"print({folder.name!r})\n")
+    (work / "only_here.py").write_text("print('imported')\n")
+    with monkeypatch.context() as patch:
+        patch.setattr(process.sys, "version_info", python)
+        commands = {name: process.console_command("no-such-script", name) for name in ("shadowed", "only_here")}
+    env = {**os.environ, "PYTHONPATH": str(on_path)}
+    shadowed = subprocess.run(commands["shadowed"], cwd=work, env=env, capture_output=True, text=True, timeout=60)
+    assert (shadowed.returncode, shadowed.stdout) == (0, "on_path\n"), shadowed.stderr
+    only_here = subprocess.run(commands["only_here"], cwd=work, env=env, capture_output=True, text=True, timeout=60)
+    assert only_here.returncode == 1 and "No module named only_here" in only_here.stderr, only_here.stderr

@@ -1,6 +1,6 @@
 """The command's process: how many CPU cores it may use (its workers: :mod:`.workers`);
 stopping on signals (:func:`run_command`: Ctrl-C, SIGTERM, a full disk as one line and an
-exit status)."""
+exit status); the command line of another of the package's commands (:func:`console_command`)."""
 from __future__ import annotations
 
 import contextlib
@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 
 def usable_cores() -> int:
@@ -18,6 +19,23 @@ def usable_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return max(len(os.sched_getaffinity(0)), 1)
     return os.cpu_count() or 1
+
+
+def console_command(script: str, module: str) -> list[str]:
+    """The command line that runs the package's console script ``script`` (whose code is
+    ``module``) in a child process: the script beside the interpreter (a virtual environment's
+    ``bin``), else the interpreter running ``module`` as ``python -m`` does, but without the
+    current folder on its import path: ``-m`` puts it first, so a file of the user's folder
+    named like a library (``torchmetrics.py``) would be imported in the library's place.
+    ``PYTHONPATH`` and the user's site-packages stay, unlike ``-I``."""
+    installed = Path(sys.executable).with_name(script)
+    if installed.is_file():
+        return [str(installed)]
+    if sys.version_info >= (3, 11):
+        return [sys.executable, "-P", "-m", module]
+    # -P is new in 3.11; -c puts the current folder first as ''
+    return [sys.executable, "-c", "import runpy, sys; del sys.path[0]; "
+                                  f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"]
 
 
 #: Signals that stop a command like Ctrl-C: ``kill``, a closed terminal or SSH session.

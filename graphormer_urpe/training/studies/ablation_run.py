@@ -3,9 +3,11 @@
 
 A run lives in ``<runs-dir>/<name>/<arm>-s<seed>/`` with its logs, checkpoints and
 :data:`RUN_RECORD` (its arguments, commit, attempts and result). It is trained by ``fit`` and
-tested by ``test``, each a subprocess of ``python -m graphormer_urpe.cli.fit`` with the recipe,
-the arm's backbone and the seed; it resumes from its ``checkpoints/last.ckpt`` (its steps are the
-checkpoint's ``global_step``), and once it has a result it is not redone. A time slice ends with
+tested by ``test``, each a subprocess of ``graphormer-urpe``
+(:func:`~graphormer_urpe.utils.process.console_command`: the current folder is not on its import
+path) with the recipe, the arm's backbone and the seed; it resumes from its
+``checkpoints/last.ckpt`` (its steps are the checkpoint's ``global_step``), and once it has a
+result it is not redone. A time slice ends with
 SIGTERM to its ``fit``, which saves the run's whole state in ``last.ckpt`` and stops.
 """
 from __future__ import annotations
@@ -14,13 +16,13 @@ import csv
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any, Protocol
 
 from graphormer_urpe.training.studies.ablation_results import entry_problem, is_number, metric_of, now
 from graphormer_urpe.utils.files import read_json, write_json
+from graphormer_urpe.utils.process import console_command
 
 #: What each arm changes in the recipe's ``model.backbone`` (merged into it; everything else in
 #: the backbone, e.g. a smaller model, stays as the recipe has it).
@@ -186,7 +188,7 @@ class Run:
         attempt's wall time is kept up to date in the run record (a kill loses < HEARTBEAT_S).
         With ``seconds``, the command gets SIGTERM after that long (the end of a slice: a fit
         saves its state and stops). The attempt (its record entry)."""
-        command = [sys.executable, "-m", "graphormer_urpe.cli.fit", stage, *args]
+        command = [*console_command("graphormer-urpe", "graphormer_urpe.cli.fit"), stage, *args]
         attempt = {"stage": stage, "started": now(), "commit": self.grid.commit, "device": self.grid.device,
                    "wall_s": 0.0, "returncode": None}
         record["attempts"].append(attempt)

@@ -45,7 +45,7 @@ from graphormer_urpe.training.studies.search_space import (
 from graphormer_urpe.training.studies.search_storage import (
     RECIPE_ATTR, StorageFailed, check_writable, connect, fail_and_queue_again, heartbeat, retried,
     safe_url, storage_error, trial_id)
-from graphormer_urpe.utils.process import INTERRUPTED, STOP_SIGNALS
+from graphormer_urpe.utils.process import INTERRUPTED, STOP_SIGNALS, console_command
 
 PROG = "graphormer-urpe-hpopt"
 #: The trial's study, storage and pruner, as JSON, in the environment of a trial's ``fit``.
@@ -87,11 +87,6 @@ def make_pruner(spec: dict):
         return optuna.pruners.NopPruner()
     return optuna.pruners.MedianPruner(n_startup_trials=spec["startup_trials"],
                                        n_warmup_steps=spec["warmup_validations"])
-
-
-def fit_command() -> list[str]:
-    script = Path(sys.executable).with_name("graphormer-urpe")
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "graphormer_urpe.cli.fit"]
 
 
 def trial_line(trial, monitor: str) -> str:
@@ -196,7 +191,8 @@ class Search:
             "storage": self.storage_url, "study": self.study.study_name, "trial": number,
             "monitor": self.monitor, "pruner": self.pruner, "parent": os.getpid()})}
         log = run_dir / FIT_LOG
-        command = [*fit_command(), *self.fit_args(params_file, run_dir)]
+        command = [*console_command("graphormer-urpe", "graphormer_urpe.cli.fit"),
+                   *self.fit_args(params_file, run_dir)]
         with open(log, "w") as out:
             out.write(shlex.join(command) + "\n")
             out.flush()
