@@ -109,11 +109,44 @@ def test_a_full_disk_keeps_the_previous_file_whole(trained, tmp_path):
     """``torch.save`` writes part of the file and then fails as a full disk does: one line, exit
     status 1, the previous export byte for byte, no temporary file."""
     out = tmp_path / "backbone.pt"
-    out.write_bytes(b"the previous export")
+    assert export(trained, out).returncode == 0
+    previous = out.read_bytes()
     fill = ("import errno, torch\nsave = torch.save\n"
             "def full(obj, f, *a, **k):\n"
             "    f.write(b'half a file')\n"
             "    raise OSError(errno.ENOSPC, 'No space left on device')\n"
             "torch.save = full")
     assert_refused(export(trained, out, code=fill), 1, "No space left on device")
-    assert out.read_bytes() == b"the previous export" and hidden_files(tmp_path) == []
+    assert out.read_bytes() == previous and hidden_files(tmp_path) == []
+
+
+def test_a_previous_export_is_replaced(trained, tmp_path):
+    out = tmp_path / "backbone.pt"
+    out.write_bytes(SHIPPED.read_bytes())  # an export of this command
+    done = export(trained, out)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert torch.load(out, weights_only=True)["trained"]["source"] == trained.name
+
+
+@pytest.mark.parametrize("existing", ["another checkpoint of the run", "a data file"])
+def test_an_existing_file_that_is_no_export_is_not_overwritten(trained, esol_csv, tmp_path, existing):
+    """``out`` naming the run's best checkpoint (not the one exported) or a data file: one line,
+    exit status 2, the file as it was."""
+    out = tmp_path / "best.ckpt"
+    out.write_bytes(trained.read_bytes() if existing == "another checkpoint of the run" else esol_csv.read_bytes())
+    before = digest(out)
+    assert_refused(export(trained, out), 2, f"out {out} exists and is not a backbone written by "
+                                            "graphormer-urpe-export (it would be overwritten)")
+    assert digest(out) == before and hidden_files(tmp_path) == []
+
+
+def test_a_checkpoint_whose_weights_hold_nan_is_refused(trained, tmp_path):
+    """Weights that predict refuses are not exported: one line naming the tensor, nothing written."""
+    saved = torch.load(trained, weights_only=True)
+    name = next(k for k, v in saved["state_dict"].items() if k.startswith("model.") and v.is_floating_point())
+    saved["state_dict"][name][0] = float("nan")
+    diverged = tmp_path / "diverged.ckpt"
+    torch.save(saved, diverged)
+    assert_refused(export(diverged, tmp_path / "out.pt"), 2,
+                   f"checkpoint {diverged} has non-finite weights (NaN or inf) in 1 tensor(s): {name}")
+    assert not (tmp_path / "out.pt").exists()

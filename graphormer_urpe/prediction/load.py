@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from graphormer_urpe.utils.torch_files import CheckpointError, model_checkpoint_state, read_checkpoint
+from graphormer_urpe.utils.workers import ran_out_of_memory
 from graphormer_urpe.prediction.model import RETIRED_HPARAMS, ModelEnsemble, predict_smiles
 from graphormer_urpe.prediction.table import InputRow
 
@@ -28,7 +29,8 @@ RUN_LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
 _PROBE_SMILES = "CCO"
 
 
-def _check_finite(ckpt: Path, state_dict: dict) -> None:
+def check_finite(ckpt: Path, state_dict: dict) -> None:
+    """:class:`CheckpointError` naming the tensors of ``state_dict`` that hold NaN or inf."""
     bad = [name for name, value in state_dict.items()
            if isinstance(value, torch.Tensor) and value.is_floating_point() and not torch.isfinite(value).all()]
     if bad:
@@ -60,7 +62,7 @@ def load_module(ckpt: str | Path, map_location: str = "cpu", *, model_class: typ
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict) \
             or not isinstance(checkpoint.get("hyper_parameters"), dict):
         raise CheckpointError(f"{ckpt} is not a Lightning checkpoint (no state_dict/hyper_parameters)")
-    _check_finite(ckpt, checkpoint["state_dict"])
+    check_finite(ckpt, checkpoint["state_dict"])
     if not any(key.startswith("model.") for key in checkpoint["state_dict"]):
         # a shipped backbone (graphormer_urpe.prediction.pretrained.export): the backbone's own names
         checkpoint["state_dict"] = {f"model.{k}": v for k, v in checkpoint["state_dict"].items()}
@@ -82,6 +84,8 @@ def load_module(ckpt: str | Path, map_location: str = "cpu", *, model_class: typ
         module.eval()
         predict_smiles(module, [InputRow(_PROBE_SMILES)], max_nodes=8, batch_size=1)
     except Exception as exc:  # noqa: BLE001 - hand-edited hyperparameters fail in many ways
+        if ran_out_of_memory(exc):  # the machine's limit, not the checkpoint's fault
+            raise
         raise CheckpointError(f"checkpoint {ckpt} does not match this version's GraphormerModule "
                               f"({type(exc).__name__}: {exc})") from None
     return module

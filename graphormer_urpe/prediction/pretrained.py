@@ -17,6 +17,8 @@ PREFIX = "pretrained:"
 WEIGHTS_DIR = Path(__file__).resolve().parents[1] / "pretrained"
 #: ``{name: file in WEIGHTS_DIR}``.
 MODELS = {"zinc-descriptors": "zinc-descriptors.pt"}
+#: The key of an exported backbone that says what it was exported from (its steps, its file).
+EXPORT_RECORD = "trained"
 
 
 def resolve(source: str | Path, option: str = "model.init_from") -> Path:
@@ -32,15 +34,26 @@ def resolve(source: str | Path, option: str = "model.init_from") -> Path:
     return WEIGHTS_DIR / MODELS[name]
 
 
+def is_export(content: object) -> bool:
+    """Whether ``content`` (a torch file read as data) is a backbone :func:`export` wrote: its
+    tensors, its hyperparameters and :data:`EXPORT_RECORD`, nothing else."""
+    return (isinstance(content, dict) and set(content) == {"state_dict", "hyper_parameters", EXPORT_RECORD}
+            and isinstance(content["state_dict"], dict)
+            and not any(str(key).startswith("model.") for key in content["state_dict"]))
+
+
 def export(checkpoint: str | Path, out: str | Path) -> dict:
     """Write ``checkpoint``'s backbone (float32 tensors, the output head included) and its
     hyperparameters (without ``init_from``) to ``out``, whole or not at all (a temporary file
     beside it, renamed: a full disk leaves a previous ``out`` as it was); returns what was
     written. One-line ``ValueError`` (a :class:`CheckpointError` for the checkpoint) before
-    anything is written when ``out`` is the checkpoint (any spelling, a link), ``out``'s folder
-    is missing or ``out`` a directory, or ``checkpoint`` is no training checkpoint (missing, a
-    directory, not a PyTorch archive, or a file without a model's weights, such as an exported
-    backbone)."""
+    anything is written when ``out`` is the checkpoint (any spelling, a link), an existing file
+    that is not a backbone written by this function (:func:`is_export`: another checkpoint of
+    the run, a data file), a directory, or in a missing folder, or when ``checkpoint`` is no
+    training checkpoint (missing, a directory, not a PyTorch archive, a file without a model's
+    weights such as an exported backbone, or weights that hold NaN or inf, which no command
+    loads)."""
+    from graphormer_urpe.prediction.load import check_finite
     from graphormer_urpe.utils.torch_files import CheckpointError, read_checkpoint
     from graphormer_urpe.utils.files import check_writable_dir, refuse_overwriting_inputs, save_torch
 
@@ -51,15 +64,24 @@ def export(checkpoint: str | Path, out: str | Path) -> dict:
         raise ValueError(f"out {out}: its folder {out.parent} does not exist")
     refuse_overwriting_inputs("out", [out], [("checkpoint", "training checkpoint", checkpoint)])
     check_writable_dir(out.parent, "out")
+    if out.is_file():
+        try:
+            previous = read_checkpoint(out)
+        except CheckpointError:
+            previous = None
+        if not is_export(previous):
+            raise ValueError(f"out {out} exists and is not a backbone written by graphormer-urpe-export "
+                             "(it would be overwritten): choose another output, or remove it first")
     saved = read_checkpoint(checkpoint)
     weights = saved.get("state_dict") if isinstance(saved, dict) else None
     if not isinstance(weights, dict) or not any(k.startswith("model.") for k in weights):
         raise CheckpointError(f"checkpoint {checkpoint} is not a training checkpoint: it has no model "
                               "weights (state_dict 'model.*'); an exported backbone is exported already")
+    check_finite(checkpoint, weights)
     state = {k.removeprefix("model."): v.float().contiguous() if v.is_floating_point() else v
              for k, v in weights.items() if k.startswith("model.")}
     hparams = {k: v for k, v in (saved.get("hyper_parameters") or {}).items() if k != "init_from"}
     content = {"state_dict": state, "hyper_parameters": hparams,
-               "trained": {"global_step": int(saved.get("global_step", 0)), "source": checkpoint.name}}
+               EXPORT_RECORD: {"global_step": int(saved.get("global_step", 0)), "source": checkpoint.name}}
     save_torch(content, out)  # a full disk: OSError (ENOSPC), one line from run_command
     return content
