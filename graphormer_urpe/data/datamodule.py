@@ -28,13 +28,12 @@ from pathlib import Path
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Sampler
 
 from graphormer_urpe.data.algos import MAX_HOPS_LIMIT
 from graphormer_urpe.data.batch import BatchPadding, GraphBatch
 from graphormer_urpe.data.collate import FlatGraphs
-from graphormer_urpe.data.dataset import EncodedGraphDataset, SeededShuffleSampler, check_seed
+from graphormer_urpe.data.dataset import EncodedGraphDataset, EvaluationSampler, SeededShuffleSampler, check_seed
 from graphormer_urpe.data.encoding_cache import encode_smiles_store
 from graphormer_urpe.data.encodings import DEFAULT_MAX_HOPS, EncodingParams
 from graphormer_urpe.data.feature_ids import num_embeddings
@@ -234,13 +233,13 @@ class GraphDataModule(pl.LightningDataModule):
         return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
 
     def _eval_sampler(self, dataset: EncodedGraphDataset) -> Sampler[int] | None:
-        """Each process's share of an evaluation split: every item once (no topping up, so no
-        graph is counted twice in a metric; shares may differ by one item); ``None`` for one
-        process."""
+        """Each process's share of an evaluation split (:class:`~.dataset.EvaluationSampler`:
+        every item counted once, as many batches on every process, also where the split has
+        fewer items than processes); ``None`` for one process."""
         rank, processes = self.processes()
         if processes == 1:
             return None
-        return UnrepeatedDistributedSampler(range(len(dataset)), num_replicas=processes, rank=rank, shuffle=False)
+        return EvaluationSampler(len(dataset), num_replicas=processes, rank=rank)
 
     def train_dataloader(self) -> DataLoader | ResidentLoader:
         dataset = self.train_dataset()

@@ -92,6 +92,32 @@ def unmasked(items: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return np.where(unlabelled, masked(items), items), unlabelled
 
 
+def share(order: np.ndarray, num_replicas: int, rank: int) -> np.ndarray:
+    """Process ``rank``'s items of ``order``: every ``num_replicas``-th from ``rank``. Where the
+    items do not share out evenly, the shares are topped up to one length with items of the
+    order's start :func:`masked` (counted in no loss or metric), so every process has as many
+    items, and batches, as the others, and no item is counted twice."""
+    order = np.asarray(order, dtype=np.int64)
+    if len(order) % num_replicas:
+        whole = order
+        order = np.resize(order, -(-len(order) // num_replicas) * num_replicas)
+        order[len(whole):] = masked(order[len(whole):])
+    return order[rank::num_replicas]
+
+
+class EvaluationSampler(DistributedSampler):
+    """Each process's share of an evaluation split (validation, test), in the split's order
+    (:func:`share`): every item counted once, and as many batches on every process, also for a
+    split with fewer items than processes, whose missing items are masked ones. Being a
+    ``DistributedSampler``, Lightning leaves it as it is."""
+
+    def __init__(self, num_items: int, num_replicas: int, rank: int) -> None:
+        super().__init__(range(int(num_items)), num_replicas=num_replicas, rank=rank, shuffle=False)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(share(np.arange(len(self.dataset)), self.num_replicas, self.rank).tolist())
+
+
 #: Seeds are numpy's (and Lightning's ``seed_everything``'s): 0 to 2**32 - 1.
 MAX_SEED = 2**32 - 1
 
@@ -190,13 +216,9 @@ class SeededShuffleSampler(DistributedSampler):
         """This process's items of the epoch in order, ``[len(self)]`` int64; items that only top
         up an uneven share are :func:`masked`."""
         order = self.permutation()
-        replicas = self.num_replicas
         if self.static_shapes:
-            order = order[:len(self) * replicas]
-        elif len(order) % replicas:
-            order = np.resize(order, len(self) * replicas)
-            order[self.num_items:] = masked(order[self.num_items:])
-        return order[self.rank::replicas]
+            order = order[:len(self) * self.num_replicas]
+        return share(order, self.num_replicas, self.rank)
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.shard()[self.batches_done() * self.batch_size:].tolist())

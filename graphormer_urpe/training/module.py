@@ -15,7 +15,7 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 import torch
 from torch import Tensor
-from torchmetrics import MetricCollection
+from torchmetrics import MeanMetric, MetricCollection
 
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.data.facts import DataFacts, check_checkpoint_encodings
@@ -191,6 +191,11 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
         for stage in ("val", "test"):
             setattr(self, f"{stage}_metrics", MetricCollection(
                 {self.task.metric_name: self.task.metric(self.facts.num_targets)}, prefix=f"{stage}/"))
+            # The split's mean loss over its labelled targets: sums and counts, added across the
+            # processes of a multi-process run (Lightning's own mean of a logged value truncates
+            # the processes' counts to an integer mean on gloo). A NaN loss stays NaN (the
+            # "disable" strategy would drop the weights).
+            setattr(self, f"{stage}_loss", MeanMetric(nan_strategy=float("nan")))
 
     def forward(self, batch: GraphBatch) -> Tensor:
         """Raw model outputs ``[B, num_targets]`` (logits for classification)."""
@@ -281,12 +286,12 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
 
     def _evaluate(self, batch: GraphBatch, stage: str) -> None:
         pred = self(batch).float()
-        if stage == "val":
-            self._nonfinite_outputs += (~torch.isfinite(pred)).sum()
-        metrics = getattr(self, f"{stage}_metrics")
+        if stage == "val":  # of the split's own items (not those that top up a process's share)
+            self._nonfinite_outputs += (~torch.isfinite(pred) & (batch.index >= 0)[:, None]).sum()
+        metrics, loss = getattr(self, f"{stage}_metrics"), getattr(self, f"{stage}_loss")
         self.task.update_metric(metrics[self.task.metric_name], pred, batch.y)
-        self.log(f"{stage}/loss", self._loss(pred, batch.y), batch_size=batch.num_graphs,
-                 sync_dist=True)
+        loss.update(*self.task.loss_terms(pred, batch.y))  # weighted by its labelled targets
+        self.log(f"{stage}/loss", loss, batch_size=batch.num_graphs)
         self.log_dict(metrics, batch_size=batch.num_graphs, prog_bar=True)
 
     def validation_step(self, batch: GraphBatch, batch_idx: int) -> None:

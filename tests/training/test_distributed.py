@@ -5,7 +5,9 @@ ZINC-12k, a tiny model, through the installed ``graphormer-urpe`` (2 gloo proces
   accumulating 2 batches too, with the DataLoader and with the resident loader; a checkpoint of 2
   processes resumes on 1 and one of 1 on 2 (dropout off: within float32 rounding);
 * a run stopped inside an epoch resumes only with its global batch (one line, before the data);
-* validation metrics of 2 processes equal those of 1 (no graph counted twice);
+* validation metrics of 2 processes equal those of 1 (no graph counted twice), and the loss and
+  metric of a validation or test split smaller than the processes, or shared out unevenly,
+  are the split's own (ESOL);
 * SIGTERM to one process of two stops both at one step, writes last.ckpt, exits 143 in one line,
   and the resumed run (dropout on, each process its own masks) equals the uninterrupted one bit
   for bit; Ctrl-C to the process group exits 130 in one line and leaves no process;
@@ -299,3 +301,56 @@ def test_a_signal_inside_an_accumulation_cycle_stops_at_its_update(zinc_data_roo
     graphormer_urpe(*fit_args(stopped, zinc_data_root, 1, 16, 6, *accumulate, "--ckpt_path", "last",
                               backbone=DROPOUT))
     assert largest_difference(last(stopped), last(straight)) == 0.0
+
+
+def csv_args(command: str, run_dir: Path, table: Path, splits: Path, processes: int, *extra: str) -> list[str]:
+    """``command`` (fit, validate, test) on the rows of ``table`` that ``splits`` names, through
+    the ESOL recipe with a tiny model."""
+    ddp = ["--trainer.strategy", "ddp"] if processes > 1 else []
+    return [command, "--config", str(REPO / "configs" / "esol.yaml"), "--trainer.default_root_dir", str(run_dir),
+            "--trainer.accelerator", "cpu", "--trainer.devices", str(processes), *ddp,
+            "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+            "--model.backbone", json.dumps({**TINY, **NO_DROPOUT}), "--data.init_args.path", str(table),
+            "--data.init_args.split_file", str(splits), "--data.init_args.cache_root", str(run_dir.parent / "cache"),
+            "--data.init_args.batch_size", "8", *extra]
+
+
+def results(stdout: str, stage: str) -> dict[str, float]:
+    """The metrics of Lightning's table of results (``val/loss 1.23``, ...)."""
+    rows = [line.split() for line in stdout.splitlines() if line.strip().startswith(f"{stage}/")]
+    return {name: float(value) for name, value in rows}
+
+
+def test_evaluation_on_two_processes_is_the_splits_own(esol_csv, tmp_path, run_main):
+    """A validation split of one ESOL molecule, fewer than the 2 processes (Lightning's sampler
+    stopped the fit with an AssertionError), and a test split of three, shared out 2 and 1 (the
+    loss was the mean of each process's mean, 1.5 times the split's): the 2-process fit
+    validates, and its checkpoint gives the split's own loss and metric on 2 processes as on 1."""
+    import csv
+
+    import pandas as pd
+
+    from graphormer_urpe.cli.fit import main
+
+    table = tmp_path / "esol40.csv"
+    pd.read_csv(esol_csv).head(40).to_csv(table, index=False)
+    splits = tmp_path / "splits.json"
+    splits.write_text(json.dumps({"train": list(range(32)), "val": [32], "test": [33, 34, 35]}))
+    run_dir = tmp_path / "fit"
+    graphormer_urpe(*csv_args("fit", run_dir, table, splits, 2, "--trainer.max_steps", "2",
+                              "--model.warmup_steps", "1", "--trainer.log_every_n_steps", "1"))
+    with open(next(run_dir.rglob("metrics.csv"))) as f:
+        logged = [row for row in csv.DictReader(f) if row.get("val/loss")]
+    assert len(logged) == 1  # after the epoch of 2 global batches: the checkpoint's weights
+    checkpoint = str(run_dir / "checkpoints" / "last.ckpt")
+
+    one = run_main(main, csv_args("validate", tmp_path / "validate1", table, splits, 1, "--ckpt_path", checkpoint))
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert results(one.stdout, "val") == pytest.approx(
+        {"val/loss": float(logged[-1]["val/loss"]), "val/mae": float(logged[-1]["val/mae"])}, rel=1e-6)
+
+    one = run_main(main, csv_args("test", tmp_path / "test1", table, splits, 1, "--ckpt_path", checkpoint))
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = graphormer_urpe(*csv_args("test", tmp_path / "test2", table, splits, 2, "--ckpt_path", checkpoint))
+    assert set(results(one.stdout, "test")) == {"test/loss", "test/mae"}
+    assert results(two.stdout, "test") == pytest.approx(results(one.stdout, "test"), rel=1e-6)
