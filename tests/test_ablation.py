@@ -328,6 +328,21 @@ def test_bad_runner_options_are_one_line_before_any_work(tmp_path, args, message
     assert "Traceback" not in done.stderr and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("name", ["../outside", "{tmp}/outside", "..", "a/b", ""])
+def test_a_name_that_is_a_path_is_refused_before_any_work(tmp_path, name):
+    """``--name`` is the grid's folder in ``--runs-dir``, as ``--study`` is the search's: a
+    path would train the grid elsewhere."""
+    name = name.format(tmp=tmp_path)
+    installed = str(Path(sys.executable).parent / "graphormer-urpe-ablation")
+    done = subprocess.run([installed, "--runs-dir", str(tmp_path / "runs" / "ablation"), "--results",
+                           str(tmp_path / "r.json"), "--name", name, "--seeds", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "graphormer-urpe-ablation: error: --name must be a plain name (letters, digits, '.', '_', '-'; "
+        f"not '.' or '..': it is a folder in --runs-dir), got {name!r}"], done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 def test_results_that_cannot_be_written_are_refused_before_any_run(tmp_path, run_main):
     (tmp_path / "file").write_text("")
     done = run_main(_main_status, ["--runs-dir", tmp_path / "runs", "--results", tmp_path / "file" / "r.json",

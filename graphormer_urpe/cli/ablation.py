@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from graphormer_urpe.cli.arguments import duration
+from graphormer_urpe.cli.arguments import duration, folder_name_problem
 from graphormer_urpe.training.recipes import resolve_config
 from graphormer_urpe.training.studies.ablation import MIN_SLICE_S, Grid, RunsFailed
 from graphormer_urpe.training.studies.ablation_results import (
@@ -64,8 +64,9 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
     parser.add_argument("--arms", nargs="+", choices=sorted(ARMS), default=["urpe", "rpe"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--name", default=None,
-                        help="recipe name: run directory and the results' 'recipe' field "
-                             "(default: config stems + a hash of the recipe arguments)")
+                        help="recipe name, a plain name: its run directory in --runs-dir and the "
+                             "results' 'recipe' field (default: config stems + a hash of the recipe "
+                             "arguments)")
     parser.add_argument("--runs-dir", type=Path, default=Path("runs/ablation"))
     parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS,
                         help="JSON list of runs, merged into")
@@ -114,6 +115,9 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
         parser.error("--time-budget trains one slice at a time: drop --jobs")
     if args.readme and args.table_only and not args.name:
         parser.error("--readme with --table-only needs --name")
+    problem = None if args.name is None or args.table_only else folder_name_problem("--name", args.name, "--runs-dir")
+    if problem:  # the runs are trained in <runs-dir>/<name>
+        raise _refuse(ValueError(problem))
     stray = [a for a in overrides if a.startswith("--") and not a.startswith(
         ("--trainer.", "--model.", "--data.", "--checkpoint.", "--lr_monitor."))]
     if stray:

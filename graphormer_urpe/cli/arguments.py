@@ -32,3 +32,13 @@ def duration(text: str) -> float:
     if total <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive duration, got {text!r}")
     return total
+
+
+def folder_name_problem(option: str, name: str, parent: str) -> str | None:
+    """Why ``name``, given as ``option``, cannot name a folder inside ``parent`` (an option
+    naming a directory), in one line; None when it can: letters, digits, '.', '_' and '-', not
+    '.' or '..' (a path, such as ``../x`` or ``/abs``, would put the folder elsewhere)."""
+    if re.fullmatch(r"[\w.-]+", name) and name not in (".", ".."):
+        return None
+    return (f"{option} must be a plain name (letters, digits, '.', '_', '-'; not '.' or '..': "
+            f"it is a folder in {parent}), got {name!r}")

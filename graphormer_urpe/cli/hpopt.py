@@ -36,12 +36,11 @@ naming the trial left running, which the same command run again fails and runs a
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from pathlib import Path
 
-from graphormer_urpe.cli.arguments import duration
+from graphormer_urpe.cli.arguments import duration, folder_name_problem
 from graphormer_urpe.training.recipes import resolve_config
 from graphormer_urpe.training.studies.search import BEST_CONFIG, FIT_LOG, PROG, STUDY_DB, open_search
 from graphormer_urpe.training.studies.search_space import Refused, check_overrides, read_space
@@ -103,9 +102,9 @@ def parse_args(argv: list[str] | None):
         args.config = [resolve_config(config) for config in args.config]
     except ValueError as error:
         parser.error(str(error))
-    if not re.fullmatch(r"[\w.-]+", args.study) or args.study in (".", ".."):
-        parser.error("--study must be a plain name (letters, digits, '.', '_', '-'; not '.' or '..': "
-                     f"it is a folder in --runs-dir), got {args.study!r}")
+    problem = folder_name_problem("--study", args.study, "--runs-dir")
+    if problem:
+        parser.error(problem)
     return args, overrides
 
 
