@@ -343,6 +343,16 @@ def test_a_name_that_is_a_path_is_refused_before_any_work(tmp_path, name):
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+def test_the_results_and_table_default_to_the_runs_directory(tmp_path):
+    """Without ``--results`` the table is written from ``<runs-dir>/results.json`` into
+    ``results.md`` beside it (``runs/ablation`` of the current folder), and nowhere else."""
+    installed = str(Path(sys.executable).parent / "graphormer-urpe-ablation")
+    done = subprocess.run([installed, "--table-only"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
+        "runs", "runs/ablation", "runs/ablation/results.md"]
+
+
 def test_results_that_cannot_be_written_are_refused_before_any_run(tmp_path, run_main):
     (tmp_path / "file").write_text("")
     done = run_main(_main_status, ["--runs-dir", tmp_path / "runs", "--results", tmp_path / "file" / "r.json",
@@ -487,11 +497,12 @@ def test_the_runs_import_no_module_of_the_folder_the_command_runs_in(zinc_data_r
     command = [str(Path(sys.executable).parent / "graphormer-urpe-ablation"),
                *runner_command(tmp_path, zinc_data_root, "--arms", "rpe", "--trainer.max_steps", "2",
                                "--model.total_steps", "2", "--model.warmup_steps", "1")[3:]]
+    del command[command.index("--results"):command.index("--results") + 2]  # the default, in --runs-dir
     done = subprocess.run(command, cwd=work, env={**os.environ, "OMP_NUM_THREADS": "1"},
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert ": test" in done.stdout and read_json(tmp_path / "results.json", [])
-    assert not marker.exists()
+    assert ": test" in done.stdout and read_json(tmp_path / "runs" / "results.json", [])
+    assert not marker.exists() and [p.name for p in work.iterdir()] == ["torchmetrics.py"]
 
 
 @pytest.mark.parametrize("python", [(3, 11), (3, 10)])

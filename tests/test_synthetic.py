@@ -169,6 +169,23 @@ def test_console_script_exits_zero_after_a_successful_grid(tmp_path):
     assert "| urpe |" in result.stdout
 
 
+def test_console_script_writes_nothing_outside_its_run_dir_by_default(tmp_path):
+    """Run in a folder that has a ``docs/synthetic.md`` of its own, without ``--results-dir`` or
+    ``--markdown``: the tables go beside the cells in ``runs/synthetic``, the user's docs stay."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "synthetic.md").write_text("# The user's own page\n")
+    argv = _console_command(tmp_path, steps=2)
+    for option in ("--run-dir", "--results-dir", "--markdown"):
+        del argv[argv.index(option):argv.index(option) + 2]
+    result = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (tmp_path / "docs" / "synthetic.md").read_text() == "# The user's own page\n"
+    assert sorted(p.name for p in (tmp_path / "docs").iterdir()) == ["synthetic.md"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["docs", "runs"]
+    written = {p.name for p in (tmp_path / "runs" / "synthetic").iterdir()}
+    assert {"synthetic.json", "synthetic.csv"} <= written and len(written) == 4  # and the cell's .json, .pt
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_console_script_stopped_while_it_trains_says_so_in_one_line(tmp_path, signum):
     """SIGTERM (a scheduler) or Ctrl-C while the grid trains its first cell: one line naming the

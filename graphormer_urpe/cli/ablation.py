@@ -41,7 +41,7 @@ from graphormer_urpe.cli.arguments import duration, folder_name_problem
 from graphormer_urpe.training.recipes import resolve_config
 from graphormer_urpe.training.studies.ablation import MIN_SLICE_S, Grid, RunsFailed
 from graphormer_urpe.training.studies.ablation_results import (
-    DEFAULT_RESULTS, best_run, figure_path, read_results, readme_block, write_progress_block,
+    RESULTS_FILE, best_run, figure_path, read_results, readme_block, write_progress_block,
     write_readme_block, write_table)
 from graphormer_urpe.training.studies.ablation_run import ARMS
 from graphormer_urpe.utils.files import (
@@ -68,8 +68,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
                              "results' 'recipe' field (default: config stems + a hash of the recipe "
                              "arguments)")
     parser.add_argument("--runs-dir", type=Path, default=Path("runs/ablation"))
-    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS,
-                        help="JSON list of runs, merged into")
+    parser.add_argument("--results", type=Path, default=None,
+                        help=f"JSON list of runs, merged into (default: <runs-dir>/{RESULTS_FILE})")
     parser.add_argument("--table", type=Path, default=None,
                         help="markdown table (default: the results path with .md)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (without --time-budget)")
@@ -91,6 +91,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
                              "B of RPE with the same seed to DIR/<name>-tables.png")
     args, overrides = parser.parse_known_args(argv)
     args.config = args.config or ["zinc"]
+    args.results = args.results or args.runs_dir / RESULTS_FILE
     for config in args.config:  # names stay names: each fit reads the recipe of its own install
         try:
             resolve_config(config)

@@ -3,8 +3,9 @@
 Trains ``task x vocab x position scheme x seed`` on Position Identification and Even Token
 Prediction (:mod:`graphormer_urpe.training.studies.synthetic`). Each finished cell is kept in
 ``--run-dir`` (``<cell>.json`` and ``<cell>.pt``, the weights for ``graphormer-urpe-plot``), so a
-killed grid resumes where it stopped. The table goes to ``--markdown`` (between the ``results``
-markers) and ``--results-dir`` (``synthetic.json``, ``synthetic.csv``), and is printed.
+killed grid resumes where it stopped. The table is printed and goes to ``--results-dir``
+(``synthetic.json``, ``synthetic.csv``; by default ``--run-dir``) and, when given, into
+``--markdown`` (between the ``results`` markers).
 Same as ``python -m graphormer_urpe.cli.synthetic``.
 """
 from __future__ import annotations
@@ -33,10 +34,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--run-dir", type=Path, default=Path("runs/synthetic"),
                         help="per-cell metrics and weights (the resume state)")
-    parser.add_argument("--results-dir", type=Path, default=Path("docs/results"),
-                        help="where synthetic.json / synthetic.csv go ('' to skip)")
-    parser.add_argument("--markdown", type=Path, default=Path("docs/synthetic.md"),
-                        help="markdown file whose results block is rewritten ('' to skip)")
+    parser.add_argument("--results-dir", type=Path, default=None,
+                        help="where synthetic.json / synthetic.csv go (default: --run-dir; '' to skip)")
+    parser.add_argument("--markdown", type=Path, default=None,
+                        help="markdown file whose results block is rewritten (default: none)")
     parser.add_argument("--no-progress", action="store_true")
     training = parser.add_argument_group(
         "training", "override a TrainConfig field for every task (default: the task's own value, "
@@ -55,8 +56,9 @@ def run(argv: Sequence[str] | None = None) -> list[CellResult]:
     results = run_grid(args.tasks, args.vocab_sizes, args.schemes, args.seeds, configs,
                        args.run_dir, progress=not args.no_progress)
     command = "graphormer-urpe-synthetic " + " ".join(sys.argv[1:] if argv is None else argv)
-    table = write_reports(results, args.results_dir if str(args.results_dir) not in ("", ".") else None,
-                          args.markdown if str(args.markdown) not in ("", ".") else None,
+    results_dir = args.run_dir if args.results_dir is None else args.results_dir
+    table = write_reports(results, results_dir if str(results_dir) not in ("", ".") else None,
+                          args.markdown if str(args.markdown or "") not in ("", ".") else None,
                           command.strip())
     print(table)
     return results

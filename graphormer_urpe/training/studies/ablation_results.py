@@ -23,7 +23,8 @@ from graphormer_urpe.data.task import get_task
 
 #: The arm every other arm is compared with, seed by seed (plain Graphormer).
 BASELINE = "rpe"
-DEFAULT_RESULTS = Path("docs/results/zinc_ablation.json")
+#: The results file of a runs directory, where ``--results`` is not given.
+RESULTS_FILE = "results.json"
 
 
 # --------------------------------------------------------------------------------------------
