@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -898,3 +899,74 @@ def test_a_calibration_file_that_cannot_be_read_or_is_the_output_is_named_as_cal
         result = run_main(predict_main, ["--ckpt", "pretrained:zinc-descriptors", "--input", str(source),
                                          "--output", str(out), "--calibrate", str(calibration), "--quiet"])
         assert result.returncode == 2 and expected in result.stderr, result.stderr
+
+
+# ----------------------------------------------- a field too large, memory that runs out
+def test_a_field_over_the_csv_limit_is_one_error_row_and_the_others_are_predicted(esol_run, esol_csv, tmp_path):
+    """A 2 MB SMILES among ESOL's molecules (the installed command): in a CSV, one error row
+    naming its line, its fields left empty (the whole input was refused: "field larger than
+    field limit"); as the first line of a one-SMILES-a-line file, the same (a traceback). A
+    131,000-carbon chain just under the limit is an error row for its size, counted before it
+    is featurized (which took 4 minutes). Every other row has the prediction it gets without
+    them."""
+    import pandas as pd
+
+    _, ckpt = esol_run
+    clean = pd.read_csv(esol_csv).iloc[:12]
+    huge, chain = "C" * 2_000_000, "C" * 131_000
+    rows = pd.concat([clean.iloc[:5], clean.iloc[[0]].assign(smiles=huge), clean.iloc[5:9],
+                      clean.iloc[[0]].assign(smiles=chain), clean.iloc[9:]])
+    rows.to_csv(tmp_path / "in.csv", index=False)
+    (tmp_path / "in.smi").write_text("\n".join([huge, *clean["smiles"]]) + "\n")
+    clean.to_csv(tmp_path / "clean.csv", index=False)
+    for name in ("clean", "in"):
+        started = time.monotonic()
+        done = installed_predict("--ckpt", ckpt, "--input", tmp_path / f"{name}.csv", "--output", tmp_path / f"{name}.out")
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert time.monotonic() - started < 120  # the chain alone took 4 minutes to featurize
+    expected = [row[f"prediction_{ESOL_TARGET}"] for row in read_output(tmp_path / "clean.out")]
+    got = read_output(tmp_path / "in.out")
+    assert len(got) == 14
+    assert got[5]["error"] == "line 7 cannot be read: field larger than field limit (131072)"
+    assert not any(got[5][column] for column in clean.columns)
+    assert got[10]["error"] == "molecule has 131000 atoms, more than max_nodes=512"
+    kept = got[:5] + got[6:10] + got[11:]
+    assert [row[f"prediction_{ESOL_TARGET}"] for row in kept] == expected
+    assert [row["smiles"] for row in kept] == list(clean["smiles"]) and not any(row["error"] for row in kept)
+
+    done = installed_predict("--ckpt", ckpt, "--input", tmp_path / "in.smi", "--output", tmp_path / "smi.out")
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = read_output(tmp_path / "smi.out")
+    assert got[0]["smiles"] == "" and got[0]["error"] == (
+        "line 1 cannot be read: longer than the field limit (131072 characters)")
+    assert [row[f"prediction_{ESOL_TARGET}"] for row in got[1:]] == expected
+
+
+@pytest.mark.parametrize("workers", ["2", "0"])
+def test_running_out_of_memory_is_one_line_and_leaves_the_previous_output(esol_csv, tmp_path, workers):
+    """The installed command under a 1.1 GiB address-space limit (``prlimit --as``), whose
+    batches need more (``--max-pairs 4000000``; ~1.6 GiB per predicting process): whether a
+    worker or the command itself runs out, one line saying so and what to lower, exit status
+    1, no traceback, the previous output byte for byte and no ``.part`` file left (it was a
+    traceback of torch's allocator, or oneDNN's ``could not create a primitive``)."""
+    import resource
+
+    output = tmp_path / "out.csv"
+    output.write_text("row,smiles,prediction,error\n1,CCO,-0.5,\n")  # a previous run's output
+    before = output.read_bytes()
+
+    def limit_memory() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (1100 << 20, 1100 << 20))
+
+    done = subprocess.run([str(PREDICT), "--ckpt", "pretrained:zinc-descriptors", "--input", str(esol_csv),
+                           "--output", str(output), "--max-pairs", "4000000", "--workers", workers, "--quiet"],
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL, preexec_fn=limit_memory,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    lower = ("--max-pairs (now 4000000), --batch-size (now 1024) or --workers (now 2)" if workers == "2"
+             else "--max-pairs (now 4000000) or --batch-size (now 1024)")
+    lines = [line for line in done.stderr.splitlines() if not line.startswith("models: ")]
+    assert done.returncode == 1 and len(lines) == 1, done.stderr[-3000:]
+    assert lines[0].startswith("graphormer-urpe-predict: error: ran out of memory (") \
+        and lines[0].endswith(f"); lower {lower}; nothing written"), lines[0]
+    assert output.read_bytes() == before
+    assert list(tmp_path.glob(".*.part")) == [] and list(tmp_path.glob("*.part")) == []

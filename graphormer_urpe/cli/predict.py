@@ -22,8 +22,9 @@ targets' names, else ``prediction`` / ``prediction_<k>``) and ``error``. An inpu
 name the output uses gets the prefix ``input_``. A row whose SMILES is empty, rejected by RDKit,
 contains white space (RDKit would silently read only its first word) or a character that is
 not ASCII (RDKit reads ``CCÖ`` as ``CC``), has an atom outside the featurizer's vocabulary, or is
-larger than ``--max-nodes`` gets an empty prediction and the reason; every other row is still
-predicted.
+larger than ``--max-nodes`` (counted before it is featurized) gets an empty prediction and the
+reason, as does a line that cannot be read (a field over the CSV reader's limit of 131,072
+characters: the row's fields are left empty); every other row is still predicted.
 
 Embeddings (``--embeddings FILE.npy``, ``--atom-embeddings FILE.npz``,
 :mod:`~graphormer_urpe.prediction.embeddings`, ``docs/embeddings.md``): each row's graph-token
@@ -32,7 +33,9 @@ vector, the one the output head reads, and each atom's, from one model.
 Safety and memory (:mod:`~graphormer_urpe.prediction.run`): the outputs are put in place together
 at the end, or none (a previous file stays as it was); an output that is a file the command reads
 (a link too) or cannot be written, and a checkpoint that fails its checks, are refused before any
-work; peak memory is bounded by ``--max-pairs``, whatever the input's length.
+work; peak memory is bounded by ``--max-pairs``, whatever the input's length, and a run that
+runs out of it says so in one line (exit status 1) with the options to lower. ``--workers`` starts
+no more processes than the CPU cores available and the input's chunks of ``--chunk-rows`` rows.
 """
 from __future__ import annotations
 
@@ -55,7 +58,7 @@ from graphormer_urpe.prediction.run import (
     stream)
 from graphormer_urpe.prediction.table import PredictionTable, SmilesInput, prediction_columns, read_smiles
 from graphormer_urpe.prediction.uncertainty import calibrated, check_calibrate, check_evaluate, evaluation
-from graphormer_urpe.utils.workers import WorkerDied
+from graphormer_urpe.utils.workers import WorkerDied, ran_out_of_memory, useful_workers
 from graphormer_urpe.utils.process import run_command, usable_cores
 from graphormer_urpe.utils.torch_files import CheckpointError
 
@@ -104,8 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"most molecules per batch (default {DEFAULT_BATCH_SIZE})")
     parser.add_argument("--workers", type=non_negative_int, default=usable_cores(),
                         help="processes that featurize and, on the CPU, predict with one torch thread "
-                             "each; 0 = all in this process with torch's threads (default: the CPU "
-                             "cores available)")
+                             "each, at most one per CPU core available and per --chunk-rows rows; 0 = "
+                             "all in this process with torch's threads (default: the CPU cores available)")
     parser.add_argument("--chunk-rows", type=positive_int, default=DEFAULT_CHUNK_ROWS,
                         help="rows read, sorted by size and batched together (default "
                              f"{DEFAULT_CHUNK_ROWS})")
@@ -134,7 +137,7 @@ def _exit_on(errors, status: int = 2, about: str = "", after: str = ""):
 
 def main(argv: list[str] | None = None) -> int:
     """The command: exit status 0; 2 for a refused input or output (one line, before any work);
-    1 for a full disk or a worker process that died, 130 for Ctrl-C, 143 for SIGTERM, 129 for
+    1 for a full disk, a worker process that died or memory that ran out, 130 for Ctrl-C, 143 for SIGTERM, 129 for
     SIGHUP (one line, :func:`~graphormer_urpe.utils.process.run_command`; a previous output is left as
     it was)."""
     args = build_parser().parse_args(argv)
@@ -144,10 +147,25 @@ def main(argv: list[str] | None = None) -> int:
 def _predict_or_say_why_not(args: argparse.Namespace) -> int:
     try:
         with _exit_on(WorkerDied, status=1, after="; nothing written"):  # its outputs discarded on the way out
-            return _predict(args)
+            try:
+                return _predict(args)
+            except Exception as exc:  # noqa: BLE001 - torch and oneDNN say so in a RuntimeError
+                if not ran_out_of_memory(exc):
+                    raise
+                raise _Exit(1, _out_of_memory(exc, args)) from None
     except _Exit as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return exc.status
+
+
+def _out_of_memory(error: Exception, args: argparse.Namespace) -> str:
+    """The line for a run that ran out of memory (in a worker or in this process): what failed and
+    the options that bound the memory it needs."""
+    what = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    workers = useful_workers(args.workers)
+    lower = [f"--max-pairs (now {args.max_pairs})", f"--batch-size (now {args.batch_size})",
+             *([f"--workers (now {workers})"] if workers > 1 else [])]
+    return f"ran out of memory ({what}); lower {', '.join(lower[:-1])} or {lower[-1]}; nothing written"
 
 
 @dataclass
@@ -194,7 +212,11 @@ def _checked(args: argparse.Namespace) -> _Run:
         check_files(source, target, ckpts, calibration=calibration, graph=graph, atoms=atoms,
                     mc_dropout=args.mc_dropout)
         outputs = Outputs(target, graph, atoms)
-    streaming = Streaming(args.max_nodes, args.max_pairs, args.batch_size, args.chunk_rows, args.workers, args.quiet)
+    workers = useful_workers(args.workers)
+    if workers < args.workers:
+        log.info("--workers %d is more than the %d cores this process may use: at most %d worker processes",
+                 args.workers, workers, workers)
+    streaming = Streaming(args.max_nodes, args.max_pairs, args.batch_size, args.chunk_rows, workers, args.quiet)
     return _Run(source, ckpts, calibration, device, outputs, streaming)
 
 

@@ -40,7 +40,8 @@ from graphormer_urpe.data.feature_ids import num_embeddings
 from graphormer_urpe.data.featurize import cached_smiles_graphs, featurizer_spec
 from graphormer_urpe.data.resident import ResidentLoader, ResidentSplit, TensorGraphs
 from graphormer_urpe.utils.lightning_private import batches_done
-from graphormer_urpe.utils.process import stop_on_signals, usable_cores
+from graphormer_urpe.utils.process import stop_on_signals
+from graphormer_urpe.utils.workers import useful_workers
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,17 @@ STAGE_SPLITS = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",)
 def _already_collated(batch: GraphBatch) -> GraphBatch:
     """DataLoader ``collate_fn``: ``EncodedGraphDataset.__getitems__`` has already built the batch."""
     return batch
+
+
+def _within_cores(name: str, value: int | None) -> int:
+    """A count of threads or processes (None: every usable core), at most the usable cores
+    (more only take turns on them: said in one warning); ``ValueError`` for one below 1."""
+    if value is not None and int(value) < 1:
+        raise ValueError(f"{name} must be >= 1, or null for every usable core, got {value}")
+    count = useful_workers(value)
+    if value is not None and int(value) > count:
+        log.warning("%s %s is more than the %d cores this process may use: using %d", name, value, count, count)
+    return count
 
 
 class GraphDataModule(pl.LightningDataModule):
@@ -72,8 +84,9 @@ class GraphDataModule(pl.LightningDataModule):
         max_nodes: training graphs with more nodes are dropped (logged); evaluation keeps all.
         seed: training order seed (with the epoch).
         encode_threads: threads for computing encodings (once per split; cached afterwards);
-            default: every usable core (:func:`graphormer_urpe.utils.process.usable_cores`).
-        build_workers: processes featurizing SMILES (default: every usable core).
+            default: every usable core (:func:`graphormer_urpe.utils.process.usable_cores`), and
+            never more.
+        build_workers: processes featurizing SMILES (default: every usable core, and never more).
         device_resident: keep each split on the trainer's device (``trainer.strategy.root_device``,
             CPU outside a trainer) and gather batches there (:mod:`.resident`); the loaders are
             then :class:`~.resident.ResidentLoader` objects (``num_workers``/``pin_memory`` unused).
@@ -115,8 +128,8 @@ class GraphDataModule(pl.LightningDataModule):
         self.max_nodes = int(max_nodes)
         self.seed = check_seed("data.init_args.seed", seed)
         self.pin_memory = bool(pin_memory)
-        self.encode_threads = usable_cores() if encode_threads is None else int(encode_threads)
-        self.build_workers = build_workers
+        self.encode_threads = _within_cores("encode_threads", encode_threads)
+        self.build_workers = _within_cores("build_workers", build_workers)
         self.device_resident = bool(device_resident)
         self.static_shapes = bool(static_shapes)
         self.bucket_batches = SeededShuffleSampler.check_bucket_batches(bucket_batches)  # before any build

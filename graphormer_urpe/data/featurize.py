@@ -24,8 +24,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from graphormer_urpe.utils.process import usable_cores
-from graphormer_urpe.utils.workers import WorkerProcesses
+from graphormer_urpe.utils.workers import WorkerProcesses, useful_workers
 
 #: The ZINC benchmark's atom vocabulary, in id order (= ``atom_dict.json`` of the raw data).
 ZINC_ATOM_TOKENS: tuple[str, ...] = (
@@ -161,6 +160,14 @@ def heavy_atom_count(smiles: str) -> int:
     return 0 if mol is None else sum(atom.GetAtomicNum() != 1 for atom in mol.GetAtoms())
 
 
+def atoms_over(smiles: str, limit: int) -> int:
+    """:func:`heavy_atom_count` of ``smiles`` where it is more than ``limit``, else 0: the size
+    of a SMILES too large to featurize (which would take minutes for 100,000 atoms), known
+    before it is. Every atom takes at least one character, so only longer SMILES are parsed."""
+    count = heavy_atom_count(smiles) if len(smiles) > limit else 0
+    return count if count > limit else 0
+
+
 def _featurize_chunk(args: tuple[str, int, list[str], int | None]) -> tuple:
     from rdkit import RDLogger
 
@@ -169,8 +176,7 @@ def _featurize_chunk(args: tuple[str, int, list[str], int | None]) -> tuple:
     to_arrays = FEATURIZERS[name].graph_arrays
     xs, edge_indices, edge_attrs, rejected, too_large = [], [], [], [], []
     for position, s in enumerate(smiles, start):
-        # every atom takes at least one character: only longer SMILES need counting
-        if max_atoms is not None and len(s) > max_atoms and heavy_atom_count(s) > max_atoms:
+        if max_atoms is not None and atoms_over(s, max_atoms):
             too_large.append(position)
             continue
         try:
@@ -204,11 +210,11 @@ def _apply(job: tuple[Callable, Any]) -> Any:
 
 @contextlib.contextmanager
 def worker_pool(num_workers: int | None) -> Iterator[WorkerProcesses | None]:
-    """``num_workers`` worker processes (default: all cores; :mod:`~graphormer_urpe.utils.workers`),
-    or None for one. Start them BEFORE reading a large input: a worker forked later shares the
-    parent's pages, which are then duplicated as the parent keeps touching them (reference
-    counts, garbage collection)."""
-    num_workers = num_workers or usable_cores()
+    """``num_workers`` worker processes (default: all cores; never more than the usable cores:
+    :func:`~graphormer_urpe.utils.workers.useful_workers`), or None for one. Start them BEFORE
+    reading a large input: a worker forked later shares the parent's pages, which are then
+    duplicated as the parent keeps touching them (reference counts, garbage collection)."""
+    num_workers = useful_workers(num_workers)
     if num_workers <= 1:
         yield None
         return
@@ -219,12 +225,13 @@ def worker_pool(num_workers: int | None) -> Iterator[WorkerProcesses | None]:
 def parallel_map(function: Callable, chunks: Iterable, num_workers: int | None, desc: str, sizes: list[int],
                  pool: WorkerProcesses | None = None):
     """``map(function, chunks)`` over ``pool`` or else ``num_workers`` worker processes (default:
-    all cores), in order, with a tqdm bar counting ``sizes`` (items per chunk, one per chunk).
+    all cores; at most one per chunk), in order, with a tqdm bar counting ``sizes`` (items per
+    chunk, one per chunk).
     ``chunks`` may be a generator: at most two chunks per worker are taken from it ahead of the
     results. A stop (Ctrl-C, SIGTERM) ends the workers before it is raised here."""
     with tqdm(total=sum(sizes), desc=desc, unit="mol") as bar, contextlib.ExitStack() as stack:
         if pool is None and len(sizes) > 1:
-            pool = stack.enter_context(worker_pool(min(num_workers or usable_cores(), len(sizes))))
+            pool = stack.enter_context(worker_pool(useful_workers(num_workers, len(sizes))))
         if pool is None:
             results = map(function, chunks)
         else:

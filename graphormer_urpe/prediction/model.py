@@ -15,6 +15,7 @@ featurize the chunks and, on the CPU, predict them with one torch thread each.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.nn.graphormer import GraphormerConfig, build_backbone
 from graphormer_urpe.data.task import get_task
 from graphormer_urpe.prediction.table import InputRow, PredictionTable, prediction_columns
-from graphormer_urpe.utils.workers import WorkerProcesses
+from graphormer_urpe.utils.workers import WorkerProcesses, useful_workers
 
 #: Padded node pairs ``B * (N + 1)^2`` per batch (graph token included): ~100 ZINC molecules;
 #: larger batches are slower on the CPU (their [B, H, N+1, N+1] tensors leave the caches). The
@@ -251,7 +252,7 @@ def featurize_chunk(job: tuple[str, int, list[str]]) -> RawChunk:
     """``(featurizer, max_nodes, smiles)`` -> :class:`RawChunk` (runs in worker processes)."""
     from rdkit import RDLogger
 
-    from graphormer_urpe.data.featurize import featurizer_spec
+    from graphormer_urpe.data.featurize import atoms_over, featurizer_spec
 
     RDLogger.DisableLog("rdApp.*")  # reasons go into the output's error column instead
     name, max_nodes, smiles = job
@@ -261,13 +262,16 @@ def featurize_chunk(job: tuple[str, int, list[str]]) -> RawChunk:
         if not text.strip():
             errors.append((position, "empty SMILES"))
             continue
-        try:
-            x, edge_index, edge_attr = spec.graph_arrays(text)
-        except ValueError as exc:
-            errors.append((position, str(exc)))
-            continue
-        if len(x) > max_nodes:
-            errors.append((position, f"molecule has {len(x)} atoms, more than max_nodes={max_nodes}"))
+        atoms = atoms_over(text, max_nodes)
+        if not atoms:
+            try:
+                x, edge_index, edge_attr = spec.graph_arrays(text)
+            except ValueError as exc:
+                errors.append((position, str(exc)))
+                continue
+            atoms = len(x)
+        if atoms > max_nodes:
+            errors.append((position, f"molecule has {atoms} atoms, more than max_nodes={max_nodes}"))
             continue
         graphs.append((len(x), position, x, edge_index, edge_attr))
     graphs.sort(key=lambda g: g[0])  # stable: equal sizes keep input order
@@ -414,9 +418,10 @@ def stream_predictions(module, rows: Iterable[InputRow], table: PredictionTable,
     :class:`~graphormer_urpe.prediction.embeddings.EmbeddingFiles`).
 
     ``workers = 0``: everything in this process. Otherwise ``workers`` processes
-    (:class:`~graphormer_urpe.utils.workers.WorkerProcesses`) featurize the chunks and, when
-    the model is on the CPU, also predict them with one torch thread each (on an accelerator this
-    process predicts). At most ``2 * workers + 1`` chunks are in memory.
+    (:class:`~graphormer_urpe.utils.workers.WorkerProcesses`; no more than the usable cores nor
+    than the input's chunks: :func:`~graphormer_urpe.utils.workers.useful_workers`) featurize
+    the chunks and, when the model is on the CPU, also predict them with one torch thread each
+    (on an accelerator this process predicts). At most ``2 * workers + 1`` chunks are in memory.
     """
     settings = (module.facts.featurizer, max_nodes, max_pairs, batch_size)
 
@@ -436,7 +441,11 @@ def stream_predictions(module, rows: Iterable[InputRow], table: PredictionTable,
             finish(chunk, featurized, featurized.errors)
         return
     on_cpu = next(module.parameters()).device.type == "cpu"
-    jobs = ((chunk, (*settings, [r.smiles for r in chunk])) for chunk in _chunks(rows, chunk_rows))
-    with WorkerProcesses(workers, _chunk_job, _init_worker, (module if on_cpu else None,)) as pool:
-        for chunk, (result, errors) in pool.imap(jobs, ahead=2 * workers + 1):
+    chunks = _chunks(rows, chunk_rows)
+    first = list(itertools.islice(chunks, useful_workers(workers)))  # one worker for each, at most
+    if not first:
+        return
+    jobs = ((chunk, (*settings, [r.smiles for r in chunk])) for chunk in itertools.chain(first, chunks))
+    with WorkerProcesses(len(first), _chunk_job, _init_worker, (module if on_cpu else None,)) as pool:
+        for chunk, (result, errors) in pool.imap(jobs, ahead=2 * pool.workers + 1):
             finish(chunk, result, errors)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,9 +39,14 @@ class SmilesInput:
 
 
 def open_smiles(handle, path: Path) -> SmilesInput:
-    """Reads the header of ``handle`` (text, ``newline=""``) and returns its rows lazily."""
+    """Reads the header of ``handle`` (text, ``newline=""``) and returns its rows lazily. A first
+    line that the CSV reader cannot read (a field over its limit) is no header: the file is one
+    SMILES a line."""
     first = handle.readline()
-    header = next(csv.reader([first]), [])
+    try:
+        header = next(csv.reader([first]), [])
+    except csv.Error:
+        header = [first]
     names = [c.strip().lower() for c in header]
     if "smiles" in names:
         column = names.index("smiles")
@@ -49,12 +55,20 @@ def open_smiles(handle, path: Path) -> SmilesInput:
         raise ValueError(f"{path}: CSV header {header} has no 'smiles' column")
 
     def lines() -> Iterator[InputRow]:
-        if first:
-            yield InputRow(first.rstrip("\r\n"))
-        for line in handle:
-            yield InputRow(line.rstrip("\r\n"))
+        for number, line in enumerate(itertools.chain([first] if first else [], handle), start=1):
+            line = line.rstrip("\r\n")
+            if len(line) > csv.field_size_limit():  # as long as the CSV reader refuses a field
+                yield _unreadable(number, f"longer than the field limit ({csv.field_size_limit()} characters)")
+            else:
+                yield InputRow(line)
 
     return SmilesInput(path, None, lines())
+
+
+def _unreadable(line: int, problem: str, width: int = 0) -> InputRow:
+    """The error row of input line ``line``, which cannot be read (``problem``). Its fields are
+    left empty: one over the CSV reader's limit would make the output as hard to read."""
+    return InputRow("", error=f"line {line} cannot be read: {problem}", fields=[""] * width)
 
 
 @contextlib.contextmanager
@@ -67,7 +81,16 @@ def read_smiles(path: Path) -> Iterator[SmilesInput]:
 
 
 def _csv_rows(reader, column: int, width: int) -> Iterator[InputRow]:
-    for fields in reader:
+    """The rows after the header; a record the reader cannot read (a field over its limit) is an
+    error row naming its line, and reading goes on at the next line."""
+    while True:
+        try:
+            fields = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:  # the reader has dropped the line and starts afresh after it
+            yield _unreadable(reader.line_num + 1, str(exc), width)
+            continue
         row = InputRow(fields[column] if column < len(fields) else "", fields=fields)
         if len(fields) != width:
             row.error = f"row has {len(fields)} fields, the header {width}"

@@ -16,7 +16,9 @@ which ends them (SIGKILL: they hold nothing that another process waits for) and 
 with those signals held back meanwhile so that no worker is left running. A worker whose parent
 was killed finds its pipe closed at its next job and ends. A worker that dies (the kernel's
 out-of-memory killer) ends the work with one error naming its exit status instead of a result
-that never comes.
+that never comes. :func:`useful_workers` is how many to start: no more than the usable cores
+nor than the jobs there are; :func:`ran_out_of_memory` tells a job's (or this process's)
+out-of-memory error from the others, which a command then names in one line.
 """
 from __future__ import annotations
 
@@ -24,11 +26,12 @@ import contextlib
 import multiprocessing
 import multiprocessing.connection
 import signal
+import sys
 import traceback
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-from graphormer_urpe.utils.process import STOP_SIGNALS, hold_stop_signals
+from graphormer_urpe.utils.process import STOP_SIGNALS, hold_stop_signals, usable_cores
 
 #: Signals a worker leaves to its parent.
 _PARENT_SIGNALS = (signal.SIGINT, *STOP_SIGNALS)
@@ -36,6 +39,32 @@ _PARENT_SIGNALS = (signal.SIGINT, *STOP_SIGNALS)
 _LEAVE_SECONDS = 10
 
 K = TypeVar("K")
+
+
+def useful_workers(asked: int | None, jobs: int | None = None) -> int:
+    """The worker processes worth starting for ``asked`` (None: one per usable core): at most
+    the cores this process may use (:func:`~graphormer_urpe.utils.process.usable_cores`; more
+    only take turns on them, each with its own memory) and, where the number of ``jobs`` is
+    known, at most one per job."""
+    cores = usable_cores()
+    count = cores if asked is None else min(int(asked), cores)
+    return count if jobs is None else min(count, int(jobs))
+
+
+#: What an allocation that failed says where it raises no ``MemoryError``: torch's CPU allocator
+#: (``DefaultCPUAllocator: can't allocate memory``, ``not enough memory``) and oneDNN, whose
+#: kernels cannot be created where no memory is left (``could not create a primitive``).
+_OUT_OF_MEMORY_MESSAGES = ("can't allocate memory", "not enough memory", "could not create a primitive")
+
+
+def ran_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is an allocation that failed: a ``MemoryError`` (Python, numpy), torch's
+    ``OutOfMemoryError`` (a device's memory) or a ``RuntimeError`` of torch's or oneDNN's saying
+    so (an address-space limit, ``ulimit -v``, or a full machine)."""
+    torch = sys.modules.get("torch")  # not imported for it: an error of torch's means it is loaded
+    if isinstance(error, MemoryError) or (torch is not None and isinstance(error, torch.OutOfMemoryError)):
+        return True
+    return isinstance(error, RuntimeError) and any(text in str(error) for text in _OUT_OF_MEMORY_MESSAGES)
 
 
 class WorkerDied(RuntimeError):
