@@ -6,8 +6,6 @@ study database locked during a trial and a SIGTERM to the search each end in one
 trial, and the same command run again fails that trial and runs its values again."""
 from __future__ import annotations
 
-import os
-import shlex
 import signal
 import sqlite3
 import subprocess
@@ -19,6 +17,7 @@ import pytest
 import yaml
 
 from graphormer_urpe.training.studies.search import BEST_CONFIG, DIVERGED_MARKER, FIT_LOG, STUDY_DB
+from helpers.read_only import read_only, writable_again  # noqa: F401 (a fixture)
 from test_hpopt import ENV, REPO, hpopt_command, refused, run, trials
 
 #: model.lr so large that the first steps make the model's outputs non-finite.
@@ -171,29 +170,6 @@ def test_workers_started_together_on_a_new_study_all_run(esol_csv, tmp_path):
 
 
 # ---------------------------------------------------------------- a read-only study
-
-
-def read_only(paths: list[Path], command: list[str]) -> list[str]:
-    """``command`` run with ``paths`` read-only: for root (whom file modes do not stop) each is a
-    read-only bind mount in the command's own mount namespace; for others, its write bits go."""
-    if os.geteuid() != 0:
-        for path in paths:
-            path.chmod(0o555 if path.is_dir() else 0o444)
-        return command
-    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip(f"root cannot make a read-only mount here (unshare -m: {probe.stderr.decode().strip()})")
-    mounts = " && ".join(f"mount --bind {shlex.quote(str(p))} {shlex.quote(str(p))} && "
-                         f"mount -o remount,bind,ro {shlex.quote(str(p))}" for p in paths)
-    return ["unshare", "-m", "sh", "-c", f'{mounts} && exec "$@"', "sh", *command]
-
-
-@pytest.fixture
-def writable_again(tmp_path):
-    yield
-    for path in tmp_path.rglob("*"):
-        if not path.is_symlink():
-            path.chmod(0o755 if path.is_dir() else 0o644)
 
 
 @pytest.mark.parametrize("what", ["runs-dir", "study folder", "study database"])

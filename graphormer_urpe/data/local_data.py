@@ -18,11 +18,17 @@ does not hold a data set, ZINC is downloaded by PyG and PCQM4M(v2) by OGB as usu
 Recipes name a data file as ``data:<relative path>`` (:func:`data_file`): the file of that layout
 in the local copies, else in the user's data cache, else downloaded there where the file has a
 public address (ESOL), so a recipe reads the same file from any folder and any install.
+
+The data sets themselves are built and cached under a folder an option names (by default
+``data`` of the current folder); :func:`built_under` says in one line when it cannot be written.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from graphormer_urpe.utils.files import atomic_write
@@ -102,3 +108,26 @@ def data_file(path: str | os.PathLike) -> Path:
                          f"and its download from {url} to {cached} failed ({getattr(exc, 'reason', None) or exc})"
                          ) from None
     return cached
+
+
+#: ``errno`` of a folder or file that cannot be created: a read-only file system, no permission.
+_NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+@contextlib.contextmanager
+def built_under(root: str | os.PathLike, option: str) -> Iterator[None]:
+    """Within the block (a data set's build and cache), a folder or file in ``root`` (or ``root``
+    itself, or a folder above it) that cannot be created is a one-line ``ValueError`` naming
+    ``root`` and ``option``, the option that moves it. A build creates its folder or lock first,
+    so this comes before the long work; a read-only ``root`` that holds everything already built
+    is read as it is."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno not in _NOT_WRITABLE or error.filename is None:
+            raise
+        failed, folder = Path(os.path.abspath(error.filename)), Path(os.path.abspath(root))
+        if not (failed.is_relative_to(folder) or folder.is_relative_to(failed)):  # in it, or a folder above it
+            raise
+        raise ValueError(f"{option} {root} cannot be written ({error.strerror}: {error.filename}): the "
+                         f"data is built there; choose a folder that can be written with {option}") from None

@@ -23,7 +23,7 @@ import numpy as np
 from graphormer_urpe.data.datamodule import SMILESTableDataModule
 from graphormer_urpe.data.dataset import check_seed
 from graphormer_urpe.data.featurize import REJECTED_ROW, TOO_LARGE_ROW, featurizer_spec, file_fingerprint
-from graphormer_urpe.data.local_data import data_file
+from graphormer_urpe.data.local_data import built_under, data_file
 from graphormer_urpe.utils.files import unreadable_as_a_file
 from graphormer_urpe.data.task import TASKS
 
@@ -326,6 +326,10 @@ class CSVDataModule(SMILESTableDataModule):
         suffix = "" if self.featurizer == "ogb" else f"-{self.featurizer}"
         return (self.cache_root / f"{self.path.stem}-{source['blake2b'][:12]}{suffix}", source,
                 lambda: self._read()[:2])
+
+    def store(self):
+        with built_under(self.cache_root, "--data.init_args.cache_root"):
+            return super().store()
 
     def split_rows(self, graph_of_row: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
         bad_targets = nonfinite_target_rows(y)

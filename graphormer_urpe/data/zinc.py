@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import pickle
+import urllib.error
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -40,7 +41,7 @@ from graphormer_urpe.data.datamodule import GraphDataModule
 from graphormer_urpe.data.dataset import EncodedGraphDataset
 from graphormer_urpe.data.encoding_cache import flat_graphs_from_pyg
 from graphormer_urpe.data.featurize import ZINC_ATOM_TOKENS, parallel_map, smiles_to_zinc_dense
-from graphormer_urpe.data.local_data import ZINC, local_copy
+from graphormer_urpe.data.local_data import ZINC as ZINC_DIR, built_under, local_copy, where_to_put
 from graphormer_urpe.utils.files import AtomicDirectory
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,7 @@ def resolve_zinc_source(source_dir: str | os.PathLike | None = None) -> Path | N
     downloads). Raises ``ValueError`` when the chosen directory lacks a source file."""
     chosen = source_dir
     if chosen is None:
-        chosen = os.environ.get(ZINC_SOURCE_ENV) or local_copy(ZINC)
+        chosen = os.environ.get(ZINC_SOURCE_ENV) or local_copy(ZINC_DIR)
     if chosen is None:
         return None
     path = Path(chosen)
@@ -187,15 +188,23 @@ def load_zinc(root: str | os.PathLike = "data/ZINC", subset: bool = True, split:
     if split not in SPLITS:
         raise ValueError(f"ZINC split must be one of {SPLITS}, got {split!r}")
     raw_dir = Path(root) / "raw"
+    downloads = False  # PyG downloads the raw files
     if not _raw_complete(raw_dir):
         source = resolve_zinc_source(source_dir)
         if source is not None:
             log.info("building ZINC raw files in %s from %s", raw_dir, source)
             build_zinc_raw(raw_dir, source, num_workers)
+        downloads = source is None
     processed = Path(root) / ("subset" if subset else "full") / "processed" / f"{split}.pt"
     with pyg_files_read_as_data():
         try:
             return ZINC(str(root), subset=subset, split=split, force_reload=force_reload)
+        except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
+            if not downloads:
+                raise
+            raise ValueError(f"ZINC: no local copy of its source files (expected at {where_to_put(ZINC_DIR)}, "
+                             f"or --data.init_args.source_dir) and the download of {ZINC.url} into {raw_dir} "
+                             f"failed ({getattr(error, 'reason', None) or error})") from None
         except Exception as err:  # noqa: BLE001 - torch.load fails in many ways on a damaged file
             if force_reload or not processed.is_file():
                 raise
@@ -309,8 +318,9 @@ class ZINCDataModule(GraphDataModule):
 
     def load_split(self, split: str) -> EncodedGraphDataset:
         split = self.predict_split if split == "predict" else split
-        dataset = load_zinc(self.root, subset=self.subset, split=split, source_dir=self.source_dir,
-                            num_workers=self.build_workers)
-        return EncodedGraphDataset(flat_graphs_from_pyg(
-            dataset, (dataset.processed_dir, split), self.encoding_params,
-            self.atom_feature_dims, self.bond_feature_dims, self.encode_threads))
+        with built_under(self.root.parent, "--data.init_args.root"):
+            dataset = load_zinc(self.root, subset=self.subset, split=split, source_dir=self.source_dir,
+                                num_workers=self.build_workers)
+            return EncodedGraphDataset(flat_graphs_from_pyg(
+                dataset, (dataset.processed_dir, split), self.encoding_params,
+                self.atom_feature_dims, self.bond_feature_dims, self.encode_threads))

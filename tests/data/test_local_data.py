@@ -3,15 +3,23 @@ data set is in none of them: skip with one line naming it and where to put it, o
 ``$GRAPHORMER_URPE_REQUIRE_DATA`` (CI), fail."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from graphormer_urpe.data import local_data
 from graphormer_urpe.data.local_data import DATA_ENV, data_file, local_copy, local_data_dir
+from helpers.read_only import read_only, writable_again  # noqa: F401 (a fixture)
 
 CONFTEST = Path(__file__).resolve().parents[1] / "conftest.py"
 REQUIRE_DATA_ENV = "GRAPHORMER_URPE_REQUIRE_DATA"
+FIT = str(Path(sys.executable).with_name("graphormer-urpe"))
+TINY = json.dumps({"num_layers": 1, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2})
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def test_the_variable_names_the_directory_else_the_copy_beside_the_checkout(tmp_path, monkeypatch):
@@ -106,3 +114,50 @@ def test_a_data_file_that_no_copy_holds_is_refused_in_one_line(tmp_path, monkeyp
     assert f"its download from {gone} to {cache}/graphormer-urpe/data/moleculenet/esol.csv failed" in lines[-1]
     assert not (cache / "graphormer-urpe" / "data" / "moleculenet").exists() or \
         not any((cache / "graphormer-urpe" / "data" / "moleculenet").iterdir())
+
+
+def in_folder(folder: Path, command: list[str]) -> list[str]:
+    """``command`` started in ``folder`` (after :func:`read_only` made it read-only, so that the
+    folder it runs in is the read-only one)."""
+    return ["sh", "-c", 'cd "$1" && shift && exec "$@"', "sh", str(folder), *command]
+
+
+@pytest.mark.parametrize("recipe, option, root", [("esol", "--data.init_args.cache_root", "data/csv"),
+                                                  ("zinc", "--data.init_args.root", "data")])
+def test_a_data_root_that_cannot_be_written_is_one_line(esol_csv, tmp_path, writable_again, recipe, option, root):
+    """The installed command run in a read-only folder, where the data is built under ``data/`` by
+    default: one line naming the folder and the option that moves it, exit status 2."""
+    work = tmp_path / "work"
+    work.mkdir()
+    command = [FIT, "fit", "--config", recipe, "--trainer.default_root_dir", str(tmp_path / "run"),
+               "--trainer.max_steps", "1", "--model.warmup_steps", "0"]
+    if recipe == "esol":
+        command += ["--data.init_args.path", str(esol_csv)]
+    done = subprocess.run(read_only([work], in_folder(work, command)), env=ENV, capture_output=True,
+                          text=True, timeout=600)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert [line for line in lines if "error" in line] == lines[-1:]
+    assert lines[-1].startswith(f"graphormer-urpe: error: {option} {root} cannot be written (") and \
+        lines[-1].endswith(f"): the data is built there; choose a folder that can be written with {option}"), lines[-1]
+    assert list(work.iterdir()) == []
+
+
+def test_a_read_only_data_root_that_holds_the_built_data_is_read(zinc_data_root, zinc_root, tmp_path_factory,
+                                                                 writable_again):
+    """ZINC built and encoded already: its read-only root trains as a writable one does."""
+    from graphormer_urpe.data.zinc import ZINCDataModule
+
+    ZINCDataModule(root=str(zinc_data_root), max_hops=5).prepare_data()  # the encodings this fit reads
+    command = [FIT, "fit", "--config", "zinc", "--data.init_args.root", str(zinc_data_root),
+               "--data.init_args.max_hops", "5", "--trainer.default_root_dir", str(tmp_path_factory.mktemp("run")),
+               "--trainer.max_steps", "1", "--model.warmup_steps", "0", "--trainer.precision", "32-true",
+               "--trainer.limit_val_batches", "1", "--trainer.enable_progress_bar", "false",
+               "--model.backbone", TINY]
+    mode = zinc_root.stat().st_mode
+    try:
+        done = subprocess.run(read_only([zinc_data_root, zinc_root], command), env=ENV, capture_output=True,
+                              text=True, timeout=600)
+    finally:
+        zinc_root.chmod(mode)  # the session's ZINC, which a user other than root made read-only
+    assert done.returncode == 0, done.stderr[-3000:]

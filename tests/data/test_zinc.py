@@ -161,3 +161,24 @@ def test_a_planted_raw_pickle_is_refused_without_running_its_code(zinc_root, tmp
     by_torch = [{key: value.clone() for key, value in mol.items()} for mol in ours[:50]]
     again = RawZincUnpickler(io.BytesIO(pickle.dumps(by_torch))).load()
     assert all(a[key].equal(b[key]) for a, b in zip(again, by_torch) for key in a)
+
+
+def test_zinc_that_no_copy_holds_and_no_download_gives_is_refused_in_one_line(tmp_path, monkeypatch, run_main):
+    """No ZINC source files in the local data copies and PyG's download failing (here a ``file:``
+    URL of a missing file): one line naming where the files belong and the download, exit 2."""
+    from torch_geometric.datasets import ZINC
+
+    from graphormer_urpe.cli.fit import main
+
+    monkeypatch.setenv(DATA_ENV, str(tmp_path / "copies"))
+    monkeypatch.delenv(ZINC_SOURCE_ENV, raising=False)
+    gone = (tmp_path / "gone.zip").as_uri()
+    monkeypatch.setattr(ZINC, "url", gone)
+    monkeypatch.chdir(tmp_path)
+    done = run_main(main, ["fit", "--config", "zinc", "--trainer.default_root_dir", tmp_path / "run"])
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert [line for line in lines if line.startswith("graphormer-urpe: error: ")] == lines[-1:]
+    assert lines[-1].startswith(f"graphormer-urpe: error: ZINC: no local copy of its source files (expected at "
+                                f"{tmp_path / 'copies' / 'zinc'} ($GRAPHORMER_URPE_DATA"), lines[-1]
+    assert f"or --data.init_args.source_dir) and the download of {gone} into data/ZINC/raw failed (" in lines[-1]
