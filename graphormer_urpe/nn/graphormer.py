@@ -5,7 +5,7 @@ r"""The Graphormer backbone (Ying et al., 2021) with URPE attention (Luo et al.,
     \qquad \text{(graph token } g \text{ at index 0)} \\
     a^{(l)} &= h^{(l-1)} + \mathrm{Attn}\big(\mathrm{LN}(h^{(l-1)});\ B,\ C^{(l)}\big), \qquad
     h^{(l)} = a^{(l)} + \mathrm{FFN}\big(\mathrm{LN}(a^{(l)})\big) \\
-    \hat y &= W\, \mathrm{LN}(h^{(L)})_0 + b
+    \hat y &= W\, \mathrm{readout}\big(\mathrm{LN}(h^{(L)})\big) + b
 
 with ``r_s`` the data's optional per-node encodings (``node_encodings``, e.g. RWSE) and ``W_s`` a
 linear map each, ``Attn`` = :class:`~graphormer_urpe.nn.attention.URPEAttention`,
@@ -14,6 +14,13 @@ Graphormer) and ``C^{(l)}`` the URPE scale table indexed by SPD (one per layer, 
 all layers with ``share_urpe_scale``). ``attention`` selects the variant (:data:`ATTENTION_VARIANTS`):
 ``"urpe"`` (B and C), ``"rpe"`` (B only: plain Graphormer) or ``"none"`` (neither: a plain
 transformer over atoms).
+
+``readout`` (:data:`READOUTS`) is what the head reads of ``LN(h^{(L)})``: ``"token"``, the graph
+token's vector (Graphormer's); ``"sum"``, the sum of the atoms' vectors (chemprop's default
+aggregation, PyG's ``global_add_pool``), which grows with the number of atoms as an additive
+property does; ``"token+sum"``, both side by side (``2D`` wide). The token alone is a
+softmax-weighted mean of node states, so a property that grows with the number of groups must
+be recovered from averages.
 
 Defaults are Graphormer-slim on ZINC (``PRESETS["slim"]``, a :class:`GraphormerConfig`); see
 ``docs/model.md`` for where every
@@ -77,6 +84,10 @@ def attention_variant(name: str) -> AttentionVariant:
         raise ValueError(f"attention must be one of {tuple(ATTENTION_VARIANTS)}, got {name!r}")
     return ATTENTION_VARIANTS[name]
 
+#: What the output head reads (:class:`GraphormerConfig`'s ``readout``) and its width in units
+#: of ``hidden_dim``.
+READOUTS: dict[str, int] = {"token": 1, "sum": 1, "token+sum": 2}
+
 #: Kernels for which ``-inf`` in ``attn_bias`` masks a key exactly as ``key_padding_mask`` does.
 _KERNELS_WITH_ADDITIVE_MASK = ("eager", "sdpa")
 
@@ -103,6 +114,8 @@ class GraphormerConfig:
         max_spd: larger shortest-path distances share the last B and C entries.
         attention_impl: attention kernel (``eager``, ``sdpa``, or a registered fused kernel
             such as ``triton``).
+        readout: what the output head reads (:data:`READOUTS`): ``token`` (Graphormer's graph
+            token), ``sum`` (the atoms' vectors summed) or ``token+sum``.
     """
 
     num_layers: int | None = None
@@ -117,6 +130,7 @@ class GraphormerConfig:
     max_degree: int | None = None
     max_spd: int | None = None
     attention_impl: str | None = None
+    readout: str | None = None
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> "GraphormerConfig":
@@ -205,6 +219,8 @@ class Graphormer(nn.Module):
                             "num_heads": config.num_heads}.items():
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if config.readout not in READOUTS:
+            raise ValueError(f"readout must be one of {list(READOUTS)}, got {config.readout!r}")
         task = get_task(facts.task)  # ValueError naming the tasks when unknown
         task.check_num_targets(facts.num_targets)
         self.config, self.facts = config, facts
@@ -216,6 +232,9 @@ class Graphormer(nn.Module):
         self.max_spd = max_spd = config.max_spd
         self.num_heads = num_heads = config.num_heads
         self.attention_impl = config.attention_impl
+        self.readout = config.readout
+        #: ``[B, readout_width]`` is what the head reads (:meth:`embed`).
+        self.readout_width = READOUTS[config.readout] * config.hidden_dim
         #: No per-batch host reads (set by :meth:`use_static_shapes`); not saved.
         self.static_shapes = False
         hidden_dim, num_layers = config.hidden_dim, config.num_layers
@@ -237,7 +256,7 @@ class Graphormer(nn.Module):
                             config.attention_dropout, config.activation_dropout, config.attention_impl)
             for _ in range(num_layers))
         self.final_norm = nn.LayerNorm(hidden_dim)
-        self.head = nn.Linear(hidden_dim, task.head_width(facts.num_targets))
+        self.head = nn.Linear(self.readout_width, task.head_width(facts.num_targets))
         if self.node_encodings:  # absent otherwise: the state dict of a model without them is unchanged
             self.node_encoders = nn.ModuleDict({name: nn.Linear(width, hidden_dim)
                                                 for name, width in self.node_encodings.items()})
@@ -404,15 +423,27 @@ class Graphormer(nn.Module):
         return self.head(self.embed(batch, nodes))
 
     def embed(self, batch: GraphBatch, nodes: Tensor | None = None) -> Tensor:
-        """Each molecule's representation ``[B, D]``: the graph token's final vector after the
-        last LayerNorm, ``LN(h^{(L)})_0``, which the output head reads (:meth:`forward`)."""
-        return self.final_norm(self._token_states(batch, nodes)[:, 0])
+        """Each molecule's representation ``[B, readout_width]``, which the output head reads
+        (:meth:`forward`): the :attr:`readout` of the final states after the last LayerNorm
+        (the graph token's ``LN(h^{(L)})_0``, the atoms' sum, or both)."""
+        h = self._token_states(batch, nodes)
+        if self.readout == "token":
+            return self.final_norm(h[:, 0])
+        return self._read_out(self.final_norm(h), batch.node_mask)[0]
 
     def embed_atoms(self, batch: GraphBatch) -> tuple[Tensor, Tensor]:
-        """:meth:`embed`'s ``[B, D]`` and each atom's final vector ``[B, N, D]`` after the same
-        LayerNorm (zero at padding), from one pass."""
-        h = self._token_states(batch)
-        return self.final_norm(h[:, 0]), self.final_norm(h[:, 1:]).masked_fill(~batch.node_mask[..., None], 0.0)
+        """:meth:`embed`'s ``[B, readout_width]`` and each atom's final vector ``[B, N, D]``
+        after the same LayerNorm (zero at padding), from one pass."""
+        return self._read_out(self.final_norm(self._token_states(batch)), batch.node_mask)
+
+    def _read_out(self, states: Tensor, node_mask: Tensor) -> tuple[Tensor, Tensor]:
+        """``(readout [B, readout_width], atoms [B, N, D] zero at padding)`` of the normed final
+        states ``[B, N+1, D]``."""
+        atoms = states[:, 1:].masked_fill(~node_mask[..., None], 0.0)
+        if self.readout == "token":
+            return states[:, 0], atoms
+        summed = atoms.sum(dim=1)
+        return (summed if self.readout == "sum" else torch.cat([states[:, 0], summed], dim=-1)), atoms
 
     def _token_states(self, batch: GraphBatch, nodes: Tensor | None = None) -> Tensor:
         """``h^{(L)}`` ``[B, N+1, D]``, the graph token at index 0 (before the final LayerNorm)."""
@@ -444,7 +475,7 @@ class Graphormer(nn.Module):
 PRESETS: dict[str, GraphormerConfig] = {"slim": GraphormerConfig(
     num_layers=12, hidden_dim=80, ffn_dim=80, num_heads=8, attention="urpe", share_urpe_scale=False,
     dropout=0.0, attention_dropout=0.1, activation_dropout=0.1, max_degree=62, max_spd=38,
-    attention_impl="eager")}
+    attention_impl="eager", readout="token")}
 PRESETS["base"] = replace(PRESETS["slim"], num_layers=12, hidden_dim=768, ffn_dim=768, num_heads=32,
                           dropout=0.0, attention_dropout=0.1, activation_dropout=0.1,
                           max_degree=510, max_spd=510)
