@@ -31,6 +31,7 @@ import logging
 import os
 import pickle
 import urllib.error
+import zipfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -99,9 +100,20 @@ def _read_index(path: Path) -> np.ndarray:
     return np.array([int(v) for v in path.read_text().strip().split(",")], dtype=np.int64)
 
 
+#: The arrays of a ``subset_<split>_graphs.npz`` (the graphs concatenated, with their offsets).
+_EXACT_ARRAYS = ("x", "edge_index", "edge_attr", "node_ptr", "edge_ptr", "y")
+
+
 def _exact_graphs(npz_path: Path) -> list[tuple[np.ndarray, np.ndarray, float]]:
-    """The official subset graphs of one split as ``(atom_type, bond_type, y)``."""
-    d = np.load(npz_path)
+    """The official subset graphs of one split as ``(atom_type, bond_type, y)``; a one-line
+    ``ValueError`` naming the file when it does not hold their arrays (read as data: an object
+    array, which only unpickling would give, is refused)."""
+    try:
+        with np.load(npz_path) as arrays:
+            d = {name: arrays[name] for name in _EXACT_ARRAYS}
+    except (ValueError, KeyError, OSError, EOFError, zipfile.BadZipFile) as error:
+        raise ValueError(f"{npz_path} does not hold ZINC's subset graphs ({error}); replace it with the "
+                         "file of the ZINC source files") from None
     out = []
     for g in range(len(d["y"])):
         n0, n1 = d["node_ptr"][g], d["node_ptr"][g + 1]
@@ -138,6 +150,8 @@ def build_zinc_raw(raw_dir: str | os.PathLike, source_dir: str | os.PathLike,
     if tuple(vocabulary) != ZINC_ATOM_TOKENS:
         raise ValueError(f"{source / 'atom_dict.json'} lists atom tokens {vocabulary}, "
                          f"not the ZINC vocabulary {list(ZINC_ATOM_TOKENS)}")
+    # read before the SMILES are featurized: a bad file is refused at once
+    exact_graphs = {split: _exact_graphs(source / f"subset_{split}_graphs.npz") for split in ("val", "test")}
     with AtomicDirectory(raw_dir) as folder:
         tmp = folder.tmp
         for split in SPLITS:
@@ -148,11 +162,10 @@ def build_zinc_raw(raw_dir: str | os.PathLike, source_dir: str | os.PathLike,
             subset_index = _read_index(source / f"subset_{split}.index")
             exact = {}
             if split != "train":
-                exact_graphs = _exact_graphs(source / f"subset_{split}_graphs.npz")
-                if len(exact_graphs) != len(subset_index):
-                    raise ValueError(f"subset_{split}_graphs.npz has {len(exact_graphs)} graphs, "
+                if len(exact_graphs[split]) != len(subset_index):
+                    raise ValueError(f"subset_{split}_graphs.npz has {len(exact_graphs[split])} graphs, "
                                      f"subset_{split}.index {len(subset_index)}")
-                exact = dict(zip(subset_index.tolist(), exact_graphs))
+                exact = dict(zip(subset_index.tolist(), exact_graphs[split]))
             rebuild = [i for i in range(len(smiles)) if i not in exact]
             graphs = dict(zip(rebuild, zinc_graphs_from_smiles(
                 [smiles[i] for i in rebuild], num_workers, desc=f"ZINC {split}: SMILES -> graphs")))

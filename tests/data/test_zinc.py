@@ -182,3 +182,29 @@ def test_zinc_that_no_copy_holds_and_no_download_gives_is_refused_in_one_line(tm
     assert lines[-1].startswith(f"graphormer-urpe: error: ZINC: no local copy of its source files (expected at "
                                 f"{tmp_path / 'copies' / 'zinc'} ($GRAPHORMER_URPE_DATA"), lines[-1]
     assert f"or --data.init_args.source_dir) and the download of {gone} into data/ZINC/raw failed (" in lines[-1]
+
+
+def test_a_source_graphs_file_holding_an_object_array_is_refused_in_one_line(zinc_source, tmp_path, monkeypatch,
+                                                                             run_main):
+    """A ``subset_val_graphs.npz`` whose ``y`` is an object array (which only unpickling, never
+    done, would read): one line naming the file, exit 2, before any SMILES is featurized."""
+    from graphormer_urpe.cli.fit import main
+    from graphormer_urpe.data import zinc
+
+    source = tmp_path / "source"
+    source.mkdir()
+    for path in zinc_source.iterdir():
+        (source / path.name).symlink_to(path)
+    planted = source / "subset_val_graphs.npz"
+    planted.unlink()
+    with np.load(zinc_source / "subset_val_graphs.npz") as official:
+        arrays = {name: official[name] for name in official.files}
+    np.savez(planted, **{**arrays, "y": np.array([{"not": "a number"}] * len(arrays["y"]), dtype=object)})
+    monkeypatch.setattr(zinc, "zinc_graphs_from_smiles", lambda *a, **k: pytest.fail("SMILES featurized"))
+    done = run_main(main, ["fit", "--config", "zinc", "--data.init_args.source_dir", source,
+                           "--data.init_args.root", tmp_path / "data", "--trainer.default_root_dir", tmp_path / "run"])
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert [line for line in lines if line.startswith("graphormer-urpe: error: ")] == lines[-1:]
+    assert lines[-1] == (f"graphormer-urpe: error: {planted} does not hold ZINC's subset graphs (Object arrays "
+                         "cannot be loaded when allow_pickle=False); replace it with the file of the ZINC source files")
