@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -216,6 +217,36 @@ def test_fit_stopped_while_the_data_is_built_removes_what_was_half_built(zinc_so
     assert group_is_gone(process.pid)
     left = [p.name for p in (tmp_path / "data").rglob("*") if any(m in p.name for m in (".part", ".tmp-", ".stale-"))]
     assert left == []
+
+
+def test_a_build_killed_by_sigkill_leaves_a_folder_the_next_build_removes(zinc_source, tmp_path, monkeypatch):
+    """A fit killed with SIGKILL (with its workers) while it builds ZINC leaves its ``.raw.tmp-``
+    folder; the next build of the raw files removes it, and keeps the one that another build,
+    still running, holds."""
+    from graphormer_urpe.data import zinc
+
+    raw = tmp_path / "data" / "ZINC" / "raw"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                               "from graphormer_urpe.utils.files import AtomicDirectory\n"
+                               "print(AtomicDirectory(sys.argv[1]).tmp, flush=True)\ntime.sleep(600)", str(raw)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        held = Path(holder.stdout.readline().strip())
+        process = _fit_building_zinc(zinc_source, tmp_path)
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=60)
+        assert group_is_gone(process.pid)
+        killed = [p for p in raw.parent.glob(".raw.tmp-*") if p != held]
+        assert len(killed) == 1 and held.is_dir()
+        # the next build (the SMILES' graphs stood in for: only the folders matter here)
+        monkeypatch.setattr(zinc, "zinc_graphs_from_smiles", lambda smiles, *a, **k: [
+            (np.zeros(1, np.uint8), np.zeros((1, 1), np.uint8)) for _ in smiles])
+        zinc.build_zinc_raw(raw, zinc_source)
+        assert list(raw.parent.glob(".raw.tmp-*")) == [held]
+        assert sorted(p.name for p in raw.iterdir()) == sorted(zinc._RAW_FILES)
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_a_hangup_ignored_at_start_stays_ignored():

@@ -6,12 +6,14 @@ and renamed onto its path with ``os.replace``, which is atomic within one file s
 a crash or a kill sees the previous content or the new, never half of it. A folder is built the
 same way (``.<name>.tmp-<random>``). The temporary is removed on every other exit (an exception,
 a full disk, ``SystemExit`` from
-:func:`graphormer_urpe.utils.process.stop_on_signals`).
+:func:`graphormer_urpe.utils.process.stop_on_signals`); a folder's temporary that a killed build
+(``SIGKILL``) left is removed by the next build of that folder.
 """
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import json
 import os
 import shutil
@@ -295,14 +297,59 @@ def remove_dir(directory: Path) -> None:
     shutil.rmtree(stale, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def _flocked(path: Path, flags: int = fcntl.LOCK_EX) -> Iterator[int | None]:
+    """The open folder or file ``path`` holding ``fcntl.flock(flags)`` within the block: its
+    descriptor, or None where the file system has no such locks; ``BlockingIOError`` with
+    ``LOCK_NB`` when another process holds it."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, flags)
+        except BlockingIOError:
+            raise
+        except OSError:  # no flock here (some network file systems)
+            yield None
+            return
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _remove_left_behind(prefix: str, folder: Path) -> None:
+    """Remove the folders ``<prefix>*`` in ``folder`` that no process holds: the temporaries of
+    builds that were killed (``SIGKILL``, a power cut) before they could remove their own."""
+    for left in folder.glob(f"{glob.escape(prefix)}*"):
+        if left.is_symlink() or not left.is_dir():
+            continue
+        try:
+            with _flocked(left, fcntl.LOCK_EX | fcntl.LOCK_NB) as held:
+                if held is not None:
+                    shutil.rmtree(left, ignore_errors=True)
+        except (BlockingIOError, FileNotFoundError):  # a build holds it, or it was just removed
+            continue
+
+
 class AtomicDirectory:
     """A folder built in :attr:`tmp` beside ``path`` and moved onto it by :meth:`commit`; removed
-    on leaving the ``with`` block (after a commit there is nothing left to remove)."""
+    on leaving the ``with`` block (after a commit there is nothing left to remove).
+
+    :attr:`tmp` is held (``fcntl.flock``) while it is built, so that the next build of ``path``
+    removes the temporaries that no running build holds: those a killed build left. A temporary is
+    made and held, and the others are removed, under a lock on the parent folder, so none is
+    removed between its making and its lock."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.tmp-", dir=self.path.parent))
+        prefix = f".{self.path.name}.tmp-"
+        with _flocked(self.path.parent) as folder_locked:
+            if folder_locked is not None:
+                _remove_left_behind(prefix, self.path.parent)
+            self.tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=self.path.parent))
+            self._held = os.open(self.tmp, os.O_RDONLY)  # the kernel lets go of it when the process ends
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         self.tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the folder it becomes should not be
 
     def commit(self) -> None:
@@ -323,6 +370,9 @@ class AtomicDirectory:
 
     def __exit__(self, *exc_info) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
+        if self._held is not None:  # let go of it once
+            os.close(self._held)
+            self._held = None
 
 
 def hold_directory(directory: Path, lock_name: str, holder: str, advice: str) -> IO:
