@@ -69,7 +69,7 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
                              "arguments)")
     parser.add_argument("--runs-dir", type=Path, default=Path("runs/ablation"))
     parser.add_argument("--results", type=Path, default=None,
-                        help=f"JSON list of runs, merged into (default: <runs-dir>/{RESULTS_FILE})")
+                        help=f"JSON list of runs, merged into (None: <runs-dir>/{RESULTS_FILE})")
     parser.add_argument("--table", type=Path, default=None,
                         help="markdown table (default: the results path with .md)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (without --time-budget)")

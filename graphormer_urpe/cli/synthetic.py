@@ -35,9 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--run-dir", type=Path, default=Path("runs/synthetic"),
                         help="per-cell metrics and weights (the resume state)")
     parser.add_argument("--results-dir", type=Path, default=None,
-                        help="where synthetic.json / synthetic.csv go (default: --run-dir; '' to skip)")
+                        help="where synthetic.json / synthetic.csv go (None: --run-dir; '' to skip)")
     parser.add_argument("--markdown", type=Path, default=None,
-                        help="markdown file whose results block is rewritten (default: none)")
+                        help="markdown file whose results block is rewritten (None: no page is written)")
     parser.add_argument("--no-progress", action="store_true")
     training = parser.add_argument_group(
         "training", "override a TrainConfig field for every task (default: the task's own value, "
