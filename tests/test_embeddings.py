@@ -251,3 +251,34 @@ def test_bad_outputs_are_refused_in_one_line(molecules, tmp_path):
         assert "Traceback" not in err and not out
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written, no temporary left
     assert smiles_file.read_text().count("\n") == 3 and model_file.stat().st_size == resolve(PRETRAINED).stat().st_size
+
+
+def test_a_model_reading_token_and_sum_writes_that_readout_and_its_atoms(molecules, tmp_path):
+    """A ``readout: token+sum`` checkpoint (the shipped backbone with a head twice as wide): each
+    molecule's vector is the graph token's beside its atoms' sum (2D wide), the atoms' file keeps
+    D, and the head applied to the vector gives the prediction."""
+    shipped = torch.load(resolve(PRETRAINED), weights_only=True)
+    hparams = {**shipped["hyper_parameters"],
+               "backbone": {**shipped["hyper_parameters"]["backbone"], "readout": "token+sum"}}
+    width = hparams["backbone"]["hidden_dim"]
+    head = torch.nn.Linear(2 * width, 1)
+    state = {**{f"model.{k}": v for k, v in shipped["state_dict"].items() if not k.startswith("head.")},
+             "model.head.weight": head.weight.detach(), "model.head.bias": head.bias.detach()}
+    hparams["facts"] = {**hparams["facts"], "num_targets": 1}
+    hparams["target_names"] = ["y"]
+    checkpoint = tmp_path / "token_sum.ckpt"
+    torch.save({"state_dict": state, "hyper_parameters": hparams, "global_step": 1}, checkpoint)
+    run("--ckpt", checkpoint, "--input", molecules, "--output", tmp_path / "preds.csv",
+        "--embeddings", tmp_path / "graph.npy", "--atom-embeddings", tmp_path / "atoms.npz", "--workers", 0)
+    graph, atoms = np.load(tmp_path / "graph.npy"), dict(np.load(tmp_path / "atoms.npz"))
+    assert graph.shape == (ROWS, 2 * width) and atoms["embeddings"].shape[1] == width
+    offsets = atoms["offsets"]
+    for k in range(ROWS):
+        if k != BAD_ROW:
+            np.testing.assert_allclose(graph[k, width:], atoms["embeddings"][offsets[k]:offsets[k + 1]].sum(0),
+                                       rtol=1e-4, atol=1e-4)
+    table = list(csv.DictReader(open(tmp_path / "preds.csv", newline="")))
+    predicted = np.array([float(r["prediction_y"]) for k, r in enumerate(table) if k != BAD_ROW])
+    with torch.inference_mode():
+        expected = head(torch.from_numpy(np.delete(graph, BAD_ROW, 0))).numpy()[:, 0]
+    np.testing.assert_allclose(predicted, expected, rtol=1e-5, atol=1e-5)

@@ -90,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="CSV with a 'smiles' column (other columns are kept), or one SMILES a line")
     parser.add_argument("--output", required=True, help="CSV to write (never the input nor the checkpoint)")
     parser.add_argument("--embeddings", default=None, metavar="FILE.npy",
-                        help="also write each row's graph-token vector, the one the output head reads: "
+                        help="also write each row's vector that the output head reads (the graph token's, "
+                             "the atoms' sum or both, as the model's readout): "
                              "float32 [rows, D] in input order, NaN where there is no prediction (one "
                              "model only: no ensemble, no --mc-dropout)")
     parser.add_argument("--atom-embeddings", default=None, metavar="FILE.npz",

@@ -107,8 +107,8 @@ class EmbeddingFiles:
                     end += len(atoms)
                 self._offsets.append(end)
 
-    def assemble(self, width: int) -> list[AtomicFile]:
-        """Write each file (``width``: D) whole to its temporary beside its path; the returned
+    def assemble(self, width: int, atom_width: int) -> list[AtomicFile]:
+        """Write each file (``width``: a molecule's vector, ``atom_width``: an atom's) whole to its temporary beside its path; the returned
         files are put in place together with the table
         (:func:`~graphormer_urpe.utils.files.commit_together`), so that the vectors on disk are always
         those of the table's rows."""
@@ -120,7 +120,7 @@ class EmbeddingFiles:
             offsets = np.frombuffer(self._offsets, dtype=np.int64)
             with zipfile.ZipFile(output.handle, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
                 with archive.open("embeddings.npy", "w", force_zip64=True) as member:
-                    _write_npy(member, raw, (int(offsets[-1]), width), "<f4")
+                    _write_npy(member, raw, (int(offsets[-1]), atom_width), "<f4")
                 with archive.open("offsets.npy", "w", force_zip64=True) as member:
                     np.lib.format.write_array(member, offsets)
         for _, raw in self._outputs.values():

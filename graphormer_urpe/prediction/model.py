@@ -189,7 +189,8 @@ class ScaledStd(nn.Module):
 
 class WithEmbeddings(nn.Module):
     """One model's predictions with what its output head reads: ``embedding [B, D]``, each
-    molecule's graph-token vector (:meth:`~graphormer_urpe.nn.graphormer.Graphormer.embed`),
+    molecule's readout (the graph-token vector, the atoms' sum or both:
+    :meth:`~graphormer_urpe.nn.graphormer.Graphormer.embed`),
     and with ``atoms`` also ``atom_embedding [B, N, D]``, each atom's final vector
     (:meth:`~graphormer_urpe.nn.graphormer.Graphormer.embed_atoms`; zero at padding). The
     prediction is the head applied to that embedding, as the model's ``forward`` computes it.
@@ -203,8 +204,8 @@ class WithEmbeddings(nn.Module):
                              "or pretrained:<name>), without --mc-dropout")
         self.model, self.atoms = model, bool(atoms)
         self.facts, self.hparams = model.facts, model.hparams
-        #: ``D``: the width of every embedding.
-        self.width = model.model.config.hidden_dim
+        #: The width of a molecule's embedding (the readout's) and of an atom's (``D``).
+        self.width, self.atom_width = model.model.readout_width, model.model.config.hidden_dim
 
     def predict_step(self, batch: GraphBatch, batch_idx: int = 0) -> dict[str, Tensor]:
         backbone = self.model.model

@@ -157,7 +157,7 @@ class Outputs:
     def commit(self, module) -> None:
         """Every output in place together, or none: new vectors never sit beside an old table
         (``module``: the :class:`~graphormer_urpe.prediction.model.WithEmbeddings` that gave them)."""
-        commit_together([self.table, *(self.embeddings.assemble(module.width) if self.embeddings else [])])
+        commit_together([self.table, *(self.embeddings.assemble(module.width, module.atom_width) if self.embeddings else [])])
 
     def __enter__(self) -> Outputs:
         return self
