@@ -47,3 +47,15 @@ def test_the_lightning_cli_members_the_fit_overrides_are_there():
     for name in lightning_private.LIGHTNING_CLI_MEMBERS:
         assert callable(getattr(LightningCLI, name, None)), name
         assert name in vars(GraphormerCLI), name  # overridden: the override is the reason it is listed
+
+
+def test_the_launchers_process_observer_is_there_to_replace():
+    from lightning.pytorch.strategies.launchers import subprocess_script
+
+    assert "_launch_process_observer" in subprocess_script._SubprocessScriptLauncher.launch.__code__.co_names
+    lightnings = subprocess_script._launch_process_observer
+    try:
+        lightning_private.replace_process_observer(print)
+        assert subprocess_script._launch_process_observer is print
+    finally:
+        subprocess_script._launch_process_observer = lightnings

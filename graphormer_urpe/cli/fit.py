@@ -6,18 +6,20 @@ is told in :mod:`graphormer_urpe.training.lightning_cli`.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import linecache
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from graphormer_urpe.training.lightning_cli import build_cli
-from graphormer_urpe.training.run_checkpoint import pending_stop
-from graphormer_urpe.utils.process import StoppedBySignal
+from graphormer_urpe.training.run_checkpoint import end_started_processes, lost_process, pending_stop, watch_processes
+from graphormer_urpe.utils.process import StoppedBySignal, stop_on_signals
 from graphormer_urpe.utils.workers import WorkerDied
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -29,15 +31,17 @@ def input_error(error: BaseException) -> Exception | None:
     DataModule) in its own "Does not validate against any of the Union subtypes" error; the
     cause chain leads back to ours. Other errors are bugs, not input errors: they keep their
     traceback."""
+    return next((cause for cause in causes(error) if isinstance(cause, ValueError) and _raised_in_package(cause)
+                 or isinstance(cause, MisconfigurationException)), None)
+
+
+def causes(error: BaseException) -> Iterator[BaseException]:
+    """``error``, then the error it was raised from or while handling, and so on."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if isinstance(error, ValueError) and _raised_in_package(error):
-            return error
-        if isinstance(error, MisconfigurationException):  # Lightning's word on its own options
-            return error
+        yield error
         error = error.__cause__ or error.__context__
-    return None
 
 
 def _raised_in_package(error: BaseException) -> bool:
@@ -53,22 +57,43 @@ def _raised_in_package(error: BaseException) -> bool:
             and linecache.getline(filename, tb.tb_lineno).lstrip().startswith("raise "))
 
 
+def stop_behind(error: BaseException) -> StoppedBySignal | None:
+    """The stop (:class:`StoppedBySignal`) that ``error`` was raised while handling, if any: a
+    multi-process fit stopped while its data was built fails in Lightning's barrier after it
+    (the other processes were stopped by the signal too, or by this one)."""
+    return next((cause for cause in causes(error) if isinstance(cause, StoppedBySignal)), None)
+
+
+def stopped_while_built(stop: StoppedBySignal) -> int:
+    """Say that ``stop`` ended the command while the data was built, after ending the other
+    processes of a multi-process fit (they wait for the data); its exit status."""
+    end_started_processes()
+    if rank_zero_only.rank == 0:
+        print(f"graphormer-urpe: stopped by {signal.Signals(stop.signum).name} while the data was built; "
+              "what was half-built is removed: the same command builds it again", file=sys.stderr)
+    return stop.code
+
+
 def main(args: list[str] | None = None) -> int:
     """The command: exit status 0, 2 for refused input (one line naming the option or file, as
-    argparse does), 1 for a diverged run, a lost worker of the data build or a full disk, 128 +
-    the signal for a fit stopped by SIGTERM, Ctrl-C or SIGHUP (one line from the first process
-    of a multi-process run)."""
+    argparse does), 1 for a diverged run, a lost worker of the data build, a lost process of a
+    multi-process fit or a full disk, 128 + the signal for a fit stopped by SIGTERM, Ctrl-C or
+    SIGHUP (one line from the first process of a multi-process run)."""
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     pending_stop()  # a signal of an earlier fit in this process (built without main) is not this one's
+    watch_processes()
+    # The other processes of a multi-process fit wait in a barrier while the first builds the
+    # data: a stop signal is taken there when they go on, as the first stops (it would fail in
+    # that barrier on a process that the signal ended on the spot).
+    other_process = stop_on_signals() if rank_zero_only.rank > 0 else contextlib.nullcontext()
     try:
-        build_cli(args)
+        with other_process:
+            build_cli(args)
     except SIGTERMException:  # raised after the step in progress, which last.ckpt then holds
         return stopped(pending_stop() or signal.SIGTERM, during_training=True)
     except StoppedBySignal as stop:  # while the data was built (DataModule.prepare_data)
-        print(f"graphormer-urpe: stopped by {signal.Signals(stop.signum).name} while the data was built; "
-              "what was half-built is removed: the same command builds it again", file=sys.stderr)
-        return stop.code
+        return stopped_while_built(stop)
     except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C; Lightning's trainer makes it sys.exit(1)
         if isinstance(exc, SystemExit) and not isinstance(exc.__context__, KeyboardInterrupt):
             raise
@@ -85,6 +110,13 @@ def main(args: list[str] | None = None) -> int:
         print(f"graphormer-urpe: error: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:
+        stop = stop_behind(exc)
+        if stop is not None:
+            return stopped_while_built(stop)
+        lost = lost_process()  # the collective that failed for want of it raised
+        if lost is not None:
+            print(f"graphormer-urpe: error: {lost}", file=sys.stderr)
+            return 1
         refused = input_error(exc)
         if refused is None:
             raise

@@ -38,7 +38,9 @@ starts, and the phase of ``model.freeze_backbone_steps`` with each batch.
 Lightning stays in charge of everything else, in its ordinary automatic optimization: the
 engine runs inside the module's optimizer-step hook (:class:`~.module.OwnStepHooks`), so
 ``global_step``, the host ``LambdaLR`` (whose learning rate the learning-rate monitor and the
-checkpoints record), checkpoints (an ordinary AdamW state dict), exact resume (the loader
+checkpoints record), checkpoints (an ordinary AdamW state dict; one written inside an
+accumulation cycle also holds what its batches summed, :meth:`TrainingEngine.accumulated`, so a
+resume continues the cycle), exact resume (the loader
 restarts mid-epoch), validation and callbacks all work as for any Lightning run. (Lightning's
 manual optimization would refuse ``trainer.gradient_clip_val`` and count ``global_step`` in
 another progress tracker than the automatic loop.) Losses and skipped steps are read from the device every
@@ -247,6 +249,9 @@ class TrainingEngine(pl.Callback):
         #: fp16's loss scale (``16-mixed``), and the one of the checkpoint a fit resumes
         self.loss_scale: LossScale | None = None
         self.resumed_loss_scale: dict | None = None
+        #: The accumulation cycle in progress in the checkpoint a fit resumes
+        #: (:meth:`accumulated`), continued by the first batch
+        self.resumed_accumulation: dict | None = None
 
     # Settings ------------------------------------------------------------------------------------
     @staticmethod
@@ -319,6 +324,31 @@ class TrainingEngine(pl.Callback):
         if part is not None and device.type == "cuda":  # what a CUDA graph holds; ids checked once
             self.spec.model.use_static_shapes(split.graphs.x, split.graphs.edge_attr)
         self._ready = True
+        if self.resumed_accumulation is not None:
+            self._continue_cycle(self.resumed_accumulation)
+            self.resumed_accumulation = None
+
+    def accumulated(self) -> dict | None:
+        """Inside an accumulation cycle (a validation between its batches saves a checkpoint
+        there), what its batches have summed so far: the gradients, in the optimizer's parameter
+        order (None where a parameter has none), the loss sum and the weights, as CPU tensors for
+        a checkpoint; None at a cycle's end, where the optimizer's state is the whole state."""
+        if not self._ready or self._cycle_start:
+            return None
+        return {"gradients": [None if p.grad is None else p.grad.detach().cpu().clone() for p in self.params],
+                "loss_total": self.loss_total.detach().cpu().clone(), "weights": self.weights.detach().cpu().clone()}
+
+    def _continue_cycle(self, state: dict) -> None:
+        """Resume inside the accumulation cycle that :meth:`accumulated` saved: the next batch adds
+        to its sums instead of starting new ones."""
+        if len(state["gradients"]) != len(self.params):
+            raise ValueError(f"the checkpoint's accumulated gradients are of {len(state['gradients'])} "
+                             f"parameters, the model has {len(self.params)}")
+        for param, grad in zip(self.params, state["gradients"]):
+            param.grad = None if grad is None else grad.to(param.device, param.dtype)
+        self.loss_total.copy_(state["loss_total"])
+        self.weights.copy_(state["weights"])
+        self._cycle_start = False
 
     def _capture(self, trainer: pl.Trainer, part: OrderSlice) -> torch.cuda.CUDAGraph:
         """The step recorded in a CUDA graph (:func:`record_step`) on the batch of ``part``."""

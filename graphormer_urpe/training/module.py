@@ -42,6 +42,9 @@ LOSS_SCALE = "loss_scale"
 PROCESS_RNG_STATES = "process_rng_states"
 #: Checkpoint key of the unit its place in the epoch is counted in (:func:`data_position`).
 DATA_POSITION = "data_position"
+#: Checkpoint key of the accumulation cycle in progress (:meth:`.engine.TrainingEngine.accumulated`),
+#: every process's in rank order; absent at a cycle's end.
+ACCUMULATED = "accumulated_gradients"
 
 
 def data_position(trainer: pl.Trainer, datamodule: Any) -> dict[str, int]:
@@ -52,6 +55,25 @@ def data_position(trainer: pl.Trainer, datamodule: Any) -> dict[str, int]:
     batch_size = int(getattr(datamodule, "batch_size", 0) or 0)
     accumulate = int(trainer.accumulate_grad_batches)
     return {"global_batch": trainer.world_size * batch_size * accumulate, "accumulate": accumulate}
+
+
+def accumulated_share(states: list[dict], rank: int, world_size: int) -> dict:
+    """Process ``rank``'s part of the accumulation cycle that a checkpoint's processes (``states``,
+    in rank order) had summed: its own on as many processes; on another number (the same global
+    batch), the first process continues the sum of all of them (the same update, up to the order
+    of a float sum), the others their own new sums."""
+    if len(states) == world_size:
+        return states[rank]
+    if rank > 0:
+        first = states[0]
+        return {"gradients": [None] * len(first["gradients"]), "loss_total": torch.zeros_like(first["loss_total"]),
+                "weights": torch.zeros_like(first["weights"])}
+    gradients = []
+    for grads in zip(*(state["gradients"] for state in states)):
+        present = [grad for grad in grads if grad is not None]
+        gradients.append(torch.stack(present).sum(0) if present else None)
+    return {"gradients": gradients, "loss_total": sum(state["loss_total"] for state in states),
+            "weights": sum(state["weights"] for state in states)}
 
 
 def process_seed(seed: int, rank: int) -> int:
@@ -238,6 +260,13 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
             checkpoint[LR_SCHEDULE] = list(self.schedule)
         if self._engine.loss_scale is not None:
             checkpoint[LOSS_SCALE] = self._engine.loss_scale.state_dict()
+        accumulated = self._engine.accumulated()  # a validation inside an accumulation cycle
+        if accumulated is not None:
+            states = [accumulated]
+            if trainer is not None and trainer.world_size > 1:
+                states = [None] * trainer.world_size
+                torch.distributed.all_gather_object(states, accumulated)
+            checkpoint[ACCUMULATED] = states
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Before the weights load: there a model built for other encodings fails with a list of
@@ -250,6 +279,10 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
         self._resumed_rng = processes[rank] if rank < len(processes) else None
         self._resumed_schedule = checkpoint.get(LR_SCHEDULE)
         self._engine.resumed_loss_scale = checkpoint.get(LOSS_SCALE)
+        accumulated = checkpoint.get(ACCUMULATED)
+        if accumulated:
+            world_size = trainer.world_size if trainer is not None else 1
+            self._engine.resumed_accumulation = accumulated_share(accumulated, rank, world_size)
 
     def on_train_start(self) -> None:
         # A checkpoint restores the optimizer's kernel flags of the run that saved it (eager or

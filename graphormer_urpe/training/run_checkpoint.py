@@ -15,6 +15,9 @@
   fresh start when the folder holds no checkpoint at all.
 * :func:`hold_run_dir`: a ``fit`` holds its run directory's :data:`FIT_LOCK` while it runs, so a
   second ``fit`` into it (which would overwrite the first one's checkpoints) stops at once.
+* :func:`watch_processes` / :func:`lost_process`: the first process of a multi-process fit watches
+  the processes it started; one that is lost (killed: the out-of-memory killer, a ``kill -9``)
+  ends the fit in one line naming it, instead of a collective's traceback.
 * :func:`rng_states` / :func:`set_rng_states`: the global random states (torch CPU and CUDA,
   numpy, Python ``random``) a checkpoint carries, so dropout continues as in an uninterrupted
   run (:class:`~graphormer_urpe.training.module.GraphormerModule` saves and restores them).
@@ -26,7 +29,10 @@ import logging
 import os
 import random
 import signal
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,8 +46,10 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from graphormer_urpe.utils.files import atomic_path, hold_directory
-from graphormer_urpe.utils.lightning_private import accumulating, epoch_finished, is_local_path
+from graphormer_urpe.utils.lightning_private import (accumulating, epoch_finished, is_local_path,
+                                                     replace_process_observer)
 from graphormer_urpe.utils.process import replaceable
+from graphormer_urpe.utils.workers import exit_status
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +207,7 @@ class RunCheckpoint(ModelCheckpoint):
         if (self.save_last and self._last_written != (trainer.global_step, self._validations)
                 and trainer.global_step > 0 and trainer.state.fn == TrainerFn.FITTING
                 and not trainer.sanity_checking and not trainer.fast_dev_run
-                and not accumulating(trainer)):  # inside an accumulation cycle no state is whole
+                and not accumulating(trainer)):  # at a cycle's update: no gradients to carry
             saved = self._last_global_step_saved, self._last_checkpoint_saved
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
             self._last_global_step_saved, self._last_checkpoint_saved = saved
@@ -269,8 +277,8 @@ class RunCheckpoint(ModelCheckpoint):
                            **kwargs: Any) -> None:
         super().on_train_batch_end(trainer, pl_module, *args, **kwargs)
         if accumulating(trainer):
-            # Inside an accumulation cycle no state is whole (the gradients of its batches would
-            # be lost): a held signal waits for the cycle's update, on every process alike.
+            # Inside an accumulation cycle a checkpoint would carry its summed gradients: a held
+            # signal waits for the cycle's update, on every process alike.
             return
         # A held signal stops every process right after this batch: its end is the state a
         # resume continues from.
@@ -311,6 +319,75 @@ class RunCheckpoint(ModelCheckpoint):
         # last.ckpt would resume at the next epoch. The batch's end wrote the state to resume.
         if epoch_finished(trainer):
             self._refresh_last(trainer)
+
+
+# The processes of a multi-process fit -------------------------------------------------------
+#: How long the first process of a multi-process fit, once a process it started has ended with an
+#: error, lets its own work fail (its next collective does at once on gloo, NCCL may wait for its
+#: timeout) before it ends the fit itself.
+LOST_PROCESS_GRACE_S = 30.0
+#: The processes that Lightning's launcher started from this one for the fit, in rank order.
+_started: list[subprocess.Popen] = []
+#: Held while a lost process is said: by the command, or by the watch (once).
+_saying_lost = threading.Lock()
+
+
+def watch_processes() -> None:
+    """The first process of a multi-process fit watches the others it starts (Lightning's launcher,
+    :func:`~graphormer_urpe.utils.lightning_private.replace_process_observer`), instead of
+    Lightning's watch, which kills every process with SIGKILL, this one included, within 5 s of
+    one ending with an error. Where the fit does not end by itself within
+    :data:`LOST_PROCESS_GRACE_S` of that (a collective that waits, work without one), the watch
+    ends it with :func:`lost_process`'s line, exit status 1."""
+    replace_process_observer(_watch)
+
+
+def _watch(children: list[subprocess.Popen]) -> None:
+    _started[:] = children
+    threading.Thread(target=_end_when_lost, name="graphormer-urpe-process-watch", daemon=True).start()
+
+
+def _end_when_lost() -> None:
+    while not any(child.poll() not in (None, 0) for child in _started):
+        if all(child.returncode == 0 for child in _started):
+            return
+        time.sleep(1.0)
+    time.sleep(LOST_PROCESS_GRACE_S)  # the fit fails at its next collective and says so itself
+    lost = lost_process()
+    if lost is not None:  # else the command says it
+        print(f"graphormer-urpe: error: {lost}", file=sys.stderr, flush=True)
+        os._exit(1)
+
+
+def lost_process() -> str | None:
+    """Which process that this one started for the fit ended with an error, and how (its exit
+    status), with the way on; None if none did, or where it was said already (it is said once).
+    The others it started are ended (killed: they could neither go on without it nor end by
+    themselves)."""
+    if not _saying_lost.acquire(blocking=False):
+        return None
+    lost = next(((rank, child) for rank, child in enumerate(_started, start=1) if child.poll() not in (None, 0)),
+                None)
+    if lost is None:
+        _saying_lost.release()
+        return None
+    end_started_processes()
+    rank, child = lost
+    rank += int(os.environ.get("NODE_RANK", "0")) * (len(_started) + 1)
+    status = exit_status(child.returncode)
+    if child.returncode == -signal.SIGKILL:  # the out-of-memory killer's signal
+        status = status.replace(")", ": out of memory?)")
+    return (f"process {rank} of {os.environ.get('WORLD_SIZE', len(_started) + 1)} (pid {child.pid}) ended with "
+            f"exit status {status}, so the fit stopped; resume it with --ckpt_path last")
+
+
+def end_started_processes() -> None:
+    """Kill the processes this one started for the fit that are still running, and wait for them:
+    a fit that ends before they do (stopped while its data is built) leaves none behind."""
+    for child in _started:
+        if child.poll() is None:
+            child.kill()
+        child.wait()
 
 
 def rng_states() -> dict[str, Any]:

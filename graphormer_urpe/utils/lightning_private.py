@@ -67,6 +67,15 @@ def is_local_path(path: str) -> bool:
     return _is_local_file_protocol(path)
 
 
+def replace_process_observer(start) -> None:
+    """Lightning's subprocess launcher (DDP's ``popen``, one machine) calls ``start(children)``
+    with the processes it started, instead of starting its own watch over them, which kills every
+    process, its own included, with SIGKILL within 5 s of one ending with an error."""
+    from lightning.pytorch.strategies.launchers import subprocess_script
+
+    subprocess_script._launch_process_observer = start
+
+
 def trainer_of(module: pl.LightningModule) -> pl.Trainer | None:
     """The module's trainer, or None when it is not attached to one (``module.trainer`` raises)."""
     return module._trainer

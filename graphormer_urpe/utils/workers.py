@@ -191,7 +191,7 @@ class WorkerProcesses:
         process = self._processes[worker]
         process.join(_LEAVE_SECONDS)
         return WorkerDied(f"a worker process (pid {process.pid}) ended with exit status "
-                          f"{_exit_status(process.exitcode)} before returning its chunk (out of memory?)")
+                          f"{exit_status(process.exitcode)} before returning its chunk (out of memory?)")
 
     def _stop(self, kill: bool) -> None:
         with hold_stop_signals():
@@ -217,8 +217,8 @@ class WorkerProcesses:
         self._stop(kill=exc_type is not None)
 
 
-def _exit_status(code: int | None) -> str:
-    """``multiprocessing``'s exit code in words: ``-9`` is killed by SIGKILL."""
+def exit_status(code: int | None) -> str:
+    """A process's exit code (``multiprocessing``'s, ``subprocess``'s) in words: ``-9`` is killed by SIGKILL."""
     if code is not None and code < 0:
         with contextlib.suppress(ValueError):
             return f"{code} (killed by {signal.Signals(-code).name})"

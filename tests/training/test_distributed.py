@@ -77,6 +77,23 @@ def processes_of(run_dir: Path) -> list[str]:
     return found.stdout.split()
 
 
+def stalled_fit(run_dir: Path, data_root: Path, steps: int, step: int, rank: int, *extra: str,
+                backbone: dict = NO_DROPOUT) -> subprocess.Popen:
+    """A 2-process fit into ``run_dir`` (a process group of its own), once process ``rank`` is
+    held after step ``step`` (``slow_steps.StallOnce``, until a signal is held or 300 s)."""
+    marker = run_dir.with_name(run_dir.name + ".stalled")
+    stall = json.dumps({"class_path": "slow_steps.StallOnce",
+                        "init_args": {"step": step, "marker": str(marker), "rank": rank}})
+    process = subprocess.Popen([str(COMMAND), *fit_args(run_dir, data_root, 2, 16, steps, *extra,
+                                                        "--trainer.callbacks+", stall, backbone=backbone)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               env=environment(), start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return process
+
+
 def test_two_processes_accumulation_and_resume_across_process_counts_train_one_model(zinc_data_root,
                                                                                       tmp_path, run_main):
     """Six updates of the global batch of 32 five ways: 1 process (batch 32) then 2 (batch 16)
@@ -134,15 +151,7 @@ def test_sigterm_to_one_process_stops_both_at_one_step_and_the_run_resumes_exact
     it equals the run that went to 8 at once, bit for bit (same graphs, same masks)."""
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     graphormer_urpe(*fit_args(straight, zinc_data_root, 2, 16, 8, backbone=DROPOUT))
-    stall = json.dumps({"class_path": "slow_steps.StallOnce",
-                        "init_args": {"step": 4, "marker": str(tmp_path / "stalled"), "rank": 1}})
-    process = subprocess.Popen([str(COMMAND), *fit_args(stopped, zinc_data_root, 2, 16, 8,
-                                                        "--trainer.callbacks+", stall, backbone=DROPOUT)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                               env=environment(), start_new_session=True)
-    deadline = time.monotonic() + 300
-    while not (tmp_path / "stalled").exists() and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    process = stalled_fit(stopped, zinc_data_root, 8, 4, 1, backbone=DROPOUT)
     ranks = processes_of(stopped)
     assert len(ranks) == 2, ranks
     os.kill(int(max(ranks, key=int)), signal.SIGTERM)  # the second process, started by the first
@@ -169,15 +178,7 @@ def test_ctrl_c_to_a_two_process_fit_exits_130_in_one_line_and_leaves_no_process
     """Ctrl-C reaches every process of the terminal's group: the fit stops at one step's end on
     both, writes last.ckpt (it loads), says so once, exits 130, and no process is left."""
     run_dir = tmp_path / "run"
-    stall = json.dumps({"class_path": "slow_steps.StallOnce",
-                        "init_args": {"step": 3, "marker": str(tmp_path / "stalled"), "rank": 0}})
-    process = subprocess.Popen([str(COMMAND), *fit_args(run_dir, zinc_data_root, 2, 16, 1000,
-                                                        "--trainer.callbacks+", stall)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                               env=environment(), start_new_session=True)
-    deadline = time.monotonic() + 300
-    while not (tmp_path / "stalled").exists() and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    process = stalled_fit(run_dir, zinc_data_root, 1000, 3, 0)
     os.killpg(process.pid, signal.SIGINT)
     assert process.wait(timeout=300) == 130
     stderr = process.stderr.read()
@@ -186,6 +187,63 @@ def test_ctrl_c_to_a_two_process_fit_exits_130_in_one_line_and_leaves_no_process
         "graphormer-urpe: stopped by Ctrl-C (SIGINT) after the step in progress"), stderr[-3000:]
     assert last(run_dir)["global_step"] == 3
     assert processes_of(run_dir) == []
+
+
+def test_a_killed_process_of_two_is_named_in_one_line(zinc_data_root, tmp_path):
+    """The second process killed (SIGKILL, as the out-of-memory killer does) while the first waits
+    for it in a step's all-reduce: the first names it in one line, exit status 1, no traceback
+    (gloo's "Connection closed by peer"), no process left, and last.ckpt (every 2 steps) holds
+    step 2 whole."""
+    run_dir = tmp_path / "run"
+    process = stalled_fit(run_dir, zinc_data_root, 1000, 3, 1, "--checkpoint.every_n_train_steps", "2")
+    ranks = processes_of(run_dir)
+    assert len(ranks) == 2, ranks
+    second = max(ranks, key=int)  # started by the first
+    os.kill(int(second), signal.SIGKILL)
+    assert process.wait(timeout=300) == 1
+    stderr = process.stderr.read()
+    said = [line for line in stderr.splitlines() if line.startswith("graphormer-urpe:")]
+    assert "Traceback" not in stderr and said == [
+        f"graphormer-urpe: error: process 1 of 2 (pid {second}) ended with exit status -9 (killed by SIGKILL: "
+        "out of memory?), so the fit stopped; resume it with --ckpt_path last"], stderr[-3000:]
+    assert processes_of(run_dir) == []
+    assert last(run_dir)["global_step"] == 2
+
+
+@pytest.mark.parametrize("to", ["the process group", "the first process"])
+def test_a_two_process_fit_stopped_while_its_data_is_built_says_so_in_one_line(zinc_source, tmp_path, to):
+    """SIGTERM while the first process builds ZINC and the second waits for it in Lightning's
+    barrier, to both (a scheduler, ``kill -- -PGID``) or to the first alone (``kill PID``): exit
+    status 143 and the one line of a 1-process fit (not the barrier's traceback and exit 1), no
+    process left, nothing half-built left in the data root."""
+    from graphormer_urpe.data.zinc import ZINC_SOURCE_ENV
+    from graphormer_urpe.utils.process import usable_cores
+    from helpers.processes import children, group_is_gone
+
+    if usable_cores() < 2:
+        pytest.skip("the data is built without worker processes on one core")
+    command = [str(COMMAND), "fit", "--config", "zinc", "--data.init_args.root", str(tmp_path / "data"),
+               "--trainer.default_root_dir", str(tmp_path / "run"), "--trainer.max_steps", "4",
+               "--model.warmup_steps", "1", "--trainer.accelerator", "cpu", "--trainer.devices", "2",
+               "--trainer.strategy", "ddp"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True, env={**environment(), ZINC_SOURCE_ENV: str(zinc_source)})
+    deadline = time.monotonic() + 300
+    while process.poll() is None and len(children(process.pid)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(children(process.pid)) == 3, "the second process and the build's two workers are not there"
+    if to == "the process group":
+        os.killpg(process.pid, signal.SIGTERM)
+    else:
+        process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=120) == 143
+    stderr = process.stderr.read()
+    said = [line for line in stderr.splitlines() if line.startswith("graphormer-urpe:")]
+    assert "Traceback" not in stderr and "monitoredBarrier" not in stderr and said == [
+        "graphormer-urpe: stopped by SIGTERM while the data was built; what was half-built is removed: the same "
+        "command builds it again"], stderr[-3000:]
+    assert group_is_gone(process.pid)
+    assert [p.name for p in (tmp_path / "data").rglob("*") if any(m in p.name for m in (".part", ".tmp-", ".stale-"))] == []
 
 
 def test_loss_scale_follows_grad_scaler():
@@ -301,6 +359,29 @@ def test_a_signal_inside_an_accumulation_cycle_stops_at_its_update(zinc_data_roo
     graphormer_urpe(*fit_args(stopped, zinc_data_root, 1, 16, 6, *accumulate, "--ckpt_path", "last",
                               backbone=DROPOUT))
     assert largest_difference(last(stopped), last(straight)) == 0.0
+
+
+def test_a_checkpoint_inside_an_accumulation_cycle_resumes_exactly(zinc_data_root, tmp_path):
+    """2 processes with dropout accumulating 3 batches an update, validated every 4 batches: the
+    validation after batch 8 (2 batches into the cycle of update 3) writes a best checkpoint,
+    which holds each process's summed gradients; resumed from it to step 4 the run equals the
+    uninterrupted one bit for bit (weights and AdamW moments: its update 3 has the gradients of
+    the cycle's first two batches too)."""
+    every_validation = ["--trainer.accumulate_grad_batches", "3", "--trainer.val_check_interval", "4",
+                        "--trainer.check_val_every_n_epoch", "1", "--checkpoint.save_top_k", "-1"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    graphormer_urpe(*fit_args(straight, zinc_data_root, 2, 16, 4, *every_validation, backbone=DROPOUT))
+    inside, = (straight / "checkpoints").glob("epoch=0-step=2-*.ckpt")
+    held = torch.load(inside, map_location="cpu", weights_only=True)
+    assert held["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["ready"] == 8
+    assert len(held["accumulated_gradients"]) == 2
+    graphormer_urpe(*fit_args(resumed, zinc_data_root, 2, 16, 4, *every_validation, "--ckpt_path", str(inside),
+                              backbone=DROPOUT))
+    reference = last(straight)
+    assert "accumulated_gradients" not in reference  # written at the cycle's update
+    assert largest_difference(last(resumed), reference) == 0.0
+    for index, state in reference["optimizer_states"][0]["state"].items():
+        assert torch.equal(last(resumed)["optimizer_states"][0]["state"][index]["exp_avg"], state["exp_avg"])
 
 
 def csv_args(command: str, run_dir: Path, table: Path, splits: Path, processes: int, *extra: str) -> list[str]:

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from graphormer_urpe.data.facts import DataFacts
-from graphormer_urpe.training.module import GraphormerModule
+from graphormer_urpe.training.module import GraphormerModule, accumulated_share
 from graphormer_urpe.training.optim import PARAMETER_KINDS, parameter_groups
 
 TINY = {"num_layers": 2, "hidden_dim": 16, "ffn_dim": 16, "num_heads": 2}
@@ -109,3 +109,21 @@ def test_the_step_uses_the_fused_adamw_capturable_on_a_gpu(precision):
     assert optimizer.defaults["fused"] is True and optimizer.defaults["capturable"] is False
     module._device = torch.device("cuda", 0)  # what a CUDA run reports; the flags are only read
     assert module.configure_optimizers()["optimizer"].defaults["capturable"] is True
+
+
+def test_a_cycles_gradients_of_two_processes_continue_on_one_or_three():
+    """The gradients that 2 processes had summed inside an accumulation cycle: resumed on 2, each
+    its own; on 1 or 3 (the same global batch), the first process continues their sum (a
+    parameter neither had a gradient for stays without one) and the others start from zero."""
+    states = [{"gradients": [torch.tensor([1.0, 2.0]), None, torch.tensor([5.0])],
+               "loss_total": torch.tensor(3.0), "weights": torch.tensor(4.0)},
+              {"gradients": [torch.tensor([10.0, 20.0]), None, None],
+               "loss_total": torch.tensor(6.0), "weights": torch.tensor(2.0)}]
+    assert accumulated_share(states, 1, 2) is states[1]
+    for world_size in (1, 3):
+        first = accumulated_share(states, 0, world_size)
+        assert torch.equal(first["gradients"][0], torch.tensor([11.0, 22.0])) and first["gradients"][1] is None
+        assert torch.equal(first["gradients"][2], torch.tensor([5.0]))
+        assert float(first["loss_total"]) == 9.0 and float(first["weights"]) == 6.0
+    other = accumulated_share(states, 2, 3)
+    assert other["gradients"] == [None, None, None] and float(other["loss_total"]) == float(other["weights"]) == 0.0
