@@ -59,3 +59,18 @@ def test_the_launchers_process_observer_is_there_to_replace():
         assert subprocess_script._launch_process_observer is print
     finally:
         subprocess_script._launch_process_observer = lightnings
+
+
+def test_the_strategy_launcher_and_checkpoint_names_read_are_there(tmp_path):
+    from lightning.pytorch.strategies import DDPStrategy
+
+    spawned = pl.Trainer(accelerator="cpu", strategy=DDPStrategy(start_method="spawn"), logger=False)
+    assert lightning_private.spawn_start_method(spawned.strategy) == "spawn"
+    scripts = pl.Trainer(accelerator="cpu", strategy="ddp", devices=1, logger=False)
+    assert lightning_private.spawn_start_method(scripts.strategy) is None
+    trainer = pl.Trainer(accelerator="cpu", default_root_dir=tmp_path, logger=False)
+    for version in (2, 10):
+        (tmp_path / f"hpc_ckpt_{version}.ckpt").write_bytes(b"")
+    assert lightning_private.checkpoint_to_open(trainer, "test", "hpc") == str(tmp_path / "hpc_ckpt_10.ckpt")
+    assert lightning_private.checkpoint_to_open(trainer, "fit", None) is None
+    assert lightning_private.checkpoint_to_open(trainer, "predict", "a.ckpt") == "a.ckpt"

@@ -289,21 +289,96 @@ def test_damaged_ablation_results_are_refused_at_start_and_kept(tmp_path, capsys
     assert results.read_text() == content  # never rewritten
 
 
-@pytest.mark.parametrize("command", ["test --ckpt_path FILE", "fit --ckpt_path last"])
+#: The file each way of naming a checkpoint opens, in the run directory ``run``.
+CRAFTED_AT = {"FILE": "checkpoints/last.ckpt", "last": "checkpoints/last.ckpt", "best": "checkpoints/last.ckpt",
+              "hpc": "hpc_ckpt_1.ckpt", "none under SLURM": "hpc_ckpt_1.ckpt"}
+#: What makes Lightning open its HPC checkpoint without --ckpt_path: a job that srun started.
+SLURM_JOB = {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "train", "SLURM_NODEID": "0", "SLURM_PROCID": "0",
+             "SLURM_LOCALID": "0", "SLURM_NNODES": "1", "SLURM_JOB_ID": "1", "SLURM_NODELIST": "localhost"}
+
+
+@pytest.mark.parametrize("command", ["test --ckpt_path FILE", "fit --ckpt_path last", "fit --ckpt_path hpc",
+                                     "in-process test --ckpt_path hpc", "in-process validate --ckpt_path best",
+                                     "in-process test --ckpt_path none under SLURM"])
 def test_crafted_checkpoint_is_refused_in_one_line_without_running_its_code(
-        esol_csv, tmp_path, plant_crafted_checkpoint, command):
+        esol_csv, tmp_path, plant_crafted_checkpoint, run_main, monkeypatch, command):
     """A checkpoint is data: one whose unpickling would run code is refused by name, in one
-    line, before any data is read, and its code never runs."""
-    subcommand, _, which = command.split()
-    crafted = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    line, before any data is read, and its code never runs, however it is named (a file,
+    ``last``, ``best`` (the run's last.ckpt, which records it), Lightning's ``hpc``, or none at all
+    in a SLURM job, where Lightning opens its HPC checkpoint itself), also with
+    ``--weights_only false``. Through the installed command, or its ``main()`` (``in-process``)."""
+    in_process = command.startswith("in-process ")
+    subcommand, _, which = command.removeprefix("in-process ").split(maxsplit=2)
+    crafted = tmp_path / "run" / CRAFTED_AT[which]
     marker = plant_crafted_checkpoint(crafted)
-    done = run_command([subcommand, *esol_args(tmp_path, esol_csv)[1:],
-                        "--ckpt_path", str(crafted) if which == "FILE" else "last"])
+    ckpt_path = {"FILE": ["--ckpt_path", str(crafted)], "none under SLURM": []}.get(which, ["--ckpt_path", which])
+    weights_only = [] if which in ("FILE", "last") else ["--weights_only", "false"]
+    args = [subcommand, *esol_args(tmp_path, esol_csv)[1:], *ckpt_path, *weights_only]
+    if which == "none under SLURM":
+        for name, value in SLURM_JOB.items():
+            monkeypatch.setenv(name, value)
+    done = run_main(cli_main, args) if in_process else run_command(args)
     assert done.returncode == 2, done.stderr[-3000:]
     assert error_lines(done.stderr) == [
         f"graphormer-urpe: error: checkpoint {crafted} cannot be read: it holds objects other than "
         "tensors and plain values, which are never loaded"]
     assert not marker.exists() and not (tmp_path / "cache").exists()
+
+
+@pytest.fixture(scope="module")
+def run_with_a_best(esol_csv, tmp_path_factory) -> Path:
+    """A tiny ESOL run whose epoch of 2 batches ended with a validation: its checkpoints folder
+    holds the best val/mae checkpoint beside last.ckpt, which records it."""
+    work = tmp_path_factory.mktemp("run_with_a_best")
+    assert cli_main(esol_args(work, esol_csv, "--trainer.limit_train_batches", "2")) == 0
+    return work
+
+
+@pytest.mark.parametrize("subcommand", ["test", "predict"])
+def test_ckpt_path_best_is_the_best_checkpoint_its_run_records(run_with_a_best, esol_csv, tmp_path, subcommand):
+    """``--ckpt_path best`` in a new process (Lightning's own ``best`` is a traceback there): the
+    best checkpoint that the checkpoint folder's last.ckpt records, read as data first."""
+    from graphormer_urpe.training.lightning_cli import build_cli
+
+    folder = run_with_a_best / "run" / "checkpoints"
+    [best] = [path for path in folder.iterdir() if path.name.startswith("epoch=0-step=2-val_mae=")]
+    cli = build_cli([subcommand, *esol_args(run_with_a_best, esol_csv)[1:], "--trainer.default_root_dir",
+                     str(tmp_path / "run"), "--checkpoint.dirpath", str(folder), "--ckpt_path", "best"])
+    assert cli.trainer.ckpt_path == str(best)
+    if subcommand == "predict":
+        assert len(pd.read_csv(tmp_path / "run" / "predictions.csv")) > 0
+    else:
+        assert cli.trainer.callback_metrics["test/mae"].item() > 0
+
+
+@pytest.mark.parametrize("run", ["no checkpoint", "no validation", "best file gone"])
+def test_ckpt_path_best_without_a_best_checkpoint_is_one_line(run_with_a_best, ogb_checkpoint, esol_csv,
+                                                              tmp_path, run_main, run):
+    folder = {"no checkpoint": tmp_path / "empty", "no validation": ogb_checkpoint.parent,
+              "best file gone": tmp_path / "copied"}[run]
+    if run == "best file gone":  # a copy of the run's last.ckpt without the best file it records
+        folder.mkdir()
+        shutil.copyfile(run_with_a_best / "run" / "checkpoints" / "last.ckpt", folder / "last.ckpt")
+    done = run_main(cli_main, ["test", *esol_args(tmp_path, esol_csv)[1:], "--checkpoint.dirpath", folder,
+                               "--ckpt_path", "best"])
+    assert done.returncode == 2, done.stderr[-3000:]
+    [line] = error_lines(done.stderr)
+    assert line.startswith("graphormer-urpe: error: --ckpt_path best: "), line
+    assert {"no checkpoint": f"{folder} holds no last.ckpt, which records the run's best checkpoint",
+            "no validation": f"{folder / 'last.ckpt'} records no best val/mae checkpoint (no validation has run)",
+            "best file gone": f"that {folder / 'last.ckpt'} records is not in {folder}"}[run] in line
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("name", ["hpc", "registry", "registry:graphormer"])
+def test_a_lightning_checkpoint_name_that_names_no_file_is_one_line(esol_csv, tmp_path, run_main, name):
+    done = run_main(cli_main, ["test", *esol_args(tmp_path, esol_csv)[1:], "--ckpt_path", name])
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert error_lines(done.stderr) == [f"graphormer-urpe: error: --ckpt_path {name}: " + (
+        f"{tmp_path / 'run'} holds no checkpoint of that name (hpc_ckpt_N.ckpt, which Lightning writes when "
+        "SLURM requeues a run); give a checkpoint file" if name == "hpc" else
+        "Lightning's model registry needs the litmodels package, which is not installed; give a checkpoint file")]
+    assert not (tmp_path / "cache").exists()
 
 
 def test_second_fit_into_a_run_directory_in_use_is_refused(esol_csv, tmp_path, start_lock_holder):

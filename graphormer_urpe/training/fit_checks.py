@@ -1,18 +1,23 @@
 """The refusals of a ``graphormer-urpe`` configuration, each one line naming the option or file,
 before any data is read (:class:`~graphormer_urpe.training.lightning_cli.GraphormerCLI` calls
-them): the schedule, the step's precision, strategy and devices, a resumed checkpoint's data,
-model and place in its epoch, and ``predict``'s output."""
+them): the schedule, the step's precision, strategy and devices (as the options give them, and
+as the built trainer has them: :func:`check_trainer`), a resumed checkpoint's data, model and
+place in its epoch, and ``predict``'s output."""
 from __future__ import annotations
 
 import os
 
+import lightning.pytorch as pl
 import torch
 from jsonargparse import Namespace
+from lightning.fabric.plugins.environments import LightningEnvironment
+from lightning.pytorch.plugins.precision import DoublePrecision, MixedPrecision, Precision
 
 from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.training.module import DATA_POSITION, GraphormerModule
 from graphormer_urpe.training.schedule import schedule_lengths
 from graphormer_urpe.utils.files import same_file
+from graphormer_urpe.utils.lightning_private import spawn_start_method
 
 #: ``predict``'s table in the run directory, unless ``--prediction_writer.output`` names another.
 PREDICTIONS_FILE = "predictions.csv"
@@ -114,12 +119,10 @@ def check_step_config(trainer: Namespace) -> None:
     problems = []
     precision = trainer.get("precision")
     if precision is not None and str(precision) not in STEP_PRECISIONS:
-        problems.append(f"trainer.precision 32-true, bf16-mixed or 16-mixed (got {precision}: the step keeps "
-                        "float32 weights and optimizer moments)")
+        problems.append(_precision_needed(precision))
     strategy = trainer.get("strategy")
     if isinstance(strategy, str) and strategy not in STEP_STRATEGIES:
-        problems.append(f"trainer.strategy ddp or auto (got {strategy}: the step averages the gradients of "
-                        "DDP's processes itself; sharded or spawned strategies it does not serve)")
+        problems.append(_strategy_needed(strategy))
     if trainer.get("gradient_clip_val") and trainer.get("gradient_clip_algorithm") not in (None, "norm"):
         problems.append(f"trainer.gradient_clip_algorithm norm (got {trainer.gradient_clip_algorithm})")
     accumulate = trainer.get("accumulate_grad_batches")
@@ -128,6 +131,55 @@ def check_step_config(trainer: Namespace) -> None:
     problems += device_problems(trainer)
     if problems:
         raise ValueError("the training step needs " + "; ".join(problems))
+
+
+def _precision_needed(got) -> str:
+    return (f"trainer.precision 32-true, bf16-mixed or 16-mixed (got {got}: the step keeps float32 weights "
+            "and optimizer moments)")
+
+
+def _strategy_needed(got) -> str:
+    return (f"trainer.strategy ddp or auto (got {got}: the step averages the gradients of DDP's processes "
+            "itself; sharded or spawned strategies it does not serve)")
+
+
+#: The environment variables by which processes started by hand on several machines find each
+#: other (Lightning's ``LightningEnvironment``); a cluster's launcher (SLURM, torchrun, ...) has its own.
+NODE_VARIABLES = ("MASTER_ADDR", "NODE_RANK", "GROUP_RANK")
+
+
+def check_trainer(trainer: pl.Trainer, options: Namespace, subcommand: str) -> None:
+    """The built trainer's settings that :func:`check_step_config` cannot see in the options,
+    refused in one line before any data is read: a precision plugin given by
+    ``trainer.plugins`` (``HalfPrecision``: half-precision weights), a strategy given as a class
+    whose processes are spawned (``DDPStrategy`` with ``start_method: spawn``: the command's
+    configuration does not pickle into them), ``16-mixed`` that Lightning would run as
+    ``bf16-mixed`` (on a CPU), and ``trainer.num_nodes`` above 1 where no launcher starts the other
+    nodes' processes (the first one would wait for them for 30 minutes)."""
+    plugin, strategy = trainer.precision_plugin, trainer.strategy
+    start_method = spawn_start_method(strategy)
+    spawned = f"{type(strategy).__name__} with start_method {start_method!r}"
+    step_problems = []
+    if subcommand == "fit" and not (type(plugin) is Precision or isinstance(plugin, (MixedPrecision, DoublePrecision))):
+        step_problems.append(_precision_needed(f"{type(plugin).__name__} {trainer.precision}"))
+    if subcommand == "fit" and start_method is not None:
+        step_problems.append(_strategy_needed(spawned))
+    if step_problems:
+        raise ValueError("the training step needs " + "; ".join(step_problems))
+    if start_method is not None:
+        raise ValueError(f"{subcommand} needs trainer.strategy ddp or auto (got {spawned}: the command's "
+                         "configuration does not pickle into spawned processes)")
+    asked = options.get("precision")
+    if str(asked) in ("16-mixed", "16") and trainer.precision != "16-mixed":
+        raise ValueError(f"trainer.precision {asked} needs a CUDA GPU: here Lightning would run "
+                         f"{trainer.precision} instead; give --trainer.precision {trainer.precision} (or 32-true)")
+    environment = getattr(strategy, "cluster_environment", None)
+    if (trainer.num_nodes > 1 and type(environment) is LightningEnvironment
+            and not any(os.environ.get(name) for name in NODE_VARIABLES)):
+        raise ValueError(f"trainer.num_nodes {trainer.num_nodes} needs the other nodes' processes, which "
+                         "nothing starts here: run it under a cluster's launcher (SLURM, torchrun, ...) or "
+                         f"with {' and '.join(NODE_VARIABLES[:2])} set on each node; on one machine give "
+                         "--trainer.num_nodes 1 and --trainer.devices N")
 
 
 def device_number(devices) -> int | None:

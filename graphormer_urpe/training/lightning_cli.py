@@ -7,11 +7,13 @@ featurizer) are linked from the instantiated DataModule into the model as one ob
 config names each of them once, on the data. A run's outputs all go under
 ``trainer.default_root_dir``: TensorBoard and CSV logs, ``checkpoints/`` with the best model by the task's validation metric
 (``epoch=…-step=…-val_<metric>=….ckpt``: ``val_mae``, ``val_auroc``, ``val_accuracy``) plus ``last.ckpt``, always the run's newest state (resume
-a killed or finished run with ``--ckpt_path last``; :mod:`~graphormer_urpe.training.run_checkpoint`),
-and for ``predict`` the predictions (``predictions.csv``, or ``--prediction_writer.output``).
+a killed or finished run with ``--ckpt_path last``; :mod:`~graphormer_urpe.training.run_checkpoint`;
+``--ckpt_path best`` is the best checkpoint that ``last.ckpt`` records), and for ``predict`` the predictions (``predictions.csv``, or ``--prediction_writer.output``).
 A ``fit`` into a run directory that already holds checkpoints is refused unless it resumes
 (``--ckpt_path last``) or starts over (``--checkpoint.overwrite true``).
-The refusals it applies before any data is read are :mod:`~graphormer_urpe.training.fit_checks`.
+The refusals it applies before any data is read are :mod:`~graphormer_urpe.training.fit_checks`;
+every checkpoint a command opens, whatever name gives it (a path, ``last``, ``best``, Lightning's
+``hpc``), is read as data first (:func:`~graphormer_urpe.utils.torch_files.read_checkpoint`).
 
 The backbone is typed (:class:`~graphormer_urpe.nn.graphormer.GraphormerConfig`), so partial
 overrides merge in any order: ``--model.backbone '{"num_layers": 4}'``,
@@ -40,19 +42,21 @@ from graphormer_urpe.data.task import get_task
 from graphormer_urpe.prediction.model import RETIRED_HPARAMS
 from graphormer_urpe.training.fit_checks import (PREDICTIONS_FILE, check_checkpoint_data, check_checkpoint_model,
                                                  check_epoch_place, check_prediction_output,
-                                                 check_schedule_config, check_step_config, device_count,
-                                                 epoch_place)
+                                                 check_schedule_config, check_step_config, check_trainer,
+                                                 device_count, epoch_place)
 from graphormer_urpe.training.module import GraphormerModule, data_position
 from graphormer_urpe.training.recipes import command_line
-from graphormer_urpe.training.run_checkpoint import (RunCheckpoint, check_run_dir, hold_run_dir,
+from graphormer_urpe.training.run_checkpoint import (LAST, RunCheckpoint, check_run_dir, hold_run_dir,
                                                       run_dirs_released_after)
 from graphormer_urpe.utils.files import check_creatable_dir, check_writable_dir
-from graphormer_urpe.utils.lightning_private import is_local_path
-from graphormer_urpe.utils.torch_files import read_checkpoint
+from graphormer_urpe.utils.lightning_private import checkpoint_to_open, is_local_path
+from graphormer_urpe.utils.torch_files import model_checkpoint_state, read_checkpoint
 
 DEFAULT_RUN_DIR = "runs/default"
-#: ``--ckpt_path`` values that Lightning resolves itself (``last`` is resolved here).
-LIGHTNING_CKPT_NAMES = ("best", "hpc", "registry")  # also registry:<name>
+#: ``--ckpt_path`` values that Lightning resolves itself once the trainer is built
+#: (:func:`~graphormer_urpe.utils.lightning_private.checkpoint_to_open`); ``last`` and ``best``
+#: are resolved here, from the run's checkpoint folder.
+LIGHTNING_CKPT_NAMES = ("hpc", "registry")  # also registry:<name>
 
 
 class PredictionWriter(BasePredictionWriter):
@@ -155,20 +159,44 @@ class GraphormerCLI(LightningCLI):
         return cached
 
     def after_instantiate_classes(self) -> None:
-        """Before any data is read or built: the checkpoint the command starts from was trained
-        on data of this kind (:func:`check_checkpoint_data`). A run without a logger
-        (``--trainer.logger false``) drops the learning-rate monitor, which has nothing to log
-        to (Lightning would stop the run on it once the data is built)."""
+        """Before any data is read or built: the built trainer's settings (:func:`check_trainer`),
+        and the checkpoint the command starts from was trained on data of this kind
+        (:func:`check_checkpoint_data`). A run without a logger (``--trainer.logger false``) drops
+        the learning-rate monitor, which has nothing to log to (Lightning would stop the run on it
+        once the data is built)."""
         if self.trainer is not None and not self.trainer.loggers:
             self.trainer.callbacks = [c for c in self.trainer.callbacks if not isinstance(c, LearningRateMonitor)]
         config = self.config[self.subcommand] if self.subcommand else self.config
-        if config.get("ckpt_path") and Path(config.ckpt_path).is_file():
-            path, hparams, place = self._read_checkpoint(config.ckpt_path)
+        if self.subcommand is None:
+            return
+        check_trainer(self.trainer, config.trainer, self.subcommand)
+        ckpt_path = self._checkpoint_to_open(config)
+        if ckpt_path and is_local_path(ckpt_path):  # a missing, damaged or crafted file: one line
+            path, hparams, place = self._read_checkpoint(ckpt_path)
             check_checkpoint_data(path, hparams, self.model)
             check_checkpoint_model(path, hparams, self.model)
             scheduled = any(isinstance(c, GradientAccumulationScheduler) for c in self.trainer.callbacks)
             if self.subcommand == "fit" and not scheduled:  # a scheduler's factor depends on the epoch
                 check_epoch_place(path, place, data_position(self.trainer, self.datamodule))
+
+    def _checkpoint_to_open(self, config: Namespace) -> str | None:
+        """The checkpoint the subcommand opens: ``--ckpt_path``, or the file that Lightning's own
+        names mean (``hpc``; ``registry``; under SLURM, no path at all meaning its HPC
+        checkpoint), which the subcommand is then given, so that the file checked is the file
+        opened. ``ValueError`` (one line) for a name that names no file here."""
+        given = config.get("ckpt_path")
+        try:
+            ckpt_path = checkpoint_to_open(self.trainer, self.subcommand, given)
+        except ValueError:  # Lightning's, in terms of its Python API: "hpc" where it finds none
+            raise ValueError(f"--ckpt_path {given}: {self.trainer.default_root_dir} holds no checkpoint of that "
+                             "name (hpc_ckpt_N.ckpt, which Lightning writes when SLURM requeues a run); give a "
+                             "checkpoint file") from None
+        if ckpt_path is not None and str(ckpt_path).split(":")[0] in LIGHTNING_CKPT_NAMES:
+            raise ValueError(f"--ckpt_path {given}: Lightning's model registry needs the litmodels package, "
+                             "which is not installed; give a checkpoint file")
+        if ckpt_path != given:
+            config.ckpt_path = self.config_init[self.subcommand]["ckpt_path"] = str(ckpt_path)
+        return config.ckpt_path
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data", "model.facts", apply_on="instantiate", compute_fn=DataFacts.of)
@@ -214,6 +242,8 @@ class GraphormerCLI(LightningCLI):
         if self.subcommand is not None:  # before any data is read
             config.ckpt_path = check_run_dir(checkpoint.dirpath, config.get("ckpt_path"),
                                              checkpoint.overwrite, self.subcommand == "fit")
+            if config.ckpt_path == "best":
+                config.ckpt_path = best_checkpoint_in(str(checkpoint.dirpath), checkpoint.monitor)
             ckpt_path = config.ckpt_path
             if (ckpt_path and is_local_path(ckpt_path)
                     and ckpt_path.split(":")[0] not in LIGHTNING_CKPT_NAMES):
@@ -224,6 +254,28 @@ class GraphormerCLI(LightningCLI):
                           init_args=Namespace(save_dir=run_dir, name=name))
                 for cls, name in (("TensorBoardLogger", "tensorboard"), ("CSVLogger", "csv"))
             ]
+
+
+def best_checkpoint_in(dirpath: str, monitor: str) -> str:
+    """``--ckpt_path best``: the best ``monitor`` checkpoint that the ``last.ckpt`` of the checkpoint
+    folder ``dirpath`` records, looked up by name in that folder (a copied run directory gives its
+    own file). ``ValueError`` (one line) where there is none."""
+    if not is_local_path(dirpath):
+        raise ValueError(f"--ckpt_path best reads {LAST} of a local --checkpoint.dirpath, not {dirpath}: give "
+                         "the checkpoint's path")
+    last = Path(dirpath) / LAST
+    if not last.is_file():
+        raise ValueError(f"--ckpt_path best: {dirpath} holds no {LAST}, which records the run's best checkpoint; "
+                         "train first, or give --ckpt_path PATH")
+    state = model_checkpoint_state(read_checkpoint(last), monitor)
+    if not state or not state.get("best_model_path"):
+        raise ValueError(f"--ckpt_path best: {last} records no best {monitor} checkpoint (no validation has run); "
+                         "give --ckpt_path last or PATH")
+    best = Path(dirpath) / Path(state["best_model_path"]).name
+    if not best.is_file():
+        raise ValueError(f"--ckpt_path best: the best checkpoint {best.name} that {last} records is not in "
+                         f"{dirpath}; copy it there, or give --ckpt_path PATH")
+    return str(best)
 
 
 def data_task(data: Namespace) -> str:

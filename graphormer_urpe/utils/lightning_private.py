@@ -6,7 +6,8 @@ continues after them), whether this batch only accumulates gradients, whether th
 an epoch must checkpoint the state inside it), whether this step writes the logs (the training
 step reads its device counters only then), how many batches ``limit_train_batches`` leaves of an
 epoch (checked against ``val_check_interval`` before training), whether it reads a path from
-the local file system, or for a module's trainer without an error when it has none. :class:`~graphormer_urpe.training.run_checkpoint.RunCheckpoint` also overrides and reads protected members of
+the local file system, how a strategy starts its processes, which file a name of its own for a
+checkpoint (``hpc``) means, or for a module's trainer without an error when it has none. :class:`~graphormer_urpe.training.run_checkpoint.RunCheckpoint` also overrides and reads protected members of
 its base class ``ModelCheckpoint`` (:data:`MODEL_CHECKPOINT_MEMBERS`), and the fit's and the search's
 ``LightningCLI`` subclasses override one of their base's (:data:`LIGHTNING_CLI_MEMBERS`). A test
 (``tests/test_lightning_private.py``) checks that every name here still exists in the
@@ -65,6 +66,28 @@ def is_local_path(path: str) -> bool:
     from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 
     return _is_local_file_protocol(path)
+
+
+def spawn_start_method(strategy) -> str | None:
+    """The multiprocessing start method (``spawn``, ``fork``, ``forkserver``) by which the strategy
+    starts its processes from this one, pickling what they run into them; None where it starts
+    none, or starts them as scripts (DDP's ``popen``)."""
+    from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher
+
+    launcher = getattr(strategy, "launcher", None)
+    return launcher._start_method if isinstance(launcher, _MultiProcessingLauncher) else None
+
+
+def checkpoint_to_open(trainer: pl.Trainer, subcommand: str, ckpt_path: str | None) -> str | None:
+    """The checkpoint that the trainer's ``subcommand`` (fit, validate, test, predict) opens for
+    ``ckpt_path``, as Lightning resolves its own names: ``hpc`` (and, under SLURM, no path at all)
+    its HPC checkpoint in the run directory, ``registry[:NAME]`` a model registry's download (a
+    name it leaves as it is without the ``litmodels`` package). Lightning's ``ValueError`` where a
+    name names no file."""
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    return trainer._checkpoint_connector._parse_ckpt_path(TrainerFn(subcommand), ckpt_path, model_provided=True,
+                                                          model_connected=False)
 
 
 def replace_process_observer(start) -> None:
