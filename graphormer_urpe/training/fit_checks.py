@@ -43,7 +43,7 @@ def check_checkpoint_data(ckpt_path: str, saved: dict, model: GraphormerModule) 
 #: Backbone fields that decide the shapes of its parameters (the others, dropouts and the
 #: attention kernel, may change when a run resumes).
 SHAPE_FIELDS = ("num_layers", "hidden_dim", "ffn_dim", "num_heads", "attention", "share_urpe_scale",
-                "max_degree", "max_spd")
+                "max_degree", "max_spd", "readout")
 
 
 def check_checkpoint_model(ckpt_path: str, saved: dict, model: GraphormerModule) -> None:
