@@ -124,7 +124,7 @@ def test_export_onto_a_full_disk_is_one_line_and_keeps_the_previous_file(esol_cs
     checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"
     run(Path(sys.executable).with_name("graphormer-urpe-export"), checkpoint, tmp_path / "measured.pt")
     size = (tmp_path / "measured.pt").stat().st_size
-    previous = b"the previous export"
+    previous = (tmp_path / "measured.pt").read_bytes()
     with small_disk(tmp_path / "disk", pages(len(previous)) + size // 2) as disk:
         (disk / "backbone.pt").write_bytes(previous)
         done = run(Path(sys.executable).with_name("graphormer-urpe-export"), checkpoint, disk / "backbone.pt", ok=False)
