@@ -54,8 +54,8 @@ from graphormer_urpe.cli.arguments import non_negative_int, positive_int
 from graphormer_urpe.prediction.load import checkpoint_files
 from graphormer_urpe.prediction.model import DEFAULT_BATCH_SIZE, DEFAULT_MAX_NODES, DEFAULT_MAX_PAIRS
 from graphormer_urpe.prediction.run import (
-    DEFAULT_CHUNK_ROWS, PEAK_MEMORY, Outputs, Streaming, check_device, check_files, prediction_model,
-    stream)
+    DEFAULT_CHUNK_ROWS, PEAK_MEMORY, Outputs, Streaming, check_device, check_files, default_device,
+    prediction_model, stream)
 from graphormer_urpe.prediction.table import PredictionTable, SmilesInput, prediction_columns, read_smiles
 from graphormer_urpe.prediction.uncertainty import calibrated, check_calibrate, check_evaluate, evaluation
 from graphormer_urpe.utils.workers import WorkerDied, ran_out_of_memory, useful_workers
@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--chunk-rows", type=positive_int, default=DEFAULT_CHUNK_ROWS,
                         help="rows read, sorted by size and batched together (default "
                              f"{DEFAULT_CHUNK_ROWS})")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+    parser.add_argument("--device", default=default_device(),
                         help="torch device (default: cuda when available, else cpu)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser

@@ -7,7 +7,8 @@ the output's data row ``i + 1`` (:meth:`~graphormer_urpe.nn.graphormer.Graphorme
 atom's final vector, and ``offsets`` int64 ``[rows + 1]``: row ``i``'s atoms (in RDKit's atom
 order of its SMILES, hydrogens implicit) are ``embeddings[offsets[i]:offsets[i + 1]]``. A row
 without a prediction (its reason in the table's ``error`` column) is a row of NaN in the
-``.npy`` and has no atoms in the ``.npz``.
+``.npy`` and has no atoms in the ``.npz``. The Python API keeps the same arrays in memory
+(:class:`EmbeddingArrays`).
 
 Memory stays bounded: each chunk's vectors go to an unnamed temporary file beside the output
 as they come (``tempfile.TemporaryFile``: the system removes it, even after a kill); at the end
@@ -59,6 +60,38 @@ def check_embedding_paths(paths: dict[tuple[str, str], Path | None],
         refuse_overwriting_inputs(option, [path], [*inputs, *others])
 
 
+def row_vectors(rows: Sequence[InputRow], output: ChunkOutput) -> np.ndarray:
+    """A chunk's molecule vectors, float32 ``[rows, D]``: NaN for its rows with an error."""
+    vectors = output.embeddings.astype("<f4", copy=True)
+    vectors[[bool(row.error) for row in rows]] = np.nan
+    return vectors
+
+
+def row_atoms(rows: Sequence[InputRow], output: ChunkOutput) -> list[np.ndarray | None]:
+    """A chunk's atom vectors, float32 ``[atoms, D]`` per row: ``None`` for its rows with an error."""
+    return [None if row.error or atoms is None else np.ascontiguousarray(atoms, dtype="<f4")
+            for row, atoms in zip(rows, output.atoms)]
+
+
+class EmbeddingArrays:
+    """The embeddings of one prediction kept in memory, as :class:`EmbeddingFiles` writes them:
+    :meth:`vectors` (``[rows, D]``, NaN for a row without prediction) and, with ``atoms``,
+    :attr:`atoms` (each row's ``[atoms, D]``, ``None`` for a row without prediction)."""
+
+    def __init__(self, atoms: bool = False) -> None:
+        self._vectors: list[np.ndarray] = []
+        self.atoms: list[np.ndarray | None] | None = [] if atoms else None
+
+    def write(self, rows: Sequence[InputRow], output: ChunkOutput) -> None:
+        self._vectors.append(row_vectors(rows, output))
+        if self.atoms is not None:
+            self.atoms.extend(row_atoms(rows, output))
+
+    def vectors(self, width: int) -> np.ndarray:
+        """``[rows, width]`` float32, in input order."""
+        return np.concatenate(self._vectors) if self._vectors else np.zeros((0, width), np.float32)
+
+
 def _write_npy(handle: IO[bytes], raw: IO[bytes], shape: tuple[int, int], dtype: str) -> None:
     """An ``.npy`` of ``shape`` to ``handle``: its header, then ``raw``'s bytes (C order)."""
     np.lib.format.write_array_header_1_0(handle, {"descr": np.dtype(dtype).str, "fortran_order": False,
@@ -93,17 +126,14 @@ class EmbeddingFiles:
 
     def write(self, rows: Sequence[InputRow], output: ChunkOutput) -> None:
         """One chunk: NaN (no atoms) for its rows with an error, as the table leaves them empty."""
-        failed = np.array([bool(row.error) for row in rows], dtype=bool)
         self.rows += len(rows)
         if "graph" in self._outputs:
-            vectors = output.embeddings.astype("<f4", copy=True)
-            vectors[failed] = np.nan
-            self._outputs["graph"][1].write(vectors.tobytes())
+            self._outputs["graph"][1].write(row_vectors(rows, output).tobytes())
         if "atoms" in self._outputs:
             raw, end = self._outputs["atoms"][1], self._offsets[-1]
-            for row_failed, atoms in zip(failed, output.atoms):
-                if not row_failed and atoms is not None:
-                    raw.write(np.ascontiguousarray(atoms, dtype="<f4").tobytes())
+            for atoms in row_atoms(rows, output):
+                if atoms is not None:
+                    raw.write(atoms.tobytes())
                     end += len(atoms)
                 self._offsets.append(end)
 

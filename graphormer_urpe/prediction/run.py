@@ -7,12 +7,13 @@
 - :func:`prediction_model`: the model to predict with: one checkpoint's, the mean and spread of
   several (:class:`~graphormer_urpe.prediction.model.ModelEnsemble`), one checkpoint's Monte
   Carlo dropout (:class:`~graphormer_urpe.prediction.model.MCDropout`), with its embeddings
-  (:class:`~graphormer_urpe.prediction.model.WithEmbeddings`), on a device.
+  (:class:`~graphormer_urpe.prediction.model.WithEmbeddings`), on a device; :func:`predicting`
+  makes the same of a model already loaded (the Python API's).
 - :class:`Outputs`: the prediction table and the embeddings files, each written beside its
   path and put in place together at the end: all of them or, on any failure, none (a previous
   file stays as it was).
-- :func:`stream`: a file's rows predicted into the table (and the embeddings), with a progress
-  bar.
+- :func:`stream`: an input's rows (a file's, or a list's) predicted into the table (and the
+  embeddings), with a progress bar.
 
 Memory and speed: the input is streamed in chunks of ``chunk_rows`` rows; ``workers`` processes
 featurize them and, on the CPU, predict them with one torch thread each (the model is loaded
@@ -30,11 +31,12 @@ from pathlib import Path
 
 import torch
 
-from graphormer_urpe.prediction.embeddings import ATOM_OPTION, GRAPH_OPTION, EmbeddingFiles, check_embedding_paths
+from graphormer_urpe.prediction.embeddings import (
+    ATOM_OPTION, GRAPH_OPTION, EmbeddingArrays, EmbeddingFiles, check_embedding_paths)
 from graphormer_urpe.prediction.load import files_read, load_models
 from graphormer_urpe.prediction.model import (
     DEFAULT_BATCH_SIZE, DEFAULT_MAX_NODES, DEFAULT_MAX_PAIRS, MCDropout, WithEmbeddings, stream_predictions)
-from graphormer_urpe.prediction.table import PredictionTable, SmilesInput, count_lines
+from graphormer_urpe.prediction.table import PredictionArrays, PredictionTable, SmilesInput
 from graphormer_urpe.utils.files import AtomicFile, commit_together, refuse_overwriting_inputs, unreadable_as_a_file
 
 DEFAULT_CHUNK_ROWS = 1024
@@ -114,19 +116,37 @@ def check_one_model(ckpts: Sequence[Path], mc_dropout: int | None) -> None:
                          f"checkpoint, a run directory or pretrained:<name>) without --mc-dropout (got {given})")
 
 
+def default_device() -> str:
+    """The device a prediction runs on unless told: ``cuda`` where torch sees one, else ``cpu``."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_mc_dropout(models: int, mc_dropout: int | None) -> None:
+    """MC dropout samples one model (ValueError for ``models`` > 1)."""
+    if mc_dropout is not None and models > 1:
+        raise ValueError("--mc-dropout takes one checkpoint (several checkpoints already give a std)")
+
+
 def prediction_model(ckpts: Sequence[Path], device: torch.device, *, mc_dropout: int | None = None,
                      seed: int = 0, max_pairs: int = DEFAULT_MAX_PAIRS, embeddings: bool = False,
                      atoms: bool = False):
     """The verified model of ``ckpts`` (:func:`~graphormer_urpe.prediction.load.load_models`:
-    several are their mean, with a std) on ``device``; with ``embeddings`` it also gives its
-    graph-token vectors (and with ``atoms`` each atom's), with ``mc_dropout`` it predicts that
-    many times with dropout on (masks from ``seed``). ValueError for MC dropout over several
-    checkpoints, a model without dropout, embeddings of several models;
+    several are their mean, with a std) as :func:`predicting` makes it predict.
     :class:`~graphormer_urpe.utils.torch_files.CheckpointError` for a checkpoint that does not
-    load."""
-    if mc_dropout is not None and len(ckpts) > 1:
-        raise ValueError("--mc-dropout takes one checkpoint (several checkpoints already give a std)")
-    module = load_models(ckpts)
+    load; ValueError for MC dropout over several checkpoints (before any is read)."""
+    check_mc_dropout(len(ckpts), mc_dropout)
+    return predicting(load_models(ckpts), device, mc_dropout=mc_dropout, seed=seed, max_pairs=max_pairs,
+                      embeddings=embeddings, atoms=atoms)
+
+
+def predicting(module, device: torch.device, *, mc_dropout: int | None = None, seed: int = 0,
+               max_pairs: int = DEFAULT_MAX_PAIRS, embeddings: bool = False, atoms: bool = False):
+    """A loaded model (one, or a :class:`~graphormer_urpe.prediction.model.ModelEnsemble`) on
+    ``device`` as it predicts: with ``embeddings`` it also gives its graph-token vectors (and
+    with ``atoms`` each atom's), with ``mc_dropout`` it predicts that many times with dropout
+    on (masks from ``seed``). ValueError for MC dropout over several models, a model without
+    dropout, embeddings of several models."""
+    check_mc_dropout(len(getattr(module, "members", [module])), mc_dropout)
     if embeddings:
         module = WithEmbeddings(module, atoms=atoms)
     if mc_dropout is not None:
@@ -168,14 +188,16 @@ class Outputs:
         self.table.discard()
 
 
-def stream(module, table_input: SmilesInput, table: PredictionTable, streaming: Streaming, desc: str,
-           embeddings: EmbeddingFiles | None = None) -> None:
+def stream(module, table_input: SmilesInput, table: PredictionTable | PredictionArrays, streaming: Streaming,
+           desc: str, embeddings: EmbeddingFiles | EmbeddingArrays | None = None) -> None:
     """Predict every row of ``table_input`` into ``table`` (and ``embeddings``), with a progress
-    bar named ``desc`` unless ``streaming.quiet``."""
+    bar named ``desc`` unless ``streaming.quiet``: what ``graphormer-urpe-predict`` writes to its
+    files and the Python API keeps in memory (``table``: a
+    :class:`~graphormer_urpe.prediction.table.PredictionTable` or
+    :class:`~graphormer_urpe.prediction.table.PredictionArrays`)."""
     from tqdm import tqdm
 
-    total = count_lines(table_input.path) - (table_input.columns is not None)
-    with tqdm(total=max(total, 0), unit="mol", disable=streaming.quiet, file=sys.stderr,
+    with tqdm(total=table_input.count(), unit="mol", disable=streaming.quiet, file=sys.stderr,
               mininterval=1.0, desc=desc) as progress:
         stream_predictions(module, table_input.rows, table, max_nodes=streaming.max_nodes,
                            max_pairs=streaming.max_pairs, batch_size=streaming.batch_size,

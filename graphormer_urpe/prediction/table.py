@@ -1,6 +1,7 @@
 """The prediction table: its rows (read from a CSV with a ``smiles`` column or from one SMILES a
-line) and the CSV it is written to, which ``graphormer-urpe-predict`` and ``graphormer-urpe
-predict`` share.
+line, or given as a list: :func:`smiles_list`) and where it is written: the CSV, which
+``graphormer-urpe-predict`` and ``graphormer-urpe predict`` share, or memory
+(:class:`PredictionArrays`, the Python API's tables).
 
 Columns: ``row`` (1-based data row), the input's columns (``smiles`` for a one-SMILES-a-line
 file), one prediction column per target (:func:`prediction_columns`) and ``error``. An input
@@ -31,11 +32,24 @@ class InputRow:
 # ----------------------------------------------------------------------------------- input
 @dataclass
 class SmilesInput:
-    """An opened input: ``columns`` (the CSV header, ``None`` for one SMILES a line) and its rows."""
+    """An opened input: ``columns`` (the CSV header, ``None`` for one SMILES a line or a list), its
+    rows, and how many there are (:meth:`count`)."""
 
-    path: Path
+    path: Path | None  #: the file, ``None`` for SMILES given as a list
     columns: list[str] | None
     rows: Iterator[InputRow]
+    length: int | None = None  #: the number of rows where known without reading the file
+
+    def count(self) -> int:
+        """The number of rows: ``length``, else the file's lines after the header."""
+        if self.length is not None:
+            return self.length
+        return max(count_lines(self.path) - (self.columns is not None), 0)
+
+
+def smiles_list(smiles: Sequence[str]) -> SmilesInput:
+    """SMILES given in memory as an input, one row each, in order."""
+    return SmilesInput(None, None, (InputRow(text) for text in smiles), len(smiles))
 
 
 def open_smiles(handle, path: Path) -> SmilesInput:
@@ -108,6 +122,19 @@ def count_lines(path: Path) -> int:
 
 
 # --------------------------------------------------------------------------------- output
+def input_names(columns: Sequence[str], outputs: Sequence[str]) -> list[str]:
+    """The output's names of the input's ``columns`` beside its own ``outputs`` (and ``error``):
+    ``input_`` before each name the output uses."""
+    taken = {"error", *outputs}
+    names = []
+    for name in columns:
+        while name in taken:
+            name = f"input_{name}"
+        taken.add(name)
+        names.append(name)
+    return names
+
+
 class PredictionTable:
     """Writes prediction rows to a CSV handle: ``row``, the input's columns (``smiles`` when
     ``columns`` is None), the ``predictions`` columns (:func:`prediction_columns`), ``error``;
@@ -115,13 +142,7 @@ class PredictionTable:
 
     def __init__(self, handle, predictions: Sequence[str], columns: Sequence[str] | None = None) -> None:
         predictions = list(predictions)
-        taken = {"row", "error", *predictions}
-        inputs = []
-        for name in (["smiles"] if columns is None else columns):
-            while name in taken:
-                name = f"input_{name}"
-            taken.add(name)
-            inputs.append(name)
+        inputs = input_names(["smiles"] if columns is None else columns, ["row", *predictions])
         self._echo_fields = columns is not None
         self._writer = csv.writer(handle, lineterminator="\n")
         self._writer.writerow(["row", *inputs, *predictions, "error"])
@@ -135,6 +156,26 @@ class PredictionTable:
             values = ["" if row.error else f"{v:.6g}" for v in pred]
             echoed = row.fields if self._echo_fields else [row.smiles]
             self._writer.writerow([self.rows_written, *echoed, *values, row.error])
+
+
+class PredictionArrays:
+    """Prediction rows kept in memory, as :class:`PredictionTable` writes them to a file: each
+    row's ``error`` (empty where predicted) and its ``values`` (NaN where not)."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+        self._values: list[np.ndarray] = []
+
+    def write(self, rows: Sequence[InputRow], predictions: np.ndarray) -> None:
+        failed = np.array([bool(row.error) for row in rows], dtype=bool)
+        values = np.array(predictions, dtype=np.float32, copy=True)
+        values[failed] = np.nan
+        self.errors.extend(row.error for row in rows)
+        self._values.append(values)
+
+    def values(self, width: int) -> np.ndarray:
+        """``[rows, width]`` float32, in input order."""
+        return np.concatenate(self._values) if self._values else np.zeros((0, width), np.float32)
 
 
 def write_predictions(path: str | Path, rows: Sequence[InputRow], predictions: np.ndarray,
