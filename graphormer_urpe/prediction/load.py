@@ -99,6 +99,18 @@ def load_models(ckpts: Sequence[str | Path]):
     return models[0] if len(models) == 1 else ModelEnsemble(models, list(map(str, ckpts)))
 
 
+def recorded_best(checkpoint_dir: Path, monitor: str, last: dict) -> tuple[Path | None, float | None]:
+    """The best ``monitor`` checkpoint that ``last`` (the ``last.ckpt`` of ``checkpoint_dir``)
+    records, and its score; ``(None, None)`` where it records none (no validation has run). The
+    file is looked up by name in ``checkpoint_dir`` only: the recorded path is where the run was
+    trained, and a copied or moved run folder must not silently use the original's checkpoint.
+    The caller says what a missing file means."""
+    state = model_checkpoint_state(last, monitor)
+    if not state or not state.get("best_model_path"):
+        return None, None
+    return Path(checkpoint_dir) / Path(state["best_model_path"]).name, float(state["best_model_score"])
+
+
 def _recorded_best(run_dir: Path):
     """``(best path, its validation score, last step, the task)`` of a run directory, from the
     ModelCheckpoint state its ``checkpoints/last.ckpt`` carries, without reading the best file
@@ -109,18 +121,14 @@ def _recorded_best(run_dir: Path):
     run_dir = Path(run_dir)
     last = read_checkpoint(run_dir / RUN_LAST_CHECKPOINT)
     task = get_task(DataFacts.recorded(last.get("hyper_parameters", {}), "task"))
-    state = model_checkpoint_state(last, task.monitor)
-    if not state or not state.get("best_model_path"):
+    path, score = recorded_best(run_dir / RUN_LAST_CHECKPOINT.parent, task.monitor, last)
+    if path is None:
         raise CheckpointError(f"{run_dir}: last.ckpt has no best {task.monitor} checkpoint (was "
                               "validation run? the budget must cover at least one validation)")
-    # Only the run's own folder: the recorded path is where the run was trained, and a copied
-    # or moved run directory must not silently predict with the original's checkpoint.
-    name = Path(state["best_model_path"]).name
-    path = run_dir / RUN_LAST_CHECKPOINT.parent / name
     if not path.is_file():
-        raise CheckpointError(f"{run_dir}: its best checkpoint {name} (recorded in {RUN_LAST_CHECKPOINT}) "
+        raise CheckpointError(f"{run_dir}: its best checkpoint {path.name} (recorded in {RUN_LAST_CHECKPOINT}) "
                               f"is missing from {path.parent}; copy it there, or name a checkpoint file")
-    return path, float(state["best_model_score"]), int(last["global_step"]), task
+    return path, score, int(last["global_step"]), task
 
 
 def best_checkpoint(run_dir: Path):

@@ -39,6 +39,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_module
 from graphormer_urpe.data.dataset import check_seed
 from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.data.task import get_task
+from graphormer_urpe.prediction.load import recorded_best
 from graphormer_urpe.prediction.model import RETIRED_HPARAMS
 from graphormer_urpe.training.fit_checks import (PREDICTIONS_FILE, check_checkpoint_data, check_checkpoint_model,
                                                  check_epoch_place, check_prediction_output,
@@ -50,7 +51,7 @@ from graphormer_urpe.training.run_checkpoint import (LAST, RunCheckpoint, check_
                                                       run_dirs_released_after)
 from graphormer_urpe.utils.files import check_creatable_dir, check_writable_dir
 from graphormer_urpe.utils.lightning_private import checkpoint_to_open, is_local_path
-from graphormer_urpe.utils.torch_files import model_checkpoint_state, read_checkpoint
+from graphormer_urpe.utils.torch_files import read_checkpoint
 
 DEFAULT_RUN_DIR = "runs/default"
 #: ``--ckpt_path`` values that Lightning resolves itself once the trainer is built
@@ -267,11 +268,10 @@ def best_checkpoint_in(dirpath: str, monitor: str) -> str:
     if not last.is_file():
         raise ValueError(f"--ckpt_path best: {dirpath} holds no {LAST}, which records the run's best checkpoint; "
                          "train first, or give --ckpt_path PATH")
-    state = model_checkpoint_state(read_checkpoint(last), monitor)
-    if not state or not state.get("best_model_path"):
+    best, _ = recorded_best(Path(dirpath), monitor, read_checkpoint(last))
+    if best is None:
         raise ValueError(f"--ckpt_path best: {last} records no best {monitor} checkpoint (no validation has run); "
                          "give --ckpt_path last or PATH")
-    best = Path(dirpath) / Path(state["best_model_path"]).name
     if not best.is_file():
         raise ValueError(f"--ckpt_path best: the best checkpoint {best.name} that {last} records is not in "
                          f"{dirpath}; copy it there, or give --ckpt_path PATH")
