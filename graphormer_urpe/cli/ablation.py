@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import os
 import signal
 import sys
@@ -44,6 +43,7 @@ from graphormer_urpe.training.studies.ablation_results import (
     RESULTS_FILE, best_run, figure_path, read_results, readme_block, write_progress_block,
     write_readme_block, write_table)
 from graphormer_urpe.training.studies.ablation_run import ARMS
+from graphormer_urpe.utils.extras import missing_extra
 from graphormer_urpe.utils.files import (
     check_creatable_dir, check_writable_dir, refuse_overwriting_inputs, written_in_place)
 from graphormer_urpe.utils.process import StoppedBySignal, stop_on_signals
@@ -165,8 +165,9 @@ def check_files(args: argparse.Namespace, table: Path, figure: Path | None) -> N
     for index, (option, _, path) in enumerate(outputs):
         refuse_overwriting_inputs(option, [path], [*inputs, *outputs[:index]])
     if figure is not None:
-        if importlib.util.find_spec("matplotlib") is None:
-            raise ValueError("--figures needs matplotlib: pip install 'graphormer-urpe[plot]'")
+        missing = missing_extra("matplotlib", "--figures")
+        if missing:
+            raise ValueError(missing)
         check_writable_dir(args.figures, "--figures")
     for option, _, path in outputs:
         check_output(option, path)

@@ -45,6 +45,7 @@ from graphormer_urpe.training.recipes import resolve_config
 from graphormer_urpe.training.studies.search import BEST_CONFIG, FIT_LOG, PROG, STUDY_DB, open_search
 from graphormer_urpe.training.studies.search_space import Refused, check_overrides, read_space
 from graphormer_urpe.training.studies.search_storage import fail_dead_trials, safe_url
+from graphormer_urpe.utils.extras import missing_extra
 
 
 class _Parser(argparse.ArgumentParser):
@@ -147,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     from graphormer_urpe.utils.process import run_command
 
     args, overrides = parse_args(argv)
+    missing = missing_extra("optuna", PROG)
+    if missing:
+        print(f"{PROG}: error: {missing}", file=sys.stderr)
+        return 2
 
     def work() -> int:
         try:

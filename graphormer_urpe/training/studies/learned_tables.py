@@ -18,7 +18,7 @@ Two kinds of checkpoint are understood:
 :func:`plot_learned_tables` draws an ablation's figure: B of its best-validation URPE run and of
 the RPE run with the same seed, and that URPE run's C of every layer.
 
-Needs matplotlib (the optional ``plot`` extra: ``pip install 'graphormer-urpe[plot]'``).
+Needs matplotlib (the optional ``plot`` extra: ``pip install '.[plot]'`` in the source checkout).
 """
 from __future__ import annotations
 
