@@ -1,4 +1,4 @@
-r"""Render learned URPE tables (the paper's Figure 2) to PNG.
+r"""Render learned URPE tables (the paper's Figure 2), or a fit's training curves, to PNG.
 
 Two kinds of checkpoint are understood (:mod:`graphormer_urpe.training.studies.learned_tables`):
 
@@ -10,45 +10,89 @@ Two kinds of checkpoint are understood (:mod:`graphormer_urpe.training.studies.l
   and of each layer's C over shortest-path distance, one line per head, with the "unreachable"
   and graph-token slots as separate points at the right.
 
+``graphormer-urpe-plot curves RUN_DIR`` draws a fit's training curves (losses, validation metrics,
+learning rate over the optimizer step) from its CSV metrics (:mod:`graphormer_urpe.training.curves`),
+no TensorBoard needed: ``-o`` names the PNG (default ``<RUN_DIR>/curves.png``).
+
 Usage::
 
     graphormer-urpe-plot runs/synthetic/pi-v1000-urpe-s0.pt --out docs/figures
-    graphormer-urpe-plot lightning_logs/version_0/checkpoints/last.ckpt --out docs/figures
+    graphormer-urpe-plot runs/zinc_quickstart/checkpoints/last.ckpt --out figures
+    graphormer-urpe-plot curves runs/zinc_quickstart -o curves.png
 
-(matplotlib is an optional dependency: ``pip install 'graphormer-urpe[plot]'``.)
+matplotlib is an optional dependency (the ``plot`` extra): ``pip install '.[plot]'`` in the source checkout.
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
 from typing import Sequence
 
-if importlib.util.find_spec("matplotlib") is None:  # the optional ``plot`` extra
-    raise SystemExit("graphormer-urpe-plot needs matplotlib: pip install 'graphormer-urpe[plot]'")
+from graphormer_urpe.utils.extras import missing_extra
 
-from graphormer_urpe.training.studies.learned_tables import plot_checkpoint  # noqa: E402
+PROG = "graphormer-urpe-plot"
+#: the first argument that draws a fit's curves instead of a checkpoint's tables
+CURVES = "curves"
 
 
-def main(argv: Sequence[str] | None = None) -> list[Path]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                     epilog=f"{PROG} {CURVES} RUN_DIR [-o FILE.png] draws a fit's training curves "
+                                            f"({PROG} {CURVES} --help).",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("checkpoints", nargs="+", type=Path)
-    parser.add_argument("--out", type=Path, default=Path("docs/figures"))
+    parser.add_argument("checkpoints", nargs="+", type=Path,
+                        help="a synthetic-grid model (.pt) or a Lightning checkpoint of a Graphormer")
+    parser.add_argument("--out", type=Path, default=Path("docs/figures"), help="the folder the PNGs go to")
     parser.add_argument("--length", type=int, default=None,
                         help="sequence: size of the Toeplitz matrices drawn (default: max_len)")
     parser.add_argument("--max-offset", type=int, default=None,
                         help="sequence: offsets shown in the curves (default: all)")
     parser.add_argument("--max-spd", type=int, default=None,
                         help="graph: largest distance on the x axis (default: the table's)")
-    args = parser.parse_args(argv)
-    paths = []
-    for checkpoint in args.checkpoints:
-        paths += plot_checkpoint(checkpoint, args.out, args.length, args.max_offset, args.max_spd)
+    return parser
+
+
+def _curves_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"{PROG} {CURVES}",
+                                     description="Draw a fit's training curves from its CSV metrics (the "
+                                                 "newest csv/version_N of the run directory).")
+    parser.add_argument("run", type=Path, metavar="RUN_DIR",
+                        help="a fit's --trainer.default_root_dir, a csv/version_N folder or a metrics.csv")
+    parser.add_argument("-o", "--out", type=Path, default=None,
+                        help="the PNG to write (default: RUN_DIR/curves.png)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> list[Path]:
+    """Draw what the command line asks for; the PNGs written. ``ValueError`` (one line) for what
+    cannot be drawn, ``SystemExit`` (exit status 2, one line) without matplotlib."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == [CURVES]:
+        args = _curves_parser().parse_args(argv[1:])
+        _require_matplotlib()
+        from graphormer_urpe.training.curves import plot_curves
+
+        run_dir = args.run if args.run.is_dir() else args.run.parent
+        paths = [plot_curves(args.run, args.out or run_dir / "curves.png")]
+    else:
+        args = _parser().parse_args(argv)
+        _require_matplotlib()
+        from graphormer_urpe.training.studies.learned_tables import plot_checkpoint
+
+        paths = []
+        for checkpoint in args.checkpoints:
+            paths += plot_checkpoint(checkpoint, args.out, args.length, args.max_offset, args.max_spd)
     for path in paths:
         print(path)
     return paths
+
+
+def _require_matplotlib() -> None:
+    missing = missing_extra("matplotlib", PROG)
+    if missing:
+        print(f"{PROG}: error: {missing}", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def console_main() -> int:
@@ -57,10 +101,10 @@ def console_main() -> int:
     try:
         main()
     except ValueError as exc:
-        print(f"graphormer-urpe-plot: error: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(console_main())

@@ -21,10 +21,13 @@ overrides merge in any order: ``--model.backbone '{"num_layers": 4}'``,
 """
 from __future__ import annotations
 
+import csv
 import importlib
 import logging
+import math
 import os
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -32,9 +35,14 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 from jsonargparse import Namespace
-from lightning.pytorch.callbacks import BasePredictionWriter, GradientAccumulationScheduler, LearningRateMonitor
+from lightning.pytorch.callbacks import (BasePredictionWriter, GradientAccumulationScheduler, LearningRateMonitor,
+                                         Timer, TQDMProgressBar)
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+from lightning.pytorch.loggers.logger import rank_zero_experiment
 from lightning.pytorch.utilities.rank_zero import rank_zero_module
+from tqdm import tqdm
 
 from graphormer_urpe.data.dataset import check_seed
 from graphormer_urpe.data.facts import DataFacts
@@ -45,10 +53,12 @@ from graphormer_urpe.training.fit_checks import (PREDICTIONS_FILE, check_checkpo
                                                  check_epoch_place, check_prediction_output,
                                                  check_schedule_config, check_step_config, check_trainer,
                                                  device_count, epoch_place)
+from graphormer_urpe.training.curves import CSV_LOGS, TENSORBOARD_LOGS, newest_version
 from graphormer_urpe.training.module import GraphormerModule, data_position
 from graphormer_urpe.training.recipes import command_line
 from graphormer_urpe.training.run_checkpoint import (LAST, RunCheckpoint, check_run_dir, hold_run_dir,
                                                       run_dirs_released_after)
+from graphormer_urpe.utils.extras import missing_extra
 from graphormer_urpe.utils.files import check_creatable_dir, check_writable_dir
 from graphormer_urpe.utils.lightning_private import checkpoint_to_open, is_local_path
 from graphormer_urpe.utils.torch_files import read_checkpoint
@@ -88,6 +98,74 @@ class PredictionWriter(BasePredictionWriter):
         path = Path(self.output or os.path.join(trainer.default_root_dir, PREDICTIONS_FILE))
         write_predictions(path, rows, values, prediction_columns(pl_module))
         logging.getLogger(__name__).info("wrote %d predictions to %s", len(rows), path)
+
+
+class RunProgressBar(TQDMProgressBar):
+    """Lightning's progress bar, whose postfix also says how long the whole run has left
+    (``run_left``): the remaining optimizer steps of ``max_steps`` / ``max_epochs``
+    (``Trainer.estimated_stepping_batches``) at the pace of this process's steps so far, validations
+    included, and no more than ``max_time`` leaves. The bar's own estimate covers one epoch."""
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._started = (time.monotonic(), trainer.global_step)
+
+    def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict:
+        items = super().get_metrics(trainer, pl_module)
+        left = run_time_left(trainer, *getattr(self, "_started", (time.monotonic(), trainer.global_step)))
+        if left is not None:
+            items["run_left"] = tqdm.format_interval(left)
+        return items
+
+
+def run_time_left(trainer: pl.Trainer, started: float, start_step: int) -> float | None:
+    """Seconds the fit has left: its remaining optimizer steps at the pace of those made since
+    ``started`` (monotonic time, at step ``start_step``), at most what ``max_time`` leaves; None
+    before a step is made or with neither a step nor a time limit."""
+    left = []
+    steps = trainer.global_step - start_step
+    total = trainer.estimated_stepping_batches
+    if steps > 0 and math.isfinite(total):
+        left.append((time.monotonic() - started) / steps * max(total - trainer.global_step, 0))
+    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    if timer is not None and timer.time_remaining() is not None:
+        left.append(max(timer.time_remaining(), 0.0))
+    return min(left) if left else None
+
+
+class RunCSVLogger(CSVLogger):
+    """Lightning's CSVLogger, continuing the ``metrics.csv`` of its version folder where Lightning's
+    would delete it: a resumed fit logs into the version it started in (one run, one curve)."""
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None:
+            metrics = Path(self.log_dir) / ExperimentWriter.NAME_METRICS_FILE
+            kept = metrics.read_text(encoding="utf-8") if metrics.is_file() else None
+            with warnings.catch_warnings():  # "Previous log files in this directory will be deleted"
+                warnings.filterwarnings("ignore", message="Experiment logs directory")
+                writer = super().experiment
+            if kept:
+                metrics.write_text(kept, encoding="utf-8")
+                writer.metrics_keys = next(csv.reader(kept.splitlines()), [])
+        return self._experiment
+
+
+def fit_summary(trainer: pl.Trainer, seconds: float) -> str:
+    """What a fit leaves: its steps and wall time, the best checkpoint by the monitored metric,
+    ``last.ckpt`` (the lines of ``make quickstart``'s summary)."""
+    checkpoint = trainer.checkpoint_callback
+    lines = [f"optimizer steps   {trainer.global_step} (epoch {trainer.current_epoch})",
+             f"wall time         {seconds / 60:.1f} min"]
+    if checkpoint is not None:
+        best = getattr(checkpoint, "best_model_path", "")
+        score = getattr(checkpoint, "best_model_score", None)
+        lines.append(f"best checkpoint   {best} ({checkpoint.monitor} {float(score):.4f})" if best and score is not None
+                     else f"best checkpoint   none (no {getattr(checkpoint, 'monitor', None) or 'validation'} was logged)")
+        last = getattr(checkpoint, "last_model_path", "")
+        lines.append(f"last checkpoint   {last or 'none'}")
+    return "\n".join(lines)
 
 
 #: Run arguments that say how the steps run, not what is trained: a run or an ablation grid
@@ -167,6 +245,9 @@ class GraphormerCLI(LightningCLI):
         once the data is built)."""
         if self.trainer is not None and not self.trainer.loggers:
             self.trainer.callbacks = [c for c in self.trainer.callbacks if not isinstance(c, LearningRateMonitor)]
+        if self.trainer is not None:  # Lightning's own bar, which estimates one epoch: the run's
+            self.trainer.callbacks = [RunProgressBar(c.refresh_rate, c.process_position, c._leave)
+                                      if type(c) is TQDMProgressBar else c for c in self.trainer.callbacks]
         config = self.config[self.subcommand] if self.subcommand else self.config
         if self.subcommand is None:
             return
@@ -199,6 +280,15 @@ class GraphormerCLI(LightningCLI):
             config.ckpt_path = self.config_init[self.subcommand]["ckpt_path"] = str(ckpt_path)
         return config.ckpt_path
 
+    def before_fit(self) -> None:
+        self._fit_started = time.monotonic()
+
+    def after_fit(self) -> None:
+        """The fit's summary (:func:`fit_summary`), from its first process."""
+        if self.trainer.is_global_zero:
+            print(f"=== graphormer-urpe fit: {self.trainer.default_root_dir} ===\n"
+                  f"{fit_summary(self.trainer, time.monotonic() - self._fit_started)}", flush=True)
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data", "model.facts", apply_on="instantiate", compute_fn=DataFacts.of)
         parser.link_arguments("data", "model.target_names", apply_on="instantiate",
@@ -215,6 +305,7 @@ class GraphormerCLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         run_dir = config.trainer.default_root_dir or DEFAULT_RUN_DIR
         config.trainer.default_root_dir = run_dir
+        check_kernel_installed(config)
         if self.subcommand == "fit":
             check_schedule_config(config)  # before any data is read
             check_step_config(config.trainer)
@@ -250,11 +341,25 @@ class GraphormerCLI(LightningCLI):
                     and ckpt_path.split(":")[0] not in LIGHTNING_CKPT_NAMES):
                 self._checkpoint_hparams(ckpt_path)  # a missing, damaged or crafted file: one line now
         if config.trainer.logger in (None, True):
+            # a resumed fit logs into the version folder it started in, not a new one
+            resumed = self.subcommand == "fit" and bool(config.get("ckpt_path"))
             config.trainer.logger = [
-                Namespace(class_path=f"lightning.pytorch.loggers.{cls}",
-                          init_args=Namespace(save_dir=run_dir, name=name))
-                for cls, name in (("TensorBoardLogger", "tensorboard"), ("CSVLogger", "csv"))
+                Namespace(class_path=cls, init_args=Namespace(
+                    save_dir=run_dir, name=name,
+                    version=newest_version(Path(run_dir) / name) if resumed else None))
+                for cls, name in (("lightning.pytorch.loggers.TensorBoardLogger", TENSORBOARD_LOGS),
+                                  (f"{RunCSVLogger.__module__}.RunCSVLogger", CSV_LOGS))
             ]
+
+
+def check_kernel_installed(config: Namespace) -> None:
+    """``ValueError`` (one line naming the ``fused`` extra) for the Triton attention kernel where
+    triton is not installed, before anything is built."""
+    backbone = (config.get("model") or Namespace()).get("backbone")
+    impl = backbone.get("attention_impl") if isinstance(backbone, (Namespace, dict)) else None
+    missing = missing_extra("triton", f"--model.backbone.attention_impl {impl}") if impl == "triton" else None
+    if missing:
+        raise ValueError(missing)
 
 
 def best_checkpoint_in(dirpath: str, monitor: str) -> str:

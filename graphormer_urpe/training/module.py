@@ -219,6 +219,14 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
             # "disable" strategy would drop the weights).
             setattr(self, f"{stage}_loss", MeanMetric(nan_strategy=float("nan")))
 
+    @property
+    def hparams_initial(self):
+        """The hyperparameters the loggers record (``hparams.yaml``), in the plain values the
+        checkpoint holds (the facts as a mapping, the backbone resolved): ``yaml.safe_load`` reads them."""
+        initial = super().hparams_initial
+        initial.update({key: self.hparams[key] for key in ("facts", "backbone") if key in self.hparams})
+        return initial
+
     def forward(self, batch: GraphBatch) -> Tensor:
         """Raw model outputs ``[B, num_targets]`` (logits for classification)."""
         return self.model(batch)

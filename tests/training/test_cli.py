@@ -163,3 +163,74 @@ def test_a_fit_without_a_logger_trains(zinc_data_root, tmp_path, run_main):
     assert done.returncode == 0, done.stderr[-2000:]
     assert last_checkpoint(tmp_path / "run")["global_step"] == 2
     assert not (tmp_path / "run" / "csv").exists()
+
+
+GRAPHORMER_URPE = Path(sys.executable).with_name("graphormer-urpe")
+
+
+@pytest.fixture(scope="module")
+def fit_then_resumed(zinc_root, tmp_path_factory):
+    """A 4-step fit through the installed command, with its progress bar, then the same run
+    resumed to 8 steps (``--ckpt_path last``): the run directory and each command's output."""
+    root = tmp_path_factory.mktemp("fit_report")
+    (root / "ZINC").symlink_to(zinc_root, target_is_directory=True)
+    run_dir = root / "run"
+    done = []
+    for steps, resume in (("4", []), ("8", ["--ckpt_path", "last"])):
+        args = zinc_args(run_dir, root, "--trainer.max_steps", steps, "--trainer.enable_progress_bar", "true",
+                         "--trainer.val_check_interval", "2", *resume)
+        done.append(subprocess.run([str(GRAPHORMER_URPE), "fit", *args], capture_output=True, text=True,
+                                   timeout=600, cwd=root))
+        assert done[-1].returncode == 0, done[-1].stderr[-3000:]
+    return run_dir, done
+
+
+def test_every_fit_ends_with_its_summary(fit_then_resumed):
+    run_dir, done = fit_then_resumed
+    recorded = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    callback = next(v for k, v in recorded["callbacks"].items() if "best_model_path" in v)
+    for steps, result in zip((4, 8), done):
+        title, steps_line, wall, best, last = result.stdout.splitlines()[-5:]
+        assert title == f"=== graphormer-urpe fit: {run_dir} ==="
+        assert steps_line.startswith(f"optimizer steps   {steps} (epoch ")
+        assert wall.startswith("wall time         ") and wall.endswith(" min")
+        assert best.startswith(f"best checkpoint   {run_dir / 'checkpoints'}/epoch=")
+        assert last == f"last checkpoint   {run_dir / 'checkpoints' / 'last.ckpt'}"
+    best_path, score = best[len("best checkpoint   "):].rsplit(" (val/mae ", 1)
+    assert Path(best_path).is_file() and Path(best_path) == Path(callback["best_model_path"])
+    assert float(score.rstrip(")")) == pytest.approx(float(callback["best_model_score"]), abs=1e-4)
+
+
+def test_the_progress_bar_says_how_long_the_run_has_left(fit_then_resumed):
+    _, done = fit_then_resumed
+    assert "run_left=" in done[0].stdout, done[0].stdout[-2000:]  # Lightning's bar writes to stdout
+
+
+def test_a_resumed_fit_logs_into_the_version_it_started_in(fit_then_resumed):
+    import csv
+
+    import yaml
+
+    run_dir, _ = fit_then_resumed
+    assert sorted(p.name for p in (run_dir / "tensorboard").iterdir()) == ["version_0"]
+    assert sorted(p.name for p in (run_dir / "csv").iterdir()) == ["version_0"]
+    with open(run_dir / "csv" / "version_0" / "metrics.csv", newline="") as file:
+        steps = {int(row["step"]) for row in csv.DictReader(file) if row.get("val/mae")}
+    assert min(steps) < 4 <= max(steps)  # both runs' validations, one curve
+    for logger in ("tensorboard", "csv"):  # plain YAML: the facts as a mapping
+        hparams = yaml.safe_load((run_dir / logger / "version_0" / "hparams.yaml").read_text())
+        assert hparams["facts"]["num_atom_embeddings"] == 29 and hparams["backbone"]["hidden_dim"] == 16
+
+
+def test_plot_curves_draws_the_runs_csv_metrics(fit_then_resumed, tmp_path):
+    run_dir, _ = fit_then_resumed
+    out = tmp_path / "curves.png"
+    result = subprocess.run([str(GRAPHORMER_URPE.with_name("graphormer-urpe-plot")), "curves", str(run_dir),
+                             "-o", str(out)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == [str(out)] and out.read_bytes()[:4] == b"\x89PNG"
+    empty = subprocess.run([str(GRAPHORMER_URPE.with_name("graphormer-urpe-plot")), "curves", str(tmp_path)],
+                           capture_output=True, text=True, timeout=300)
+    assert empty.returncode == 2 and empty.stderr.strip().splitlines() == [
+        f"graphormer-urpe-plot: error: {tmp_path}: no csv/version_N/metrics.csv here (give a run directory, "
+        "--trainer.default_root_dir of a fit, or a metrics.csv)"]
