@@ -2,7 +2,8 @@
 
 From Python (``docs/python.md``): :func:`load` a trained model and :meth:`Model.predict`,
 :meth:`Model.embed` SMILES; :func:`train` one from a DataFrame or a CSV; scikit-learn's
-:class:`GraphormerRegressor` and :class:`GraphormerClassifier`. They load on first use, so
+:class:`GraphormerRegressor`, :class:`GraphormerClassifier` and :class:`GraphormerEmbedder` (the fast
+mode: fixed vectors for any head). They load on first use, so
 ``import graphormer_urpe`` imports neither torch nor Lightning.
 """
 import importlib
@@ -16,7 +17,8 @@ __version__ = "0.1.0"
 
 #: The Python API: ``{name: the module that defines it}``.
 _LAZY = {"load": "api", "train": "api", "Model": "api", "Run": "api",
-         "GraphormerRegressor": "estimators", "GraphormerClassifier": "estimators"}
+         "GraphormerRegressor": "estimators", "GraphormerClassifier": "estimators",
+         "GraphormerEmbedder": "estimators"}
 
 __all__ = [*_LAZY, "__version__"]
 

@@ -1,5 +1,6 @@
 """scikit-learn estimators over SMILES: :class:`GraphormerRegressor` and
-:class:`GraphormerClassifier` (``docs/python.md``).
+:class:`GraphormerClassifier` (``docs/python.md``), and :class:`GraphormerEmbedder`, the fast
+mode's transformer.
 
 ``fit(X, y)`` trains with :func:`graphormer_urpe.api.train` (a recipe and its overrides, as
 ``graphormer-urpe fit`` takes them) on every molecule of ``X`` but a ``validation_fraction``,
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, TransformerMixin
 
 from graphormer_urpe.api import Model, smiles_of, train
 
@@ -135,3 +136,54 @@ class GraphormerClassifier(ClassifierMixin, _GraphormerEstimator):
 
     def predict(self, X) -> np.ndarray:
         return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
+
+
+class GraphormerEmbedder(TransformerMixin, BaseEstimator):
+    """SMILES to fixed vectors, for any scikit-learn head: the fast mode, no training of the
+    backbone (``docs/python.md``). ``transform`` gives each molecule the vector a model's output
+    head reads (:meth:`~graphormer_urpe.api.Model.embed`), with ``descriptors`` its RDKit 2D
+    descriptors after it, each clipped to the 0.1-99.9 % quantiles of the molecules ``fit`` saw and
+    standardized by them (an undefined one is 0, their mean).
+
+    Parameters, stored as given: ``checkpoint`` (what :func:`~graphormer_urpe.api.load` takes;
+    one model), ``descriptors`` (bool), ``device``. Fitted: ``model_``, ``descriptor_statistics_``
+    (``None`` without descriptors)."""
+
+    def __init__(self, checkpoint: str = "pretrained:zinc-descriptors", descriptors: bool = True,
+                 device: str | None = None) -> None:
+        self.checkpoint = checkpoint
+        self.descriptors = descriptors
+        self.device = device
+
+    def fit(self, X, y=None) -> GraphormerEmbedder:
+        from graphormer_urpe.api import load
+        from graphormer_urpe.data.descriptors import clip_statistics
+
+        self.model_ = load(self.checkpoint, device=self.device)
+        self.descriptor_statistics_ = clip_statistics(self._descriptors(smiles_of(X, "smiles")[1])) \
+            if self.descriptors else None
+        return self
+
+    def transform(self, X) -> np.ndarray:
+        """``[n, n_features_out_]`` float32; ``ValueError`` naming the molecules without a
+        vector (:meth:`~graphormer_urpe.api.Model.predict` says why)."""
+        from graphormer_urpe.data.descriptors import standardize
+
+        smiles = smiles_of(X, "smiles")[1]
+        vectors = self.model_.embed(smiles)
+        failed = [s for s, v in zip(smiles, vectors) if np.isnan(v).any()]
+        if failed:
+            shown = "; ".join(repr(s) for s in failed[:3])
+            raise ValueError(f"{len(failed)} of {len(smiles)} molecules have no vector ({shown}): "
+                             "model.predict says why")
+        if not self.descriptors:
+            return vectors
+        standardized = standardize(self._descriptors(smiles), self.descriptor_statistics_)
+        return np.hstack([vectors, np.nan_to_num(standardized, nan=0.0)])
+
+    @staticmethod
+    def _descriptors(smiles: list[str]) -> np.ndarray:
+        """Raw RDKit descriptors ``[n, D]``, in one chunk: in this process, as the embeddings are."""
+        from graphormer_urpe.data.descriptors import raw_descriptors
+
+        return np.concatenate(list(raw_descriptors(smiles, chunk_size=max(1, len(smiles)))))

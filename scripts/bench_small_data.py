@@ -8,9 +8,10 @@ rows ``CSVDataModule`` draws, in chemprop's ``--splits-file`` form) and every ar
 - ``finetuned``: ``graphormer-urpe fit --config configs/csv.yaml`` (starts from
   ``pretrained:zinc-descriptors``);
 - ``scratch``: the same recipe with ``--model.init_from null``;
-- ``frozen``: the fast mode, no training of the backbone: the shipped backbone's embeddings
-  (``graphormer-urpe-predict --embeddings``) with a head chosen on validation, the same head
-  grid as MiniMol's (``scripts/fingerprint_head.py``);
+- ``frozen``: the fast mode, no training of the backbone: ``GraphormerEmbedder`` (the shipped
+  backbone's embeddings and RDKit descriptors, standardized on the split's training molecules)
+  with a head chosen on validation, the same head grid as MiniMol's
+  (``scripts/fingerprint_head.py``);
 - ``chemprop``: ``chemprop train`` with its defaults (D-MPNN, 50 epochs);
 - ``minimol``: MiniMol's pretrained fingerprints with a head chosen on the split's validation
   molecules (``scripts/fingerprint_head.py``: ridge, RBF-SVR or an MLP over a small grid).
@@ -53,6 +54,17 @@ ARMS = ("finetuned", "scratch", "frozen", "chemprop", "minimol")
 #: The backbone the fine-tuned and frozen arms start from.
 BACKBONE = "pretrained:zinc-descriptors"
 PEERS = ("chemprop", "minimol")
+#: The frozen arm's vectors of every CSV row (``python -c`` with: CSV, SMILES column, split file,
+#: output .npy): the fast mode as a user runs it, its descriptors fitted on the training rows.
+FAST_MODE_FEATURES = """
+import json, sys
+import numpy as np, pandas as pd
+from graphormer_urpe import GraphormerEmbedder
+csv, column, splits, out = sys.argv[1:]
+smiles = pd.read_csv(csv)[column].to_numpy()
+(rows,) = json.loads(open(splits).read())
+np.save(out, GraphormerEmbedder().fit(smiles[rows["train"]]).transform(smiles))
+"""
 SPLITS = ("random", "scaffold")
 
 
@@ -135,15 +147,10 @@ def train_head(args: argparse.Namespace, run: Path, splits: Path, seed: int, fro
     of every CSV row), chosen on the split's validation molecules."""
     predictions = run / "test_predictions.csv"
     if frozen:
-        import pandas as pd
-
-        embeddings, molecules = run / "embeddings.npy", run / "smiles.csv"  # the command reads a 'smiles' column
         run.mkdir(parents=True, exist_ok=True)
-        pd.DataFrame({"smiles": pd.read_csv(args.csv)[args.smiles_column]}).to_csv(molecules, index=False)
-        run_logged([str(Path(sys.executable).with_name("graphormer-urpe-predict")), "--ckpt", BACKBONE,
-                    "--input", str(molecules), "--output",
-                    str(run / "backbone_predictions.csv"), "--embeddings", str(embeddings), "--workers", "0",
-                    "--quiet"], run / "run.log")
+        embeddings = run / "embeddings.npy"
+        run_logged([sys.executable, "-c", FAST_MODE_FEATURES, str(args.csv), args.smiles_column, str(splits),
+                    str(embeddings)], run / "run.log")
         command = [sys.executable, str(REPO / "scripts" / "fingerprint_head.py"), "--features", str(embeddings)]
     else:
         command = args.peer_commands["minimol"]

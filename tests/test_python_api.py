@@ -201,3 +201,36 @@ def test_the_notebook_runs_and_shows_what_it_says(esol_csv, tmp_path):
     shown = json.loads(done.stdout.strip().splitlines()[-1])
     assert shown["columns"] == ["smiles", f"prediction_{ESOL_TARGET}", f"std_{ESOL_TARGET}", "error"]
     assert shown["errors"] == 1 and shown["vectors"][0] == shown["rows"] and shown["tuned"] and shown["scores"] == 3
+
+
+def test_the_embedder_is_the_models_vectors_and_descriptors_fitted_on_its_molecules(esol_table):
+    """The fast mode's transformer: its first columns are ``Model.embed``'s vectors, the rest the
+    molecules' RDKit descriptors standardized by the molecules ``fit`` saw (mean 0 on those, not
+    on others); it fits a head in ``cross_val_score`` and names a molecule without a vector."""
+    from sklearn.base import clone
+    from sklearn.linear_model import Ridge
+    from sklearn.model_selection import cross_val_score
+    from sklearn.pipeline import make_pipeline
+
+    from graphormer_urpe.data.descriptors import descriptor_names
+
+    smiles, y = esol_table["smiles"].to_numpy(), esol_table[ESOL_TARGET].to_numpy()
+    embedder = gu.GraphormerEmbedder().fit(smiles[:80])
+    seen, unseen = embedder.transform(smiles[:80]), embedder.transform(smiles[80:])
+    vectors = gu.load("pretrained:zinc-descriptors").embed(list(smiles[80:]))
+    assert unseen.shape == (40, vectors.shape[1] + len(descriptor_names()))
+    np.testing.assert_array_equal(unseen[:, :vectors.shape[1]], vectors)
+    varied = seen[:, vectors.shape[1]:].std(0) > 0.1
+    assert varied.sum() > 50
+    # mean 0 before the 0.1-99.9 % clip moves it a little; the other molecules are off centre
+    assert np.abs(seen[:, vectors.shape[1]:][:, varied].mean(0)).max() < 0.05
+    assert np.abs(unseen[:, vectors.shape[1]:][:, varied].mean(0)).max() > 0.2
+    assert clone(embedder).get_params() == {"checkpoint": "pretrained:zinc-descriptors", "descriptors": True,
+                                            "device": None}
+    assert gu.GraphormerEmbedder(descriptors=False).fit(smiles[:2]).transform(smiles[80:]).shape == vectors.shape
+
+    scores = cross_val_score(make_pipeline(gu.GraphormerEmbedder(), Ridge(alpha=100.0)), smiles, y, cv=3,
+                             scoring="neg_root_mean_squared_error")
+    assert np.all(-scores < y.std())  # better than predicting the mean
+    with pytest.raises(ValueError, match=r"1 of 3 molecules have no vector \('not a molecule'\)"):
+        embedder.transform([smiles[0], "not a molecule", smiles[1]])

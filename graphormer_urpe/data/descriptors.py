@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import gzip
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -64,13 +64,32 @@ def _descriptor_chunk(smiles: Sequence[str]) -> np.ndarray:
     return out
 
 
-def standardize(raw: np.ndarray) -> np.ndarray:
-    """``raw [R, D]`` clipped per column to its 0.1-99.9 % quantiles (ignoring NaN), minus the
-    clipped mean, over the clipped std (a constant column becomes 0)."""
+def clip_statistics(raw: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``(low, high, mean, std)`` per column of ``raw [R, D]``: its 0.1-99.9 % quantiles and the
+    mean and std once clipped to them, ignoring NaN (a constant column's std is 1)."""
     low, high = np.nanpercentile(raw, [0.1, 99.9], axis=0)
     clipped = np.clip(raw, low, high)
     mean, std = np.nanmean(clipped, axis=0), np.nanstd(clipped, axis=0)
-    return ((clipped - mean) / np.where(std > 1e-6, std, 1.0)).astype(np.float32)
+    return low, high, mean, np.where(std > 1e-6, std, 1.0)
+
+
+def standardize(raw: np.ndarray, statistics: tuple[np.ndarray, ...] | None = None) -> np.ndarray:
+    """``raw [R, D]`` clipped per column to its 0.1-99.9 % quantiles (ignoring NaN), minus the
+    clipped mean, over the clipped std (a constant column becomes 0); the quantiles, mean and std
+    are ``statistics`` (:func:`clip_statistics` of other molecules, e.g. a training split) where
+    given, else ``raw``'s own."""
+    low, high, mean, std = clip_statistics(raw) if statistics is None else statistics
+    return ((np.clip(raw, low, high) - mean) / std).astype(np.float32)
+
+
+def raw_descriptors(smiles: Sequence[str], num_workers: int | None = None, chunk_size: int = 2000
+                    ) -> Iterator[np.ndarray]:
+    """The raw descriptors of ``smiles`` in blocks of ``chunk_size`` rows (float32 ``[rows, D]``,
+    NaN where RDKit fails), in order, on worker processes with a progress bar."""
+    starts = range(0, len(smiles), chunk_size)
+    chunks = (list(smiles[s:s + chunk_size]) for s in starts)
+    sizes = [min(chunk_size, len(smiles) - s) for s in starts]
+    return parallel_map(_descriptor_chunk, chunks, num_workers, "rdkit descriptors", sizes)
 
 
 def read_smiles_file(path: str | os.PathLike, smiles_column: str = "smiles") -> list[str]:
@@ -97,10 +116,7 @@ def cached_descriptors(directory: Path, source: dict, smiles: Sequence[str], num
 
     def build(writer) -> None:
         out = writer.array("raw", np.float32, row_shape=(len(names),))
-        starts = range(0, len(smiles), chunk_size)
-        chunks = (list(smiles[s:s + chunk_size]) for s in starts)
-        sizes = [min(chunk_size, len(smiles) - s) for s in starts]
-        for block in parallel_map(_descriptor_chunk, chunks, num_workers, "rdkit descriptors", sizes):
+        for block in raw_descriptors(smiles, num_workers, chunk_size):
             out.append(block)
 
     return np.asarray(cached_entry(directory, fingerprint, build, expect=("raw",))["raw"])
