@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from graphormer_urpe.data import CSVDataModule
+from graphormer_urpe.data.descriptors import descriptor_names
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET = "measured log solubility in mols per litre"
@@ -54,3 +55,20 @@ def test_scratch_arm_on_the_shared_split_file(esol_csv, tmp_path):
     again = bench(work, esol_csv, "--arms", "scratch")  # the finished run is read, not repeated
     assert "seed 3: test RMSE" not in again.stdout
     assert json.loads(again.stdout.strip().splitlines()[-1]) == summary
+
+
+def test_frozen_arm_is_the_embedder_with_a_head_chosen_on_validation(esol_csv, tmp_path):
+    """The fast mode's arm on 300 ESOL molecules: GraphormerEmbedder's vectors of every row, a head
+    of the grid chosen on the split's validation rows, scored on its test rows."""
+    small = tmp_path / "esol300.csv"
+    pd.read_csv(esol_csv).head(300).to_csv(small, index=False)
+    work = tmp_path / "bench"
+    done = bench(work, small, "--arms", "frozen")
+    run = work / "scaffold" / "frozen" / "seed3"
+    features = np.load(run / "embeddings.npy")
+    assert features.shape == (300, 192 + len(descriptor_names())) and np.isfinite(features).all()
+    head = json.loads((run / "head.json").read_text())
+    assert head["chosen"] == min(head["val_rmse"], key=head["val_rmse"].get)
+    (row,) = json.loads(done.stdout.strip().splitlines()[-1])["rows"]
+    test = pd.read_csv(work / "splits" / "scaffold-seed3.test.csv")
+    assert row["arm"] == "frozen" and row["test_rmse"][0] < test[TARGET].std()
