@@ -163,3 +163,25 @@ def test_a_wrong_command_is_refused_by_the_check(words, monkeypatch, capsys):
 def test_each_readme_command_parses(words, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # nothing of the checkout: recipes by name
     parsers()[words[0]](words[1:])
+
+
+#: the libraries that take seconds to import on a 2-core CPU (Lightning alone 5.6 s)
+HEAVY_IMPORTS = {"torch", "lightning", "matplotlib", "optuna", "rdkit", "torch_geometric", "pandas"}
+
+
+@pytest.mark.parametrize("words", [
+    ["graphormer-urpe", "recipes"], ["graphormer-urpe", "recipes", "zinc"], ["graphormer-urpe-plot", "--help"],
+    ["graphormer-urpe-plot", "curves", "--help"], ["graphormer-urpe-hpopt", "--help"],
+    ["graphormer-urpe-export", "--help"],
+], ids=" ".join)
+def test_help_imports_no_heavy_library(words, tmp_path):
+    """What the installed command imports to answer (``python -X importtime``): none of
+    :data:`HEAVY_IMPORTS` (scripts/bench_help.py times every command's --help)."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-X", "importtime", str(Path(sys.executable).with_name(words[0])),
+                           *words[1:]], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0 and done.stdout, done.stderr[-2000:]
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in done.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert not imported & HEAVY_IMPORTS

@@ -17,8 +17,10 @@ def main(argv: list[str] | None = None) -> int:
     anything is written); 1 for a full disk (one line; a previous ``out`` stays as it was)."""
     parser = argparse.ArgumentParser(prog=PROG, description="Write a training checkpoint's backbone as "
                                                             "a weights-only file.")
-    parser.add_argument("checkpoint", type=Path)
-    parser.add_argument("out", type=Path)
+    parser.add_argument("checkpoint", type=Path,
+                        help="a training checkpoint of graphormer-urpe fit (.ckpt), e.g. a run's checkpoints/last.ckpt")
+    parser.add_argument("out", type=Path,
+                        help="the weights-only file to write (a new file, or an earlier export it replaces)")
     args = parser.parse_args(argv)
     return run_command(PROG, lambda: _export(args.checkpoint, args.out))
 

@@ -2,7 +2,8 @@
 :mod:`graphormer_urpe.training.lightning_cli`), its exit statuses and its one-line errors.
 
 What the configuration is (the data's facts linked into the model, a run's folder, resuming)
-is told in :mod:`graphormer_urpe.training.lightning_cli`.
+is told in :mod:`graphormer_urpe.training.lightning_cli`. ``graphormer-urpe recipes`` is answered
+before Lightning is imported (seconds on a CPU), which every other subcommand needs.
 """
 from __future__ import annotations
 
@@ -14,11 +15,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
-
-from graphormer_urpe.training.lightning_cli import build_cli
-from graphormer_urpe.training.run_checkpoint import end_started_processes, lost_process, pending_stop, watch_processes
+from graphormer_urpe.training.recipes import LIST_COMMAND, recipes_command
 from graphormer_urpe.utils.process import StoppedBySignal, stop_on_signals
 from graphormer_urpe.utils.workers import WorkerDied
 
@@ -31,6 +28,8 @@ def input_error(error: BaseException) -> Exception | None:
     DataModule) in its own "Does not validate against any of the Union subtypes" error; the
     cause chain leads back to ours. Other errors are bugs, not input errors: they keep their
     traceback."""
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
     return next((cause for cause in causes(error) if isinstance(cause, ValueError) and _raised_in_package(cause)
                  or isinstance(cause, MisconfigurationException)), None)
 
@@ -67,6 +66,10 @@ def stop_behind(error: BaseException) -> StoppedBySignal | None:
 def stopped_while_built(stop: StoppedBySignal) -> int:
     """Say that ``stop`` ended the command while the data was built, after ending the other
     processes of a multi-process fit (they wait for the data); its exit status."""
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    from graphormer_urpe.training.run_checkpoint import end_started_processes
+
     end_started_processes()
     if rank_zero_only.rank == 0:
         print(f"graphormer-urpe: stopped by {signal.Signals(stop.signum).name} while the data was built; "
@@ -79,7 +82,14 @@ def main(args: list[str] | None = None) -> int:
     argparse does), 1 for a diverged run, a lost worker of the data build, a lost process of a
     multi-process fit or a full disk, 128 + the signal for a fit stopped by SIGTERM, Ctrl-C or
     SIGHUP (one line from the first process of a multi-process run)."""
+    command = sys.argv[1:] if args is None else list(args)
+    if command[:1] == [LIST_COMMAND]:  # no Lightning needed
+        return recipes_command(command[1:])
     from lightning.pytorch.utilities.exceptions import SIGTERMException
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    from graphormer_urpe.training.lightning_cli import build_cli
+    from graphormer_urpe.training.run_checkpoint import lost_process, pending_stop, watch_processes
 
     pending_stop()  # a signal of an earlier fit in this process (built without main) is not this one's
     watch_processes()
@@ -128,6 +138,8 @@ def main(args: list[str] | None = None) -> int:
 
 def stopped(signum: int, during_training: bool) -> int:
     """Say (once per run: on its first process) how a signal stopped the command; its exit status."""
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
     name = "Ctrl-C (SIGINT)" if signum == signal.SIGINT else signal.Signals(signum).name
     if during_training:
         said = ("after the step in progress; a fit's checkpoints/last.ckpt holds that step (on every "

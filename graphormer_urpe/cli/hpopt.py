@@ -55,7 +55,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, allow_abbrev=False, description="Hyperparameter search with Optuna over any graphormer-urpe fit key: "
-                                 "each trial one fit in its own run directory (docs/hpopt.md).",
+                                 "each trial one fit in its own run directory (docs/hpopt.md in the source checkout).",
                      usage=f"{PROG} --space SPACE.yaml --config RECIPE.yaml [--config ...] "
                            "(--n-trials N | --timeout T) [options] [fit overrides...]",
                      epilog="Other arguments are LightningCLI overrides for every trial's fit "

@@ -193,7 +193,22 @@ def _per_dataloader(predictions) -> list[list]:
     return [predictions]
 
 
+#: Each subcommand's line in ``graphormer-urpe --help`` and its description (Lightning's are the
+#: first lines of the Trainer's docstrings, some cut mid-sentence).
+SUBCOMMAND_HELP = {
+    "fit": "Train a model; --ckpt_path last resumes the run.",
+    "validate": "One pass over the validation split: its metrics.",
+    "test": "One pass over the test split: its metrics (e.g. --ckpt_path best).",
+    "predict": "Predictions for the data's predict split, written as a CSV.",
+}
+
+
 class GraphormerCLI(LightningCLI):
+    def _add_subcommands(self, parser: LightningArgumentParser, **kwargs) -> None:
+        super()._add_subcommands(parser, **kwargs)
+        for choice in parser._subcommands_action._choices_actions:  # jsonargparse's listing
+            choice.help = SUBCOMMAND_HELP.get(choice.dest, choice.help)
+
     def _parse_ckpt_path(self) -> None:
         """As LightningCLI's: with ``--ckpt_path FILE`` the checkpoint's hyperparameters become
         the model's arguments, except the facts (either form, :meth:`DataFacts.nest`): those
@@ -428,7 +443,8 @@ def build_cli(args: list[str] | None = None, run: bool = True) -> GraphormerCLI:
             subclass_mode_data=True,
             save_config_kwargs={"overwrite": True},
             parser_kwargs={"description": f"Graphormer + URPE training (LightningCLI). {config_help}.",
-                           **{name: {"epilog": f"{config_help}."} for name in ("fit", "validate", "test", "predict")}},
+                           **{name: {"description": help, "epilog": f"{config_help}."}
+                              for name, help in SUBCOMMAND_HELP.items()}},
             args=args,
             run=run,
         )

@@ -141,8 +141,10 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
         backbone: the fields of the preset to replace (:class:`GraphormerConfig`, e.g.
             ``attention: rpe``); unset fields keep the preset's value. The checkpoint stores the
             complete resolved backbone, so it rebuilds the same model even if a preset changes.
-        lr, end_lr, warmup_steps, total_steps, power: Graphormer's schedule. ``total_steps``
+        lr, end_lr, total_steps, power: Graphormer's schedule. ``total_steps``
             None: the trainer's step budget (``trainer.max_steps``, or epochs x batches).
+        warmup_steps: optimizer steps of linear warmup; ignored where ``warmup_fraction`` is set
+            (which then applies).
         weight_decay, betas, eps: AdamW.
         no_weight_decay: parameter kinds exempt from weight decay (:data:`ParameterKind`);
             by default every kind decays, as in Graphormer (:func:`parameter_groups`).
@@ -162,8 +164,9 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
         freeze_backbone_steps: train only the output head for this many first optimizer steps.
         head_lr: peak learning rate of the output head (its own AdamW param groups, same
             schedule); ``None``: ``lr``.
-        warmup_fraction: warmup as a fraction of the schedule's total steps, replacing
-            ``warmup_steps`` (short fine-tuning runs whose length follows ``max_epochs``).
+        warmup_fraction: warmup as a fraction of the schedule's total steps; when set, it
+            applies and ``warmup_steps`` is ignored (short fine-tuning runs whose length follows
+            ``max_epochs``).
         loss: regression only: ``l1`` (default) or ``mse`` (squared error, for a target judged
             by RMSE); checkpoints are still selected by validation MAE.
     """
