@@ -165,7 +165,7 @@ class GraphormerEmbedder(TransformerMixin, BaseEstimator):
         return self
 
     def transform(self, X) -> np.ndarray:
-        """``[n, n_features_out_]`` float32; ``ValueError`` naming the molecules without a
+        """``[n, D]`` float32 (D: the model's width, plus the descriptors' with ``descriptors``); ``ValueError`` naming the molecules without a
         vector (:meth:`~graphormer_urpe.api.Model.predict` says why)."""
         from graphormer_urpe.data.descriptors import standardize
 
