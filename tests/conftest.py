@@ -35,8 +35,13 @@ def pytest_configure(config) -> None:
     ``nohup``) would pass SIG_IGN on to its commands (an ignored signal stays ignored across
     ``exec``, and the commands keep it ignored), so the tests that stop a command with SIGINT or
     SIGHUP would fail. A Python handler here is reset to the default in each child at ``exec``;
-    the session itself still ignores SIGHUP."""
+    the session itself still ignores SIGHUP.
+
+    The user's cache folder is one of this session's own, so that a help text the commands keep
+    there (:mod:`graphormer_urpe.cli.help_cache`) is neither read from nor left in the user's."""
     import signal
+
+    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="graphormer-urpe-test-cache-")
 
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)

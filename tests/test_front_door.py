@@ -172,7 +172,7 @@ HEAVY_IMPORTS = {"torch", "lightning", "matplotlib", "optuna", "rdkit", "torch_g
 @pytest.mark.parametrize("words", [
     ["graphormer-urpe", "recipes"], ["graphormer-urpe", "recipes", "zinc"], ["graphormer-urpe-plot", "--help"],
     ["graphormer-urpe-plot", "curves", "--help"], ["graphormer-urpe-hpopt", "--help"],
-    ["graphormer-urpe-export", "--help"],
+    ["graphormer-urpe-export", "--help"], ["graphormer-urpe-submit", "--help"],
 ], ids=" ".join)
 def test_help_imports_no_heavy_library(words, tmp_path):
     """What the installed command imports to answer (``python -X importtime``): none of
@@ -185,3 +185,48 @@ def test_help_imports_no_heavy_library(words, tmp_path):
     imported = {line.split("|")[-1].strip().split(".")[0] for line in done.stderr.splitlines()
                 if line.startswith("import time:")}
     assert not imported & HEAVY_IMPORTS
+
+
+def _imported(stderr: str) -> set[str]:
+    """The top-level packages in ``python -X importtime``'s report."""
+    return {line.split("|")[-1].strip().split(".")[0] for line in stderr.splitlines()
+            if line.startswith("import time:")}
+
+
+def test_the_training_help_is_kept_and_follows_what_it_depends_on(tmp_path):
+    """``graphormer-urpe fit --help`` writes LightningCLI's help (Lightning imported) and keeps it
+    in the user's cache folder: the same help again is the same text without any heavy import; at
+    another terminal width the help is written anew at that width, not read back."""
+    import os
+    import subprocess
+
+    command = [sys.executable, "-X", "importtime", str(Path(sys.executable).with_name("graphormer-urpe")),
+               "fit", "--config", "csv", "--help"]
+
+    def helped(columns: int) -> subprocess.CompletedProcess:
+        env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "COLUMNS": str(columns)}
+        done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+        assert done.returncode == 0 and done.stdout.startswith("usage: graphormer-urpe"), done.stderr[-2000:]
+        return done
+
+    first, again = helped(100), helped(100)
+    assert "lightning" in _imported(first.stderr) and "--trainer.max_epochs" in first.stdout
+    assert again.stdout == first.stdout
+    assert not _imported(again.stderr) & HEAVY_IMPORTS
+    narrow = helped(60)
+    assert "lightning" in _imported(narrow.stderr)
+    assert len(narrow.stdout.splitlines()) > len(first.stdout.splitlines())  # wrapped narrower
+
+
+def test_a_help_that_fails_is_not_kept(tmp_path):
+    """An unknown option beside ``--help`` is LightningCLI's error (exit status 2), each time."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    for _ in range(2):
+        done = subprocess.run([str(Path(sys.executable).with_name("graphormer-urpe")), "fit", "--config",
+                               "no-such-recipe", "--help"], capture_output=True, text=True, cwd=tmp_path,
+                              env=env, timeout=300)
+        assert done.returncode == 2 and "no-such-recipe" in done.stderr
+    assert not list((tmp_path / "cache").rglob("*.txt"))

@@ -3,7 +3,8 @@
 
 What the configuration is (the data's facts linked into the model, a run's folder, resuming)
 is told in :mod:`graphormer_urpe.training.lightning_cli`. ``graphormer-urpe recipes`` is answered
-before Lightning is imported (seconds on a CPU), which every other subcommand needs.
+before Lightning is imported (seconds on a CPU), which every other subcommand needs; a ``--help``
+is written by LightningCLI once and then read back (:mod:`graphormer_urpe.cli.help_cache`).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from graphormer_urpe.cli.help_cache import asks_for_help, print_help
 from graphormer_urpe.training.recipes import LIST_COMMAND, recipes_command
 from graphormer_urpe.utils.process import StoppedBySignal, stop_on_signals
 from graphormer_urpe.utils.workers import WorkerDied
@@ -85,6 +87,15 @@ def main(args: list[str] | None = None) -> int:
     command = sys.argv[1:] if args is None else list(args)
     if command[:1] == [LIST_COMMAND]:  # no Lightning needed
         return recipes_command(command[1:])
+    if asks_for_help(command):  # kept once written: Lightning is imported the first time only
+        from graphormer_urpe.training.recipes import command_line
+
+        def write_help() -> None:
+            from graphormer_urpe.training.lightning_cli import build_cli
+
+            build_cli(args)  # None: the command line, as a fit reads it
+
+        return print_help(command_line(command), write_help)
     from lightning.pytorch.utilities.exceptions import SIGTERMException
     from lightning.pytorch.utilities.rank_zero import rank_zero_only
 

@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 from graphormer_urpe.cli.arguments import positive_int
-from graphormer_urpe.data.ogb_lsc import LAYOUTS
+from graphormer_urpe.data.lsc_layouts import LAYOUTS
 from graphormer_urpe.utils.process import run_command
 
 PROG = "graphormer-urpe-submit"

@@ -1,7 +1,7 @@
 """Molecules -> features -> structural encodings (cached) -> padded batches, and the data sets.
 
 A new data set is a module of its own beside :mod:`.zinc`, :mod:`.ogb_lsc`, :mod:`.property_csv`
-and :mod:`.descriptors`, holding its DataModule (a subclass of
+and :mod:`.descriptor_pretraining`, holding its DataModule (a subclass of
 :class:`~.datamodule.SMILESTableDataModule` for a SMILES table, else of
 :class:`~.datamodule.GraphDataModule`), named in ``_LAZY`` below so that configs reach it as
 ``graphormer_urpe.data.<Class>``; a new encoding is a spec, an encoder and a parameter in
@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import importlib
 
-from graphormer_urpe.data.batch import GraphBatch
-
 _LAZY = {
+    "GraphBatch": "batch",
     "GraphDataModule": "datamodule",
     "ZINCDataModule": "zinc",
     "OGBLSCDataModule": "ogb_lsc",
@@ -25,7 +24,7 @@ _LAZY = {
     "PCQM4Mv2DataModule": "ogb_lsc",
     "CSVDataModule": "property_csv",
     "SMILESTableDataModule": "datamodule",
-    "DescriptorDataModule": "descriptors",
+    "DescriptorDataModule": "descriptor_pretraining",
     "EncodedGraphDataset": "dataset",
     "SeededShuffleSampler": "dataset",
     "FlatGraphs": "collate",
@@ -36,7 +35,7 @@ _LAZY = {
     "num_embeddings": "feature_ids",
 }
 
-__all__ = ["GraphBatch", *_LAZY]
+__all__ = [*_LAZY]
 
 
 def __getattr__(name: str):

@@ -1,7 +1,7 @@
 """OGB-LSC PCQM4M (v1, KDD Cup 2021) and PCQM4Mv2 in their official layouts, featurized like OGB's
 own datasets.
 
-Layout (what OGB's archives unpack to; :class:`LSCLayout` holds each version's names)::
+Layout (what OGB's archives unpack to; :class:`~.lsc_layouts.LSCLayout` holds each version's names)::
 
     <root>/<folder>/raw/data.csv.gz      columns idx, smiles, homolumogap (NaN in test sets)
     <root>/<folder>/split_dict.pt        int64 row indices per split (numpy arrays, torch.save)
@@ -32,7 +32,6 @@ import contextlib
 import gzip
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -40,55 +39,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from graphormer_urpe.data.datamodule import SMILESTableDataModule
+from graphormer_urpe.data.lsc_layouts import PCQM4M, PCQM4MV2, RAW_TABLE, RELEASE_MARKER, SPLIT_FILE, LSCLayout
 from graphormer_urpe.data.featurize import file_fingerprint
 from graphormer_urpe.data.resident import ResidentLoader
 
-RELEASE_MARKER = "RELEASE_v1.txt"
-RAW_TABLE = Path("raw") / "data.csv.gz"
-SPLIT_FILE = "split_dict.pt"
-
-
-@dataclass(frozen=True)
-class LSCLayout:
-    """One OGB-LSC PCQM4M version: its folder, splits with their official sizes (in file order;
-    the splits after ``valid`` are the unlabelled test sets), OGB's download and class names."""
-
-    name: str
-    folder: str
-    split_sizes: Mapping[str, int]
-    url: str
-    ogb_dataset: str  #: the class in ``ogb.lsc`` (its PyG dataset)
-    ogb_evaluator: str  #: the class in ``ogb.lsc``
-
-    @property
-    def splits(self) -> tuple[str, ...]:
-        return tuple(self.split_sizes)
-
-    @property
-    def test_splits(self) -> tuple[str, ...]:
-        return self.splits[2:]
-
-    @property
-    def num_molecules(self) -> int:
-        return sum(self.split_sizes.values())
-
-    def path(self, root: str | os.PathLike) -> Path:
-        """``<root>/<folder>``."""
-        return Path(root) / self.folder
-
-
-PCQM4M = LSCLayout(
-    name="PCQM4M", folder="pcqm4m_kddcup2021",
-    split_sizes={"train": 3_045_360, "valid": 380_670, "test": 377_423},
-    url="https://dgl-data.s3-accelerate.amazonaws.com/dataset/OGB-LSC/pcqm4m_kddcup2021.zip",
-    ogb_dataset="PygPCQM4MDataset", ogb_evaluator="PCQM4MEvaluator")
-PCQM4MV2 = LSCLayout(
-    name="PCQM4Mv2", folder="pcqm4m-v2",
-    split_sizes={"train": 3_378_606, "valid": 73_545, "test-dev": 147_037, "test-challenge": 147_432},
-    url="https://dgl-data.s3-accelerate.amazonaws.com/dataset/OGB-LSC/pcqm4m-v2.zip",
-    ogb_dataset="PygPCQM4Mv2Dataset", ogb_evaluator="PCQM4Mv2Evaluator")
-#: ``graphormer-urpe-submit --dataset`` names.
-LAYOUTS = {"pcqm4m": PCQM4M, "pcqm4mv2": PCQM4MV2}
 
 
 def _numpy_array_globals() -> list:

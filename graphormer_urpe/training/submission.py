@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from graphormer_urpe.data.ogb_lsc import LAYOUTS, LSCLayout, read_split_dict_checked, require_layout
+from graphormer_urpe.data.lsc_layouts import LAYOUTS, LSCLayout
+from graphormer_urpe.data.ogb_lsc import read_split_dict_checked, require_layout
 from graphormer_urpe.utils.files import AtomicFile, commit_together
 
 
