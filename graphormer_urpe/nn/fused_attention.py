@@ -31,18 +31,17 @@ Philox at each entry's flat index, regenerated in the backward rather than store
 ``O = (P ⊙ C ⊙ M) V``, ``dV = (P ⊙ C ⊙ M)^T dO`` and ``M`` multiplies ``dO V^T`` before the
 formulas above.
 
-:func:`urpe_attention` with ``impl="auto"`` uses the fused path for CUDA tensors (and for CPU
+:func:`fused_attention_kernel`, which importing this module registers as
+``URPEAttention(attention_impl="triton")``, uses the fused path for CUDA tensors (and for CPU
 tensors under Triton's interpreter, ``TRITON_INTERPRET=1``, where the tests run whole models on
 the kernels) and the eager one (:func:`~graphormer_urpe.nn.attention.eager_attention`)
-otherwise; importing this module registers that choice as
-``URPEAttention(attention_impl="triton")``. A query row whose keys are
+otherwise. A query row whose keys are
 all padding gives ``0`` here (the eager softmax gives NaN); Graphormer never produces one, since
 the graph token at index 0 is never padding.
 """
 from __future__ import annotations
 
 import os
-from typing import Literal
 
 import torch
 from torch import Tensor
@@ -69,8 +68,6 @@ def _triton_interprets() -> bool:
 #: True when this module's kernels were built by Triton's CPU interpreter (``TRITON_INTERPRET=1``
 #: at import time); they then run on CPU tensors, which is how the tests check them without a GPU.
 TRITON_INTERPRETED: bool = triton is not None and _triton_interprets()
-
-AttentionImpl = Literal["auto", "eager", "triton"]
 
 
 def _check_inputs(
@@ -626,11 +623,11 @@ def fused_urpe_attention(
         ``[B, H, Lq, d]`` in q's dtype, a view of ``[B, Lq, H, d]`` storage.
     """
     if triton is None:
-        raise ValueError("fused_urpe_attention needs triton; install it or use impl='eager'")
+        raise ValueError("fused_urpe_attention needs triton; install it or use attention_impl='eager'")
     _check_inputs(q, k, v, attn_bias, attn_scale, key_padding_mask)
     if not (q.is_cuda or TRITON_INTERPRETED):
         raise ValueError(
-            f"fused_urpe_attention runs on CUDA tensors (got {q.device}); on CPU use impl='eager' "
+            f"fused_urpe_attention runs on CUDA tensors (got {q.device}); on CPU use attention_impl='eager' "
             "(or TRITON_INTERPRET=1 before importing this module, for testing)"
         )
     if q.dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -680,42 +677,8 @@ def dropout_keep_scale(
 def kernels_run_on(device: torch.device | str) -> bool:
     """Whether the fused kernels run on ``device``'s tensors: a CUDA device with triton
     importable, or any device under Triton's interpreter (:data:`TRITON_INTERPRETED`). Where they
-    do not, ``impl="auto"`` (``attention_impl="triton"``) runs the eager core."""
+    do not, ``attention_impl="triton"`` runs the eager core."""
     return triton is not None and (torch.device(device).type == "cuda" or TRITON_INTERPRETED)
-
-
-def urpe_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    attn_bias: Tensor | None = None,
-    attn_scale: Tensor | None = None,
-    key_padding_mask: Tensor | None = None,
-    dropout_p: float = 0.0,
-    training: bool = False,
-    impl: AttentionImpl = "auto",
-) -> Tensor:
-    """URPE attention through the eager or the fused path; dropout only when ``training``.
-
-    ``impl="auto"`` takes the fused Triton path for CUDA tensors when triton is importable (and
-    for any tensors under its interpreter, :data:`TRITON_INTERPRETED`), else the eager path;
-    ``"triton"`` insists on the fused path (``ValueError`` where it cannot run) and ``"eager"``
-    always uses :func:`~graphormer_urpe.nn.attention.eager_attention` (float32
-    core). The two paths draw different dropout masks. Shapes as in :func:`fused_urpe_attention`.
-    """
-    if impl not in ("auto", "eager", "triton"):
-        raise ValueError(f"impl must be 'auto', 'eager' or 'triton'; got {impl!r}")
-    if not 0.0 <= dropout_p <= 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1]; got {dropout_p}")
-    _check_inputs(q, k, v, attn_bias, attn_scale, key_padding_mask)
-    effective_p = dropout_p if training else 0.0
-    if impl == "auto":
-        # p = 1 drops everything; only the eager path represents that (1 / (1 - p) is infinite).
-        impl = "triton" if kernels_run_on(q.device) and effective_p < 1 else "eager"
-    if impl == "triton":
-        return fused_urpe_attention(q, k, v, attn_bias, attn_scale, key_padding_mask, effective_p)
-    out, _ = eager_attention(q, k, v, attn_bias, attn_scale, key_padding_mask, effective_p, False)
-    return out
 
 
 def fused_attention_kernel(
@@ -728,13 +691,15 @@ def fused_attention_kernel(
     dropout_p: float,
     need_weights: bool,
 ) -> tuple[Tensor, Tensor | None]:
-    """``ATTENTION_IMPLS["triton"]``: :func:`urpe_attention` with ``impl="auto"`` in the registry's
-    kernel signature (``dropout_p`` is already 0 outside training). ``need_weights`` goes to the
-    eager kernel, since the fused one never forms the probabilities."""
-    if need_weights:
-        return eager_attention(q, k, v, attn_bias, attn_scale, key_padding_mask, dropout_p, True)
-    out = urpe_attention(q, k, v, attn_bias, attn_scale, key_padding_mask, dropout_p, training=True)
-    return out, None
+    """``ATTENTION_IMPLS["triton"]`` (``URPEAttention(attention_impl="triton")``): the fused
+    kernels where they run (:func:`kernels_run_on`: CUDA tensors with triton importable, any
+    tensors under Triton's interpreter), else the eager kernel. The eager kernel also takes a call
+    that asks for the attention weights (the fused one never forms them) or drops everything
+    (``dropout_p`` 1: ``1 / (1 - p)`` is infinite). ``dropout_p`` is already 0 outside training;
+    the two paths draw different dropout masks."""
+    if need_weights or dropout_p >= 1 or not kernels_run_on(q.device):
+        return eager_attention(q, k, v, attn_bias, attn_scale, key_padding_mask, dropout_p, need_weights)
+    return fused_urpe_attention(q, k, v, attn_bias, attn_scale, key_padding_mask, dropout_p), None
 
 
 ATTENTION_IMPLS["triton"] = fused_attention_kernel

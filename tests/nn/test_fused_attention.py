@@ -14,15 +14,21 @@ import pytest
 import torch
 
 from graphormer_urpe.nn import fused_attention
-from graphormer_urpe.nn.attention import ATTENTION_IMPLS, URPEAttention, eager_attention
-from graphormer_urpe.nn.fused_attention import urpe_attention
+from graphormer_urpe.nn.attention import ATTENTION_IMPLS, URPEAttention, attention_kernel, eager_attention
 
 ON_CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if ON_CUDA else "cpu"
 KERNELS_RUN_HERE = ON_CUDA or fused_attention.TRITON_INTERPRETED
-#: Tests of what a CPU does without the kernels: under Triton's interpreter 'auto' runs them.
+#: Tests of what a CPU does without the kernels: under Triton's interpreter "triton" runs them.
 eager_on_cpu = pytest.mark.skipif(fused_attention.TRITON_INTERPRETED,
-                                  reason="under Triton's interpreter impl='auto' runs the kernels on CPU tensors")
+                                  reason="under Triton's interpreter the kernels run on CPU tensors")
+
+
+def triton_impl(q, k, v, attn_bias=None, attn_scale=None, key_padding_mask=None, dropout_p=0.0):
+    """The output of ``URPEAttention(attention_impl="triton")``'s kernel (no weights asked)."""
+    out, weights = attention_kernel("triton")(q, k, v, attn_bias, attn_scale, key_padding_mask, dropout_p, False)
+    assert weights is None
+    return out
 
 
 @pytest.fixture
@@ -283,19 +289,21 @@ def test_backward_formulas_match_autograd():
 
 
 @eager_on_cpu
-def test_dispatcher_uses_eager_on_cpu():
-    """impl='auto' is the eager core for CPU tensors (without Triton's interpreter)."""
+def test_the_triton_impl_is_the_eager_kernel_on_cpu():
+    """attention_impl="triton" runs the eager kernel for CPU tensors (without Triton's
+    interpreter), its dropout included; and for a call that asks for the weights anywhere."""
     tensors, mask = _inputs(2, 2, 6, 6, 4, (1, 2, 6, 6), (2, 2, 6, 6), padded=True, seed=5)
     q, k, v, bias, scale = [t.float() for t in tensors]
-    expected, _ = eager_attention(q, k, v, bias, scale, mask, 0.0, False)
-    assert torch.equal(urpe_attention(q, k, v, bias, scale, mask), expected)
-    assert torch.equal(urpe_attention(q, k, v, bias, scale, mask, impl="eager"), expected)
-    assert torch.equal(urpe_attention(q, k, v, bias, scale, mask, dropout_p=0.5, training=False), expected)
+    expected, weights = eager_attention(q, k, v, bias, scale, mask, 0.0, True)
+    assert torch.equal(triton_impl(q, k, v, bias, scale, mask), expected)
+    out, got_weights = attention_kernel("triton")(q, k, v, bias, scale, mask, 0.0, True)
+    assert torch.equal(out, expected) and torch.equal(got_weights, weights)
     torch.manual_seed(0)
-    dropped = urpe_attention(q, k, v, bias, scale, mask, dropout_p=0.5, training=True)
+    dropped = triton_impl(q, k, v, bias, scale, mask, dropout_p=0.5)
     torch.manual_seed(0)
     assert torch.equal(dropped, eager_attention(q, k, v, bias, scale, mask, 0.5, False)[0])
     assert not torch.equal(dropped, expected)
+    assert torch.equal(triton_impl(q, k, v, bias, scale, mask, dropout_p=1.0), torch.zeros_like(expected))
 
 
 def test_kernel_dropout_seed_is_drawn_on_the_device_without_a_host_read(fused):
@@ -347,45 +355,45 @@ def test_registered_as_attention_impl():
 
 
 def test_bad_input_raises_value_error():
+    pytest.importorskip("triton")
     q = torch.randn(2, 2, 5, 4)
-    with pytest.raises(ValueError, match="impl"):
-        urpe_attention(q, q, q, impl="flash")
+    with pytest.raises(ValueError, match="attention_impl"):
+        attention_kernel("flash")
+    fused_urpe = fused_attention.fused_urpe_attention
     with pytest.raises(ValueError, match="attn_bias"):
-        urpe_attention(q, q, q, attn_bias=torch.randn(2, 2, 5, 4))
+        fused_urpe(q, q, q, attn_bias=torch.randn(2, 2, 5, 4))
     with pytest.raises(ValueError, match="attn_scale"):
-        urpe_attention(q, q, q, attn_scale=torch.randn(3, 2, 5, 5))
+        fused_urpe(q, q, q, attn_scale=torch.randn(3, 2, 5, 5))
     with pytest.raises(ValueError, match="key_padding_mask"):
-        urpe_attention(q, q, q, key_padding_mask=torch.zeros(2, 5))
+        fused_urpe(q, q, q, key_padding_mask=torch.zeros(2, 5))
     with pytest.raises(ValueError, match="dtype"):
-        urpe_attention(q, q, q.double())
+        fused_urpe(q, q, q.double())
     with pytest.raises(ValueError, match="\\[B, H, L, d\\]"):
-        urpe_attention(q[0], q[0], q[0])
-    with pytest.raises(ValueError, match="dropout_p"):
-        urpe_attention(q, q, q, dropout_p=1.5, training=True)
+        fused_urpe(q[0], q[0], q[0])
 
 
 @pytest.mark.skipif(ON_CUDA, reason="checks the CPU refusal of the compiled kernels")
-def test_triton_impl_refuses_cpu_tensors_when_compiled():
+def test_the_fused_kernels_refuse_cpu_tensors_when_compiled():
     pytest.importorskip("triton")
     if fused_attention.TRITON_INTERPRETED:
         pytest.skip("TRITON_INTERPRET=1 was set for the whole session")
     q = torch.randn(1, 1, 4, 4)
     with pytest.raises(ValueError, match="CUDA"):
-        urpe_attention(q, q, q, impl="triton")
+        fused_attention.fused_urpe_attention(q, q, q)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_gpu_graph_sized_batch(dtype):
     """Graph-model sizes (PCQM4Mv2: up to ~50 nodes + graph token; d = 32) with the production
-    64x64 tiles, against float64 on the same rounded inputs; impl='auto' picks the kernel."""
+    64x64 tiles, against float64 on the same rounded inputs; attention_impl="triton" picks the kernel."""
     batch, heads, length, head_dim = 8, 8, 131, 32
     tensors, mask = _inputs(batch, heads, length, length, head_dim, (batch, heads, length, length),
                             (batch, heads, length, length), padded=True, seed=7)
     tensors = [t.to(dtype) for t in tensors]
     grad_out = torch.randn(batch, heads, length, head_dim, dtype=torch.float64).to(dtype)
     expected = _out_and_grads(_reference, [t.double() for t in tensors], mask, grad_out.double())
-    got = _out_and_grads(lambda *a, **kw: urpe_attention(*a, **kw, impl="auto"),
+    got = _out_and_grads(triton_impl,
                          [t.cuda() for t in tensors], mask.cuda(), grad_out.cuda())
     eps = torch.finfo(dtype).eps if dtype != torch.float32 else 1e-5
     for name, result, reference in zip(["out", "dq", "dk", "dv", "dB", "dC"], got, expected):
@@ -394,14 +402,14 @@ def test_gpu_graph_sized_batch(dtype):
 
 @pytest.mark.gpu
 def test_gpu_auto_uses_fused_dropout_in_training():
-    """impl='auto' in training takes the fused path, dropout included: its result is the fused
-    kernel's for the seed drawn from torch's generator, not the eager one's."""
+    """attention_impl="triton" in training takes the fused path, dropout included: its result is
+    the fused kernel's for the seed drawn from torch's generator, not the eager one's."""
     tensors, mask = _inputs(2, 4, 40, 40, 16, (2, 4, 40, 40), (2, 4, 40, 40), padded=True, seed=9)
     q, k, v, bias, scale = [t.float().cuda() for t in tensors]
     torch.manual_seed(0)
-    auto = urpe_attention(q, k, v, bias, scale, mask.cuda(), dropout_p=0.2, training=True)
+    auto = triton_impl(q, k, v, bias, scale, mask.cuda(), dropout_p=0.2)
     torch.manual_seed(0)
     fused_run = fused_attention.fused_urpe_attention(q, k, v, bias, scale, mask.cuda(), dropout_p=0.2)
     assert torch.equal(auto, fused_run)
-    evaluation = urpe_attention(q, k, v, bias, scale, mask.cuda(), dropout_p=0.2, training=False)
+    evaluation = triton_impl(q, k, v, bias, scale, mask.cuda())
     assert not torch.equal(auto, evaluation)
