@@ -84,10 +84,10 @@ def morgan(smiles: list[str]) -> tuple[np.ndarray, float]:
 def descriptors(smiles: list[str]) -> tuple[np.ndarray, float]:
     """The 206 RDKit descriptors of the backbone's pretraining ``[rows, 206]`` (NaN where one
     fails), and their time."""
-    from graphormer_urpe.data.descriptors import _descriptor_chunk
+    from graphormer_urpe.data.descriptors import descriptor_chunk
 
     start = time.perf_counter()
-    return _descriptor_chunk(smiles).astype(np.float64), time.perf_counter() - start
+    return descriptor_chunk(smiles).astype(np.float64), time.perf_counter() - start
 
 
 def standardized_on(x: np.ndarray, train: np.ndarray) -> np.ndarray:

@@ -71,7 +71,7 @@ def backbone():
 
 def alone(module, smiles: str):
     """``smiles`` featurized and encoded as a batch of its own (no padding, no neighbours)."""
-    chunk = featurize_chunk((module.facts.featurizer, 512, [smiles]))
+    chunk = featurize_chunk((module.facts.featurizer, 512, module.facts.num_descriptors, [smiles]))
     (_, batch), = chunk_batches(module.facts, chunk, 1 << 16, 1)
     return batch
 

@@ -1,7 +1,7 @@
 """Molecules -> features -> structural encodings (cached) -> padded batches, and the data sets.
 
 A new data set is a module of its own beside :mod:`.zinc`, :mod:`.ogb_lsc`, :mod:`.property_csv`
-and :mod:`.descriptors`, holding its DataModule (a subclass of
+and :mod:`.descriptor_pretraining`, holding its DataModule (a subclass of
 :class:`~.datamodule.SMILESTableDataModule` for a SMILES table, else of
 :class:`~.datamodule.GraphDataModule`), named in ``_LAZY`` below so that configs reach it as
 ``graphormer_urpe.data.<Class>``; a new encoding is a spec, an encoder and a parameter in
@@ -24,7 +24,7 @@ _LAZY = {
     "PCQM4Mv2DataModule": "ogb_lsc",
     "CSVDataModule": "property_csv",
     "SMILESTableDataModule": "datamodule",
-    "DescriptorDataModule": "descriptors",
+    "DescriptorDataModule": "descriptor_pretraining",
     "EncodedGraphDataset": "dataset",
     "SeededShuffleSampler": "dataset",
     "FlatGraphs": "collate",

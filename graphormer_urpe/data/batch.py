@@ -37,6 +37,9 @@ class GraphBatch:
               for padding;
 
             and those switched on by the data's parameters (``rwse [B, N, S]`` float32).
+        descriptors: ``[B, D]`` float32 raw RDKit descriptors of each molecule (NaN where one
+            fails), for a model that reads them beside its readout (``molecule_descriptors``);
+            None otherwise.
     """
 
     x: Tensor
@@ -46,6 +49,7 @@ class GraphBatch:
     num_nodes: Tensor
     index: Tensor
     encodings: dict[str, Tensor]
+    descriptors: Tensor | None = None
 
     def __getattr__(self, name: str) -> Tensor:
         encodings = self.__dict__.get("encodings")
@@ -56,7 +60,7 @@ class GraphBatch:
     def tensors(self) -> dict[str, Tensor]:
         """Every tensor by name, encodings included (flat: ``{"x": ..., "spd": ...}``)."""
         plain = {name: getattr(self, name) for name in _TENSOR_FIELDS}
-        return {**plain, **self.encodings}
+        return {**{name: t for name, t in plain.items() if t is not None}, **self.encodings}
 
     @classmethod
     def from_tensors(cls, tensors: dict[str, Tensor]) -> "GraphBatch":
@@ -96,7 +100,8 @@ class GraphBatch:
         return GraphBatch(x=self.x[rows, :n], node_mask=self.node_mask[rows, :n],
                           edge_attr=torch.cat([edge_rows, torch.zeros_like(self.edge_attr[-1:])]),
                           y=self.y[rows], num_nodes=self.num_nodes[rows], index=self.index[rows],
-                          encodings=encodings)
+                          encodings=encodings,
+                          descriptors=None if self.descriptors is None else self.descriptors[rows])
 
     @property
     def num_graphs(self) -> int:

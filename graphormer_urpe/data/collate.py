@@ -110,13 +110,15 @@ def _ragged_positions(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def collate(graphs: FlatGraphs, indices: Sequence[int] | np.ndarray, y: np.ndarray | None = None,
-            positions: np.ndarray | None = None, padding: BatchPadding | None = None) -> GraphBatch:
+            positions: np.ndarray | None = None, padding: BatchPadding | None = None,
+            descriptors: np.ndarray | None = None) -> GraphBatch:
     """Gather graphs ``indices`` (``B`` of them, any order, repeats allowed) into a padded batch.
 
     ``N`` = the largest node count among them; see :class:`GraphBatch` for shapes and padding.
     ``y [B, T]`` and ``positions [B]`` override ``graphs.y[indices]`` and ``GraphBatch.index``
     (default: ``indices``) when several data rows share one stored graph (deduplicated SMILES).
-    ``padding`` fixes ``N`` and ``E`` instead (:class:`~.batch.BatchPadding`).
+    ``padding`` fixes ``N`` and ``E`` instead (:class:`~.batch.BatchPadding`). ``descriptors
+    [B, D]``: each molecule's descriptors, carried as ``GraphBatch.descriptors``.
     """
     index = np.asarray(indices, dtype=np.int64).reshape(-1)
     if index.size and (index.min() < 0 or index.max() >= len(graphs)):
@@ -183,4 +185,5 @@ def collate(graphs: FlatGraphs, indices: Sequence[int] | np.ndarray, y: np.ndarr
         y=torch.from_numpy(np.ascontiguousarray(targets)),
         num_nodes=torch.from_numpy(n.astype(np.int32)),
         index=torch.from_numpy(np.array(positions, dtype=np.int64)),
+        descriptors=None if descriptors is None else torch.from_numpy(np.array(descriptors, dtype=np.float32)),
     )

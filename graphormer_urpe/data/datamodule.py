@@ -2,7 +2,7 @@
 SMILES, :class:`SMILESTableDataModule`. Each dataset's DataModule lives beside its data:
 :class:`~.zinc.ZINCDataModule`, :class:`~.ogb_lsc.PCQM4MDataModule` /
 :class:`~.ogb_lsc.PCQM4Mv2DataModule`, :class:`~.property_csv.CSVDataModule` and
-:class:`~.descriptors.DescriptorDataModule` (all importable from :mod:`graphormer_urpe.data`).
+:class:`~.descriptor_pretraining.DescriptorDataModule` (all importable from :mod:`graphormer_urpe.data`).
 
 Every data family (ZINC, PCQM4M / PCQM4Mv2, CSV) turns its splits into :class:`~.collate.FlatGraphs`
 (features as shared ids + cached encodings, memory-mapped, :mod:`.encode`); each split is an
@@ -108,6 +108,8 @@ class GraphDataModule(pl.LightningDataModule):
     #: The task (:data:`graphormer_urpe.data.task.TASKS`: regression, classification, multiclass), linked
     #: into the model by the CLI.
     task: str = "regression"
+    #: RDKit descriptors per molecule that the batches carry (0: none), linked into the model.
+    num_descriptors: int = 0
 
     def __init__(self, max_hops: int = DEFAULT_MAX_HOPS, batch_size: int = 128, num_workers: int = 0,
                  max_nodes: int = 128, seed: int = 0, eval_batch_size: int | None = None,

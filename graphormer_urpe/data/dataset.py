@@ -27,13 +27,15 @@ class EncodedGraphDataset(Dataset):
     ``GraphBatch.index`` reports, so predictions map back to split order even after filtering).
     Several items may share one stored graph (deduplicated SMILES). ``__getitems__`` collates a
     whole batch in one call, padded to ``padding`` when given (:class:`~.batch.BatchPadding`).
+    ``descriptors [len, D]``: each item's molecule descriptors, which its batches carry.
     """
 
     def __init__(self, graphs: FlatGraphs, graph_ids: np.ndarray | None = None,
                  y: np.ndarray | None = None, positions: np.ndarray | None = None,
-                 padding: BatchPadding | None = None) -> None:
+                 padding: BatchPadding | None = None, descriptors: np.ndarray | None = None) -> None:
         self.graphs = graphs
         self.padding = padding
+        self.descriptors = descriptors
         self.graph_ids = np.arange(len(graphs)) if graph_ids is None else np.asarray(graph_ids, dtype=np.int64)
         self.y = (np.asarray(graphs.y[self.graph_ids], dtype=np.float32) if y is None
                   else np.asarray(y, dtype=np.float32).reshape(len(self.graph_ids), -1))
@@ -58,11 +60,11 @@ class EncodedGraphDataset(Dataset):
     def subset(self, items: np.ndarray) -> "EncodedGraphDataset":
         """The items ``items`` (keeping their split positions)."""
         return EncodedGraphDataset(self.graphs, self.graph_ids[items], self.y[items], self.positions[items],
-                                   self.padding)
+                                   self.padding, None if self.descriptors is None else self.descriptors[items])
 
     def padded(self, padding: BatchPadding | None) -> "EncodedGraphDataset":
         """The same items, their batches padded to ``padding``."""
-        return EncodedGraphDataset(self.graphs, self.graph_ids, self.y, self.positions, padding)
+        return EncodedGraphDataset(self.graphs, self.graph_ids, self.y, self.positions, padding, self.descriptors)
 
     def __getitem__(self, item: int) -> GraphBatch:
         return self.__getitems__([item])
@@ -74,7 +76,8 @@ class EncodedGraphDataset(Dataset):
         y, positions = self.y[items], self.positions[items]
         if unlabelled.any():
             y, positions = np.where(unlabelled[:, None], np.float32(np.nan), y), np.where(unlabelled, -1, positions)
-        return collate(self.graphs, self.graph_ids[items], y, positions, self.padding)
+        return collate(self.graphs, self.graph_ids[items], y, positions, self.padding,
+                       None if self.descriptors is None else self.descriptors[items])
 
 
 def masked(items: np.ndarray) -> np.ndarray:

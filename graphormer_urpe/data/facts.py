@@ -33,6 +33,8 @@ class DataFacts:
         featurizer: how SMILES become graphs (``zinc`` or ``ogb``), so inference can redo it.
         node_encodings: ``{name: width}`` of the optional per-node encodings (e.g.
             ``{"rwse": 16}``); None (a checkpoint from before they existed): none.
+        num_descriptors: how many RDKit descriptors of each molecule its batches carry and the
+            model's head reads beside the readout (:mod:`.descriptors`); 0: none.
     """
 
     num_atom_embeddings: int
@@ -42,6 +44,7 @@ class DataFacts:
     task: str = "regression"
     featurizer: str = "zinc"
     node_encodings: dict[str, int] | None = None
+    num_descriptors: int = 0
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

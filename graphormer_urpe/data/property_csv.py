@@ -22,6 +22,7 @@ import numpy as np
 
 from graphormer_urpe.data.datamodule import SMILESTableDataModule
 from graphormer_urpe.data.dataset import check_seed
+from graphormer_urpe.data.descriptors import cached_descriptors, clip_statistics, descriptor_names
 from graphormer_urpe.data.featurize import REJECTED_ROW, TOO_LARGE_ROW, featurizer_spec, file_fingerprint
 from graphormer_urpe.data.local_data import built_under, data_file
 from graphormer_urpe.utils.files import unreadable_as_a_file
@@ -276,15 +277,24 @@ class CSVDataModule(SMILESTableDataModule):
     ``zinc`` (ZINC's 28 atom tokens, to fine-tune a ZINC-trained model; rows with another atom
     are skipped with one warning). Rows whose molecule has more than ``max_nodes`` atoms are
     skipped in every split, counted with the rejected rows (their size is read from the SMILES,
-    so a huge polymer is never featurized nor encoded). Prediction serves the test split. Other
-    arguments: :class:`GraphDataModule`'s."""
+    so a huge polymer is never featurized nor encoded). Prediction serves the test split.
+    ``molecule_descriptors``: each batch also carries its molecules' raw RDKit descriptors
+    (:mod:`.descriptors`, computed once per distinct SMILES and cached), which the model clips and
+    standardizes with the statistics of the TRAINING split (:meth:`descriptor_statistics`, kept in
+    its checkpoint) and reads beside its readout; a row whose molecule gets no descriptor at all is
+    skipped with one warning. Other arguments: :class:`GraphDataModule`'s."""
 
     def __init__(self, path: str, smiles_column: str = "smiles", target_columns: list[str] | None = None,
                  task: str = "regression", split: str = "random",
                  split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1), cache_root: str = "data/csv",
                  batch_size: int = 32, featurizer: str = "ogb", split_file: str | None = None,
-                 split_seed: int = 0, **kwargs) -> None:
+                 split_seed: int = 0, molecule_descriptors: bool = False, **kwargs) -> None:
         super().__init__(batch_size=batch_size, **kwargs)
+        self.molecule_descriptors = bool(molecule_descriptors)
+        if self.molecule_descriptors and self.device_resident:
+            raise ValueError("molecule_descriptors needs the DataLoader: drop --data.init_args.device_resident "
+                             "(device-resident batches carry no descriptors)")
+        self._row_descriptors: np.ndarray | None = None
         if task not in TASKS:
             raise ValueError(f"task must be one of {list(TASKS)}, got {task!r}")
         if split not in ("random", "scaffold"):
@@ -316,6 +326,33 @@ class CSVDataModule(SMILESTableDataModule):
     def num_targets(self) -> int:
         return self._num_classes or len(self.target_columns)
 
+    @property
+    def num_descriptors(self) -> int:
+        return len(descriptor_names()) if self.molecule_descriptors else 0
+
+    def row_descriptors(self) -> np.ndarray:
+        """``[R, D]`` raw RDKit descriptors of every row of the file (NaN where one fails), each
+        distinct SMILES computed once (``build_workers`` processes) into the table's cache."""
+        if self._row_descriptors is None:
+            work_dir, source, _ = self.table_source()
+            smiles = self._read()[0]
+            distinct, of_row = np.unique(np.array(smiles, dtype=object), return_inverse=True)
+            raw = cached_descriptors(work_dir / "descriptors", {**file_fingerprint(self.path),
+                                     "smiles_column": self.smiles_column}, list(distinct), self.build_workers)
+            self._row_descriptors = raw[of_row.reshape(-1)]
+        return self._row_descriptors
+
+    def descriptor_statistics(self) -> tuple[np.ndarray, ...]:
+        """:func:`~.descriptors.clip_statistics` of the training split's raw descriptors: what the
+        model standardizes every molecule's descriptors with."""
+        return clip_statistics(self.row_descriptors()[self.store()[3]["train"]])
+
+    def table_split(self, name: str):
+        dataset = super().table_split(name)
+        if self.molecule_descriptors:
+            dataset.descriptors = self.row_descriptors()[self.store()[3][name]]
+        return dataset
+
     def _read(self) -> tuple[list[str], np.ndarray, list[str]]:
         return read_property_csv(self.path, self.smiles_column, self.target_columns)
 
@@ -342,6 +379,10 @@ class CSVDataModule(SMILESTableDataModule):
                                         "with an infinite or out-of-range target")
         usable = graph_of_row >= 0
         usable[bad_targets] = False
+        if self.molecule_descriptors:
+            none = np.flatnonzero(usable & np.isnan(self.row_descriptors()).all(axis=1))
+            warn_rejected_rows(self.path, none, len(y), "whose molecule gets no RDKit descriptor")
+            usable[none] = False
         valid = np.flatnonzero(usable)
         if len(valid) == 0:
             reasons = [f"{count} {why}" for count, why in (

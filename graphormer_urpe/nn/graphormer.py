@@ -22,6 +22,10 @@ property does; ``"token+sum"``, both side by side (``2D`` wide). The token alone
 softmax-weighted mean of node states, so a property that grows with the number of groups must
 be recovered from averages.
 
+With the data's ``num_descriptors`` > 0 (``molecule_descriptors``), the head reads
+``[readout; GELU(W_d s)]``, ``s`` the molecule's RDKit descriptors clipped and standardized with
+the training split's statistics, which the head keeps (:class:`DescriptorHead`).
+
 Defaults are Graphormer-slim on ZINC (``PRESETS["slim"]``, a :class:`GraphormerConfig`); see
 ``docs/model.md`` for where every
 value and every parameter-count difference to the papers comes from.
@@ -33,10 +37,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from graphormer_urpe.data.batch import GraphBatch
+from graphormer_urpe.data.descriptors import standardize
 from graphormer_urpe.data.encodings import CORE_ENCODINGS
 from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.nn.attention import URPEAttention, attention_kernel
@@ -256,7 +262,11 @@ class Graphormer(nn.Module):
                             config.attention_dropout, config.activation_dropout, config.attention_impl)
             for _ in range(num_layers))
         self.final_norm = nn.LayerNorm(hidden_dim)
-        self.head = nn.Linear(self.readout_width, task.head_width(facts.num_targets))
+        self.num_descriptors = int(facts.num_descriptors)
+        # a model without descriptors keeps the plain linear head (and its state dict's names)
+        self.head = (DescriptorHead(self.readout_width, self.num_descriptors, hidden_dim,
+                                    task.head_width(facts.num_targets)) if self.num_descriptors
+                     else nn.Linear(self.readout_width, task.head_width(facts.num_targets)))
         if self.node_encodings:  # absent otherwise: the state dict of a model without them is unchanged
             self.node_encoders = nn.ModuleDict({name: nn.Linear(width, hidden_dim)
                                                 for name, width in self.node_encodings.items()})
@@ -334,6 +344,11 @@ class Graphormer(nn.Module):
 
     def _check_batch(self, batch: GraphBatch) -> None:
         self.check_encodings(batch)
+        carried = 0 if batch.descriptors is None else batch.descriptors.shape[-1]
+        if carried != self.num_descriptors:
+            raise ValueError(f"the batch carries {carried} molecule descriptors but the model reads "
+                             f"{self.num_descriptors}: train and predict with --data.init_args.molecule_descriptors "
+                             f"{'true' if self.num_descriptors else 'false'}")
         b, n = batch.node_mask.shape
         shapes = {"x": (batch.x.ndim == 3 and batch.x.shape[:2] == (b, n)),
                   "degree": batch.encodings["degree"].shape == (b, n),
@@ -420,7 +435,12 @@ class Graphormer(nn.Module):
         """Outputs ``[B, head width]``: the head applied to :meth:`embed`; ``nodes`` replaces
         :meth:`node_features` (attributions: :mod:`graphormer_urpe.prediction.explain` scales them along a
         path)."""
-        return self.head(self.embed(batch, nodes))
+        return self.output(self.embed(batch, nodes), batch)
+
+    def output(self, readout: Tensor, batch: GraphBatch) -> Tensor:
+        """The head's outputs ``[B, head width]`` from :meth:`embed`'s ``readout`` (and the
+        batch's molecule descriptors, for a model that reads them)."""
+        return self.head(readout, batch.descriptors) if self.num_descriptors else self.head(readout)
 
     def embed(self, batch: GraphBatch, nodes: Tensor | None = None) -> Tensor:
         """Each molecule's representation ``[B, readout_width]``, which the output head reads
@@ -462,6 +482,31 @@ class Graphormer(nn.Module):
         for layer, attn_scale in zip(self.layers, scales):
             h = layer(h, attn_bias, attn_scale, key_padding_mask)
         return h
+
+
+class DescriptorHead(nn.Module):
+    """The output head of a model that reads molecule descriptors beside its readout:
+    ``out([readout; GELU(descriptors(s))])``, ``s`` the raw descriptors ``[B, D]`` clipped and
+    standardized with ``statistics`` (``[4, D]``: low, high, mean, std of the training split,
+    :func:`~graphormer_urpe.data.descriptors.clip_statistics`; a buffer, so the checkpoint keeps
+    them), a descriptor that failed (NaN) at the training mean (0)."""
+
+    def __init__(self, readout_width: int, num_descriptors: int, hidden_dim: int, out_width: int) -> None:
+        super().__init__()
+        self.register_buffer("statistics", torch.stack([
+            torch.full((num_descriptors,), -math.inf), torch.full((num_descriptors,), math.inf),
+            torch.zeros(num_descriptors), torch.ones(num_descriptors)]))
+        self.descriptors = nn.Linear(num_descriptors, hidden_dim)
+        self.out = nn.Linear(readout_width + hidden_dim, out_width)
+
+    def set_statistics(self, statistics) -> None:
+        """Standardize with ``statistics`` (low, high, mean, std; arrays of ``D`` each) from now on."""
+        self.statistics.copy_(torch.as_tensor(np.stack(statistics), dtype=self.statistics.dtype))
+
+    def forward(self, readout: Tensor, descriptors: Tensor) -> Tensor:
+        s = standardize(descriptors.to(readout.dtype), tuple(self.statistics.to(readout.dtype)))
+        projected = nn.functional.gelu(self.descriptors(torch.nan_to_num(s, nan=0.0)))
+        return self.out(torch.cat([readout, projected], dim=-1))
 
 
 #: Architecture presets, complete :class:`GraphormerConfig` instances. ``slim`` is

@@ -164,7 +164,7 @@ def explain_smiles(module, smiles: list[str], steps: int = DEFAULT_STEPS, target
     if view not in VIEWS:
         raise ValueError(f"view must be one of {VIEWS}, got {view!r}")
     module.eval()
-    chunk = featurize_chunk((module.facts.featurizer, max_nodes, smiles))
+    chunk = featurize_chunk((module.facts.featurizer, max_nodes, module.facts.num_descriptors, smiles))
     results: list[Explanation | str] = [""] * len(smiles)
     for position, reason in chunk.errors:
         results[position] = reason

@@ -214,7 +214,7 @@ class WithEmbeddings(nn.Module):
             extra = {"atom_embedding": atoms}
         else:
             graph, extra = backbone.embed(batch), {}
-        return {"index": batch.index, "prediction": self.model.task.predictions(backbone.head(graph)),
+        return {"index": batch.index, "prediction": self.model.task.predictions(backbone.output(graph, batch)),
                 "embedding": graph, **extra}
 
 
@@ -236,7 +236,8 @@ class RawChunk:
     """A chunk's accepted molecules, sorted by atom count, as flat raw feature arrays.
 
     ``position [G]`` (row within the chunk), ``x [sum n, F]``, ``node_ptr [G + 1]``,
-    ``edge_index [2, sum E]`` (local ids), ``edge_attr [sum E, Fe]``, ``edge_ptr [G + 1]``;
+    ``edge_index [2, sum E]`` (local ids), ``edge_attr [sum E, Fe]``, ``edge_ptr [G + 1]``,
+    ``descriptors [G, D]`` (raw RDKit descriptors, for a model that reads them, else None);
     ``errors``: ``(row within chunk, reason)`` of the rejected rows.
     """
 
@@ -247,16 +248,20 @@ class RawChunk:
     edge_attr: np.ndarray
     edge_ptr: np.ndarray
     errors: list[tuple[int, str]]
+    descriptors: np.ndarray | None = None
 
 
-def featurize_chunk(job: tuple[str, int, list[str]]) -> RawChunk:
-    """``(featurizer, max_nodes, smiles)`` -> :class:`RawChunk` (runs in worker processes)."""
+def featurize_chunk(job: tuple[str, int, int, list[str]]) -> RawChunk:
+    """``(featurizer, max_nodes, num_descriptors, smiles)`` -> :class:`RawChunk` (runs in
+    worker processes); with ``num_descriptors`` > 0 each molecule's RDKit descriptors too, a
+    molecule that gets none of them rejected."""
     from rdkit import RDLogger
 
+    from graphormer_urpe.data.descriptors import descriptor_chunk
     from graphormer_urpe.data.featurize import atoms_over, featurizer_spec
 
     RDLogger.DisableLog("rdApp.*")  # reasons go into the output's error column instead
-    name, max_nodes, smiles = job
+    name, max_nodes, num_descriptors, smiles = job
     spec = featurizer_spec(name)
     graphs, errors = [], []
     for position, text in enumerate(smiles):
@@ -275,7 +280,13 @@ def featurize_chunk(job: tuple[str, int, list[str]]) -> RawChunk:
             errors.append((position, f"molecule has {atoms} atoms, more than max_nodes={max_nodes}"))
             continue
         graphs.append((len(x), position, x, edge_index, edge_attr))
-    graphs.sort(key=lambda g: g[0])  # stable: equal sizes keep input order
+    descriptors = descriptor_chunk([smiles[g[1]] for g in graphs]) if num_descriptors else None
+    if descriptors is not None:
+        none = np.isnan(descriptors).all(axis=1)
+        errors += [(g[1], "RDKit computes none of the molecule's descriptors") for g in itertools.compress(graphs, none)]
+        graphs, descriptors = [g for g, bad in zip(graphs, none) if not bad], descriptors[~none]
+    order = sorted(range(len(graphs)), key=lambda k: graphs[k][0])  # stable: equal sizes keep input order
+    graphs = [graphs[k] for k in order]
     n = np.array([g[0] for g in graphs], dtype=np.int64)
     e = np.array([g[3].shape[1] for g in graphs], dtype=np.int64)
     return RawChunk(
@@ -286,6 +297,7 @@ def featurize_chunk(job: tuple[str, int, list[str]]) -> RawChunk:
         edge_attr=np.concatenate([g[4] for g in graphs]) if graphs else np.zeros((0, len(spec.bond_feature_dims))),
         edge_ptr=np.concatenate([[0], np.cumsum(e)]),
         errors=errors,
+        descriptors=None if descriptors is None else descriptors[order],
     )
 
 
@@ -322,7 +334,8 @@ def chunk_batches(facts: DataFacts, chunk: RawChunk, max_pairs: int, batch_size:
                            np.full((g1 - g0, 1), np.nan, np.float32), params=params,
                            atom_feature_dims=spec.atom_feature_dims,
                            bond_feature_dims=spec.bond_feature_dims)
-        yield slice(g0, g1), collate(flat, np.repeat(np.arange(g1 - g0), repeat))
+        descriptors = None if chunk.descriptors is None else np.repeat(chunk.descriptors[g0:g1], repeat, axis=0)
+        yield slice(g0, g1), collate(flat, np.repeat(np.arange(g1 - g0), repeat), descriptors=descriptors)
 
 
 @dataclass
@@ -371,7 +384,8 @@ def predict_smiles(module, rows: list[InputRow], max_nodes: int = DEFAULT_MAX_NO
                    batch_size: int = DEFAULT_BATCH_SIZE) -> np.ndarray:
     """``[len(rows), num_targets]`` predictions in this process; NaN (with ``row.error`` set)
     where impossible."""
-    chunk = featurize_chunk((module.facts.featurizer, max_nodes, [r.smiles for r in rows]))
+    chunk = featurize_chunk((module.facts.featurizer, max_nodes, module.facts.num_descriptors,
+                             [r.smiles for r in rows]))
     predictions = predict_chunk(module, chunk, len(rows), max_pairs, batch_size).predictions
     _finish_rows(rows, chunk.errors, predictions)
     return predictions
@@ -400,12 +414,12 @@ def _init_worker(module) -> None:
     _worker_module = module
 
 
-def _chunk_job(job: tuple[str, int, int, int, list[str]]) -> tuple[RawChunk | ChunkOutput, list[tuple[int, str]]]:
-    """In a worker: ``(featurizer, max_nodes, max_pairs, batch_size, smiles)`` -> (the
-    :class:`ChunkOutput` when the worker holds the model, else the featurized chunk; the row
-    errors)."""
-    featurizer, max_nodes, max_pairs, batch_size, smiles = job
-    chunk = featurize_chunk((featurizer, max_nodes, smiles))
+def _chunk_job(job: tuple[str, int, int, int, int, list[str]]) -> tuple[RawChunk | ChunkOutput, list[tuple[int, str]]]:
+    """In a worker: ``(featurizer, max_nodes, num_descriptors, max_pairs, batch_size, smiles)``
+    -> (the :class:`ChunkOutput` when the worker holds the model, else the featurized chunk; the
+    row errors)."""
+    featurizer, max_nodes, num_descriptors, max_pairs, batch_size, smiles = job
+    chunk = featurize_chunk((featurizer, max_nodes, num_descriptors, smiles))
     if _worker_module is None:
         return chunk, chunk.errors
     return predict_chunk(_worker_module, chunk, len(smiles), max_pairs, batch_size), chunk.errors
@@ -424,7 +438,7 @@ def stream_predictions(module, rows: Iterable[InputRow], table: PredictionTable,
     the chunks and, when the model is on the CPU, also predict them with one torch thread each
     (on an accelerator this process predicts). At most ``2 * workers + 1`` chunks are in memory.
     """
-    settings = (module.facts.featurizer, max_nodes, max_pairs, batch_size)
+    settings = (module.facts.featurizer, max_nodes, module.facts.num_descriptors, max_pairs, batch_size)
 
     def finish(chunk: list[InputRow], result: RawChunk | ChunkOutput, errors: list[tuple[int, str]]) -> None:
         output = (predict_chunk(module, result, len(chunk), max_pairs, batch_size)
@@ -438,7 +452,7 @@ def stream_predictions(module, rows: Iterable[InputRow], table: PredictionTable,
 
     if workers == 0:
         for chunk in _chunks(rows, chunk_rows):
-            featurized = featurize_chunk((settings[0], max_nodes, [r.smiles for r in chunk]))
+            featurized = featurize_chunk((*settings[:3], [r.smiles for r in chunk]))
             finish(chunk, featurized, featurized.errors)
         return
     on_cpu = next(module.parameters()).device.type == "cpu"

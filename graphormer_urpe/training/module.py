@@ -324,6 +324,9 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
         # (trainer.ckpt_path is set), and its weights, not init_from's, continue.
         if self.hparams.get("init_from") and self.trainer.ckpt_path is None:
             finetune.load_backbone(self, self.hparams.init_from, self.hparams.get("reinit_head", False))
+        if self.model.num_descriptors and self.trainer.ckpt_path is None:
+            # the training split's statistics, which every later prediction standardizes with
+            self.model.head.set_statistics(self.trainer.datamodule.descriptor_statistics())
 
     def on_train_batch_start(self, batch: GraphBatch, batch_idx: int) -> None:
         finetune.freeze_backbone(self.model, self.backbone_frozen())

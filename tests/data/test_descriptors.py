@@ -11,6 +11,7 @@ import pytest
 
 from graphormer_urpe.data import CSVDataModule, DescriptorDataModule
 from graphormer_urpe.data import descriptors as desc
+from graphormer_urpe.data.descriptor_pretraining import read_smiles_file
 from graphormer_urpe.data.property_csv import read_split_file
 
 
@@ -56,7 +57,7 @@ def test_descriptor_targets_of_real_molecules_are_standardized_and_cached(zinc_s
     def no_recompute(_):
         raise AssertionError("descriptors computed again")
 
-    monkeypatch.setattr(desc, "_descriptor_chunk", no_recompute)
+    monkeypatch.setattr(desc, "descriptor_chunk", no_recompute)
     again = DescriptorDataModule(**kwargs)
     with pytest.warns(UserWarning):
         np.testing.assert_array_equal(again.store()[2], y)
@@ -109,6 +110,6 @@ def test_an_empty_smiles_file_is_one_line(tmp_path):
 def test_a_csv_with_a_smiles_column_alone_is_read(zinc_source, tmp_path):
     smiles = zinc_smiles_file(zinc_source, tmp_path / "zinc.smi", 30)
     (tmp_path / "zinc.csv").write_text("smiles\n" + "\n".join(smiles) + "\n")
-    assert desc.read_smiles_file(tmp_path / "zinc.csv") == smiles
+    assert read_smiles_file(tmp_path / "zinc.csv") == smiles
     with pytest.raises(ValueError, match=r"zinc\.csv has no SMILES column 'SMILES'"):
-        desc.read_smiles_file(tmp_path / "zinc.csv", smiles_column="SMILES")
+        read_smiles_file(tmp_path / "zinc.csv", smiles_column="SMILES")
