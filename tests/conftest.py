@@ -9,12 +9,12 @@ import tempfile
 from pathlib import Path
 from typing import NoReturn
 
+import filelock
 import pytest
 
 import graphormer_urpe.data.featurize as featurize_module
 import graphormer_urpe.data.zinc as zinc_module
 from graphormer_urpe.data import local_data
-from graphormer_urpe.data.array_store import _build_lock
 
 pytest_plugins = ["pytester"]  # tests/data/test_local_data.py runs this file's fixtures in a child session
 
@@ -156,6 +156,13 @@ def _zinc_build_key(source: Path) -> str:
     for path in sorted(source.iterdir()):
         digest.update(f"{path.name}:{path.stat().st_size}".encode())
     return digest.hexdigest()[:16]
+
+
+def _build_lock(root: Path) -> filelock.FileLock:
+    """The lock beside ``root`` that a data build of it holds (``.<name>.lock``, as the encoding
+    cache's entries have), so that test workers (pytest -n) build it once."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    return filelock.FileLock(root.parent / f".{root.name}.lock")
 
 
 @pytest.fixture(scope="session")

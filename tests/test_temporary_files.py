@@ -228,7 +228,7 @@ def test_a_build_killed_by_sigkill_leaves_a_folder_the_next_build_removes(zinc_s
     raw = tmp_path / "data" / "ZINC" / "raw"
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
                                "from graphormer_urpe.utils.files import AtomicDirectory\n"
-                               "print(AtomicDirectory(sys.argv[1]).tmp, flush=True)\ntime.sleep(600)", str(raw)],
+                               "building = AtomicDirectory(sys.argv[1])\nprint(building.tmp, flush=True)\ntime.sleep(600)", str(raw)],
                               stdout=subprocess.PIPE, text=True)
     try:
         held = Path(holder.stdout.readline().strip())

@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import filelock
 import numpy as np
 
 from graphormer_urpe.utils.files import AtomicDirectory
@@ -314,23 +315,6 @@ def load_arrays(directory: str | os.PathLike, fingerprint: dict[str, Any], mmap:
         return None
 
 
-@contextlib.contextmanager
-def _build_lock(directory: Path) -> Iterator[None]:
-    """An exclusive ``flock`` on ``.<name>.lock`` beside the entry (a no-op without ``fcntl``)."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: builds are still atomic, only not deduplicated
-        yield
-        return
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    with open(directory.parent / f".{directory.name}.lock", "a") as lock:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
-
-
 def _manifest_identity(directory: Path) -> tuple | None:
     try:
         stat = (directory / MANIFEST).stat()
@@ -349,7 +333,8 @@ def cached_entry(directory: str | os.PathLike, fingerprint: dict[str, Any], buil
     arrays = load_arrays(directory, fingerprint, expect=expect, verify=verify)
     if arrays is not None:
         return arrays
-    with _build_lock(directory):
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with filelock.FileLock(directory.parent / f".{directory.name}.lock"):
         if _manifest_identity(directory) != seen:  # another process wrote the entry while we waited
             arrays = load_arrays(directory, fingerprint, expect=expect, verify=verify)
             if arrays is not None:

@@ -54,8 +54,8 @@ def export(checkpoint: str | Path, out: str | Path) -> dict:
     weights such as an exported backbone, or weights that hold NaN or inf, which no command
     loads)."""
     from graphormer_urpe.prediction.load import check_finite
-    from graphormer_urpe.utils.torch_files import CheckpointError, read_checkpoint
-    from graphormer_urpe.utils.files import check_writable_dir, refuse_overwriting_inputs, save_torch
+    from graphormer_urpe.utils.files import check_writable_dir, refuse_overwriting_inputs
+    from graphormer_urpe.utils.torch_files import CheckpointError, read_checkpoint, save_torch
 
     checkpoint, out = Path(checkpoint), Path(out)
     if out.is_dir():

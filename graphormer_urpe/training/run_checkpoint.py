@@ -7,7 +7,7 @@
   ``max_time``, early stopping), so ``--ckpt_path last`` never resumes an older state. It is
   always ``last.ckpt``, never ``last-v1.ckpt``. Every checkpoint file is written to a
   ``.<name>.<random>.part`` file beside it and renamed over it
-  (:func:`~graphormer_urpe.utils.files.atomic_path`): a killed run leaves the previous file whole.
+  (:class:`~graphormer_urpe.utils.files.AtomicFile`): a killed run leaves the previous file whole.
 * :func:`check_run_dir` decides, before any data is read, what ``fit`` / ``test`` / ... do with
   the folder: a ``fit`` without ``--ckpt_path`` into a folder that holds checkpoints is refused
   (resume with ``--ckpt_path last``, choose another ``--trainer.default_root_dir``, or start over
@@ -45,7 +45,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from graphormer_urpe.utils.files import atomic_path, hold_directory
+from graphormer_urpe.utils.files import AtomicFile, hold_directory
 from graphormer_urpe.utils.lightning_private import (accumulating, epoch_finished, is_local_path,
                                                      replace_process_observer)
 from graphormer_urpe.utils.process import replaceable
@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 
 LAST = ModelCheckpoint.CHECKPOINT_NAME_LAST + ModelCheckpoint.FILE_EXTENSION
 OVERWRITE_OPTION = "--checkpoint.overwrite true"
-#: In a run directory: held (``fcntl.flock``) by the process that trains it, and names its pid.
+#: In a run directory: held (a file lock) by the process that trains it, and names its pid.
 FIT_LOCK = "fit.lock"
 
 
@@ -185,8 +185,10 @@ class RunCheckpoint(ModelCheckpoint):
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
         if not is_local_path(filepath):
             return super()._save_checkpoint(trainer, filepath)
-        with atomic_path(filepath, replace=trainer.is_global_zero) as temporary:
-            super()._save_checkpoint(trainer, str(temporary))
+        with AtomicFile(filepath, binary=True) as output:  # only the first process writes one
+            super()._save_checkpoint(trainer, output.temporary)
+            if trainer.is_global_zero:
+                output.commit()
         self._last_checkpoint_saved = filepath
         trainer.strategy.barrier()
 

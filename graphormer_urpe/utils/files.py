@@ -8,11 +8,13 @@ same way (``.<name>.tmp-<random>``). The temporary is removed on every other exi
 a full disk, ``SystemExit`` from
 :func:`graphormer_urpe.utils.process.stop_on_signals`); a folder's temporary that a killed build
 (``SIGKILL``) left is removed by the next build of that folder.
+
+Every lock is the ``filelock`` package's (``flock`` on a lock file), which the kernel drops when
+the process ends, killed or not.
 """
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import glob
 import json
 import os
@@ -22,6 +24,8 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
+
+import filelock
 
 from graphormer_urpe.utils.process import hold_stop_signals
 
@@ -101,18 +105,6 @@ def unreadable_as_a_file(path: str | os.PathLike) -> str | None:
     return "is not a regular file"
 
 
-def fsync_dir(path: Path) -> None:
-    """Flush a folder's entries (a rename into it) to disk, where the platform can."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # not supported on every platform
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 #: Names of a process's open files (``/dev/stdout`` is whatever standard output is: a pipe, a
 #: terminal, a file the shell opened): written through the open file, never replaced.
 _OPEN_FILE_NAMES = ("/dev/stdout", "/dev/stderr", "/dev/fd/", "/proc/")
@@ -127,15 +119,23 @@ def written_in_place(path: str | os.PathLike) -> bool:
     return (absolute.exists() and not absolute.is_file()) or str(absolute).startswith(_OPEN_FILE_NAMES)
 
 
-def _open(fd_or_path: int | str | os.PathLike, binary: bool) -> IO:
-    return open(fd_or_path, "wb") if binary else open(fd_or_path, "w", newline="", encoding="utf-8")
+def _fsync(path: str | os.PathLike) -> None:
+    """Flush a file, or a folder's entries (a rename into it), to disk where the platform can."""
+    with contextlib.suppress(OSError):  # a folder cannot be opened on every platform
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 class AtomicFile:
-    """A file written beside ``path`` and moved onto it by :meth:`commit`; removed by
+    """The one way a file is put in place: written beside ``path`` and moved onto it by
+    :meth:`commit` (several outputs of one run together: :func:`commit_together`); removed by
     :meth:`discard` or on leaving the ``with`` block without a commit. Creating it checks that
     ``path`` can be written. ``handle``: the open temporary (text with ``newline=""`` and UTF-8,
-    or binary).
+    or binary); ``temporary``: its path, for a writer that takes a path (Lightning's checkpoint
+    I/O), None for a file written in place.
 
     A symbolic link is written through: its target gets the content (created if missing) and the
     link stays. A device, a FIFO or a path under ``/dev`` or ``/proc`` (:func:`written_in_place`)
@@ -146,118 +146,50 @@ class AtomicFile:
         self.path = Path(path)
         if self.path.is_dir():
             raise IsADirectoryError(f"{self.path} is a directory")
-        self._temporary: str | None = None
+        self.temporary: str | None = None
+        opened = (lambda where: open(where, "wb") if binary else
+                  open(where, "w", newline="", encoding="utf-8"))
         if written_in_place(self.path):
-            self.handle: IO = _open(self.path, binary)
+            self.handle: IO = opened(self.path)
             return
         self._destination = Path(os.path.realpath(self.path))
         self._destination.parent.mkdir(parents=True, exist_ok=True)
-        fd, self._temporary = tempfile.mkstemp(dir=self._destination.parent,
-                                               prefix=f".{self._destination.name}.", suffix=".part")
+        fd, self.temporary = tempfile.mkstemp(dir=self._destination.parent,
+                                              prefix=f".{self._destination.name}.", suffix=".part")
         try:
-            self.handle = _open(fd, binary)
+            self.handle = opened(fd)
         except BaseException:
             os.close(fd)
-            os.unlink(self._temporary)
+            os.unlink(self.temporary)
             raise
 
     def commit(self) -> None:
         """fsync, the permissions a previous file had (else a new file's under the umask), rename;
         for a file written in place, flush and close."""
         self._finish_writing()
-        if self._temporary is not None:
-            _replace(self._temporary, self._destination)
+        if self.temporary is not None:
+            _replace(self.temporary, self._destination)
 
     def _finish_writing(self) -> None:
-        """Flush (to disk, for a temporary) and close: a full disk fails here, before a rename."""
+        """Flush and close, then flush the temporary to disk (whoever wrote it): a full disk fails
+        here, before a rename."""
         self.handle.flush()
-        if self._temporary is not None:
-            os.fsync(self.handle.fileno())
         self.handle.close()
+        if self.temporary is not None:
+            with open(self.temporary, "rb") as written:
+                os.fsync(written.fileno())
 
     def discard(self) -> None:
         with contextlib.suppress(OSError):  # a full disk fails the flush of closing again
             self.handle.close()
-        if self._temporary is not None and os.path.exists(self._temporary):
-            os.unlink(self._temporary)
+        if self.temporary is not None and os.path.exists(self.temporary):
+            os.unlink(self.temporary)
 
     def __enter__(self) -> AtomicFile:
         return self
 
     def __exit__(self, *exc_info) -> None:
         self.discard()
-
-
-def commit_together(outputs: Iterable[AtomicFile]) -> None:
-    """Put several :class:`AtomicFile` s in place as one, the outputs of one run that belong
-    together (a table and the arrays whose rows are its rows): all of them or none. Each is first
-    flushed to disk (a full disk fails here, before any path changes); then each is renamed onto
-    its path while a hard link keeps the file it replaces, so that a rename that fails puts back
-    the files already replaced (stop signals wait meanwhile). Files written in place (a device,
-    a FIFO: nothing to put back) are flushed after the renames."""
-    outputs = list(outputs)
-    for output in outputs:
-        if output._temporary is not None:
-            output._finish_writing()
-    with hold_stop_signals():
-        done: list[tuple[AtomicFile, bool, str | None]] = []  # (output, it replaced a file, that file)
-        try:
-            for output in outputs:
-                if output._temporary is None:
-                    continue
-                existed, previous = output._destination.exists(), None
-                if existed:
-                    previous = tempfile.mktemp(dir=output._destination.parent,
-                                               prefix=f".{output._destination.name}.", suffix=".previous")
-                    try:
-                        os.link(output._destination, previous)
-                    except OSError:  # no hard links there: that file cannot be put back
-                        previous = None
-                done.append((output, existed, previous))
-                _replace(output._temporary, output._destination)
-        except BaseException:
-            for output, existed, previous in reversed(done):
-                if previous is not None:
-                    os.replace(previous, output._destination)
-                elif not existed and not os.path.exists(output._temporary):  # a new file: it goes
-                    output._destination.unlink(missing_ok=True)
-            raise
-        finally:
-            for _, _, previous in done:
-                if previous is not None and os.path.exists(previous):
-                    os.unlink(previous)
-    for output in outputs:
-        if output._temporary is None:
-            output._finish_writing()
-
-
-def _replace(temporary: str | os.PathLike, path: Path) -> None:
-    """Rename the written ``temporary`` onto ``path`` with the permissions a previous file had
-    (else a new file's under the umask; ``mkstemp`` creates it owner-only)."""
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask()
-    os.chmod(temporary, mode)
-    os.replace(temporary, path)
-
-
-@contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, replace: bool = True) -> Iterator[Path]:
-    """A temporary path beside ``path`` for a writer that takes a path, not a handle (Lightning's
-    checkpoint I/O): once the block ends normally it is flushed to disk and renamed onto ``path``
-    (unless ``replace`` is false: a process that writes nothing, e.g. a DDP rank other than 0);
-    it is removed on every other exit, and ``path`` is untouched."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    os.close(fd)
-    temporary = Path(temporary)
-    try:
-        yield temporary
-        if replace:
-            with open(temporary, "rb") as handle:
-                os.fsync(handle.fileno())
-            _replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
@@ -269,130 +201,133 @@ def atomic_write(path: str | os.PathLike, binary: bool = False) -> Iterator[IO]:
         output.commit()
 
 
-def save_torch(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save(obj)`` to ``path``, whole or not at all (:func:`atomic_write`). Written
-    through a Python file so that a full disk is the ``OSError`` (ENOSPC) that
-    :func:`run_command` says in one line: torch's own writer reports it as a ``RuntimeError``
-    (``unexpected pos``), raised over the ``OSError`` when it closes the archive."""
-    import torch
-
-    with atomic_write(path, binary=True) as handle:
+def commit_together(outputs: Iterable[AtomicFile]) -> None:
+    """Put several :class:`AtomicFile` s in place as one, the outputs of one run that belong
+    together (a table and the arrays whose rows are its rows): all of them or none. Each is first
+    flushed to disk (a full disk fails here, before any path changes); then each is renamed onto
+    its path while a hard link keeps the file it replaces, so that a rename that fails puts back
+    the files already replaced (stop signals wait meanwhile). Files written in place (a device,
+    a FIFO: nothing to put back) are flushed after the renames."""
+    outputs = list(outputs)
+    for output in outputs:
+        if output.temporary is not None:
+            output._finish_writing()
+    with hold_stop_signals():
+        done: list[tuple[AtomicFile, bool, str | None]] = []  # (output, it replaced a file, that file)
         try:
-            torch.save(obj, handle)
-        except RuntimeError as exc:
-            cause = exc.__context__
-            while cause is not None and not isinstance(cause, OSError):
-                cause = cause.__context__
-            if cause is None:
-                raise
-            raise cause from None
-
-
-def remove_dir(directory: Path) -> None:
-    """Remove ``directory`` by first renaming it aside (atomic), so that ``os.replace`` of a new
-    directory onto its path (which needs an empty or absent target) can follow, and no reader
-    sees a half-deleted one."""
-    stale = Path(tempfile.mkdtemp(prefix=f".{directory.name}.stale-", dir=directory.parent))
-    os.replace(directory, stale / "old")
-    shutil.rmtree(stale, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _flocked(path: Path, flags: int = fcntl.LOCK_EX) -> Iterator[int | None]:
-    """The open folder or file ``path`` holding ``fcntl.flock(flags)`` within the block: its
-    descriptor, or None where the file system has no such locks; ``BlockingIOError`` with
-    ``LOCK_NB`` when another process holds it."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        try:
-            fcntl.flock(fd, flags)
-        except BlockingIOError:
+            for output in outputs:
+                if output.temporary is None:
+                    continue
+                existed, previous = output._destination.exists(), None
+                if existed:
+                    previous = tempfile.mktemp(dir=output._destination.parent,
+                                               prefix=f".{output._destination.name}.", suffix=".previous")
+                    try:
+                        os.link(output._destination, previous)
+                    except OSError:  # no hard links there: that file cannot be put back
+                        previous = None
+                done.append((output, existed, previous))
+                _replace(output.temporary, output._destination)
+        except BaseException:
+            for output, existed, previous in reversed(done):
+                if previous is not None:
+                    os.replace(previous, output._destination)
+                elif not existed and not os.path.exists(output.temporary):  # a new file: it goes
+                    output._destination.unlink(missing_ok=True)
             raise
-        except OSError:  # no flock here (some network file systems)
-            yield None
-            return
-        yield fd
-    finally:
-        os.close(fd)
+        finally:
+            for _, _, previous in done:
+                if previous is not None and os.path.exists(previous):
+                    os.unlink(previous)
+    for output in outputs:
+        if output.temporary is None:
+            output._finish_writing()
 
 
-def _remove_left_behind(prefix: str, folder: Path) -> None:
-    """Remove the folders ``<prefix>*`` in ``folder`` that no process holds: the temporaries of
-    builds that were killed (``SIGKILL``, a power cut) before they could remove their own."""
-    for left in folder.glob(f"{glob.escape(prefix)}*"):
-        if left.is_symlink() or not left.is_dir():
-            continue
-        try:
-            with _flocked(left, fcntl.LOCK_EX | fcntl.LOCK_NB) as held:
-                if held is not None:
-                    shutil.rmtree(left, ignore_errors=True)
-        except (BlockingIOError, FileNotFoundError):  # a build holds it, or it was just removed
-            continue
+def _replace(temporary: str | os.PathLike, path: Path) -> None:
+    """Rename the written ``temporary`` onto ``path`` with the permissions a previous file had
+    (else a new file's under the umask; ``mkstemp`` creates it owner-only)."""
+    mode = path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask()
+    os.chmod(temporary, mode)
+    os.replace(temporary, path)
+
+
+#: The lock file inside a folder's temporary, held by the build that makes it.
+_BUILDING = ".building.lock"
 
 
 class AtomicDirectory:
     """A folder built in :attr:`tmp` beside ``path`` and moved onto it by :meth:`commit`; removed
     on leaving the ``with`` block (after a commit there is nothing left to remove).
 
-    :attr:`tmp` is held (``fcntl.flock``) while it is built, so that the next build of ``path``
-    removes the temporaries that no running build holds: those a killed build left. A temporary is
-    made and held, and the others are removed, under a lock on the parent folder, so none is
-    removed between its making and its lock."""
+    The build holds the lock file :data:`_BUILDING` inside :attr:`tmp`, so that the next build of
+    ``path`` removes the temporaries whose lock no process holds: those a killed build left. A
+    temporary swept between its making and its lock is given up for another."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         prefix = f".{self.path.name}.tmp-"
-        with _flocked(self.path.parent) as folder_locked:
-            if folder_locked is not None:
-                _remove_left_behind(prefix, self.path.parent)
+        for left in self.path.parent.glob(f"{glob.escape(prefix)}*"):
+            if left.is_dir() and not left.is_symlink():
+                with contextlib.suppress(filelock.Timeout, OSError):
+                    with filelock.FileLock(left / _BUILDING, blocking=False):  # no build holds it
+                        shutil.rmtree(left, ignore_errors=True)
+        while True:
             self.tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=self.path.parent))
-            self._held = os.open(self.tmp, os.O_RDONLY)  # the kernel lets go of it when the process ends
-            with contextlib.suppress(OSError):
-                fcntl.flock(self._held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._held = filelock.FileLock(self.tmp / _BUILDING, blocking=False)
+            with contextlib.suppress(filelock.Timeout, FileNotFoundError):  # another build's sweep
+                self._held.acquire()
+                break
         self.tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the folder it becomes should not be
 
     def commit(self) -> None:
-        """fsync every file and the folder, replace what stands at ``path`` (moved aside first,
-        :func:`remove_dir`), fsync the parent."""
+        """fsync every file and the folder, replace what stands at ``path`` (renamed aside first,
+        so that no reader sees a half-deleted folder), fsync the parent. The lock file goes once
+        the folder is in place: a sweep never finds the temporary without it."""
         for file in self.tmp.iterdir():
             if file.is_file():
-                with open(file, "rb") as handle:
-                    os.fsync(handle.fileno())
-        fsync_dir(self.tmp)
+                _fsync(file)
+        _fsync(self.tmp)
         if self.path.exists():
-            remove_dir(self.path)
+            stale = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.stale-", dir=self.path.parent))
+            os.replace(self.path, stale / "old")
+            shutil.rmtree(stale, ignore_errors=True)
         os.replace(self.tmp, self.path)
-        fsync_dir(self.path.parent)
+        (self.path / _BUILDING).unlink()
+        _fsync(self.path.parent)
 
     def __enter__(self) -> AtomicDirectory:
         return self
 
     def __exit__(self, *exc_info) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
-        if self._held is not None:  # let go of it once
-            os.close(self._held)
-            self._held = None
+        self._held.release()
 
 
-def hold_directory(directory: Path, lock_name: str, holder: str, advice: str) -> IO:
-    """An exclusive lock on ``directory`` (``fcntl.flock`` on its file ``lock_name``, which then
-    holds this process's pid) for as long as the returned file stays open; the kernel drops it
-    when the process ends, killed or not. ``ValueError`` when another process holds it:
+class HeldDirectory(filelock.FileLock):
+    """The lock of :func:`hold_directory`; :meth:`close` lets go of it."""
+
+    def close(self) -> None:
+        self.release()
+
+
+def hold_directory(directory: Path, lock_name: str, holder: str, advice: str) -> HeldDirectory:
+    """An exclusive lock on ``directory`` (its file ``lock_name``, which then holds this
+    process's pid) until :meth:`~HeldDirectory.close`, or until the process ends, killed or not.
+    ``ValueError`` when another process holds it:
     ``<directory> is in use by another <holder> (pid N); <advice>``."""
     directory.mkdir(parents=True, exist_ok=True)
-    handle = open(directory / lock_name, "a+")
+    lock = HeldDirectory(directory / lock_name, blocking=False, on_acquired=lambda fd: (
+        os.ftruncate(fd, 0), os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)))
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        pid = handle.read().strip() or "unknown"
-        handle.close()
-        raise ValueError(f"{directory} is in use by another {holder} (pid {pid}); {advice}") from None
-    handle.truncate(0)
-    handle.write(f"{os.getpid()}\n")
-    handle.flush()
-    return handle
+        lock.acquire()
+    except filelock.Timeout:
+        pid = ""
+        with contextlib.suppress(OSError):
+            pid = (directory / lock_name).read_text().strip()
+        raise ValueError(f"{directory} is in use by another {holder} (pid {pid or 'unknown'}); {advice}") from None
+    return lock
 
 
 def read_json(path: Path, default: Any) -> Any:
