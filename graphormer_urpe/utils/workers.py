@@ -96,7 +96,7 @@ def _serve(connection, inherited: list, function: Callable, initializer: Callabl
         try:
             try:
                 connection.send(reply)
-            except (TypeError, AttributeError, ValueError, RuntimeError) as exc:  # not picklable
+            except (TypeError, AttributeError, ValueError, RuntimeError):  # not picklable
                 if reply[0]:
                     raise
                 connection.send((False, RuntimeError("".join(traceback.format_exception(reply[1])))))
