@@ -306,10 +306,20 @@ class AtomicDirectory:
 
 
 class HeldDirectory(filelock.FileLock):
-    """The lock of :func:`hold_directory`; :meth:`close` lets go of it."""
+    """The lock of :func:`hold_directory`; :meth:`close` lets go of it. :meth:`fileno` is the
+    descriptor that holds it: a forked child puts another file on its copy, so that a child
+    that outlives this process never holds the lock."""
+
+    held_fd: int | None = None
 
     def close(self) -> None:
         self.release()
+        self.held_fd = None
+
+    def fileno(self) -> int:
+        if self.held_fd is None:
+            raise ValueError(f"{self.lock_file} is not held")
+        return self.held_fd
 
 
 def hold_directory(directory: Path, lock_name: str, holder: str, advice: str) -> HeldDirectory:
@@ -318,8 +328,12 @@ def hold_directory(directory: Path, lock_name: str, holder: str, advice: str) ->
     ``ValueError`` when another process holds it:
     ``<directory> is in use by another <holder> (pid N); <advice>``."""
     directory.mkdir(parents=True, exist_ok=True)
-    lock = HeldDirectory(directory / lock_name, blocking=False, on_acquired=lambda fd: (
-        os.ftruncate(fd, 0), os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)))
+    def acquired(fd: int) -> None:  # the lock file names its holder
+        lock.held_fd = fd
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+
+    lock = HeldDirectory(directory / lock_name, blocking=False, on_acquired=acquired)
     try:
         lock.acquire()
     except filelock.Timeout:
