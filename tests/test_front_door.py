@@ -230,3 +230,24 @@ def test_a_help_that_fails_is_not_kept(tmp_path):
                               env=env, timeout=300)
         assert done.returncode == 2 and "no-such-recipe" in done.stderr
     assert not list((tmp_path / "cache").rglob("*.txt"))
+
+
+def test_a_kept_help_follows_an_edit_of_its_config_file(tmp_path):
+    """``fit --config FILE --help``: kept after the first run, written anew once FILE changes."""
+    import os
+    import subprocess
+
+    config = tmp_path / "mine.yaml"
+    config.write_text("trainer:\n  max_epochs: 3\n")
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    command = [sys.executable, "-X", "importtime", str(Path(sys.executable).with_name("graphormer-urpe")),
+               "fit", "--config", str(config), "--help"]
+
+    def imported_lightning() -> bool:
+        done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+        assert done.returncode == 0 and done.stdout.startswith("usage: graphormer-urpe"), done.stderr[-2000:]
+        return "lightning" in _imported(done.stderr)
+
+    assert imported_lightning() and not imported_lightning()
+    config.write_text("trainer:\n  max_epochs: 30\n")
+    assert imported_lightning()

@@ -3,9 +3,9 @@
 LightningCLI writes that help from the signatures of the Trainer, the model and the data modules,
 which takes importing Lightning: seconds on a 2-core CPU. The text it wrote is kept in the user's
 cache folder (``$XDG_CACHE_HOME/graphormer-urpe/help``, else ``~/.cache/...``) under a key of
-everything it depends on: the arguments with recipe names resolved, the contents of the files they
-name (a ``--config`` file), the terminal's width, the versions of Python and of the libraries that
-write it, and this package's own files (each one's size and modification time). The same
+everything it depends on: the arguments with recipe names resolved, the files they name (a
+``--config`` file), the terminal's width, the versions of Python and of the libraries that write
+it, and this package's own files, each file by its size and modification time. The same
 ``--help`` again prints the kept text without importing Lightning; a change to any of those makes
 a new key, so a kept text is never out of date. A cache folder that cannot be written only means
 the help is written anew each time.
@@ -42,27 +42,31 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "graphormer-urpe" / "help"
 
 
-def _named_file_digest(word: str) -> str:
-    """A digest of the file that ``word`` (an argument, or an option's ``=value``) names, if any."""
+def _file_stamp(path: Path) -> str:
+    """``path`` with its size and modification time: what says that a file changed (the package's
+    own files, a ``--config`` file), without reading it (an argument may name a large data file)."""
+    stat = path.stat()
+    return f"{path}:{stat.st_size}:{stat.st_mtime_ns}"
+
+
+def _named_file_stamp(word: str) -> str:
+    """The stamp of the file that ``word`` (an argument, or an option's ``=value``) names, if any."""
     for candidate in (word, word.partition("=")[2]):
         if candidate:
             with contextlib.suppress(OSError, ValueError):
                 if os.path.isfile(candidate):
-                    return hashlib.sha256(Path(candidate).read_bytes()).hexdigest()
+                    return _file_stamp(Path(candidate).resolve())
     return ""
 
 
 def help_key(args: list[str]) -> str:
     """The key of the help that ``args`` (recipe names resolved) ask for."""
     parts = [sys.version, str(shutil.get_terminal_size().columns), *args,
-             *map(_named_file_digest, args)]
+             *map(_named_file_stamp, args)]
     for library in WRITERS:
         with contextlib.suppress(metadata.PackageNotFoundError):
             parts.append(f"{library}=={metadata.version(library)}")
-    for path in sorted(PACKAGE_DIR.rglob("*")):
-        if path.suffix in (".py", ".yaml", ".so"):
-            stat = path.stat()
-            parts.append(f"{path.relative_to(PACKAGE_DIR)}:{stat.st_size}:{stat.st_mtime_ns}")
+    parts += [_file_stamp(path) for path in sorted(PACKAGE_DIR.rglob("*")) if path.suffix in (".py", ".yaml", ".so")]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 
@@ -71,8 +75,12 @@ def print_help(args: list[str], write_help: Callable[[], object]) -> int:
     ``write_help()`` prints (it ends in ``SystemExit``, as argparse's help does), kept for next time. A help that fails
     (an unknown option: argparse's exit status 2) is not kept; its status is returned."""
     kept = cache_dir() / f"{help_key(args)}.txt"
-    with contextlib.suppress(OSError):
-        sys.stdout.write(kept.read_text())
+    try:
+        text = kept.read_text()
+    except OSError:  # not kept yet (or unreadable): written below
+        pass
+    else:
+        sys.stdout.write(text)
         return 0
     written = io.StringIO()
     try:

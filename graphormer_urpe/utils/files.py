@@ -328,6 +328,7 @@ def hold_directory(directory: Path, lock_name: str, holder: str, advice: str) ->
     ``ValueError`` when another process holds it:
     ``<directory> is in use by another <holder> (pid N); <advice>``."""
     directory.mkdir(parents=True, exist_ok=True)
+
     def acquired(fd: int) -> None:  # the lock file names its holder
         lock.held_fd = fd
         os.ftruncate(fd, 0)
