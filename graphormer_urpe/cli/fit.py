@@ -143,8 +143,18 @@ def main(args: list[str] | None = None) -> int:
             raise
         print(f"graphormer-urpe: error: {refused}", file=sys.stderr)
         return 2
+    end_process_group()
     signum = pending_stop()
     return stopped(signum, during_training=False) if signum else 0
+
+
+def end_process_group() -> None:
+    """Close a multi-process run's process group before the interpreter exits: left to exit, the
+    gloo group's threads can be torn down under it and the process aborts after its work is done."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def stopped(signum: int, during_training: bool) -> int:
