@@ -17,7 +17,7 @@ import torch
 
 from graphormer_urpe.prediction.pretrained import resolve
 from graphormer_urpe.prediction.load import load_module
-from graphormer_urpe.prediction.model import chunk_batches, featurize_chunk
+from graphormer_urpe.prediction.model import chunk_batches, featurize_rows
 
 PREDICT = Path(sys.executable).with_name("graphormer-urpe-predict")
 PRETRAINED = "pretrained:zinc-descriptors"
@@ -71,7 +71,7 @@ def backbone():
 
 def alone(module, smiles: str):
     """``smiles`` featurized and encoded as a batch of its own (no padding, no neighbours)."""
-    chunk = featurize_chunk((module.facts.featurizer, 512, module.facts.num_descriptors, [smiles]))
+    chunk = featurize_rows(module.facts, [smiles], 512)
     (_, batch), = chunk_batches(module.facts, chunk, 1 << 16, 1)
     return batch
 

@@ -108,6 +108,26 @@ def share(order: np.ndarray, num_replicas: int, rank: int) -> np.ndarray:
     return order[rank::num_replicas]
 
 
+def size_batches(sizes: np.ndarray, batch_size: int, max_pairs: int | None = None) -> list[np.ndarray]:
+    """Items ``0 .. len(sizes) - 1`` sorted by size (stable: equal sizes keep their order) and cut
+    into consecutive batches of at most ``batch_size`` and, with ``max_pairs``, at most
+    ``max_pairs`` padded node pairs ``len(batch) * (its largest size + 1)^2`` (a larger item
+    alone): batches of graphs of similar size, which padding wastes least on. Training's buckets
+    (:class:`SeededShuffleSampler`) and prediction's batches
+    (:func:`~graphormer_urpe.prediction.model.chunk_batches`)."""
+    sizes = np.asarray(sizes)
+    order = np.argsort(sizes, kind="stable")
+    batches, start = [], 0
+    while start < len(order):
+        end = min(start + batch_size, len(order))
+        if max_pairs is not None:  # pairs grow with the batch: its sizes are sorted
+            pairs = np.arange(1, end - start + 1) * (sizes[order[start:end]].astype(np.int64) + 1) ** 2
+            end = start + max(1, int(np.count_nonzero(pairs <= max_pairs)))
+        batches.append(order[start:end])
+        start = end
+    return batches
+
+
 class EvaluationSampler(DistributedSampler):
     """Each process's share of an evaluation split (validation, test), in the split's order
     (:func:`share`): every item counted once, and as many batches on every process, also for a
@@ -208,12 +228,10 @@ class SeededShuffleSampler(DistributedSampler):
         # of one size-sorted run, as one process at the global batch would train it
         batch = self.batch_size * self.num_replicas
         window = self.bucket_batches * batch
-        for start in range(0, self.num_items, window):
-            part = order[start:start + window]
-            order[start:start + window] = part[np.argsort(self.sizes[part], kind="stable")]
-        num_full = self.num_items // batch
-        batches = order[:num_full * batch].reshape(num_full, batch)
-        return np.concatenate([batches[rng.permutation(num_full)].reshape(-1), order[num_full * batch:]])
+        batches = [order[start:start + window][part] for start in range(0, self.num_items, window)
+                   for part in size_batches(self.sizes[order[start:start + window]], batch)]
+        full = [b for b in batches if len(b) == batch]  # all but the epoch's last, if incomplete
+        return np.concatenate([order[:0], *(full[k] for k in rng.permutation(len(full))), *batches[len(full):]])
 
     def shard(self) -> np.ndarray:
         """This process's items of the epoch in order, ``[len(self)]`` int64; items that only top

@@ -9,13 +9,14 @@ Two featurizers, named so a checkpoint can redo featurization from its name alon
 - ``"ogb"``: OGB's ``smiles2graph`` (9 atom columns, 3 bond columns), as used by PCQM4Mv2.
 
 Both give directed edges in both directions with LOCAL node ids. :func:`iter_featurized` runs a
-featurizer over many SMILES in worker processes, chunk by chunk, as flat arrays (compact dtypes)
-plus the positions of rejected SMILES; :func:`cached_smiles_graphs` streams those chunks into a
+featurizer over many SMILES in worker processes, chunk by chunk (:func:`featurize_chunk`, which
+prediction uses too), as flat arrays (compact dtypes) plus the rejected SMILES' reasons; :func:`cached_smiles_graphs` streams those chunks into a
 memory-mapped cache entry, so a 3.7M-molecule table never materialises its graphs in memory.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -168,39 +169,88 @@ def atoms_over(smiles: str, limit: int) -> int:
     return count if count > limit else 0
 
 
-def _featurize_chunk(args: tuple[str, int, list[str], int | None]) -> tuple:
+@dataclass
+class FeaturizedChunk:
+    """A chunk of SMILES as graphs, flat, in input order: ``position [G]`` (each graph's SMILES
+    within the chunk), ``x`` uint8 ``[sum n, F]``, ``node_ptr [G + 1]``, ``edge_index [2, sum E]``
+    (local ids), ``edge_attr`` uint8 ``[sum E, Fe]``, ``edge_ptr [G + 1]``, ``descriptors [G, D]``
+    (raw RDKit descriptors, when asked for; else None). ``errors``: ``(position, reason)`` of
+    each SMILES without a graph; ``too_large``: those of them over the size limit."""
+
+    position: np.ndarray
+    x: np.ndarray
+    node_ptr: np.ndarray
+    edge_index: np.ndarray
+    edge_attr: np.ndarray
+    edge_ptr: np.ndarray
+    errors: list[tuple[int, str]]
+    too_large: list[int]
+    descriptors: np.ndarray | None = None
+
+    def take(self, graphs: np.ndarray) -> FeaturizedChunk:
+        """The chunk of ``graphs`` (indices into this one's, in that order)."""
+        def ranges(ptr: np.ndarray) -> np.ndarray:  # the positions of each graph's nodes or edges
+            counts = np.diff(ptr)[graphs]
+            ends = np.cumsum(counts)
+            return np.repeat(ptr[graphs] - ends + counts, counts) + np.arange(ends[-1] if len(ends) else 0)
+
+        nodes, edges = ranges(self.node_ptr), ranges(self.edge_ptr)
+        ptr = lambda old: np.concatenate([[0], np.cumsum(np.diff(old)[graphs])])  # noqa: E731
+        return FeaturizedChunk(self.position[graphs], self.x[nodes], ptr(self.node_ptr), self.edge_index[:, edges],
+                               self.edge_attr[edges], ptr(self.edge_ptr), [], [],
+                               None if self.descriptors is None else self.descriptors[graphs])
+
+
+def featurize_chunk(featurizer: str, smiles: Sequence[str], max_atoms: int | None = None,
+                    descriptors: bool = False) -> FeaturizedChunk:
+    """The graphs of ``smiles`` (runs in worker processes): an empty SMILES, one RDKit or the
+    featurizer rejects, and one with more than ``max_atoms`` atoms (None: no limit; known from
+    :func:`atoms_over` before it is featurized) get their reason in ``errors`` instead. With
+    ``descriptors`` each molecule's raw RDKit descriptors too
+    (:func:`~graphormer_urpe.data.descriptors.descriptor_chunk`), a molecule that gets none of
+    them rejected. The data builds (:func:`iter_featurized`) and prediction featurize here."""
     from rdkit import RDLogger
 
-    RDLogger.DisableLog("rdApp.*")  # rejected SMILES are reported once, by the caller
-    name, start, smiles, max_atoms = args
-    to_arrays = FEATURIZERS[name].graph_arrays
-    xs, edge_indices, edge_attrs, rejected, too_large = [], [], [], [], []
-    for position, s in enumerate(smiles, start):
-        if max_atoms is not None and atoms_over(s, max_atoms):
+    RDLogger.DisableLog("rdApp.*")  # the reasons are reported instead, by the caller
+    spec = featurizer_spec(featurizer)
+    graphs, errors, too_large = [], [], []
+    for position, text in enumerate(smiles):
+        if not text.strip():
+            errors.append((position, "empty SMILES"))
+            continue
+        atoms = atoms_over(text, max_atoms) if max_atoms is not None else 0
+        if not atoms:
+            try:
+                x, edge_index, edge_attr = spec.graph_arrays(text)
+            except ValueError as exc:
+                errors.append((position, str(exc)))
+                continue
+            atoms = len(x)  # hydrogens kept as atoms count too
+        if max_atoms is not None and atoms > max_atoms:
+            errors.append((position, f"molecule has {atoms} atoms, more than max_nodes={max_atoms}"))
             too_large.append(position)
             continue
-        try:
-            x, edge_index, edge_attr = to_arrays(s)
-        except ValueError:
-            rejected.append(position)
-            continue
-        if max_atoms is not None and len(x) > max_atoms:  # hydrogens kept as atoms
-            too_large.append(position)
-            continue
-        xs.append(x)
-        edge_indices.append(edge_index)
-        edge_attrs.append(edge_attr)
-    num_atom_cols = len(FEATURIZERS[name].atom_feature_dims)
-    num_bond_cols = len(FEATURIZERS[name].bond_feature_dims)
-    return (
-        np.concatenate(xs).astype(np.uint8) if xs else np.zeros((0, num_atom_cols), np.uint8),
-        np.array([len(x) for x in xs], dtype=np.int64),
-        np.concatenate(edge_indices, axis=1).astype(np.int64) if xs else np.zeros((2, 0), np.int64),
-        np.concatenate(edge_attrs).astype(np.uint8) if xs else np.zeros((0, num_bond_cols), np.uint8),
-        np.array([e.shape[1] for e in edge_indices], dtype=np.int64),
-        np.array(rejected, dtype=np.int64),
-        np.array(too_large, dtype=np.int64),
-    )
+        graphs.append((position, x, edge_index, edge_attr))
+    values = None
+    if descriptors:
+        from graphormer_urpe.data.descriptors import descriptor_chunk
+
+        values = descriptor_chunk([smiles[g[0]] for g in graphs])
+        none = np.isnan(values).all(axis=1)
+        errors = sorted(errors + [(g[0], "RDKit computes none of the molecule's descriptors")
+                                  for g, bad in zip(graphs, none) if bad])
+        graphs, values = [g for g, bad in zip(graphs, none) if not bad], values[~none]
+    return FeaturizedChunk(
+        position=np.array([g[0] for g in graphs], dtype=np.int64),
+        x=(np.concatenate([g[1] for g in graphs]).astype(np.uint8) if graphs
+           else np.zeros((0, len(spec.atom_feature_dims)), np.uint8)),
+        node_ptr=np.concatenate([[0], np.cumsum([len(g[1]) for g in graphs], dtype=np.int64)]),
+        edge_index=(np.concatenate([g[2] for g in graphs], axis=1).astype(np.int64) if graphs
+                    else np.zeros((2, 0), np.int64)),
+        edge_attr=(np.concatenate([g[3] for g in graphs]).astype(np.uint8) if graphs
+                   else np.zeros((0, len(spec.bond_feature_dims)), np.uint8)),
+        edge_ptr=np.concatenate([[0], np.cumsum([g[2].shape[1] for g in graphs], dtype=np.int64)]),
+        errors=errors, too_large=too_large, descriptors=values)
 
 
 def _apply(job: tuple[Callable, Any]) -> Any:
@@ -245,20 +295,19 @@ def parallel_map(function: Callable, chunks: Iterable, num_workers: int | None, 
 def iter_featurized(smiles: Sequence[str], featurizer: str, num_workers: int | None = None,
                     chunk_size: int = 1000, desc: str | None = None,
                     pool: WorkerProcesses | None = None,
-                    max_atoms: int | None = None) -> Iterator[tuple]:
+                    max_atoms: int | None = None) -> Iterator[FeaturizedChunk]:
     """Featurize ``smiles`` in chunks of ``chunk_size`` over worker processes (default: all
-    cores; tqdm progress), yielding per chunk, in order, ``(x, num_nodes, edge_index, edge_attr,
-    num_edges, rejected positions, too-large positions)``; a SMILES with more than ``max_atoms``
-    atoms (None: no limit) is too large, known from :func:`heavy_atom_count` before it is
-    featurized. Chunks are sliced lazily, so at most a few chunks per worker are in flight:
-    memory does not grow with ``len(smiles)``. ``pool``: an open :func:`worker_pool` to use
-    instead."""
+    cores; tqdm progress), yielding each chunk's :class:`FeaturizedChunk` in order (positions
+    within the chunk); a SMILES with more than ``max_atoms`` atoms (None: no limit) is too large,
+    known from :func:`heavy_atom_count` before it is featurized. Chunks are sliced lazily, so at
+    most a few chunks per worker are in flight: memory does not grow with ``len(smiles)``.
+    ``pool``: an open :func:`worker_pool` to use instead."""
     featurizer_spec(name=featurizer)
     starts = range(0, len(smiles), chunk_size)
-    chunks = ((featurizer, s, list(smiles[s:s + chunk_size]), max_atoms) for s in starts)
+    chunks = (list(smiles[s:s + chunk_size]) for s in starts)
     sizes = [min(chunk_size, len(smiles) - s) for s in starts]
-    yield from parallel_map(_featurize_chunk, chunks, num_workers, desc or f"featurize ({featurizer})", sizes,
-                            pool)
+    yield from parallel_map(functools.partial(featurize_chunk, featurizer, max_atoms=max_atoms), chunks,
+                            num_workers, desc or f"featurize ({featurizer})", sizes, pool)
 
 
 #: ``graph_of_row`` of a row whose SMILES RDKit rejects (or is missing), and of one too large.
@@ -351,17 +400,20 @@ def _stream_graphs(writer, read_table: Callable[[], tuple[Sequence[str], np.ndar
     edge_index = writer.array("edge_index", np.int16, (2,), axis=1)
     edge_attr = writer.array("edge_attr", np.uint8, (len(spec.bond_feature_dims),))
     node_counts, edge_counts, rejected, too_large = [], [], [], []
-    for chunk_x, n, chunk_edges, chunk_attr, e, chunk_rejected, chunk_too_large in iter_featurized(
-            distinct, featurizer, chunk_size=chunk_size, pool=pool, max_atoms=max_atoms):
+    start = 0  # the chunk's first distinct SMILES
+    for chunk in iter_featurized(distinct, featurizer, chunk_size=chunk_size, pool=pool, max_atoms=max_atoms):
+        n = np.diff(chunk.node_ptr)
         if len(n) and n.max() > int16_max:
             raise ValueError(f"a molecule has more than {int16_max} atoms")
-        x.append(chunk_x)
-        edge_index.append(chunk_edges)
-        edge_attr.append(chunk_attr)
+        x.append(chunk.x)
+        edge_index.append(chunk.edge_index)
+        edge_attr.append(chunk.edge_attr)
         node_counts.append(n.astype(np.int32))
-        edge_counts.append(e.astype(np.int32))
-        rejected.append(chunk_rejected)
-        too_large.append(chunk_too_large)
+        edge_counts.append(np.diff(chunk.edge_ptr).astype(np.int32))
+        over = set(chunk.too_large)
+        rejected.append(np.array([start + p for p, _ in chunk.errors if p not in over], dtype=np.int64))
+        too_large.append(start + np.array(chunk.too_large, dtype=np.int64))
+        start += chunk_size
     for name, counts in (("node_ptr", node_counts), ("edge_ptr", edge_counts)):
         counts = np.concatenate(counts) if counts else np.zeros(0, np.int32)
         writer.write(name, np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]))

@@ -46,7 +46,7 @@ from torch import Tensor
 
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.data.task import get_task
-from graphormer_urpe.prediction.model import DEFAULT_MAX_NODES, ModelEnsemble, chunk_batches, featurize_chunk
+from graphormer_urpe.prediction.model import DEFAULT_MAX_NODES, ModelEnsemble, chunk_batches, featurize_rows
 from graphormer_urpe.prediction.table import InputRow
 from graphormer_urpe.utils.files import AtomicFile
 
@@ -164,7 +164,7 @@ def explain_smiles(module, smiles: list[str], steps: int = DEFAULT_STEPS, target
     if view not in VIEWS:
         raise ValueError(f"view must be one of {VIEWS}, got {view!r}")
     module.eval()
-    chunk = featurize_chunk((module.facts.featurizer, max_nodes, module.facts.num_descriptors, smiles))
+    chunk = featurize_rows(module.facts, smiles, max_nodes)
     results: list[Explanation | str] = [""] * len(smiles)
     for position, reason in chunk.errors:
         results[position] = reason

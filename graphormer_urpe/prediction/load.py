@@ -19,11 +19,16 @@ import torch
 
 from graphormer_urpe.utils.torch_files import CheckpointError, model_checkpoint_state, read_checkpoint
 from graphormer_urpe.utils.workers import ran_out_of_memory
-from graphormer_urpe.prediction.model import RETIRED_HPARAMS, ModelEnsemble, predict_smiles
+from graphormer_urpe.prediction.model import ModelEnsemble, predict_smiles
 from graphormer_urpe.prediction.table import InputRow
 
 #: Where a run directory keeps its checkpoints, and the newest state among them.
 RUN_LAST_CHECKPOINT = Path("checkpoints") / "last.ckpt"
+
+#: Options that no longer exist but that checkpoints may record (``cuda_graphs``, ``engine``: how
+#: steps ran, not what was trained); dropped by :func:`checkpoint_arguments`.
+RETIRED_HPARAMS = frozenset({"cuda_graphs", "engine"})
+
 
 #: A molecule every featurizer accepts: a loaded model must predict it (hand-edited checkpoints).
 _PROBE_SMILES = "CCO"
@@ -36,6 +41,17 @@ def check_finite(ckpt: Path, state_dict: dict) -> None:
     if bad:
         raise CheckpointError(f"checkpoint {ckpt} has non-finite weights (NaN or inf) in {len(bad)} "
                               f"tensor(s): {', '.join(bad[:5])}")
+
+
+def checkpoint_arguments(hyper_parameters: dict) -> dict:
+    """The arguments of ``GraphormerModule`` that a checkpoint's hyperparameters give, as both
+    ``graphormer-urpe-predict`` (:func:`load_module`) and LightningCLI's ``--ckpt_path`` read
+    them: the facts as one ``facts`` dict (either form, :meth:`DataFacts.nest`), without
+    Lightning's own keys and the options since retired (``RETIRED_HPARAMS``)."""
+    from graphormer_urpe.data.facts import DataFacts
+
+    return {name: value for name, value in DataFacts.nest(hyper_parameters).items()
+            if name not in ("_instantiator", "_class_path", *RETIRED_HPARAMS)}
 
 
 def load_module(ckpt: str | Path, map_location: str = "cpu", *, model_class: type | None = None):
@@ -66,9 +82,7 @@ def load_module(ckpt: str | Path, map_location: str = "cpu", *, model_class: typ
     if not any(key.startswith("model.") for key in checkpoint["state_dict"]):
         # a shipped backbone (graphormer_urpe.prediction.pretrained.export): the backbone's own names
         checkpoint["state_dict"] = {f"model.{k}": v for k, v in checkpoint["state_dict"].items()}
-    hparams = DataFacts.nest(checkpoint["hyper_parameters"])  # either form of the facts
-    for name in ("_instantiator", "_class_path", *RETIRED_HPARAMS):
-        hparams.pop(name, None)
+    hparams = checkpoint_arguments(checkpoint["hyper_parameters"])
     hparams["compile"] = False  # inference needs no compile warm-up, whatever training used
     hparams["init_from"] = None  # its weights are in this checkpoint; the file may be gone
     try:

@@ -7,18 +7,24 @@
 of every start), so both give the same predictions from the same weights.
 
 Prediction of many SMILES (:func:`stream_predictions`): the input is taken in chunks, whose
-molecules are featurized, sorted by size and batched so a batch holds at most ``max_pairs``
+molecules are featurized (:func:`~graphormer_urpe.data.featurize.featurize_chunk`, as the data
+builds do) and batched by size (:func:`~graphormer_urpe.data.dataset.size_batches`, as training's
+buckets are) so a batch holds at most ``max_pairs``
 padded node pairs ``B * (N + 1)^2`` (and ``batch_size`` molecules): peak memory is bounded by the
 larger of ``max_pairs`` and ``(max_nodes + 1)^2`` whatever the input's length. Worker processes
 featurize the chunks and, on the CPU, predict them with one torch thread each.
 """
 from __future__ import annotations
 
+import ast
 import contextlib
+import functools
+import importlib.util
 import itertools
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,7 +32,9 @@ import torch
 from torch import Tensor, nn
 
 from graphormer_urpe.data.batch import GraphBatch
+from graphormer_urpe.data.dataset import size_batches
 from graphormer_urpe.data.facts import DataFacts
+from graphormer_urpe.data.featurize import FeaturizedChunk, featurize_chunk
 from graphormer_urpe.nn.graphormer import GraphormerConfig, build_backbone
 from graphormer_urpe.data.task import get_task
 from graphormer_urpe.prediction.table import InputRow, PredictionTable, prediction_columns
@@ -39,15 +47,17 @@ DEFAULT_MAX_PAIRS = 1 << 16
 DEFAULT_BATCH_SIZE = 1024
 DEFAULT_MAX_NODES = 512
 
-#: Hyperparameters of ``GraphormerModule`` that only training uses: its arguments other than
-#: PredictionModel's (a test keeps them so; importing the module here would import Lightning).
-TRAINING_HPARAMS = frozenset({"lr", "end_lr", "warmup_steps", "total_steps", "power", "weight_decay",
-                              "betas", "eps", "no_weight_decay", "compile",
-                              "matmul_precision", "init_from", "reinit_head", "freeze_backbone_steps",
-                              "head_lr", "warmup_fraction", "loss"})
-#: Options that no longer exist but that checkpoints may record (``cuda_graphs``, ``engine``: how
-#: steps ran, not what was trained); dropped wherever a checkpoint's hyperparameters are read.
-RETIRED_HPARAMS = frozenset({"cuda_graphs", "engine"})
+
+@functools.cache
+def module_arguments() -> frozenset[str]:
+    """The names of ``GraphormerModule``'s arguments, which a checkpoint's hyperparameters are:
+    read from the source of :mod:`graphormer_urpe.training.module` (LightningCLI reads the same
+    signature; importing the module would import Lightning, seconds of every prediction's start)."""
+    source = Path(importlib.util.find_spec("graphormer_urpe.training.module").origin).read_text(encoding="utf-8")
+    module = next(node for node in ast.parse(source).body
+                  if isinstance(node, ast.ClassDef) and node.name == "GraphormerModule")
+    init = next(node for node in module.body if isinstance(node, ast.FunctionDef) and node.name == "__init__")
+    return frozenset(arg.arg for arg in [*init.args.args[1:], *init.args.kwonlyargs])
 
 
 class HParams(dict):
@@ -62,15 +72,17 @@ class HParams(dict):
 
 class PredictionModel(nn.Module):
     """The backbone (``model``) and ``predict_step`` of a ``GraphormerModule``, built from its
-    checkpoint's hyperparameters (:meth:`DataFacts.nest`: either form of the facts): ``facts``,
-    ``preset``, ``backbone`` and ``target_names`` (training-only ones are accepted and ignored;
-    any other unknown one is a TypeError); it loads the ``state_dict`` unchanged."""
+    checkpoint's hyperparameters (:func:`~graphormer_urpe.prediction.load.checkpoint_arguments`)
+    as the module builds it: ``facts``, ``preset`` and ``backbone``; ``target_names`` and the
+    training-only ones are kept in ``hparams`` as they are (a name that is no argument of
+    ``GraphormerModule``, :func:`module_arguments`, is a TypeError); it loads the
+    ``state_dict`` unchanged."""
 
     def __init__(self, facts: DataFacts | Mapping[str, Any], preset: str = "slim",
                  backbone: GraphormerConfig | Mapping[str, Any] = GraphormerConfig(),
                  target_names: list[str] | None = None, **training: Any) -> None:
         super().__init__()
-        unknown = sorted(set(training) - TRAINING_HPARAMS)
+        unknown = sorted(set(training) - module_arguments())
         if unknown:
             raise TypeError(f"unexpected hyperparameters {unknown}")
         self.facts = DataFacts.coerce(facts)  # TypeError for a missing vocabulary size
@@ -231,111 +243,30 @@ def _dropout_on(model: nn.Module) -> Iterator[None]:
 
 
 # ---------------------------------------------------------------------------- prediction
-@dataclass
-class RawChunk:
-    """A chunk's accepted molecules, sorted by atom count, as flat raw feature arrays.
-
-    ``position [G]`` (row within the chunk), ``x [sum n, F]``, ``node_ptr [G + 1]``,
-    ``edge_index [2, sum E]`` (local ids), ``edge_attr [sum E, Fe]``, ``edge_ptr [G + 1]``,
-    ``descriptors [G, D]`` (raw RDKit descriptors, for a model that reads them, else None);
-    ``errors``: ``(row within chunk, reason)`` of the rejected rows.
-    """
-
-    position: np.ndarray
-    x: np.ndarray
-    node_ptr: np.ndarray
-    edge_index: np.ndarray
-    edge_attr: np.ndarray
-    edge_ptr: np.ndarray
-    errors: list[tuple[int, str]]
-    descriptors: np.ndarray | None = None
-
-
-def featurize_chunk(job: tuple[str, int, int, list[str]]) -> RawChunk:
-    """``(featurizer, max_nodes, num_descriptors, smiles)`` -> :class:`RawChunk` (runs in
-    worker processes); with ``num_descriptors`` > 0 each molecule's RDKit descriptors too, a
-    molecule that gets none of them rejected."""
-    from rdkit import RDLogger
-
-    from graphormer_urpe.data.descriptors import descriptor_chunk
-    from graphormer_urpe.data.featurize import atoms_over, featurizer_spec
-
-    RDLogger.DisableLog("rdApp.*")  # reasons go into the output's error column instead
-    name, max_nodes, num_descriptors, smiles = job
-    spec = featurizer_spec(name)
-    graphs, errors = [], []
-    for position, text in enumerate(smiles):
-        if not text.strip():
-            errors.append((position, "empty SMILES"))
-            continue
-        atoms = atoms_over(text, max_nodes)
-        if not atoms:
-            try:
-                x, edge_index, edge_attr = spec.graph_arrays(text)
-            except ValueError as exc:
-                errors.append((position, str(exc)))
-                continue
-            atoms = len(x)
-        if atoms > max_nodes:
-            errors.append((position, f"molecule has {atoms} atoms, more than max_nodes={max_nodes}"))
-            continue
-        graphs.append((len(x), position, x, edge_index, edge_attr))
-    descriptors = descriptor_chunk([smiles[g[1]] for g in graphs]) if num_descriptors else None
-    if descriptors is not None:
-        none = np.isnan(descriptors).all(axis=1)
-        errors += [(g[1], "RDKit computes none of the molecule's descriptors") for g in itertools.compress(graphs, none)]
-        graphs, descriptors = [g for g, bad in zip(graphs, none) if not bad], descriptors[~none]
-    order = sorted(range(len(graphs)), key=lambda k: graphs[k][0])  # stable: equal sizes keep input order
-    graphs = [graphs[k] for k in order]
-    n = np.array([g[0] for g in graphs], dtype=np.int64)
-    e = np.array([g[3].shape[1] for g in graphs], dtype=np.int64)
-    return RawChunk(
-        position=np.array([g[1] for g in graphs], dtype=np.int64),
-        x=np.concatenate([g[2] for g in graphs]) if graphs else np.zeros((0, len(spec.atom_feature_dims))),
-        node_ptr=np.concatenate([[0], np.cumsum(n)]),
-        edge_index=np.concatenate([g[3] for g in graphs], axis=1) if graphs else np.zeros((2, 0), np.int64),
-        edge_attr=np.concatenate([g[4] for g in graphs]) if graphs else np.zeros((0, len(spec.bond_feature_dims))),
-        edge_ptr=np.concatenate([[0], np.cumsum(e)]),
-        errors=errors,
-        descriptors=None if descriptors is None else descriptors[order],
-    )
-
-
-def size_batches(num_nodes: np.ndarray, max_pairs: int, batch_size: int) -> Iterator[tuple[int, int]]:
-    """``[start, end)`` ranges over graphs sorted by ``num_nodes`` (ascending) such that
-    ``(end - start) * (num_nodes[end - 1] + 1)^2 <= max_pairs`` (or one graph alone) and at most
-    ``batch_size`` graphs."""
-    start = 0
-    while start < len(num_nodes):
-        end = start + 1
-        while (end < len(num_nodes) and end - start < batch_size
-               and (end + 1 - start) * (int(num_nodes[end]) + 1) ** 2 <= max_pairs):
-            end += 1
-        yield start, end
-        start = end
-
-
-def chunk_batches(facts: DataFacts, chunk: RawChunk, max_pairs: int, batch_size: int,
-                  repeat: int = 1) -> Iterator[tuple[slice, GraphBatch]]:
-    """The encoded, padded batches of a featurized chunk, sized by :func:`size_batches`: each
-    with the slice of ``chunk.position`` it holds. ``repeat``: each graph that many times in a
-    row (an integrated-gradients path, :mod:`graphormer_urpe.prediction.explain`)."""
+def chunk_batches(facts: DataFacts, chunk: FeaturizedChunk, max_pairs: int, batch_size: int,
+                  repeat: int = 1) -> Iterator[tuple[np.ndarray, GraphBatch]]:
+    """The encoded, padded batches of a featurized chunk, of molecules of similar size
+    (:func:`~graphormer_urpe.data.dataset.size_batches`): each with the indices of its graphs in
+    the chunk. ``repeat``: each graph that many times in a row (an integrated-gradients path,
+    :mod:`graphormer_urpe.prediction.explain`)."""
     from graphormer_urpe.data.collate import collate
     from graphormer_urpe.data.encode import encode_flat
     from graphormer_urpe.data.featurize import featurizer_spec
 
     spec = featurizer_spec(facts.featurizer)
-    node_ptr, edge_ptr = chunk.node_ptr, chunk.edge_ptr
-    params = facts.encoding_params
-    for g0, g1 in size_batches(np.diff(node_ptr), max_pairs, batch_size):
-        n0, n1, e0, e1 = node_ptr[g0], node_ptr[g1], edge_ptr[g0], edge_ptr[g1]
-        flat = encode_flat(chunk.x[n0:n1], node_ptr[g0:g1 + 1] - n0, chunk.edge_index[:, e0:e1],
-                           chunk.edge_attr[e0:e1], edge_ptr[g0:g1 + 1] - e0,
-                           np.full((g1 - g0, 1), np.nan, np.float32), params=params,
-                           atom_feature_dims=spec.atom_feature_dims,
-                           bond_feature_dims=spec.bond_feature_dims)
-        descriptors = None if chunk.descriptors is None else np.repeat(chunk.descriptors[g0:g1], repeat, axis=0)
-        yield slice(g0, g1), collate(flat, np.repeat(np.arange(g1 - g0), repeat), descriptors=descriptors)
+    for graphs in size_batches(np.diff(chunk.node_ptr), batch_size, max_pairs):
+        part = chunk.take(graphs)
+        flat = encode_flat(part.x, part.node_ptr, part.edge_index, part.edge_attr, part.edge_ptr,
+                           np.full((len(graphs), 1), np.nan, np.float32), params=facts.encoding_params,
+                           atom_feature_dims=spec.atom_feature_dims, bond_feature_dims=spec.bond_feature_dims)
+        descriptors = None if part.descriptors is None else np.repeat(part.descriptors, repeat, axis=0)
+        yield graphs, collate(flat, np.repeat(np.arange(len(graphs)), repeat), descriptors=descriptors)
+
+
+def featurize_rows(facts: DataFacts, smiles: Sequence[str], max_nodes: int) -> FeaturizedChunk:
+    """The graphs of ``smiles`` as a model of these ``facts`` reads them (its featurizer, and its
+    molecule descriptors where it reads them), of at most ``max_nodes`` atoms."""
+    return featurize_chunk(facts.featurizer, smiles, max_nodes, descriptors=bool(facts.num_descriptors))
 
 
 @dataclass
@@ -349,7 +280,7 @@ class ChunkOutput:
     atoms: list[np.ndarray | None] | None = None
 
 
-def predict_chunk(module, chunk: RawChunk, num_rows: int, max_pairs: int, batch_size: int) -> ChunkOutput:
+def predict_chunk(module, chunk: FeaturizedChunk, num_rows: int, max_pairs: int, batch_size: int) -> ChunkOutput:
     """The :class:`ChunkOutput` of one featurized chunk: the targets, then (an ensemble, MC
     dropout) their standard deviations; the embeddings of a :class:`WithEmbeddings`."""
     out = ChunkOutput(np.full((num_rows, len(prediction_columns(module))), np.nan, dtype=np.float32))
@@ -384,8 +315,7 @@ def predict_smiles(module, rows: list[InputRow], max_nodes: int = DEFAULT_MAX_NO
                    batch_size: int = DEFAULT_BATCH_SIZE) -> np.ndarray:
     """``[len(rows), num_targets]`` predictions in this process; NaN (with ``row.error`` set)
     where impossible."""
-    chunk = featurize_chunk((module.facts.featurizer, max_nodes, module.facts.num_descriptors,
-                             [r.smiles for r in rows]))
+    chunk = featurize_rows(module.facts, [r.smiles for r in rows], max_nodes)
     predictions = predict_chunk(module, chunk, len(rows), max_pairs, batch_size).predictions
     _finish_rows(rows, chunk.errors, predictions)
     return predictions
@@ -402,24 +332,24 @@ def _chunks(rows: Iterable[InputRow], size: int) -> Iterator[list[InputRow]]:
         yield chunk
 
 
-#: The model a worker process predicts with (``None``: the worker only featurizes).
-_worker_module = None
+#: The facts of the model, and the model a worker process predicts with (``None``: the worker
+#: only featurizes).
+_worker_facts, _worker_module = None, None
 
 
-def _init_worker(module) -> None:
-    global _worker_module
+def _init_worker(facts: DataFacts, module) -> None:
+    global _worker_facts, _worker_module
     # One torch thread per process: processes scale over cores without OpenMP teams contending
     # (and a team in a forked child of a multi-threaded parent would deadlock in libgomp).
     torch.set_num_threads(1)
-    _worker_module = module
+    _worker_facts, _worker_module = facts, module
 
 
-def _chunk_job(job: tuple[str, int, int, int, int, list[str]]) -> tuple[RawChunk | ChunkOutput, list[tuple[int, str]]]:
-    """In a worker: ``(featurizer, max_nodes, num_descriptors, max_pairs, batch_size, smiles)``
-    -> (the :class:`ChunkOutput` when the worker holds the model, else the featurized chunk; the
-    row errors)."""
-    featurizer, max_nodes, num_descriptors, max_pairs, batch_size, smiles = job
-    chunk = featurize_chunk((featurizer, max_nodes, num_descriptors, smiles))
+def _chunk_job(job: tuple[int, int, int, list[str]]) -> tuple[FeaturizedChunk | ChunkOutput, list[tuple[int, str]]]:
+    """In a worker: ``(max_nodes, max_pairs, batch_size, smiles)`` -> (the :class:`ChunkOutput`
+    when the worker holds the model, else the featurized chunk; the row errors)."""
+    max_nodes, max_pairs, batch_size, smiles = job
+    chunk = featurize_rows(_worker_facts, smiles, max_nodes)
     if _worker_module is None:
         return chunk, chunk.errors
     return predict_chunk(_worker_module, chunk, len(smiles), max_pairs, batch_size), chunk.errors
@@ -438,11 +368,9 @@ def stream_predictions(module, rows: Iterable[InputRow], table: PredictionTable,
     the chunks and, when the model is on the CPU, also predict them with one torch thread each
     (on an accelerator this process predicts). At most ``2 * workers + 1`` chunks are in memory.
     """
-    settings = (module.facts.featurizer, max_nodes, module.facts.num_descriptors, max_pairs, batch_size)
-
-    def finish(chunk: list[InputRow], result: RawChunk | ChunkOutput, errors: list[tuple[int, str]]) -> None:
+    def finish(chunk: list[InputRow], result: FeaturizedChunk | ChunkOutput, errors: list[tuple[int, str]]) -> None:
         output = (predict_chunk(module, result, len(chunk), max_pairs, batch_size)
-                  if isinstance(result, RawChunk) else result)
+                  if isinstance(result, FeaturizedChunk) else result)
         _finish_rows(chunk, errors, output.predictions)
         table.write(chunk, output.predictions)
         if embeddings is not None:
@@ -452,7 +380,7 @@ def stream_predictions(module, rows: Iterable[InputRow], table: PredictionTable,
 
     if workers == 0:
         for chunk in _chunks(rows, chunk_rows):
-            featurized = featurize_chunk((*settings[:3], [r.smiles for r in chunk]))
+            featurized = featurize_rows(module.facts, [r.smiles for r in chunk], max_nodes)
             finish(chunk, featurized, featurized.errors)
         return
     on_cpu = next(module.parameters()).device.type == "cpu"
@@ -460,7 +388,8 @@ def stream_predictions(module, rows: Iterable[InputRow], table: PredictionTable,
     first = list(itertools.islice(chunks, useful_workers(workers)))  # one worker for each, at most
     if not first:
         return
-    jobs = ((chunk, (*settings, [r.smiles for r in chunk])) for chunk in itertools.chain(first, chunks))
-    with WorkerProcesses(len(first), _chunk_job, _init_worker, (module if on_cpu else None,)) as pool:
+    jobs = ((chunk, (max_nodes, max_pairs, batch_size, [r.smiles for r in chunk]))
+            for chunk in itertools.chain(first, chunks))
+    with WorkerProcesses(len(first), _chunk_job, _init_worker, (module.facts, module if on_cpu else None)) as pool:
         for chunk, (result, errors) in pool.imap(jobs, ahead=2 * pool.workers + 1):
             finish(chunk, result, errors)

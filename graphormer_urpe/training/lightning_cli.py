@@ -47,8 +47,7 @@ from tqdm import tqdm
 from graphormer_urpe.data.dataset import check_seed
 from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.data.task import get_task
-from graphormer_urpe.prediction.load import recorded_best
-from graphormer_urpe.prediction.model import RETIRED_HPARAMS
+from graphormer_urpe.prediction.load import checkpoint_arguments, recorded_best
 from graphormer_urpe.training.fit_checks import (PREDICTIONS_FILE, check_checkpoint_data, check_checkpoint_model,
                                                  check_epoch_place, check_prediction_output,
                                                  check_schedule_config, check_step_config, check_trainer,
@@ -211,14 +210,15 @@ class GraphormerCLI(LightningCLI):
 
     def _parse_ckpt_path(self) -> None:
         """As LightningCLI's: with ``--ckpt_path FILE`` the checkpoint's hyperparameters become
-        the model's arguments, except the facts (either form, :meth:`DataFacts.nest`): those
+        the model's arguments as ``graphormer-urpe-predict`` reads them
+        (:func:`~graphormer_urpe.prediction.load.checkpoint_arguments`), except the facts: those
         are linked from the data, not options of the model."""
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if not ckpt_path or not Path(ckpt_path).is_file():
             return
-        hparams = {k: v for k, v in DataFacts.nest(self._checkpoint_hparams(ckpt_path)).items()
-                   if k not in ("facts", "_instantiator", "_class_path", *RETIRED_HPARAMS)}
+        hparams = {k: v for k, v in checkpoint_arguments(self._checkpoint_hparams(ckpt_path)).items()
+                   if k != "facts"}
         if hparams:
             try:
                 self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
