@@ -58,7 +58,7 @@ from graphormer_urpe.utils.files import hold_directory
 
 #: The name of a run directory: ``<arm>-s<seed>``.
 RUN_DIR = re.compile(rf"(?P<arm>{'|'.join(map(re.escape, ARMS))})-s(?P<seed>0|[1-9][0-9]*)")
-#: In a run directory: held (``fcntl.flock``) by the runner that trains it, and names its pid.
+#: In a run directory: held (a ``filelock`` lock) by the runner that trains it, and names its pid.
 LOCK_FILE = "ablation.lock"
 #: The lock files this process holds (:meth:`Grid.lock`), which a forked child lets go of.
 _HELD_LOCKS: list[IO] = []

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import fcntl
+import hashlib
 import os
 import platform
 import statistics
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
+
+import filelock
 
 from graphormer_urpe.utils.files import AtomicFile, atomic_write, read_json, write_json
 from graphormer_urpe.data.task import get_task
@@ -123,8 +126,7 @@ def results_locked(path: Path) -> Iterator[None]:
     """An exclusive lock on ``<path>.lock`` while the block runs: several grids (e.g. one per
     GPU) share one results file and its table."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with filelock.FileLock(path.with_name(path.name + ".lock")):
         yield
 
 
@@ -284,15 +286,12 @@ def readme_block(readme: Path, name: str, kind: str = "ablation") -> tuple[str, 
 
 @contextlib.contextmanager
 def _readme_locked(readme: Path) -> Iterator[None]:
-    """An exclusive lock (``flock``) on the README's folder while the block runs: runners that
-    share a README (one per GPU) write their blocks one at a time, and no lock file is left
-    beside it."""
-    folder = os.open(Path(os.path.realpath(readme)).parent, os.O_RDONLY)
-    try:
-        fcntl.flock(folder, fcntl.LOCK_EX)
+    """An exclusive lock while the block runs: runners that share a README (one per GPU) write
+    their blocks one at a time. The lock file lies in the temporary folder, named by the README's
+    real path, so that none is left beside the README."""
+    key = hashlib.sha256(os.path.realpath(readme).encode()).hexdigest()[:16]
+    with filelock.FileLock(Path(tempfile.gettempdir()) / f"graphormer-urpe-readme-{key}.lock"):
         yield
-    finally:
-        os.close(folder)
 
 
 def _stamp(path: Path) -> tuple[int, int, int] | None:

@@ -86,11 +86,6 @@ def checkpoint_state(path: Path) -> tuple[int, str, float | None]:
     return steps, task.metric_name, score
 
 
-def checkpoint_step(path: Path) -> int:
-    """The optimizer steps a checkpoint holds (its ``global_step``)."""
-    return checkpoint_state(path)[0]
-
-
 def read_metric(metrics_csv: Path, name: str) -> float:
     with open(metrics_csv, newline="") as handle:
         values = [row[name] for row in csv.DictReader(handle) if row.get(name)]
@@ -177,7 +172,7 @@ class Run:
 
     def steps(self) -> int:
         """The optimizer steps its ``last.ckpt`` holds (0 without one)."""
-        return checkpoint_step(self.last) if self.last.exists() else 0
+        return checkpoint_state(self.last)[0] if self.last.exists() else 0
 
     def fits(self) -> int:
         """The ``fit`` attempts its record holds."""

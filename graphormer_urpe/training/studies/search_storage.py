@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import fcntl
 import os
 import socket
 import threading
@@ -21,6 +20,8 @@ import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import filelock
 
 from graphormer_urpe.training.studies.search_space import Refused, one_line
 
@@ -97,14 +98,16 @@ def creating(url: str) -> Iterator[None]:
     if database is None:
         yield
         return
+    lock = filelock.FileLock(f"{database}.lock")  # the kernel drops it when the process ends
     try:
-        handle = open(f"{database}.lock", "a")
+        lock.acquire()
     except OSError as exc:
         raise Refused(f"{database}.lock (the study database's lock) cannot be written "
                       f"({exc.strerror or exc})") from None
-    with handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes, or the process ends
+    try:
         yield
+    finally:
+        lock.release()
 
 
 def open_storage(url: str):
