@@ -149,7 +149,6 @@ def test_refusals_are_one_line_before_any_trial(searched, esol_csv, tmp_path):
 
 
 def test_a_trial_reports_each_validation_and_the_pruner_stops_it(tmp_path, monkeypatch):
-    monkeypatch.setattr(hpopt_trial, "_end_with_parent", lambda parent: None)  # not for this test process
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     study = optuna.create_study(study_name="prune", storage=storage)
     done = study.ask()
@@ -158,7 +157,7 @@ def test_a_trial_reports_each_validation_and_the_pruner_stops_it(tmp_path, monke
     trial = study.ask()
     monkeypatch.setenv(TRIAL_ENV, json.dumps({
         "storage": storage, "study": "prune", "trial": trial.number, "monitor": "val/mae",
-        "pruner": {"name": "median", "startup_trials": 1, "warmup_validations": 0}, "parent": os.getppid()}))
+        "pruner": {"name": "median", "startup_trials": 1, "warmup_validations": 0}}))
     callback = hpopt_trial.ReportToTrial()
     trainer = SimpleNamespace(sanity_checking=False, is_global_zero=True, should_stop=False,
                               default_root_dir=str(tmp_path), callback_metrics={"val/mae": torch.tensor(5.0)})

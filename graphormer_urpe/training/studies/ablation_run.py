@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from graphormer_urpe.training.studies.ablation_results import entry_problem, is_number, metric_of, now
 from graphormer_urpe.utils.files import read_json, write_json
-from graphormer_urpe.utils.process import console_command
+from graphormer_urpe.utils.process import console_command, tied_to_parent
 
 #: What each arm changes in the recipe's ``model.backbone`` (merged into it; everything else in
 #: the backbone, e.g. a smaller model, stays as the recipe has it).
@@ -40,17 +40,6 @@ STOP_GRACE_S = 180.0
 #: Exit statuses of a ``fit`` stopped by the SIGTERM that ends its slice (the CLI's 128 + 15, or
 #: the signal itself when it came before the CLI handles it).
 SLICE_END_STATUSES = (128 + signal.SIGTERM, -signal.SIGTERM)
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    """Linux: the training subprocess gets SIGKILL when the runner dies, so a killed grid
-    leaves no orphan writing into a run directory that the next invocation resumes."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -194,7 +183,8 @@ class Run:
             log.write(f"\n# {now()} {' '.join(command)}\n")
             log.flush()
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                       env=self.grid.child_env, preexec_fn=_die_with_parent)
+                                       env=self.grid.child_env,
+                                       preexec_fn=tied_to_parent(signal.SIGKILL))
             try:
                 returncode = self._wait(process, attempt, record, start, deadline)
             except BaseException:  # the runner stopped (Ctrl-C, SIGTERM): the fit saves and stops first

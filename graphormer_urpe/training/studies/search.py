@@ -45,7 +45,7 @@ from graphormer_urpe.training.studies.search_space import (
 from graphormer_urpe.training.studies.search_storage import (
     RECIPE_ATTR, StorageFailed, check_writable, connect, fail_and_queue_again, heartbeat, retried,
     safe_url, storage_error, trial_id)
-from graphormer_urpe.utils.process import INTERRUPTED, STOP_SIGNALS, console_command
+from graphormer_urpe.utils.process import INTERRUPTED, STOP_SIGNALS, console_command, tied_to_parent
 
 PROG = "graphormer-urpe-hpopt"
 #: The trial's study, storage and pruner, as JSON, in the environment of a trial's ``fit``.
@@ -189,14 +189,15 @@ class Search:
         params_file.write_text(config_text(values))
         env = {**os.environ, TRIAL_ENV: json.dumps({
             "storage": self.storage_url, "study": self.study.study_name, "trial": number,
-            "monitor": self.monitor, "pruner": self.pruner, "parent": os.getpid()})}
+            "monitor": self.monitor, "pruner": self.pruner})}
         log = run_dir / FIT_LOG
         command = [*console_command("graphormer-urpe", "graphormer_urpe.cli.fit"),
                    *self.fit_args(params_file, run_dir)]
         with open(log, "w") as out:
             out.write(shlex.join(command) + "\n")
             out.flush()
-            done = subprocess.run(command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+            done = subprocess.run(command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                  preexec_fn=tied_to_parent(signal.SIGTERM))
         try:
             diverged = read_json(run_dir / DIVERGED_MARKER, None)
         except ValueError:

@@ -7,12 +7,9 @@ without Lightning.
 """
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import json
 import math
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -30,8 +27,7 @@ class ReportToTrial(Callback):
     a fit stopped because its losses were (``FloatingPointError``), is a diverged run: the run
     stops and ``diverged.json`` says why (the search records the trial as pruned). A study
     database that cannot take a report (busy, locked) is said in the log and the run goes on,
-    unpruned at that validation. Also ends the run when the search that started it dies. The
-    trial comes from :data:`TRIAL_ENV`."""
+    unpruned at that validation. The trial comes from :data:`TRIAL_ENV`."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -40,7 +36,6 @@ class ReportToTrial(Callback):
             raise ValueError(f"{type(self).__name__} reports to a {PROG} trial: it is added by {PROG} "
                              f"(no {TRIAL_ENV} in the environment)")
         self.spec = json.loads(spec)
-        _end_with_parent(int(self.spec["parent"]))
         self._trial = None
         self._validations = 0
 
@@ -97,12 +92,3 @@ class ReportToTrial(Callback):
     def diverged(self, trainer, reason: str, validation: int | None) -> None:
         write_json(Path(trainer.default_root_dir, DIVERGED_MARKER), {"validation": validation, "reason": reason})
 
-
-def _end_with_parent(parent: int) -> None:
-    """On Linux: this process gets SIGTERM when the search that started it dies (the fit
-    stops after its step in progress, as on any SIGTERM); it stops now if it already did."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:
-        raise SystemExit(f"{PROG}: the search that started this trial has ended")
