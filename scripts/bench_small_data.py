@@ -29,7 +29,7 @@ Prints a table and, last, one JSON line.
 
     python scripts/bench_small_data.py [--csv FILE --smiles-column smiles --target-column NAME]
         [--seeds 0 1 2 3 4] [--splits random scaffold] [--arms finetuned scratch frozen chemprop minimol]
-        [--peers-env DIR]
+        [--peers-env DIR] [--members K] [--validation-only]
 """
 from __future__ import annotations
 
@@ -95,38 +95,54 @@ def write_splits(args: argparse.Namespace, work: Path) -> dict[tuple[str, int], 
             path = work / "splits" / f"{split}-seed{seed}.json"
             files[(split, seed)] = path
             if path.is_file():
+                if not path.with_suffix(".val.csv").is_file():  # split files written before it
+                    (rows,) = json.loads(path.read_text())
+                    table.iloc[rows["val"]][[args.smiles_column, args.target_column]].to_csv(
+                        path.with_suffix(".val.csv"), index=False)
                 continue
             data = CSVDataModule(path=str(args.csv), smiles_column=args.smiles_column,
                                  target_columns=[args.target_column], split=split, split_seed=seed,
                                  cache_root=str(work / "cache"), encode_threads=1, build_workers=1)
             rows = {name: [int(r) for r in data.store()[3][name]] for name in ("train", "val", "test")}
             path.parent.mkdir(parents=True, exist_ok=True)
-            table.iloc[rows["test"]][[args.smiles_column, args.target_column]].to_csv(
-                path.with_suffix(".test.csv"), index=False)
+            for part in ("val", "test"):
+                table.iloc[rows[part]][[args.smiles_column, args.target_column]].to_csv(
+                    path.with_suffix(f".{part}.csv"), index=False)
             path.write_text(json.dumps([rows]))
     return files
 
 
 def train_graphormer(args: argparse.Namespace, run: Path, splits: Path, seed: int, scratch: bool
-                     ) -> tuple[Path | None, float]:
-    """``(test predictions, or None with --validation-only; best validation MAE)``."""
-    command = [str(Path(sys.executable).with_name("graphormer-urpe")), "fit", "--config", "configs/csv.yaml",
-               "--data.init_args.path", str(args.csv), "--data.init_args.smiles_column", args.smiles_column,
-               "--data.init_args.target_columns", json.dumps([args.target_column]),
-               "--data.init_args.split_file", str(splits), "--data.init_args.cache_root", str(run.parent.parent / "cache"),
-               "--data.init_args.encode_threads", "1", "--data.init_args.build_workers", "1",
-               "--seed_everything", str(seed), "--data.init_args.seed", str(seed),
-               "--trainer.default_root_dir", str(run), "--trainer.enable_progress_bar", "false",
-               *(["--model.init_from", "null"] if scratch else []), *args.graphormer_args]
-    run_logged(command, run / "run.log")
-    best, val_mae, *_ = best_checkpoint(run)
+                     ) -> tuple[Path | None, float, float]:
+    """``(test predictions, or None with --validation-only; the members' mean best validation MAE;
+    the validation RMSE of what the run predicts)``. With ``--members K`` the run is an ensemble
+    of K fits seeded ``seed, seed + 1000, ...`` (``run/member<k>``), predicting their mean."""
+    members = [run] if args.members == 1 else [run / f"member{k}" for k in range(args.members)]
+    for k, member in enumerate(members):
+        command = [str(Path(sys.executable).with_name("graphormer-urpe")), "fit", "--config", "configs/csv.yaml",
+                   "--data.init_args.path", str(args.csv), "--data.init_args.smiles_column", args.smiles_column,
+                   "--data.init_args.target_columns", json.dumps([args.target_column]),
+                   "--data.init_args.split_file", str(splits),
+                   "--data.init_args.cache_root", str(run.parent.parent / "cache"),
+                   "--data.init_args.encode_threads", "1", "--data.init_args.build_workers", "1",
+                   "--seed_everything", str(seed + 1000 * k), "--data.init_args.seed", str(seed),
+                   "--trainer.default_root_dir", str(member), "--trainer.enable_progress_bar", "false",
+                   *(["--model.init_from", "null"] if scratch else []), *args.graphormer_args]
+        run_logged(command, run / "run.log")
+    best = [best_checkpoint(member) for member in members]
+    val_mae = sum(b[1] for b in best) / len(best)
+    predict = [str(Path(sys.executable).with_name("graphormer-urpe-predict")), "--ckpt", *(str(b[0]) for b in best),
+               "--workers", "0", "--quiet"]
+    validation = run / "val_predictions.csv"
+    run_logged([*predict, "--input", str(splits.with_suffix(".val.csv")), "--output", str(validation)],
+               run / "run.log")
+    val_rmse, _ = score(validation, splits.with_suffix(".val.csv"), args.target_column)
     if args.validation_only:
-        return None, val_mae
+        return None, val_mae, val_rmse
     predictions = run / "test_predictions.csv"
-    run_logged([str(Path(sys.executable).with_name("graphormer-urpe-predict")), "--ckpt", str(best),
-                "--input", str(splits.with_suffix(".test.csv")), "--output", str(predictions),
-                "--workers", "0", "--quiet"], run / "run.log")
-    return predictions, val_mae
+    run_logged([*predict, "--input", str(splits.with_suffix(".test.csv")), "--output", str(predictions)],
+               run / "run.log")
+    return predictions, val_mae, val_rmse
 
 
 def peer_command(args: argparse.Namespace, arm: str) -> list[str] | None:
@@ -197,20 +213,22 @@ def one_run(args: argparse.Namespace, work: Path, arm: str, split: str, seed: in
     if run.exists():  # an unfinished run: start it again
         shutil.rmtree(run)
     started = time.perf_counter()
+    val_mae = val_rmse = None
     if arm == "chemprop":
-        predictions, val_mae = train_chemprop(args, run, splits, seed), None
+        predictions = train_chemprop(args, run, splits, seed)
     elif arm in ("minimol", "frozen"):
-        predictions, val_mae = train_head(args, run, splits, seed, frozen=arm == "frozen"), None
+        predictions = train_head(args, run, splits, seed, frozen=arm == "frozen")
     else:
-        predictions, val_mae = train_graphormer(args, run, splits, seed, scratch=arm == "scratch")
-    result = {"arm": arm, "split": split, "seed": seed, "val_mae": val_mae,
-              "wall_s": round(time.perf_counter() - started, 1)}
+        predictions, val_mae, val_rmse = train_graphormer(args, run, splits, seed, scratch=arm == "scratch")
+    result = {"arm": arm, "split": split, "seed": seed, "members": args.members if val_mae is not None else 1,
+              "val_mae": val_mae, "val_rmse": val_rmse, "wall_s": round(time.perf_counter() - started, 1)}
     if predictions is not None:
         result["test_rmse"], result["test_mae"] = score(predictions, splits.with_suffix(".test.csv"),
                                                         args.target_column)
     result_file.write_text(json.dumps(result))
     scores = f"test RMSE {result['test_rmse']:.3f}, MAE {result['test_mae']:.3f}, " if predictions else ""
-    validation = f"validation MAE {val_mae:.3f} " if val_mae is not None else ""
+    validation = (f"validation MAE {val_mae:.3f} (members' mean), RMSE {val_rmse:.3f} "
+                  if val_mae is not None else "")
     print(f"{split:8s} {arm:9s} seed {seed}: {scores}{validation}({result['wall_s']:.0f} s)", flush=True)
     return result
 
@@ -233,6 +251,9 @@ def main() -> None:
     parser.add_argument("--validation-only", action="store_true",
                         help="graphormer arms only, no test predictions: the best validation MAE per "
                              "run (to choose a recipe without seeing the test molecules)")
+    parser.add_argument("--members", type=int, default=1,
+                        help="graphormer arms: fits per run (model seeds seed, seed + 1000, ...) whose mean "
+                             "is predicted (an ensemble; its wall time counts every member)")
     parser.add_argument("--work", type=Path, default=REPO / "runs" / "bench_small_data")
     parser.add_argument("--graphormer-args", type=shlex.split, default=[],
                         help="more options for graphormer-urpe fit, one string (--graphormer-args='--a 1')")
@@ -255,13 +276,15 @@ def main() -> None:
         results = list(pool.map(lambda job: one_run(args, work, *job, files[job[1:]]), jobs))
     summary = {"csv": args.csv.name, "target": args.target_column, "seeds": args.seeds, "rows": []}
     if args.validation_only:
-        print(f"\n{args.csv.name}: best validation MAE per run, mean ± std over seeds {args.seeds}")
+        print(f"\n{args.csv.name}: validation, mean ± std over seeds {args.seeds} ({args.members} member(s) a run)")
+        print("| split | arm | best validation MAE | validation RMSE of the predictions |\n| --- | --- | ---: | ---: |")
         for split in args.splits:
             for arm in arms:
-                values = [r["val_mae"] for r in results if r["split"] == split and r["arm"] == arm]
-                mean, std = mean_std(values)
-                print(f"| {split} | {arm} | {mean:.4f} ± {std:.4f} |")
-                summary["rows"].append({"split": split, "arm": arm, "val_mae": values})
+                mine = [r for r in results if r["split"] == split and r["arm"] == arm]
+                mae, rmse = (mean_std([r[k] for r in mine]) for k in ("val_mae", "val_rmse"))
+                print(f"| {split} | {arm} | {mae[0]:.4f} ± {mae[1]:.4f} | {rmse[0]:.4f} ± {rmse[1]:.4f} |")
+                summary["rows"].append({"split": split, "arm": arm, "val_mae": [r["val_mae"] for r in mine],
+                                        "val_rmse": [r["val_rmse"] for r in mine]})
         print(json.dumps(summary))
         return
     print(f"\n{args.csv.name}: test RMSE / MAE, mean ± std over seeds {args.seeds}")
@@ -272,6 +295,7 @@ def main() -> None:
             rmse, mae, wall = (mean_std([r[k] for r in mine]) for k in ("test_rmse", "test_mae", "wall_s"))
             print(f"| {split} | {arm} | {rmse[0]:.3f} ± {rmse[1]:.3f} | {mae[0]:.3f} ± {mae[1]:.3f} | {wall[0]:.0f} |")
             summary["rows"].append({"split": split, "arm": arm, "val_mae": [r["val_mae"] for r in mine],
+                                    "val_rmse": [r.get("val_rmse") for r in mine],
                                     "test_rmse": [r["test_rmse"] for r in mine],
                                     "test_mae": [r["test_mae"] for r in mine],
                                     "rmse_mean": rmse[0], "rmse_std": rmse[1], "mae_mean": mae[0],

@@ -72,3 +72,29 @@ def test_frozen_arm_is_the_embedder_with_a_head_chosen_on_validation(esol_csv, t
     (row,) = json.loads(done.stdout.strip().splitlines()[-1])["rows"]
     test = pd.read_csv(work / "splits" / "scaffold-seed3.test.csv")
     assert row["arm"] == "frozen" and row["test_rmse"][0] < test[TARGET].std()
+
+
+def test_members_are_fits_of_other_seeds_predicting_their_mean(esol_csv, tmp_path):
+    """``--members 2``: two fits on the split file, seeded apart; the run predicts their mean, and
+    its validation RMSE is that mean's on the split's validation rows."""
+    work = tmp_path / "bench"
+    done = bench(work, esol_csv, "--arms", "scratch", "--members", "2", "--validation-only")
+    run = work / "scaffold" / "scratch" / "seed3"
+    logged = (run / "run.log").read_text()
+    assert "--seed_everything 3 " in logged and "--seed_everything 1003 " in logged
+    split_file = work / "splits" / "scaffold-seed3.json"
+    val = pd.read_csv(split_file.with_suffix(".val.csv"))
+    assert list(val["smiles"]) == list(pd.read_csv(esol_csv)["smiles"].iloc[json.loads(split_file.read_text())[0]["val"]])
+    alone = []
+    for k in (0, 1):
+        out = tmp_path / f"member{k}.csv"
+        subprocess.run([str(Path(sys.executable).with_name("graphormer-urpe-predict")), "--ckpt", str(run / f"member{k}"),
+                        "--input", str(split_file.with_suffix(".val.csv")), "--output", str(out), "--workers", "0",
+                        "--quiet"], cwd=REPO, check=True, capture_output=True)
+        alone.append(pd.read_csv(out)[f"prediction_{TARGET}"].to_numpy())
+    assert not np.allclose(alone[0], alone[1])  # other seeds, other models
+    mean = pd.read_csv(run / "val_predictions.csv")[f"prediction_{TARGET}"].to_numpy()
+    np.testing.assert_allclose(mean, (alone[0] + alone[1]) / 2, rtol=1e-5, atol=1e-5)
+    (row,) = json.loads(done.stdout.strip().splitlines()[-1])["rows"]
+    expected = float(np.sqrt(np.mean((mean - val[TARGET].to_numpy()) ** 2)))
+    assert row["val_rmse"] == [expected]
