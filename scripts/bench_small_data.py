@@ -83,7 +83,7 @@ def run_logged(command: list[str], log: Path) -> None:
 
 
 def write_splits(args: argparse.Namespace, work: Path) -> dict[tuple[str, int], Path]:
-    """The split files (and each split's test CSV) of every (split, seed)."""
+    """The split files (and each split's validation and test CSVs) of every (split, seed)."""
     import pandas as pd
 
     from graphormer_urpe.data import CSVDataModule
@@ -95,28 +95,34 @@ def write_splits(args: argparse.Namespace, work: Path) -> dict[tuple[str, int], 
             path = work / "splits" / f"{split}-seed{seed}.json"
             files[(split, seed)] = path
             if path.is_file():
-                if not path.with_suffix(".val.csv").is_file():  # split files written before it
-                    (rows,) = json.loads(path.read_text())
-                    table.iloc[rows["val"]][[args.smiles_column, args.target_column]].to_csv(
-                        path.with_suffix(".val.csv"), index=False)
-                continue
-            data = CSVDataModule(path=str(args.csv), smiles_column=args.smiles_column,
-                                 target_columns=[args.target_column], split=split, split_seed=seed,
-                                 cache_root=str(work / "cache"), encode_threads=1, build_workers=1)
-            rows = {name: [int(r) for r in data.store()[3][name]] for name in ("train", "val", "test")}
-            path.parent.mkdir(parents=True, exist_ok=True)
-            for part in ("val", "test"):
-                table.iloc[rows[part]][[args.smiles_column, args.target_column]].to_csv(
-                    path.with_suffix(f".{part}.csv"), index=False)
-            path.write_text(json.dumps([rows]))
+                (rows,) = json.loads(path.read_text())
+            else:
+                data = CSVDataModule(path=str(args.csv), smiles_column=args.smiles_column,
+                                     target_columns=[args.target_column], split=split, split_seed=seed,
+                                     cache_root=str(work / "cache"), encode_threads=1, build_workers=1)
+                rows = {name: [int(r) for r in data.store()[3][name]] for name in ("train", "val", "test")}
+                path.parent.mkdir(parents=True, exist_ok=True)
+            for part in ("val", "test"):  # also for a split file written before its validation rows were
+                if not path.with_suffix(f".{part}.csv").is_file():
+                    table.iloc[rows[part]][[args.smiles_column, args.target_column]].to_csv(
+                        path.with_suffix(f".{part}.csv"), index=False)
+            if not path.is_file():  # last: a split file stands for its rows' CSVs
+                path.write_text(json.dumps([rows]))
     return files
 
 
+def predict_rows(checkpoints: list[Path], rows_csv: Path, output: Path, log: Path) -> Path:
+    """``graphormer-urpe-predict`` of ``rows_csv`` by ``checkpoints`` (several: their mean)."""
+    run_logged([str(Path(sys.executable).with_name("graphormer-urpe-predict")), "--ckpt", *map(str, checkpoints),
+                "--input", str(rows_csv), "--output", str(output), "--workers", "0", "--quiet"], log)
+    return output
+
+
 def train_graphormer(args: argparse.Namespace, run: Path, splits: Path, seed: int, scratch: bool
-                     ) -> tuple[Path | None, float, float]:
-    """``(test predictions, or None with --validation-only; the members' mean best validation MAE;
-    the validation RMSE of what the run predicts)``. With ``--members K`` the run is an ensemble
-    of K fits seeded ``seed, seed + 1000, ...`` (``run/member<k>``), predicting their mean."""
+                     ) -> tuple[Path | None, list[Path], float]:
+    """``(test predictions, or None with --validation-only; the best checkpoints; their mean best
+    validation MAE)``. With ``--members K`` the run is an ensemble of K fits seeded
+    ``seed, seed + 1000, ...`` (``run/member<k>``), predicting their mean."""
     members = [run] if args.members == 1 else [run / f"member{k}" for k in range(args.members)]
     for k, member in enumerate(members):
         command = [str(Path(sys.executable).with_name("graphormer-urpe")), "fit", "--config", "configs/csv.yaml",
@@ -130,19 +136,11 @@ def train_graphormer(args: argparse.Namespace, run: Path, splits: Path, seed: in
                    *(["--model.init_from", "null"] if scratch else []), *args.graphormer_args]
         run_logged(command, run / "run.log")
     best = [best_checkpoint(member) for member in members]
-    val_mae = sum(b[1] for b in best) / len(best)
-    predict = [str(Path(sys.executable).with_name("graphormer-urpe-predict")), "--ckpt", *(str(b[0]) for b in best),
-               "--workers", "0", "--quiet"]
-    validation = run / "val_predictions.csv"
-    run_logged([*predict, "--input", str(splits.with_suffix(".val.csv")), "--output", str(validation)],
-               run / "run.log")
-    val_rmse, _ = score(validation, splits.with_suffix(".val.csv"), args.target_column)
+    checkpoints, val_mae = [b[0] for b in best], sum(b[1] for b in best) / len(best)
     if args.validation_only:
-        return None, val_mae, val_rmse
-    predictions = run / "test_predictions.csv"
-    run_logged([*predict, "--input", str(splits.with_suffix(".test.csv")), "--output", str(predictions)],
-               run / "run.log")
-    return predictions, val_mae, val_rmse
+        return None, checkpoints, val_mae
+    return (predict_rows(checkpoints, splits.with_suffix(".test.csv"), run / "test_predictions.csv", run / "run.log"),
+            checkpoints, val_mae)
 
 
 def peer_command(args: argparse.Namespace, arm: str) -> list[str] | None:
@@ -213,15 +211,19 @@ def one_run(args: argparse.Namespace, work: Path, arm: str, split: str, seed: in
     if run.exists():  # an unfinished run: start it again
         shutil.rmtree(run)
     started = time.perf_counter()
-    val_mae = val_rmse = None
+    checkpoints, val_mae, val_rmse = [], None, None
     if arm == "chemprop":
         predictions = train_chemprop(args, run, splits, seed)
     elif arm in ("minimol", "frozen"):
         predictions = train_head(args, run, splits, seed, frozen=arm == "frozen")
     else:
-        predictions, val_mae, val_rmse = train_graphormer(args, run, splits, seed, scratch=arm == "scratch")
-    result = {"arm": arm, "split": split, "seed": seed, "members": args.members if val_mae is not None else 1,
-              "val_mae": val_mae, "val_rmse": val_rmse, "wall_s": round(time.perf_counter() - started, 1)}
+        predictions, checkpoints, val_mae = train_graphormer(args, run, splits, seed, scratch=arm == "scratch")
+    wall_s = round(time.perf_counter() - started, 1)  # training and the test predictions, as the peers'
+    if checkpoints:  # the validation RMSE of what the run predicts (outside its wall time)
+        val_rmse, _ = score(predict_rows(checkpoints, splits.with_suffix(".val.csv"), run / "val_predictions.csv",
+                                         run / "run.log"), splits.with_suffix(".val.csv"), args.target_column)
+    result = {"arm": arm, "split": split, "seed": seed, "members": len(checkpoints) or 1,
+              "val_mae": val_mae, "val_rmse": val_rmse, "wall_s": wall_s}
     if predictions is not None:
         result["test_rmse"], result["test_mae"] = score(predictions, splits.with_suffix(".test.csv"),
                                                         args.target_column)

@@ -38,7 +38,6 @@ def console_command(script: str, module: str) -> list[str]:
                                   f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"]
 
 
-
 def tied_to_parent(signum: int) -> Callable[[], None]:
     """A ``preexec_fn`` for ``subprocess``: on Linux the child gets ``signum`` when this
     process dies (``PR_SET_PDEATHSIG``), and at once when it already died between the fork and
