@@ -365,13 +365,14 @@ def test_results_that_cannot_be_written_are_refused_before_any_run(tmp_path, run
 def test_a_rerun_with_other_arguments_is_refused_in_one_line(zinc_data_root, tmp_path, run_main):
     from graphormer_urpe.cli.ablation import grid_of, parse_args
 
+    schedule = ["--model.warmup_steps", "1", "--model.total_steps", "5"]  # a recipe fit accepts
     args, overrides = parse_args(["--name", "n", "--runs-dir", str(tmp_path), "--seeds", "0",
-                                  "--arms", "rpe", "--trainer.max_steps", "5"])
+                                  "--arms", "rpe", "--trainer.max_steps", "5", *schedule])
     run = grid_of(args, overrides).runs[0]
     run.dir.mkdir(parents=True)
     run.record_path.write_text(json.dumps({"cli_args": ["--trainer.max_steps", "4"], "attempts": []}))
     done = run_main(_main_status, ["--name", "n", "--runs-dir", tmp_path, "--seeds", "0", "--arms", "rpe",
-                                   "--results", tmp_path / "r.json", "--trainer.max_steps", "5",
+                                   "--results", tmp_path / "r.json", "--trainer.max_steps", "5", *schedule,
                                    "--data.init_args.root", tmp_path / "nothing built"])
     assert done.returncode == 2, done.stderr
     [line] = done.stderr.strip().splitlines()

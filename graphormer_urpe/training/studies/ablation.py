@@ -44,7 +44,6 @@ import dataclasses
 import hashlib
 import os
 import re
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -107,23 +106,24 @@ class Grid:
             print(f"[{now()}] {message}", flush=True)
 
     def resolve_recipe(self, prepare_data: bool) -> None:
-        """Parse the recipe once: its ``model.backbone`` (the arms are merged into it) and its
-        step budget; a run directory started with other arguments is refused then, before any
-        work; when runs remain, the data is built here before parallel runs would race to build
-        it."""
-        from graphormer_urpe.training.lightning_cli import build_cli
+        """Read the recipe once (:func:`~graphormer_urpe.training.studies.search_space.parse_fit`,
+        the search's reader): its ``model.backbone`` (the arms are merged into it) and its step
+        budget; a run directory started with other arguments is refused then, before any work;
+        when runs remain, the data is built here before parallel runs would race to build it."""
+        from lightning.pytorch.cli import instantiate_class
 
-        sys.argv = sys.argv[:1]  # the recipe travels as `args`; LightningCLI must not read ours
-        cli = build_cli([*self.recipe_args, "--trainer.logger", "false",
-                         "--trainer.default_root_dir", str(self.dir)], run=False)
-        self.recipe_backbone = backbone_overrides(cli.config.model.backbone)
-        self.max_steps = cli.trainer.max_steps
+        from graphormer_urpe.training.studies.search_space import parse_fit
+
+        config = parse_fit([*self.recipe_args, "--trainer.logger", "false",
+                            "--trainer.default_root_dir", str(self.dir)])
+        self.recipe_backbone = backbone_overrides(config.model.backbone)
+        self.max_steps = config.trainer.max_steps
         if self.time_budget and self.max_steps < 1:
             raise ValueError("--time-budget needs a step budget (trainer.max_steps) to tell when a run is done")
         for run in self.all_runs():  # the grid's runs on disk are of one recipe
             run.load_record()
         if prepare_data:
-            cli.datamodule.prepare_data()
+            instantiate_class((), config.data).prepare_data()
 
     def all_runs(self) -> list[Run]:
         """This invocation's runs and every other run of the grid on disk (a run directory with

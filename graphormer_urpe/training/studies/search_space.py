@@ -250,13 +250,15 @@ class _Parsed(Exception):
 def parse_fit(args: list[str]):
     """``graphormer-urpe fit``'s parsed config for ``args``, built by its own parser and checked
     by the checks ``fit`` makes before it reads any data (the schedule, ``trainer.max_steps``,
-    the training step's trainer settings); nothing is instantiated, no data read.
-    :class:`Refused` with the parser's or the check's message."""
+    the training step's trainer settings); nothing is instantiated, no data read. The one reader
+    of a study's recipe (the search's and the ablation's); ``--config`` takes a packaged recipe's
+    name. :class:`Refused` with the parser's or the check's message."""
     import lightning.pytorch as pl
 
     from graphormer_urpe.training.lightning_cli import GraphormerCLI
     from graphormer_urpe.training.fit_checks import check_schedule_config, check_step_config
     from graphormer_urpe.training.module import GraphormerModule
+    from graphormer_urpe.training.recipes import resolve_config_args
 
     class ParseOnly(GraphormerCLI):
         def _parse_ckpt_path(self) -> None:  # right after parsing: stop before seeding, building
@@ -265,6 +267,7 @@ def parse_fit(args: list[str]):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
+            args = resolve_config_args(list(args))
             ParseOnly(GraphormerModule, pl.LightningDataModule, subclass_mode_data=True,
                       parser_kwargs={"exit_on_error": False}, args=["fit", *args])
         except _Parsed as parsed:
