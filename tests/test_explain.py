@@ -18,7 +18,8 @@ import torch
 from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.data.feature_ids import num_embeddings
 from graphormer_urpe.data.featurize import featurizer_spec
-from graphormer_urpe.prediction.explain import COLUMNS, Explanation, explain_smiles
+from graphormer_urpe.cli.explain import COLUMNS
+from graphormer_urpe.prediction.explain import Explanation, explain_smiles
 from graphormer_urpe.prediction.load import load_module
 from graphormer_urpe.training.module import GraphormerModule
 

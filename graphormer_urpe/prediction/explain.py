@@ -33,12 +33,7 @@ each written whole); :func:`write_tables` writes ``attributions.csv`` and ``inde
 """
 from __future__ import annotations
 
-import csv
-import html
-import json
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -47,21 +42,12 @@ from torch import Tensor
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.data.task import get_task
 from graphormer_urpe.prediction.model import DEFAULT_MAX_NODES, ModelEnsemble, chunk_batches, featurize_rows
-from graphormer_urpe.prediction.table import InputRow
-from graphormer_urpe.utils.files import AtomicFile
 
 DEFAULT_STEPS = 32
 #: Padded node pairs per integrated-gradients batch (molecules x path points x (N + 1)^2).
 MAX_PAIRS = 1 << 17
-PICTURE_SIZE = 400
-#: Molecules explained and drawn together by :func:`explain_rows`.
-EXPLAINED_TOGETHER = 64
 #: What ``--view`` draws: integrated gradients, or the graph token's attention.
 VIEWS = ("gradients", "attention")
-#: The columns of ``attributions.csv`` (several models add ``std`` after ``prediction``).
-COLUMNS = ["row", "smiles", "prediction", "output", "baseline", "gap", "atoms", "error"]
-#: The files of ``--out`` beside the pictures (``<row>.png``, ``<row>.svg``).
-TABLES = ("attributions.csv", "index.html")
 
 
 @dataclass
@@ -187,129 +173,3 @@ def _mean_explanation(results: list[Explanation | str]) -> Explanation | str:
     return Explanation(np.mean([r.atoms for r in results], axis=0), float(np.mean([r.output for r in results])),
                        float(np.mean([r.baseline for r in results])), float(predictions.mean()),
                        float(predictions.std()))
-
-
-# ------------------------------------------------------------------------------ pictures
-def atom_colours(values: np.ndarray) -> dict[int, tuple[float, float, float]]:
-    """White to red for positive contributions, white to blue for negative, scaled by the
-    molecule's largest magnitude."""
-    scale = float(np.abs(values).max()) or 1.0
-    colours = {}
-    for index, value in enumerate(values):
-        t = min(1.0, abs(float(value)) / scale)
-        colours[index] = (1.0, 1.0 - 0.75 * t, 1.0 - 0.75 * t) if value >= 0 else (1.0 - 0.75 * t, 1.0 - 0.75 * t, 1.0)
-    return colours
-
-
-def pictures(out: Path, number: int) -> tuple[Path, Path]:
-    """The PNG and the SVG of data row ``number`` (1-based) in ``out``."""
-    return out / f"{number}.png", out / f"{number}.svg"
-
-
-def draw(smiles: str, featurizer: str, values: np.ndarray, png: Path, svg: Path) -> None:
-    """The molecule with each atom coloured by its contribution and labelled with it."""
-    from rdkit import Chem
-    from rdkit.Chem.Draw import rdMolDraw2D
-
-    from graphormer_urpe.data.featurize import clean_smiles
-
-    mol = Chem.MolFromSmiles(clean_smiles(smiles) if featurizer == "ogb" else smiles)
-    if mol is None or mol.GetNumAtoms() != len(values):
-        raise ValueError(f"the drawing's {0 if mol is None else mol.GetNumAtoms()} atoms do not match "
-                         f"the model's {len(values)}")
-    for atom, value in zip(mol.GetAtoms(), values):
-        atom.SetProp("atomNote", f"{value:+.2f}")
-    colours = atom_colours(values)
-    atoms = list(range(len(values)))
-    radii = {index: 0.45 for index in atoms}
-    for drawer, path in ((rdMolDraw2D.MolDraw2DCairo(PICTURE_SIZE, PICTURE_SIZE), png),
-                         (rdMolDraw2D.MolDraw2DSVG(PICTURE_SIZE, PICTURE_SIZE), svg)):
-        drawer.drawOptions().annotationFontScale = 0.7
-        rdMolDraw2D.PrepareAndDrawMolecule(drawer, mol, highlightAtoms=atoms, highlightAtomColors=colours,
-                                           highlightAtomRadii=radii, highlightBonds=[])
-        drawer.FinishDrawing()
-        data = drawer.GetDrawingText()
-        with AtomicFile(path, binary=isinstance(data, bytes)) as output:
-            output.handle.write(data)
-            output.commit()
-
-
-# ------------------------------------------------------------------------------ a table's rows
-def explain_rows(module, rows: Sequence[InputRow], out: Path, *, steps: int = DEFAULT_STEPS, target: int = 0,
-                 max_nodes: int = DEFAULT_MAX_NODES, view: str = "gradients",
-                 progress: Callable[[int], object] | None = None) -> list[dict]:
-    """Explain each of ``rows`` (data rows 1, 2, ... in order) in ``view`` and draw it in ``out``
-    (:func:`pictures`) as soon as its group of :data:`EXPLAINED_TOGETHER` is explained: one
-    record per row, the columns of ``attributions.csv`` (a row that cannot be explained or drawn
-    gets its reason in ``error``). ``progress(n)`` after each group of ``n`` rows."""
-    records = []
-    for start in range(0, len(rows), EXPLAINED_TOGETHER):
-        part = rows[start:start + EXPLAINED_TOGETHER]
-        results = explain_smiles(module, [("" if row.error else row.smiles) for row in part], steps, target,
-                                 max_nodes, view)
-        for number, (row, result) in enumerate(zip(part, results), start + 1):
-            records.append(_record(number, row, result, module.facts.featurizer, out, view))
-        if progress is not None:
-            progress(len(part))
-    return records
-
-
-def _record(number: int, row: InputRow, result: Explanation | str, featurizer: str, out: Path,
-            view: str) -> dict:
-    """Row ``number``'s record, its pictures drawn when it is explained."""
-    record = {"row": number, "smiles": row.smiles, "error": row.error or ""}
-    if row.error or not isinstance(result, Explanation):
-        record["error"] = record["error"] or result
-        return record
-    try:
-        draw(row.smiles, featurizer, result.atoms, *pictures(out, number))
-    except ValueError as exc:
-        record["error"] = f"cannot draw: {exc}"
-    record.update(prediction=f"{result.prediction:.6g}", output=f"{result.output:.6g}",
-                  atoms=json.dumps([round(float(v), 5) for v in result.atoms]))
-    if result.std is not None:
-        record["std"] = f"{result.std:.6g}"
-    if view == "gradients":
-        record.update(baseline=f"{result.baseline:.6g}", gap=f"{result.gap:.3g}")
-    return record
-
-
-def write_tables(out: Path, records: list[dict], ckpts: Sequence[Path], target: int, view: str) -> None:
-    """``attributions.csv`` and ``index.html`` (:data:`TABLES`) of ``records`` in ``out``, each
-    written whole; several ``ckpts`` add the ``std`` column."""
-    columns = COLUMNS if len(ckpts) == 1 else [*COLUMNS[:3], "std", *COLUMNS[3:]]
-    with AtomicFile(out / TABLES[0]) as table:
-        writer = csv.DictWriter(table.handle, columns, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(records)
-        table.commit()
-    with AtomicFile(out / TABLES[1]) as page:
-        page.handle.write(index_html(records, ", ".join(map(str, ckpts)), target, view))
-        page.commit()
-
-
-def index_html(records: list[dict], ckpt: str, target: int, view: str = "gradients") -> str:
-    """One page: every molecule's picture, SMILES, prediction and (integrated gradients) the gap."""
-    cells = []
-    for record in records:
-        text = html.escape(record["smiles"])
-        if record["error"]:
-            cells.append(f'<figure><figcaption>{record["row"]}: {text}<br><b>{html.escape(record["error"])}'
-                         "</b></figcaption></figure>")
-        else:
-            detail = (f'output {record["output"]}, baseline {record["baseline"]}, gap {record["gap"]}'
-                      if view == "gradients" else f'output {record["output"]}')
-            spread = f' ± {record["std"]}' if record.get("std") else ""
-            cells.append(f'<figure><img src="{record["row"]}.svg" alt="{text}"><figcaption>{record["row"]}: {text}<br>prediction '
-                         f'{record["prediction"]}{spread} ({detail})</figcaption></figure>')
-    if view == "gradients":
-        title, legend = ("Atom contributions", "red atoms raise it, blue lower it (scale per molecule); integrated "
-                         "gradients from the molecule with every atom replaced by its mean atom (the baseline).")
-    else:
-        title, legend = ("Graph-token attention", "the deeper the red, the more attention the graph token pays to "
-                         "the atom in the last layer (mean over heads, after URPE's C; scale per molecule).")
-    return ("<!doctype html><meta charset=\"utf-8\"><title>graphormer-urpe-explain</title>"
-            "<style>body{font-family:sans-serif}figure{display:inline-block;width:320px;margin:8px;"
-            "vertical-align:top}img{width:300px}figcaption{font-size:12px;word-break:break-all}</style>"
-            f"<h1>{title}</h1><p>Checkpoint(s) {html.escape(str(ckpt))}, output {target}: {legend}</p>"
-            + "".join(cells) + "\n")
