@@ -9,16 +9,14 @@ is written by LightningCLI once and then read back (:mod:`graphormer_urpe.cli.he
 from __future__ import annotations
 
 import contextlib
-import errno
 import linecache
 import signal
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 from graphormer_urpe.cli.help_cache import asks_for_help, print_help
 from graphormer_urpe.training.recipes import LIST_COMMAND, recipes_command
-from graphormer_urpe.utils.process import StoppedBySignal, stop_on_signals
+from graphormer_urpe.utils.process import StoppedBySignal, causes, disk_full, stop_on_signals
 from graphormer_urpe.utils.workers import WorkerDied
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -34,15 +32,6 @@ def input_error(error: BaseException) -> Exception | None:
 
     return next((cause for cause in causes(error) if isinstance(cause, ValueError) and _raised_in_package(cause)
                  or isinstance(cause, MisconfigurationException)), None)
-
-
-def causes(error: BaseException) -> Iterator[BaseException]:
-    """``error``, then the error it was raised from or while handling, and so on."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        yield error
-        error = error.__cause__ or error.__context__
 
 
 def _raised_in_package(error: BaseException) -> bool:
@@ -125,12 +114,10 @@ def main(args: list[str] | None = None) -> int:
     except (FloatingPointError, WorkerDied) as exc:  # a diverged run, a data build's lost worker
         print(f"graphormer-urpe: error: {exc}", file=sys.stderr)
         return 1
-    except OSError as exc:
-        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        print(f"graphormer-urpe: error: {exc}", file=sys.stderr)
-        return 1
     except Exception as exc:
+        if disk_full(exc) is not None:
+            print(f"graphormer-urpe: error: {disk_full(exc)}", file=sys.stderr)
+            return 1
         stop = stop_behind(exc)
         if stop is not None:
             return stopped_while_built(stop)

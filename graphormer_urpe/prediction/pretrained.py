@@ -53,9 +53,11 @@ def export(checkpoint: str | Path, out: str | Path) -> dict:
     training checkpoint (missing, a directory, not a PyTorch archive, a file without a model's
     weights such as an exported backbone, or weights that hold NaN or inf, which no command
     loads)."""
+    import torch
+
     from graphormer_urpe.prediction.load import check_finite
-    from graphormer_urpe.utils.files import check_writable_dir, refuse_overwriting_inputs
-    from graphormer_urpe.utils.torch_files import CheckpointError, read_checkpoint, save_torch
+    from graphormer_urpe.utils.files import atomic_write, check_writable_dir, refuse_overwriting_inputs
+    from graphormer_urpe.utils.torch_files import CheckpointError, read_checkpoint
 
     checkpoint, out = Path(checkpoint), Path(out)
     if out.is_dir():
@@ -83,5 +85,6 @@ def export(checkpoint: str | Path, out: str | Path) -> dict:
     hparams = {k: v for k, v in (saved.get("hyper_parameters") or {}).items() if k != "init_from"}
     content = {"state_dict": state, "hyper_parameters": hparams,
                EXPORT_RECORD: {"global_step": int(saved.get("global_step", 0)), "source": checkpoint.name}}
-    save_torch(content, out)  # a full disk: OSError (ENOSPC), one line from run_command
+    with atomic_write(out, binary=True) as handle:  # a full disk: one line from run_command
+        torch.save(content, handle)
     return content

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from graphormer_urpe.utils.files import AtomicFile
+from graphormer_urpe.utils.files import atomic_write
 from graphormer_urpe.data.task import get_task
 
 
@@ -183,9 +183,8 @@ def write_predictions(path: str | Path, rows: Sequence[InputRow], predictions: n
     """Writes the prediction table (:class:`PredictionTable`) of ``rows`` and ``predictions
     [len(rows), T]`` (columns ``prediction_names``) to ``path`` atomically (a temporary file
     beside it, renamed at the end)."""
-    with AtomicFile(path) as output:
-        PredictionTable(output.handle, prediction_names, columns).write(rows, predictions)
-        output.commit()
+    with atomic_write(path) as output:
+        PredictionTable(output, prediction_names, columns).write(rows, predictions)
 
 
 def prediction_columns(module) -> list[str]:

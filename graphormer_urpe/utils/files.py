@@ -1,5 +1,9 @@
-"""Files that appear whole or not at all (JSON ones too), the same-file test and the refusal of
-an output that is an input, and the lock that gives a folder to one process.
+"""Files that appear whole or not at all, the same-file test and the refusal of an output that
+is an input, and the lock that gives a folder to one process.
+
+A file is put in place one way: :func:`atomic_write` (its :class:`AtomicFile` where the commit
+is decided later, or a writer takes a path); several files that go together by
+:func:`commit_together`; a folder by :class:`AtomicDirectory`.
 
 A file is written to a temporary sibling (``.<name>.<random>.part``), flushed to disk (fsync)
 and renamed onto its path with ``os.replace``, which is atomic within one file system: a reader,

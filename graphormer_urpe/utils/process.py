@@ -141,8 +141,24 @@ def run_command(prog: str, work: Callable[[], int]) -> int:
         print(f"{prog}: stopped by Ctrl-C (SIGINT); outputs not yet written are left as they were",
               file=sys.stderr)
         return INTERRUPTED
-    except OSError as exc:
-        if exc.errno not in DISK_FULL:
+    except Exception as exc:
+        full = disk_full(exc)
+        if full is None:
             raise
-        print(f"{prog}: error: {exc}; outputs not yet written are left as they were", file=sys.stderr)
+        print(f"{prog}: error: {full}; outputs not yet written are left as they were", file=sys.stderr)
         return 1
+
+
+def causes(error: BaseException) -> Iterator[BaseException]:
+    """``error``, then the error it was raised from or while handling, and so on."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def disk_full(error: BaseException) -> OSError | None:
+    """The full disk (:data:`DISK_FULL`) that ``error`` is, or was raised while handling: torch's
+    writer reports one as a ``RuntimeError`` (``unexpected pos``) raised over the ``OSError``."""
+    return next((cause for cause in causes(error) if isinstance(cause, OSError) and cause.errno in DISK_FULL), None)

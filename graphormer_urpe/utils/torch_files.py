@@ -1,9 +1,9 @@
 """Torch files read as data: :func:`read_checkpoint` is the one way this package opens a torch
 file (a checkpoint, a model's weights, a saved training state): as data only
 (``torch.load(weights_only=True)``: never code to run) after checking its zip CRCs; any failure
-is a :class:`CheckpointError` naming the file; :func:`save_torch` writes one whole or not at
-all. Building a model from a checkpoint is :func:`graphormer_urpe.prediction.load.load_module`
-(and, for training's Lightning module,
+is a :class:`CheckpointError` naming the file. One is written as any file is (``torch.save``
+into :func:`~graphormer_urpe.utils.files.atomic_write`). Building a model from a checkpoint is
+:func:`graphormer_urpe.prediction.load.load_module` (training's Lightning module:
 :func:`graphormer_urpe.training.module.load_training_module`), layers up.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from graphormer_urpe.utils.files import atomic_write, unreadable_as_a_file
+from graphormer_urpe.utils.files import unreadable_as_a_file
 
 
 class CheckpointError(ValueError):
@@ -66,21 +66,3 @@ def model_checkpoint_state(checkpoint: dict, monitor: str | None = None) -> dict
     return next((state for key, state in checkpoint.get("callbacks", {}).items()
                  if key.startswith("ModelCheckpoint") and (monitor is None or state.get("monitor") == monitor)),
                 None)
-
-
-def save_torch(obj, path: str | Path) -> None:
-    """``torch.save(obj)`` to ``path``, whole or not at all (:func:`~graphormer_urpe.utils.files.atomic_write`).
-    Written through a Python file so that a full disk is the ``OSError`` (ENOSPC) that
-    :func:`~graphormer_urpe.utils.process.run_command` says in one line: torch's own writer
-    reports it as a ``RuntimeError`` (``unexpected pos``), raised over the ``OSError`` when it
-    closes the archive."""
-    with atomic_write(path, binary=True) as handle:
-        try:
-            torch.save(obj, handle)
-        except RuntimeError as exc:
-            cause = exc.__context__
-            while cause is not None and not isinstance(cause, OSError):
-                cause = cause.__context__
-            if cause is None:
-                raise
-            raise cause from None
