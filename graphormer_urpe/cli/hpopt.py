@@ -30,7 +30,7 @@ Bad input (an unknown key, a bad range, a key written twice, a value ``fit`` ref
 study's recipe, a study name that is not a plain name, a database that cannot be opened or
 written) is one line on stderr and exit status 2, before any trial runs. A study database that
 fails during the search (locked by another program for
-:data:`~graphormer_urpe.training.studies.search_storage.STORAGE_WAIT_S`) ends it in one line
+:data:`~graphormer_urpe.training.studies.study.STORAGE_WAIT_S`) ends it in one line
 naming the trial left running, which the same command run again fails and runs again.
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ from graphormer_urpe.cli.arguments import duration, folder_name_problem
 from graphormer_urpe.training.recipes import resolve_config
 from graphormer_urpe.training.studies.search import BEST_CONFIG, FIT_LOG, PROG, STUDY_DB, open_search
 from graphormer_urpe.training.studies.search_space import Refused, check_overrides, read_space
-from graphormer_urpe.training.studies.search_storage import fail_dead_trials, safe_url
+from graphormer_urpe.training.studies.study import fail_dead_trials, safe_url
 from graphormer_urpe.utils.extras import missing_extra
 
 

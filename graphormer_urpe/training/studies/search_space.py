@@ -25,20 +25,13 @@ from typing import Any
 
 import yaml
 
+from graphormer_urpe.training.studies.study import Refused, one_line
+
 #: Keys the search sets itself in every trial.
 OWN_KEYS = ("trainer.default_root_dir", "ckpt_path")
 KINDS = ("float", "int", "categorical")
 #: A trial's values, as a config file in its run directory (after the recipe's).
 PARAMS_CONFIG = "params.yaml"
-
-
-class Refused(ValueError):
-    """Bad input: one line on stderr, exit status 2."""
-
-
-def one_line(exc: BaseException) -> str:
-    """An error's message in one line (at most 500 characters), or its type's name."""
-    return " ".join(str(exc).split())[:500] or type(exc).__name__
 
 
 class _Loader(yaml.SafeLoader):

@@ -16,7 +16,7 @@ from pathlib import Path
 from lightning.pytorch.callbacks import Callback
 
 from graphormer_urpe.training.studies.search import DIVERGED_MARKER, PROG, PRUNED_MARKER, TRIAL_ENV, make_pruner
-from graphormer_urpe.training.studies.search_storage import trial_id
+from graphormer_urpe.training.studies.study import trial_id
 from graphormer_urpe.utils.files import write_json
 
 

@@ -1,0 +1,330 @@
+"""What both studies run on, the search (``graphormer-urpe-hpopt``) and the ablation's grid
+(``graphormer-urpe-ablation``): one launcher of a trial's ``graphormer-urpe`` child, tied to this
+process, and the Optuna study database.
+
+The database is opened once per worker (:func:`open_storage`) with Optuna's heartbeat: a trial
+run by ``Study.optimize`` beats every :data:`HEARTBEAT_S`, and one whose heartbeat is
+:data:`GRACE_S` old (its worker on another machine died) is failed and its values queued once
+more by ``RetryHeartbeatStaleTrialCallback``. A trial whose worker ran on this machine and is gone
+is failed and queued at once (:func:`fail_dead_trials`), and so is the trial a stopped worker
+leaves (:func:`fail_and_queue_again`). A SQLite database that another worker or program holds
+locked is waited for :data:`STORAGE_WAIT_S` by SQLite itself; workers started together on a new
+SQLite study take turns creating it (:func:`creating`).
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import filelock
+
+from graphormer_urpe.utils.process import console_command, tied_to_parent
+
+#: The study's user attribute that holds its recipe.
+RECIPE_ATTR = "recipe"
+#: A worker's heartbeat (seconds) and how old it may get before its running trial counts as dead.
+HEARTBEAT_S, GRACE_S = 60, 300
+#: How long a read or write of a SQLite study waits while another worker or program holds it.
+STORAGE_WAIT_S = 30
+#: How long a child stopped with SIGTERM (a fit saves at the end of its step) may take to end.
+STOP_GRACE_S = 180.0
+#: How often :func:`launch` calls its ``tick`` while the child runs.
+TICK_S = 15.0
+
+
+class Refused(ValueError):
+    """Bad input: one line on stderr, exit status 2."""
+
+
+class StorageFailed(BaseException):
+    """The study database failed a read or write during a trial (locked past
+    :data:`STORAGE_WAIT_S`, gone, full). Not an ``Exception``: it passes ``Study.optimize``,
+    which would record the trial in the failing database, and leaves the trial running (the
+    same command run again fails it and runs its values again)."""
+
+
+def one_line(exc: BaseException) -> str:
+    """An error's message in one line (at most 500 characters), or its type's name."""
+    return " ".join(str(exc).split())[:500] or type(exc).__name__
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+# --------------------------------------------------------------------------------------------
+# A trial's child
+# --------------------------------------------------------------------------------------------
+def _stop(child: subprocess.Popen) -> int:
+    """SIGTERM to a still running child (a fit saves its state at the end of its step), SIGKILL
+    :data:`STOP_GRACE_S` later; its exit status."""
+    if child.poll() is None:
+        child.send_signal(signal.SIGTERM)
+    try:
+        return child.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        return child.wait()
+
+
+def launch(stage: str, args: list[str], log: Path, env: dict, deadline: float | None = None,
+           tick: Callable[[float], None] | None = None) -> tuple[int, bool]:
+    """``graphormer-urpe <stage> <args>`` in a child process, its output appended to ``log``
+    after a line naming the command; ``tick(seconds so far)`` every :data:`TICK_S`. The child
+    imports nothing of the current folder (:func:`~graphormer_urpe.utils.process.console_command`)
+    and gets SIGTERM when this process dies (Linux). At the ``time.monotonic()`` ``deadline``, or
+    when this process is stopped (a signal, Ctrl-C: raised again once the child ended), the child
+    is stopped (:func:`_stop`). ``(its exit status, whether the deadline stopped it)``."""
+    command = [*console_command("graphormer-urpe", "graphormer_urpe.cli.fit"), stage, *args]
+    start = time.monotonic()
+    with open(log, "a") as out:
+        out.write(f"\n# {now()} {shlex.join(command)}\n")
+        out.flush()
+        child = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                 preexec_fn=tied_to_parent(signal.SIGTERM))
+        try:
+            while True:
+                wait = TICK_S if deadline is None else min(TICK_S, max(deadline - time.monotonic(), 0.0))
+                try:
+                    return child.wait(timeout=wait), False
+                except subprocess.TimeoutExpired:
+                    if tick is not None:
+                        tick(time.monotonic() - start)
+                    if deadline is not None and time.monotonic() >= deadline:
+                        return _stop(child), True
+        except BaseException:
+            _stop(child)
+            raise
+
+
+# --------------------------------------------------------------------------------------------
+# The study database
+# --------------------------------------------------------------------------------------------
+def safe_url(url: str) -> str:
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - a URL that does not parse is shown as given
+        return url
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The database file of a SQLite URL (None: another database, or SQLite in memory)."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        parsed = make_url(url)
+    except Exception:  # noqa: BLE001 - open_storage names a URL that does not parse
+        return None
+    database = parsed.database
+    if parsed.get_backend_name() != "sqlite" or not database or database == ":memory:" \
+            or database.startswith("file:"):
+        return None
+    return Path(database).absolute()
+
+
+def check_writable(study_dir: Path, url: str, option: str) -> None:
+    """Before any trial: the study folder, where the trials run, and a SQLite study database
+    with its folder (SQLite writes its journal beside it) can be written; :class:`Refused`
+    naming the path that cannot."""
+    from graphormer_urpe.utils.files import check_creatable_dir, check_writable_dir
+
+    try:
+        if study_dir.is_dir():
+            check_writable_dir(study_dir, "the study folder")
+        else:
+            check_creatable_dir(study_dir, "the study folder")
+        database = sqlite_file(url)
+        if database is None:
+            return
+        if database.exists() and not os.access(database, os.R_OK | os.W_OK):
+            raise ValueError(f"{option} {database} cannot be written (the study database is read-only)")
+        if database.parent.is_dir():
+            check_writable_dir(database.parent, f"{option} {database}: its folder")
+        elif database.parent != study_dir:  # a typo in --storage is not a new folder
+            raise ValueError(f"{option} {safe_url(url)}: cannot open the study database (its folder "
+                             f"{database.parent} does not exist)")
+    except ValueError as exc:
+        raise Refused(str(exc)) from None
+
+
+@contextlib.contextmanager
+def creating(url: str) -> Iterator[None]:
+    """Around opening (and creating) a study database and its study: workers started together
+    on a new SQLite study take turns (the ``filelock`` lock ``<database>.lock`` beside it), or
+    the first would create the tables while the second finds them half made. Another database
+    is created in one transaction by its server."""
+    database = sqlite_file(url)
+    if database is None:
+        yield
+        return
+    lock = filelock.FileLock(f"{database}.lock")  # the kernel drops it when the process ends
+    try:
+        lock.acquire()
+    except OSError as exc:
+        raise Refused(f"{database}.lock (the study database's lock) cannot be written "
+                      f"({exc.strerror or exc})") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def open_storage(url: str):
+    """The study database with Optuna's heartbeat (a busy database skips a beat: the grace
+    period covers it); :class:`Refused` when it cannot be opened."""
+    import optuna
+    from optuna.exceptions import StorageInternalError
+    from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+
+    class Storage(RDBStorage):
+        def record_heartbeat(self, trial_id: int) -> None:
+            with contextlib.suppress(StorageInternalError):
+                super().record_heartbeat(trial_id)
+
+    engine = {"connect_args": {"timeout": STORAGE_WAIT_S}} if sqlite_file(url) else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # heartbeats are "experimental"
+        try:
+            return Storage(url, engine_kwargs=engine, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                           heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1))
+        except Exception as exc:  # noqa: BLE001 - bad URLs, missing drivers, unreachable servers
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise Refused(f"--storage {safe_url(url)}: cannot open the study database "
+                          f"({type(exc).__name__}: {first})") from None
+        finally:
+            optuna.logging.set_verbosity(optuna.logging.ERROR)  # the studies say how trials end
+
+
+def storage_error(exc: BaseException) -> str:
+    """Why the study database failed, in one line: the database driver's own error behind
+    Optuna's storage error."""
+    cause = exc.__cause__ or exc
+    cause = getattr(cause, "orig", None) or cause  # SQLAlchemy's wrapper: the driver's message
+    return f"{type(cause).__name__}: {one_line(cause)}"
+
+
+def _differences(stored: dict, ours: dict, names: dict[str, str]) -> list[str]:
+    return [names[key] for key in names if stored.get(key) != ours.get(key)]
+
+
+def stored_recipe(storage, name: str, recipe: dict, names: dict[str, str]) -> dict | None:
+    """The recipe study ``name`` holds (None: no such study yet); :class:`Refused` when it
+    differs from ``recipe`` in any of ``names`` (a recipe key: its name in words)."""
+    import optuna
+
+    if name not in optuna.get_all_study_names(storage):
+        return None
+    stored = optuna.load_study(study_name=name, storage=storage).user_attrs.get(RECIPE_ATTR)
+    if stored is not None and _differences(stored, recipe, names):
+        raise Refused(f"study {name!r} was created with another recipe (different: "
+                      f"{', '.join(_differences(stored, recipe, names))}): run it with the recipe it was "
+                      "created with, or name a new study")
+    return stored
+
+
+def connect(url: str, name: str, recipe: dict, names: dict[str, str], check: Callable[[], dict],
+            study_dir: Path, option: str, **create):
+    """``(storage, study)``: the database opened and study ``name`` loaded and compared with
+    ``recipe`` (:func:`stored_recipe`), or created (``create``: ``optuna.create_study``'s
+    arguments) with ``recipe`` after ``check()`` gave its objective, run only for a new study;
+    workers started together take turns (:func:`creating`). A new study in a ``study_dir`` that
+    holds trial folders (another study's), or a database that fails a read or write, is
+    :class:`Refused`."""
+    import optuna
+    from optuna.exceptions import StorageInternalError
+
+    database = sqlite_file(url)
+    try:
+        storage = stored = None
+        if database is None or database.is_file():  # an existing database: quick to refuse
+            with creating(url):
+                storage = open_storage(url)
+                stored = stored_recipe(storage, name, recipe, names)
+        recipe["objective"] = stored["objective"] if stored else check()
+        study_dir.mkdir(parents=True, exist_ok=True)
+        with creating(url):
+            storage = storage or open_storage(url)
+            if stored_recipe(storage, name, recipe, names) is None:
+                old = sorted(p.name for p in study_dir.glob("trial-*"))
+                if old:
+                    raise Refused(f"{study_dir} holds trial directories ({', '.join(old[:3])}...) but the "
+                                  f"database has no study {name!r}: another study's runs; choose another "
+                                  "--study or --runs-dir, or the database that holds it (--storage)")
+            study = optuna.create_study(storage=storage, study_name=name, load_if_exists=True,
+                                        direction="maximize" if recipe["objective"]["mode"] == "max" else "minimize",
+                                        **create)
+            if study.user_attrs.get(RECIPE_ATTR) is None:
+                study.set_user_attr(RECIPE_ATTR, recipe)
+            return storage, study
+    except StorageInternalError as exc:
+        raise Refused(f"{option} {database or safe_url(url)}: the study database cannot be used "
+                      f"({storage_error(exc)})") from None
+
+
+def trial_id(storage, study_name: str, number: int) -> int:
+    """The storage's id of trial ``number`` of study ``study_name`` (a trial is known to other
+    processes, such as its fit, by its number)."""
+    return storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(study_name), number)
+
+
+def worker() -> str:
+    """This worker, as a trial records it (user attribute ``worker``): ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def fail_and_queue_again(study, number: int) -> bool:
+    """Trial ``number``, still running, is marked failed and its values queued to run once more
+    (as the heartbeat does for a trial whose worker stopped beating); False when it had already
+    finished (another worker got there first)."""
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
+    from optuna.trial import TrialState
+
+    try:
+        failed = study.tell(number, state=TrialState.FAIL)
+    except (UpdateFinishedTrialError, ValueError):  # finished meanwhile
+        return False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "experimental"
+        RetryHeartbeatStaleTrialCallback(max_retry=1)(study, failed)
+    return True
+
+
+def fail_dead_trials(study) -> list[int]:
+    """Running trials whose worker ran on this machine and is gone (Optuna's heartbeat would
+    wait :data:`GRACE_S`), or that never recorded a worker and started over :data:`GRACE_S`
+    ago, are marked failed and their values queued once more (:func:`fail_and_queue_again`)."""
+    from optuna.trial import TrialState
+
+    host, started = socket.gethostname(), datetime.datetime.now()
+    failed = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        worker_host, _, pid = str(trial.user_attrs.get("worker", "")).rpartition(":")
+        if not pid:
+            dead = trial.datetime_start is not None and (started - trial.datetime_start).total_seconds() > GRACE_S
+        else:
+            dead = worker_host == host and pid.isdigit() and not _alive(int(pid))
+        if dead and fail_and_queue_again(study, trial.number):
+            failed.append(trial.number)
+    return failed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
