@@ -16,7 +16,7 @@ from pathlib import Path
 
 from graphormer_urpe.cli.help_cache import asks_for_help, print_help
 from graphormer_urpe.training.recipes import LIST_COMMAND, recipes_command
-from graphormer_urpe.utils.process import StoppedBySignal, causes, disk_full, stop_on_signals
+from graphormer_urpe.utils.process import StoppedBySignal, causes, run_command, stop_on_signals
 from graphormer_urpe.utils.workers import WorkerDied
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -85,6 +85,14 @@ def main(args: list[str] | None = None) -> int:
             build_cli(args)  # None: the command line, as a fit reads it
 
         return print_help(command_line(command), write_help)
+    return run_command("graphormer-urpe", lambda: _run(args), signals=False,
+                       left="the checkpoints already written are whole (a fit resumes from its last.ckpt "
+                            "with --ckpt_path last)")
+
+
+def _run(args: list[str] | None) -> int:
+    """The subcommand: the stops that a fit takes at the end of a step, or while its data is
+    built, said here; Ctrl-C and a full disk left to :func:`~graphormer_urpe.utils.process.run_command`."""
     from lightning.pytorch.utilities.exceptions import SIGTERMException
     from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
@@ -108,16 +116,11 @@ def main(args: list[str] | None = None) -> int:
         if isinstance(exc, SystemExit) and not isinstance(exc.__context__, KeyboardInterrupt):
             raise
         pending_stop()
-        print("graphormer-urpe: stopped by Ctrl-C (SIGINT); the checkpoints already written are whole "
-              "(a fit resumes from its last.ckpt with --ckpt_path last)", file=sys.stderr)
-        return 128 + signal.SIGINT
+        raise KeyboardInterrupt from None  # said by run_command
     except (FloatingPointError, WorkerDied) as exc:  # a diverged run, a data build's lost worker
         print(f"graphormer-urpe: error: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:
-        if disk_full(exc) is not None:
-            print(f"graphormer-urpe: error: {disk_full(exc)}", file=sys.stderr)
-            return 1
         stop = stop_behind(exc)
         if stop is not None:
             return stopped_while_built(stop)

@@ -124,28 +124,33 @@ DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 INTERRUPTED = 128 + signal.SIGINT
 
 
-def run_command(prog: str, work: Callable[[], int]) -> int:
-    """``work()``'s exit status, under :func:`stop_on_signals`, with the endings every command
-    shares said in one line on stderr instead of a traceback: SIGTERM and SIGHUP exit with 128 +
-    the signal (143, 129), Ctrl-C (``KeyboardInterrupt``) with 130, a full disk
-    (:data:`DISK_FULL`) with 1. The files a command writes are :class:`AtomicFile` s, so each
-    ending leaves each output whole: the new content, or the previous."""
+#: What a stopped command's line says of its outputs, unless the command says more.
+OUTPUTS_LEFT = "outputs not yet written are left as they were"
+
+
+def run_command(prog: str, work: Callable[[], int], *, left: str = OUTPUTS_LEFT, signals: bool = True) -> int:
+    """``work()``'s exit status, with the endings every command shares said in one line on stderr
+    (ending with ``left``, what the ending left of the outputs) instead of a traceback: SIGTERM
+    and SIGHUP exit with 128 + the signal (143, 129), Ctrl-C (``KeyboardInterrupt``) with 130, a
+    full disk (:func:`disk_full`) with 1. ``signals``: the stop signals raise
+    :class:`StoppedBySignal` within ``work`` (:func:`stop_on_signals`); False where the work
+    takes them itself (a fit's trainer stops at the end of its step). The files a command
+    writes are put in place whole (:mod:`.files`), so each ending leaves each output whole: the
+    new content, or the previous."""
     try:
-        with stop_on_signals():
+        with stop_on_signals() if signals else contextlib.nullcontext():
             return work()
     except StoppedBySignal as stop:
-        print(f"{prog}: stopped by {signal.Signals(stop.signum).name}; outputs not yet written are left "
-              "as they were", file=sys.stderr)
+        print(f"{prog}: stopped by {signal.Signals(stop.signum).name}; {left}", file=sys.stderr)
         return stop.code
     except KeyboardInterrupt:
-        print(f"{prog}: stopped by Ctrl-C (SIGINT); outputs not yet written are left as they were",
-              file=sys.stderr)
+        print(f"{prog}: stopped by Ctrl-C (SIGINT); {left}", file=sys.stderr)
         return INTERRUPTED
     except Exception as exc:
         full = disk_full(exc)
         if full is None:
             raise
-        print(f"{prog}: error: {full}; outputs not yet written are left as they were", file=sys.stderr)
+        print(f"{prog}: error: {full}; {left}", file=sys.stderr)
         return 1
 
 
