@@ -1,24 +1,22 @@
-"""Worker processes, each with a pipe of its own, so that stopping them can never wait for
-ever: the data builds' featurizers (:func:`~graphormer_urpe.data.featurize.parallel_map`) and
-the prediction's (:func:`~graphormer_urpe.prediction.model.stream_predictions`).
+"""Worker processes, each with a pipe of its own, so that stopping them never waits for ever: the
+data builds' featurizers (:func:`~graphormer_urpe.data.featurize.parallel_map`) and the
+prediction's (:func:`~graphormer_urpe.prediction.model.stream_predictions`).
 
-``multiprocessing.Pool`` shares one task queue and one result queue, guarded by locks, among
-its workers, and re-forks a worker that ends. A worker that dies while it holds a lock or writes
-a result (a SIGTERM to the process group, as a closed terminal, ``timeout`` or a scheduler sends
-it) leaves the pool's ``terminate`` waiting for ever; a stop raised while the pool starts or ends
-leaves a re-forked worker that outlives the command and holds its output pipes. Here nothing is
-shared: the parent writes each job to one worker's pipe and reads the result from the same pipe;
-a worker gets a job only when it has returned its previous one, so neither side ever waits for
-the other to read.
+``concurrent.futures.ProcessPoolExecutor``, loky and ``multiprocessing.Pool`` share one result
+pipe among the workers and the parent: a worker killed while it writes a result (the
+out-of-memory killer, a SIGTERM to the process group) leaves the parent reading the rest of it
+for ever (``tests/test_workers.py``), and the pool re-forks a worker that ends. Here the parent
+writes each job to one worker's pipe and reads its result from the same pipe, whose other end
+that worker alone holds: its death ends the pipe, and the work ends with one :class:`WorkerDied`
+naming its exit status. A worker gets a job only once it has returned its previous one, so
+neither side ever waits for the other to read.
 
 Workers ignore SIGINT, SIGTERM and SIGHUP: a stop signal to the process group reaches the parent,
-which ends them (SIGKILL: they hold nothing that another process waits for) and waits for them,
-with those signals held back meanwhile so that no worker is left running. A worker whose parent
-was killed finds its pipe closed at its next job and ends. A worker that dies (the kernel's
-out-of-memory killer) ends the work with one error naming its exit status instead of a result
-that never comes. :func:`useful_workers` is how many to start: no more than the usable cores
-nor than the jobs there are; :func:`ran_out_of_memory` tells a job's (or this process's)
-out-of-memory error from the others, which a command then names in one line.
+which kills them (they hold nothing another process waits for) and waits for them, with those
+signals held back meanwhile, so that no worker is left running; a worker whose parent was killed
+finds its pipe closed at its next job and ends. :func:`useful_workers` is how many to start: no
+more than the usable cores nor than the jobs; :func:`ran_out_of_memory` tells a job's (or this
+process's) out-of-memory error from the others, which a command then names in one line.
 """
 from __future__ import annotations
 
