@@ -1,7 +1,7 @@
 """Temporary files are removed on every exit path: a cache build that runs out of disk space,
 and ``graphormer-urpe-predict`` stopped by SIGTERM, SIGHUP or Ctrl-C or losing its worker process
 (a previous output stays as it was, no process is left); ``graphormer-urpe fit`` stopped by
-Ctrl-C exits with 130, without a traceback."""
+Ctrl-C exits with 130, without a traceback; a full disk behind another error is one line."""
 from __future__ import annotations
 
 import errno
@@ -334,3 +334,21 @@ def test_outputs_committed_together_are_all_put_back_when_one_rename_fails(tmp_p
     commit_together(outputs)
     assert table.read_text() == "a new table\n" and vectors.read_bytes() == b"new vectors"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["table.csv", "vectors.npy"]
+
+
+def test_a_full_disk_under_another_error_is_one_line(capsys):
+    """``run_command`` finds a full disk behind the error raised while handling it (torch's
+    writer raises ``RuntimeError: unexpected pos`` over the ``OSError``): one line, exit 1."""
+    from graphormer_urpe.utils.process import run_command
+
+    def work() -> int:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 64") from None
+
+    assert run_command("prog", work) == 1
+    assert capsys.readouterr().err == ("prog: error: [Errno 28] No space left on device; outputs not yet "
+                                       "written are left as they were\n")
+    with pytest.raises(RuntimeError, match="not a full disk"):
+        run_command("prog", lambda: (_ for _ in ()).throw(RuntimeError("not a full disk")))
