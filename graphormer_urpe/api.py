@@ -112,8 +112,8 @@ class Model:
         if calibrate is not None:
             module = self._calibrated(module, calibrate, smiles, streaming)
         columns = prediction_columns(module)
-        table = _predicted(module, texts, streaming)
-        values = table.values(len(columns))
+        errors, outputs = _predicted(module, texts, streaming)
+        values = np.concatenate([o.predictions for o in outputs]) if outputs else np.zeros((0, len(columns)), np.float32)
         if frame is not None:
             result = frame.copy()
             result.columns = input_names([str(c) for c in frame.columns], columns)
@@ -121,29 +121,27 @@ class Model:
             result = pd.DataFrame({"smiles": texts}, index=index)
         for k, column in enumerate(columns):
             result[column] = values[:, k]
-        result["error"] = table.errors
+        result["error"] = errors
         return result
 
     def embed(self, molecules, smiles: str = "smiles", **options) -> np.ndarray:
         """The vector the output head reads for each molecule (the graph token's, the atoms' sum
         or both, as the model's readout): float32 ``[molecules, D]`` in input order, NaN for a
         molecule without prediction (:meth:`predict` says why). One model only."""
-        return self._embeddings(molecules, smiles, False, options).vectors(self._width)
+        width, outputs = self._embeddings(molecules, smiles, False, options)
+        return np.concatenate([o.embeddings for o in outputs]) if outputs else np.zeros((0, width), np.float32)
 
     def embed_atoms(self, molecules, smiles: str = "smiles", **options) -> list[np.ndarray | None]:
         """Each atom's final vector, per molecule: float32 ``[atoms, D]`` (RDKit's atom order of its
         SMILES, hydrogens implicit), ``None`` for a molecule without prediction. One model only."""
-        return self._embeddings(molecules, smiles, True, options).atoms
+        return [atoms for output in self._embeddings(molecules, smiles, True, options)[1] for atoms in output.atoms]
 
     def _embeddings(self, molecules, smiles: str, atoms: bool, options: dict):
-        from graphormer_urpe.prediction.embeddings import EmbeddingArrays
+        """The embedding width and the chunks' outputs of one model's embeddings."""
         from graphormer_urpe.prediction.run import predicting
 
         module = predicting(self.module, self.device, embeddings=True, atoms=atoms)
-        self._width = module.width
-        arrays = EmbeddingArrays(atoms)
-        _predicted(module, smiles_of(molecules, smiles)[1], _streaming(options), arrays)
-        return arrays
+        return module.width, _predicted(module, smiles_of(molecules, smiles)[1], _streaming(options))[1]
 
     def _calibrated(self, module, calibrate, smiles: str, streaming):
         """``module`` with its std scaled to fit the errors on ``calibrate`` (a CSV, or a DataFrame
@@ -173,15 +171,20 @@ def _streaming(options: Mapping[str, Any]):
     return Streaming(**{k: v for k, v in options.items() if k in names}, quiet=not options.get("progress", False))
 
 
-def _predicted(module, smiles: list[str], streaming, embeddings=None):
-    """Every SMILES predicted by ``module`` into a
-    :class:`~graphormer_urpe.prediction.table.PredictionArrays` (and ``embeddings``)."""
+def _predicted(module, smiles: list[str], streaming):
+    """Every SMILES predicted by ``module``: each row's error (empty where predicted) and each
+    chunk's :class:`~graphormer_urpe.prediction.model.ChunkOutput` (NaN where not), in order."""
     from graphormer_urpe.prediction.run import stream
-    from graphormer_urpe.prediction.table import PredictionArrays, smiles_list
+    from graphormer_urpe.prediction.table import smiles_list
 
-    table = PredictionArrays()
-    stream(module, smiles_list(smiles), table, streaming, "predict", embeddings)
-    return table
+    errors, outputs = [], []
+
+    def keep(rows, output) -> None:
+        errors.extend(row.error for row in rows)
+        outputs.append(output)
+
+    stream(module, smiles_list(smiles), streaming, "predict", keep)
+    return errors, outputs
 
 
 def _frame_with(frame, *columns: str):

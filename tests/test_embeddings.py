@@ -200,10 +200,9 @@ def test_a_failure_after_the_npy_is_assembled_keeps_every_previous_file(molecule
     written, after the .npy was assembled."""
     import errno
 
-    import graphormer_urpe.prediction.embeddings as embeddings
     from graphormer_urpe.cli.predict import main
 
-    write_array = embeddings.np.lib.format.write_array
+    write_array = np.lib.format.write_array
 
     def full(handle, array, *args, **kwargs):
         if array.dtype == np.int64:  # the offsets, the .npz's last member
@@ -211,7 +210,7 @@ def test_a_failure_after_the_npy_is_assembled_keeps_every_previous_file(molecule
         return write_array(handle, array, *args, **kwargs)
 
     before = write_previous_run(tmp_path)
-    monkeypatch.setattr(embeddings.np.lib.format, "write_array", full)
+    monkeypatch.setattr(np.lib.format, "write_array", full)
     status = main(["--quiet", "--ckpt", PRETRAINED, "--input", str(molecules),
                    *map(str, outputs_args(tmp_path)), "--workers", "0"])
     assert status == 1

@@ -21,8 +21,8 @@ import torch
 from graphormer_urpe.utils.torch_files import model_checkpoint_state, read_checkpoint
 from graphormer_urpe.cli.predict import main as predict_main
 from graphormer_urpe.prediction.load import best_checkpoint, load_module
-from graphormer_urpe.prediction.model import stream_predictions
-from graphormer_urpe.prediction.table import InputRow, PredictionTable
+from graphormer_urpe.prediction.run import Streaming, stream
+from graphormer_urpe.prediction.table import InputRow, PredictionTable, SmilesInput
 from graphormer_urpe.training.lightning_cli import build_cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -500,22 +500,19 @@ def test_input_is_streamed_in_bounded_chunks(zinc_ckpt, zinc_smiles):
     class Enough(Exception):
         pass
 
-    class StopAfterTwoChunks(PredictionTable):
-        def __init__(self):
-            self.chunks_read_at_write = []
+    written = []
 
-        def write(self, chunk, predictions):
-            assert np.isfinite(predictions).all()
-            self.chunks_read_at_write.append(len(read))
-            if len(self.chunks_read_at_write) == 2:
-                raise Enough
+    def write(chunk, output):
+        assert np.isfinite(output.predictions).all()
+        written.append(len(read))
+        if len(written) == 2:
+            raise Enough
 
-    table = StopAfterTwoChunks()
     with pytest.raises(Enough):
-        stream_predictions(module, rows(), table, max_nodes=512, max_pairs=1 << 16,
-                                   batch_size=64, chunk_rows=50, workers=1)
+        stream(module, SmilesInput(None, None, rows(), 10 ** 9), Streaming(512, 1 << 16, 64, 50, workers=1, quiet=True),
+               "predict", write)
     # one worker: at most 2 chunks ahead of the one being written
-    assert table.chunks_read_at_write[0] <= 50 * 4
+    assert written[0] <= 50 * 4
 
 
 def test_installed_command_shows_progress(esol_run, tmp_path):

@@ -39,7 +39,8 @@ import numpy as np
 
 from graphormer_urpe.cli.arguments import positive_int
 from graphormer_urpe.prediction.explain import DEFAULT_STEPS, VIEWS, Explanation, check_options, explain_smiles
-from graphormer_urpe.prediction.load import checkpoint_files, files_read, load_models
+from graphormer_urpe.cli.predict import files_read
+from graphormer_urpe.prediction.load import checkpoint_files, load_models
 from graphormer_urpe.prediction.model import DEFAULT_MAX_NODES
 from graphormer_urpe.prediction.table import InputRow, read_smiles
 from graphormer_urpe.utils.files import (

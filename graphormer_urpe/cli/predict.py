@@ -26,16 +26,17 @@ larger than ``--max-nodes`` (counted before it is featurized) gets an empty pred
 reason, as does a line that cannot be read (a field over the CSV reader's limit of 131,072
 characters: the row's fields are left empty); every other row is still predicted.
 
-Embeddings (``--embeddings FILE.npy``, ``--atom-embeddings FILE.npz``,
-:mod:`~graphormer_urpe.prediction.embeddings`, ``docs/embeddings.md``): each row's graph-token
-vector, the one the output head reads, and each atom's, from one model.
+Embeddings (``--embeddings FILE.npy``, ``--atom-embeddings FILE.npz``, :class:`EmbeddingFiles`,
+``docs/embeddings.md``): each row's vector that the output head reads, and each atom's, from one
+model.
 
-Safety and memory (:mod:`~graphormer_urpe.prediction.run`): the outputs are put in place together
-at the end, or none (a previous file stays as it was); an output that is a file the command reads
-(a link too) or cannot be written, and a checkpoint that fails its checks, are refused before any
-work; peak memory is bounded by ``--max-pairs``, whatever the input's length, and a run that
-runs out of it says so in one line (exit status 1) with the options to lower. ``--workers`` starts
-no more processes than the CPU cores available and the input's chunks of ``--chunk-rows`` rows.
+Safety and memory: the outputs are put in place together at the end, or none (a previous file
+stays as it was: :class:`Outputs`); an output that is a file the command reads (a link too) or
+cannot be written, and a checkpoint that fails its checks, are refused before any work
+(:func:`check_files`); peak memory is bounded by ``--max-pairs``, whatever the input's length
+(:mod:`~graphormer_urpe.prediction.run`), and a run that runs out of it says so in one line (exit
+status 1) with the options to lower. ``--workers`` starts no more processes than the CPU cores
+available and the input's chunks of ``--chunk-rows`` rows.
 """
 from __future__ import annotations
 
@@ -44,26 +45,46 @@ import contextlib
 import csv
 import json
 import logging
+import os
 import sys
+import tempfile
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
+import numpy as np
 import torch
 
 from graphormer_urpe.cli.arguments import non_negative_int, positive_int
-from graphormer_urpe.prediction.load import checkpoint_files
-from graphormer_urpe.prediction.model import DEFAULT_BATCH_SIZE, DEFAULT_MAX_NODES, DEFAULT_MAX_PAIRS
+from graphormer_urpe.prediction.load import checkpoint_files, load_models
+from graphormer_urpe.prediction.model import DEFAULT_BATCH_SIZE, DEFAULT_MAX_NODES, DEFAULT_MAX_PAIRS, ChunkOutput
 from graphormer_urpe.prediction.run import (
-    DEFAULT_CHUNK_ROWS, PEAK_MEMORY, Outputs, Streaming, check_device, check_files, default_device,
-    prediction_model, stream)
-from graphormer_urpe.prediction.table import PredictionTable, SmilesInput, prediction_columns, read_smiles
+    DEFAULT_CHUNK_ROWS, Streaming, check_device, check_mc_dropout, default_device, predicting, stream)
+from graphormer_urpe.prediction.table import InputRow, PredictionTable, SmilesInput, prediction_columns, read_smiles
 from graphormer_urpe.prediction.uncertainty import calibrated, check_calibrate, check_evaluate, evaluation
+from graphormer_urpe.utils.files import (
+    AtomicFile, commit_together, refuse_overwriting_inputs, unreadable_as_a_file, written_in_place)
 from graphormer_urpe.utils.workers import WorkerDied, ran_out_of_memory, useful_workers
 from graphormer_urpe.utils.process import run_command, usable_cores
 from graphormer_urpe.utils.torch_files import CheckpointError
 
 PROG = "graphormer-urpe-predict"
 log = logging.getLogger(__name__)
+
+#: Bytes per padded pair a predicting process needs for Graphormer-slim (measured, README).
+SLIM_BYTES_PER_PAIR = 200
+#: What a run's peak memory depends on, in the options' words.
+PEAK_MEMORY = ("Peak memory: a batch holds at most max(--max-pairs, (--max-nodes + 1)^2) padded node "
+               "pairs; each predicting process (each worker on the CPU) needs "
+               f"~{SLIM_BYTES_PER_PAIR / 1000:.1f} KB per pair for the slim model "
+               f"(~{max(DEFAULT_MAX_PAIRS, (DEFAULT_MAX_NODES + 1) ** 2) * SLIM_BYTES_PER_PAIR / 1e6:.0f} MB "
+               "at the defaults) on top of ~0.4 GB "
+               "of libraries and model, whatever the input's length. Lower --max-pairs and --max-nodes "
+               "for bigger models or smaller machines.")
+#: ``(option, suffix)`` of each embeddings output.
+GRAPH_OPTION, ATOM_OPTION = ("--embeddings", ".npy"), ("--atom-embeddings", ".npz")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -225,9 +246,10 @@ def _loaded(args: argparse.Namespace, run: _Run, held: contextlib.ExitStack):
     """The model, the opened input and the measured columns of ``--calibrate``; exit status 2 for
     a checkpoint that does not load and an option the model or the input cannot serve."""
     with _exit_on((CheckpointError, ValueError, UnicodeDecodeError)):
-        module = prediction_model(run.ckpts, run.device, mc_dropout=args.mc_dropout, seed=args.seed,
-                                  max_pairs=args.max_pairs, embeddings=run.outputs.embeddings is not None,
-                                  atoms=args.atom_embeddings is not None)
+        check_mc_dropout(len(run.ckpts), args.mc_dropout)  # before any checkpoint is read
+        module = predicting(load_models(run.ckpts), run.device, mc_dropout=args.mc_dropout, seed=args.seed,
+                            max_pairs=args.max_pairs, embeddings=run.outputs.embeddings is not None,
+                            atoms=args.atom_embeddings is not None)
         table_input = held.enter_context(read_smiles(run.source))
         if args.evaluate is not None:
             check_evaluate(args.evaluate, table_input.columns, module, run.source, run.outputs.paths[0])
@@ -248,9 +270,179 @@ def _written(run: _Run, module, table_input: SmilesInput) -> PredictionTable:
     written = ", ".join(map(str, run.outputs.paths))
     with _exit_on(OSError, status=1, about=f"cannot write {written}: ", after="; nothing written"), \
             _exit_on((UnicodeDecodeError, csv.Error), about=f"{run.source}: ", after="; nothing written"):
-        stream(module, table_input, table, run.streaming, "predict", run.outputs.embeddings)
+        stream(module, table_input, run.streaming, "predict", run.outputs.writer(table))
         run.outputs.commit(module)
     return table
+
+
+def check_files(source: Path, target: Path, ckpts: Sequence[Path], *, calibration: Path | None = None,
+                graph: Path | None = None, atoms: Path | None = None, mc_dropout: int | None = None) -> None:
+    """A one-line ValueError (IsADirectoryError for a table that is a directory) before any work
+    for what a run with these files cannot do: an input (``source``, ``calibration``) that is
+    not a readable file, an output (the table ``target``, the embeddings ``graph`` and
+    ``atoms``) that is one of the files the run reads, embeddings of more than one model."""
+    for option, read in (("--input", source), ("--calibrate", calibration)):
+        if read is None:
+            continue
+        problem = unreadable_as_a_file(read)
+        if problem:
+            raise ValueError(f"{option} {read} {problem}")
+        if target.is_dir():
+            raise IsADirectoryError(f"--output {target} is a directory")
+        what = "input file" if option == "--input" else "calibration file"
+        refuse_overwriting_inputs("--output", [target], files_read(read, ckpts, option, what))
+    if graph is not None or atoms is not None:
+        if len(ckpts) > 1 or mc_dropout is not None:
+            given = f"{len(ckpts)} checkpoints" if len(ckpts) > 1 else f"--mc-dropout {mc_dropout}"
+            raise ValueError("--embeddings and --atom-embeddings come from one model: name one --ckpt (a "
+                             f"checkpoint, a run directory or pretrained:<name>) without --mc-dropout (got {given})")
+        check_embedding_paths({GRAPH_OPTION: graph, ATOM_OPTION: atoms}, [
+            *files_read(source, ckpts), ("--calibrate", "calibration file", calibration),
+            ("--output", "prediction table", target)])
+
+
+def files_read(source: Path, ckpts: Sequence[Path], option: str = "--input",
+               what: str = "input file") -> list[tuple[str, str, Path]]:
+    """What a command that predicts ``source`` (named by ``option``) with ``ckpts`` reads, as
+    :func:`~graphormer_urpe.utils.files.refuse_overwriting_inputs` names them: ``(option, what,
+    path)`` of the input and of each checkpoint, which no output may be."""
+    return [(option, what, source), *(("--ckpt", "checkpoint", ckpt) for ckpt in ckpts)]
+
+
+def check_embedding_paths(paths: dict[tuple[str, str], Path | None],
+                          inputs: Sequence[tuple[str, str, Path | None]]) -> None:
+    """One-line ``ValueError`` before any work for an embeddings output (``{(option, suffix):
+    path}``) with another suffix, that is a directory or not a regular file, or that is one of
+    ``inputs`` (``(option, what, path)``: the input, the checkpoints, the prediction table) or
+    the other embeddings output."""
+    given = [(option, path) for (option, _), path in paths.items() if path is not None]
+    for (option, suffix), path in paths.items():
+        if path is None:
+            continue
+        if path.is_dir():
+            raise ValueError(f"{option} {path} is a directory; name the file to write")
+        if path.suffix.lower() != suffix:
+            raise ValueError(f"{option} {path}: the file must end in {suffix} (a NumPy "
+                             f"{'array' if suffix == '.npy' else 'archive'})")
+        if written_in_place(path):
+            raise ValueError(f"{option} {path} is not a regular file")
+        others = [(name, "embeddings output", other) for name, other in given if name != option]
+        refuse_overwriting_inputs(option, [path], [*inputs, *others])
+
+
+class Outputs:
+    """What one run writes: the prediction table at ``target`` (``table``, an
+    :class:`~graphormer_urpe.utils.files.AtomicFile`) and the embeddings ``graph`` (``.npy``)
+    and ``atoms`` (``.npz``) when named (``embeddings``, an :class:`EmbeddingFiles`). Creating it
+    checks that each can be written (OSError, or ValueError naming the option); :meth:`commit`
+    puts them all in place together; leaving the ``with`` block otherwise writes none."""
+
+    def __init__(self, target: Path, graph: Path | None = None, atoms: Path | None = None) -> None:
+        #: every path written, the table's first
+        self.paths = [target, *(path for path in (graph, atoms) if path is not None)]
+        self.table = AtomicFile(target)  # fails now, not after the predictions, if unwritable
+        self.embeddings = None
+        if graph is not None or atoms is not None:
+            try:
+                self.embeddings = EmbeddingFiles(graph, atoms)
+            except ValueError:
+                self.table.discard()
+                raise
+
+    def writer(self, table: PredictionTable):
+        """What :func:`~graphormer_urpe.prediction.run.stream` hands each chunk to: ``table`` and
+        the embeddings."""
+        def write(rows: Sequence[InputRow], output: ChunkOutput) -> None:
+            table.write(rows, output.predictions)
+            if self.embeddings is not None:
+                self.embeddings.write(rows, output)
+        return write
+
+    def commit(self, module) -> None:
+        """Every output in place together, or none: new vectors never sit beside an old table
+        (``module``: the :class:`~graphormer_urpe.prediction.model.WithEmbeddings` that gave them)."""
+        commit_together([self.table, *(self.embeddings.assemble(module.width, module.atom_width) if self.embeddings else [])])
+
+    def __enter__(self) -> Outputs:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self.embeddings is not None:
+            self.embeddings.discard()
+        self.table.discard()
+
+
+class EmbeddingFiles:
+    """The embeddings of one run: ``graph`` (``--embeddings``, float32 ``[rows, D]``, NaN for a
+    row without prediction) and ``atoms`` (``--atom-embeddings``: ``embeddings`` float32
+    ``[atoms, D]`` and ``offsets`` int64 ``[rows + 1]``, row ``i``'s atoms at
+    ``embeddings[offsets[i]:offsets[i + 1]]``, none for a row without prediction); either may
+    be None. Creating it checks that they can be written (``ValueError`` naming the option).
+
+    :meth:`write` takes each chunk in input order: its vectors go to an unnamed temporary file
+    beside the output as they come (``tempfile.TemporaryFile``: the system removes it, even
+    after a kill), so memory stays bounded. :meth:`assemble` writes the NumPy files from them
+    (memory-mapped, ``np.save`` and ``np.savez``) beside their paths, for the caller to put in
+    place with the table; leaving the ``with`` block otherwise writes nothing."""
+
+    def __init__(self, graph: Path | None, atoms: Path | None) -> None:
+        self._outputs: dict[str, tuple[AtomicFile, IO[bytes]]] = {}
+        self.rows = 0
+        self._offsets = array("q", [0])
+        try:
+            for key, option, path in (("graph", GRAPH_OPTION[0], graph), ("atoms", ATOM_OPTION[0], atoms)):
+                if path is None:
+                    continue
+                try:
+                    output = AtomicFile(path, binary=True)
+                except OSError as exc:
+                    raise ValueError(f"{option} {path} cannot be written ({exc.strerror or exc})") from None
+                self._outputs[key] = (output, tempfile.TemporaryFile(dir=Path(os.path.realpath(path)).parent))
+        except BaseException:
+            self.discard()
+            raise
+
+    def write(self, rows: Sequence[InputRow], output: ChunkOutput) -> None:
+        self.rows += len(rows)
+        if "graph" in self._outputs:
+            self._outputs["graph"][1].write(output.embeddings.astype("<f4").tobytes())
+        if "atoms" in self._outputs:
+            raw, end = self._outputs["atoms"][1], self._offsets[-1]
+            for atoms in output.atoms:
+                if atoms is not None:
+                    raw.write(atoms.astype("<f4").tobytes())
+                    end += len(atoms)
+                self._offsets.append(end)
+
+    def assemble(self, width: int, atom_width: int) -> list[AtomicFile]:
+        """Each file (``width``: a molecule's vector, ``atom_width``: an atom's) written whole to
+        its temporary beside its path; the returned files are put in place together with the
+        table (:func:`~graphormer_urpe.utils.files.commit_together`), so that the vectors on disk
+        are always those of the table's rows."""
+        if "graph" in self._outputs:
+            output, raw = self._outputs["graph"]
+            np.save(output.handle, _mapped(raw, self.rows, width))
+        if "atoms" in self._outputs:
+            output, raw = self._outputs["atoms"]
+            offsets = np.frombuffer(self._offsets, dtype=np.int64)
+            np.savez(output.handle, embeddings=_mapped(raw, int(offsets[-1]), atom_width), offsets=offsets)
+        for _, raw in self._outputs.values():
+            raw.close()
+        return [output for output, _ in self._outputs.values()]
+
+    def discard(self) -> None:
+        for output, raw in self._outputs.values():
+            raw.close()
+            output.discard()
+
+
+def _mapped(raw: IO[bytes], rows: int, width: int) -> np.ndarray:
+    """The float32 ``[rows, width]`` written to ``raw``, mapped from the file (no file to map
+    when there are none)."""
+    raw.flush()
+    if rows * width == 0:
+        return np.zeros((rows, width), "<f4")
+    return np.memmap(raw, dtype="<f4", mode="r", shape=(rows, width))
 
 
 if __name__ == "__main__":

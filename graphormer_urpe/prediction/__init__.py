@@ -1,5 +1,5 @@
-"""Prediction from trained checkpoints without Lightning: the model (:mod:`.model`), loading
-checkpoints and run directories (:mod:`.load`), the output table (:mod:`.table`), a SMILES file
-predicted with its outputs (:mod:`.run`), scores against measured values (:mod:`.uncertainty`),
-embeddings (:mod:`.embeddings`), attributions (:mod:`.explain`) and the shipped backbones
-(:mod:`.pretrained`)."""
+"""Prediction from trained checkpoints without Lightning: the models (:mod:`.model`), loading
+checkpoints and run directories (:mod:`.load`), the input rows and the output table
+(:mod:`.table`), an input predicted chunk by chunk (:mod:`.run`), scores against measured values
+(:mod:`.uncertainty`), attributions (:mod:`.explain`) and the shipped backbones
+(:mod:`.pretrained`). Writing files is the commands' (:mod:`graphormer_urpe.cli`)."""

@@ -187,14 +187,6 @@ def checkpoint_files(names: Sequence[str | Path]) -> list[Path]:
     return files
 
 
-def files_read(source: Path, ckpts: Sequence[Path], option: str = "--input",
-               what: str = "input file") -> list[tuple[str, str, Path]]:
-    """What a command that predicts ``source`` (named by ``option``) with ``ckpts`` reads, as
-    :func:`~graphormer_urpe.utils.files.refuse_overwriting_inputs` names them: ``(option, what,
-    path)`` of the input and of each checkpoint, which no output may be."""
-    return [(option, what, source), *(("--ckpt", "checkpoint", ckpt) for ckpt in ckpts)]
-
-
 def _refuse_repeated(names: Sequence[str | Path], files: list[Path]) -> None:
     """:class:`CheckpointError` when two of ``files`` are one file (a path given twice, a link,
     a run directory and its own best checkpoint): the ensemble would hold copies of one model,

@@ -4,15 +4,15 @@
 :class:`~graphormer_urpe.training.module.GraphormerModule` does
 (:func:`~graphormer_urpe.nn.graphormer.build_backbone`) and loads a Lightning checkpoint's
 ``state_dict`` and ``hyper_parameters`` as they are, without importing Lightning (several seconds
-of every start), so both give the same predictions from the same weights.
+of every start), so both give the same predictions from the same weights. The models around it
+predict a spread (:class:`ModelEnsemble`, :class:`MCDropout`, :class:`ScaledStd`) or the
+embeddings (:class:`WithEmbeddings`).
 
-Prediction of many SMILES (:func:`stream_predictions`): the input is taken in chunks, whose
-molecules are featurized (:func:`~graphormer_urpe.data.featurize.featurize_chunk`, as the data
-builds do) and batched by size (:func:`~graphormer_urpe.data.dataset.size_batches`, as training's
-buckets are) so a batch holds at most ``max_pairs``
-padded node pairs ``B * (N + 1)^2`` (and ``batch_size`` molecules): peak memory is bounded by the
-larger of ``max_pairs`` and ``(max_nodes + 1)^2`` whatever the input's length. Worker processes
-featurize the chunks and, on the CPU, predict them with one torch thread each.
+One chunk of SMILES is predicted by :func:`predict_chunk`: its molecules featurized
+(:func:`~graphormer_urpe.data.featurize.featurize_chunk`, as the data builds do) and batched by
+size (:func:`chunk_batches`, as training's buckets are) so a batch holds at most ``max_pairs``
+padded node pairs ``B * (N + 1)^2`` (and ``batch_size`` molecules). A whole input is
+:func:`graphormer_urpe.prediction.run.stream`'s.
 """
 from __future__ import annotations
 
@@ -20,9 +20,8 @@ import ast
 import contextlib
 import functools
 import importlib.util
-import itertools
 import zlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,8 +36,7 @@ from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.data.featurize import FeaturizedChunk, featurize_chunk
 from graphormer_urpe.nn.graphormer import GraphormerConfig, build_backbone
 from graphormer_urpe.data.task import get_task
-from graphormer_urpe.prediction.table import InputRow, PredictionTable, prediction_columns
-from graphormer_urpe.utils.workers import WorkerProcesses, useful_workers
+from graphormer_urpe.prediction.table import InputRow, prediction_columns
 
 #: Padded node pairs ``B * (N + 1)^2`` per batch (graph token included): ~100 ZINC molecules;
 #: larger batches are slower on the CPU (their [B, H, N+1, N+1] tensors leave the caches). The
@@ -303,11 +301,20 @@ def predict_chunk(module, chunk: FeaturizedChunk, num_rows: int, max_pairs: int,
     return out
 
 
-def _finish_rows(rows: list[InputRow], errors: list[tuple[int, str]], predictions: np.ndarray) -> None:
+def finish_rows(rows: Sequence[InputRow], errors: list[tuple[int, str]], output: ChunkOutput) -> None:
+    """Each row's reason for having no prediction (its featurization's ``errors``, a prediction
+    that is not finite, or a reason it came with), and NaN (no atoms) in ``output`` for each."""
     for position, reason in errors:
         rows[position].error = rows[position].error or reason
-    for position in np.flatnonzero(~np.isfinite(predictions).all(axis=1)):
+    for position in np.flatnonzero(~np.isfinite(output.predictions).all(axis=1)):
         rows[position].error = rows[position].error or "prediction is not finite"
+    failed = np.array([bool(row.error) for row in rows], dtype=bool)
+    output.predictions[failed] = np.nan
+    if output.embeddings is not None:
+        output.embeddings[failed] = np.nan
+    if output.atoms is not None:
+        for position in np.flatnonzero(failed):
+            output.atoms[position] = None
 
 
 def predict_smiles(module, rows: list[InputRow], max_nodes: int = DEFAULT_MAX_NODES,
@@ -316,80 +323,6 @@ def predict_smiles(module, rows: list[InputRow], max_nodes: int = DEFAULT_MAX_NO
     """``[len(rows), num_targets]`` predictions in this process; NaN (with ``row.error`` set)
     where impossible."""
     chunk = featurize_rows(module.facts, [r.smiles for r in rows], max_nodes)
-    predictions = predict_chunk(module, chunk, len(rows), max_pairs, batch_size).predictions
-    _finish_rows(rows, chunk.errors, predictions)
-    return predictions
-
-
-def _chunks(rows: Iterable[InputRow], size: int) -> Iterator[list[InputRow]]:
-    chunk = []
-    for row in rows:
-        chunk.append(row)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
-#: The facts of the model, and the model a worker process predicts with (``None``: the worker
-#: only featurizes).
-_worker_facts, _worker_module = None, None
-
-
-def _init_worker(facts: DataFacts, module) -> None:
-    global _worker_facts, _worker_module
-    # One torch thread per process: processes scale over cores without OpenMP teams contending
-    # (and a team in a forked child of a multi-threaded parent would deadlock in libgomp).
-    torch.set_num_threads(1)
-    _worker_facts, _worker_module = facts, module
-
-
-def _chunk_job(job: tuple[int, int, int, list[str]]) -> tuple[FeaturizedChunk | ChunkOutput, list[tuple[int, str]]]:
-    """In a worker: ``(max_nodes, max_pairs, batch_size, smiles)`` -> (the :class:`ChunkOutput`
-    when the worker holds the model, else the featurized chunk; the row errors)."""
-    max_nodes, max_pairs, batch_size, smiles = job
-    chunk = featurize_rows(_worker_facts, smiles, max_nodes)
-    if _worker_module is None:
-        return chunk, chunk.errors
-    return predict_chunk(_worker_module, chunk, len(smiles), max_pairs, batch_size), chunk.errors
-
-
-def stream_predictions(module, rows: Iterable[InputRow], table: PredictionTable, *, max_nodes: int,
-                       max_pairs: int, batch_size: int, chunk_rows: int, workers: int, progress=None,
-                       embeddings=None) -> None:
-    """Predicts ``rows`` chunk by chunk and writes each chunk in input order (to ``table``, and
-    its :class:`ChunkOutput` to ``embeddings.write(rows, output)`` when given:
-    :class:`~graphormer_urpe.prediction.embeddings.EmbeddingFiles`).
-
-    ``workers = 0``: everything in this process. Otherwise ``workers`` processes
-    (:class:`~graphormer_urpe.utils.workers.WorkerProcesses`; no more than the usable cores nor
-    than the input's chunks: :func:`~graphormer_urpe.utils.workers.useful_workers`) featurize
-    the chunks and, when the model is on the CPU, also predict them with one torch thread each
-    (on an accelerator this process predicts). At most ``2 * workers + 1`` chunks are in memory.
-    """
-    def finish(chunk: list[InputRow], result: FeaturizedChunk | ChunkOutput, errors: list[tuple[int, str]]) -> None:
-        output = (predict_chunk(module, result, len(chunk), max_pairs, batch_size)
-                  if isinstance(result, FeaturizedChunk) else result)
-        _finish_rows(chunk, errors, output.predictions)
-        table.write(chunk, output.predictions)
-        if embeddings is not None:
-            embeddings.write(chunk, output)
-        if progress is not None:
-            progress.update(len(chunk))
-
-    if workers == 0:
-        for chunk in _chunks(rows, chunk_rows):
-            featurized = featurize_rows(module.facts, [r.smiles for r in chunk], max_nodes)
-            finish(chunk, featurized, featurized.errors)
-        return
-    on_cpu = next(module.parameters()).device.type == "cpu"
-    chunks = _chunks(rows, chunk_rows)
-    first = list(itertools.islice(chunks, useful_workers(workers)))  # one worker for each, at most
-    if not first:
-        return
-    jobs = ((chunk, (max_nodes, max_pairs, batch_size, [r.smiles for r in chunk]))
-            for chunk in itertools.chain(first, chunks))
-    with WorkerProcesses(len(first), _chunk_job, _init_worker, (module.facts, module if on_cpu else None)) as pool:
-        for chunk, (result, errors) in pool.imap(jobs, ahead=2 * pool.workers + 1):
-            finish(chunk, result, errors)
+    output = predict_chunk(module, chunk, len(rows), max_pairs, batch_size)
+    finish_rows(rows, chunk.errors, output)
+    return output.predictions

@@ -1,7 +1,6 @@
 """The prediction table: its rows (read from a CSV with a ``smiles`` column or from one SMILES a
-line, or given as a list: :func:`smiles_list`) and where it is written: the CSV, which
-``graphormer-urpe-predict`` and ``graphormer-urpe predict`` share, or memory
-(:class:`PredictionArrays`, the Python API's tables).
+line, or given as a list: :func:`smiles_list`) and the CSV they are written to
+(:class:`PredictionTable`), which ``graphormer-urpe-predict`` and ``graphormer-urpe predict`` share.
 
 Columns: ``row`` (1-based data row), the input's columns (``smiles`` for a one-SMILES-a-line
 file), one prediction column per target (:func:`prediction_columns`) and ``error``. An input
@@ -156,26 +155,6 @@ class PredictionTable:
             values = ["" if row.error else f"{v:.6g}" for v in pred]
             echoed = row.fields if self._echo_fields else [row.smiles]
             self._writer.writerow([self.rows_written, *echoed, *values, row.error])
-
-
-class PredictionArrays:
-    """Prediction rows kept in memory, as :class:`PredictionTable` writes them to a file: each
-    row's ``error`` (empty where predicted) and its ``values`` (NaN where not)."""
-
-    def __init__(self) -> None:
-        self.errors: list[str] = []
-        self._values: list[np.ndarray] = []
-
-    def write(self, rows: Sequence[InputRow], predictions: np.ndarray) -> None:
-        failed = np.array([bool(row.error) for row in rows], dtype=bool)
-        values = np.array(predictions, dtype=np.float32, copy=True)
-        values[failed] = np.nan
-        self.errors.extend(row.error for row in rows)
-        self._values.append(values)
-
-    def values(self, width: int) -> np.ndarray:
-        """``[rows, width]`` float32, in input order."""
-        return np.concatenate(self._values) if self._values else np.zeros((0, width), np.float32)
 
 
 def write_predictions(path: str | Path, rows: Sequence[InputRow], predictions: np.ndarray,

@@ -144,7 +144,8 @@ def calibrated(module, calibration: Path, columns: Sequence[str], streaming: Str
     names, num_targets = prediction_columns(module), module.facts.num_targets
     predicted = io.StringIO(newline="")
     with read_smiles(calibration) as table_input:
-        stream(module, table_input, PredictionTable(predicted, names, table_input.columns), streaming, "calibrate")
+        table = PredictionTable(predicted, names, table_input.columns)
+        stream(module, table_input, streaming, "calibrate", lambda rows, output: table.write(rows, output.predictions))
     predicted.seek(0)
     scales = []
     for k, (measured, prediction, std) in enumerate(_read_back(columns, calibration, predicted, names, num_targets)):
