@@ -16,5 +16,6 @@ module              command                         the library it drives
 ==================  ==============================  ============================================
 
 A new command is a module here with a ``main(argv) -> int`` and its line in ``pyproject.toml``'s
-``[project.scripts]``; what it does belongs in a room below.
+``[project.scripts]``; what it does belongs in a room below, except the files only it writes
+(``predict``'s embeddings arrays, ``explain``'s pictures and page, ``export``'s backbone file).
 """

@@ -80,7 +80,7 @@ def load_module(ckpt: str | Path, map_location: str = "cpu", *, model_class: typ
         raise CheckpointError(f"{ckpt} is not a Lightning checkpoint (no state_dict/hyper_parameters)")
     check_finite(ckpt, checkpoint["state_dict"])
     if not any(key.startswith("model.") for key in checkpoint["state_dict"]):
-        # a shipped backbone (graphormer_urpe.prediction.pretrained.export): the backbone's own names
+        # an exported backbone (graphormer_urpe.cli.export): the backbone's own names
         checkpoint["state_dict"] = {f"model.{k}": v for k, v in checkpoint["state_dict"].items()}
     hparams = checkpoint_arguments(checkpoint["hyper_parameters"])
     hparams["compile"] = False  # inference needs no compile warm-up, whatever training used
