@@ -352,3 +352,24 @@ def test_a_full_disk_under_another_error_is_one_line(capsys):
                                        "written are left as they were\n")
     with pytest.raises(RuntimeError, match="not a full disk"):
         run_command("prog", lambda: (_ for _ in ()).throw(RuntimeError("not a full disk")))
+
+
+def test_ctrl_c_made_an_exit_by_lightning_is_one_line_and_an_exit_chosen_is_kept(capsys):
+    """``run_command``: the ``sys.exit(1)`` Lightning's loops raise while handling Ctrl-C is the
+    Ctrl-C line and 130; an exit status the work raises itself, even while handling Ctrl-C, is
+    left as it is."""
+    from graphormer_urpe.utils.process import INTERRUPTED, run_command
+
+    def stopped(chosen: bool) -> int:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            if chosen:
+                raise SystemExit(130) from None
+            sys.exit(1)
+
+    assert run_command("prog", lambda: stopped(False)) == INTERRUPTED
+    assert capsys.readouterr().err == "prog: stopped by Ctrl-C (SIGINT); outputs not yet written are left as they were\n"
+    with pytest.raises(SystemExit) as exit:
+        run_command("prog", lambda: stopped(True))
+    assert exit.value.code == 130 and capsys.readouterr().err == ""

@@ -112,11 +112,6 @@ def _run(args: list[str] | None) -> int:
         return stopped(pending_stop() or signal.SIGTERM, during_training=True)
     except StoppedBySignal as stop:  # while the data was built (DataModule.prepare_data)
         return stopped_while_built(stop)
-    except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C; Lightning's trainer makes it sys.exit(1)
-        if isinstance(exc, SystemExit) and not isinstance(exc.__context__, KeyboardInterrupt):
-            raise
-        pending_stop()
-        raise KeyboardInterrupt from None  # said by run_command
     except (FloatingPointError, WorkerDied) as exc:  # a diverged run, a data build's lost worker
         print(f"graphormer-urpe: error: {exc}", file=sys.stderr)
         return 1

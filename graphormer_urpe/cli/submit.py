@@ -58,10 +58,6 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:  # SubmissionError, CheckpointError, the data layer's input errors
             print(f"{PROG}: error: {exc}", file=sys.stderr)
             return 2
-        except SystemExit as exc:  # Lightning's predict loop turns Ctrl-C into sys.exit(1)
-            if isinstance(exc.__context__, KeyboardInterrupt):
-                raise KeyboardInterrupt from None
-            raise
         print(json.dumps(summary))
         return 0
 

@@ -131,19 +131,23 @@ OUTPUTS_LEFT = "outputs not yet written are left as they were"
 def run_command(prog: str, work: Callable[[], int], *, left: str = OUTPUTS_LEFT, signals: bool = True) -> int:
     """``work()``'s exit status, with the endings every command shares said in one line on stderr
     (ending with ``left``, what the ending left of the outputs) instead of a traceback: SIGTERM
-    and SIGHUP exit with 128 + the signal (143, 129), Ctrl-C (``KeyboardInterrupt``) with 130, a
-    full disk (:func:`disk_full`) with 1. ``signals``: the stop signals raise
-    :class:`StoppedBySignal` within ``work`` (:func:`stop_on_signals`); False where the work
-    takes them itself (a fit's trainer stops at the end of its step). The files a command
-    writes are put in place whole (:mod:`.files`), so each ending leaves each output whole: the
-    new content, or the previous."""
+    and SIGHUP exit with 128 + the signal (143, 129), Ctrl-C (``KeyboardInterrupt``, also the
+    ``sys.exit(1)`` Lightning's loops make of it) with 130, a full disk (:func:`disk_full`)
+    with 1. ``signals``: the stop signals raise :class:`StoppedBySignal` within ``work``
+    (:func:`stop_on_signals`); False where the work takes them itself (a fit's trainer stops
+    at the end of its step). The files a command writes are put in place whole (:mod:`.files`),
+    so each ending leaves each output whole: the new content, or the previous."""
     try:
         with stop_on_signals() if signals else contextlib.nullcontext():
             return work()
     except StoppedBySignal as stop:
         print(f"{prog}: stopped by {signal.Signals(stop.signum).name}; {left}", file=sys.stderr)
         return stop.code
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit) as exc:
+        # Lightning's loops make Ctrl-C sys.exit(1); any other exit is a status the work chose
+        if isinstance(exc, SystemExit) and not (exc.code == 1 and isinstance(exc.__context__, KeyboardInterrupt)
+                                                and not exc.__suppress_context__):
+            raise
         print(f"{prog}: stopped by Ctrl-C (SIGINT); {left}", file=sys.stderr)
         return INTERRUPTED
     except Exception as exc:
