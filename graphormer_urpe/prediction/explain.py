@@ -28,8 +28,8 @@ Several models (a :class:`~graphormer_urpe.prediction.model.ModelEnsemble`) expl
 the mean of their attributions explains their mean output (integrated gradients is linear in the
 function), and the spread of their predictions comes as ``std``.
 
-:func:`explain_rows` explains a table's rows and draws each molecule (:func:`draw`: PNG and SVG,
-each written whole); :func:`write_tables` writes ``attributions.csv`` and ``index.html``.
+:func:`explain_smiles` gives the attributions; the command draws them
+(:mod:`graphormer_urpe.cli.explain`: the pictures, ``attributions.csv`` and ``index.html``).
 """
 from __future__ import annotations
 
