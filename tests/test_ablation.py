@@ -58,8 +58,12 @@ def signal_once_written(command: list[str], path: Path, env: dict, signum: int) 
     return grid.returncode, output
 
 
-def run_record(tmp_path: Path, arm: str) -> dict:
-    return json.loads((tmp_path / "runs" / "tiny" / f"{arm}-s0" / "ablation_run.json").read_text())
+def run_trials(tmp_path: Path, arm: str, seed: int = 0) -> list:
+    """The study's trials of run ``<arm>-s<seed>`` of the test grid, in order."""
+    import optuna
+
+    study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{tmp_path / 'runs' / 'tiny' / 'study.db'}")
+    return [t for t in study.trials if t.params == {"arm": arm, "seed": seed}]
 
 
 @pytest.mark.slow
@@ -75,8 +79,8 @@ def test_killed_grid_resumes_merges_results_and_writes_the_table(zinc_data_root,
     # Kill the whole grid as soon as the first run has a last.ckpt.
     last = tmp_path / "runs" / "tiny" / "urpe-s0" / "checkpoints" / "last.ckpt"
     signal_once_written(command, last, env, signal.SIGKILL)
-    killed = run_record(tmp_path, "urpe")
-    assert "result" not in killed and not killed.get("fit_done")
+    [killed] = run_trials(tmp_path, "urpe")
+    assert killed.state.name == "RUNNING" and "result" not in killed.user_attrs
     steps_at_kill = torch.load(last, map_location="cpu", weights_only=False)["global_step"]
     assert 0 < steps_at_kill < STEPS
 
@@ -84,11 +88,11 @@ def test_killed_grid_resumes_merges_results_and_writes_the_table(zinc_data_root,
     finished = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
     assert f"urpe-s0: fit (resuming from last.ckpt at step {steps_at_kill})" in finished.stdout
-    urpe = run_record(tmp_path, "urpe")
-    fits = [a for a in urpe["attempts"] if a["stage"] == "fit"]
-    assert len(fits) == 2 and fits[0]["returncode"] is None and fits[1]["returncode"] == 0
+    urpe = run_trials(tmp_path, "urpe")  # the killed trial failed (its runner is gone), the next one complete
+    assert [t.state.name for t in urpe] == ["FAIL", "COMPLETE"] and "fit_status" not in urpe[0].user_attrs
+    assert urpe[1].user_attrs["fit_status"] == 0 and urpe[1].user_attrs["steps"] == [steps_at_kill, STEPS]
     assert "Restoring states from the checkpoint path" in (last.parents[1] / "fit.log").read_text()
-    args = urpe["cli_args"]  # the arm's backbone comes last and keeps the recipe's sizes
+    args = urpe[1].user_attrs["args"]  # the arm's backbone comes last and keeps the recipe's sizes
     last_backbone = len(args) - 1 - args[::-1].index("--model.backbone")
     recipe = yaml.safe_load((REPO / "configs" / "zinc.yaml").read_text())["model"]["backbone"]
     assert json.loads(args[last_backbone + 1]) == {**recipe, **TINY_BACKBONE, "attention": "urpe",
@@ -106,7 +110,7 @@ def test_killed_grid_resumes_merges_results_and_writes_the_table(zinc_data_root,
         assert (val_mae, best_step) == (pytest.approx(entry["val_mae"], abs=1e-6), entry["best_step"])
         best = torch.load(path, map_location="cpu", weights_only=False)
         scales = [k for k in best["state_dict"] if "urpe_scales" in k]
-        assert bool(scales) == (arm == "urpe"), run_record(tmp_path, arm)["cli_args"]
+        assert bool(scales) == (arm == "urpe"), run_trials(tmp_path, arm)[-1].user_attrs["args"]
     # The best checkpoint is chosen on validation MAE: no logged val/mae is lower.
     metrics = (tmp_path / "runs" / "tiny" / "rpe-s0" / "csv").rglob("metrics.csv")
     logged = [float(v) for path in metrics for v in _column(path, "val/mae")]
@@ -131,7 +135,7 @@ def test_killed_grid_resumes_merges_results_and_writes_the_table(zinc_data_root,
     main(command[3:])
     again = capsys.readouterr().out
     assert "tiny: 2 runs" in again and ": fit" not in again and ": test" not in again
-    assert run_record(tmp_path, "urpe")["attempts"] == urpe["attempts"]
+    assert run_trials(tmp_path, "urpe") == urpe
     assert read_json(results, []) == entries
 
 
@@ -173,10 +177,10 @@ def test_one_runner_per_run_directory_and_steps_from_the_checkpoint(zinc_data_ro
 
 
 @pytest.mark.slow
-def sliced_and_uninterrupted(tmp_path: Path, record: dict, env: dict) -> tuple[dict, dict]:
-    """The last.ckpt of the runner's urpe-s0 run, and that of the same fit run uninterrupted by
-    the fit command (one thread, as the runner's --threads-per-job 1) into ``reference``."""
-    cli_args = record["cli_args"]
+def sliced_and_uninterrupted(tmp_path: Path, cli_args: list[str], env: dict) -> tuple[dict, dict]:
+    """The last.ckpt of the runner's urpe-s0 run, and that of the same fit (``cli_args``) run
+    uninterrupted by the fit command (one thread, as the runner's --threads-per-job 1) into
+    ``reference``."""
     root = cli_args.index("--trainer.default_root_dir")
     reference = [*cli_args[:root + 1], str(tmp_path / "reference"), *cli_args[root + 2:]]
     one_thread = {**env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -187,13 +191,13 @@ def sliced_and_uninterrupted(tmp_path: Path, record: dict, env: dict) -> tuple[d
             torch.load(tmp_path / "reference" / "checkpoints" / "last.ckpt", weights_only=True))
 
 
-def test_time_budget_slices_resume_exactly_and_write_the_progress(zinc_data_root, tmp_path):
-    """``--time-budget``: each invocation trains slices (SIGTERM ends one: the run's whole state
-    is saved in last.ckpt at the end of the step in progress) and writes the progress table into
-    the README; the same command continues until the run is done and tested. Trained in slices,
-    the run ends with the parameters and AdamW state of the same fit run uninterrupted, bit for
-    bit, with dropout on. A callback of the test holds the first fit after step 5 until its
-    slice's SIGTERM arrives, so that slice ends inside the run."""
+def test_time_budget_stops_the_fit_and_the_next_invocation_resumes_exactly(zinc_data_root, tmp_path):
+    """``--time-budget``: each invocation trains until the budget is spent, when SIGTERM stops
+    the fit (the run's whole state is saved in last.ckpt at the end of the step in progress), and
+    writes the progress table into the README; the same command continues until the run is done
+    and tested. Trained in several invocations, the run ends with the parameters and AdamW state
+    of the same fit run uninterrupted, bit for bit, with dropout on. A callback of the test holds
+    the first fit after step 5 until its SIGTERM arrives, so that the budget ends inside the run."""
     readme = tmp_path / "README.md"
     readme.write_text("# R\n<!-- ablation:tiny -->\n<!-- /ablation:tiny -->\n"
                       "<!-- ablation-progress:tiny -->\nnot yet\n<!-- /ablation-progress:tiny -->\nEnd.\n")
@@ -202,7 +206,7 @@ def test_time_budget_slices_resume_exactly_and_write_the_progress(zinc_data_root
         "step": 5, "marker": str(tmp_path / "stalled")}})]
     command = runner_command(tmp_path, zinc_data_root, "--arms", "urpe", "--trainer.max_steps", str(steps),
                              "--model.total_steps", str(steps), *stall, "--time-budget", "45s",
-                             "--slice", "40s", "--readme", str(readme))
+                             "--readme", str(readme))
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO / "tests" / "helpers")}
     outputs = []
     for _ in range(8):
@@ -217,14 +221,15 @@ def test_time_budget_slices_resume_exactly_and_write_the_progress(zinc_data_root
     [entry] = read_json(tmp_path / "results.json", [])
     assert entry["steps"] == steps and len(outputs) > 1
     assert f"| urpe-s0 | {steps} (done) |" in readme.read_text()
-    record = run_record(tmp_path, "urpe")
-    fits = [a for a in record["attempts"] if a["stage"] == "fit"]
-    # Slices ended inside the run, each continuing from where the last one stopped.
-    assert any("slice_end" in a and a["steps"][1] == 5 for a in fits), fits
-    assert [a["steps"][0] for a in fits[1:]] == [a["steps"][1] for a in fits[:-1]]
-    assert fits[-1]["steps"][1] == steps
+    trials = run_trials(tmp_path, "urpe")
+    fits = [t.user_attrs["steps"] for t in trials if "steps" in t.user_attrs]
+    # The budget stopped a fit inside the run, each fit continuing from where the last one stopped.
+    assert any(t.state.name == "FAIL" and t.user_attrs["steps"][1] == 5 and t.user_attrs["fit_status"] == 143
+               for t in trials if "steps" in t.user_attrs), [t.user_attrs for t in trials]
+    assert [f[0] for f in fits[1:]] == [f[1] for f in fits[:-1]]
+    assert fits[-1][1] == steps and trials[-1].state.name == "COMPLETE"
 
-    sliced, whole = sliced_and_uninterrupted(tmp_path, record, env)
+    sliced, whole = sliced_and_uninterrupted(tmp_path, trials[-1].user_attrs["args"], env)
     assert sliced["global_step"] == whole["global_step"] == steps
     assert sliced["state_dict"].keys() == whole["state_dict"].keys()
     for name, value in whole["state_dict"].items():
@@ -267,58 +272,20 @@ def test_a_stop_signal_to_the_runner_saves_the_fit_in_progress_and_writes_the_pr
     last = tmp_path / "runs" / "tiny" / "urpe-s0" / "checkpoints" / "last.ckpt"
     assert torch.load(last, weights_only=True)["global_step"] == 5
     assert "| urpe-s0 | 5 |" in readme.read_text()
-    [fit] = [a for a in run_record(tmp_path, "urpe")["attempts"] if a["stage"] == "fit"]
-    assert fit["returncode"] in {128 + signum, 143}  # its own SIGHUP, or the runner's SIGTERM first
-
-
-def test_slices_keep_the_arms_of_a_seed_together_then_take_the_next_seed(tmp_path, monkeypatch):
-    """The order of :meth:`Grid.run_slices`, with runs that advance 10 steps a slice (none on a
-    slice that only starts up): URPE and RPE of seed 0 alternate, the one behind (or on a tie
-    the one with fewer fits) first, until both are done; then seed 1; the budget stops it."""
-    from graphormer_urpe.cli import ablation
-    from graphormer_urpe.training.studies.ablation_run import Run
-
-    args, overrides = ablation.parse_args(["--name", "n", "--runs-dir", str(tmp_path), "--seeds", "0", "1",
-                                           "--time-budget", "190s", "--slice", "30s"])
-    grid = ablation.grid_of(args, overrides)
-    grid.max_steps, grid.started = 20, 0.0
-    state = {run.label: {"steps": 0, "fits": 0, "done": False} for run in grid.runs}
-    trained = []
-    clock = [0.0]
-    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(Run, "steps", lambda run: state[run.label]["steps"])
-    monkeypatch.setattr(Run, "fits", lambda run: state[run.label]["fits"])
-    monkeypatch.setattr(Run, "read_record", lambda run: {"result": {}} if state[run.label]["done"] else None)
-
-    def finish(run, seconds):
-        clock[0] += seconds
-        entry = state[run.label]
-        # the very first slice only starts up
-        entry["steps"] += 10 if trained else 0
-        entry["fits"] += 1
-        trained.append((run.label.split("/")[1], entry["steps"]))
-        entry["done"] = entry["steps"] >= grid.max_steps
-        return {} if entry["done"] else None
-
-    monkeypatch.setattr(grid, "_finish", finish)
-    grid.run_slices()
-    assert trained == [("urpe-s0", 0), ("rpe-s0", 10), ("urpe-s0", 10), ("rpe-s0", 20), ("urpe-s0", 20),
-                       ("urpe-s1", 10)]  # 180 s spent: 10 s left is no slice
+    [fit] = run_trials(tmp_path, "urpe")  # failed: the next invocation trains the run again
+    assert fit.state.name == "FAIL" and fit.user_attrs["steps"] == [0, 5]
+    assert fit.user_attrs["fit_status"] in {128 + signum, 143}  # its own SIGHUP, or the runner's SIGTERM first
 
 
 @pytest.mark.parametrize("args, message", [
     (["--time-budget", "0"], "expected a positive duration"),
     (["--time-budget", "nine minutes"], "expected a duration such as 540, 540s, 9m or 1h30m"),
-    (["--slice", "5m"], "--slice divides a --time-budget: add --time-budget"),
     (["--threads-per-job", "0"], "--threads-per-job must be >= 1, got 0"),
     (["--threads-per-job", "-2"], "--threads-per-job must be >= 1, got -2"),
     (["--seeds", "-1"], "--seeds must be integers from 0 to 4294967295 (2**32 - 1), got [-1]"),
     (["--seeds", "0", "0"], "--seeds and --arms must not repeat a value"),
-    (["--jobs", "2", "--time-budget", "9m"], "--time-budget trains one slice at a time: drop --jobs"),
-    (["--time-budget", "9m", "--slice", "5s"],
-     "--slice must be at least 20 s (the shortest slice: a fit needs seconds to start), got 5 s"),
-    (["--time-budget", "10s"], "--time-budget must be at least 20 s (the shortest slice: a fit needs seconds to "
-                               "start), got 10 s"),
+    (["--time-budget", "9m", "--slice", "5m"], "unknown arguments ['--slice']"),  # the budget alone stops a fit
+    (["--jobs", "2"], "unknown arguments ['--jobs']"),  # one invocation per job, each with its --seeds
 ])
 def test_bad_runner_options_are_one_line_before_any_work(tmp_path, args, message):
     installed = str(Path(sys.executable).parent / "graphormer-urpe-ablation")
@@ -363,21 +330,20 @@ def test_results_that_cannot_be_written_are_refused_before_any_run(tmp_path, run
 
 
 def test_a_rerun_with_other_arguments_is_refused_in_one_line(zinc_data_root, tmp_path, run_main):
-    from graphormer_urpe.cli.ablation import grid_of, parse_args
-
-    schedule = ["--model.warmup_steps", "1", "--model.total_steps", "5"]  # a recipe fit accepts
-    args, overrides = parse_args(["--name", "n", "--runs-dir", str(tmp_path), "--seeds", "0",
-                                  "--arms", "rpe", "--trainer.max_steps", "5", *schedule])
-    run = grid_of(args, overrides).runs[0]
-    run.dir.mkdir(parents=True)
-    run.record_path.write_text(json.dumps({"cli_args": ["--trainer.max_steps", "4"], "attempts": []}))
-    done = run_main(_main_status, ["--name", "n", "--runs-dir", tmp_path, "--seeds", "0", "--arms", "rpe",
-                                   "--results", tmp_path / "r.json", "--trainer.max_steps", "5", *schedule,
-                                   "--data.init_args.root", tmp_path / "nothing built"])
+    """The grid's study holds its recipe: the same --name with another recipe is refused in one
+    line before any work (no data built, no run started)."""
+    short = ["--arms", "rpe", "--trainer.max_steps", "2", "--model.total_steps", "2", "--model.warmup_steps", "1"]
+    first = subprocess.run(runner_command(tmp_path, zinc_data_root, *short), cwd=REPO, capture_output=True,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"}, text=True, timeout=600)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    other = runner_command(tmp_path, tmp_path / "nothing built", *short, "--trainer.max_steps", "3",
+                           "--model.total_steps", "3")
+    done = run_main(_main_status, other[3:])
     assert done.returncode == 2, done.stderr
     [line] = done.stderr.strip().splitlines()
-    assert line.startswith(f"graphormer-urpe-ablation: error: {run.dir} was started with other arguments")
-    assert not (tmp_path / "nothing built").exists()  # refused before the data
+    assert line.startswith("graphormer-urpe-ablation: error: study 'tiny' was created with another recipe "
+                           "(different: the recipe's arguments)"), line
+    assert not (tmp_path / "nothing built").exists() and ": fit" not in done.stdout
 
 
 def _main_status(args) -> int:
@@ -397,24 +363,14 @@ def _column(metrics_csv: Path, name: str) -> list[str]:
 
 
 def test_a_run_started_without_compile_continues_with_it(zinc_data_root, tmp_path):
-    """``--model.compile`` says how the steps run, not what is trained: a run directory started
-    without it continues with it (the committed paper ablation resumes compiled), and a grid's
-    default name stays the same."""
-    from graphormer_urpe.cli.ablation import grid_of, parse_args
+    """``--model.compile`` says how the steps run, not what is trained: the grid's recipe (its
+    study's, its default name) is the same with it, so a grid started without it continues with
+    it (the committed paper ablation resumes compiled)."""
+    from graphormer_urpe.training.lightning_cli import training_args
     from graphormer_urpe.training.studies.ablation import default_name
 
-    def grid(*extra):
-        args, overrides = parse_args(["--name", "n", "--runs-dir", str(tmp_path), "--seeds", "0",
-                                      "--arms", "rpe", "--trainer.max_steps", "5", *extra])
-        return grid_of(args, overrides)
-
-    plain = grid().runs[0]
-    plain.dir.mkdir(parents=True)
-    plain.record_path.write_text(json.dumps({"cli_args": plain.cli_args, "attempts": []}))
-    compiled = grid("--model.compile", "true").runs[0]
-    assert "--model.compile" in compiled.cli_args
-    assert compiled.load_record()["cli_args"] == plain.cli_args
     recipe = ["--config", "configs/zinc.yaml", "--trainer.max_steps", "5"]
+    assert training_args([*recipe, "--model.compile", "true"]) == training_args(recipe)
     assert default_name([*recipe, "--model.compile", "true"]) == default_name(recipe)
     assert default_name([*recipe, "--model.lr", "0.001"]) != default_name(recipe)
 

@@ -143,27 +143,16 @@ def test_a_readme_that_is_not_utf8_is_named(zinc_data_root, tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize("record, problem", [
-    ("{}", "cli_args is not a list of arguments"),
-    ("[]", "a JSON list, not an object"),
-    ('{"cli_args": [], "attempts": [{"stage": "fit"}]}', "attempt 0 lacks its stage, commit or wall_s"),
-    ('{"cli_args": [], "attempts": [], "result": {"attention": "rpe", "seed": 3}}',
-     "its result: missing or wrong steps, wall_s, device, commit, val_mae, test_mae"),
-])
-@pytest.mark.parametrize("seed", [0, 3])
-def test_a_run_record_that_is_not_one_is_refused_before_any_work(zinc_data_root, tmp_path, record,
-                                                                problem, seed):
-    """This invocation's run (seed 0) or another run of the grid on disk (seed 3, another
-    invocation's, which the progress table and the results read): one line naming the file,
-    before the data is built; the record is kept."""
-    path = tmp_path / "runs" / "tiny" / f"rpe-s{seed}" / "ablation_run.json"
+def test_a_study_database_that_is_not_one_is_refused_before_any_work(zinc_data_root, tmp_path):
+    """The grid's ``study.db`` (its runs' trials and results) damaged: one line naming it, before
+    any run; the file is kept."""
+    path = tmp_path / "runs" / "tiny" / "study.db"
     path.parent.mkdir(parents=True)
-    path.write_text(record)
-    data_root = tmp_path / "not built"
-    line = refused(run(installed(tmp_path, zinc_data_root, "--arms", "rpe", "--data.init_args.root",
-                                 str(data_root))))
-    assert line == f"{path}: not a run record ({problem}); fix it or remove the run directory"
-    assert path.read_text() == record and not data_root.exists()
+    path.write_bytes(b"not a database, but the user's bytes")
+    line = refused(run(installed(tmp_path, zinc_data_root, "--arms", "rpe")))
+    assert line.startswith(f"--runs-dir sqlite:///{path}: cannot open the study database (DatabaseError: "), line
+    assert path.read_bytes() == b"not a database, but the user's bytes"
+    assert not (tmp_path / "runs" / "tiny" / "rpe-s0" / "fit.log").exists()
 
 
 def test_a_damaged_checkpoint_the_progress_table_reads_is_refused_before_any_work(zinc_data_root, tmp_path):
@@ -171,7 +160,6 @@ def test_a_damaged_checkpoint_the_progress_table_reads_is_refused_before_any_wor
     progress row reads it, so it is named before this invocation builds its data."""
     other = tmp_path / "runs" / "tiny" / "rpe-s3"
     (other / "checkpoints").mkdir(parents=True)
-    (other / "ablation_run.json").write_text(json.dumps({"cli_args": [], "attempts": []}))
     (other / "checkpoints" / "last.ckpt").write_bytes(b"PK\x03\x04 not a checkpoint")
     readme = tmp_path / "README.md"
     readme.write_text(README)
@@ -262,9 +250,9 @@ def open_files(pid: int) -> list[str]:
 @pytest.mark.parametrize("signum, status, name", [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 130, "SIGINT")])
 def test_a_stop_while_the_data_is_built_is_one_line(zinc_source, tmp_path, signum, status, name):
     """A signal to the runner (SIGTERM: a scheduler; SIGINT: Ctrl-C, which the terminal sends to
-    the workers too) while its worker processes build ZINC: the one line and its exit status, no
-    traceback from the runner or from a worker, and no worker left running (a re-forked
-    ``multiprocessing.Pool`` worker used to outlive the runner, holding its output pipes)."""
+    the whole group) while its run's fit and the fit's worker processes build ZINC: the one line
+    and its exit status, no traceback from the runner or in the fit's log, no process left
+    running, and none but the runner holds a run directory's lock."""
     from graphormer_urpe.utils.process import usable_cores
 
     if usable_cores() < 2:
@@ -272,27 +260,24 @@ def test_a_stop_while_the_data_is_built_is_one_line(zinc_source, tmp_path, signu
     command = installed(tmp_path, tmp_path / "data", "--arms", "rpe")
     runner = subprocess.Popen(command, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, start_new_session=True)
+
+    def descendants(pid: int) -> list[int]:
+        return [p for child in children(pid) for p in (child, *descendants(child))]
+
     deadline = time.monotonic() + 300
-    while runner.poll() is None and len(children(runner.pid)) < 2 and time.monotonic() < deadline:
+    while runner.poll() is None and len(descendants(runner.pid)) < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert (tmp_path / "data" / "ZINC").exists(), "the data was not being built"
-    # A worker lets go of the lock as it starts (an at-fork handler): the fork itself copies it,
-    # so a worker caught between its fork and that handler still names it, for an instant.
-    settled = time.monotonic() + 10
-    while True:
-        held = [path for worker in children(runner.pid) for path in open_files(worker)]
-        locks = [path for path in held if path.endswith("ablation.lock")]
-        if not locks or time.monotonic() > settled:
-            break
-        time.sleep(0.05)
-    assert held and not locks, held  # the runner's alone
+    held = [path for process in descendants(runner.pid) for path in open_files(process)]
+    assert held and not [path for path in held if path.endswith("ablation.lock")], held  # the runner's alone
     if signum == signal.SIGINT:
         os.killpg(runner.pid, signum)
     else:
         runner.send_signal(signum)
     out, err = runner.communicate(timeout=300)
     assert runner.returncode == status, out[-2000:] + err[-3000:]
-    assert group_is_gone(runner.pid), "a worker process outlived the runner"
+    assert group_is_gone(runner.pid), "a process outlived the runner"
     assert "Traceback" not in err and "Stopped" not in err, err[-3000:]
     assert err.strip().splitlines()[-1] == (f"graphormer-urpe-ablation: stopped by {name}; every run keeps "
                                             "its last.ckpt: the same command continues")
+    assert "Traceback" not in (tmp_path / "runs" / "tiny" / "rpe-s0" / "fit.log").read_text()

@@ -3,24 +3,21 @@
 A grid of arms (``urpe``: B and C; ``rpe``: plain Graphormer, B only; ``urpe-shared``: one C for
 all layers) x seeds, each run a ``graphormer-urpe fit`` subprocess in
 ``<runs-dir>/<name>/<arm>-s<seed>/`` on the same recipe (config files plus LightningCLI
-overrides, which this command passes to every ``fit`` and ``test`` unchanged), resumed from its
-``last.ckpt`` by the same command, selected on its task's validation metric and tested
-(:mod:`graphormer_urpe.training.studies.ablation`). ``--time-budget`` trains in time slices that
-end with SIGTERM to the ``fit`` (it saves its state). The results are merged into a JSON list and
-a markdown table (mean +- sample std per arm, per-seed paired difference ``arm - rpe``);
+overrides, passed to every ``fit`` and ``test`` unchanged), resumed from its ``last.ckpt`` by the
+same command, selected on its task's validation metric and tested; an Optuna study of the grid
+(:mod:`graphormer_urpe.training.studies.ablation`). ``--time-budget`` stops the grid and the fit
+in progress at a step's end (it saves its state). The results are merged into a JSON list and a
+markdown table (mean +- sample std per arm, per-seed paired difference ``arm - rpe``);
 ``--readme FILE`` writes the result and progress tables between ``<!-- ablation:NAME -->`` /
 ``<!-- ablation-progress:NAME -->`` and their closing markers after every invocation. Several
-GPUs: one invocation per GPU with the same ``--name``, ``--results`` and ``--readme``
-(docs/ablation.md).
+GPUs or CPU jobs: one invocation each, with its own ``--seeds`` and the same ``--name``,
+``--results`` and ``--readme`` (docs/ablation.md).
 
     graphormer-urpe-ablation --config zinc --name zinc-400k \\
         --seeds 0 1 2 --figures docs/figures   # the paper's 400k steps, each run to its end
     graphormer-urpe-ablation --config zinc --name zinc-paper --time-budget 8m \\
         --runs-dir results/runs --results docs/results/zinc_gpu.json --readme README.md
         # 8 minutes further, then the progress table in README.md
-    graphormer-urpe-ablation --config zinc --config zinc_v2 \\
-        --name cpu-slim-1256 --jobs 2 --threads-per-job 1 --trainer.precision 32-true --trainer.max_steps 1256 \\
-        --model.warmup_steps 126 --model.total_steps 1256   # a CPU budget: 8 epochs
     graphormer-urpe-ablation --table-only     # rewrite the table from the JSON
 
 Every file it reads and writes is checked before any work: one line and exit status 2 otherwise.
@@ -38,20 +35,15 @@ from typing import Any, Callable, Sequence
 
 from graphormer_urpe.cli.arguments import duration, folder_name_problem
 from graphormer_urpe.training.recipes import resolve_config
-from graphormer_urpe.training.studies.ablation import MIN_SLICE_S, Grid, RunsFailed
+from graphormer_urpe.training.studies.ablation import ARMS, MAX_SEED, Grid, RunsFailed
 from graphormer_urpe.training.studies.ablation_results import (
     RESULTS_FILE, best_run, figure_path, read_results, readme_block, write_progress_block,
     write_readme_block, write_table)
-from graphormer_urpe.training.studies.ablation_run import ARMS
+from graphormer_urpe.training.studies.study import storage_error
 from graphormer_urpe.utils.extras import missing_extra
 from graphormer_urpe.utils.files import (
     check_creatable_dir, check_writable_dir, refuse_overwriting_inputs, written_in_place)
 from graphormer_urpe.utils.process import StoppedBySignal, stop_on_signals
-from graphormer_urpe.utils.workers import WorkerDied
-
-#: The seeds ``seed_everything`` takes (numpy's).
-MAX_SEED = 2**32 - 1
-
 
 def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(
@@ -72,15 +64,11 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
                         help=f"JSON list of runs, merged into (None: <runs-dir>/{RESULTS_FILE})")
     parser.add_argument("--table", type=Path, default=None,
                         help="markdown table (default: the results path with .md)")
-    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (without --time-budget)")
     parser.add_argument("--threads-per-job", type=int, default=None,
                         help="OMP/MKL threads of each run (CPU); default: torch's choice")
     parser.add_argument("--time-budget", type=duration, default=None, metavar="DURATION",
-                        help="train in time slices for this long (e.g. 9m), then stop; the same "
-                             "command continues (see the description)")
-    parser.add_argument("--slice", type=duration, default=None, metavar="DURATION",
-                        help="with --time-budget: the longest slice of one run (default: the "
-                             "budget shared by the arms)")
+                        help="stop the grid and the fit in progress after this long (e.g. 9m); the "
+                             "same command continues (see the description)")
     parser.add_argument("--table-only", action="store_true",
                         help="only rewrite the table from the results file")
     parser.add_argument("--readme", type=Path, default=None, metavar="FILE",
@@ -97,8 +85,6 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
             resolve_config(config)
         except ValueError as error:
             parser.error(str(error))
-    if args.jobs < 1:
-        parser.error(f"--jobs must be >= 1, got {args.jobs}")
     if args.threads_per_job is not None and args.threads_per_job < 1:
         parser.error(f"--threads-per-job must be >= 1, got {args.threads_per_job}")
     bad_seeds = [seed for seed in args.seeds if not 0 <= seed <= MAX_SEED]
@@ -106,14 +92,6 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str
         parser.error(f"--seeds must be integers from 0 to {MAX_SEED} (2**32 - 1), got {bad_seeds}")
     if len(set(args.seeds)) != len(args.seeds) or len(set(args.arms)) != len(args.arms):
         parser.error("--seeds and --arms must not repeat a value")
-    if args.slice and not args.time_budget:
-        parser.error("--slice divides a --time-budget: add --time-budget")
-    for option, seconds in (("--time-budget", args.time_budget), ("--slice", args.slice)):
-        if seconds is not None and seconds < MIN_SLICE_S:
-            parser.error(f"{option} must be at least {MIN_SLICE_S:.0f} s (the shortest slice: a fit needs "
-                         f"seconds to start), got {seconds:.0f} s")
-    if args.time_budget and args.jobs != 1:
-        parser.error("--time-budget trains one slice at a time: drop --jobs")
     if args.readme and args.table_only and not args.name:
         parser.error("--readme with --table-only needs --name")
     problem = None if args.name is None or args.table_only else folder_name_problem("--name", args.name, "--runs-dir")
@@ -181,8 +159,8 @@ def check_files(args: argparse.Namespace, table: Path, figure: Path | None) -> N
 def grid_of(args: argparse.Namespace, overrides: list[str]) -> Grid:
     """The grid that the command line (:func:`parse_args`) names."""
     return Grid(args.config, overrides, runs_dir=args.runs_dir, results=args.results, table=args.table,
-                name=args.name, arms=args.arms, seeds=args.seeds, jobs=args.jobs,
-                threads_per_job=args.threads_per_job, time_budget=args.time_budget, slice_s=args.slice)
+                name=args.name, arms=args.arms, seeds=args.seeds, threads_per_job=args.threads_per_job,
+                time_budget=args.time_budget)
 
 
 def figure_of(entries: Sequence[dict], figures: Path) -> Path:
@@ -240,6 +218,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     args, overrides = parse_args(argv)
     if args.table_only:
         return table_only(args)
+    missing = missing_extra("optuna", "graphormer-urpe-ablation")  # the grid is an Optuna study
+    if missing:
+        raise _refuse(ValueError(missing))
+    from optuna.exceptions import StorageInternalError
+
     start = time.perf_counter()
     problems: list[str] = []
     with contextlib.ExitStack() as held:  # the run directories are let go when main() ends
@@ -250,8 +233,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             check_creatable_dir(args.runs_dir, "--runs-dir")
             held.callback(grid.release)
             grid.lock()
+            grid.open()
             grid.check_runs(reported=bool(args.readme))
-        except ValueError as error:
+        except ValueError as error:  # the recipe refused by fit's parser, another recipe's study
             raise _refuse(error) from None
         if args.readme:  # however the grid ends, where all its runs stand
             held.callback(_late, problems, lambda: write_progress_block(
@@ -259,17 +243,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         try:
             with stop_on_signals():
                 results = grid.run()
-        except ValueError as error:  # the recipe refused by the training CLI's parser
-            raise _refuse(error) from None
         except RunsFailed as failed:  # each named; the others are finished and published
             raise SystemExit(str(failed)) from None
-        except WorkerDied as died:  # a worker of the data build (the out-of-memory killer)
-            raise SystemExit(f"graphormer-urpe-ablation: error: {died}") from None
         except (KeyboardInterrupt, StoppedBySignal) as stop:  # the fit in progress saved and stopped
+            grid.stopped()
             signum = getattr(stop, "signum", signal.SIGINT)
             print(f"graphormer-urpe-ablation: stopped by {signal.Signals(signum).name}; every run "
                   "keeps its last.ckpt: the same command continues", file=sys.stderr, flush=True)
             raise SystemExit(128 + signum) from None
+        except StorageInternalError as error:
+            raise SystemExit(f"graphormer-urpe-ablation: error: the study database {grid.dir / 'study.db'} "
+                             f"failed ({storage_error(error)})") from None
         table = _late(problems, grid.publish)
         if table is not None:
             print(table)
@@ -278,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.figures:
             _late(problems, lambda: print(plot_figure(args.results, grid.name, args.runs_dir, args.figures)))
     print(f"graphormer-urpe-ablation: {grid.name} took {(time.perf_counter() - start) / 60:.1f} "
-          f"min ({len(results)} runs finished)")
+          f"min ({results} runs finished)")
     if problems:
         raise SystemExit(1)
 

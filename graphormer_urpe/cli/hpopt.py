@@ -3,35 +3,10 @@
     graphormer-urpe-hpopt --space space.yaml --config csv --study esol \\
         --n-trials 20 [--timeout 30m] [LightningCLI overrides for every trial, e.g. --trainer.max_epochs 10]
 
-The search space is a YAML mapping from a ``graphormer-urpe fit`` key to its range::
-
-    model.lr: {type: float, low: 1e-5, high: 1e-3, log: true}
-    model.backbone.num_layers: {type: int, low: 2, high: 6}
-    model.backbone.dropout: {type: categorical, choices: [0.0, 0.1]}
-
-Each trial is an ordinary ``graphormer-urpe fit`` in its own process and run directory,
-``<runs-dir>/<study>/trial-<n>``; its objective is the best value of the task's validation
-metric, and a callback in the trial prunes it (:mod:`graphormer_urpe.training.studies.search`).
-The study lives in an Optuna database, by default ``sqlite:///<runs-dir>/<study>/study.db``; any
-Optuna database URL (``--storage postgresql://...``) lets workers on several machines share one
-study; workers started together on a new SQLite study take turns creating it. It records its
-recipe and search space: a run with another recipe is refused. ``--n-trials N`` runs until the
-study holds N finished (complete or pruned) trials, counting earlier runs and other workers;
-``--timeout`` starts no trial after that time from the command's start. Killed and rerun, a
-search keeps its finished trials; a trial that was running when its worker died is marked failed
-and its values queued again (at once when the worker ran on this machine, else once its
-heartbeat is older than the grace period). Stopped by SIGTERM, SIGHUP or Ctrl-C, the search ends
-the trial's fit, marks the trial failed with its values queued again, and says so in one line.
-The best trial so far is written as ``<runs-dir>/<study>/best.yaml``, a config for
-``graphormer-urpe fit --config base.yaml --config best.yaml``, after every complete trial;
-``trials.csv`` beside it lists them all.
-
-Bad input (an unknown key, a bad range, a key written twice, a value ``fit`` refuses, another
-study's recipe, a study name that is not a plain name, a database that cannot be opened or
-written) is one line on stderr and exit status 2, before any trial runs. A study database that
-fails during the search (locked by another program for
-:data:`~graphormer_urpe.training.studies.study.STORAGE_WAIT_S`) ends it in one line
-naming the trial left running, which the same command run again fails and runs again.
+Each trial is an ordinary ``graphormer-urpe fit`` in its own process and run directory
+(:mod:`graphormer_urpe.training.studies.search`); the space file, the study, resuming, several
+workers and every refusal are described in docs/hpopt.md. Bad input is one line on stderr and
+exit status 2, before any trial runs.
 """
 from __future__ import annotations
 

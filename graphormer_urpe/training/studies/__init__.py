@@ -1,3 +1,4 @@
-"""Studies of many fits: the seeded URPE-vs-RPE ablation (runs in time slices, their results and
-tables), the hyperparameter search (its space, its Optuna study, the callback inside each trial's
-fit), the paper's synthetic sequence tasks, and the figures of the learned URPE tables."""
+"""Studies of many fits: the seeded URPE-vs-RPE ablation (a grid study: its runs, results and
+tables) and the hyperparameter search (its space, the callback inside each trial's fit), both on
+one study machinery (``study.py``); the paper's synthetic sequence tasks; the figures of the
+learned URPE tables."""

@@ -1,68 +1,58 @@
-"""The seeded URPE-vs-RPE ablation on one recipe (``graphormer-urpe-ablation``), resumable.
+"""The seeded URPE-vs-RPE ablation (``graphormer-urpe-ablation``): a grid of arms x seeds on one
+recipe, run as an Optuna study on the search's machinery (:mod:`.study`; docs/ablation.md).
 
-A :class:`Grid` of arms (:data:`~graphormer_urpe.training.studies.ablation_run.ARMS`: ``urpe``, B
-and C; ``rpe``, plain Graphormer, B only; ``urpe-shared``, one C for all layers) x seeds is
-trained with the training CLI, one ``fit`` subprocess per run
-(:class:`~graphormer_urpe.training.studies.ablation_run.Run`), on the same recipe (config files
-plus LightningCLI overrides). Every run:
-
-* lives in ``<runs-dir>/<name>/<arm>-s<seed>/`` with its logs, checkpoints and ``ablation_run.json``
-  (its arguments, commit, attempts and result);
-* takes ``seed`` both as ``seed_everything`` (initialisation, dropout) and as the training-order
-  seed of the DataModule;
-* resumes from its ``checkpoints/last.ckpt`` when the grid was killed (its steps are the
-  checkpoint's ``global_step``), starts over when it has none, and is not redone once it has a
-  result;
-* is trained by one runner at a time: the runner holds :data:`LOCK_FILE` in every run directory
-  of its grid (:meth:`Grid.lock`), and a second runner given any of them is refused, naming the
-  first one's pid;
-* is selected on the validation metric of its task only (the CLI's best checkpoint: ``val/mae``
-  for regression, see :mod:`graphormer_urpe.data.task`) and that checkpoint is evaluated on
-  the test split (``graphormer-urpe test``).
-
-Results are merged into a JSON list (one entry per ``(recipe, attention, seed)``, a rerun
-replaces its entry) and summarised in a markdown table
-(:mod:`~graphormer_urpe.training.studies.ablation_results`).
-
-With a time budget (:meth:`Grid.run_slices`) the grid trains in time slices instead of each run
-to its end: the runs of the first seed with unfinished runs advance one slice at a time (by
-default the budget shared by that seed's arms), the run with the fewest steps first, so the arms
-of a seed stay within one slice of each other; the next seed starts when the previous one is
-done. A slice ends with SIGTERM to its ``fit``, which saves the run's whole state (weights,
-AdamW, schedule, RNG, data position) in ``last.ckpt`` at the end of the step in progress; the
-same command, here or on another machine, continues exactly where it stopped. A finished run is
-tested at once.
-
-While the grid runs (the command holds it in
-:func:`~graphormer_urpe.utils.process.stop_on_signals`), SIGTERM and SIGHUP stop it as Ctrl-C
-does: the fit in progress saves and stops, and
-:class:`~graphormer_urpe.utils.process.StoppedBySignal` is raised where the runner waits.
+Each grid point ``(arm, seed)`` is one run directory ``<runs-dir>/<name>/<arm>-s<seed>/``, trained
+by trials of the study ``<name>`` (``study.db`` there) until one completes: a trial fits the run
+(from its ``checkpoints/last.ckpt`` when it has one) and tests its best-validation checkpoint; the
+trial's user attributes hold its worker, commit, device, the fit's arguments, its steps, the
+seconds its fit and test took and, once complete, the run's result. A trial stopped by the time
+budget, by a signal or by a failed fit is failed and the next invocation trains the point again,
+from its ``last.ckpt``. The study holds the recipe (another is refused) and, with Optuna's
+heartbeat, fails the trials of a worker that died. A runner holds :data:`LOCK_FILE` in each of
+its run directories, so that no two runners train one run.
 """
 from __future__ import annotations
 
+import csv
 import dataclasses
 import hashlib
+import json
 import os
 import re
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, Any, Sequence
+from typing import Any, Sequence
 
 from graphormer_urpe.training.studies.ablation_results import (
-    code_commit, describe_device, metric_of, now, publish_results)
-from graphormer_urpe.training.studies.ablation_run import ARMS, RUN_RECORD, Run, checkpoint_state
+    code_commit, describe_device, metric_of, publish_results)
+from graphormer_urpe.training.studies.study import (
+    check_writable, connect, fail_and_queue_again, fail_dead_trials, launch, now, worker)
 from graphormer_urpe.utils.files import hold_directory
 
+#: What each arm changes in the recipe's ``model.backbone`` (merged into it; everything else in
+#: the backbone, e.g. a smaller model, stays as the recipe has it).
+ARMS: dict[str, dict[str, Any]] = {
+    "urpe": {"attention": "urpe", "share_urpe_scale": False},
+    "rpe": {"attention": "rpe"},
+    "urpe-shared": {"attention": "urpe", "share_urpe_scale": True},
+}
 #: The name of a run directory: ``<arm>-s<seed>``.
 RUN_DIR = re.compile(rf"(?P<arm>{'|'.join(map(re.escape, ARMS))})-s(?P<seed>0|[1-9][0-9]*)")
 #: In a run directory: held (a ``filelock`` lock) by the runner that trains it, and names its pid.
 LOCK_FILE = "ablation.lock"
-#: The lock files this process holds (:meth:`Grid.lock`), which a forked child lets go of.
-_HELD_LOCKS: list[IO] = []
-#: A slice shorter than this is not started (a ``fit`` needs seconds to start before it trains).
-MIN_SLICE_S = 20.0
+STUDY_DB = "study.db"
+#: The seeds ``seed_everything`` takes (numpy's).
+MAX_SEED = 2**32 - 1
+#: Exit statuses of a ``fit`` stopped by SIGTERM (the CLI's 128 + 15, or the signal itself).
+STOPPED_STATUSES = (143, -15)
+
+
+class RunFailed(RuntimeError):
+    """A run's fit or test failed (its log says why): its trial fails, the grid goes on."""
+
+
+class Stopped(RuntimeError):
+    """The time budget stopped a run's fit (it saved its state): its trial fails."""
 
 
 class RunsFailed(RuntimeError):
@@ -71,181 +61,252 @@ class RunsFailed(RuntimeError):
 
 class Grid:
     """The runs ``arms x seeds`` of one recipe (``configs``, each a packaged recipe's name or a
-    config file, then LightningCLI ``overrides``) in ``runs_dir/<name>/``; ``name`` defaults to
-    :func:`default_name`. Finished runs' results are merged into ``results`` and its markdown
-    ``table`` (default: ``results`` with ``.md``). ``jobs`` runs at a time, each with
-    ``threads_per_job`` OMP/MKL threads (default: torch's choice); with ``time_budget`` (seconds),
-    slices of at most ``slice_s`` seconds instead (:meth:`run_slices`)."""
+    config file, then LightningCLI ``overrides``) in ``runs_dir/<name>/`` (``name``: by default
+    :func:`default_name`), trained in that order. Finished runs' results are merged into
+    ``results`` and its markdown ``table`` (default: ``results`` with ``.md``). Each fit and test
+    gets ``threads_per_job`` OMP/MKL threads (default: torch's choice); ``time_budget`` (seconds
+    from now) stops the grid and the fit in progress."""
 
     def __init__(self, configs: Sequence[str], overrides: Sequence[str], *, runs_dir: Path,
                  results: Path, arms: Sequence[str], seeds: Sequence[int], name: str | None = None,
-                 table: Path | None = None, jobs: int = 1, threads_per_job: int | None = None,
-                 time_budget: float | None = None, slice_s: float | None = None) -> None:
+                 table: Path | None = None, threads_per_job: int | None = None,
+                 time_budget: float | None = None) -> None:
         self.recipe_args = [a for config in configs for a in ("--config", config)] + list(overrides)
         self.name = name or default_name(self.recipe_args)
         self.dir = runs_dir / self.name
         self.results, self.table = results, table or results.with_suffix(".md")
-        self.runs = [Run(self, arm, seed) for seed in seeds for arm in arms]
-        self.jobs = jobs
-        self.time_budget, self.slice = time_budget, slice_s
-        self.started = time.monotonic()  # the time budget counts from here
-        self.threads_per_job = threads_per_job
-        self.commit = code_commit()
-        self.device = describe_device(jobs, threads_per_job)
+        self.points = [(arm, seed) for seed in seeds for arm in arms]
+        self.deadline = None if time_budget is None else time.monotonic() + time_budget
+        self.commit, self.device = code_commit(), describe_device(threads_per_job)
         self.budget = " ".join(self.recipe_args)
         self.child_env = dict(os.environ)
         if threads_per_job:
             for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
                 self.child_env[var] = str(threads_per_job)
-        self.recipe_backbone: dict[str, Any] = {}  # set by resolve_recipe()
-        self.max_steps = -1  # the recipe's trainer.max_steps, set by resolve_recipe()
-        self._results_lock, self._log_lock = threading.Lock(), threading.Lock()
+        self.recipe_backbone: dict[str, Any] = {}  # set by open()
+        self.max_steps = -1  # the recipe's trainer.max_steps (< 1: none), set by open()
+        self.study, self.current, self.failed, self._locks = None, None, [], []
 
     def log(self, message: str) -> None:
-        with self._log_lock:  # one line per message from the parallel runs
-            print(f"[{now()}] {message}", flush=True)
+        print(f"[{now()}] {message}", flush=True)
 
-    def resolve_recipe(self, prepare_data: bool) -> None:
-        """Read the recipe once (:func:`~graphormer_urpe.training.studies.search_space.parse_fit`,
-        the search's reader): its ``model.backbone`` (the arms are merged into it) and its step
-        budget; a run directory started with other arguments is refused then, before any work;
-        when runs remain, the data is built here before parallel runs would race to build it."""
-        from lightning.pytorch.cli import instantiate_class
+    def run_dir(self, arm: str, seed: int) -> Path:
+        return self.dir / f"{arm}-s{seed}"
 
+    def lock(self) -> None:
+        """Hold every run directory of this invocation until :meth:`release` or the process
+        ends; ``ValueError`` when another runner holds one."""
+        for arm, seed in self.points:
+            self._locks.append(hold_directory(self.run_dir(arm, seed), LOCK_FILE, "graphormer-urpe-ablation",
+                                              "wait for it to end, or choose another --name or --runs-dir"))
+
+    def release(self) -> None:
+        for lock in self._locks:
+            lock.close()
+        self._locks = []
+
+    def open(self) -> None:
+        """Read the recipe (:func:`~.search_space.parse_fit`, the search's reader: its backbone,
+        which the arms change, its step budget, its task) and open the study, created with the
+        recipe or refused when it holds another; trials left running by a worker of this machine
+        that is gone are failed."""
+        from graphormer_urpe.data.task import get_task
+        from graphormer_urpe.training.lightning_cli import data_task, training_args
         from graphormer_urpe.training.studies.search_space import parse_fit
 
         config = parse_fit([*self.recipe_args, "--trainer.logger", "false",
                             "--trainer.default_root_dir", str(self.dir)])
         self.recipe_backbone = backbone_overrides(config.model.backbone)
         self.max_steps = config.trainer.max_steps
-        if self.time_budget and self.max_steps < 1:
+        if self.deadline and self.max_steps < 1:
             raise ValueError("--time-budget needs a step budget (trainer.max_steps) to tell when a run is done")
-        for run in self.all_runs():  # the grid's runs on disk are of one recipe
-            run.load_record()
-        if prepare_data:
-            instantiate_class((), config.data).prepare_data()
+        task = get_task(data_task(config.data))
+        url = f"sqlite:///{self.dir.absolute() / STUDY_DB}"
+        check_writable(self.dir, url, "--runs-dir")
+        _, self.study = connect(url, self.name, {"args": training_args(self.recipe_args)},
+                                {"args": "the recipe's arguments"},
+                                lambda: {"monitor": task.monitor, "mode": task.mode}, self.dir, "--runs-dir",
+                                queue_again=False)
+        for number in fail_dead_trials(self.study, queue_again=False):
+            self.log(f"{self.name}: trial {number} was left running by a runner that is gone; marked failed")
 
-    def all_runs(self) -> list[Run]:
-        """This invocation's runs and every other run of the grid on disk (a run directory with
-        a run record: the seeds or arms of another invocation, e.g. one per GPU), by seed, then
-        arm."""
-        runs = {(run.arm, run.seed): run for run in self.runs}
-        for record in self.dir.glob(f"*-s*/{RUN_RECORD}"):
-            match = RUN_DIR.fullmatch(record.parent.name)
-            if match and (match["arm"], int(match["seed"])) not in runs:
-                runs[match["arm"], int(match["seed"])] = Run(self, match["arm"], int(match["seed"]))
-        return sorted(runs.values(), key=lambda run: (run.seed, list(ARMS).index(run.arm)))
+    def trials(self, arm: str, seed: int) -> list:
+        return [t for t in self.study.get_trials(deepcopy=False) if t.params == {"arm": arm, "seed": seed}]
 
-    def publish(self) -> str:
-        """Merge the result of every finished run of the grid on disk (this invocation's and any
-        other's) into the results file and rewrite the table, under the results' lock; the table."""
-        finished = [record["result"] for record in (run.read_record() for run in self.all_runs())
-                    if record and "result" in record]
-        with self._results_lock:
-            return publish_results(self.results, self.table, finished)
+    def result(self, arm: str, seed: int) -> dict | None:
+        """The run's result (of its complete trial), None before it has one."""
+        return next((t.user_attrs["result"] for t in self.trials(arm, seed) if t.state.name == "COMPLETE"), None)
 
-    def _finish(self, run: Run, seconds: float | None = None) -> dict | None:
-        result = run.execute(seconds)
-        if result is None:
-            return None
-        self.publish()
-        metric = metric_of(result)
-        self.log(f"{run.label}: val {metric} {result[f'val_{metric}']:.4f}, test {metric} "
-                 f"{result[f'test_{metric}']:.4f}"
-                 f" ({result['steps']} steps, {result['wall_s'] / 60:.1f} min)")
-        return result
-
-    def lock(self) -> None:
-        """Hold every run directory of this grid until the process ends
-        (:func:`~graphormer_urpe.utils.files.hold_directory` on :data:`LOCK_FILE`); ``ValueError`` when
-        another runner holds one."""
-        self._locks = [hold_directory(run.dir, LOCK_FILE, "graphormer-urpe-ablation",
-                                      "wait for it to end, or choose another --name or --runs-dir")
-                       for run in self.runs]
-        _HELD_LOCKS.extend(self._locks)
-
-    def release(self) -> None:
-        """Let go of the run directories :meth:`lock` holds (a process that goes on after
-        :func:`main`, such as a test, must not keep them)."""
-        for handle in getattr(self, "_locks", ()):
-            _HELD_LOCKS.remove(handle)
-            handle.close()
-        self._locks = []
+    def all_points(self) -> list[tuple[str, int]]:
+        """This invocation's runs and every other run of the grid in the study or on disk (the
+        seeds or arms of another invocation, e.g. one per GPU), by seed, then arm."""
+        points = set(self.points) | {(t.params["arm"], t.params["seed"]) for t in self.study.get_trials(deepcopy=False)
+                                     if set(t.params) == {"arm", "seed"}}
+        for folder in self.dir.glob("*-s*"):
+            match = RUN_DIR.fullmatch(folder.name)
+            if match and folder.is_dir():
+                points.add((match["arm"], int(match["seed"])))
+        return sorted(points, key=lambda p: (p[1], list(ARMS).index(p[0])))
 
     def check_runs(self, reported: bool) -> None:
-        """``ValueError`` (one line) before any work for what this invocation reads later: a run
-        record that is not one, of any run of the grid on disk, and a damaged or crafted
-        ``last.ckpt`` (read as plain data, :func:`checkpoint_state`) of an unfinished run that
-        it resumes or, when ``reported`` (``--readme``'s progress table), of any unfinished
-        run of the grid."""
-        for run in self.all_runs():
-            record = run.read_record() or {}
-            if run.last.exists() and "result" not in record and (reported or run in self.runs):
-                checkpoint_state(run.last)
+        """``ValueError`` (one line) before any work for a damaged or crafted ``last.ckpt`` (read
+        as plain data, :func:`checkpoint_state`) of an unfinished run this invocation resumes or,
+        when ``reported`` (``--readme``'s progress table), of any unfinished run of the grid."""
+        for arm, seed in self.all_points():
+            last = self.run_dir(arm, seed) / "checkpoints" / "last.ckpt"
+            if last.exists() and (reported or (arm, seed) in self.points) and self.result(arm, seed) is None:
+                checkpoint_state(last)
 
-    def run(self) -> list[dict]:
-        """Train and test every run of this invocation not finished yet (``jobs`` at a time, or in
-        slices of the time budget), each run's result published as it finishes; the results.
-        :class:`RunsFailed` names the runs that failed, after the others."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        how = (f"slices within {self.time_budget:.0f} s" if self.time_budget else f"{self.jobs} at a time")
-        self.log(f"grid {self.name}: {len(self.runs)} runs, {how}, commit {self.commit}")
-        self.resolve_recipe(any("result" not in (r.read_record() or {}) for r in self.runs))
-        if self.time_budget:
-            return self.run_slices()
-        with ThreadPoolExecutor(max_workers=self.jobs) as pool:
-            futures = [pool.submit(self._finish, run) for run in self.runs]
-            results, errors = [], []
-            for future in futures:
-                try:
-                    results.append(future.result())
-                except Exception as error:  # the other runs go on; report them all at the end
-                    errors.append(error)
-                    self.log(f"error: {error}")
-        if errors:
-            raise RunsFailed(f"{len(errors)} of {len(self.runs)} runs failed:\n"
-                             + "\n".join(str(e) for e in errors))
-        return results
+    def run(self) -> int:
+        """Train and test every run of this invocation without a result, in order, each in a
+        trial of ``Study.optimize`` (within the time budget), each result published as it comes;
+        the number of results. :class:`RunsFailed` names the runs that failed, after the others."""
+        todo = [point for point in self.points if self.result(*point) is None]
+        budget = "" if self.deadline is None else f" within {self.deadline - time.monotonic():.0f} s"
+        self.log(f"grid {self.name}: {len(self.points)} runs, {len(todo)} to train{budget}, commit {self.commit}")
+        timeout = None if self.deadline is None else self.deadline - time.monotonic()
+        if todo and (timeout is None or timeout > 0):
+            queue = iter(todo)
+            self.study.optimize(lambda trial: self.train(trial, *next(queue)), n_trials=len(todo), timeout=timeout,
+                                catch=(RunFailed, Stopped), callbacks=[self.ended])
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            self.log(f"{self.name}: the time budget is spent")
+        if self.failed:
+            raise RunsFailed(f"{len(self.failed)} of {len(self.points)} runs failed:\n" + "\n".join(self.failed))
+        return sum(self.result(*point) is not None for point in self.points)
 
-    def next_run(self, skip: Sequence[Run] = ()) -> Run | None:
-        """The run the next slice trains: of the first seed with unfinished runs (not in
-        ``skip``), a trained but untested one, else the one with the fewest steps, on a tie the one
-        with the fewest fits (a slice spent starting up moves on to the next arm), then the
-        first arm; None when every run is finished."""
-        for seed in dict.fromkeys(run.seed for run in self.runs):
-            records = {run: run.read_record() or {} for run in self.runs
-                       if run.seed == seed and run not in skip}
-            pending = [run for run, record in records.items() if "result" not in record]
-            if pending:
-                return min(pending, key=lambda run: (not records[run].get("fit_done"), run.steps(), run.fits()))
-        return None
-
-    def run_slices(self) -> list[dict]:
-        """The time budget: slices of at most ``slice_s`` seconds (default: the budget shared by
-        the arms) until the budget, counted from the runner's start, is spent or every run is
-        finished (see the module's docstring). A run that fails is reported and left for this
-        invocation; the others go on (:class:`RunsFailed` names them at the end)."""
-        end = self.started + self.time_budget
-        slice_s = self.slice or max(self.time_budget / len({run.arm for run in self.runs}), MIN_SLICE_S)
-        failed: dict[Run, Exception] = {}
-        while (run := self.next_run(list(failed))) is not None:
-            left = end - time.monotonic()
-            if left < MIN_SLICE_S:
-                self.log(f"{self.name}: the time budget is spent ({left:.0f} s left)")
-                break
-            try:
-                self._finish(run, min(slice_s, left))
-            except RuntimeError as error:  # a fit or test that failed: named, the grid goes on
-                failed[run] = error
+    def train(self, trial, arm: str, seed: int) -> float:
+        """One trial of run ``(arm, seed)``: its fit, to the end of the recipe's steps or the
+        time budget, then its test; the run's validation score."""
+        try:
+            return self._train(trial, arm, seed)
+        except (RunFailed, Stopped) as error:
+            trial.set_user_attr("reason", str(error))
+            if isinstance(error, RunFailed):
+                self.failed.append(str(error))
                 self.log(f"error: {error}")
-        if failed:
-            raise RunsFailed(f"{len(failed)} of {len(self.runs)} runs failed:\n"
-                             + "\n".join(str(e) for e in failed.values()))
-        return [r["result"] for r in (run.read_record() or {} for run in self.runs) if "result" in r]
+            else:
+                self.log(str(error))
+            raise
+
+    def _train(self, trial, arm: str, seed: int) -> float:
+        from graphormer_urpe.prediction.load import best_checkpoint
+
+        import optuna
+
+        self.current = trial.number
+        # the run's values, in distributions every trial of the study shares
+        self.study.sampler = optuna.samplers.PartialFixedSampler({"arm": arm, "seed": seed},
+                                                                optuna.samplers.RandomSampler())
+        trial.suggest_categorical("arm", list(ARMS))
+        trial.suggest_int("seed", 0, MAX_SEED)
+        run_dir, label = self.run_dir(arm, seed), f"{self.name}/{arm}-s{seed}"
+        # the arm's backbone after the recipe: LightningCLI replaces a dict argument, not merges it
+        args = [*self.recipe_args, "--model.backbone", json.dumps({**self.recipe_backbone, **ARMS[arm]}),
+                "--seed_everything", str(seed), "--data.init_args.seed", str(seed),
+                "--trainer.default_root_dir", str(run_dir)]
+        for key, value in {"worker": worker(), "commit": self.commit, "device": self.device, "args": args}.items():
+            trial.set_user_attr(key, value)
+        last = run_dir / "checkpoints" / "last.ckpt"
+        before = checkpoint_state(last)[0] if last.exists() else 0
+        if not 0 < self.max_steps <= before:
+            if last.exists():
+                resume = ["--ckpt_path", str(last)]
+                self.log(f"{label}: fit (resuming from last.ckpt at step {before})")
+            else:  # no resumable state: checkpoints of a run killed before its first last.ckpt go
+                resume = ["--checkpoint.overwrite", "true"]
+                self.log(f"{label}: fit")
+            try:
+                status, ended = self.child(trial, "fit", [*args, *resume], run_dir)
+            finally:  # also when the runner is stopped: the fit saved its step
+                after = checkpoint_state(last)[0] if last.exists() else 0
+                trial.set_user_attr("steps", [before, after])
+            if status != 0 and not (ended and status in STOPPED_STATUSES):
+                raise RunFailed(f"{label}: fit failed (exit {status}); see {run_dir / 'fit.log'}")
+            if status != 0 and not 0 < self.max_steps <= after:
+                raise Stopped(f"{label}: stopped by the time budget at step {after}; the same command continues")
+        best, val_score, best_step, steps, task = best_checkpoint(run_dir)
+        logger = json.dumps({"class_path": "lightning.pytorch.loggers.CSVLogger",
+                             "init_args": {"save_dir": str(run_dir), "name": "test", "version": best.stem}})
+        self.log(f"{label}: test {best.name}")
+        status, _ = self.child(trial, "test", [*args, "--trainer.logger", logger, "--ckpt_path", str(best)], run_dir)
+        if status != 0:
+            raise RunFailed(f"{label}: test failed (exit {status}); see {run_dir / 'test.log'}")
+        test_score = read_metric(run_dir / "test" / best.stem / "metrics.csv", f"test/{task.metric_name}")
+        trials = self.trials(arm, seed)  # this one (running) and the run's earlier ones
+        commits = sorted({t.user_attrs.get("commit", self.commit) for t in trials})
+        devices = sorted({t.user_attrs.get("device", self.device) for t in trials})
+        trial.set_user_attr("result", {
+            "recipe": self.name, "attention": arm, "seed": seed, "steps": steps, "best_step": best_step,
+            "task": task.name, f"val_{task.metric_name}": round(val_score, 6),
+            f"test_{task.metric_name}": round(test_score, 6), "wall_s": round(sum(map(_seconds, trials)), 1),
+            "device": "; ".join(devices), "commit": commits[0] if len(commits) == 1 else commits,
+            "budget": self.budget, "finished": now()})
+        return val_score
+
+    def child(self, trial, stage: str, args: list[str], run_dir: Path) -> tuple[int, bool]:
+        """:func:`~.study.launch` of ``stage`` (the fit under the time budget), its seconds and
+        exit status kept in the trial as it runs."""
+        def record(seconds: float, status: int | None) -> None:
+            trial.set_user_attr(f"{stage}_s", round(seconds, 1))
+            if status is not None:
+                trial.set_user_attr(f"{stage}_status", status)
+
+        return launch(stage, args, run_dir / f"{stage}.log", self.child_env,
+                      self.deadline if stage == "fit" else None, record)
+
+    def ended(self, study, trial) -> None:
+        """After each trial: a complete run's result published and said in one line."""
+        self.current = None
+        result = trial.user_attrs.get("result") if trial.state.name == "COMPLETE" else None
+        if result is not None:
+            self.publish()
+            metric = metric_of(result)
+            self.log(f"{self.name}/{result['attention']}-s{result['seed']}: val {metric} "
+                     f"{result[f'val_{metric}']:.4f}, test {metric} {result[f'test_{metric}']:.4f} "
+                     f"({result['steps']} steps, {result['wall_s'] / 60:.1f} min)")
+
+    def stopped(self) -> None:
+        """After a stop signal or Ctrl-C: the trial in progress (its fit saved and stopped) is
+        failed, and the next invocation trains its run again."""
+        if self.current is not None and self.study is not None:
+            fail_and_queue_again(self.study, self.current, queue_again=False)
+
+    def publish(self) -> str:
+        """Merge the result of every finished run of the study (this invocation's and any
+        other's) into the results file and rewrite the table, under the results' lock; the table."""
+        return publish_results(self.results, self.table, [
+            t.user_attrs["result"] for t in self.study.get_trials(deepcopy=False)
+            if t.state.name == "COMPLETE" and "result" in t.user_attrs])
 
     def progress(self) -> list[dict]:
-        """:meth:`Run.progress` of every run of the grid on disk (:meth:`all_runs`)."""
-        return [run.progress() for run in self.all_runs()]
+        """Where every run of the grid stands, for the progress table: steps done, best and
+        latest validation metric, device time (its trials' fits and tests), steps per second of
+        its fits' time, devices. A finished run's steps and best come from its result, an
+        unfinished one's from its ``last.ckpt``."""
+        entries = []
+        for arm, seed in self.all_points():
+            trials, result = self.trials(arm, seed), self.result(arm, seed)
+            last = self.run_dir(arm, seed) / "checkpoints" / "last.ckpt"
+            entry = {"run": f"{arm}-s{seed}", "steps": 0, "best": None, "latest": None, "done": result is not None,
+                     "wall_s": round(sum(map(_seconds, trials)), 1),
+                     "devices": sorted({t.user_attrs["device"] for t in trials if "device" in t.user_attrs})}
+            if result is not None:
+                entry["metric"] = metric_of(result)
+                entry["steps"], entry["best"] = result["steps"], result[f"val_{entry['metric']}"]
+            elif last.exists():
+                entry["steps"], entry["metric"], entry["best"] = checkpoint_state(last)
+            if "metric" in entry:
+                entry["latest"] = latest_logged(self.run_dir(arm, seed), f"val/{entry['metric']}")
+            fit_s = sum(t.user_attrs.get("fit_s", 0.0) for t in trials)
+            entry["steps_per_s"] = round(entry["steps"] / fit_s, 1) if fit_s and entry["steps"] else None
+            entries.append(entry)
+        return entries
+
+
+def _seconds(trial) -> float:
+    """The device time of a trial: its fit's and its test's seconds."""
+    return trial.user_attrs.get("fit_s", 0.0) + trial.user_attrs.get("test_s", 0.0)
 
 
 def backbone_overrides(backbone: Any) -> dict[str, Any]:
@@ -270,15 +331,42 @@ def default_name(recipe_args: Sequence[str]) -> str:
     return "+".join(stems or ["recipe"]) + f"-{digest}"
 
 
-def _in_a_forked_child() -> None:
-    """A process forked by the runner (a worker that builds the data) lets go of its copies of
-    the run directories' locks: a worker that outlived the runner would hold them. A fit is a
-    new program (``exec``) and inherits no lock."""
-    if _HELD_LOCKS:
-        null = os.open(os.devnull, os.O_RDONLY)
-        for handle in _HELD_LOCKS:  # the open file stays valid; the lock is the runner's alone
-            os.dup2(null, handle.fileno())
-        os.close(null)
+def checkpoint_state(path: Path) -> tuple[int, str, float | None]:
+    """``(steps, metric, best validation score)`` that a run's ``last.ckpt`` records: its
+    ``global_step``, its task's metric and its checkpoint callback's ``best_model_score`` (None
+    before the first validation). Read as plain data; ``ValueError`` naming the file for one that
+    is damaged, crafted, or lacks them."""
+    from graphormer_urpe.data.facts import DataFacts
+    from graphormer_urpe.data.task import get_task
+    from graphormer_urpe.utils.torch_files import model_checkpoint_state, read_checkpoint
+
+    checkpoint = read_checkpoint(path)
+    try:
+        steps = int(checkpoint["global_step"])
+        task = get_task(DataFacts.recorded(checkpoint.get("hyper_parameters", {}), "task"))
+        state = model_checkpoint_state(checkpoint, task.monitor) or {}
+        score = None if state.get("best_model_score") is None else float(state["best_model_score"])
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise ValueError(f"checkpoint {path} is not a run's last.ckpt ({type(error).__name__}: "
+                         f"{error}); remove it to start the run over") from None
+    return steps, task.metric_name, score
 
 
-os.register_at_fork(after_in_child=_in_a_forked_child)
+def read_metric(metrics_csv: Path, name: str) -> float:
+    with open(metrics_csv, newline="") as handle:
+        values = [row[name] for row in csv.DictReader(handle) if row.get(name)]
+    if not values:
+        raise RunFailed(f"{metrics_csv}: no {name} logged")
+    return float(values[-1])
+
+
+def latest_logged(run_dir: Path, name: str) -> float | None:
+    """The value of ``name`` at the highest step in the run's CSV logs (one ``csv/version_*``
+    folder per fit or resume), or None when none logged it."""
+    latest: tuple[int, float] | None = None
+    for metrics in run_dir.glob("csv/*/metrics.csv"):
+        with open(metrics, newline="") as handle:
+            for row in csv.DictReader(handle):
+                if row.get(name) and (latest is None or int(row["step"]) >= latest[0]):
+                    latest = (int(row["step"]), float(row[name]))
+    return None if latest is None else latest[1]

@@ -9,7 +9,6 @@ gives per arm the mean ± sample std over seeds and, per seed, the paired differ
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import hashlib
 import os
 import platform
@@ -23,6 +22,7 @@ import filelock
 
 from graphormer_urpe.utils.files import AtomicFile, atomic_write, read_json, write_json
 from graphormer_urpe.data.task import get_task
+from graphormer_urpe.training.studies.study import now
 
 #: The arm every other arm is compared with, seed by seed (plain Graphormer).
 BASELINE = "rpe"
@@ -48,12 +48,12 @@ def code_commit() -> str:
     return head + ("+dirty" if dirty else "")
 
 
-def describe_device(jobs: int, threads_per_job: int | None) -> str:
+def describe_device(threads_per_job: int | None) -> str:
     """What a run trains on, in words: the GPU name, or the CPU model, cores and threads."""
     import torch
 
     if torch.cuda.is_available():
-        return f"{torch.cuda.get_device_name(0)}, {jobs} run(s) at a time"
+        return torch.cuda.get_device_name(0)
     cpu = platform.processor() or platform.machine()
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
@@ -61,11 +61,7 @@ def describe_device(jobs: int, threads_per_job: int | None) -> str:
     except (OSError, StopIteration):
         pass
     threads = f"{threads_per_job} thread(s)" if threads_per_job else "default threads"
-    return f"CPU {cpu} ({os.cpu_count()} cores), {jobs} run(s) at a time, {threads} each"
-
-
-def now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    return f"CPU {cpu} ({os.cpu_count()} cores), {threads}"
 
 
 # --------------------------------------------------------------------------------------------

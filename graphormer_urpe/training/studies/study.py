@@ -77,15 +77,16 @@ def _stop(child: subprocess.Popen) -> int:
 
 
 def launch(stage: str, args: list[str], log: Path, env: dict, deadline: float | None = None,
-           tick: Callable[[float], None] | None = None) -> tuple[int, bool]:
+           record: Callable[[float, int | None], None] | None = None) -> tuple[int, bool]:
     """``graphormer-urpe <stage> <args>`` in a child process, its output appended to ``log``
-    after a line naming the command; ``tick(seconds so far)`` every :data:`TICK_S`. The child
-    imports nothing of the current folder (:func:`~graphormer_urpe.utils.process.console_command`)
-    and gets SIGTERM when this process dies (Linux). At the ``time.monotonic()`` ``deadline``, or
-    when this process is stopped (a signal, Ctrl-C: raised again once the child ended), the child
-    is stopped (:func:`_stop`). ``(its exit status, whether the deadline stopped it)``."""
+    after a line naming the command. The child imports nothing of the current folder
+    (:func:`~graphormer_urpe.utils.process.console_command`) and gets SIGTERM when this process
+    dies (Linux). At the ``time.monotonic()`` ``deadline``, or when this process is stopped (a
+    signal, Ctrl-C: raised again once the child ended), the child is stopped (:func:`_stop`).
+    ``record(seconds so far, None)`` every :data:`TICK_S`, and ``record(seconds, exit status)``
+    when it ended, however. ``(its exit status, whether the deadline stopped it)``."""
     command = [*console_command("graphormer-urpe", "graphormer_urpe.cli.fit"), stage, *args]
-    start = time.monotonic()
+    start, status = time.monotonic(), None
     with open(log, "a") as out:
         out.write(f"\n# {now()} {shlex.join(command)}\n")
         out.flush()
@@ -95,15 +96,20 @@ def launch(stage: str, args: list[str], log: Path, env: dict, deadline: float | 
             while True:
                 wait = TICK_S if deadline is None else min(TICK_S, max(deadline - time.monotonic(), 0.0))
                 try:
-                    return child.wait(timeout=wait), False
+                    status = child.wait(timeout=wait)
+                    return status, False
                 except subprocess.TimeoutExpired:
-                    if tick is not None:
-                        tick(time.monotonic() - start)
+                    if record is not None:
+                        record(time.monotonic() - start, None)
                     if deadline is not None and time.monotonic() >= deadline:
-                        return _stop(child), True
+                        status = _stop(child)
+                        return status, True
         except BaseException:
-            _stop(child)
+            status = _stop(child)
             raise
+        finally:
+            if record is not None:
+                record(time.monotonic() - start, status)
 
 
 # --------------------------------------------------------------------------------------------
@@ -180,9 +186,11 @@ def creating(url: str) -> Iterator[None]:
         lock.release()
 
 
-def open_storage(url: str):
+def open_storage(url: str, option: str, queue_again: bool = True):
     """The study database with Optuna's heartbeat (a busy database skips a beat: the grace
-    period covers it); :class:`Refused` when it cannot be opened."""
+    period covers it): a trial whose heartbeat is :data:`GRACE_S` old is failed and, with
+    ``queue_again``, its values queued once more; :class:`Refused` naming ``option`` when it
+    cannot be opened."""
     import optuna
     from optuna.exceptions import StorageInternalError
     from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
@@ -197,10 +205,11 @@ def open_storage(url: str):
         warnings.simplefilter("ignore")  # heartbeats are "experimental"
         try:
             return Storage(url, engine_kwargs=engine, heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-                           heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1))
+                           heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1)
+                           if queue_again else None)
         except Exception as exc:  # noqa: BLE001 - bad URLs, missing drivers, unreachable servers
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            raise Refused(f"--storage {safe_url(url)}: cannot open the study database "
+            raise Refused(f"{option} {safe_url(url)}: cannot open the study database "
                           f"({type(exc).__name__}: {first})") from None
         finally:
             optuna.logging.set_verbosity(optuna.logging.ERROR)  # the studies say how trials end
@@ -234,11 +243,12 @@ def stored_recipe(storage, name: str, recipe: dict, names: dict[str, str]) -> di
 
 
 def connect(url: str, name: str, recipe: dict, names: dict[str, str], check: Callable[[], dict],
-            study_dir: Path, option: str, **create):
+            study_dir: Path, option: str, queue_again: bool = True, **create):
     """``(storage, study)``: the database opened and study ``name`` loaded and compared with
     ``recipe`` (:func:`stored_recipe`), or created (``create``: ``optuna.create_study``'s
     arguments) with ``recipe`` after ``check()`` gave its objective, run only for a new study;
-    workers started together take turns (:func:`creating`). A new study in a ``study_dir`` that
+    workers started together take turns (:func:`creating`); ``queue_again``: of
+    :func:`open_storage`. A new study in a ``study_dir`` that
     holds trial folders (another study's), or a database that fails a read or write, is
     :class:`Refused`."""
     import optuna
@@ -249,12 +259,12 @@ def connect(url: str, name: str, recipe: dict, names: dict[str, str], check: Cal
         storage = stored = None
         if database is None or database.is_file():  # an existing database: quick to refuse
             with creating(url):
-                storage = open_storage(url)
+                storage = open_storage(url, option, queue_again)
                 stored = stored_recipe(storage, name, recipe, names)
         recipe["objective"] = stored["objective"] if stored else check()
         study_dir.mkdir(parents=True, exist_ok=True)
         with creating(url):
-            storage = storage or open_storage(url)
+            storage = storage or open_storage(url, option, queue_again)
             if stored_recipe(storage, name, recipe, names) is None:
                 old = sorted(p.name for p in study_dir.glob("trial-*"))
                 if old:
@@ -283,10 +293,10 @@ def worker() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def fail_and_queue_again(study, number: int) -> bool:
-    """Trial ``number``, still running, is marked failed and its values queued to run once more
-    (as the heartbeat does for a trial whose worker stopped beating); False when it had already
-    finished (another worker got there first)."""
+def fail_and_queue_again(study, number: int, queue_again: bool = True) -> bool:
+    """Trial ``number``, still running, is marked failed and (``queue_again``) its values queued
+    to run once more, as the heartbeat does for a trial whose worker stopped beating; False when
+    it had already finished (another worker got there first)."""
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.storages import RetryHeartbeatStaleTrialCallback
     from optuna.trial import TrialState
@@ -295,13 +305,15 @@ def fail_and_queue_again(study, number: int) -> bool:
         failed = study.tell(number, state=TrialState.FAIL)
     except (UpdateFinishedTrialError, ValueError):  # finished meanwhile
         return False
+    if not queue_again:
+        return True
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "experimental"
         RetryHeartbeatStaleTrialCallback(max_retry=1)(study, failed)
     return True
 
 
-def fail_dead_trials(study) -> list[int]:
+def fail_dead_trials(study, queue_again: bool = True) -> list[int]:
     """Running trials whose worker ran on this machine and is gone (Optuna's heartbeat would
     wait :data:`GRACE_S`), or that never recorded a worker and started over :data:`GRACE_S`
     ago, are marked failed and their values queued once more (:func:`fail_and_queue_again`)."""
@@ -315,7 +327,7 @@ def fail_dead_trials(study) -> list[int]:
             dead = trial.datetime_start is not None and (started - trial.datetime_start).total_seconds() > GRACE_S
         else:
             dead = worker_host == host and pid.isdigit() and not _alive(int(pid))
-        if dead and fail_and_queue_again(study, trial.number):
+        if dead and fail_and_queue_again(study, trial.number, queue_again):
             failed.append(trial.number)
     return failed
 
