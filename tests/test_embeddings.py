@@ -195,6 +195,27 @@ def test_a_disk_that_fills_while_the_npz_is_assembled_keeps_every_previous_file(
         assert sorted(p.name for p in disk.iterdir()) == sorted(before)
 
 
+def test_a_disk_that_fills_while_the_npy_is_assembled_says_so_in_one_line(written, molecules, tmp_path):
+    """A real disk (a tmpfs) with room for the table and the streamed vectors but only half the
+    assembled .npy: one line naming the full disk (ENOSPC), exit 1, the previous files byte for
+    byte, no temporary file left."""
+    from helpers.small_disk import pages, small_disk
+
+    new = {name: (written["dir"] / name).stat().st_size for name in ("preds.csv", "graph.npy")}
+    (tmp_path / "measured").mkdir()
+    previous_room = sum(pages(len(b)) for b in write_previous_run(tmp_path / "measured").values())
+    room = previous_room + pages(new["preds.csv"]) + pages(new["graph.npy"]) + new["graph.npy"] // 2
+    with small_disk(tmp_path / "full", room) as disk:
+        before = write_previous_run(disk)
+        done = run("--ckpt", PRETRAINED, "--input", molecules, "--output", disk / "preds.csv",
+                   "--embeddings", disk / "graph.npy", "--workers", 0, check=False)
+        assert done.returncode == 1, done.stderr
+        assert done.stderr.strip().splitlines()[-1].endswith("No space left on device; nothing written"), done.stderr
+        assert "Traceback" not in done.stderr
+        assert {name: (disk / name).read_bytes() for name in before} == before
+        assert sorted(p.name for p in disk.iterdir()) == sorted(before)
+
+
 def test_a_failure_after_the_npy_is_assembled_keeps_every_previous_file(molecules, tmp_path, monkeypatch, capsys):
     """The same in this process, on any machine: the disk fills while the .npz's offsets are
     written, after the .npy was assembled."""

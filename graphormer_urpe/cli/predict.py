@@ -46,6 +46,7 @@ import csv
 import json
 import logging
 import os
+import shutil
 import sys
 import tempfile
 from array import array
@@ -382,8 +383,8 @@ class EmbeddingFiles:
     :meth:`write` takes each chunk in input order: its vectors go to an unnamed temporary file
     beside the output as they come (``tempfile.TemporaryFile``: the system removes it, even
     after a kill), so memory stays bounded. :meth:`assemble` writes the NumPy files from them
-    (memory-mapped, ``np.save`` and ``np.savez``) beside their paths, for the caller to put in
-    place with the table; leaving the ``with`` block otherwise writes nothing."""
+    beside their paths (the ``.npz`` by ``np.savez`` of the memory-mapped vectors), for the
+    caller to put in place with the table; leaving the ``with`` block otherwise writes nothing."""
 
     def __init__(self, graph: Path | None, atoms: Path | None) -> None:
         self._outputs: dict[str, tuple[AtomicFile, IO[bytes]]] = {}
@@ -420,8 +421,13 @@ class EmbeddingFiles:
         table (:func:`~graphormer_urpe.utils.files.commit_together`), so that the vectors on disk
         are always those of the table's rows."""
         if "graph" in self._outputs:
+            # numpy's header, then the vectors copied through Python's file: np.save of a mapped
+            # array hands the file to C's fwrite, whose full disk is no ENOSPC ("N requested and M written")
             output, raw = self._outputs["graph"]
-            np.save(output.handle, _mapped(raw, self.rows, width))
+            np.lib.format.write_array_header_1_0(output.handle, {"descr": "<f4", "fortran_order": False,
+                                                                 "shape": (self.rows, width)})
+            raw.seek(0)
+            shutil.copyfileobj(raw, output.handle, 1 << 22)
         if "atoms" in self._outputs:
             output, raw = self._outputs["atoms"]
             offsets = np.frombuffer(self._offsets, dtype=np.int64)
@@ -437,8 +443,8 @@ class EmbeddingFiles:
 
 
 def _mapped(raw: IO[bytes], rows: int, width: int) -> np.ndarray:
-    """The float32 ``[rows, width]`` written to ``raw``, mapped from the file (no file to map
-    when there are none)."""
+    """The float32 ``[rows, width]`` written to ``raw``, mapped from the file (none to map when
+    it is empty)."""
     raw.flush()
     if rows * width == 0:
         return np.zeros((rows, width), "<f4")
