@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command for a GPU machine, in bounded time (GPU_CHECK_SECONDS, default 570):
 #   1. set-up: the wheels brought along in .whl/ installed into /tmp/site (no network), the
-#      Cython extension built for this Python; the machine and the versions;
+#      Cython extension built for this Python (scripts/gpu_wheels.txt: which wheels, how to fetch
+#      them); the machine and the versions;
 #   2. ZINC-12k built in data/ (RDKit, all cores);
 #   3. only when the code differs from the ranking recorded for this GPU
 #      (RESULTS_DIR/ranking_<gpu>.json): the tests that need a GPU, then the speed ranking of the
@@ -96,9 +97,9 @@ export PYTHONUNBUFFERED=1
 export GRAPHORMER_URPE_ZINC_SOURCE=${GRAPHORMER_URPE_ZINC_SOURCE:-$PWD/shared/data/zinc}
 {
   echo "$GPU"
-  "$PY" -c "import torch, lightning, torch_geometric, numpy, rdkit; print('torch', torch.__version__, \
+  "$PY" -c "import torch, lightning, torch_geometric, numpy, rdkit, optuna; print('torch', torch.__version__, \
 '| lightning', lightning.__version__, '| torch_geometric', torch_geometric.__version__, '| numpy', \
-numpy.__version__, '| rdkit', rdkit.__version__)"
+numpy.__version__, '| rdkit', rdkit.__version__, '| optuna', optuna.__version__)"
   echo "$(nproc) CPU cores, $(date -u +%F)"
 } > "$OUT_DIR/machine.txt" 2>&1
 
