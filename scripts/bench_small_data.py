@@ -48,10 +48,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from graphormer_urpe.data.local_data import data_file
 from graphormer_urpe.prediction.load import best_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
-ESOL = REPO.parent / "shared" / "data" / "moleculenet" / "esol.csv"
+#: MoleculeNet ESOL: the local data copy, else downloaded once into the user's data cache.
+ESOL = "data:moleculenet/esol.csv"
 ESOL_TARGET = "measured log solubility in mols per litre"
 ARMS = ("finetuned", "scratch", "frozen", "chemprop", "minimol", "blend")
 #: The arms whose predictions ``blend`` averages.
@@ -271,7 +273,7 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--csv", type=Path, default=ESOL)
+    parser.add_argument("--csv", default=ESOL, help="a CSV file, or data:<file of the local data copies>")
     parser.add_argument("--smiles-column", default="smiles")
     parser.add_argument("--target-column", default=ESOL_TARGET)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
@@ -292,7 +294,12 @@ def main() -> None:
     parser.add_argument("--chemprop-args", type=shlex.split, default=[],
                         help="more options for chemprop train, one string")
     args = parser.parse_args()
-    args.csv = args.csv.resolve()
+    try:
+        args.csv = data_file(args.csv).resolve()
+    except ValueError as exc:
+        raise SystemExit(f"bench_small_data.py: {exc}") from None
+    if not args.csv.is_file():
+        raise SystemExit(f"bench_small_data.py: {args.csv}: no such file")
     work = args.work.resolve()
     arms = [arm for arm in args.arms if not (args.validation_only and arm in (*PEERS, "frozen", "blend"))]
     args.peer_commands = {arm: peer_command(args, arm) for arm in PEERS if arm in arms}
