@@ -7,29 +7,15 @@ version of :func:`~.collate.collate`. A training step then costs no Python per g
 ``DataLoader`` worker and no host-to-device copy of the batch; only ``B`` int64 item ids per step
 are sliced from the epoch order that is moved to the device once per epoch.
 
-Ragged arithmetic of :func:`gather_batch` for graphs ``index [B]`` with node counts ``n_b``,
-edge counts ``m_b`` and ``N = max_b n_b``:
-
-.. math::
-    \text{node } (b, i):& \quad \text{src } = \text{node\_ptr}[g_b] + i, \quad
-        \text{dst } = b N + i, \qquad 0 \le i < n_b \\
-    \text{edge } (b, e):& \quad \text{src } = \text{edge\_ptr}[g_b] + e, \quad
-        \text{dst } = o_b + e, \quad o_b = \textstyle\sum_{b' < b} m_{b'} \\
-    \text{pair } (b, i, j):& \quad \text{src } = \text{pair\_ptr}[g_b] + i n_b + j, \quad
-        \text{dst } = b N^2 + i N + j
-
-with each element's owner ``b`` and local position from ``repeat_interleave`` / ``cumsum``
-(:func:`ragged_positions`). Path edges (stored as local edge ids) get ``+ o_b``; ``-1`` stays
-``-1``, the all-zero last row of ``edge_attr``.
-
-With a fixed padding (:class:`~.batch.BatchPadding`) :func:`gather_batch` gathers the padded
-batch with every intermediate of a fixed shape instead (dense grids and masks, no ragged
-positions), as a training step recorded in a CUDA graph needs (:mod:`graphormer_urpe.training.engine`).
+Every batch is gathered with every intermediate of a fixed shape (:func:`gather_batch`), so
+the same gather serves an evaluation batch and a training step recorded in a CUDA graph
+(:mod:`graphormer_urpe.training.engine`).
 
 Two implementations, one contract: the numpy :func:`~.collate.collate` stays the CPU
 ``DataLoader`` path because its per-graph block copies of the pair arrays run faster on one
-core than these element-wise gathers (docs/benchmarks.md) and read memory-mapped storage without copying it; ``tests/data/test_resident.py`` asserts both give
-identical batches on real ZINC.
+core than these element-wise gathers (docs/benchmarks.md) and read memory-mapped storage
+without copying it; ``tests/data/test_resident.py`` asserts both give identical batches on real
+ZINC.
 """
 from __future__ import annotations
 
@@ -78,53 +64,24 @@ class TensorGraphs(GraphArrays[Tensor]):
         return self.x.device
 
 
-@dataclass(frozen=True)
-class BatchShape:
-    """Host-side sizes of one batch, so the device gather needs no device-to-host sync."""
-
-    num_graphs: int
-    max_nodes: int  # N
-    total_nodes: int  # sum n_b
-    total_edges: int  # sum m_b
-    total_pairs: int  # sum n_b^2
-
-    @classmethod
-    def of(cls, num_nodes: np.ndarray | Tensor, num_edges: np.ndarray | Tensor) -> "BatchShape":
-        """From the batch's node counts ``[B]`` and edge counts ``[B]`` (host arrays are free;
-        device tensors cost a sync)."""
-        n, m = (np.asarray(c.cpu() if isinstance(c, Tensor) else c, dtype=np.int64)
-                for c in (num_nodes, num_edges))
-        if len(n) == 0:
-            return cls(0, 0, 0, 0, 0)
-        return cls(len(n), int(n.max()), int(n.sum()), int(m.sum()), int((n * n).sum()))
-
-
-def ragged_positions(counts: Tensor, total: int) -> tuple[Tensor, Tensor]:
-    """For ragged rows of lengths ``counts [B]`` (``total`` = their sum, given so no sync is
-    needed): ``(owner, local)``, each ``[total]`` int64, the row of each element and its position
-    inside that row."""
-    owner = torch.repeat_interleave(torch.arange(len(counts), device=counts.device), counts,
-                                    output_size=total)
-    starts = torch.cumsum(counts, 0) - counts
-    local = torch.arange(total, device=counts.device) - starts.index_select(0, owner)
-    return owner, local
-
-
 def gather_batch(graphs: TensorGraphs, index: Tensor, y: Tensor | None = None,
-                 positions: Tensor | None = None, shape: BatchShape | None = None,
-                 padding: BatchPadding | None = None, check_padding: bool = True) -> GraphBatch:
-    """Gather graphs ``index [B]`` (int64, on ``graphs.device``) into a padded batch, on that device.
+                 positions: Tensor | None = None, padding: BatchPadding | None = None,
+                 check_padding: bool = True) -> GraphBatch:
+    r"""Gather graphs ``index [B]`` (int64, on ``graphs.device``) into a padded batch, on that device.
 
     The torch twin of :func:`~.collate.collate` (same :class:`GraphBatch`, bit for bit).
     ``y [B, T]`` / ``positions [B]`` override ``graphs.y[index]`` / ``GraphBatch.index``
-    (default: ``index``). ``shape`` (from host-side counts, :meth:`BatchShape.of`) avoids the
-    one device-to-host sync that sizing the outputs otherwise needs.
-
-    ``padding`` fixes ``N`` and ``E`` (:class:`~.batch.BatchPadding`): the batch is then gathered
-    with every intermediate of a fixed shape (:func:`_gather_padded`), as a step recorded in a
-    CUDA graph needs. The graphs must fit the padding: checked (from ``shape``, else with one
-    sync) unless ``check_padding`` is False, for a caller whose padding covers the whole split
+    (default: ``index``). ``padding`` fixes ``N`` and ``E`` (:class:`~.batch.BatchPadding`;
+    default: the batch's largest node count and its edge count, read with one device-to-host
+    sync). The graphs must fit it: checked (one sync) unless ``check_padding`` is False, for a
+    caller that sized it from host-side counts or whose padding covers the whole split
     (:meth:`~.batch.BatchPadding.covering`) and which must not sync (a recorded step).
+
+    Every intermediate has a fixed shape (``B``, ``N``, ``E``; no size read from the data), so
+    the gather can be captured in a CUDA graph: it walks the dense grids and masks: node ``(b, i)`` is real iff ``i < n_b``, pair ``(b, i, j)`` iff
+    ``i, j < n_b`` (source ``pair_ptr[g_b] + i n_b + j``), and edge row ``r < E`` belongs to the
+    graph ``b`` with ``o_b \le r < o_b + m_b`` (``searchsorted`` of the running edge counts). Path edges (local edge ids) get ``+ o_b``;
+    ``-1`` stays ``-1``, the all-zero last row of ``edge_attr``.
     """
     device = graphs.device
     index = index.to(device=device, dtype=torch.int64)
@@ -132,80 +89,11 @@ def gather_batch(graphs: TensorGraphs, index: Tensor, y: Tensor | None = None,
     n = graphs.node_ptr.index_select(0, index + 1) - node_start
     edge_start = graphs.edge_ptr.index_select(0, index)
     m = graphs.edge_ptr.index_select(0, index + 1) - edge_start
-    if shape is None and (padding is None or check_padding):
-        shape = BatchShape.of(n, m)
-    if shape is not None and shape.num_graphs != len(index):
-        raise ValueError(f"shape is for {shape.num_graphs} graphs but index has {len(index)}")
-    if padding is not None:
-        if check_padding:
-            padding.check(shape.max_nodes, shape.total_edges, len(index))
-        return _gather_padded(graphs, index, n, node_start, m, edge_start, padding, y, positions)
-    b, big_n, edge_rows = shape.num_graphs, shape.max_nodes, shape.total_edges
-
-    # Nodes: destination b * N + local in a [B * N] grid.
-    node_owner, node_local = ragged_positions(n, shape.total_nodes)
-    node_src = node_start.index_select(0, node_owner) + node_local
-    node_dst = node_owner * big_n + node_local
-    x = torch.zeros((b * big_n, graphs.x.shape[1]), dtype=torch.int32, device=device)
-    x.index_copy_(0, node_dst, graphs.x.index_select(0, node_src).to(torch.int32))
-    node_mask = torch.zeros(b * big_n, dtype=torch.bool, device=device)
-    node_mask.index_fill_(0, node_dst, True)
-    encoded = {}
-    for enc, stored in graphs.specs():
-        if enc.per == "node":
-            values = torch.full((b * big_n, *stored.shape[1:]), enc.fill, dtype=_torch_dtype(enc.batch_dtype),
-                                device=device)
-            values.index_copy_(0, node_dst, stored.index_select(0, node_src).to(values.dtype))
-            encoded[enc.name] = values.view(b, big_n, *stored.shape[1:])
-
-    # Edges: concatenated, plus the all-zero row that path edge -1 resolves to.
-    edge_owner, edge_local = ragged_positions(m, shape.total_edges)
-    edge_attr = torch.zeros((edge_rows + 1, graphs.edge_attr.shape[1]), dtype=torch.int32, device=device)
-    edge_attr[:shape.total_edges] = graphs.edge_attr.index_select(0, edge_start.index_select(0, edge_owner) + edge_local)
-    edge_offset = (torch.cumsum(m, 0) - m).to(torch.int32)  # first batch row of each graph's edges
-
-    # Node pairs: local pair p = i * n_b + j of graph b goes to b * N^2 + i * N + j.
-    pair_owner, pair_local = ragged_positions(n * n, shape.total_pairs)
-    pair_src = graphs.pair_ptr.index_select(0, index).index_select(0, pair_owner) + pair_local
-    owner_n = n.index_select(0, pair_owner)
-    row = torch.div(pair_local, owner_n, rounding_mode="floor")
-    pair_dst = pair_owner * (big_n * big_n) + row * big_n + (pair_local - row * owner_n)
-    for enc, stored in graphs.specs():
-        if enc.per != "pair":
-            continue
-        values = stored.index_select(0, pair_src).to(_torch_dtype(enc.batch_dtype))
-        if enc.edge_ids:  # local -> batch edge row; -1 stays -1 (x >> 31 is -1 iff x < 0, so the mask is 0)
-            values += edge_offset.index_select(0, pair_owner).view(-1, *[1] * (values.dim() - 1)) & ~(values >> 31)
-        padded = torch.full((b * big_n * big_n, *stored.shape[1:]), enc.fill, dtype=values.dtype, device=device)
-        padded.index_copy_(0, pair_dst, values)
-        encoded[enc.name] = padded.view(b, big_n, big_n, *stored.shape[1:])
-
-    return GraphBatch(
-        x=x.view(b, big_n, -1),
-        node_mask=node_mask.view(b, big_n),
-        encodings={name: encoded[name] for name in graphs.encodings},
-        edge_attr=edge_attr,
-        y=(graphs.y.index_select(0, index) if y is None else y).to(torch.float32),
-        num_nodes=n.to(torch.int32),
-        index=index if positions is None else positions.to(torch.int64),
-    )
-
-
-def _gather_padded(graphs: TensorGraphs, index: Tensor, n: Tensor, node_start: Tensor, m: Tensor,
-                   edge_start: Tensor, padding: BatchPadding, y: Tensor | None,
-                   positions: Tensor | None) -> GraphBatch:
-    r""":func:`gather_batch` into ``padding`` with every intermediate of a fixed shape, so it can
-    be captured in a CUDA graph: ``B = len(index)`` graphs, ``N``, ``E`` from ``padding``, no size
-    read from the data (no device-to-host sync, no ``repeat_interleave``); ``n``, ``m`` are the
-    graphs' node and edge counts, starting at ``node_start``, ``edge_start``.
-
-    Instead of ragged positions it walks the dense grids and masks: node ``(b, i)`` is real iff
-    ``i < n_b``, pair ``(b, i, j)`` iff ``i, j < n_b`` (source ``pair_ptr[g_b] + i n_b + j``), and
-    edge row ``r < E`` belongs to the graph ``b`` with ``o_b \le r < o_b + m_b``
-    (``searchsorted`` of the running edge counts). The graphs must fit the padding (the caller
-    checks that).
-    """
-    device = graphs.device
+    if padding is None or check_padding:
+        max_nodes, total_edges = (int(n.max()), int(m.sum())) if len(index) else (0, 0)
+        if padding is None:
+            padding = BatchPadding(max_nodes, total_edges)
+        padding.check(max_nodes, total_edges, len(index))
     big_n, big_e = padding.num_nodes, padding.num_edges
     y = graphs.y.index_select(0, index) if y is None else y
     positions = index if positions is None else positions
@@ -310,7 +198,10 @@ class ResidentSplit:
             items_on_device = None
         if items_on_device is None:
             items_on_device = torch.from_numpy(items).to(self.device, non_blocking=True)
-        shape = BatchShape.of(self.num_nodes[items], self.num_edges[items])
+        num_nodes, num_edges = self.num_nodes[items], self.num_edges[items]
+        exact = BatchPadding(int(num_nodes.max()), int(num_edges.sum()))
+        if self.padding is not None:  # checked here, from the host-side counts: no sync
+            self.padding.check(exact.num_nodes, exact.num_edges, len(items))
         y = self.y.index_select(0, items_on_device)
         positions = self.positions.index_select(0, items_on_device)
         if unlabelled.any():
@@ -318,7 +209,7 @@ class ResidentSplit:
             y = torch.where(keep[:, None], y, float("nan"))
             positions = torch.where(keep, positions, -1)
         return gather_batch(self.graphs, self.graph_ids.index_select(0, items_on_device), y, positions,
-                            shape, self.padding)
+                            self.padding or exact, check_padding=False)
 
     def gather(self, order: Tensor, start: Tensor | int, offsets: Tensor) -> GraphBatch:
         """The batch of items ``order[start + offsets]`` (device tensors), in the split's padding:

@@ -13,9 +13,7 @@ from graphormer_urpe.data.collate import collate
 from graphormer_urpe.data import PCQM4Mv2DataModule, ZINCDataModule
 from graphormer_urpe.data.dataset import SeededShuffleSampler
 from graphormer_urpe.data.ogb_lsc import PCQM4MV2, write_root
-from graphormer_urpe.data.resident import (
-    BatchShape, ResidentLoader, ResidentSplit, TensorGraphs, gather_batch,
-)
+from graphormer_urpe.data.resident import ResidentLoader, ResidentSplit, TensorGraphs, gather_batch
 from graphormer_urpe.data.batch import BatchPadding
 
 
@@ -53,7 +51,9 @@ def test_gather_batch_equals_numpy_collate_on_real_zinc(zinc_data_root):
         expected = collate(graphs, index)
         assert_same_batch(expected, gather_batch(on_cpu, torch.from_numpy(index)))
         n, m = np.diff(graphs.node_ptr)[index], np.diff(graphs.edge_ptr)[index]
-        assert_same_batch(expected, gather_batch(on_cpu, torch.from_numpy(index), shape=BatchShape.of(n, m)))
+        exact = BatchPadding(int(n.max()), int(m.sum()))  # sized from host-side counts: no sync
+        assert_same_batch(expected, gather_batch(on_cpu, torch.from_numpy(index), padding=exact,
+                                                 check_padding=False))
     # overridden targets and positions (rows sharing a stored graph)
     index = np.array([5, 5, 9000, 17])
     y = rng.normal(size=(4, 1)).astype(np.float32)
@@ -88,10 +88,12 @@ def test_fixed_shape_gather_equals_the_padded_collation_on_real_zinc(zinc_data_r
     assert_same_batch(collate(graphs, index, y, positions, padding), gathered)
 
 
-def test_gather_batch_rejects_a_shape_for_another_batch(zinc_data_root):
+def test_gather_batch_rejects_sizes_of_another_batch(zinc_data_root):
+    """Sizes of two graphs given for a batch of three: refused in one line, not a garbled batch."""
     graphs = TensorGraphs.from_flat(ZINCDataModule(root=str(zinc_data_root)).train_dataset().graphs)
-    with pytest.raises(ValueError, match="shape is for 2 graphs but index has 3"):
-        gather_batch(graphs, torch.tensor([0, 1, 2]), shape=BatchShape.of(np.array([5, 6]), np.array([8, 8])))
+    n, m = np.diff(graphs.node_ptr.numpy())[:2], np.diff(graphs.edge_ptr.numpy())[:2]
+    with pytest.raises(ValueError, match="a batch of 3 graphs .* does not fit the padding"):
+        gather_batch(graphs, torch.tensor([0, 1, 2]), padding=BatchPadding(int(n.max()), int(m.sum())))
 
 
 def test_resident_loaders_serve_the_dataloader_batches(zinc_data_root, caplog):
