@@ -415,7 +415,7 @@ def run_row(name: str, attention: str, path: str, args) -> dict:
 def run_data_only(name: str, args) -> list[dict]:
     """One epoch of training batches, on the device, per loader kind (no model)."""
     from graphormer_urpe.data.dataset import SeededShuffleSampler
-    from graphormer_urpe.data.resident import ResidentLoader, ResidentSplit, TensorGraphs
+    from graphormer_urpe.data.resident import ResidentLoader, ResidentSplit
 
     rows = []
     batch_size = batch_size_of(name, args)
@@ -425,7 +425,7 @@ def run_data_only(name: str, args) -> list[dict]:
         loader = dm.train_dataloader()
         if resident:  # what a Trainer's train_dataloader() builds, on the benchmark's device
             dataset = dm.train_dataset()
-            on_device = TensorGraphs.from_flat(dataset.graphs, args.device)
+            on_device = dataset.graphs.to(args.device)
             loader = ResidentLoader(ResidentSplit(dataset, on_device), batch_size,
                                     SeededShuffleSampler(len(dataset), dm.seed))
         for epoch in range(2):  # epoch 0 warms caches (and CUDA); epoch 1 is timed

@@ -17,24 +17,23 @@ stays ``-1``, which indexes the all-zero last row of ``edge_attr``, so
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Generic, TypeVar
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from graphormer_urpe.data.batch import BatchPadding, GraphBatch
 from graphormer_urpe.data.encodings import ENCODING_BY_NAME, Encoding
 
 
-A = TypeVar("A")
-
-
 @dataclass(frozen=True)
-class GraphArrays(Generic[A]):
-    """``G`` featurized and encoded graphs as flat arrays; the fields of :class:`FlatGraphs`
-    (numpy, possibly memory-mapped) and :class:`~.resident.TensorGraphs` (torch, on a device).
+class FlatGraphs:
+    """``G`` featurized and encoded graphs as flat arrays: numpy (possibly memory-mapped; the
+    row counts are checked against the pointers) or, after :meth:`to`, torch tensors on one
+    device (same fields, same compact dtypes) for the device-resident path (:mod:`.resident`).
 
     Attributes:
         x: ``[sum n, F]`` int16 shared atom ids (0 = padding, see :mod:`.feature_ids`).
@@ -50,28 +49,17 @@ class GraphArrays(Generic[A]):
             optional ones such as ``rwse [sum n, S]``).
     """
 
-    x: A
-    node_ptr: A
-    edge_attr: A
-    edge_ptr: A
-    y: A
-    pair_ptr: A
-    encodings: dict[str, A]
-
-    def specs(self) -> list[tuple[Encoding, A]]:
-        """``(spec, stored array)`` of every encoding, in storage order."""
-        return [(ENCODING_BY_NAME[name], values) for name, values in self.encodings.items()]
-
-    def __len__(self) -> int:
-        return len(self.node_ptr) - 1
-
-
-@dataclass(frozen=True)
-class FlatGraphs(GraphArrays[np.ndarray]):
-    """``G`` featurized and encoded graphs as flat numpy arrays (possibly memory-mapped), see
-    :class:`GraphArrays`; the arrays' row counts are checked against the pointers."""
+    x: np.ndarray | Tensor
+    node_ptr: np.ndarray | Tensor
+    edge_attr: np.ndarray | Tensor
+    edge_ptr: np.ndarray | Tensor
+    y: np.ndarray | Tensor
+    pair_ptr: np.ndarray | Tensor
+    encodings: dict[str, np.ndarray | Tensor]
 
     def __post_init__(self) -> None:
+        if isinstance(self.x, Tensor):  # made by :meth:`to` from checked arrays
+            return
         g = len(self.node_ptr) - 1
         n = np.diff(self.node_ptr)
         rows = {"node": self.node_ptr[-1], "pair": self.pair_ptr[-1]}
@@ -89,15 +77,41 @@ class FlatGraphs(GraphArrays[np.ndarray]):
         if bad:
             raise ValueError(f"inconsistent FlatGraphs arrays: {', '.join(bad)}")
 
-    @property
-    def num_nodes(self) -> np.ndarray:
-        """``[G]`` int64 node counts."""
-        return np.diff(self.node_ptr)
+    def specs(self) -> list[tuple[Encoding, np.ndarray | Tensor]]:
+        """``(spec, stored array)`` of every encoding, in storage order."""
+        return [(ENCODING_BY_NAME[name], values) for name, values in self.encodings.items()]
+
+    def __len__(self) -> int:
+        return len(self.node_ptr) - 1
 
     @property
-    def num_edges(self) -> np.ndarray:
+    def num_nodes(self) -> np.ndarray | Tensor:
+        """``[G]`` int64 node counts."""
+        return self.node_ptr[1:] - self.node_ptr[:-1]
+
+    @property
+    def num_edges(self) -> np.ndarray | Tensor:
         """``[G]`` int64 directed edge counts."""
-        return np.diff(self.edge_ptr)
+        return self.edge_ptr[1:] - self.edge_ptr[:-1]
+
+    @property
+    def device(self) -> torch.device:
+        """Where the arrays are (the CPU for numpy ones)."""
+        return self.x.device if isinstance(self.x, Tensor) else torch.device("cpu")
+
+    def to(self, device: torch.device | str = "cpu") -> "FlatGraphs":
+        """The graphs as torch tensors on ``device``, dtypes kept; on the CPU a copy, detached
+        from any memory map."""
+        device = torch.device(device)
+
+        def tensor(array: np.ndarray) -> Tensor:
+            with warnings.catch_warnings():  # read-only maps: torch warns about writes we never make
+                warnings.simplefilter("ignore", UserWarning)
+                values = torch.from_numpy(np.asarray(array))
+            return values.to(device, copy=device.type == "cpu")
+
+        return FlatGraphs(**{f.name: tensor(getattr(self, f.name)) for f in fields(self) if f.name != "encodings"},
+                          encodings={name: tensor(values) for name, values in self.encodings.items()})
 
 
 def _ragged_positions(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -38,7 +38,7 @@ from graphormer_urpe.data.encoding_cache import encode_smiles_store
 from graphormer_urpe.data.encodings import DEFAULT_MAX_HOPS, EncodingParams
 from graphormer_urpe.data.feature_ids import num_embeddings
 from graphormer_urpe.data.featurize import cached_smiles_graphs, featurizer_spec
-from graphormer_urpe.data.resident import ResidentLoader, ResidentSplit, TensorGraphs
+from graphormer_urpe.data.resident import ResidentLoader, ResidentSplit
 from graphormer_urpe.utils.lightning_private import batches_done
 from graphormer_urpe.utils.process import stop_on_signals
 from graphormer_urpe.utils.workers import useful_workers
@@ -137,7 +137,7 @@ class GraphDataModule(pl.LightningDataModule):
         self.bucket_batches = SeededShuffleSampler.check_bucket_batches(bucket_batches)  # before any build
         self.splits: dict[str, EncodedGraphDataset] = {}
         # (host store, its device copy): splits sharing one store (OGB-LSC, CSV) share the copy
-        self._resident_graphs: list[tuple[FlatGraphs, TensorGraphs]] = []
+        self._resident_graphs: list[tuple[FlatGraphs, FlatGraphs]] = []
 
     # Facts linked into the model ---------------------------------------------------------------
     @property
@@ -213,7 +213,7 @@ class GraphDataModule(pl.LightningDataModule):
         graphs = next((on_device for host, on_device in self._resident_graphs
                        if host is dataset.graphs and on_device.device == device), None)
         if graphs is None:
-            graphs = TensorGraphs.from_flat(dataset.graphs, device)
+            graphs = dataset.graphs.to(device)
             self._resident_graphs.append((dataset.graphs, graphs))
         # Training batches of one shape come as their place in the epoch's order: the training
         # step gathers each itself (inside the recorded step on a GPU).

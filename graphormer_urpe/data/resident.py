@@ -2,7 +2,7 @@ r"""Device-resident data: a whole split's encoded graphs on one device, batches 
 
 With ``GraphDataModule(device_resident=True)`` the loaders are :class:`ResidentLoader` objects: each
 split's :class:`~.collate.FlatGraphs` is copied once to the trainer's device (GPU memory for a
-GPU run) and every batch is gathered there by :func:`gather_batch`, a fully vectorised torch
+GPU run, :meth:`~.collate.FlatGraphs.to`) and every batch is gathered there by :func:`gather_batch`, a fully vectorised torch
 version of :func:`~.collate.collate`. A training step then costs no Python per graph, no
 ``DataLoader`` worker and no host-to-device copy of the batch; only ``B`` int64 item ids per step
 are sliced from the epoch order that is moved to the device once per epoch.
@@ -20,9 +20,8 @@ ZINC.
 from __future__ import annotations
 
 import functools
-import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -30,7 +29,7 @@ from torch import Tensor
 from torch.utils.data import Sampler
 
 from graphormer_urpe.data.batch import BatchPadding, GraphBatch
-from graphormer_urpe.data.collate import FlatGraphs, GraphArrays
+from graphormer_urpe.data.collate import FlatGraphs
 from graphormer_urpe.data.dataset import EncodedGraphDataset, SeededShuffleSampler, unmasked
 
 
@@ -40,31 +39,7 @@ def _torch_dtype(dtype) -> torch.dtype:
     return torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
 
 
-def _as_tensor(array: np.ndarray, device: torch.device) -> Tensor:
-    """A numpy array (possibly a read-only memory map) as a tensor on ``device``, dtype kept."""
-    with warnings.catch_warnings():  # read-only maps: torch warns about writes we never make
-        warnings.simplefilter("ignore", UserWarning)
-        tensor = torch.from_numpy(np.asarray(array))
-    return tensor.to(device, copy=device.type == "cpu")  # a CPU copy detaches from the map
-
-
-@dataclass(frozen=True)
-class TensorGraphs(GraphArrays[Tensor]):
-    """:class:`~.collate.FlatGraphs` as torch tensors on one device (same fields, same compact
-    dtypes; see :class:`~.collate.GraphArrays` for shapes)."""
-
-    @classmethod
-    def from_flat(cls, graphs: FlatGraphs, device: torch.device | str = "cpu") -> "TensorGraphs":
-        device = torch.device(device)
-        return cls(**{f.name: _as_tensor(getattr(graphs, f.name), device) for f in fields(cls) if f.name != "encodings"},
-                   encodings={name: _as_tensor(values, device) for name, values in graphs.encodings.items()})
-
-    @property
-    def device(self) -> torch.device:
-        return self.x.device
-
-
-def gather_batch(graphs: TensorGraphs, index: Tensor, y: Tensor | None = None,
+def gather_batch(graphs: FlatGraphs, index: Tensor, y: Tensor | None = None,
                  positions: Tensor | None = None, padding: BatchPadding | None = None,
                  check_padding: bool = True) -> GraphBatch:
     r"""Gather graphs ``index [B]`` (int64, on ``graphs.device``) into a padded batch, on that device.
@@ -173,7 +148,7 @@ class ResidentSplit:
     ``graphs`` may be shared by several splits (PCQM4Mv2 and CSV stores hold all molecules).
     """
 
-    def __init__(self, dataset: EncodedGraphDataset, graphs: TensorGraphs) -> None:
+    def __init__(self, dataset: EncodedGraphDataset, graphs: FlatGraphs) -> None:
         device = graphs.device
         self.graphs = graphs
         self.graph_ids = torch.as_tensor(dataset.graph_ids, dtype=torch.int64).to(device)

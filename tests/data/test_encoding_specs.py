@@ -10,7 +10,7 @@ from graphormer_urpe.data.batch import BatchPadding
 from graphormer_urpe.data.collate import FlatGraphs, collate
 from graphormer_urpe.data import ZINCDataModule
 from graphormer_urpe.data.encodings import ENCODINGS, Encoding, EncodingParams
-from graphormer_urpe.data.resident import TensorGraphs, gather_batch
+from graphormer_urpe.data.resident import gather_batch
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -39,7 +39,7 @@ def test_every_encoding_is_batched_as_registered(zinc_data_root):
     graphs = ZINCDataModule(root=str(zinc_data_root), **PARAMS.as_dict()).load_split("val").graphs
     index = np.array([4, 900, 4, 17, 333])
     exact = BatchPadding(int(graphs.num_nodes[index].max()), int(graphs.num_edges[index].sum()))
-    on_device = TensorGraphs.from_flat(graphs)
+    on_device = graphs.to("cpu")
     batches = {"collate": collate(graphs, index),
                "gather_batch": gather_batch(on_device, torch.from_numpy(index)),
                "gather_batch padded": gather_batch(on_device, torch.from_numpy(index), padding=exact)}

@@ -13,7 +13,7 @@ from graphormer_urpe.data.collate import collate
 from graphormer_urpe.data import PCQM4Mv2DataModule, ZINCDataModule
 from graphormer_urpe.data.dataset import SeededShuffleSampler
 from graphormer_urpe.data.ogb_lsc import PCQM4MV2, write_root
-from graphormer_urpe.data.resident import ResidentLoader, ResidentSplit, TensorGraphs, gather_batch
+from graphormer_urpe.data.resident import ResidentLoader, ResidentSplit, gather_batch
 from graphormer_urpe.data.batch import BatchPadding
 
 
@@ -44,7 +44,7 @@ def assert_same_loaders(expected, actual) -> int:
 def test_gather_batch_equals_numpy_collate_on_real_zinc(zinc_data_root):
     dm = ZINCDataModule(root=str(zinc_data_root))
     graphs = dm.train_dataset().graphs
-    on_cpu = TensorGraphs.from_flat(graphs)
+    on_cpu = graphs.to("cpu")
     rng = np.random.default_rng(0)
     for size in (1, 7, 128, 300):
         index = rng.integers(0, len(graphs), size)  # any order, repeats allowed
@@ -68,7 +68,7 @@ def test_fixed_shape_gather_equals_the_padded_collation_on_real_zinc(zinc_data_r
     largest graphs, overrides."""
     dm = ZINCDataModule(root=str(zinc_data_root))
     graphs = dm.train_dataset().graphs
-    on_cpu = TensorGraphs.from_flat(graphs)
+    on_cpu = graphs.to("cpu")
     n, m = np.diff(graphs.node_ptr), np.diff(graphs.edge_ptr)
     rng = np.random.default_rng(1)
     for size in (1, 16, 64):
@@ -90,7 +90,7 @@ def test_fixed_shape_gather_equals_the_padded_collation_on_real_zinc(zinc_data_r
 
 def test_gather_batch_rejects_sizes_of_another_batch(zinc_data_root):
     """Sizes of two graphs given for a batch of three: refused in one line, not a garbled batch."""
-    graphs = TensorGraphs.from_flat(ZINCDataModule(root=str(zinc_data_root)).train_dataset().graphs)
+    graphs = ZINCDataModule(root=str(zinc_data_root)).train_dataset().graphs.to("cpu")
     n, m = np.diff(graphs.node_ptr.numpy())[:2], np.diff(graphs.edge_ptr.numpy())[:2]
     with pytest.raises(ValueError, match="a batch of 3 graphs .* does not fit the padding"):
         gather_batch(graphs, torch.tensor([0, 1, 2]), padding=BatchPadding(int(n.max()), int(m.sum())))
@@ -144,7 +144,7 @@ def test_ranks_share_the_epoch_order_and_top_up_with_unlabelled_items(zinc_data_
     (position -1), and the k-th batches of the three hold the k-th batch of one process at 192;
     resumed after 2 batches, each rank continues its own share."""
     dataset = ZINCDataModule(root=str(zinc_data_root)).load_split("val")  # 1,000 graphs
-    split = ResidentSplit(dataset, TensorGraphs.from_flat(dataset.graphs))
+    split = ResidentSplit(dataset, dataset.graphs.to("cpu"))
     samplers = [SeededShuffleSampler(len(split), seed=1, batch_size=64, num_replicas=3, rank=rank)
                 for rank in range(3)]
     ranks = [ResidentLoader(split, 64, sampler) for sampler in samplers]
@@ -169,7 +169,7 @@ def test_ranks_share_the_epoch_order_and_top_up_with_unlabelled_items(zinc_data_
 
 def test_bad_loader_arguments(zinc_data_root):
     dataset = ZINCDataModule(root=str(zinc_data_root)).load_split("val")
-    split = ResidentSplit(dataset, TensorGraphs.from_flat(dataset.graphs))
+    split = ResidentSplit(dataset, dataset.graphs.to("cpu"))
     with pytest.raises(ValueError, match="batch_size"):
         ResidentLoader(split, 0)
     with pytest.raises(ValueError, match="rank"):

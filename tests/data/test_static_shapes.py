@@ -9,7 +9,7 @@ import torch
 from graphormer_urpe.data.batch import BatchPadding
 from graphormer_urpe.data.collate import collate
 from graphormer_urpe.data import ZINCDataModule
-from graphormer_urpe.data.resident import OrderSlice, ResidentLoader, ResidentSplit, TensorGraphs, gather_batch
+from graphormer_urpe.data.resident import OrderSlice, ResidentLoader, ResidentSplit, gather_batch
 
 from test_resident import assert_same_batch
 
@@ -38,7 +38,7 @@ def test_padded_batch_holds_the_unpadded_batch(zinc_data_root):
     assert torch.equal(padded.edge_attr[:e], plain.edge_attr[:e]) and not padded.edge_attr[e:].any()
     for name in ("y", "num_nodes", "index"):
         assert torch.equal(getattr(padded, name), getattr(plain, name))
-    on_cpu = TensorGraphs.from_flat(graphs)
+    on_cpu = graphs.to("cpu")
     assert_same_batch(padded, gather_batch(on_cpu, torch.from_numpy(index), padding=padding))
 
 
@@ -50,7 +50,7 @@ def test_padding_covers_every_batch_and_rejects_a_larger_one(zinc_data_root):
     with pytest.raises(ValueError, match="does not fit the padding N=2"):
         collate(graphs, [0, 1], padding=BatchPadding(2, 1000))
     with pytest.raises(ValueError, match="does not fit the padding"):
-        gather_batch(TensorGraphs.from_flat(graphs), torch.tensor([0, 1]), padding=BatchPadding(64, 3))
+        gather_batch(graphs.to("cpu"), torch.tensor([0, 1]), padding=BatchPadding(64, 3))
 
 
 def test_static_shapes_training_batches_have_one_shape(zinc_data_root):
@@ -80,7 +80,7 @@ def test_static_shapes_training_batches_have_one_shape(zinc_data_root):
 
 def test_static_shapes_needs_a_padded_split(zinc_data_root):
     dataset = ZINCDataModule(root=str(zinc_data_root)).train_dataset()
-    split = ResidentSplit(dataset, TensorGraphs.from_flat(dataset.graphs))
+    split = ResidentSplit(dataset, dataset.graphs.to("cpu"))
     with pytest.raises(ValueError, match="static_shapes needs a split padded to one shape"):
         ResidentLoader(split, 16, static_shapes=True)
     with pytest.raises(ValueError, match="needs a split padded to one shape"):
