@@ -156,20 +156,34 @@ class GraphormerEmbedder(TransformerMixin, BaseEstimator):
         self.device = device
 
     def fit(self, X, y=None) -> GraphormerEmbedder:
-        from graphormer_urpe.api import load
-        from graphormer_urpe.data.descriptors import clip_statistics
-
-        self.model_ = load(self.checkpoint, device=self.device)
-        self.descriptor_statistics_ = clip_statistics(self._descriptors(smiles_of(X, "smiles")[1])) \
-            if self.descriptors else None
+        self._fit(smiles_of(X, "smiles")[1])
         return self
+
+    def fit_transform(self, X, y=None, **fit_params) -> np.ndarray:
+        """:meth:`fit` then :meth:`transform`, the descriptors of ``X`` computed once for both."""
+        smiles = smiles_of(X, "smiles")[1]
+        return self._vectors(smiles, self._fit(smiles))
 
     def transform(self, X) -> np.ndarray:
         """``[n, D]`` float32 (D: the model's width, plus the descriptors' with ``descriptors``); ``ValueError`` naming the molecules without a
         vector (:meth:`~graphormer_urpe.api.Model.predict` says why)."""
+        smiles = smiles_of(X, "smiles")[1]
+        return self._vectors(smiles, None)
+
+    def _fit(self, smiles: list[str]) -> np.ndarray | None:
+        """Loads the model and fits the descriptors' statistics; returns the raw descriptors."""
+        from graphormer_urpe.api import load
+        from graphormer_urpe.data.descriptors import clip_statistics
+
+        self.model_ = load(self.checkpoint, device=self.device)
+        raw = self._descriptors(smiles) if self.descriptors else None
+        self.descriptor_statistics_ = clip_statistics(raw) if self.descriptors else None
+        return raw
+
+    def _vectors(self, smiles: list[str], raw: np.ndarray | None) -> np.ndarray:
+        """The vectors of ``smiles``, given their raw descriptors where already computed."""
         from graphormer_urpe.data.descriptors import standardize
 
-        smiles = smiles_of(X, "smiles")[1]
         vectors = self.model_.embed(smiles)
         failed = [s for s, v in zip(smiles, vectors) if np.isnan(v).any()]
         if failed:
@@ -178,7 +192,7 @@ class GraphormerEmbedder(TransformerMixin, BaseEstimator):
                              "model.predict says why")
         if not self.descriptors:
             return vectors
-        standardized = standardize(self._descriptors(smiles), self.descriptor_statistics_)
+        standardized = standardize(self._descriptors(smiles) if raw is None else raw, self.descriptor_statistics_)
         return np.hstack([vectors, np.nan_to_num(standardized, nan=0.0)])
 
     @staticmethod

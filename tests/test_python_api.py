@@ -181,6 +181,26 @@ def test_estimators_clone_and_cross_validate_in_a_pipeline(esol_table):
         classifier.predict(["CCO", "not a molecule"])
 
 
+def test_the_blend_of_a_fine_tuned_model_and_the_fast_mode_is_their_mean(esol_table):
+    """docs/python.md's blend: scikit-learn's VotingRegressor of a GraphormerRegressor and the fast
+    mode's pipeline (its head chosen by GridSearchCV) fits both on SMILES and predicts their mean."""
+    from sklearn.ensemble import VotingRegressor
+    from sklearn.model_selection import GridSearchCV
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+    from sklearn.svm import SVR
+
+    smiles, y = esol_table["smiles"].to_numpy(), esol_table[ESOL_TARGET].to_numpy()
+    fast = make_pipeline(gu.GraphormerEmbedder(), StandardScaler(), GridSearchCV(SVR(), {"C": [0.3, 1, 3, 10]}))
+    blend = VotingRegressor([("fine-tuned", gu.GraphormerRegressor(overrides=QUICK)), ("fast", fast)])
+    blend.fit(smiles[:100], y[:100])
+    fine_tuned, fast_fitted = blend.estimators_
+    parts = [fine_tuned.predict(smiles[100:]), fast_fitted.predict(smiles[100:])]
+    assert not np.allclose(*parts)
+    np.testing.assert_allclose(blend.predict(smiles[100:]), (parts[0] + parts[1]) / 2, rtol=1e-12)
+    assert fast_fitted[-1].best_params_["C"] in (0.3, 1, 3, 10)
+
+
 def test_the_notebook_runs_and_shows_what_it_says(esol_csv, tmp_path):
     """``docs/python.ipynb``'s code cells, in order, in a fresh process (from an empty folder, the
     data found as the package finds it), and the values its text promises."""
@@ -217,6 +237,7 @@ def test_the_embedder_is_the_models_vectors_and_descriptors_fitted_on_its_molecu
     smiles, y = esol_table["smiles"].to_numpy(), esol_table[ESOL_TARGET].to_numpy()
     embedder = gu.GraphormerEmbedder().fit(smiles[:80])
     seen, unseen = embedder.transform(smiles[:80]), embedder.transform(smiles[80:])
+    np.testing.assert_array_equal(gu.GraphormerEmbedder().fit_transform(smiles[:80]), seen)
     vectors = gu.load("pretrained:zinc-descriptors").embed(list(smiles[80:]))
     assert unseen.shape == (40, vectors.shape[1] + len(descriptor_names()))
     np.testing.assert_array_equal(unseen[:, :vectors.shape[1]], vectors)
