@@ -180,9 +180,10 @@ def main(argv: list[str] | None = None) -> int:
               "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
               "summary": summary, "per_split": results}
     if args.out is not None:
-        from graphormer_urpe.utils.files import write_json
+        from graphormer_urpe.utils.files import atomic_write
 
-        write_json(args.out, record)
+        with atomic_write(args.out) as handle:
+            json.dump(record, handle, indent=1)
     print(json.dumps(record))
     return 0
 

@@ -610,9 +610,10 @@ def main(argv: list[str] | None = None) -> int:
         results["fastest"] = {key: fastest[key] for key in ("preset", "attention", "path", "ms_per_step", "steps_per_s")}
         print(f"fastest: {fastest['path']} ({fastest['attention']}), {fastest['ms_per_step']:.2f} ms/step")
     if args.record:
-        from graphormer_urpe.utils.files import write_json
+        from graphormer_urpe.utils.files import atomic_write
 
-        write_json(args.record, {**results, "code": args.code})
+        with atomic_write(args.record) as handle:
+            json.dump({**results, "code": args.code}, handle, indent=1)
     print(json.dumps(results))
     return 0
 

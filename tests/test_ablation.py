@@ -18,7 +18,7 @@ import yaml
 from graphormer_urpe.cli.ablation import main
 from graphormer_urpe.training.studies.ablation import backbone_overrides
 from graphormer_urpe.training.studies.ablation_results import format_table, merge_results
-from graphormer_urpe.utils.files import read_json
+from graphormer_urpe.training.studies.ablation_results import read_results
 from graphormer_urpe.prediction.load import best_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,7 +98,7 @@ def test_killed_grid_resumes_merges_results_and_writes_the_table(zinc_data_root,
     assert json.loads(args[last_backbone + 1]) == {**recipe, **TINY_BACKBONE, "attention": "urpe",
                                                    "share_urpe_scale": False}
 
-    entries = read_json(results, [])
+    entries = read_results(results)
     assert other in entries and len(entries) == 3
     runs = {e["attention"]: e for e in entries if e["recipe"] == "tiny"}
     assert set(runs) == {"urpe", "rpe"}
@@ -136,7 +136,7 @@ def test_killed_grid_resumes_merges_results_and_writes_the_table(zinc_data_root,
     again = capsys.readouterr().out
     assert "tiny: 2 runs" in again and ": fit" not in again and ": test" not in again
     assert run_trials(tmp_path, "urpe") == urpe
-    assert read_json(results, []) == entries
+    assert read_results(results) == entries
 
 
 def test_one_runner_per_run_directory_and_steps_from_the_checkpoint(zinc_data_root, tmp_path,
@@ -168,7 +168,7 @@ def test_one_runner_per_run_directory_and_steps_from_the_checkpoint(zinc_data_ro
     finally:
         first.kill()
     assert first.returncode == 0, output[-3000:]
-    [entry] = [e for e in read_json(tmp_path / "results.json", []) if e["recipe"] == "tiny"]
+    [entry] = [e for e in read_results(tmp_path / "results.json") if e["recipe"] == "tiny"]
     assert entry["steps"] == 5 and entry["best_step"] in (2, 4)
     # the lock is the kernel's: the next runner (all done now) takes it and runs nothing
     main(command[3:])
@@ -213,12 +213,12 @@ def test_time_budget_stops_the_fit_and_the_next_invocation_resumes_exactly(zinc_
         done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
         outputs.append(done.stdout)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        if read_json(tmp_path / "results.json", []):
+        if read_results(tmp_path / "results.json"):
             break
         progress = readme.read_text()
         assert "not yet" not in progress and "| run | steps of 16 | best val MAE | latest val MAE |" in progress
         assert "| urpe-s0 | " in progress and "CPU" in progress
-    [entry] = read_json(tmp_path / "results.json", [])
+    [entry] = read_results(tmp_path / "results.json")
     assert entry["steps"] == steps and len(outputs) > 1
     assert f"| urpe-s0 | {steps} (done) |" in readme.read_text()
     trials = run_trials(tmp_path, "urpe")
@@ -458,7 +458,7 @@ def test_the_runs_import_no_module_of_the_folder_the_command_runs_in(zinc_data_r
     done = subprocess.run(command, cwd=work, env={**os.environ, "OMP_NUM_THREADS": "1"},
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert ": test" in done.stdout and read_json(tmp_path / "runs" / "results.json", [])
+    assert ": test" in done.stdout and read_results(tmp_path / "runs" / "results.json")
     assert not marker.exists() and [p.name for p in work.iterdir()] == ["torchmetrics.py"]
 
 
@@ -468,7 +468,7 @@ def test_a_command_run_without_its_console_script_imports_nothing_of_the_current
     """Where no console script stands beside the interpreter, a child command is the interpreter
     running the module (``-P -m``; on Python 3.10, which has no ``-P``, ``runpy``): a module of the
     current folder is not found, one on ``PYTHONPATH`` is."""
-    from graphormer_urpe.utils import process
+    from graphormer_urpe.training.studies import study
 
     work, on_path = tmp_path / "work", tmp_path / "on_path"
     for folder in (work, on_path):
@@ -476,8 +476,8 @@ def test_a_command_run_without_its_console_script_imports_nothing_of_the_current
         (folder / "shadowed.py").write_text(f"print({folder.name!r})\n")
     (work / "only_here.py").write_text("print('imported')\n")
     with monkeypatch.context() as patch:
-        patch.setattr(process.sys, "version_info", python)
-        commands = {name: process.console_command("no-such-script", name) for name in ("shadowed", "only_here")}
+        patch.setattr(study.sys, "version_info", python)
+        commands = {name: study.console_command("no-such-script", name) for name in ("shadowed", "only_here")}
     env = {**os.environ, "PYTHONPATH": str(on_path)}
     shadowed = subprocess.run(commands["shadowed"], cwd=work, env=env, capture_output=True, text=True, timeout=60)
     assert (shadowed.returncode, shadowed.stdout) == (0, "on_path\n"), shadowed.stderr

@@ -11,7 +11,7 @@ import subprocess
 import torch
 from test_ablation import REPO, run_trials, runner_command, sliced_and_uninterrupted
 
-from graphormer_urpe.utils.files import read_json
+from graphormer_urpe.training.studies.ablation_results import read_results
 
 
 def test_a_two_process_run_stopped_by_the_time_budget_resumes_exactly(zinc_data_root, tmp_path):
@@ -26,9 +26,9 @@ def test_a_two_process_run_stopped_by_the_time_budget_resumes_exactly(zinc_data_
     for _ in range(6):
         done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        if read_json(tmp_path / "results.json", []):
+        if read_results(tmp_path / "results.json"):
             break
-    [entry] = read_json(tmp_path / "results.json", [])
+    [entry] = read_results(tmp_path / "results.json")
     assert entry["steps"] == steps
     trials = [t for t in run_trials(tmp_path, "urpe") if "steps" in t.user_attrs]
     fits = [t.user_attrs["steps"] for t in trials]

@@ -1,5 +1,5 @@
 """A study's child (a trial's or a run's ``fit``) ends with the study that started it, killed or
-not (:func:`graphormer_urpe.utils.process.tied_to_parent`, Linux)."""
+not (:func:`graphormer_urpe.training.studies.study.tied_to_parent`, Linux)."""
 from __future__ import annotations
 
 import contextlib
@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 #: A stand-in for a study: starts a child tied to it, prints the child's pid, then waits.
 PARENT = """
 import signal, subprocess, sys, time
-from graphormer_urpe.utils.process import tied_to_parent
+from graphormer_urpe.training.studies.study import tied_to_parent
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
                          preexec_fn=tied_to_parent(getattr(signal, sys.argv[1])))
 print(child.pid, flush=True)

@@ -102,7 +102,7 @@ def run_dirs_released_after() -> Iterator[None]:
         yield
     finally:
         for key in set(_held_run_dirs) - before:
-            _held_run_dirs.pop(key).close()
+            _held_run_dirs.pop(key).release()
 
 
 def checkpoints_in(dirpath: str | os.PathLike) -> list[str]:

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import json
 import os
 import shutil
 import stat
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import filelock
 
@@ -309,36 +308,18 @@ class AtomicDirectory:
         self._held.release()
 
 
-class HeldDirectory(filelock.FileLock):
-    """The lock of :func:`hold_directory`; :meth:`close` lets go of it. :meth:`fileno` is the
-    descriptor that holds it: a forked child puts another file on its copy, so that a child
-    that outlives this process never holds the lock."""
-
-    held_fd: int | None = None
-
-    def close(self) -> None:
-        self.release()
-        self.held_fd = None
-
-    def fileno(self) -> int:
-        if self.held_fd is None:
-            raise ValueError(f"{self.lock_file} is not held")
-        return self.held_fd
-
-
-def hold_directory(directory: Path, lock_name: str, holder: str, advice: str) -> HeldDirectory:
+def hold_directory(directory: Path, lock_name: str, holder: str, advice: str) -> filelock.FileLock:
     """An exclusive lock on ``directory`` (its file ``lock_name``, which then holds this
-    process's pid) until :meth:`~HeldDirectory.close`, or until the process ends, killed or not.
+    process's pid) until its ``release()``, or until the process ends, killed or not.
     ``ValueError`` when another process holds it:
     ``<directory> is in use by another <holder> (pid N); <advice>``."""
     directory.mkdir(parents=True, exist_ok=True)
 
     def acquired(fd: int) -> None:  # the lock file names its holder
-        lock.held_fd = fd
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
 
-    lock = HeldDirectory(directory / lock_name, blocking=False, on_acquired=acquired)
+    lock = filelock.FileLock(directory / lock_name, blocking=False, on_acquired=acquired)
     try:
         lock.acquire()
     except filelock.Timeout:
@@ -347,25 +328,3 @@ def hold_directory(directory: Path, lock_name: str, holder: str, advice: str) ->
             pid = (directory / lock_name).read_text().strip()
         raise ValueError(f"{directory} is in use by another {holder} (pid {pid or 'unknown'}); {advice}") from None
     return lock
-
-
-def read_json(path: Path, default: Any) -> Any:
-    """The JSON value at ``path``, ``default`` when it is missing; ``ValueError`` naming the file
-    when it is not JSON, not UTF-8 text, or cannot be read (a directory, no permission)."""
-    if not path.exists():
-        return default
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: not valid JSON ({error}); fix or remove it") from None
-    except UnicodeDecodeError as error:
-        raise ValueError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start}); fix or "
-                         "remove it") from None
-    except OSError as error:
-        raise ValueError(f"{path} cannot be read ({error.strerror or error})") from None
-
-
-def write_json(path: Path, value: Any) -> None:
-    """``value`` as indented JSON, written whole or not at all (:func:`atomic_write`)."""
-    with atomic_write(path) as handle:
-        handle.write(json.dumps(value, indent=1) + "\n")

@@ -1,6 +1,6 @@
 """The command's process: how many CPU cores it may use (its workers: :mod:`.workers`);
 stopping on signals (:func:`run_command`: Ctrl-C, SIGTERM, a full disk as one line and an
-exit status); the command line of another of the package's commands (:func:`console_command`)."""
+exit status)."""
 from __future__ import annotations
 
 import contextlib
@@ -10,7 +10,6 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 
 def usable_cores() -> int:
@@ -21,47 +20,8 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
-def console_command(script: str, module: str) -> list[str]:
-    """The command line that runs the package's console script ``script`` (whose code is
-    ``module``) in a child process: the script beside the interpreter (a virtual environment's
-    ``bin``), else the interpreter running ``module`` as ``python -m`` does, but without the
-    current folder on its import path: ``-m`` puts it first, so a file of the user's folder
-    named like a library (``torchmetrics.py``) would be imported in the library's place.
-    ``PYTHONPATH`` and the user's site-packages stay, unlike ``-I``."""
-    installed = Path(sys.executable).with_name(script)
-    if installed.is_file():
-        return [str(installed)]
-    if sys.version_info >= (3, 11):
-        return [sys.executable, "-P", "-m", module]
-    # -P is new in 3.11; -c puts the current folder first as ''
-    return [sys.executable, "-c", "import runpy, sys; del sys.path[0]; "
-                                  f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"]
-
-
-def tied_to_parent(signum: int) -> Callable[[], None]:
-    """A ``preexec_fn`` for ``subprocess``: on Linux the child gets ``signum`` when this
-    process dies (``PR_SET_PDEATHSIG``), and at once when it already died between the fork and
-    the tie, so a killed study leaves no trial's ``fit`` writing into a run directory. The
-    studies' children are tied by this function alone (SIGTERM: the fit saves at the end of its
-    step; SIGKILL: it stops now)."""
-    parent, prctl = os.getpid(), None
-    if sys.platform.startswith("linux"):  # looked up here: the child only calls it
-        with contextlib.suppress(OSError, AttributeError):
-            import ctypes
-
-            prctl = ctypes.CDLL(None, use_errno=True).prctl
-
-    def tie() -> None:  # pragma: no cover - runs in the child before exec
-        if prctl is not None:
-            prctl(1, signum)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:
-            os.kill(os.getpid(), signum)
-
-    return tie
-
-
 #: Signals that stop a command like Ctrl-C: ``kill``, a closed terminal or SSH session.
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 class StoppedBySignal(SystemExit):
@@ -81,7 +41,7 @@ def replaceable(signum: int) -> bool:
 
 @contextlib.contextmanager
 def stop_on_signals(unless_handled: bool = False) -> Iterator[None]:
-    """Within the block, :data:`STOP_SIGNALS` raise :class:`StoppedBySignal` (a ``SystemExit``,
+    """Within the block, SIGTERM and SIGHUP raise :class:`StoppedBySignal` (a ``SystemExit``,
     status 128 + the signal) in the main thread, so ``finally`` blocks and ``with`` exits run
     (temporary files are removed) instead of the process dying on the spot; the previous
     handlers are restored on exit. A signal the command was started to ignore (``nohup``) stays
@@ -97,7 +57,7 @@ def stop_on_signals(unless_handled: bool = False) -> Iterator[None]:
     def taken(signum: int) -> bool:
         return signal.getsignal(signum) == signal.SIG_DFL or (replaceable(signum) and not unless_handled)
 
-    previous = {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS if taken(signum)}
+    previous = {signum: signal.signal(signum, stop) for signum in _STOP_SIGNALS if taken(signum)}
     try:
         yield
     finally:
@@ -107,15 +67,22 @@ def stop_on_signals(unless_handled: bool = False) -> Iterator[None]:
 
 @contextlib.contextmanager
 def hold_stop_signals() -> Iterator[None]:
-    """Within the block Ctrl-C and :data:`STOP_SIGNALS` wait, and are delivered when it ends:
-    for steps that must not be cut in the middle (renames that go together, reaping child
+    """Within the block Ctrl-C, SIGTERM and SIGHUP wait, and are delivered when it ends: for
+    steps that must not be cut in the middle (renames that go together, reaping child
     processes)."""
-    held = (signal.SIGINT, *STOP_SIGNALS)
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, *_STOP_SIGNALS))
     try:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def leave_stop_signals_to_parent() -> None:
+    """In a worker process: Ctrl-C, SIGTERM and SIGHUP ignored (and no longer held, as its
+    parent held them while it started it): its parent takes them, and stops its workers."""
+    for signum in (signal.SIGINT, *_STOP_SIGNALS):
+        signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, *_STOP_SIGNALS))
 
 
 #: ``errno`` of a full disk or an exhausted quota: a command says so in one line, exit status 1.

@@ -1,6 +1,6 @@
 """Worker processes, each with a pipe of its own, so that stopping them never waits for ever: the
 data builds' featurizers (:func:`~graphormer_urpe.data.featurize.parallel_map`) and the
-prediction's (:func:`~graphormer_urpe.prediction.model.stream_predictions`).
+prediction's (:func:`~graphormer_urpe.prediction.run.stream`).
 
 ``concurrent.futures.ProcessPoolExecutor``, loky and ``multiprocessing.Pool`` share one result
 pipe among the workers and the parent: a worker killed while it writes a result (the
@@ -29,10 +29,8 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-from graphormer_urpe.utils.process import STOP_SIGNALS, hold_stop_signals, usable_cores
+from graphormer_urpe.utils.process import hold_stop_signals, leave_stop_signals_to_parent, usable_cores
 
-#: Signals a worker leaves to its parent.
-_PARENT_SIGNALS = (signal.SIGINT, *STOP_SIGNALS)
 #: Seconds a worker may take to leave after its last job before it is killed.
 _LEAVE_SECONDS = 10
 
@@ -73,9 +71,7 @@ def _serve(connection, inherited: list, function: Callable, initializer: Callabl
            initargs: tuple) -> None:
     """A worker: ``function(job)`` for each job read from ``connection``, its result (or the
     exception it raised) written back, until the pipe closes or a ``None`` job comes."""
-    for signum in _PARENT_SIGNALS:
-        signal.signal(signum, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _PARENT_SIGNALS)
+    leave_stop_signals_to_parent()
     for other in inherited:  # the parent's ends of the pipes, so that its death closes them
         other.close()
     if initializer is not None:

@@ -102,7 +102,7 @@ class Grid:
 
     def release(self) -> None:
         for lock in self._locks:
-            lock.close()
+            lock.release()
         self._locks = []
 
     def open(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import platform
 import statistics
@@ -20,7 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import filelock
 
-from graphormer_urpe.utils.files import AtomicFile, atomic_write, read_json, write_json
+from graphormer_urpe.utils.files import AtomicFile, atomic_write
 from graphormer_urpe.data.task import get_task
 from graphormer_urpe.training.studies.study import now
 
@@ -106,7 +107,10 @@ def entry_problem(entry: Any) -> str | None:
 def read_results(path: Path) -> list[dict]:
     """The result list at ``path`` (empty when missing); ``ValueError`` naming the file when it
     is not a JSON list of runs (:func:`entry_problem`), which is never rewritten."""
-    entries = read_json(path, [])
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8")) if path.exists() else []
+    except (ValueError, OSError) as error:  # not JSON, not UTF-8, a directory, no permission
+        raise ValueError(f"{path}: not a readable JSON file ({error}); fix or remove it") from None
     if not isinstance(entries, list):
         raise ValueError(f"{path}: expected a JSON list of runs, found {type(entries).__name__}; "
                          "fix or remove it")
@@ -132,7 +136,8 @@ def _merged(path: Path, new: Sequence[dict]) -> list[dict]:
     merged.update({result_key(entry): entry for entry in new})
     ordered = sorted(merged.values(), key=lambda e: (str(e.get("recipe")), e["attention"], e["seed"]))
     if ordered != entries:
-        write_json(path, ordered)
+        with atomic_write(path) as handle:
+            handle.write(json.dumps(ordered, indent=1) + "\n")
     return ordered
 
 

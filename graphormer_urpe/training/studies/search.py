@@ -156,7 +156,6 @@ class Search:
         import optuna
 
         from graphormer_urpe.prediction.load import best_checkpoint
-        from graphormer_urpe.utils.files import read_json
         from graphormer_urpe.utils.torch_files import CheckpointError
 
         number = self.current = trial.number
@@ -178,12 +177,12 @@ class Search:
             status, _ = launch("fit", args, log, env)
         except KeyboardInterrupt:  # as the stop signals: the trial is failed and queued by run_trials
             raise StoppedBySignal(signal.SIGINT) from None
-        try:
-            diverged = read_json(run_dir / DIVERGED_MARKER, None)
-        except ValueError:
-            diverged = {"reason": f"its {DIVERGED_MARKER} is damaged"}
-        if diverged is not None:
-            raise optuna.TrialPruned(f"diverged: {diverged.get('reason')}; see {log}")
+        if (run_dir / DIVERGED_MARKER).exists():
+            try:
+                reason = json.loads((run_dir / DIVERGED_MARKER).read_text())["reason"]
+            except (ValueError, OSError, KeyError, TypeError):
+                reason = f"its {DIVERGED_MARKER} is damaged"
+            raise optuna.TrialPruned(f"diverged: {reason}; see {log}")
         if status != 0:
             raise TrialFailed(f"graphormer-urpe fit exited with status {status}; see {log}")
         try:

@@ -17,7 +17,7 @@ from lightning.pytorch.callbacks import Callback
 
 from graphormer_urpe.training.studies.search import DIVERGED_MARKER, PROG, PRUNED_MARKER, TRIAL_ENV, make_pruner
 from graphormer_urpe.training.studies.study import trial_id
-from graphormer_urpe.utils.files import write_json
+from graphormer_urpe.utils.files import atomic_write
 
 
 class ReportToTrial(Callback):
@@ -83,12 +83,17 @@ class ReportToTrial(Callback):
                           step)
         elif prune:
             trainer.should_stop = True
-            write_json(Path(trainer.default_root_dir, PRUNED_MARKER), {"validation": step, monitor: value})
+            self.mark(trainer, PRUNED_MARKER, {"validation": step, monitor: value})
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         if isinstance(exception, FloatingPointError):  # the training step's divergence
             self.diverged(trainer, " ".join(str(exception).split()), None)
 
     def diverged(self, trainer, reason: str, validation: int | None) -> None:
-        write_json(Path(trainer.default_root_dir, DIVERGED_MARKER), {"validation": validation, "reason": reason})
+        self.mark(trainer, DIVERGED_MARKER, {"validation": validation, "reason": reason})
+
+    def mark(self, trainer, name: str, value: dict) -> None:
+        """The marker ``name`` in the run directory, the search's word of how the run ended."""
+        with atomic_write(Path(trainer.default_root_dir, name)) as handle:
+            json.dump(value, handle)
 

@@ -20,6 +20,7 @@ import shlex
 import signal
 import socket
 import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -27,7 +28,6 @@ from pathlib import Path
 
 import filelock
 
-from graphormer_urpe.utils.process import console_command, tied_to_parent
 
 #: The study's user attribute that holds its recipe.
 RECIPE_ATTR = "recipe"
@@ -64,6 +64,44 @@ def now() -> str:
 # --------------------------------------------------------------------------------------------
 # A trial's child
 # --------------------------------------------------------------------------------------------
+def console_command(script: str, module: str) -> list[str]:
+    """The command line that runs the package's console script ``script`` (whose code is
+    ``module``) in a child process: the script beside the interpreter (a virtual environment's
+    ``bin``), else the interpreter running ``module`` as ``python -m`` does, but without the
+    current folder on its import path: ``-m`` puts it first, so a file of the user's folder
+    named like a library (``torchmetrics.py``) would be imported in the library's place.
+    ``PYTHONPATH`` and the user's site-packages stay, unlike ``-I``."""
+    installed = Path(sys.executable).with_name(script)
+    if installed.is_file():
+        return [str(installed)]
+    if sys.version_info >= (3, 11):
+        return [sys.executable, "-P", "-m", module]
+    # -P is new in 3.11; -c puts the current folder first as ''
+    return [sys.executable, "-c", "import runpy, sys; del sys.path[0]; "
+                                  f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"]
+
+
+def tied_to_parent(signum: int) -> Callable[[], None]:
+    """A ``preexec_fn`` for ``subprocess``: on Linux the child gets ``signum`` when this
+    process dies (``PR_SET_PDEATHSIG``), and at once when it already died between the fork and
+    the tie, so a killed study leaves no trial's ``fit`` writing into a run directory (SIGTERM:
+    the fit saves at the end of its step)."""
+    parent, prctl = os.getpid(), None
+    if sys.platform.startswith("linux"):  # looked up here: the child only calls it
+        with contextlib.suppress(OSError, AttributeError):
+            import ctypes
+
+            prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def tie() -> None:  # pragma: no cover - runs in the child before exec
+        if prctl is not None:
+            prctl(1, signum)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signum)
+
+    return tie
+
+
 def _stop(child: subprocess.Popen) -> int:
     """SIGTERM to a still running child (a fit saves its state at the end of its step), SIGKILL
     :data:`STOP_GRACE_S` later; its exit status."""
@@ -80,7 +118,7 @@ def launch(stage: str, args: list[str], log: Path, env: dict, deadline: float | 
            record: Callable[[float, int | None], None] | None = None) -> tuple[int, bool]:
     """``graphormer-urpe <stage> <args>`` in a child process, its output appended to ``log``
     after a line naming the command. The child imports nothing of the current folder
-    (:func:`~graphormer_urpe.utils.process.console_command`) and gets SIGTERM when this process
+    (:func:`console_command`) and gets SIGTERM when this process
     dies (Linux). At the ``time.monotonic()`` ``deadline``, or when this process is stopped (a
     signal, Ctrl-C: raised again once the child ended), the child is stopped (:func:`_stop`).
     ``record(seconds so far, None)`` every :data:`TICK_S`, and ``record(seconds, exit status)``
