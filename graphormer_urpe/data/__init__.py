@@ -5,8 +5,8 @@ and :mod:`.descriptor_pretraining`, holding its DataModule (a subclass of
 :class:`~.datamodule.SMILESTableDataModule` for a SMILES table, else of
 :class:`~.datamodule.GraphDataModule`), named in ``_LAZY`` below so that configs reach it as
 ``graphormer_urpe.data.<Class>``; a new encoding is a spec, an encoder and a parameter in
-:mod:`.encodings` and an init argument of the same name on the GraphDataModule (the cache of
-:mod:`.encoding_cache`, collation and the model follow it by name); a new featurizer is a
+:mod:`.encodings` and an init argument of the same name on the GraphDataModule (its cache,
+collation and the model follow it by name); a new featurizer is a
 :class:`~.featurize.FeaturizerSpec` in ``FEATURIZERS`` of :mod:`.featurize`. The DataModules
 (and everything that imports Lightning, PyG or RDKit) load on first access, so
 ``import graphormer_urpe.data`` stays cheap.
@@ -27,10 +27,10 @@ _LAZY = {
     "DescriptorDataModule": "descriptor_pretraining",
     "EncodedGraphDataset": "dataset",
     "SeededShuffleSampler": "dataset",
-    "FlatGraphs": "collate",
+    "FlatGraphs": "graphs",
     "ENCODINGS": "encodings",
     "EncodingParams": "encodings",
-    "collate_pyg_graphs": "encode",
+    "collate_pyg_graphs": "batch",
     "featurizer_spec": "featurize",
     "num_embeddings": "feature_ids",
 }

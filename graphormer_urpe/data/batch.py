@@ -1,17 +1,37 @@
-"""The padded batch that flows from collation into the model.
+r"""The padded batch that flows into the model, and the two gathers that make it.
 
 Shapes use ``B`` graphs, ``N`` = the largest node count in the batch (the graph token is NOT
 included; the model prepends it), ``E`` = all edges of the batch, ``F``/``Fe`` = atom/bond feature
 columns, ``K`` = ``max_hops``. Integer tensors are compact (int16/int32); the model widens them
 where an index needs it.
+
+Two implementations, one contract (the same :class:`GraphBatch`, bit for bit:
+``tests/data/test_resident.py``): :func:`collate` gathers from numpy (possibly memory-mapped)
+:class:`~.graphs.FlatGraphs` for the ``DataLoader``: vectorised numpy gathers for nodes and edges
+and one block copy per graph for the ``O(n^2)`` pair arrays, a whole batch in one
+``__getitems__`` call, ~2.5x faster on one CPU core than the torch gather's element-wise
+gathers (docs/benchmarks.md), reading memory-mapped storage without copying it.
+:func:`gather_batch` gathers from the graphs as tensors on a device (:mod:`.resident`), every
+intermediate of a fixed shape, so it can be recorded in a CUDA graph.
+
+The node and node-pair encodings, whichever the graphs carry, are gathered as their specs in
+:mod:`~.encodings` say (per node or pair, dtype, padding value). Path edges, stored as LOCAL
+edge ids, become rows of the batch's ``edge_attr`` by adding the number of edges of the graphs
+before ``b`` in the batch. ``-1`` stays ``-1``, which indexes the all-zero last row of
+``edge_attr``, so ``edge_attr[path_edges]`` needs no masking.
 """
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from graphormer_urpe.data.encodings import ENCODING_BY_NAME, EncodingParams
+from graphormer_urpe.data.graphs import FlatGraphs, encode_flat
 
 
 @dataclass
@@ -82,9 +102,7 @@ class GraphBatch:
         """Graph ``g`` as a batch of its own, ``times`` copies of it: ``N`` its node count (no
         padding of the others), ``edge_attr`` its own edge rows (numbered from 0, then the zero
         row), so the same graph gives the same batch whatever batch it came from (the batch
-        :func:`~.collate.collate` makes of it alone, copies sharing its edge rows)."""
-        from graphormer_urpe.data.encodings import ENCODING_BY_NAME
-
+        :func:`collate` makes of it alone, copies sharing its edge rows)."""
         n = int(self.num_nodes[g])
         rows = torch.arange(g, g + 1, device=self.x.device).repeat(times)
         encodings, edge_rows = {}, self.edge_attr[:0]
@@ -147,3 +165,212 @@ class BatchPadding:
             raise ValueError(f"a batch of {num_graphs} graphs with N={max_nodes} nodes per graph and "
                              f"E={total_edges} edges does not fit the padding N={self.num_nodes}, "
                              f"E={self.num_edges}")
+
+
+def _ragged_positions(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For ragged rows of lengths ``counts [B]``: ``(owner, local)``, each ``[sum counts]``, the
+    row each element belongs to and its position inside that row."""
+    owner = np.repeat(np.arange(counts.size), counts)
+    starts = np.cumsum(counts) - counts
+    local = np.arange(owner.size) - starts[owner]
+    return owner, local
+
+
+def collate(graphs: FlatGraphs, indices: Sequence[int] | np.ndarray, y: np.ndarray | None = None,
+            positions: np.ndarray | None = None, padding: BatchPadding | None = None,
+            descriptors: np.ndarray | None = None) -> GraphBatch:
+    """Gather graphs ``indices`` (``B`` of them, any order, repeats allowed) into a padded batch.
+
+    ``N`` = the largest node count among them; see :class:`GraphBatch` for shapes and padding.
+    ``y [B, T]`` and ``positions [B]`` override ``graphs.y[indices]`` and ``GraphBatch.index``
+    (default: ``indices``) when several data rows share one stored graph (deduplicated SMILES).
+    ``padding`` fixes ``N`` and ``E`` instead (:class:`~.batch.BatchPadding`). ``descriptors
+    [B, D]``: each molecule's descriptors, carried as ``GraphBatch.descriptors``.
+    """
+    index = np.asarray(indices, dtype=np.int64).reshape(-1)
+    if index.size and (index.min() < 0 or index.max() >= len(graphs)):
+        raise ValueError(f"graph indices must lie in [0, {len(graphs)}), got "
+                         f"[{index.min()}, {index.max()}]")
+    b = index.size
+
+    node_start = graphs.node_ptr[index]
+    n = graphs.node_ptr[index + 1] - node_start
+    big_n = int(n.max()) if b else 0
+    edge_start = graphs.edge_ptr[index]
+    m = graphs.edge_ptr[index + 1] - edge_start
+    edge_rows = int(m.sum())
+    targets = np.asarray(graphs.y[index] if y is None else y, dtype=np.float32)
+    positions = np.asarray(index if positions is None else positions, dtype=np.int64)
+    if padding is not None:
+        padding.check(big_n, edge_rows, b)
+        big_n, edge_rows = padding.num_nodes, padding.num_edges
+
+    # Nodes: destination b * N + local in a [B * N] grid.
+    node_owner, node_local = _ragged_positions(n)
+    node_src = node_start[node_owner] + node_local
+    node_dst = node_owner * big_n + node_local
+    x = np.zeros((b * big_n, graphs.x.shape[1]), dtype=np.int32)
+    x[node_dst] = graphs.x[node_src]
+    node_mask = np.zeros(b * big_n, dtype=bool)
+    node_mask[node_dst] = True
+    encoded = {}
+    for enc, stored in graphs.specs():
+        if enc.per == "node":
+            values = np.full((b * big_n, *stored.shape[1:]), enc.fill, dtype=enc.batch_dtype)
+            values[node_dst] = stored[node_src]
+            encoded[enc.name] = values.reshape(b, big_n, *stored.shape[1:])
+
+    # Edges: concatenated, plus the all-zero row that path edge -1 resolves to.
+    edge_owner, edge_local = _ragged_positions(m)
+    edge_attr = np.zeros((edge_rows + 1, graphs.edge_attr.shape[1]), dtype=np.int32)
+    edge_attr[:edge_owner.size] = graphs.edge_attr[edge_start[edge_owner] + edge_local]
+    edge_offset = (np.cumsum(m) - m).tolist()  # first batch row of each graph's edges
+
+    # Node pairs: graph g's [n, n, *S] block is contiguous in storage, so one slice copy per
+    # graph beats a fancy-index gather of all pairs.
+    sizes, pair_start = n.tolist(), graphs.pair_ptr[index].tolist()
+    for enc, stored in graphs.specs():
+        if enc.per != "pair":
+            continue
+        # A plain view of a memory map: slicing np.memmap itself costs ~4 us per block in its
+        # subclass hooks, about a quarter of this loop on ZINC.
+        stored = np.asarray(stored)
+        row_shape = stored.shape[1:]
+        values = np.full((b, big_n, big_n, *row_shape), enc.fill, dtype=enc.batch_dtype)
+        for row, (size, start) in enumerate(zip(sizes, pair_start)):
+            block = values[row, :size, :size]
+            block[...] = stored[start:start + size * size].reshape(size, size, *row_shape)
+            if enc.edge_ids:  # local -> batch edge row; -1 stays -1 (x >> 31 = -1 iff x < 0)
+                block += edge_offset[row] & ~(block >> 31)
+        encoded[enc.name] = values
+
+    return GraphBatch(
+        x=torch.from_numpy(x.reshape(b, big_n, graphs.x.shape[1])),
+        node_mask=torch.from_numpy(node_mask.reshape(b, big_n)),
+        encodings={name: torch.from_numpy(encoded[name]) for name in graphs.encodings},
+        edge_attr=torch.from_numpy(edge_attr),
+        y=torch.from_numpy(np.ascontiguousarray(targets)),
+        num_nodes=torch.from_numpy(n.astype(np.int32)),
+        index=torch.from_numpy(np.array(positions, dtype=np.int64)),
+        descriptors=None if descriptors is None else torch.from_numpy(np.array(descriptors, dtype=np.float32)),
+    )
+
+
+@functools.cache
+def _torch_dtype(dtype) -> torch.dtype:
+    """The torch dtype of a numpy dtype."""
+    return torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
+
+
+def gather_batch(graphs: FlatGraphs, index: Tensor, y: Tensor | None = None,
+                 positions: Tensor | None = None, padding: BatchPadding | None = None,
+                 check_padding: bool = True) -> GraphBatch:
+    r"""Gather graphs ``index [B]`` (int64, on ``graphs.device``) into a padded batch, on that device.
+
+    The torch twin of :func:`collate` (same :class:`GraphBatch`, bit for bit).
+    ``y [B, T]`` / ``positions [B]`` override ``graphs.y[index]`` / ``GraphBatch.index``
+    (default: ``index``). ``padding`` fixes ``N`` and ``E`` (:class:`~.batch.BatchPadding`;
+    default: the batch's largest node count and its edge count, read with one device-to-host
+    sync). The graphs must fit it: checked (one sync) unless ``check_padding`` is False, for a
+    caller that sized it from host-side counts or whose padding covers the whole split
+    (:meth:`~.batch.BatchPadding.covering`) and which must not sync (a recorded step).
+
+    Every intermediate has a fixed shape (``B``, ``N``, ``E``; no size read from the data), so
+    the gather can be captured in a CUDA graph: it walks the dense grids and masks: node ``(b, i)`` is real iff ``i < n_b``, pair ``(b, i, j)`` iff
+    ``i, j < n_b`` (source ``pair_ptr[g_b] + i n_b + j``), and edge row ``r < E`` belongs to the
+    graph ``b`` with ``o_b \le r < o_b + m_b`` (``searchsorted`` of the running edge counts). Path edges (local edge ids) get ``+ o_b``;
+    ``-1`` stays ``-1``, the all-zero last row of ``edge_attr``.
+    """
+    device = graphs.device
+    index = index.to(device=device, dtype=torch.int64)
+    node_start = graphs.node_ptr.index_select(0, index)
+    n = graphs.node_ptr.index_select(0, index + 1) - node_start
+    edge_start = graphs.edge_ptr.index_select(0, index)
+    m = graphs.edge_ptr.index_select(0, index + 1) - edge_start
+    if padding is None or check_padding:
+        max_nodes, total_edges = (int(n.max()), int(m.sum())) if len(index) else (0, 0)
+        if padding is None:
+            padding = BatchPadding(max_nodes, total_edges)
+        padding.check(max_nodes, total_edges, len(index))
+    big_n, big_e = padding.num_nodes, padding.num_edges
+    y = graphs.y.index_select(0, index) if y is None else y
+    positions = index if positions is None else positions
+    b = len(index)
+
+    local = torch.arange(big_n, device=device)
+    node_real = local < n[:, None]  # [B, N]
+    node_src = torch.where(node_real, node_start[:, None] + local, 0).view(-1)
+    real_rows = node_real.view(-1, 1)
+    x = torch.where(real_rows, graphs.x.index_select(0, node_src), 0).to(torch.int32)
+    encoded = {}
+    for enc, stored in graphs.specs():
+        if enc.per != "node":
+            continue
+        values = stored.index_select(0, node_src).to(_torch_dtype(enc.batch_dtype))
+        encoded[enc.name] = torch.where(real_rows.view(-1, *[1] * (values.dim() - 1)), values,
+                                        enc.fill).view(b, big_n, *stored.shape[1:])
+
+    edge_end = torch.cumsum(m, 0)  # o_b + m_b
+    edge_offset = edge_end - m  # o_b: first batch row of graph b's edges
+    rows = torch.arange(big_e, device=device)
+    edge_owner = torch.searchsorted(edge_end, rows, right=True).clamp_(max=b - 1)
+    edge_real = rows < edge_end[-1]
+    edge_src = torch.where(edge_real, edge_start.index_select(0, edge_owner) + rows
+                           - edge_offset.index_select(0, edge_owner), 0)
+    edge_attr = torch.zeros((big_e + 1, graphs.edge_attr.shape[1]), dtype=torch.int32, device=device)
+    edge_attr[:big_e] = torch.where(edge_real[:, None], graphs.edge_attr.index_select(0, edge_src), 0)
+
+    pair_real = node_real[:, :, None] & node_real[:, None, :]  # [B, N, N]
+    pair_src = graphs.pair_ptr.index_select(0, index)[:, None, None] + local[:, None] * n[:, None, None] + local
+    pair_src = torch.where(pair_real, pair_src, 0).view(-1)
+    for enc, stored in graphs.specs():
+        if enc.per != "pair":
+            continue
+        row_dims = stored.dim() - 1
+        values = stored.index_select(0, pair_src).to(_torch_dtype(enc.batch_dtype))
+        values = values.view(b, big_n, big_n, *stored.shape[1:])
+        if enc.edge_ids:  # local -> batch edge row; -1 stays -1
+            offset = edge_offset.to(values.dtype).view(b, 1, 1, *[1] * row_dims)
+            values = torch.where(values >= 0, values + offset, values)
+        encoded[enc.name] = torch.where(pair_real.view(b, big_n, big_n, *[1] * row_dims), values, enc.fill)
+
+    return GraphBatch(
+        x=x.view(b, big_n, -1),
+        node_mask=node_real,
+        encodings={name: encoded[name] for name in graphs.encodings},
+        edge_attr=edge_attr,
+        y=y.to(torch.float32),
+        num_nodes=n.to(torch.int32),
+        index=positions.to(torch.int64),
+    )
+
+
+def collate_pyg_graphs(data_list: Sequence, params: EncodingParams | int, atom_feature_dims: Sequence[int],
+                       bond_feature_dims: Sequence[int]) -> GraphBatch:
+    """Encode (in memory) and collate a few ``torch_geometric.data.Data`` graphs: small inputs
+    and test fixtures; data sets go through :func:`~.graphs.flat_graphs_from_pyg` and its cache.
+
+    Each ``Data`` needs ``x`` (``[n, F]`` or ``[n]`` raw values), ``edge_index`` (``[2, E]``),
+    ``edge_attr`` (``[E, Fe]`` or ``[E]``) and optionally ``y`` (``T`` values; missing -> NaN).
+    ``params`` may be just ``max_hops``.
+    """
+    if not isinstance(params, EncodingParams):
+        params = EncodingParams(max_hops=params)
+    if len(data_list) == 0:
+        raise ValueError("collate_pyg_graphs needs at least one graph")
+    n = np.array([int(d.num_nodes) for d in data_list], dtype=np.int64)
+    e = np.array([int(d.edge_index.shape[1]) for d in data_list], dtype=np.int64)
+    num_bond_cols = len(bond_feature_dims)
+    ys = [None if getattr(d, "y", None) is None else d.y.reshape(-1).numpy() for d in data_list]
+    num_targets = max((len(v) for v in ys if v is not None), default=1)
+    y = np.stack([np.full(num_targets, np.nan, np.float32) if v is None else v for v in ys])
+    flat = encode_flat(
+        x=np.concatenate([d.x.numpy().reshape(int(d.num_nodes), -1) for d in data_list]),
+        node_ptr=np.concatenate([[0], np.cumsum(n)]),
+        edge_index=np.concatenate([d.edge_index.numpy() for d in data_list], axis=1),
+        edge_attr=np.concatenate([d.edge_attr.numpy().reshape(-1, num_bond_cols) for d in data_list]),
+        edge_ptr=np.concatenate([[0], np.cumsum(e)]),
+        y=y, params=params,
+        atom_feature_dims=atom_feature_dims, bond_feature_dims=bond_feature_dims,
+    )
+    return collate(flat, np.arange(len(data_list)))

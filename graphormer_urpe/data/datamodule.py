@@ -4,7 +4,7 @@ SMILES, :class:`SMILESTableDataModule`. Each dataset's DataModule lives beside i
 :class:`~.ogb_lsc.PCQM4Mv2DataModule`, :class:`~.property_csv.CSVDataModule` and
 :class:`~.descriptor_pretraining.DescriptorDataModule` (all importable from :mod:`graphormer_urpe.data`).
 
-Every data family (ZINC, PCQM4M / PCQM4Mv2, CSV) turns its splits into :class:`~.collate.FlatGraphs`
+Every data family (ZINC, PCQM4M / PCQM4Mv2, CSV) turns its splits into :class:`~.graphs.FlatGraphs`
 (features as shared ids + cached encodings, memory-mapped, :mod:`.encode`); each split is an
 :class:`~.dataset.EncodedGraphDataset` that collates whole batches, in the seeded order of
 :class:`~.dataset.SeededShuffleSampler` for training. Graphs with more than ``max_nodes`` nodes are
@@ -32,9 +32,9 @@ from torch.utils.data import DataLoader, Sampler
 
 from graphormer_urpe.data.algos import MAX_HOPS_LIMIT
 from graphormer_urpe.data.batch import BatchPadding, GraphBatch
-from graphormer_urpe.data.collate import FlatGraphs
+from graphormer_urpe.data.graphs import FlatGraphs
 from graphormer_urpe.data.dataset import EncodedGraphDataset, EvaluationSampler, SeededShuffleSampler, check_seed
-from graphormer_urpe.data.encoding_cache import encode_smiles_store
+from graphormer_urpe.data.graphs import encode_smiles_store
 from graphormer_urpe.data.encodings import DEFAULT_MAX_HOPS, EncodingParams
 from graphormer_urpe.data.feature_ids import num_embeddings
 from graphormer_urpe.data.featurize import cached_smiles_graphs, featurizer_spec

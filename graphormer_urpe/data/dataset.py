@@ -1,7 +1,7 @@
 """The items of one split over encoded graphs, and the seeded training order.
 
 :class:`EncodedGraphDataset` serves whole batches through ``__getitems__`` (one vectorised
-:func:`~.collate.collate` call per batch, no per-graph Python work), padded to the largest graph
+:func:`~.batch.collate` call per batch, no per-graph Python work), padded to the largest graph
 of the batch or to a fixed :class:`~.batch.BatchPadding`. :class:`SeededShuffleSampler` makes
 the training order a pure function of ``(seed, epoch)``, so a resumed run sees the same order,
 and a run resumed inside an epoch continues that epoch's order where the checkpoint left it.
@@ -16,7 +16,8 @@ import numpy as np
 from torch.utils.data import Dataset, DistributedSampler
 
 from graphormer_urpe.data.batch import BatchPadding, GraphBatch
-from graphormer_urpe.data.collate import FlatGraphs, collate
+from graphormer_urpe.data.batch import collate
+from graphormer_urpe.data.graphs import FlatGraphs
 
 
 class EncodedGraphDataset(Dataset):

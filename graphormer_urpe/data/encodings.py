@@ -1,13 +1,14 @@
-r"""The structural encodings stored per node or per node pair: one spec each, in one registry.
+r"""The structural encodings stored per node or per node pair: what each is (one spec each, in
+one registry), how it is computed and how it is cached.
 
 An :class:`Encoding` is one array: per node or per pair, its dtype (stored and batched), its
 padding value and the parameter that sets its width. An :class:`Encoder` is one computation
 producing one or more encodings from the graph structure, with its parameters: they name its
-cache entry's folder and make its fingerprint (:mod:`.encoding_cache`). :class:`EncodingParams` holds every
+cache entry's folder and make its fingerprint. :class:`EncodingParams` holds every
 parameter; the encoders a run computes are those its parameters switch on
-(:meth:`EncodingParams.encoders`). Collation (:func:`~.collate.collate`), the device gather
-(:func:`~.resident.gather_batch`), the cache (:func:`~.encoding_cache.cached_encodings`), the checks of
-:class:`~.collate.FlatGraphs` and of the model
+(:meth:`EncodingParams.encoders`). Collation (:func:`~.batch.collate`), the device gather
+(:func:`~.batch.gather_batch`), the cache (:func:`cached_encodings`), the checks of
+:class:`~.graphs.FlatGraphs` and of the model
 (:meth:`graphormer_urpe.nn.graphormer.Graphormer.check_encodings`) loop over the encodings a
 batch carries, by name.
 
@@ -31,16 +32,31 @@ Adding an encoding (the random-walk encoding :data:`RWSE` is the worked example)
 
 A per-node float encoding needs nothing on the model's side: the DataModule links its width into
 the model (``node_encodings``), which adds a linear embedding of it to the atom features.
+
+The cache: every encoding of a split computed once and streamed into an entry of the array store
+(:mod:`~graphormer_urpe.data.array_store`), one entry per encoder
+(``<base>/encodings/<split>-<folder>``: ``train-k5``, ``train-rwse16``). An entry's fingerprint
+holds everything its encodings depend on: the encoder's parameters (``max_hops``, its version,
+...) and the input (sizes and a BLAKE2 hash of ``node_ptr``, ``edge_ptr`` and ``edge_index``, or
+the checksums of the entry they were read from). The encodings are computed in chunks of graphs
+(:func:`graph_chunks`), so a split of any size is encoded with bounded memory; :func:`encode`
+computes them in memory or through the cache.
 """
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 
 import numpy as np
 
 from graphormer_urpe.data import algos
 from graphormer_urpe.data.algos import UNREACHABLE
+from graphormer_urpe.data.array_store import EntryWriter, cached_entry, file_items, hash_arrays, whole_memmap
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -251,3 +267,121 @@ ENCODINGS: tuple[Encoding, ...] = tuple(enc for e in ENCODERS for enc in e.encod
 ENCODING_BY_NAME: dict[str, Encoding] = {e.name: e for e in ENCODINGS}
 #: The encodings every batch carries (those of :data:`PATHS`), in their order.
 CORE_ENCODINGS: tuple[str, ...] = tuple(e.name for e in PATHS.encodings)
+
+
+#: Node pairs encoded per step of a streaming build (bounds its memory: ~2 * (1 + K) bytes each
+#: for the shortest paths).
+PAIRS_PER_CHUNK = 1 << 22
+
+
+def graph_input_fingerprint(node_ptr: np.ndarray, edge_index: np.ndarray, edge_ptr: np.ndarray) -> dict:
+    """What encodings depend on in the input: sizes and a hash of the graph structure."""
+    return {"num_graphs": int(len(node_ptr) - 1), "num_nodes": int(node_ptr[-1]),
+            "num_edges": int(edge_ptr[-1]), "structure_hash": hash_arrays(node_ptr, edge_ptr, edge_index)}
+
+
+def graph_chunks(node_ptr: np.ndarray, pairs_per_chunk: int | None = None) -> list[tuple[int, int]]:
+    """``[(g0, g1), ...]`` consecutive graph ranges of about ``pairs_per_chunk`` node pairs each
+    (default :data:`PAIRS_PER_CHUNK`)."""
+    pairs_per_chunk = PAIRS_PER_CHUNK if pairs_per_chunk is None else pairs_per_chunk
+    n = np.diff(np.asarray(node_ptr, dtype=np.int64))
+    pair_end = np.cumsum(n * n)
+    bounds, start = [], 0
+    while start < len(n):
+        base = pair_end[start - 1] if start else 0
+        stop = max(int(np.searchsorted(pair_end, base + pairs_per_chunk, side="right")), start + 1)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def _has_pairs(encoder: Encoder) -> bool:
+    return any(e.per == "pair" for e in encoder.encodings)
+
+
+def entry_arrays(encoder: Encoder) -> tuple[str, ...]:
+    """The arrays of ``encoder``'s cache entry: its encodings, and ``pair_ptr`` with pair encodings."""
+    return (*(e.name for e in encoder.encodings), *(("pair_ptr",) if _has_pairs(encoder) else ()))
+
+
+def write_encodings(writer: EntryWriter, node_ptr: np.ndarray, edge_index: np.ndarray, edge_ptr: np.ndarray,
+                    params: EncodingParams, num_threads: int = 1, progress: bool = False,
+                    encoder: Encoder = PATHS) -> None:
+    """Stream the arrays of ``encoder`` (:func:`entry_arrays`) of the graphs into ``writer``,
+    computing :func:`graph_chunks` one at a time (inputs read with
+    :func:`~.array_store.read_rows`)."""
+    from tqdm import tqdm
+
+    node_ptr = np.asarray(node_ptr, dtype=np.int64)
+    edge_ptr = np.asarray(edge_ptr, dtype=np.int64)
+    values = ", ".join(f"{k}={v}" for k, v in encoder.values(params).items())
+    log.info("encoding %d graphs (%s) into %s", len(node_ptr) - 1, values, writer.directory)
+    arrays = {e.name: writer.array(e.name, e.dtype, e.row_shape(params)) for e in encoder.encodings}
+    pair_ptr = None
+    if _has_pairs(encoder):
+        pair_ptr = writer.array("pair_ptr", np.int64)
+        pair_ptr.append(np.zeros(1, np.int64))
+    pairs_before = 0
+    with tqdm(total=len(node_ptr) - 1, desc=f"encode ({values})", unit="mol", disable=not progress) as bar:
+        for g0, g1 in graph_chunks(node_ptr):
+            e0, e1 = int(edge_ptr[g0]), int(edge_ptr[g1])
+            encoded = encoder.compute(node_ptr[g0:g1 + 1] - node_ptr[g0], _edge_columns(edge_index, e0, e1),
+                                      edge_ptr[g0:g1 + 1] - e0, params, num_threads)
+            for name, writer_of in arrays.items():
+                writer_of.append(encoded[name])
+            if pair_ptr is not None:
+                pair_ptr.append(encoded["pair_ptr"][1:] + pairs_before)
+                pairs_before += int(encoded["pair_ptr"][-1])
+            bar.update(g1 - g0)
+
+
+def _edge_columns(edge_index: np.ndarray, e0: int, e1: int) -> np.ndarray:
+    """``edge_index[:, e0:e1]`` as a C-contiguous int64 copy (file reads for a whole memory map)."""
+    if whole_memmap(edge_index):
+        return np.stack([file_items(edge_index, r * edge_index.shape[1] + e0, e1 - e0)
+                         for r in range(edge_index.shape[0])]).astype(np.int64)
+    return np.ascontiguousarray(edge_index[:, e0:e1], dtype=np.int64)
+
+
+def cached_encodings(directory: str | os.PathLike, node_ptr: np.ndarray, edge_index: np.ndarray,
+                     edge_ptr: np.ndarray, params: EncodingParams, num_threads: int = 1,
+                     encoder: Encoder = PATHS, input_fingerprint: dict | None = None) -> dict[str, np.ndarray]:
+    """The arrays of ``encoder`` (:func:`entry_arrays`; for :data:`~.encodings.PATHS`
+    ``spd [P]``, ``path_edges [P, K]``, ``degree [N]``, ``pair_ptr [G + 1]``) of the graphs, from
+    the cache entry ``directory`` or computed chunk by chunk and streamed there. The entry is keyed
+    by ``input_fingerprint`` (default: :func:`graph_input_fingerprint` of the graphs)."""
+    node_ptr = np.ascontiguousarray(node_ptr, dtype=np.int64)
+    edge_ptr = np.ascontiguousarray(edge_ptr, dtype=np.int64)
+    if input_fingerprint is None:
+        input_fingerprint = graph_input_fingerprint(node_ptr, edge_index, edge_ptr)
+    fingerprint = encoder.fingerprint(params, input_fingerprint)
+    return cached_entry(directory, fingerprint, lambda writer: write_encodings(
+        writer, node_ptr, edge_index, edge_ptr, params, num_threads, progress=True, encoder=encoder),
+        expect=entry_arrays(encoder))
+
+
+def encodings_dir(base: str | os.PathLike, split: str, params: EncodingParams, encoder: Encoder = PATHS) -> Path:
+    """Where the cache entry of a split's ``encoder`` lives, next to its processed files."""
+    return Path(base) / "encodings" / encoder.folder_name(split, params)
+
+
+def encode(node_ptr: np.ndarray, edge_index: np.ndarray, edge_ptr: np.ndarray, params: EncodingParams,
+           num_threads: int = 1, cache: tuple[str | os.PathLike, str] | None = None,
+           input_fingerprint: dict | None = None, skip: Encoder | None = None) -> dict[str, np.ndarray]:
+    """The arrays of every encoder ``params`` switch on but ``skip`` (and ``pair_ptr``): computed
+    in memory, or with ``cache = (base, split)`` each from its cache entry
+    ``encodings_dir(*cache, params, encoder)`` (computed and stored there when missing or stale;
+    ``input_fingerprint`` replaces hashing the graphs)."""
+    node_ptr = np.ascontiguousarray(node_ptr, dtype=np.int64)
+    edge_ptr = np.ascontiguousarray(edge_ptr, dtype=np.int64)
+    arrays: dict[str, np.ndarray] = {}
+    for encoder in params.encoders():
+        if encoder is skip:
+            continue
+        if cache is None:
+            arrays.update(encoder.compute(node_ptr, np.ascontiguousarray(edge_index, dtype=np.int64), edge_ptr,
+                                          params, num_threads))
+        else:
+            arrays.update(cached_encodings(encodings_dir(*cache, params, encoder), node_ptr, edge_index, edge_ptr,
+                                           params, num_threads, encoder, input_fingerprint))
+    return arrays

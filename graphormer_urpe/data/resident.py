@@ -1,25 +1,16 @@
 r"""Device-resident data: a whole split's encoded graphs on one device, batches gathered there.
 
 With ``GraphDataModule(device_resident=True)`` the loaders are :class:`ResidentLoader` objects: each
-split's :class:`~.collate.FlatGraphs` is copied once to the trainer's device (GPU memory for a
-GPU run, :meth:`~.collate.FlatGraphs.to`) and every batch is gathered there by :func:`gather_batch`, a fully vectorised torch
-version of :func:`~.collate.collate`. A training step then costs no Python per graph, no
+split's :class:`~.graphs.FlatGraphs` is copied once to the trainer's device (GPU memory for a
+GPU run, :meth:`~.graphs.FlatGraphs.to`) and every batch is gathered there by
+:func:`~.batch.gather_batch`, every intermediate of a fixed shape, so the same gather serves an
+evaluation batch and a training step recorded in a CUDA graph
+(:mod:`graphormer_urpe.training.engine`). A training step then costs no Python per graph, no
 ``DataLoader`` worker and no host-to-device copy of the batch; only ``B`` int64 item ids per step
 are sliced from the epoch order that is moved to the device once per epoch.
-
-Every batch is gathered with every intermediate of a fixed shape (:func:`gather_batch`), so
-the same gather serves an evaluation batch and a training step recorded in a CUDA graph
-(:mod:`graphormer_urpe.training.engine`).
-
-Two implementations, one contract: the numpy :func:`~.collate.collate` stays the CPU
-``DataLoader`` path because its per-graph block copies of the pair arrays run faster on one
-core than these element-wise gathers (docs/benchmarks.md) and read memory-mapped storage
-without copying it; ``tests/data/test_resident.py`` asserts both give identical batches on real
-ZINC.
 """
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -28,98 +19,9 @@ import torch
 from torch import Tensor
 from torch.utils.data import Sampler
 
-from graphormer_urpe.data.batch import BatchPadding, GraphBatch
-from graphormer_urpe.data.collate import FlatGraphs
+from graphormer_urpe.data.batch import BatchPadding, GraphBatch, gather_batch
+from graphormer_urpe.data.graphs import FlatGraphs
 from graphormer_urpe.data.dataset import EncodedGraphDataset, SeededShuffleSampler, unmasked
-
-
-@functools.cache
-def _torch_dtype(dtype) -> torch.dtype:
-    """The torch dtype of a numpy dtype."""
-    return torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
-
-
-def gather_batch(graphs: FlatGraphs, index: Tensor, y: Tensor | None = None,
-                 positions: Tensor | None = None, padding: BatchPadding | None = None,
-                 check_padding: bool = True) -> GraphBatch:
-    r"""Gather graphs ``index [B]`` (int64, on ``graphs.device``) into a padded batch, on that device.
-
-    The torch twin of :func:`~.collate.collate` (same :class:`GraphBatch`, bit for bit).
-    ``y [B, T]`` / ``positions [B]`` override ``graphs.y[index]`` / ``GraphBatch.index``
-    (default: ``index``). ``padding`` fixes ``N`` and ``E`` (:class:`~.batch.BatchPadding`;
-    default: the batch's largest node count and its edge count, read with one device-to-host
-    sync). The graphs must fit it: checked (one sync) unless ``check_padding`` is False, for a
-    caller that sized it from host-side counts or whose padding covers the whole split
-    (:meth:`~.batch.BatchPadding.covering`) and which must not sync (a recorded step).
-
-    Every intermediate has a fixed shape (``B``, ``N``, ``E``; no size read from the data), so
-    the gather can be captured in a CUDA graph: it walks the dense grids and masks: node ``(b, i)`` is real iff ``i < n_b``, pair ``(b, i, j)`` iff
-    ``i, j < n_b`` (source ``pair_ptr[g_b] + i n_b + j``), and edge row ``r < E`` belongs to the
-    graph ``b`` with ``o_b \le r < o_b + m_b`` (``searchsorted`` of the running edge counts). Path edges (local edge ids) get ``+ o_b``;
-    ``-1`` stays ``-1``, the all-zero last row of ``edge_attr``.
-    """
-    device = graphs.device
-    index = index.to(device=device, dtype=torch.int64)
-    node_start = graphs.node_ptr.index_select(0, index)
-    n = graphs.node_ptr.index_select(0, index + 1) - node_start
-    edge_start = graphs.edge_ptr.index_select(0, index)
-    m = graphs.edge_ptr.index_select(0, index + 1) - edge_start
-    if padding is None or check_padding:
-        max_nodes, total_edges = (int(n.max()), int(m.sum())) if len(index) else (0, 0)
-        if padding is None:
-            padding = BatchPadding(max_nodes, total_edges)
-        padding.check(max_nodes, total_edges, len(index))
-    big_n, big_e = padding.num_nodes, padding.num_edges
-    y = graphs.y.index_select(0, index) if y is None else y
-    positions = index if positions is None else positions
-    b = len(index)
-
-    local = torch.arange(big_n, device=device)
-    node_real = local < n[:, None]  # [B, N]
-    node_src = torch.where(node_real, node_start[:, None] + local, 0).view(-1)
-    real_rows = node_real.view(-1, 1)
-    x = torch.where(real_rows, graphs.x.index_select(0, node_src), 0).to(torch.int32)
-    encoded = {}
-    for enc, stored in graphs.specs():
-        if enc.per != "node":
-            continue
-        values = stored.index_select(0, node_src).to(_torch_dtype(enc.batch_dtype))
-        encoded[enc.name] = torch.where(real_rows.view(-1, *[1] * (values.dim() - 1)), values,
-                                        enc.fill).view(b, big_n, *stored.shape[1:])
-
-    edge_end = torch.cumsum(m, 0)  # o_b + m_b
-    edge_offset = edge_end - m  # o_b: first batch row of graph b's edges
-    rows = torch.arange(big_e, device=device)
-    edge_owner = torch.searchsorted(edge_end, rows, right=True).clamp_(max=b - 1)
-    edge_real = rows < edge_end[-1]
-    edge_src = torch.where(edge_real, edge_start.index_select(0, edge_owner) + rows
-                           - edge_offset.index_select(0, edge_owner), 0)
-    edge_attr = torch.zeros((big_e + 1, graphs.edge_attr.shape[1]), dtype=torch.int32, device=device)
-    edge_attr[:big_e] = torch.where(edge_real[:, None], graphs.edge_attr.index_select(0, edge_src), 0)
-
-    pair_real = node_real[:, :, None] & node_real[:, None, :]  # [B, N, N]
-    pair_src = graphs.pair_ptr.index_select(0, index)[:, None, None] + local[:, None] * n[:, None, None] + local
-    pair_src = torch.where(pair_real, pair_src, 0).view(-1)
-    for enc, stored in graphs.specs():
-        if enc.per != "pair":
-            continue
-        row_dims = stored.dim() - 1
-        values = stored.index_select(0, pair_src).to(_torch_dtype(enc.batch_dtype))
-        values = values.view(b, big_n, big_n, *stored.shape[1:])
-        if enc.edge_ids:  # local -> batch edge row; -1 stays -1
-            offset = edge_offset.to(values.dtype).view(b, 1, 1, *[1] * row_dims)
-            values = torch.where(values >= 0, values + offset, values)
-        encoded[enc.name] = torch.where(pair_real.view(b, big_n, big_n, *[1] * row_dims), values, enc.fill)
-
-    return GraphBatch(
-        x=x.view(b, big_n, -1),
-        node_mask=node_real,
-        encodings={name: encoded[name] for name in graphs.encodings},
-        edge_attr=edge_attr,
-        y=y.to(torch.float32),
-        num_nodes=n.to(torch.int32),
-        index=positions.to(torch.int64),
-    )
 
 
 @dataclass

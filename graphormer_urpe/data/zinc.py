@@ -40,7 +40,7 @@ import torch
 
 from graphormer_urpe.data.datamodule import GraphDataModule
 from graphormer_urpe.data.dataset import EncodedGraphDataset
-from graphormer_urpe.data.encoding_cache import flat_graphs_from_pyg
+from graphormer_urpe.data.graphs import flat_graphs_from_pyg
 from graphormer_urpe.data.featurize import ZINC_ATOM_TOKENS, parallel_map, smiles_to_zinc_dense
 from graphormer_urpe.data.local_data import ZINC as ZINC_DIR, built_under, local_copy, where_to_put
 from graphormer_urpe.utils.files import AtomicDirectory

@@ -247,8 +247,8 @@ def chunk_batches(facts: DataFacts, chunk: FeaturizedChunk, max_pairs: int, batc
     (:func:`~graphormer_urpe.data.dataset.size_batches`): each with the indices of its graphs in
     the chunk. ``repeat``: each graph that many times in a row (an integrated-gradients path,
     :mod:`graphormer_urpe.prediction.explain`)."""
-    from graphormer_urpe.data.collate import collate
-    from graphormer_urpe.data.encode import encode_flat
+    from graphormer_urpe.data.batch import collate
+    from graphormer_urpe.data.graphs import encode_flat
     from graphormer_urpe.data.featurize import featurizer_spec
 
     spec = featurizer_spec(facts.featurizer)

@@ -5,7 +5,7 @@ Every ``fit`` of :class:`~graphormer_urpe.training.module.GraphormerModule` trai
 
 .. math::
     \text{items} &= \text{order}[s : s + B], \quad \text{batch} = \text{gather}(\text{items})
-        \quad \text{(fixed shapes, } :func:`~graphormer_urpe.data.resident.gather_batch`) \\
+        \quad \text{(fixed shapes, } :func:`~graphormer_urpe.data.batch.gather_batch`) \\
     \ell &= \text{loss}(f_\theta(\text{batch}), y), \quad g = \nabla_\theta \ell, \quad
         g \leftarrow g \cdot \min\big(1, \tfrac{c}{\lVert g \rVert_2 + 10^{-6}}\big) \\
     \text{skip} &= \lnot \text{isfinite}(\ell) \lor \lnot \text{isfinite}(\lVert g \rVert_2), \quad

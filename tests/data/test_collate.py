@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from graphormer_urpe.data.collate import FlatGraphs, collate
+from graphormer_urpe.data.batch import collate
+from graphormer_urpe.data.graphs import FlatGraphs
 from graphormer_urpe.data.feature_ids import feature_offsets, num_embeddings, to_shared_ids
 
 ATOM_DIMS, BOND_DIMS, K = [5, 3], [4, 2], 3
@@ -127,7 +128,7 @@ def test_collate_pyg_graphs_on_real_zinc(zinc_source):
     bonds from i towards j, features land in the shared id space."""
     from torch_geometric.data import Data
 
-    from graphormer_urpe.data.encode import collate_pyg_graphs
+    from graphormer_urpe.data.batch import collate_pyg_graphs
     from graphormer_urpe.data.featurize import ZINC_ATOM_FEATURE_DIMS, ZINC_BOND_FEATURE_DIMS
 
     arrays = np.load(zinc_source / "subset_test_graphs.npz")

@@ -12,7 +12,7 @@ import torch
 from graphormer_urpe.data.batch import GraphBatch
 from graphormer_urpe.data import ZINCDataModule
 from graphormer_urpe.data.datamodule import SMILESTableDataModule
-from graphormer_urpe.data.encode import collate_pyg_graphs
+from graphormer_urpe.data.batch import collate_pyg_graphs
 from graphormer_urpe.data.featurize import ZINC_ATOM_FEATURE_DIMS, ZINC_BOND_FEATURE_DIMS, file_fingerprint
 
 ESOL_TARGET = "measured log solubility in mols per litre"

@@ -6,10 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from graphormer_urpe.data import algos, array_store, encoding_cache
+from graphormer_urpe.data import algos, array_store, encodings
 from graphormer_urpe.data.array_store import load_arrays
-from graphormer_urpe.data.encoding_cache import cached_encodings
-from graphormer_urpe.data.encodings import EncodingParams
+from graphormer_urpe.data.encodings import EncodingParams, cached_encodings
 
 
 @pytest.fixture(scope="module")
@@ -122,8 +121,8 @@ def test_streamed_entry_equals_the_whole_arrays(tmp_path, monkeypatch):
 
 def test_chunked_encoding_equals_one_shot(zinc_val, tmp_path, monkeypatch, count_encodes):
     node_ptr, edge_index, edge_ptr = zinc_val
-    monkeypatch.setattr(encoding_cache, "PAIRS_PER_CHUNK", 5_000)  # ~20 graphs a chunk, 1,000 graphs
-    chunks = len(encoding_cache.graph_chunks(node_ptr))
+    monkeypatch.setattr(encodings, "PAIRS_PER_CHUNK", 5_000)  # ~20 graphs a chunk, 1,000 graphs
+    chunks = len(encodings.graph_chunks(node_ptr))
     assert chunks > 20
     chunked = cached_encodings(tmp_path / "k3", node_ptr, edge_index, edge_ptr, EncodingParams(max_hops=3))
     assert len(count_encodes) == chunks  # one encoder call per chunk
@@ -235,7 +234,7 @@ def test_streamed_smiles_store_equals_in_memory_and_stays_memory_mapped(esol_csv
     store is a memory map (training start copies nothing)."""
     import pandas as pd
 
-    from graphormer_urpe.data.encoding_cache import cached_flat, encode_smiles_store
+    from graphormer_urpe.data.graphs import encode_flat, encode_smiles_store
     from graphormer_urpe.data.featurize import cached_smiles_graphs, featurizer_spec
 
     table = pd.read_csv(esol_csv)
@@ -254,7 +253,7 @@ def test_streamed_smiles_store_equals_in_memory_and_stays_memory_mapped(esol_csv
 
     params = EncodingParams(max_hops=4, rwse_steps=3)  # RWSE streamed into its own entry too
     store = encode_smiles_store(arrays, (tmp_path, "molecules"), params, "ogb")
-    expected = cached_flat(graphs["x"], graphs["node_ptr"], graphs["edge_index"], graphs["edge_attr"],
+    expected = encode_flat(graphs["x"], graphs["node_ptr"], graphs["edge_index"], graphs["edge_attr"],
                            graphs["edge_ptr"], np.zeros(len(graphs["node_ptr"]) - 1), cache=(tmp_path, "direct"),
                            params=params, atom_feature_dims=spec.atom_feature_dims,
                            bond_feature_dims=spec.bond_feature_dims)

@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from graphormer_urpe.data.batch import BatchPadding
-from graphormer_urpe.data.collate import FlatGraphs, collate
+from graphormer_urpe.data.batch import collate
+from graphormer_urpe.data.graphs import FlatGraphs
 from graphormer_urpe.data import ZINCDataModule
 from graphormer_urpe.data.encodings import ENCODINGS, Encoding, EncodingParams
-from graphormer_urpe.data.resident import gather_batch
+from graphormer_urpe.data.batch import gather_batch
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -13,7 +13,7 @@ from torch_geometric.datasets import ZINC
 from torch_geometric.loader import DataLoader
 
 from graphormer_urpe.data import ZINCDataModule
-from graphormer_urpe.data.collate import collate
+from graphormer_urpe.data.batch import collate
 from graphormer_urpe.data.featurize import ZINC_ATOM_FEATURE_DIMS, ZINC_BOND_FEATURE_DIMS
 from graphormer_urpe.data.pyg import GraphormerEncodings, to_graph_batch
 

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from graphormer_urpe.data.batch import GraphBatch
-from graphormer_urpe.data.collate import collate
+from graphormer_urpe.data.batch import collate
 from graphormer_urpe.data import PCQM4Mv2DataModule, ZINCDataModule
 from graphormer_urpe.data.dataset import SeededShuffleSampler
 from graphormer_urpe.data.ogb_lsc import PCQM4MV2, write_root
-from graphormer_urpe.data.resident import ResidentLoader, ResidentSplit, gather_batch
+from graphormer_urpe.data.batch import gather_batch
+from graphormer_urpe.data.resident import ResidentLoader, ResidentSplit
 from graphormer_urpe.data.batch import BatchPadding
 
 

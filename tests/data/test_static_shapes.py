@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from graphormer_urpe.data.batch import BatchPadding
-from graphormer_urpe.data.collate import collate
+from graphormer_urpe.data.batch import collate
 from graphormer_urpe.data import ZINCDataModule
-from graphormer_urpe.data.resident import OrderSlice, ResidentLoader, ResidentSplit, gather_batch
+from graphormer_urpe.data.batch import gather_batch
+from graphormer_urpe.data.resident import OrderSlice, ResidentLoader, ResidentSplit
 
 from test_resident import assert_same_batch
 

@@ -34,7 +34,7 @@ def zinc_graphs(zinc_source):
 @pytest.fixture(scope="session")
 def zinc_collate():
     """``collate(list[Data]) -> GraphBatch`` with ZINC's vocabularies."""
-    from graphormer_urpe.data.encode import collate_pyg_graphs
+    from graphormer_urpe.data.batch import collate_pyg_graphs
 
     def collate(graphs):
         return collate_pyg_graphs(graphs, ZINC_MAX_HOPS, ZINC_ATOM_DIMS, ZINC_BOND_DIMS)

@@ -62,7 +62,7 @@ def test_the_edge_encodings_forms_agree_with_gradients(zinc_graphs, monkeypatch)
     """On a CPU the edge encoding gathers only the hops present; at the recipe's 20 hops on 64 real
     ZINC graphs it gives the values and gradients of the static form, both by bond counts (ZINC's
     4 bond ids) and by the fixed-shape gather (larger vocabularies)."""
-    from graphormer_urpe.data.encode import collate_pyg_graphs
+    from graphormer_urpe.data.batch import collate_pyg_graphs
 
     k = 20
     big = collate_pyg_graphs(zinc_graphs, k, [28], [4])  # ZINC's atom and bond vocabularies

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from graphormer_urpe.data.batch import BatchPadding
-from graphormer_urpe.data.collate import collate
+from graphormer_urpe.data.batch import collate
 from graphormer_urpe.data import ZINCDataModule
 from graphormer_urpe.nn.encodings import EdgePathBias
 from graphormer_urpe.data.facts import DataFacts

@@ -1,0 +1,211 @@
+r"""A split's featurized and encoded graphs as flat arrays (:class:`FlatGraphs`), and the data
+sets made into them.
+
+A split of ``G`` graphs lives in :class:`FlatGraphs` as CSR-like flat arrays (graph ``g`` owns node
+rows ``node_ptr[g]:node_ptr[g+1]``, edge rows ``edge_ptr[g]:edge_ptr[g+1]`` and node-pair rows
+``pair_ptr[g]:pair_ptr[g+1]`` with ``pair_ptr[g+1] - pair_ptr[g] = n_g^2``, pair ``(i, j)`` at
+``i * n_g + j``), its encodings by name as their specs in :mod:`~.encodings` say. Path edges
+are stored as LOCAL edge ids (relative to ``edge_ptr[g]``, as the encoder returns them).
+
+:func:`encode_flat` takes raw flat arrays (a featurized chunk at prediction time, in memory; a
+data set's, its encodings cached under ``(base, split)``), :func:`flat_graphs_from_pyg` PyG's
+collated storage and :func:`encode_smiles_store` a featurized SMILES table of any size, streamed
+from and into memory-mapped entries.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from graphormer_urpe.data.array_store import BLOCK_BYTES, CacheEntry, cached_entry, read_rows
+from graphormer_urpe.data.encodings import (ENCODING_BY_NAME, PATHS, Encoding, EncodingParams, encode, encodings_dir,
+                                            entry_arrays, write_encodings)
+from graphormer_urpe.data.feature_ids import FEATURE_ID_DTYPE, to_shared_ids
+from graphormer_urpe.data.featurize import featurizer_spec
+
+
+@dataclass(frozen=True)
+class FlatGraphs:
+    """``G`` featurized and encoded graphs as flat arrays: numpy (possibly memory-mapped; the
+    row counts are checked against the pointers) or, after :meth:`to`, torch tensors on one
+    device (same fields, same compact dtypes) for the device-resident path (:mod:`.resident`).
+
+    Attributes:
+        x: ``[sum n, F]`` int16 shared atom ids (0 = padding, see :mod:`.feature_ids`).
+        node_ptr: ``[G + 1]`` int64.
+        edge_attr: ``[sum E, Fe]`` int16 shared bond ids; directed edges, in the order the
+            encoder saw them (path edge ids refer to these rows).
+        edge_ptr: ``[G + 1]`` int64.
+        y: ``[G, T]`` float32 targets (NaN = unknown).
+        pair_ptr: ``[G + 1]`` int64, ``pair_ptr[g + 1] - pair_ptr[g] = n_g^2``.
+        encodings: name -> stored array, in the layout of :mod:`~.encodings`
+            (``spd [sum n^2]`` shortest-path hops, ``-1`` = unreachable; ``path_edges [sum n^2, K]``
+            local edge ids along one shortest path, ``-1`` pad; ``degree [sum n]`` out-degree;
+            optional ones such as ``rwse [sum n, S]``).
+    """
+
+    x: np.ndarray | Tensor
+    node_ptr: np.ndarray | Tensor
+    edge_attr: np.ndarray | Tensor
+    edge_ptr: np.ndarray | Tensor
+    y: np.ndarray | Tensor
+    pair_ptr: np.ndarray | Tensor
+    encodings: dict[str, np.ndarray | Tensor]
+
+    def __post_init__(self) -> None:
+        if isinstance(self.x, Tensor):  # made by :meth:`to` from checked arrays
+            return
+        g = len(self.node_ptr) - 1
+        n = np.diff(self.node_ptr)
+        rows = {"node": self.node_ptr[-1], "pair": self.pair_ptr[-1]}
+        checks = {
+            "edge_ptr": len(self.edge_ptr) == g + 1,
+            "pair_ptr": len(self.pair_ptr) == g + 1,
+            "y rows": self.y.ndim == 2 and self.y.shape[0] == g,
+            "x rows": self.x.ndim == 2 and self.x.shape[0] == self.node_ptr[-1],
+            "edge_attr rows": self.edge_attr.ndim == 2 and self.edge_attr.shape[0] == self.edge_ptr[-1],
+            **{f"{name} rows": name in ENCODING_BY_NAME and values.ndim == 1 + bool(ENCODING_BY_NAME[name].width)
+               and values.shape[0] == rows[ENCODING_BY_NAME[name].per] for name, values in self.encodings.items()},
+            "pair_ptr = cumsum(n^2)": g == 0 or np.array_equal(np.diff(self.pair_ptr), n * n),
+        }
+        bad = [name for name, ok in checks.items() if not ok]
+        if bad:
+            raise ValueError(f"inconsistent FlatGraphs arrays: {', '.join(bad)}")
+
+    def specs(self) -> list[tuple[Encoding, np.ndarray | Tensor]]:
+        """``(spec, stored array)`` of every encoding, in storage order."""
+        return [(ENCODING_BY_NAME[name], values) for name, values in self.encodings.items()]
+
+    def __len__(self) -> int:
+        return len(self.node_ptr) - 1
+
+    @property
+    def num_nodes(self) -> np.ndarray | Tensor:
+        """``[G]`` int64 node counts."""
+        return self.node_ptr[1:] - self.node_ptr[:-1]
+
+    @property
+    def num_edges(self) -> np.ndarray | Tensor:
+        """``[G]`` int64 directed edge counts."""
+        return self.edge_ptr[1:] - self.edge_ptr[:-1]
+
+    @property
+    def device(self) -> torch.device:
+        """Where the arrays are (the CPU for numpy ones)."""
+        return self.x.device if isinstance(self.x, Tensor) else torch.device("cpu")
+
+    def to(self, device: torch.device | str = "cpu") -> "FlatGraphs":
+        """The graphs as torch tensors on ``device``, dtypes kept; on the CPU a copy, detached
+        from any memory map."""
+        device = torch.device(device)
+
+        def tensor(array: np.ndarray) -> Tensor:
+            with warnings.catch_warnings():  # read-only maps: torch warns about writes we never make
+                warnings.simplefilter("ignore", UserWarning)
+                values = torch.from_numpy(np.asarray(array))
+            return values.to(device, copy=device.type == "cpu")
+
+        return FlatGraphs(**{f.name: tensor(getattr(self, f.name)) for f in fields(self) if f.name != "encodings"},
+                          encodings={name: tensor(values) for name, values in self.encodings.items()})
+
+
+def flat_graphs(x_ids: np.ndarray, node_ptr: np.ndarray, edge_attr_ids: np.ndarray, edge_ptr: np.ndarray,
+                 y: np.ndarray, encoded: Mapping[str, np.ndarray], params: EncodingParams) -> FlatGraphs:
+    """:class:`FlatGraphs` of shared feature ids, targets and the arrays of every encoder of
+    ``params`` (``encoded``: their names and ``pair_ptr``)."""
+    return FlatGraphs(x=x_ids, node_ptr=node_ptr, edge_attr=edge_attr_ids, edge_ptr=edge_ptr,
+                      y=np.asarray(y, dtype=np.float32).reshape(len(node_ptr) - 1, -1),
+                      pair_ptr=encoded["pair_ptr"], encodings={e.name: encoded[e.name] for e in params.encodings()})
+
+
+def encode_flat(
+    x: np.ndarray, node_ptr: np.ndarray, edge_index: np.ndarray, edge_attr: np.ndarray,
+    edge_ptr: np.ndarray, y: np.ndarray, *, params: EncodingParams, atom_feature_dims: Sequence[int],
+    bond_feature_dims: Sequence[int], num_threads: int = 1, cache: tuple[str | os.PathLike, str] | None = None,
+    encoded: Mapping[str, np.ndarray] | None = None,
+) -> FlatGraphs:
+    """Featurize (shared ids) and encode raw flat graphs.
+
+    Args:
+        x: ``[sum n, F]`` (or ``[sum n]``) raw atom feature values, column c in ``[0, dims[c])``.
+        node_ptr, edge_ptr: ``[G + 1]`` offsets.
+        edge_index: ``[2, sum E]`` directed edges, LOCAL node ids per graph.
+        edge_attr: ``[sum E, Fe]`` (or ``[sum E]``) raw bond feature values.
+        y: ``[G, T]`` (or ``[G]``) targets.
+        params: which encodings, with which parameters.
+        num_threads: encoder threads.
+        cache: ``(base, split)``: each encoder's arrays from its cache entry
+            (:func:`~.encodings.encode`; loaded when it matches, else computed and stored there);
+            None: computed in memory.
+        encoded: the encoders' arrays already computed, else computed here.
+    """
+    node_ptr = np.ascontiguousarray(node_ptr, dtype=np.int64)
+    edge_ptr = np.ascontiguousarray(edge_ptr, dtype=np.int64)
+    if encoded is None:
+        encoded = encode(node_ptr, edge_index, edge_ptr, params, num_threads, cache)
+    return flat_graphs(to_shared_ids(x, atom_feature_dims, "atom"), node_ptr,
+                       to_shared_ids(edge_attr, bond_feature_dims, "bond"), edge_ptr, y, encoded, params)
+
+
+def flat_graphs_from_pyg(dataset, cache: tuple[str | os.PathLike, str], params: EncodingParams,
+                         atom_feature_dims: Sequence[int], bond_feature_dims: Sequence[int],
+                         num_threads: int = 1) -> FlatGraphs:
+    """:class:`FlatGraphs` of a PyG ``InMemoryDataset`` straight from its collated storage
+    (``_data`` + ``slices``: node ids are already local per graph), no per-graph loop; the
+    encodings cached under ``cache = (base, split)`` (:func:`encode_flat`)."""
+    data, slices = dataset._data, dataset.slices
+    if slices is None:  # a dataset of one graph
+        slices = {"x": torch.tensor([0, data.num_nodes]), "edge_index": torch.tensor([0, data.edge_index.shape[1]])}
+    return encode_flat(
+        data.x.numpy(), slices["x"].numpy(), data.edge_index.numpy(), data.edge_attr.numpy(),
+        slices["edge_index"].numpy(), data.y.numpy(), cache=cache, params=params,
+        atom_feature_dims=atom_feature_dims, bond_feature_dims=bond_feature_dims, num_threads=num_threads,
+    )
+
+
+def encode_smiles_store(arrays: Mapping[str, np.ndarray], cache: tuple[str | os.PathLike, str],
+                        params: EncodingParams, featurizer: str, num_threads: int = 1) -> FlatGraphs:
+    """:class:`FlatGraphs` of the distinct molecules of a featurized SMILES table
+    (:func:`~.featurize.cached_smiles_graphs`); targets live per row, so the store's ``y`` is NaN.
+
+    The shared feature ids and the shortest-path encodings are streamed into ONE cache entry
+    (``encodings_dir(*cache, params)``), each other encoder into its own beside it, chunk by
+    chunk (inputs read from the featurized entry's files), keyed by that entry's recorded
+    checksums: building or loading a store of any size keeps memory bounded, and the returned
+    arrays are all memory-mapped (only ``y``, 4 bytes per molecule, is in memory).
+    """
+    spec = featurizer_spec(featurizer)
+    num_graphs = len(arrays["node_ptr"]) - 1
+    y = np.full((num_graphs, 1), np.nan, np.float32)
+    if not isinstance(arrays, CacheEntry):  # plain in-memory arrays
+        return encode_flat(
+            arrays["x"], arrays["node_ptr"], arrays["edge_index"], arrays["edge_attr"], arrays["edge_ptr"], y,
+            cache=cache, params=params, atom_feature_dims=spec.atom_feature_dims,
+            bond_feature_dims=spec.bond_feature_dims, num_threads=num_threads)
+    features = {"x": spec.atom_feature_dims, "edge_attr": spec.bond_feature_dims}
+    source = {name: arrays.checksums[name] for name in ("node_ptr", "edge_ptr", "edge_index", *features)}
+    fingerprint = {**PATHS.fingerprint(params, source), "feature_dims": {k: list(v) for k, v in features.items()}}
+
+    def build(writer) -> None:
+        write_encodings(writer, arrays["node_ptr"], arrays["edge_index"], arrays["edge_ptr"], params,
+                        num_threads, progress=True)
+        for name, dims in features.items():
+            raw = arrays[name]
+            ids = writer.array(name, FEATURE_ID_DTYPE, raw.shape[1:])
+            rows = max(BLOCK_BYTES // max(raw[:1].nbytes, 1), 1)
+            for start in range(0, len(raw), rows):
+                ids.append(to_shared_ids(read_rows(raw, start, min(start + rows, len(raw))), dims,
+                                         "atom" if name == "x" else "bond"))
+
+    encoded = dict(cached_entry(encodings_dir(*cache, params), fingerprint, build,
+                                expect=(*entry_arrays(PATHS), *features)))
+    encoded.update(encode(arrays["node_ptr"], arrays["edge_index"], arrays["edge_ptr"], params, num_threads,
+                          cache, source, skip=PATHS))
+    return flat_graphs(encoded["x"], arrays["node_ptr"], encoded["edge_attr"], arrays["edge_ptr"], y, encoded,
+                        params)
