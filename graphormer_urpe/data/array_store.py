@@ -136,7 +136,11 @@ def _npy_header(dtype: np.dtype, shape: Sequence[int]) -> bytes:
 
 class ArrayWriter:
     """One ``.npy`` file written block by block: ``append`` rows ``[k, *row_shape]`` (or, with
-    ``axis=1``, columns ``[lead, k]`` of a ``[lead, M]`` array such as ``edge_index``)."""
+    ``axis=1``, columns ``[lead, k]`` of a ``[lead, M]`` array such as ``edge_index``).
+
+    Plain file writes and a header rewritten on close, not ``np.lib.format.open_memmap``: the
+    row count is known only at the end, and a memory map whose pages a full disk cannot hold
+    kills the process with SIGBUS instead of raising one ``OSError`` (ENOSPC) naming the file."""
 
     def __init__(self, path: Path, dtype, row_shape: Sequence[int] = (), axis: int = 0) -> None:
         self.path, self.dtype, self.row_shape, self.axis = path, np.dtype(dtype), tuple(row_shape), axis
