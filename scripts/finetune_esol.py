@@ -84,7 +84,8 @@ def test_rmse(ckpt: Path, split: str, seed: int) -> float:
 def checkpoint_state(ckpt: Path) -> tuple[int, dict]:
     """A run's ``last.ckpt``: its optimizer steps and its ``ModelCheckpoint`` state (the best
     checkpoint's ``best_model_path`` and ``best_model_score``)."""
-    from graphormer_urpe.utils.torch_files import model_checkpoint_state, read_checkpoint
+    from graphormer_urpe.prediction.load import model_checkpoint_state
+    from graphormer_urpe.utils.torch_files import read_checkpoint
 
     last = read_checkpoint(ckpt)
     return int(last["global_step"]), model_checkpoint_state(last)

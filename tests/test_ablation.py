@@ -17,8 +17,7 @@ import yaml
 
 from graphormer_urpe.cli.ablation import main
 from graphormer_urpe.training.studies.ablation import backbone_overrides
-from graphormer_urpe.training.studies.ablation_results import format_table, merge_results
-from graphormer_urpe.training.studies.ablation_results import read_results
+from graphormer_urpe.training.studies.ablation_results import format_table, publish_results, read_results
 from graphormer_urpe.prediction.load import best_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -387,11 +386,12 @@ def test_merge_replaces_the_same_run_and_keeps_the_rest(tmp_path):
     path = tmp_path / "r.json"
     base = {"recipe": "a", "seed": 0, "steps": 10, "val_mae": 0.5, "test_mae": 0.5,
             "wall_s": 1.0, "device": "cpu", "commit": "c"}
-    merge_results(path, [{**base, "attention": "urpe"}, {**base, "attention": "rpe"}])
-    merged = merge_results(path, [{**base, "attention": "urpe", "test_mae": 0.4},
-                                  {**base, "attention": "urpe", "seed": 1}])
-    assert [(e["attention"], e["seed"], e["test_mae"]) for e in merged] == [
+    publish_results(path, tmp_path / "r.md", [{**base, "attention": "urpe"}, {**base, "attention": "rpe"}])
+    table = publish_results(path, tmp_path / "r.md", [{**base, "attention": "urpe", "test_mae": 0.4},
+                                                      {**base, "attention": "urpe", "seed": 1}])
+    assert [(e["attention"], e["seed"], e["test_mae"]) for e in read_results(path)] == [
         ("rpe", 0, 0.5), ("urpe", 0, 0.4), ("urpe", 1, 0.5)]
+    assert table == (tmp_path / "r.md").read_text() == format_table(read_results(path))
 
 
 def test_table_means_sample_std_and_paired_differences():

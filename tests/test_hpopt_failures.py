@@ -16,7 +16,8 @@ import optuna
 import pytest
 import yaml
 
-from graphormer_urpe.training.studies.search import BEST_CONFIG, DIVERGED_MARKER, FIT_LOG, STUDY_DB
+from graphormer_urpe.training.studies.search import BEST_CONFIG, DIVERGED_MARKER, FIT_LOG
+from graphormer_urpe.training.studies.study import STUDY_DB
 from helpers.read_only import read_only, writable_again  # noqa: F401 (a fixture)
 from test_hpopt import ENV, REPO, hpopt_command, refused, run, trials
 

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 import torch
 
-from graphormer_urpe.utils.torch_files import model_checkpoint_state, read_checkpoint
+from graphormer_urpe.utils.torch_files import read_checkpoint
 from graphormer_urpe.cli.predict import main as predict_main
-from graphormer_urpe.prediction.load import best_checkpoint, load_module
+from graphormer_urpe.prediction.load import best_checkpoint, load_module, model_checkpoint_state
 from graphormer_urpe.prediction.run import Streaming, stream
 from graphormer_urpe.prediction.table import InputRow, PredictionTable, SmilesInput
 from graphormer_urpe.training.lightning_cli import build_cli

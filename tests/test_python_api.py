@@ -18,7 +18,8 @@ import pytest
 import graphormer_urpe as gu
 from graphormer_urpe.cli.predict import main as predict_main
 from graphormer_urpe.data import local_data
-from graphormer_urpe.utils.torch_files import model_checkpoint_state, read_checkpoint
+from graphormer_urpe.prediction.load import model_checkpoint_state
+from graphormer_urpe.utils.torch_files import read_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -33,16 +33,16 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from graphormer_urpe.cli.arguments import duration, folder_name_problem
+from graphormer_urpe.cli.arguments import duration, folder_name_problem, refuse_overwriting_inputs
 from graphormer_urpe.training.recipes import resolve_config
 from graphormer_urpe.training.studies.ablation import ARMS, MAX_SEED, Grid, RunsFailed
 from graphormer_urpe.training.studies.ablation_results import (
     RESULTS_FILE, best_run, figure_path, read_results, readme_block, write_progress_block,
     write_readme_block, write_table)
-from graphormer_urpe.training.studies.study import storage_error
+from graphormer_urpe.training.studies.study import STUDY_DB, storage_error
 from graphormer_urpe.utils.extras import missing_extra
 from graphormer_urpe.utils.files import (
-    check_creatable_dir, check_writable_dir, refuse_overwriting_inputs, written_in_place)
+    check_creatable_dir, check_writable_dir, written_in_place)
 from graphormer_urpe.utils.process import StoppedBySignal, stop_on_signals
 
 def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
@@ -252,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                   "keeps its last.ckpt: the same command continues", file=sys.stderr, flush=True)
             raise SystemExit(128 + signum) from None
         except StorageInternalError as error:
-            raise SystemExit(f"graphormer-urpe-ablation: error: the study database {grid.dir / 'study.db'} "
+            raise SystemExit(f"graphormer-urpe-ablation: error: the study database {grid.dir / STUDY_DB} "
                              f"failed ({storage_error(error)})") from None
         table = _late(problems, grid.publish)
         if table is not None:

@@ -1,9 +1,28 @@
 """Argument types shared by the console scripts (``argparse`` ``type=``): a bad value is a usage
-error naming the option, exit status 2."""
+error naming the option, exit status 2; the refusal of an output that is an input."""
 from __future__ import annotations
 
 import argparse
+import os
 import re
+from collections.abc import Iterable
+
+from graphormer_urpe.utils.files import same_file
+
+
+def refuse_overwriting_inputs(option: str, outputs: Iterable[str | os.PathLike],
+                              inputs: Iterable[tuple[str, str, str | os.PathLike | None]]) -> None:
+    """One-line ``ValueError`` when an output file (of ``option``) is a file the command reads:
+    ``inputs`` are ``(its option, what it is, path)`` (a None path is skipped), compared however
+    spelled (:func:`same_file`: ``sub/../x``, a symbolic or hard link). Checked before any work:
+    writing the output would destroy the input."""
+    inputs = [(name, what, path) for name, what, path in inputs if path is not None]
+    for output in outputs:
+        for name, what, path in inputs:
+            if same_file(path, output):
+                raise ValueError(f"{option} {output} is the {what} {path} ({name}): it would be "
+                                 "overwritten; choose another output")
+
 
 
 def positive_int(text: str) -> int:

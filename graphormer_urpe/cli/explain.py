@@ -37,14 +37,14 @@ from pathlib import Path
 
 import numpy as np
 
-from graphormer_urpe.cli.arguments import positive_int
+from graphormer_urpe.cli.arguments import positive_int, refuse_overwriting_inputs
 from graphormer_urpe.prediction.explain import DEFAULT_STEPS, VIEWS, Explanation, check_options, explain_smiles
 from graphormer_urpe.cli.predict import files_read
 from graphormer_urpe.prediction.load import checkpoint_files, load_models
 from graphormer_urpe.prediction.model import DEFAULT_MAX_NODES
 from graphormer_urpe.prediction.table import InputRow, read_smiles
 from graphormer_urpe.utils.files import (
-    atomic_write, check_writable_dir, refuse_overwriting_inputs, unreadable_as_a_file)
+    atomic_write, check_writable_dir, unreadable_as_a_file)
 from graphormer_urpe.utils.process import run_command
 from graphormer_urpe.utils.torch_files import CheckpointError
 

@@ -66,7 +66,8 @@ def export(checkpoint: str | Path, out: str | Path) -> dict:
     import torch
 
     from graphormer_urpe.prediction.load import check_finite
-    from graphormer_urpe.utils.files import atomic_write, check_writable_dir, refuse_overwriting_inputs
+    from graphormer_urpe.cli.arguments import refuse_overwriting_inputs
+    from graphormer_urpe.utils.files import atomic_write, check_writable_dir
     from graphormer_urpe.utils.torch_files import CheckpointError, read_checkpoint
 
     checkpoint, out = Path(checkpoint), Path(out)

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from graphormer_urpe.cli.arguments import duration, folder_name_problem
 from graphormer_urpe.training.recipes import resolve_config
-from graphormer_urpe.training.studies.search import BEST_CONFIG, FIT_LOG, PROG, STUDY_DB, open_search
+from graphormer_urpe.training.studies.search import BEST_CONFIG, FIT_LOG, PROG, open_search
 from graphormer_urpe.training.studies.search_space import Refused, check_overrides, read_space
-from graphormer_urpe.training.studies.study import fail_dead_trials, safe_url
+from graphormer_urpe.training.studies.study import STUDY_DB, fail_dead_trials, safe_url
 from graphormer_urpe.utils.extras import missing_extra
 
 

@@ -58,7 +58,7 @@ from typing import IO
 import numpy as np
 import torch
 
-from graphormer_urpe.cli.arguments import non_negative_int, positive_int
+from graphormer_urpe.cli.arguments import non_negative_int, positive_int, refuse_overwriting_inputs
 from graphormer_urpe.prediction.load import checkpoint_files, load_models
 from graphormer_urpe.prediction.model import DEFAULT_BATCH_SIZE, DEFAULT_MAX_NODES, DEFAULT_MAX_PAIRS, ChunkOutput
 from graphormer_urpe.prediction.run import (
@@ -66,7 +66,7 @@ from graphormer_urpe.prediction.run import (
 from graphormer_urpe.prediction.table import InputRow, PredictionTable, SmilesInput, prediction_columns, read_smiles
 from graphormer_urpe.prediction.uncertainty import calibrated, check_calibrate, check_evaluate, evaluation
 from graphormer_urpe.utils.files import (
-    AtomicFile, commit_together, refuse_overwriting_inputs, unreadable_as_a_file, written_in_place)
+    AtomicFile, commit_together, unreadable_as_a_file, written_in_place)
 from graphormer_urpe.utils.workers import WorkerDied, ran_out_of_memory, useful_workers
 from graphormer_urpe.utils.process import run_command, usable_cores
 from graphormer_urpe.utils.torch_files import CheckpointError
@@ -305,7 +305,7 @@ def check_files(source: Path, target: Path, ckpts: Sequence[Path], *, calibratio
 def files_read(source: Path, ckpts: Sequence[Path], option: str = "--input",
                what: str = "input file") -> list[tuple[str, str, Path]]:
     """What a command that predicts ``source`` (named by ``option``) with ``ckpts`` reads, as
-    :func:`~graphormer_urpe.utils.files.refuse_overwriting_inputs` names them: ``(option, what,
+    :func:`~graphormer_urpe.cli.arguments.refuse_overwriting_inputs` names them: ``(option, what,
     path)`` of the input and of each checkpoint, which no output may be."""
     return [(option, what, source), *(("--ckpt", "checkpoint", ckpt) for ckpt in ckpts)]
 

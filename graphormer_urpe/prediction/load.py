@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from graphormer_urpe.utils.torch_files import CheckpointError, model_checkpoint_state, read_checkpoint
+from graphormer_urpe.utils.torch_files import CheckpointError, read_checkpoint
 from graphormer_urpe.utils.workers import ran_out_of_memory
 from graphormer_urpe.prediction.model import ModelEnsemble, predict_smiles
 from graphormer_urpe.prediction.table import InputRow
@@ -111,6 +111,18 @@ def load_models(ckpts: Sequence[str | Path]):
     spread as a ``std``), each named by its path in errors."""
     models = [load_module(ckpt) for ckpt in ckpts]
     return models[0] if len(models) == 1 else ModelEnsemble(models, list(map(str, ckpts)))
+
+
+def model_checkpoint_state(checkpoint: dict, monitor: str | None = None) -> dict | None:
+    """The state that a run's ``ModelCheckpoint`` (or ``RunCheckpoint``, which saves under the same
+    key) stored in the Lightning ``checkpoint`` (read by ``read_checkpoint``): its
+    ``best_model_path``, ``best_model_score``, ``monitor``, ... The one that monitors ``monitor``
+    (any, if None), or None when there is none. Lightning keys a callback's state by its class
+    name followed by its arguments (``ModelCheckpoint{'monitor': 'val/mae', ...}``), hence the
+    prefix."""
+    return next((state for key, state in checkpoint.get("callbacks", {}).items()
+                 if key.startswith("ModelCheckpoint") and (monitor is None or state.get("monitor") == monitor)),
+                None)
 
 
 def recorded_best(checkpoint_dir: Path, monitor: str, last: dict) -> tuple[Path | None, float | None]:

@@ -7,19 +7,12 @@ import importlib.metadata
 import importlib.util
 import re
 
-DISTRIBUTION = "graphormer-urpe"
-
-
-def is_installed(module: str) -> bool:
-    """Whether ``module`` can be imported here (without importing it)."""
-    return importlib.util.find_spec(module) is not None
-
 
 def extra_of(module: str) -> tuple[str, str]:
     """``(extra, requirement)`` of the extra that brings ``module`` (``("plot", "matplotlib>=3.7")``),
     as the installed package's metadata lists it; the test extra only where no other has it."""
     found = []
-    for line in importlib.metadata.requires(DISTRIBUTION) or []:
+    for line in importlib.metadata.requires("graphormer-urpe") or []:
         requirement, _, marker = line.partition(";")
         extra = re.search(r"""extra\s*==\s*["']([\w.-]+)["']""", marker)
         name = re.match(r"[A-Za-z0-9_.-]+", requirement.strip())
@@ -27,7 +20,7 @@ def extra_of(module: str) -> tuple[str, str]:
             found.append((extra.group(1), requirement.strip()))
     found.sort(key=lambda pair: pair[0] == "test")
     if not found:
-        raise LookupError(f"no extra of {DISTRIBUTION} brings {module}")
+        raise LookupError(f"no extra of graphormer-urpe brings {module}")
     return found[0]
 
 
@@ -35,7 +28,7 @@ def missing_extra(module: str, needed_by: str) -> str | None:
     """Why ``needed_by`` (a command, an option) cannot run here, in one line: ``module`` is not
     installed, and how to install its extra (from a source checkout, or the library alone);
     None when it is installed."""
-    if is_installed(module):
+    if importlib.util.find_spec(module) is not None:  # importable, not imported
         return None
     extra, requirement = extra_of(module)
     return (f"{needed_by} needs {module}, which is not installed: pip install '.[{extra}]' in the "

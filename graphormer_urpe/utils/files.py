@@ -1,5 +1,5 @@
-"""Files that appear whole or not at all, the same-file test and the refusal of an output that
-is an input, and the lock that gives a folder to one process.
+"""Files that appear whole or not at all, the checks of paths given as inputs and outputs, and
+the lock that gives a folder to one process.
 
 A file is put in place one way: :func:`atomic_write` (its :class:`AtomicFile` where the commit
 is decided later, or a writer takes a path); several files that go together by
@@ -31,20 +31,6 @@ from typing import IO
 import filelock
 
 from graphormer_urpe.utils.process import hold_stop_signals
-
-def refuse_overwriting_inputs(option: str, outputs: Iterable[str | os.PathLike],
-                              inputs: Iterable[tuple[str, str, str | os.PathLike | None]]) -> None:
-    """One-line ``ValueError`` when an output file (of ``option``) is a file the command reads:
-    ``inputs`` are ``(its option, what it is, path)`` (a None path is skipped), compared however
-    spelled (:func:`same_file`: ``sub/../x``, a symbolic or hard link). Checked before any work:
-    writing the output would destroy the input."""
-    inputs = [(name, what, path) for name, what, path in inputs if path is not None]
-    for output in outputs:
-        for name, what, path in inputs:
-            if same_file(path, output):
-                raise ValueError(f"{option} {output} is the {what} {path} ({name}): it would be "
-                                 "overwritten; choose another output")
-
 
 def _umask() -> int:
     mask = os.umask(0)

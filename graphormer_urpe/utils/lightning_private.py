@@ -1,17 +1,8 @@
 """The private parts of Lightning this package relies on, named in one place (below both
-``data/`` and ``training/``, which read them).
-
-Lightning has no public way to ask how many batches of the training epoch ran (a resumed epoch
-continues after them), whether this batch only accumulates gradients, whether the training epoch ran all its batches (a stop inside
-an epoch must checkpoint the state inside it), whether this step writes the logs (the training
-step reads its device counters only then), how many batches ``limit_train_batches`` leaves of an
-epoch (checked against ``val_check_interval`` before training), whether it reads a path from
-the local file system, how a strategy starts its processes, which file a name of its own for a
-checkpoint (``hpc``) means, or for a module's trainer without an error when it has none. :class:`~graphormer_urpe.training.run_checkpoint.RunCheckpoint` also overrides and reads protected members of
-its base class ``ModelCheckpoint`` (:data:`MODEL_CHECKPOINT_MEMBERS`), and the fit's and the search's
-``LightningCLI`` subclasses override one of their base's (:data:`LIGHTNING_CLI_MEMBERS`). A test
-(``tests/test_lightning_private.py``) checks that every name here still exists in the
-installed Lightning, so an upgrade that moves one fails there, not in a run.
+``data/`` and ``training/``, which read them): each function asks what Lightning has no public
+way to ask, and the members that ``RunCheckpoint`` and the ``LightningCLI`` subclasses override
+or read are listed. A test (``tests/test_lightning_private.py``) checks that every name here
+still exists in the installed Lightning, so an upgrade that moves one fails there, not in a run.
 """
 from __future__ import annotations
 

@@ -54,15 +54,3 @@ def read_checkpoint(path: str | Path, map_location="cpu", *, what: str = "checkp
     except Exception as exc:  # noqa: BLE001 - any failure of a verified archive is a bad file
         reason = str(exc).splitlines()[0] if str(exc) else ""
         raise CheckpointError(f"{what} {path} cannot be read ({type(exc).__name__}: {reason})") from None
-
-
-def model_checkpoint_state(checkpoint: dict, monitor: str | None = None) -> dict | None:
-    """The state that a run's ``ModelCheckpoint`` (or ``RunCheckpoint``, which saves under the same
-    key) stored in the Lightning ``checkpoint`` read by :func:`read_checkpoint`: its
-    ``best_model_path``, ``best_model_score``, ``monitor``, ... The one that monitors ``monitor``
-    (any, if None), or None when there is none. Lightning keys a callback's state by its class
-    name followed by its arguments (``ModelCheckpoint{'monitor': 'val/mae', ...}``), hence the
-    prefix."""
-    return next((state for key, state in checkpoint.get("callbacks", {}).items()
-                 if key.startswith("ModelCheckpoint") and (monitor is None or state.get("monitor") == monitor)),
-                None)

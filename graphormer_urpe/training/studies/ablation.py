@@ -26,7 +26,7 @@ from typing import Any, Sequence
 from graphormer_urpe.training.studies.ablation_results import (
     code_commit, describe_device, metric_of, publish_results)
 from graphormer_urpe.training.studies.study import (
-    check_writable, connect, fail_and_queue_again, fail_dead_trials, launch, now, worker)
+    STUDY_DB, connect, fail_and_queue_again, fail_dead_trials, launch, now, recipe_args, worker)
 from graphormer_urpe.utils.files import hold_directory
 
 #: What each arm changes in the recipe's ``model.backbone`` (merged into it; everything else in
@@ -40,7 +40,6 @@ ARMS: dict[str, dict[str, Any]] = {
 RUN_DIR = re.compile(rf"(?P<arm>{'|'.join(map(re.escape, ARMS))})-s(?P<seed>0|[1-9][0-9]*)")
 #: In a run directory: held (a ``filelock`` lock) by the runner that trains it, and names its pid.
 LOCK_FILE = "ablation.lock"
-STUDY_DB = "study.db"
 #: The seeds ``seed_everything`` takes (numpy's).
 MAX_SEED = 2**32 - 1
 #: Exit statuses of a ``fit`` stopped by SIGTERM (the CLI's 128 + 15, or the signal itself).
@@ -71,7 +70,7 @@ class Grid:
                  results: Path, arms: Sequence[str], seeds: Sequence[int], name: str | None = None,
                  table: Path | None = None, threads_per_job: int | None = None,
                  time_budget: float | None = None) -> None:
-        self.recipe_args = [a for config in configs for a in ("--config", config)] + list(overrides)
+        self.recipe_args = recipe_args(list(configs), list(overrides))
         self.name = name or default_name(self.recipe_args)
         self.dir = runs_dir / self.name
         self.results, self.table = results, table or results.with_suffix(".md")
@@ -122,7 +121,6 @@ class Grid:
             raise ValueError("--time-budget needs a step budget (trainer.max_steps) to tell when a run is done")
         task = get_task(data_task(config.data))
         url = f"sqlite:///{self.dir.absolute() / STUDY_DB}"
-        check_writable(self.dir, url, "--runs-dir")
         _, self.study = connect(url, self.name, {"args": training_args(self.recipe_args)},
                                 {"args": "the recipe's arguments"},
                                 lambda: {"monitor": task.monitor, "mode": task.mode}, self.dir, "--runs-dir",
@@ -232,7 +230,9 @@ class Grid:
         status, _ = self.child(trial, "test", [*args, "--trainer.logger", logger, "--ckpt_path", str(best)], run_dir)
         if status != 0:
             raise RunFailed(f"{label}: test failed (exit {status}); see {run_dir / 'test.log'}")
-        test_score = read_metric(run_dir / "test" / best.stem / "metrics.csv", f"test/{task.metric_name}")
+        test_score = latest_logged(run_dir / "test" / best.stem, f"test/{task.metric_name}")
+        if test_score is None:
+            raise RunFailed(f"{run_dir / 'test' / best.stem / 'metrics.csv'}: no test/{task.metric_name} logged")
         trials = self.trials(arm, seed)  # this one (running) and the run's earlier ones
         commits = sorted({t.user_attrs.get("commit", self.commit) for t in trials})
         devices = sorted({t.user_attrs.get("device", self.device) for t in trials})
@@ -297,7 +297,7 @@ class Grid:
             elif last.exists():
                 entry["steps"], entry["metric"], entry["best"] = checkpoint_state(last)
             if "metric" in entry:
-                entry["latest"] = latest_logged(self.run_dir(arm, seed), f"val/{entry['metric']}")
+                entry["latest"] = latest_logged(self.run_dir(arm, seed) / "csv", f"val/{entry['metric']}")
             fit_s = sum(t.user_attrs.get("fit_s", 0.0) for t in trials)
             entry["steps_per_s"] = round(entry["steps"] / fit_s, 1) if fit_s and entry["steps"] else None
             entries.append(entry)
@@ -338,33 +338,25 @@ def checkpoint_state(path: Path) -> tuple[int, str, float | None]:
     is damaged, crafted, or lacks them."""
     from graphormer_urpe.data.facts import DataFacts
     from graphormer_urpe.data.task import get_task
-    from graphormer_urpe.utils.torch_files import model_checkpoint_state, read_checkpoint
+    from graphormer_urpe.prediction.load import recorded_best
+    from graphormer_urpe.utils.torch_files import read_checkpoint
 
     checkpoint = read_checkpoint(path)
     try:
         steps = int(checkpoint["global_step"])
         task = get_task(DataFacts.recorded(checkpoint.get("hyper_parameters", {}), "task"))
-        state = model_checkpoint_state(checkpoint, task.monitor) or {}
-        score = None if state.get("best_model_score") is None else float(state["best_model_score"])
+        score = recorded_best(path.parent, task.monitor, checkpoint)[1]
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise ValueError(f"checkpoint {path} is not a run's last.ckpt ({type(error).__name__}: "
                          f"{error}); remove it to start the run over") from None
     return steps, task.metric_name, score
 
 
-def read_metric(metrics_csv: Path, name: str) -> float:
-    with open(metrics_csv, newline="") as handle:
-        values = [row[name] for row in csv.DictReader(handle) if row.get(name)]
-    if not values:
-        raise RunFailed(f"{metrics_csv}: no {name} logged")
-    return float(values[-1])
-
-
-def latest_logged(run_dir: Path, name: str) -> float | None:
-    """The value of ``name`` at the highest step in the run's CSV logs (one ``csv/version_*``
-    folder per fit or resume), or None when none logged it."""
+def latest_logged(logs: Path, name: str) -> float | None:
+    """The value of ``name`` at the highest step in the CSV logs under ``logs`` (a run's: one
+    ``csv/version_*`` folder per fit or resume; a test's), or None when none logged it."""
     latest: tuple[int, float] | None = None
-    for metrics in run_dir.glob("csv/*/metrics.csv"):
+    for metrics in logs.glob("**/metrics.csv"):
         with open(metrics, newline="") as handle:
             for row in csv.DictReader(handle):
                 if row.get(name) and (latest is None or int(row["step"]) >= latest[0]):

@@ -72,20 +72,12 @@ def result_key(entry: dict) -> tuple:
     return entry.get("recipe"), entry["attention"], entry["seed"]
 
 
-def is_number(value: Any) -> bool:
+def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _is_text(value: Any) -> bool:
-    return isinstance(value, str)
-
-
-def _is_commit(value: Any) -> bool:
-    return isinstance(value, str) or isinstance(value, list) and all(map(_is_text, value))
+    return _is_number(value) and isinstance(value, int) and value >= 0
 
 
 def entry_problem(entry: Any) -> str | None:
@@ -97,10 +89,13 @@ def entry_problem(entry: Any) -> str | None:
         metric = get_task(entry.get("task", "regression")).metric_name
     except (ValueError, TypeError):
         return f"unknown task {entry.get('task')!r}"
-    checks = {"attention": _is_text, "seed": _is_count, "steps": _is_count, "wall_s": is_number,
-              "device": _is_text, "commit": _is_commit, f"val_{metric}": is_number,
-              f"test_{metric}": is_number}
-    wrong = [name for name, check in checks.items() if not check(entry.get(name))]
+    get, commit = entry.get, entry.get("commit")
+    valid = {"attention": isinstance(get("attention"), str), "seed": _is_count(get("seed")),
+             "steps": _is_count(get("steps")), "wall_s": _is_number(get("wall_s")),
+             "device": isinstance(get("device"), str),
+             "commit": isinstance(commit, str) or isinstance(commit, list) and all(isinstance(c, str) for c in commit),
+             f"val_{metric}": _is_number(get(f"val_{metric}")), f"test_{metric}": _is_number(get(f"test_{metric}"))}
+    wrong = [name for name, ok in valid.items() if not ok]
     return f"missing or wrong {', '.join(wrong)}" if wrong else None
 
 
@@ -130,30 +125,18 @@ def results_locked(path: Path) -> Iterator[None]:
         yield
 
 
-def _merged(path: Path, new: Sequence[dict]) -> list[dict]:
-    entries = read_results(path)
-    merged = {result_key(entry): entry for entry in entries}
-    merged.update({result_key(entry): entry for entry in new})
-    ordered = sorted(merged.values(), key=lambda e: (str(e.get("recipe")), e["attention"], e["seed"]))
-    if ordered != entries:
-        with atomic_write(path) as handle:
-            handle.write(json.dumps(ordered, indent=1) + "\n")
-    return ordered
-
-
-def merge_results(path: Path, new: Sequence[dict]) -> list[dict]:
-    """Merge ``new`` into the result list at ``path`` under :func:`results_locked`: an entry
-    replaces the one with the same ``(recipe, attention, seed)``, all others are kept; sorted by
-    that key."""
-    with results_locked(path):
-        return _merged(path, new)
-
-
 def publish_results(path: Path, table: Path, new: Sequence[dict]) -> str:
-    """:func:`merge_results`, then the table of the whole list written to ``table``, both under
-    one :func:`results_locked` (a grid that merges later writes the later table); the table."""
+    """Merge ``new`` into the result list at ``path`` (an entry replaces the one with the same
+    ``(recipe, attention, seed)``, all others are kept; sorted by that key), then write the
+    table of the whole list to ``table``, both under one :func:`results_locked` (a grid that
+    merges later writes the later table); the table."""
     with results_locked(path):
-        _merged(path, new)
+        entries = read_results(path)
+        merged = {result_key(entry): entry for entry in [*entries, *new]}
+        ordered = sorted(merged.values(), key=lambda e: (str(e.get("recipe")), e["attention"], e["seed"]))
+        if ordered != entries:
+            with atomic_write(path) as handle:
+                handle.write(json.dumps(ordered, indent=1) + "\n")
         return write_table(path, table)
 
 
@@ -253,36 +236,27 @@ def write_table(results: Path, table: Path) -> str:
     return text
 
 
-def read_readme(readme: Path) -> str:
-    """The text of ``readme`` as it stands (its line endings kept; empty when missing);
-    ``ValueError`` naming it when it is not UTF-8 text or cannot be read."""
+def readme_block(readme: Path, name: str, kind: str = "ablation") -> tuple[str, str, str, str]:
+    """``(before, begin marker, end marker, after)`` of recipe ``name``'s block in ``readme`` as it
+    stands (its line endings kept); ValueError unless it has one line ``<!-- KIND:NAME -->`` and,
+    after it, one line ``<!-- /KIND:NAME -->`` (``kind``: ``ablation`` for the results,
+    ``ablation-progress``), or when it is not UTF-8 text or cannot be read."""
     try:
         with open(readme, encoding="utf-8", newline="") as handle:
-            return handle.read()
+            text = handle.read()
     except FileNotFoundError:
-        return ""
+        text = ""
     except UnicodeDecodeError as error:
         raise ValueError(f"{readme}: not UTF-8 text ({error.reason} at byte {error.start}); save it "
                          "as UTF-8") from None
     except OSError as error:
         raise ValueError(f"{readme} cannot be read ({error.strerror or error})") from None
-
-
-def _split_block(readme: Path, text: str, name: str, kind: str) -> tuple[str, str, str, str]:
     begin, end = f"<!-- {kind}:{name} -->", f"<!-- /{kind}:{name} -->"
     if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
         raise ValueError(f"{readme} needs one line {begin} and, after it, one line {end} "
                          "where the table belongs")
     head, rest = text.split(begin, 1)
     return head, begin, end, rest.split(end, 1)[1]
-
-
-def readme_block(readme: Path, name: str, kind: str = "ablation") -> tuple[str, str, str, str]:
-    """``(before, begin marker, end marker, after)`` of recipe ``name``'s block in ``readme``;
-    ValueError unless it has one line ``<!-- KIND:NAME -->`` and, after it, one line
-    ``<!-- /KIND:NAME -->`` (``kind``: ``ablation`` for the results, ``ablation-progress``), or
-    when it is not UTF-8 text (:func:`read_readme`)."""
-    return _split_block(readme, read_readme(readme), name, kind)
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ matplotlib.use("Agg")  # files only; no display on the training boxes
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from matplotlib.colors import TwoSlopeNorm  # noqa: E402
+from matplotlib.colors import CenteredNorm  # noqa: E402
 
 from graphormer_urpe.training.studies.ablation_results import (  # noqa: E402
     BASELINE, best_run, figure_path, metric_of)
@@ -80,12 +80,6 @@ def toeplitz(table: np.ndarray, length: int) -> np.ndarray:
     return table[pos[None, :] - pos[:, None] + max_len - 1]
 
 
-def _norm(values: np.ndarray, center: float) -> TwoSlopeNorm:
-    """A diverging colour scale centred on the table's neutral value, symmetric around it."""
-    spread = max(float(np.abs(values - center).max()), 1e-6)
-    return TwoSlopeNorm(vcenter=center, vmin=center - spread, vmax=center + spread)
-
-
 def plot_toeplitz(tables: np.ndarray, kind: str, path: Path, length: int | None = None,
                   title: str = "") -> Path:
     """Heatmaps of the Toeplitz matrices, one row per layer and one column per head."""
@@ -93,7 +87,8 @@ def plot_toeplitz(tables: np.ndarray, kind: str, path: Path, length: int | None 
     length = length or (width + 1) // 2
     matrices = np.stack([[toeplitz(tables[l, h], length) for h in range(num_heads)]
                          for l in range(num_layers)])
-    norm = _norm(matrices, CENTER[kind])
+    # a diverging colour scale, symmetric around the table's neutral value
+    norm = CenteredNorm(CENTER[kind], max(float(np.abs(matrices - CENTER[kind]).max()), 1e-6))
     fig, axes = plt.subplots(num_layers, num_heads, figsize=(2.2 * num_heads + 1, 2.2 * num_layers),
                              squeeze=False, constrained_layout=True)
     for l in range(num_layers):
@@ -169,10 +164,15 @@ def graph_tables(path: Path) -> tuple[np.ndarray, np.ndarray]:
     if model.urpe_scales is None:
         raise ValueError(f"the graph model was trained with attention={model.attention!r}: it has "
                          "no URPE scale C (train with attention 'urpe')")
-    scales = model.urpe_scale_tables().numpy()
-    if len(model.urpe_scales) == 1:
-        scales = scales[:1]
-    return model.spatial_bias.embedding.weight.detach().float().numpy(), scales
+    return model_tables(model)
+
+
+def model_tables(model) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(B, C)`` of a Graphormer (:func:`graph_tables`); C is None for an RPE model."""
+    spatial = model.spatial_bias.embedding.weight.detach().float().numpy()
+    if model.urpe_scales is None:
+        return spatial, None
+    return spatial, model.urpe_scale_tables().numpy()[:len(model.urpe_scales)]
 
 
 #: The rows of a graph model's table after its distances ``0..max_spd``: B (the spatial bias) has
@@ -273,13 +273,11 @@ def plot_learned_tables(entries: Sequence[dict], runs_dir: Path, out_dir: Path,
     recipe, seed, metric = urpe["recipe"], urpe["seed"], metric_of(urpe)
     rpe = next((e for e in entries if e["attention"] == BASELINE and e["seed"] == seed
                 and e["recipe"] == recipe), None)
-    models = {arm: load_training_module(best_checkpoint(runs_dir / recipe / f"{arm}-s{seed}")[0]).model
+    tables = {arm: model_tables(load_training_module(best_checkpoint(runs_dir / recipe / f"{arm}-s{seed}")[0]).model)
               for arm in ["urpe"] + ([BASELINE] if rpe else [])}
-    panels = [(f"B, {arm} (val {e[f'val_{metric}']:.3f}, test {e[f'test_{metric}']:.3f})", "bias",
-               models[arm].spatial_bias.embedding.weight.detach().float().numpy())
+    panels = [(f"B, {arm} (val {e[f'val_{metric}']:.3f}, test {e[f'test_{metric}']:.3f})", "bias", tables[arm][0])
               for arm, e in (("urpe", urpe), (BASELINE, rpe)) if e is not None]
-    panels += [(f"C, urpe layer {layer}", "scale", table)
-               for layer, table in enumerate(models["urpe"].urpe_scale_tables().numpy())]
+    panels += [(f"C, urpe layer {layer}", "scale", table) for layer, table in enumerate(tables["urpe"][1])]
     return plot_spd_panels(panels, figure_path(out_dir, recipe),
                            f"{recipe}, seed {seed}: best-validation checkpoints, one line per head",
                            max_spd)

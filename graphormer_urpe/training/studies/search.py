@@ -36,14 +36,13 @@ from typing import Any
 from graphormer_urpe.training.studies.search_space import (
     PARAMS_CONFIG, Param, check_recipe, config_text, recipe_record)
 from graphormer_urpe.training.studies.study import (
-    RECIPE_ATTR, StorageFailed, check_writable, connect, fail_and_queue_again, launch, one_line, safe_url,
+    StorageFailed, connect, fail_and_queue_again, launch, one_line, recipe_args, safe_url,
     storage_error, worker)
 from graphormer_urpe.utils.process import INTERRUPTED, StoppedBySignal
 
 PROG = "graphormer-urpe-hpopt"
 #: The trial's study, storage and pruner, as JSON, in the environment of a trial's ``fit``.
 TRIAL_ENV = "GRAPHORMER_URPE_HPOPT_TRIAL"
-STUDY_DB = "study.db"
 BEST_CONFIG = "best.yaml"
 TRIALS_TABLE = "trials.csv"
 FIT_LOG = "fit.log"
@@ -114,8 +113,8 @@ class Search:
         return self.objective["monitor"]
 
     def recipe_line(self) -> str:
-        return shlex.join(["fit", *[a for path in self.configs for a in ("--config", path)], *self.overrides,
-                           "--config", str(self.study_dir / BEST_CONFIG)])
+        return shlex.join(["fit", *recipe_args(self.configs, self.overrides), "--config",
+                           str(self.study_dir / BEST_CONFIG)])
 
     def finished(self) -> int:
         """How many trials of the study are finished (complete or pruned), by any worker."""
@@ -139,9 +138,8 @@ class Search:
         best = self.best()
         if best is not None:
             complete = len(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
-            monitor = self.study.user_attrs[RECIPE_ATTR]["objective"]["monitor"]
             header = [f"{PROG}: study {self.study.study_name!r}, the best of {complete} complete trial(s):",
-                      f"trial {best.number}, best {monitor} {best.value:.6g} "
+                      f"trial {best.number}, best {self.monitor} {best.value:.6g} "
                       f"({best.user_attrs.get('best_checkpoint', 'run ' + str(best.user_attrs.get('run_dir')))})",
                       "Train with it: graphormer-urpe " + self.recipe_line()]
             with atomic_write(self.study_dir / BEST_CONFIG) as handle:
@@ -170,9 +168,8 @@ class Search:
             "storage": self.storage_url, "study": self.study.study_name, "trial": number,
             "monitor": self.monitor, "pruner": self.pruner})}
         log = run_dir / FIT_LOG
-        args = [*[a for path in self.configs for a in ("--config", path)], *self.overrides,
-                "--config", str(params_file), "--trainer.default_root_dir", str(run_dir),
-                f"--trainer.callbacks+={TRIAL_CALLBACK}"]
+        args = [*recipe_args(self.configs, self.overrides), "--config", str(params_file),
+                "--trainer.default_root_dir", str(run_dir), f"--trainer.callbacks+={TRIAL_CALLBACK}"]
         try:
             status, _ = launch("fit", args, log, env)
         except KeyboardInterrupt:  # as the stop signals: the trial is failed and queued by run_trials
@@ -297,10 +294,9 @@ def open_search(name: str, url: str, option: str, study_dir: Path, configs: list
                 space: dict[str, Param], pruner: dict, sampler: str, seed: int | None,
                 startup_trials: int) -> Search:
     """This worker of study ``name`` in the database ``url`` (``option`` names it in a refusal):
-    the study folder and database checked writable, the study created with the recipe (after
-    the recipe's check) or loaded and compared with it, its sampler seeded past the trials it
-    holds. :class:`~graphormer_urpe.training.studies.study.Refused` for bad input."""
-    check_writable(study_dir, url, option)
+    the study created with the recipe (after the recipe's check) or loaded and compared with it
+    (:func:`~graphormer_urpe.training.studies.study.connect`), its sampler seeded past the trials
+    it holds. :class:`~graphormer_urpe.training.studies.study.Refused` for bad input."""
     recipe = recipe_record(configs, overrides, space)
     _, study = connect(url, name, recipe, RECIPE_PARTS, lambda: check_recipe(configs, overrides, space),
                        study_dir, option, pruner=make_pruner(pruner))

@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from graphormer_urpe.training.studies.study import Refused, one_line
+from graphormer_urpe.training.studies.study import Refused, one_line, recipe_args
 
 #: Keys the search sets itself in every trial.
 OWN_KEYS = ("trainer.default_root_dir", "ckpt_path")
@@ -43,22 +43,6 @@ _Loader.add_implicit_resolver(
     re.compile(r"^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|\.[0-9_]+(?:[eE][-+]?[0-9]+)?"
                r"|[0-9][0-9_]*[eE][-+]?[0-9]+|\.inf|\.Inf|\.INF|\.nan|\.NaN|\.NAN)$"),
     list("-+0123456789."))
-
-
-class _Dumper(yaml.SafeDumper):
-    """Floats always with a dot (``1.0e-05``), so that every YAML reader sees a number."""
-
-
-def _represent_float(dumper: yaml.SafeDumper, value: float):
-    text = repr(float(value))
-    if "e" in text and "." not in text:
-        text = text.replace("e", ".0e")
-    if not math.isfinite(value):
-        return dumper.represent_float(value)
-    return dumper.represent_scalar("tag:yaml.org,2002:float", text)
-
-
-_Dumper.add_representer(float, _represent_float)
 
 
 @dataclass(frozen=True)
@@ -217,7 +201,9 @@ def nested(values: dict[str, Any]) -> dict:
 
 
 def config_text(values: dict[str, Any]) -> str:
-    return yaml.dump(nested(values), Dumper=_Dumper, sort_keys=False, default_flow_style=False)
+    """A trial's values as a config file; PyYAML writes floats with a dot (``1.0e-05``), which
+    every YAML reader takes for a number."""
+    return yaml.safe_dump(nested(values), sort_keys=False, default_flow_style=False)
 
 
 def override_keys(overrides: list[str]) -> list[str]:
@@ -284,7 +270,7 @@ def check_recipe(configs: list[str], overrides: list[str], space: dict[str, Para
     from graphormer_urpe.data.task import get_task
     from graphormer_urpe.training.lightning_cli import data_task
 
-    recipe = [arg for path in configs for arg in ("--config", path)] + list(overrides)
+    recipe = recipe_args(configs, overrides)
     with tempfile.TemporaryDirectory(prefix="hpopt-check-") as scratch:
         probe = Path(scratch) / PARAMS_CONFIG
 

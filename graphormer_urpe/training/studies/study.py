@@ -29,6 +29,8 @@ from pathlib import Path
 import filelock
 
 
+#: A study's SQLite database in its folder (the search's default, the ablation's grid).
+STUDY_DB = "study.db"
 #: The study's user attribute that holds its recipe.
 RECIPE_ATTR = "recipe"
 #: A worker's heartbeat (seconds) and how old it may get before its running trial counts as dead.
@@ -55,6 +57,12 @@ class StorageFailed(BaseException):
 def one_line(exc: BaseException) -> str:
     """An error's message in one line (at most 500 characters), or its type's name."""
     return " ".join(str(exc).split())[:500] or type(exc).__name__
+
+
+def recipe_args(configs: list[str], overrides: list[str]) -> list[str]:
+    """A study's recipe as ``graphormer-urpe fit`` arguments: each ``--config``, then the
+    overrides."""
+    return [arg for config in configs for arg in ("--config", config)] + list(overrides)
 
 
 def now() -> str:
@@ -261,10 +269,6 @@ def storage_error(exc: BaseException) -> str:
     return f"{type(cause).__name__}: {one_line(cause)}"
 
 
-def _differences(stored: dict, ours: dict, names: dict[str, str]) -> list[str]:
-    return [names[key] for key in names if stored.get(key) != ours.get(key)]
-
-
 def stored_recipe(storage, name: str, recipe: dict, names: dict[str, str]) -> dict | None:
     """The recipe study ``name`` holds (None: no such study yet); :class:`Refused` when it
     differs from ``recipe`` in any of ``names`` (a recipe key: its name in words)."""
@@ -273,16 +277,17 @@ def stored_recipe(storage, name: str, recipe: dict, names: dict[str, str]) -> di
     if name not in optuna.get_all_study_names(storage):
         return None
     stored = optuna.load_study(study_name=name, storage=storage).user_attrs.get(RECIPE_ATTR)
-    if stored is not None and _differences(stored, recipe, names):
-        raise Refused(f"study {name!r} was created with another recipe (different: "
-                      f"{', '.join(_differences(stored, recipe, names))}): run it with the recipe it was "
-                      "created with, or name a new study")
+    different = [names[key] for key in names if stored is not None and stored.get(key) != recipe.get(key)]
+    if different:
+        raise Refused(f"study {name!r} was created with another recipe (different: {', '.join(different)}): "
+                      "run it with the recipe it was created with, or name a new study")
     return stored
 
 
 def connect(url: str, name: str, recipe: dict, names: dict[str, str], check: Callable[[], dict],
             study_dir: Path, option: str, queue_again: bool = True, **create):
-    """``(storage, study)``: the database opened and study ``name`` loaded and compared with
+    """``(storage, study)``: the study folder and database checked writable
+    (:func:`check_writable`), the database opened and study ``name`` loaded and compared with
     ``recipe`` (:func:`stored_recipe`), or created (``create``: ``optuna.create_study``'s
     arguments) with ``recipe`` after ``check()`` gave its objective, run only for a new study;
     workers started together take turns (:func:`creating`); ``queue_again``: of
@@ -292,6 +297,7 @@ def connect(url: str, name: str, recipe: dict, names: dict[str, str], check: Cal
     import optuna
     from optuna.exceptions import StorageInternalError
 
+    check_writable(study_dir, url, option)
     database = sqlite_file(url)
     try:
         storage = stored = None
