@@ -210,7 +210,7 @@ def _plot_module():
 
 
 def _learned_tables():
-    return importlib.import_module("graphormer_urpe.training.studies.learned_tables")
+    return importlib.import_module("graphormer_urpe.cli.learned_tables")
 
 
 def test_plot_script_renders_a_trained_sequence_model(tmp_path):

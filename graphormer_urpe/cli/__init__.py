@@ -8,7 +8,7 @@ module              command                         the library it drives
 ``ablation``        ``graphormer-urpe-ablation``    :mod:`graphormer_urpe.training.studies`
 ``hpopt``           ``graphormer-urpe-hpopt``       :mod:`graphormer_urpe.training.studies`
 ``synthetic``       ``graphormer-urpe-synthetic``   :mod:`graphormer_urpe.training.studies`
-``plot``            ``graphormer-urpe-plot``        :mod:`graphormer_urpe.training.studies`
+``plot``            ``graphormer-urpe-plot``        :mod:`graphormer_urpe.cli.learned_tables`
 ``submit``          ``graphormer-urpe-submit``      :mod:`graphormer_urpe.training.submission`
 ``predict``         ``graphormer-urpe-predict``     :mod:`graphormer_urpe.prediction`
 ``explain``         ``graphormer-urpe-explain``     :mod:`graphormer_urpe.prediction`
@@ -17,5 +17,6 @@ module              command                         the library it drives
 
 A new command is a module here with a ``main(argv) -> int`` and its line in ``pyproject.toml``'s
 ``[project.scripts]``; what it does belongs in a room below, except the files only it writes
-(``predict``'s embeddings arrays, ``explain``'s pictures and page, ``export``'s backbone file).
+(``predict``'s embeddings arrays, ``explain``'s pictures and page, ``export``'s backbone file,
+the figures of the learned tables of ``plot`` and ``ablation --figures``: :mod:`.learned_tables`).
 """

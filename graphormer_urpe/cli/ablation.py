@@ -179,7 +179,7 @@ def plot_figure(results: Path, name: str | None, runs_dir: Path, figures: Path) 
     entries = [e for e in read_results(results) if name in (None, e.get("recipe"))]
     if best_run(entries) is None:
         return f"no figure yet: no urpe run of {name} has finished"
-    from graphormer_urpe.training.studies.learned_tables import plot_learned_tables  # matplotlib only when plotting
+    from graphormer_urpe.cli.learned_tables import plot_learned_tables  # matplotlib only when plotting
 
     return str(plot_learned_tables(entries, runs_dir, figures))
 

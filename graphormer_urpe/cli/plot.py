@@ -1,6 +1,6 @@
 r"""Render learned URPE tables (the paper's Figure 2), or a fit's training curves, to PNG.
 
-Two kinds of checkpoint are understood (:mod:`graphormer_urpe.training.studies.learned_tables`):
+Two kinds of checkpoint are understood (:mod:`graphormer_urpe.cli.learned_tables`):
 
 * a sequence model from the synthetic grid (``runs/synthetic/<cell>.pt``, written by
   ``graphormer-urpe-synthetic``): writes ``<stem>-B.png`` and ``<stem>-C.png`` (the Toeplitz
@@ -78,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     else:
         args = _parser().parse_args(argv)
         _require_matplotlib()
-        from graphormer_urpe.training.studies.learned_tables import plot_checkpoint
+        from graphormer_urpe.cli.learned_tables import plot_checkpoint
 
         paths = []
         for checkpoint in args.checkpoints:

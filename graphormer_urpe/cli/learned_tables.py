@@ -1,4 +1,5 @@
-r"""The learned URPE tables B and C of a checkpoint, drawn (the paper's Figure 2).
+r"""The learned URPE tables B and C of a checkpoint, drawn (the paper's Figure 2): the pictures
+of ``graphormer-urpe-plot CHECKPOINT`` and ``graphormer-urpe-ablation --figures``.
 
 Two kinds of checkpoint are understood:
 
