@@ -16,7 +16,6 @@ from pathlib import Path
 from lightning.pytorch.callbacks import Callback
 
 from graphormer_urpe.training.studies.search import DIVERGED_MARKER, PROG, PRUNED_MARKER, TRIAL_ENV, make_pruner
-from graphormer_urpe.training.studies.study import trial_id
 from graphormer_urpe.utils.files import atomic_write
 
 
@@ -48,7 +47,8 @@ class ReportToTrial(Callback):
             storage = optuna.storages.RDBStorage(self.spec["storage"])
             study = optuna.load_study(study_name=self.spec["study"], storage=storage,
                                       pruner=make_pruner(self.spec["pruner"]))
-            self._trial = study, storage, trial_id(storage, study.study_name, self.spec["trial"])
+            study_id = storage.get_study_id_from_name(study.study_name)  # the fit knows its trial by number
+            self._trial = study, storage, storage.get_trial_id_from_study_id_trial_number(study_id, self.spec["trial"])
         return self._trial
 
     def report(self, value: float, step: int) -> bool:

@@ -326,12 +326,6 @@ def connect(url: str, name: str, recipe: dict, names: dict[str, str], check: Cal
                       f"({storage_error(exc)})") from None
 
 
-def trial_id(storage, study_name: str, number: int) -> int:
-    """The storage's id of trial ``number`` of study ``study_name`` (a trial is known to other
-    processes, such as its fit, by its number)."""
-    return storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(study_name), number)
-
-
 def worker() -> str:
     """This worker, as a trial records it (user attribute ``worker``): ``host:pid``."""
     return f"{socket.gethostname()}:{os.getpid()}"
