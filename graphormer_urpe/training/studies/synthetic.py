@@ -61,9 +61,12 @@ RESULTS_END = "<!-- synthetic-results:end -->"
 # --------------------------------------------------------------------------------------------
 # Tasks
 # --------------------------------------------------------------------------------------------
-def _check_task(task: str) -> None:
+def _check_task(task: str, *schemes: str) -> None:
     if task not in TASKS:
         raise ValueError(f"task={task!r} is not one of {TASKS}")
+    for scheme in schemes:
+        if scheme not in POSITION_SCHEMES:
+            raise ValueError(f"scheme={scheme!r} is not one of {POSITION_SCHEMES}")
 
 
 def num_classes(task: str, vocab_size: int, length: int) -> int:
@@ -246,9 +249,7 @@ def train_cell(task: str, vocab_size: int, scheme: str, seed: int, config: Train
                progress: bool = True) -> tuple[CellResult, SequenceTransformer, list[float]]:
     """Train one model from scratch (with ``config.threads`` torch threads, restored after);
     returns its result, the model and the loss per step."""
-    _check_task(task)
-    if scheme not in POSITION_SCHEMES:
-        raise ValueError(f"scheme={scheme!r} is not one of {POSITION_SCHEMES}")
+    _check_task(task, scheme)
     threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
     try:
@@ -321,10 +322,7 @@ def run_grid(tasks: Sequence[str], vocab_sizes: Sequence[int], schemes: Sequence
     The name carries a fingerprint of the settings, so changed settings train new cells.
     """
     for task in tasks:
-        _check_task(task)
-    for scheme in schemes:
-        if scheme not in POSITION_SCHEMES:
-            raise ValueError(f"scheme={scheme!r} is not one of {POSITION_SCHEMES}")
+        _check_task(task, *schemes)
     configs = {t: config if isinstance(config, TrainConfig) else config[t] for t in tasks}
     run_dir.mkdir(parents=True, exist_ok=True)
     cells = [(t, v, s, seed) for t in tasks for v in vocab_sizes for s in schemes for seed in seeds]
