@@ -24,7 +24,13 @@ def test_the_trainer_internals_read_are_there():
                       limit_train_batches=0.01)
     with pytest.raises(MisconfigurationException, match="limit_train_batches"):  # Lightning's own message
         lightning_private.limited_batches(tiny, 10)
-    assert lightning_private.is_local_path("runs/a/last.ckpt") and not lightning_private.is_local_path("s3://b/c.ckpt")
+    from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
+
+    from graphormer_urpe.utils.files import is_local_path
+
+    for path in ("runs/a/last.ckpt", "/abs/last.ckpt", "file:///abs/last.ckpt", "s3://b/c.ckpt", "memory://c.ckpt"):
+        assert is_local_path(path) == _is_local_file_protocol(path)  # local exactly where Lightning reads locally
+    assert is_local_path("runs/a/last.ckpt") and not is_local_path("s3://b/c.ckpt")
     module = pl.LightningModule()
     assert lightning_private.trainer_of(module) is None
     module.trainer = trainer

@@ -58,8 +58,8 @@ from graphormer_urpe.training.recipes import command_line
 from graphormer_urpe.training.run_checkpoint import (LAST, RunCheckpoint, check_run_dir, hold_run_dir,
                                                       run_dirs_released_after)
 from graphormer_urpe.utils.extras import missing_extra
-from graphormer_urpe.utils.files import check_creatable_dir, check_writable_dir
-from graphormer_urpe.utils.lightning_private import checkpoint_to_open, is_local_path
+from graphormer_urpe.utils.files import check_creatable_dir, check_writable_dir, is_local_path
+from graphormer_urpe.utils.lightning_private import checkpoint_to_open
 from graphormer_urpe.utils.torch_files import read_checkpoint
 
 DEFAULT_RUN_DIR = "runs/default"

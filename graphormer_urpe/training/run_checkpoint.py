@@ -45,9 +45,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from graphormer_urpe.utils.files import AtomicFile, hold_directory
-from graphormer_urpe.utils.lightning_private import (accumulating, epoch_finished, is_local_path,
-                                                     replace_process_observer)
+from graphormer_urpe.utils.files import AtomicFile, hold_directory, is_local_path
+from graphormer_urpe.utils.lightning_private import accumulating, epoch_finished, replace_process_observer
 from graphormer_urpe.utils.process import replaceable
 from graphormer_urpe.utils.workers import exit_status
 

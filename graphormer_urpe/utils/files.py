@@ -314,3 +314,11 @@ def hold_directory(directory: Path, lock_name: str, holder: str, advice: str) ->
             pid = (directory / lock_name).read_text().strip()
         raise ValueError(f"{directory} is in use by another {holder} (pid {pid or 'unknown'}); {advice}") from None
     return lock
+
+
+def is_local_path(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is on the local file system (fsspec's ``file`` protocol, as Lightning
+    reads it), not ``s3://`` and the like."""
+    from fsspec.utils import get_protocol
+
+    return get_protocol(os.fspath(path)) == "file"

@@ -52,13 +52,6 @@ def limited_batches(trainer: pl.Trainer, batches: int) -> int:
     return _parse_num_batches(RunningStage.TRAINING, batches, trainer.limit_train_batches)
 
 
-def is_local_path(path: str) -> bool:
-    """Whether Lightning reads ``path`` from the local file system (not ``s3://`` and the like)."""
-    from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
-
-    return _is_local_file_protocol(path)
-
-
 def spawn_start_method(strategy) -> str | None:
     """The multiprocessing start method (``spawn``, ``fork``, ``forkserver``) by which the strategy
     starts its processes from this one, pickling what they run into them; None where it starts
