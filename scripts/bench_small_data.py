@@ -194,38 +194,41 @@ def train_chemprop(args: argparse.Namespace, run: Path, splits: Path, seed: int)
     return predictions
 
 
+def predicted(predictions: Path, target: str):
+    """The predicted values of a predictions file: its first ``prediction*`` column
+    (graphormer-urpe-predict, the heads), else the target's (chemprop predict)."""
+    import pandas as pd
+
+    table = pd.read_csv(predictions)
+    column = next((c for c in table.columns if c.startswith("prediction")), target)
+    return table[column].to_numpy(dtype=float)
+
+
 def score(predictions: Path, test_csv: Path, target: str) -> tuple[float, float]:
     """``(RMSE, MAE)`` of a predictions file against the test CSV, row by row."""
     import numpy as np
     import pandas as pd
 
     truth = pd.read_csv(test_csv)[target].to_numpy(dtype=float)
-    table = pd.read_csv(predictions)
-    column = next(c for c in table.columns if c.startswith("prediction")) if any(
-        c.startswith("prediction") for c in table.columns) else target
-    predicted = table[column].to_numpy(dtype=float)
-    if len(predicted) != len(truth) or not np.isfinite(predicted).all():
-        raise RuntimeError(f"{predictions}: {len(predicted)} predictions for {len(truth)} test molecules")
-    error = predicted - truth
+    predicted_values = predicted(predictions, target)
+    if len(predicted_values) != len(truth) or not np.isfinite(predicted_values).all():
+        raise RuntimeError(f"{predictions}: {len(predicted_values)} predictions for {len(truth)} test molecules")
+    error = predicted_values - truth
     return float(np.sqrt(np.mean(error ** 2))), float(np.mean(np.abs(error)))
 
 
 def blend(args: argparse.Namespace, work: Path, run: Path, split: str, seed: int, splits: Path
-          ) -> tuple[Path, Path, float]:
-    """``(test predictions, validation predictions, wall time)`` of the mean of the
-    :data:`BLENDED` arms' predictions, row by row; those arms' runs are made first where missing."""
+          ) -> tuple[Path, float]:
+    """``(test predictions, wall time)`` of the mean of the :data:`BLENDED` arms' predictions,
+    row by row, written with its validation twin; those arms' runs are made first where missing."""
     import pandas as pd
 
     parts = [(one_run(args, work, arm, split, seed, splits), work / split / arm / f"seed{seed}") for arm in BLENDED]
     run.mkdir(parents=True, exist_ok=True)
-    outputs = []
     for name in ("test_predictions.csv", "val_predictions.csv"):
-        tables = [pd.read_csv(part / name) for _, part in parts]
-        columns = [next(c for c in t.columns if c.startswith("prediction")) for t in tables]
-        mean = sum(t[c].to_numpy(dtype=float) for t, c in zip(tables, columns)) / len(tables)
+        mean = sum(predicted(part / name, args.target_column) for _, part in parts) / len(parts)
         pd.DataFrame({"prediction": mean}).to_csv(run / name, index=False)
-        outputs.append(run / name)
-    return outputs[0], outputs[1], sum(result["wall_s"] for result, _ in parts)
+    return run / "test_predictions.csv", sum(result["wall_s"] for result, _ in parts)
 
 
 def one_run(args: argparse.Namespace, work: Path, arm: str, split: str, seed: int, splits: Path) -> dict:
@@ -238,20 +241,19 @@ def one_run(args: argparse.Namespace, work: Path, arm: str, split: str, seed: in
     started = time.perf_counter()
     checkpoints, val_mae, val_rmse, wall_s = [], None, None, None
     if arm == "blend":
-        predictions, val_predictions, wall_s = blend(args, work, run, split, seed, splits)
-        val_rmse, _ = score(val_predictions, splits.with_suffix(".val.csv"), args.target_column)
+        predictions, wall_s = blend(args, work, run, split, seed, splits)
     elif arm == "chemprop":
         predictions = train_chemprop(args, run, splits, seed)
     elif arm in ("minimol", "frozen"):
         predictions = train_head(args, run, splits, seed, frozen=arm == "frozen")
-        val_rmse, _ = score(run / "val_predictions.csv", splits.with_suffix(".val.csv"), args.target_column)
     else:
         predictions, checkpoints, val_mae = train_graphormer(args, run, splits, seed, scratch=arm == "scratch")
     if wall_s is None:  # training and the test predictions, as the peers'
         wall_s = round(time.perf_counter() - started, 1)
-    if checkpoints:  # the validation RMSE of what the run predicts (outside its wall time)
-        val_rmse, _ = score(predict_rows(checkpoints, splits.with_suffix(".val.csv"), run / "val_predictions.csv",
-                                         run / "run.log"), splits.with_suffix(".val.csv"), args.target_column)
+    if checkpoints:  # the validation predictions of a fit (outside its wall time; the heads write theirs)
+        predict_rows(checkpoints, splits.with_suffix(".val.csv"), run / "val_predictions.csv", run / "run.log")
+    if (run / "val_predictions.csv").is_file():  # every arm but chemprop's: the RMSE of what it predicts
+        val_rmse, _ = score(run / "val_predictions.csv", splits.with_suffix(".val.csv"), args.target_column)
     result = {"arm": arm, "split": split, "seed": seed, "members": len(checkpoints) or 1,
               "val_mae": val_mae, "val_rmse": val_rmse, "wall_s": wall_s}
     if predictions is not None:
