@@ -1,16 +1,8 @@
 """Molecules -> features -> structural encodings (cached) -> padded batches, and the data sets.
 
-A new data set is a module of its own beside :mod:`.zinc`, :mod:`.ogb_lsc`, :mod:`.property_csv`
-and :mod:`.descriptor_pretraining`, holding its DataModule (a subclass of
-:class:`~.datamodule.SMILESTableDataModule` for a SMILES table, else of
-:class:`~.datamodule.GraphDataModule`), named in ``_LAZY`` below so that configs reach it as
-``graphormer_urpe.data.<Class>``; a new encoding is a spec, an encoder and a parameter in
-:mod:`.encodings` and an init argument of the same name on the GraphDataModule (its cache,
-collation and the model follow it by name); a new featurizer is a
-:class:`~.featurize.FeaturizerSpec` in ``FEATURIZERS`` of :mod:`.featurize`. The DataModules
-(and everything that imports Lightning, PyG or RDKit) load on first access, so
-``import graphormer_urpe.data`` stays cheap.
-"""
+The DataModules (and everything that imports Lightning, PyG or RDKit) load on first access, so
+``import graphormer_urpe.data`` stays cheap; adding a data set, an encoding or a featurizer:
+docs/data.md."""
 from __future__ import annotations
 
 import importlib

@@ -1,29 +1,9 @@
-r"""Graphormer's structural encodings: shortest-path distances, shortest paths and degrees.
-
-For a graph with ``n`` nodes and directed edge list ``edge_index`` (both directions present):
-
-- ``spd[i, j]`` = number of hops on a shortest path ``i -> j``; 0 on the diagonal,
-  :data:`UNREACHABLE` (-1) between components.
-- ``path_edges[i, j, :]`` = the edge ids (columns of ``edge_index``) of ONE shortest path from
-  ``i`` to ``j``, its first ``K = max_hops`` hops in order from ``i``, -1 padded; all -1 when
-  ``i == j`` or ``j`` is unreachable. Graphormer's edge encoding averages the bond features along
-  it: :math:`c_{ij} = \frac{1}{\min(\phi_{ij}, K)} \sum_{t} x_{e_t} \cdot w_t`.
-- ``degree[i]`` = number of directed edges leaving ``i``.
-
-The path is the BFS tree path: ``path(i, j) = path(i, parent_i(j)) + [edge(parent_i(j) -> j)]``
-with ``parent_i(j)`` the first node to discover ``j`` when neighbours are scanned in increasing
-edge-id order, so it is deterministic. The work is done in C (``graphormer_urpe.data._encoding``,
-built from ``cython_ext/encoding.pyx``): ``O(n * e + n^2 * K)`` per graph, parallel over graphs.
-The extension is loaded when a graph is first encoded, so the model and everything that only
-reads the encodings' specs import without it.
-
-Example::
-
-    >>> edge_index = np.array([[0, 1, 1, 2], [1, 0, 2, 1]])      # path graph 0 - 1 - 2
-    >>> spd, path_edges = shortest_paths(3, edge_index, max_hops=2)
-    >>> int(spd[0, 2]), path_edges[0, 2].tolist()
-    (2, [0, 2])
-"""
+r"""Graphormer's structural encodings of one graph (``n`` nodes, directed ``edge_index`` with both
+directions): ``spd[i, j]`` shortest-path hops (0 on the diagonal, :data:`UNREACHABLE` between
+components), ``path_edges[i, j, :]`` the edge ids of ONE shortest path from ``i`` (the BFS tree
+path, neighbours scanned in edge-id order, so deterministic), its first ``K = max_hops`` hops,
+-1 padded, and ``degree[i]`` out-degree. The work is done in C (``cython_ext/encoding.pyx``),
+loaded when a graph is first encoded."""
 from __future__ import annotations
 
 import functools

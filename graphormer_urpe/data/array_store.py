@@ -1,31 +1,7 @@
-"""A store of named arrays on disk: a folder written whole or not at all, keyed by a fingerprint.
-
-An entry is a directory of ``.npy`` files plus ``manifest.json``::
-
-    <dir>/manifest.json   {"format": 2, "fingerprint": {...},
-                           "arrays": {name: {"dtype", "shape", "blake2b"}}}
-    <dir>/<name>.npy      one array each, opened lazily with ``np.load(mmap_mode="r")``
-
-The fingerprint is the caller's: everything the arrays depend on (parameters, a hash of the
-input). Entries are written by :class:`EntryWriter`, which streams blocks of rows into each
-``.npy`` file (its header is rewritten with the final shape on close), so an entry of any size is
-built with memory bounded by the block size. Everything goes into a temporary sibling directory
-(:class:`~graphormer_urpe.utils.files.AtomicDirectory`), is fsynced and renamed into place: a killed
-run leaves at most a stray temporary directory, never an entry that loads as valid. The manifest
-records a BLAKE2b checksum of every array's data.
-
-:func:`load_arrays` returns None, so the caller rebuilds, when the entry is missing, was written
-with another fingerprint, or is damaged: an unreadable or malformed manifest (no ``arrays``
-object, an array without ``dtype`` / ``shape`` / checksum, an expected array not listed), or an
-array file that is missing, empty, truncated or of another dtype/shape. A damaged entry is logged
-as a warning naming the file and the reason. With ``verify=True`` (or the environment variable
-``GRAPHORMER_URPE_VERIFY_CACHE=1``) every array's checksum is recomputed too, which catches bytes
-changed inside a file whose header is intact; it reads every file once.
-
-:func:`cached_entry` is the load-or-build step: under a file lock (``.<name>.lock`` next to the
-entry), so that processes sharing the store (DDP ranks, several jobs on one data root) build it
-once and the others wait and load it.
-"""
+"""A store of named arrays on disk: a folder of ``.npy`` files plus ``manifest.json`` (format,
+the caller's fingerprint, each array's dtype, shape and BLAKE2b checksum), written whole or not
+at all, streamed block by block, and rebuilt when missing, stale or damaged (docs/data.md,
+"Storage and caches")."""
 from __future__ import annotations
 
 import contextlib

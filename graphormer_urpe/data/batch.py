@@ -1,25 +1,11 @@
-r"""The padded batch that flows into the model, and the two gathers that make it.
+r"""The padded batch that flows into the model (:class:`GraphBatch`), and the two gathers that
+make it, bit for bit the same: :func:`collate` from numpy (possibly memory-mapped)
+:class:`~.graphs.FlatGraphs` for the ``DataLoader``, :func:`gather_batch` from tensors on a
+device, every intermediate of a fixed shape so it can be recorded in a CUDA graph.
 
-Shapes use ``B`` graphs, ``N`` = the largest node count in the batch (the graph token is NOT
-included; the model prepends it), ``E`` = all edges of the batch, ``F``/``Fe`` = atom/bond feature
-columns, ``K`` = ``max_hops``. Integer tensors are compact (int16/int32); the model widens them
-where an index needs it.
-
-Two implementations, one contract (the same :class:`GraphBatch`, bit for bit:
-``tests/data/test_resident.py``): :func:`collate` gathers from numpy (possibly memory-mapped)
-:class:`~.graphs.FlatGraphs` for the ``DataLoader``: vectorised numpy gathers for nodes and edges
-and one block copy per graph for the ``O(n^2)`` pair arrays, a whole batch in one
-``__getitems__`` call, ~2.5x faster on one CPU core than the torch gather's element-wise
-gathers (docs/benchmarks.md), reading memory-mapped storage without copying it.
-:func:`gather_batch` gathers from the graphs as tensors on a device (:mod:`.resident`), every
-intermediate of a fixed shape, so it can be recorded in a CUDA graph.
-
-The node and node-pair encodings, whichever the graphs carry, are gathered as their specs in
-:mod:`~.encodings` say (per node or pair, dtype, padding value). Path edges, stored as LOCAL
-edge ids, become rows of the batch's ``edge_attr`` by adding the number of edges of the graphs
-before ``b`` in the batch. ``-1`` stays ``-1``, which indexes the all-zero last row of
-``edge_attr``, so ``edge_attr[path_edges]`` needs no masking.
-"""
+``B`` graphs, ``N`` the largest node count (without the graph token), ``E`` all edges, ``K``
+``max_hops``. Path edges (stored as LOCAL edge ids) become rows of the batch's ``edge_attr``;
+``-1`` indexes its all-zero last row, so ``edge_attr[path_edges]`` needs no masking."""
 from __future__ import annotations
 
 import functools

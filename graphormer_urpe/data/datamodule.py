@@ -1,24 +1,7 @@
 """The base Lightning DataModules over encoded graphs: :class:`GraphDataModule` and, for tables of
-SMILES, :class:`SMILESTableDataModule`. Each dataset's DataModule lives beside its data:
-:class:`~.zinc.ZINCDataModule`, :class:`~.ogb_lsc.PCQM4MDataModule` /
-:class:`~.ogb_lsc.PCQM4Mv2DataModule`, :class:`~.property_csv.CSVDataModule` and
-:class:`~.descriptor_pretraining.DescriptorDataModule` (all importable from :mod:`graphormer_urpe.data`).
-
-Every data family (ZINC, PCQM4M / PCQM4Mv2, CSV) turns its splits into :class:`~.graphs.FlatGraphs`
-(features as shared ids + cached encodings, memory-mapped, :mod:`.encode`); each split is an
-:class:`~.dataset.EncodedGraphDataset` that collates whole batches, in the seeded order of
-:class:`~.dataset.SeededShuffleSampler` for training. Graphs with more than ``max_nodes`` nodes are
-dropped from TRAINING only (the count is logged); validation, test and prediction serve every graph
-(a CSV table skips such rows in every split, before featurizing them: :class:`~.property_csv.CSVDataModule`).
-
-``device_resident=True`` swaps each ``DataLoader`` for a :class:`~.resident.ResidentLoader`: the
-split on the trainer's device, batches gathered there, same items, order and batches.
-
-Adding a dataset: a table of SMILES with targets subclasses :class:`SMILESTableDataModule`
-(:meth:`~SMILESTableDataModule.table_source`, :meth:`~SMILESTableDataModule.split_rows`,
-:attr:`~GraphDataModule.num_targets`); anything else subclasses :class:`GraphDataModule`
-(:meth:`~GraphDataModule.build`, :meth:`~GraphDataModule.load_split`).
-"""
+SMILES, :class:`SMILESTableDataModule` (adding a data set: docs/data.md). Graphs with more than
+``max_nodes`` nodes are dropped from TRAINING only; ``device_resident=True`` swaps each
+``DataLoader`` for a :class:`~.resident.ResidentLoader` (same items, order and batches)."""
 from __future__ import annotations
 
 import logging

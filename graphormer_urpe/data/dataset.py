@@ -1,12 +1,6 @@
-"""The items of one split over encoded graphs, and the seeded training order.
-
-:class:`EncodedGraphDataset` serves whole batches through ``__getitems__`` (one vectorised
-:func:`~.batch.collate` call per batch, no per-graph Python work), padded to the largest graph
-of the batch or to a fixed :class:`~.batch.BatchPadding`. :class:`SeededShuffleSampler` makes
-the training order a pure function of ``(seed, epoch)``, so a resumed run sees the same order,
-and a run resumed inside an epoch continues that epoch's order where the checkpoint left it.
-Both serve the ``DataLoader`` path and the device-resident one (:mod:`.resident`).
-"""
+"""The items of one split over encoded graphs (:class:`EncodedGraphDataset`, whole batches per
+``__getitems__``), and the training order, a pure function of ``(seed, epoch)`` that a resumed
+run continues where its checkpoint left it (:class:`SeededShuffleSampler`)."""
 from __future__ import annotations
 
 import numbers

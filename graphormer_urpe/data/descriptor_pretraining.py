@@ -1,11 +1,5 @@
-"""Pretraining on any molecules without labels: each SMILES' standardized RDKit descriptors
-(:mod:`.descriptors`) as a multi-task regression set, and the DataModule that serves them.
-
-A backbone that learns to predict them from the graph alone has learnt general chemistry (size,
-polarity, lipophilicity, aromaticity, functional groups) that small property sets cannot teach,
-as chemprop's CheMeleon does with Mordred descriptors. The descriptors are computed once per
-file, on worker processes, and cached beside the featurized graphs (:mod:`.array_store`).
-"""
+"""Pretraining on molecules without labels: each SMILES' standardized RDKit descriptors
+(:mod:`.descriptors`) as a multi-task regression set, and the DataModule that serves them."""
 from __future__ import annotations
 
 import gzip

@@ -1,13 +1,6 @@
-"""RDKit 2D descriptors of molecules: computed, cached, clipped and standardized.
-
-Each molecule's :func:`descriptor_names` (RDKit's 2D descriptors: counts, surface areas,
-charges, topological indices, fragment counts), each clipped to 0.1-99.9 % quantiles and
-standardised (:func:`clip_statistics`, :func:`standardize`). They serve as label-free pretraining
-targets (:class:`~.descriptor_pretraining.DescriptorDataModule`), as inputs beside the learned
-readout of a fine-tuned model (``CSVDataModule(molecule_descriptors=True)``) and in the fast
-mode (:class:`graphormer_urpe.GraphormerEmbedder`). This module imports neither Lightning nor the
-DataModules, so prediction computes them without either.
-"""
+"""RDKit 2D descriptors of molecules: computed, cached, clipped to 0.1-99.9 % quantiles and
+standardized; pretraining targets, inputs beside a fine-tuned readout and the fast mode's
+features. Imports neither Lightning nor the DataModules."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence

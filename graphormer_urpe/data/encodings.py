@@ -1,47 +1,10 @@
-r"""The structural encodings stored per node or per node pair: what each is (one spec each, in
-one registry), how it is computed and how it is cached.
+r"""The structural encodings stored per node or per node pair: one spec each (:class:`Encoding`),
+the computations that produce them (:class:`Encoder`), their parameters
+(:class:`EncodingParams`) and their cache (one array-store entry per encoder and split).
 
-An :class:`Encoding` is one array: per node or per pair, its dtype (stored and batched), its
-padding value and the parameter that sets its width. An :class:`Encoder` is one computation
-producing one or more encodings from the graph structure, with its parameters: they name its
-cache entry's folder and make its fingerprint. :class:`EncodingParams` holds every
-parameter; the encoders a run computes are those its parameters switch on
-(:meth:`EncodingParams.encoders`). Collation (:func:`~.batch.collate`), the device gather
-(:func:`~.batch.gather_batch`), the cache (:func:`cached_encodings`), the checks of
-:class:`~.graphs.FlatGraphs` and of the model
-(:meth:`graphormer_urpe.nn.graphormer.Graphormer.check_encodings`) loop over the encodings a
-batch carries, by name.
-
-Storage, for a graph of ``n`` nodes stored from node row ``node_ptr[g]`` and pair row
-``pair_ptr[g]`` (pair ``(i, j)`` at ``pair_ptr[g] + i n + j``):
-
-.. math::
-    \text{node encoding: } [\textstyle\sum_g n_g, *S], \qquad
-    \text{pair encoding: } [\textstyle\sum_g n_g^2, *S], \qquad S = (w,) \text{ with a width, else } ()
-
-and in a batch ``[B, N, *S]`` / ``[B, N, N, *S]``, ``fill`` at padded nodes and pairs. Values
-that are LOCAL edge ids (``edge_ids``) become rows of the batch's ``edge_attr`` by adding the
-number of edges of the graphs before it in the batch; ``-1`` (no edge) stays ``-1``.
-
-Adding an encoding (the random-walk encoding :data:`RWSE` is the worked example):
-
-1. a field of :class:`EncodingParams` for its parameter, default "off" (``rwse_steps: int = 0``);
-2. its compute function (flat graphs -> ``{name: array}`` in the layout above) and an
-   :class:`Encoder` in :data:`ENCODERS` naming the parameter;
-3. an init argument of the same name on :class:`~.datamodule.GraphDataModule`.
-
-A per-node float encoding needs nothing on the model's side: the DataModule links its width into
-the model (``node_encodings``), which adds a linear embedding of it to the atom features.
-
-The cache: every encoding of a split computed once and streamed into an entry of the array store
-(:mod:`~graphormer_urpe.data.array_store`), one entry per encoder
-(``<base>/encodings/<split>-<folder>``: ``train-k5``, ``train-rwse16``). An entry's fingerprint
-holds everything its encodings depend on: the encoder's parameters (``max_hops``, its version,
-...) and the input (sizes and a BLAKE2 hash of ``node_ptr``, ``edge_ptr`` and ``edge_index``, or
-the checksums of the entry they were read from). The encodings are computed in chunks of graphs
-(:func:`graph_chunks`), so a split of any size is encoded with bounded memory; :func:`encode`
-computes them in memory or through the cache.
-"""
+A node encoding is stored as ``[sum_g n_g, *S]``, a pair encoding as ``[sum_g n_g^2, *S]`` (pair
+``(i, j)`` of graph ``g`` at ``pair_ptr[g] + i n + j``), ``S = (w,)`` with a width, else ``()``;
+in a batch ``[B, N, *S]`` / ``[B, N, N, *S]``, ``fill`` at padding. Adding one: docs/data.md."""
 from __future__ import annotations
 
 import logging

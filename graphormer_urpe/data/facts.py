@@ -1,12 +1,7 @@
-"""The facts a model takes from its data, declared once.
-
-A DataModule exposes each field of :class:`DataFacts` as an attribute of the same name
-(:meth:`DataFacts.of` reads them); the CLI links that one object into ``GraphormerModule``'s
-``facts`` argument, a checkpoint records it as the plain dict ``hyper_parameters["facts"]``, and
-:class:`~graphormer_urpe.nn.graphormer.Graphormer` is built from it and the architecture.
-Checkpoints written before the facts were one object hold them as separate hyperparameters;
-:meth:`DataFacts.of_hparams` and :meth:`DataFacts.nest` read both forms.
-"""
+"""The facts a model takes from its data, declared once (:class:`DataFacts`): a DataModule exposes
+each as an attribute, the CLI links them into ``GraphormerModule``'s ``facts``, a checkpoint
+records them as ``hyper_parameters["facts"]`` (older ones as separate hyperparameters, which
+:meth:`DataFacts.nest` reads too)."""
 from __future__ import annotations
 
 from collections.abc import Mapping

@@ -1,18 +1,11 @@
-r"""SMILES -> molecular graph featurizers, one per data family, and a parallel batch driver.
+r"""SMILES -> molecular graph featurizers, named so a checkpoint can redo featurization from its
+name alone, and the parallel, streaming drivers over many SMILES.
 
-Two featurizers, named so a checkpoint can redo featurization from its name alone:
-
-- ``"zinc"``: one atom column, the ZINC benchmark's 28 atom tokens (:data:`ZINC_ATOM_TOKENS`);
-  one bond column, the kekulized bond type 1/2/3 (0 = none, never an edge). Atom token =
-  element symbol, then ``" H<n>"`` when the atom has explicit hydrogens unless it is a neutral
-  aromatic atom (so ``[nH]`` is ``"N"``), then ``" +"`` / ``" -"`` for a charge.
+- ``"zinc"``: the ZINC benchmark's 28 atom tokens (:data:`ZINC_ATOM_TOKENS`) and the kekulized
+  bond type 1/2/3;
 - ``"ogb"``: OGB's ``smiles2graph`` (9 atom columns, 3 bond columns), as used by PCQM4Mv2.
 
-Both give directed edges in both directions with LOCAL node ids. :func:`iter_featurized` runs a
-featurizer over many SMILES in worker processes, chunk by chunk (:func:`featurize_chunk`, which
-prediction uses too), as flat arrays (compact dtypes) plus the rejected SMILES' reasons; :func:`cached_smiles_graphs` streams those chunks into a
-memory-mapped cache entry, so a 3.7M-molecule table never materialises its graphs in memory.
-"""
+Both give directed edges in both directions with LOCAL node ids."""
 from __future__ import annotations
 
 import contextlib

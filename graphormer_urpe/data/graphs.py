@@ -1,17 +1,7 @@
-r"""A split's featurized and encoded graphs as flat arrays (:class:`FlatGraphs`), and the data
-sets made into them.
-
-A split of ``G`` graphs lives in :class:`FlatGraphs` as CSR-like flat arrays (graph ``g`` owns node
-rows ``node_ptr[g]:node_ptr[g+1]``, edge rows ``edge_ptr[g]:edge_ptr[g+1]`` and node-pair rows
-``pair_ptr[g]:pair_ptr[g+1]`` with ``pair_ptr[g+1] - pair_ptr[g] = n_g^2``, pair ``(i, j)`` at
-``i * n_g + j``), its encodings by name as their specs in :mod:`~.encodings` say. Path edges
-are stored as LOCAL edge ids (relative to ``edge_ptr[g]``, as the encoder returns them).
-
-:func:`encode_flat` takes raw flat arrays (a featurized chunk at prediction time, in memory; a
-data set's, its encodings cached under ``(base, split)``), :func:`flat_graphs_from_pyg` PyG's
-collated storage and :func:`encode_smiles_store` a featurized SMILES table of any size, streamed
-from and into memory-mapped entries.
-"""
+r"""A split's featurized and encoded graphs as flat arrays (:class:`FlatGraphs`), and the data sets
+made into them: raw flat arrays (:func:`encode_flat`), PyG's collated storage
+(:func:`flat_graphs_from_pyg`) and a featurized SMILES table of any size, streamed from and into
+memory-mapped entries (:func:`encode_smiles_store`)."""
 from __future__ import annotations
 
 import os

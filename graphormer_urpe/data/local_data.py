@@ -1,27 +1,6 @@
-"""Where local copies of the data sets are: one directory, ``$GRAPHORMER_URPE_DATA``.
-
-A machine that cannot reach the data sets' hosts (or should not download them again) keeps
-copies in one directory, laid out as::
-
-    zinc/                                 ZINC source files, what :func:`.zinc.build_zinc_raw`
-                                          reads (JT-VAE SMILES and labels, the subset index files,
-                                          the exact subset val/test graphs, atom_dict.json)
-    pcqm4mv2/pcqm4mv2_first2k_3d.csv.gz   a real slice of PCQM4Mv2 (tests and benchmarks)
-    moleculenet/esol.csv                  MoleculeNet ESOL (deepchem's delaney-processed.csv)
-
-The directory is ``$GRAPHORMER_URPE_DATA``; unset, it is ``shared/data`` beside a source
-checkout (``<checkout>/../shared/data``) when the package runs from one, else the user's data
-cache, ``~/.cache/graphormer-urpe/data`` (``$XDG_CACHE_HOME/graphormer-urpe/data``). Where it
-does not hold a data set, ZINC is downloaded by PyG and PCQM4M(v2) by OGB as usual.
-``$GRAPHORMER_URPE_SHARED_DATA`` is an older name of the variable, still read.
-
-Recipes name a data file as ``data:<relative path>`` (:func:`data_file`): the file of that layout
-in the local copies, else in the user's data cache, else downloaded there where the file has a
-public address (ESOL), so a recipe reads the same file from any folder and any install.
-
-The data sets themselves are built and cached under a folder an option names (by default
-``data`` of the current folder); :func:`built_under` says in one line when it cannot be written.
-"""
+"""Where local copies of the data sets are: one directory, ``$GRAPHORMER_URPE_DATA`` (layout and
+defaults: docs/data.md); ``data:<relative path>`` names a file of it (:func:`data_file`), and
+:func:`built_under` says in one line when a build folder cannot be written."""
 from __future__ import annotations
 
 import contextlib

@@ -1,31 +1,10 @@
-"""OGB-LSC PCQM4M (v1, KDD Cup 2021) and PCQM4Mv2 in their official layouts, featurized like OGB's
-own datasets.
+"""OGB-LSC PCQM4M (v1, KDD Cup 2021) and PCQM4Mv2 in their official layouts (``raw/data.csv.gz``,
+``split_dict.pt``, ``RELEASE_v1.txt`` under :class:`~.lsc_layouts.LSCLayout`'s folder),
+featurized with the ``"ogb"`` featurizer into exactly the graphs of OGB's own datasets.
 
-Layout (what OGB's archives unpack to; :class:`~.lsc_layouts.LSCLayout` holds each version's names)::
-
-    <root>/<folder>/raw/data.csv.gz      columns idx, smiles, homolumogap (NaN in test sets)
-    <root>/<folder>/split_dict.pt        int64 row indices per split (numpy arrays, torch.save)
-    <root>/<folder>/RELEASE_v1.txt       OGB's version marker
-
-=========  ======================  ==============================================================
-version    ``<folder>``            splits (official sizes)
-=========  ======================  ==============================================================
-PCQM4M     ``pcqm4m_kddcup2021``   train 3,045,360 / valid 380,670 / test 377,423
-PCQM4Mv2   ``pcqm4m-v2``           train 3,378,606 / valid 73,545 / test-dev 147,037 /
-                                   test-challenge 147,432
-=========  ======================  ==============================================================
-
-Molecules are featurized with ``ogb.utils.smiles2graph`` (the ``"ogb"`` featurizer) in worker
-processes, each distinct SMILES once, giving exactly the graphs of ``ogb.lsc.PygPCQM4MDataset``
-/ ``PygPCQM4Mv2Dataset`` (checked by the tests), and kept with their encodings under
-``<root>/<folder>/processed_graphormer_urpe/``.
-
-OGB calls ``torch.load`` without ``weights_only`` (torch >= 2.6 defaults to True, which rejects
-the numpy arrays of ``split_dict.pt``) and asks ``input()`` when a folder lacks its release
-marker. :func:`allow_numpy_arrays` admits exactly numpy's array reconstruction for the duration
-of a ``with`` block (``weights_only`` stays on, nothing global changes afterwards), and
-:func:`ogb_dataset` refuses, with a ``ValueError``, any folder that would make OGB prompt.
-"""
+OGB calls ``torch.load`` without ``weights_only``: :func:`allow_numpy_arrays` admits exactly
+numpy's array reconstruction inside a ``with`` block, and :func:`ogb_dataset` refuses any
+folder that would make OGB prompt with ``input()``."""
 from __future__ import annotations
 
 import contextlib

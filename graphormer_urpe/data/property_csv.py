@@ -1,15 +1,5 @@
-"""Molecule property tables: a CSV with a SMILES column and one or more target columns.
-
-Targets (empty = unknown -> NaN) are regression values, binary / multi-label 0/1 labels
-(``classification``) or one column of class ids ``0 .. K-1`` (``multiclass``). Molecules are
-featurized like PCQM4Mv2 (``"ogb"`` featurizer) or like ZINC (``"zinc"``). Rows whose SMILES RDKit rejects, and rows with
-an infinite target (``inf``, or a value beyond float32's range), are skipped, each kind with ONE
-warning giving their count and first line numbers; a file with no valid row, or a target column
-with no usable value, is an error.
-Splits: ``random`` (seeded) or ``scaffold`` (Bemis-Murcko scaffolds, RDKit ``MurckoScaffold``:
-molecules sharing a scaffold stay in one split, largest scaffold groups fill train first, as in
-DeepChem/chemprop).
-"""
+"""Molecule property tables: a CSV with a SMILES column and one or more target columns
+(empty = unknown), read, checked and split (random, scaffold or a split file)."""
 from __future__ import annotations
 
 import logging

@@ -1,33 +1,9 @@
-r"""Graphormer + URPE on any PyG dataset, in a plain PyTorch loop.
-
-:class:`GraphormerEncodings` is a ``torch_geometric.transforms.BaseTransform`` that adds this
-project's structural encodings (:mod:`graphormer_urpe.data.algos`, the Cython encoder, and those its
-:class:`~.encodings.EncodingParams` switch on) to a ``Data`` with ``n`` nodes, in the
-stored layout of :mod:`~.encodings`:
-
-- ``spd`` int16 ``[n * n]``: shortest-path hops, pair ``(i, j)`` at ``i * n + j`` (-1 unreachable);
-- ``path_edges`` int16 ``[n * n, K]``: local edge ids (columns of ``edge_index``) along one
-  shortest path, -1 padded;
-- ``degree`` int16 ``[n]``: out-degree;
-- ``rwse`` float32 ``[n, S]`` with ``rwse_steps=S``.
-
-All are flat along dim 0, so PyG's own ``DataLoader`` batches them by concatenation, and
-:func:`to_graph_batch` turns the resulting ``Batch`` into the padded
-:class:`~.batch.GraphBatch` that :class:`~graphormer_urpe.nn.graphormer.Graphormer` takes::
-
-    dataset = ZINC(root, subset=True, pre_transform=GraphormerEncodings(max_hops=5))
-    loader = torch_geometric.loader.DataLoader(dataset, batch_size=64, shuffle=True)
-    model = Graphormer(GraphormerConfig(num_layers=2, hidden_dim=64),
-                       DataFacts(num_atom_embeddings=num_embeddings(ATOM_DIMS), ...))
-    for batch in loader:
-        out = model(to_graph_batch(batch, ATOM_DIMS, BOND_DIMS))
-
-``x`` and ``edge_attr`` keep their raw integer values (column ``c`` in ``[0, dims[c])``); the
-shared embedding ids of :mod:`.feature_ids` are made at batching time, so the transform needs to
-know nothing about the vocabularies. As a ``pre_transform`` the encodings are computed once and
-saved with the processed dataset; as a ``transform`` they are computed per access (see
-``docs/pyg.md`` for what that costs).
-"""
+r"""Graphormer + URPE on any PyG dataset, in a plain PyTorch loop (docs/pyg.md):
+:class:`GraphormerEncodings` adds the structural encodings to a ``Data`` in their stored layout
+(:mod:`~.encodings`: flat along dim 0, so PyG's ``DataLoader`` concatenates them), and
+:func:`to_graph_batch` turns the resulting ``Batch`` into the padded :class:`~.batch.GraphBatch`
+the model takes. ``x`` and ``edge_attr`` keep their raw integer values; the shared embedding
+ids are made at batching time."""
 from __future__ import annotations
 
 from collections.abc import Sequence

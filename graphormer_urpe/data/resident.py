@@ -1,14 +1,6 @@
-r"""Device-resident data: a whole split's encoded graphs on one device, batches gathered there.
-
-With ``GraphDataModule(device_resident=True)`` the loaders are :class:`ResidentLoader` objects: each
-split's :class:`~.graphs.FlatGraphs` is copied once to the trainer's device (GPU memory for a
-GPU run, :meth:`~.graphs.FlatGraphs.to`) and every batch is gathered there by
-:func:`~.batch.gather_batch`, every intermediate of a fixed shape, so the same gather serves an
-evaluation batch and a training step recorded in a CUDA graph
-(:mod:`graphormer_urpe.training.engine`). A training step then costs no Python per graph, no
-``DataLoader`` worker and no host-to-device copy of the batch; only ``B`` int64 item ids per step
-are sliced from the epoch order that is moved to the device once per epoch.
-"""
+r"""Device-resident data: a whole split's encoded graphs copied once to the trainer's device and
+every batch gathered there (:func:`~.batch.gather_batch`), so a training step costs no Python per
+graph, no ``DataLoader`` worker and no host-to-device copy of the batch."""
 from __future__ import annotations
 
 from collections.abc import Iterator

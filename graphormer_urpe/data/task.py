@@ -1,22 +1,9 @@
-r"""What a prediction task is: its loss, metric, head width, prediction transform and columns.
+r"""What a prediction task is: its loss, metric, head width, prediction transform and columns; a
+new task is one :class:`Task` subclass plus its entry in :data:`TASKS`.
 
-One :class:`Task` per kind of target; the LightningModule, ``graphormer-urpe-predict``,
-``graphormer-urpe-submit``, the CLI's checkpoint callback and the ablation runner all ask it, so a
-new task is one subclass here plus its entry in :data:`TASKS`.
-
-Unknown labels are NaN in ``y [B, T]``. Every loss is the mean over the known labels only,
-
-.. math::
-    \mathcal{L} = \frac{\sum_{i,t} m_{it}\, \ell(\hat y_{it}, y_{it})}{\max(1, \sum_{i,t} m_{it})},
-    \qquad m_{it} = [y_{it} \text{ known}],
-
-so a batch without any known label contributes a loss of 0 (and no gradient) instead of
-``0/0 = NaN``. Masking by multiplication rather than boolean indexing keeps every shape fixed (no
-device-to-host sync); unknown labels are replaced before the loss so no NaN reaches a gradient.
-
-This module imports neither Lightning nor torchmetrics at import time (prediction alone loads
-neither).
-"""
+Unknown labels are NaN; every loss is the mean over the known labels only (0, and no gradient,
+for a batch without any), masked by multiplication so every shape stays fixed. Imports neither
+Lightning nor torchmetrics at import time."""
 from __future__ import annotations
 
 import logging

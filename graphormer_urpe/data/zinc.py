@@ -1,27 +1,10 @@
-"""ZINC (Benchmarking GNNs) through PyG's own ``torch_geometric.datasets.ZINC``, built offline.
+"""ZINC (Benchmarking GNNs) through PyG's own ``torch_geometric.datasets.ZINC``, built offline:
+where PyG's archive cannot be fetched, :func:`build_zinc_raw` writes its raw files from a source
+directory (docs/data.md, "ZINC offline") and PyG's unchanged ``process()`` takes it from there.
 
-PyG's ``ZINC`` downloads ``molecules.zip`` (``{train,val,test}.pickle``) plus the subset
-``{train,val,test}.index`` files into ``<root>/raw`` and processes them itself. Where that archive
-cannot be fetched, :func:`build_zinc_raw` writes the same raw files from a source directory (the
-``zinc/`` of the local data copies, :mod:`.local_data`: JT-VAE SMILES in the same order, labels,
-subset index files, the exact official subset val/test graphs), and PyG's unchanged ``process()``
-takes it from there.
-
-Raw pickle format (what PyG's ``process()`` reads), one dict per molecule::
-
-    atom_type                 uint8 [n]      atom-token id (atom_dict.json order)
-    bond_type                 uint8 [n, n]   symmetric adjacency, 0 none, 1/2/3 single/double/triple
-    logP_SA_cycle_normalized  float32 [1]    the regression target
-
-PyG turns ``bond_type`` into ``edge_index = bond_type.nonzero().T`` (both directions, row-major
-order) and ``edge_attr = bond_type[edge_index]``.
-
-Molecules are rebuilt from SMILES with the ``"zinc"`` featurizer (:mod:`.featurize`; checked by
-the tests against all 2,000 exact subset graphs).
-The subset's val/test molecules are the EXACT official graphs and labels, placed at their subset
-positions in the val/test pickles; all other molecules are rebuilt (atom order and Kekulé
-pattern may differ from the official graph, labels differ by ~0.005 on average).
-"""
+A raw pickle holds one dict per molecule: ``atom_type`` uint8 ``[n]`` (atom-token id),
+``bond_type`` uint8 ``[n, n]`` (symmetric, 0 none, 1/2/3 single/double/triple) and
+``logP_SA_cycle_normalized`` float32 ``[1]``."""
 from __future__ import annotations
 
 import gzip
