@@ -285,6 +285,8 @@ class CSVDataModule(SMILESTableDataModule):
             raise ValueError("molecule_descriptors needs the DataLoader: drop --data.init_args.device_resident "
                              "(device-resident batches carry no descriptors)")
         self._row_descriptors: np.ndarray | None = None
+        self._table: tuple[list[str], np.ndarray, list[str]] | None = None  # the file's rows, read once
+        self._file: dict | None = None  # its fingerprint, hashed once
         if task not in TASKS:
             raise ValueError(f"task must be one of {list(TASKS)}, got {task!r}")
         if split not in ("random", "scaffold"):
@@ -327,7 +329,7 @@ class CSVDataModule(SMILESTableDataModule):
             work_dir, source, _ = self.table_source()
             smiles = self._read()[0]
             distinct, of_row = np.unique(np.array(smiles, dtype=object), return_inverse=True)
-            raw = cached_descriptors(work_dir / "descriptors", {**file_fingerprint(self.path),
+            raw = cached_descriptors(work_dir / "descriptors", {**self.file_fingerprint(),
                                      "smiles_column": self.smiles_column}, list(distinct), self.build_workers)
             self._row_descriptors = raw[of_row.reshape(-1)]
         return self._row_descriptors
@@ -344,10 +346,17 @@ class CSVDataModule(SMILESTableDataModule):
         return dataset
 
     def _read(self) -> tuple[list[str], np.ndarray, list[str]]:
-        return read_property_csv(self.path, self.smiles_column, self.target_columns)
+        if self._table is None:
+            self._table = read_property_csv(self.path, self.smiles_column, self.target_columns)
+        return self._table
+
+    def file_fingerprint(self) -> dict:
+        if self._file is None:
+            self._file = file_fingerprint(self.path)
+        return self._file
 
     def table_source(self) -> tuple[Path, dict, Callable[[], tuple[Sequence[str], np.ndarray]]]:
-        source = {**file_fingerprint(self.path), "smiles_column": self.smiles_column,
+        source = {**self.file_fingerprint(), "smiles_column": self.smiles_column,
                   "target_columns": self.target_columns}
         # one work directory per featurizer (the ogb one keeps its original name)
         suffix = "" if self.featurizer == "ogb" else f"-{self.featurizer}"

@@ -91,3 +91,33 @@ def test_bad_files_are_value_errors_naming_them(tmp_path):
         CSVDataModule(path=str(labels), task="classification", cache_root=str(tmp_path / "c")).prepare_data()
     with pytest.raises(ValueError, match="split_fractions"):
         CSVDataModule(path=str(labels), split_fractions=(0.5, 0.5, 0.5))
+
+
+def test_a_fit_reads_and_hashes_the_file_once(esol, tmp_path, monkeypatch):
+    """Building, setting up every split, the descriptors, the scaffold split and the predict
+    split's SMILES read the CSV once and hash it once, also when the labels are read up front."""
+    from graphormer_urpe.data import property_csv
+
+    calls = {"read": 0, "hash": 0}
+    read, digest = property_csv.read_property_csv, property_csv.file_fingerprint
+
+    def counted(name, function):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return function(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(property_csv, "read_property_csv", counted("read", read))
+    monkeypatch.setattr(property_csv, "file_fingerprint", counted("hash", digest))
+    labels = tmp_path / "labels.csv"
+    table = pd.read_csv(esol).head(60)
+    table.assign(y=(table[ESOL_TARGET] > table[ESOL_TARGET].median()).astype(int))[["smiles", "y"]].to_csv(
+        labels, index=False)
+    dm = CSVDataModule(path=str(labels), task="classification", split="scaffold", molecule_descriptors=True,
+                       cache_root=str(tmp_path / "cache"), build_workers=1, encode_threads=1)
+    dm.prepare_data()
+    for stage in ("fit", "test", "predict"):
+        dm.setup(stage)
+    dm.descriptor_statistics()
+    assert len(dm.predict_smiles()) == len(dm.splits["predict"])
+    assert calls == {"read": 1, "hash": 1}
