@@ -10,6 +10,7 @@ task or the number of targets differs, or with ``reinit_head``. Anything else th
 the run, naming every misfit with both shapes; nothing is loaded half-way.
 
 Options for short runs on small data: ``freeze_backbone_steps`` (train the head alone first),
+``freeze_layers`` (keep the input encoders and the first layers as loaded, for the whole run),
 ``head_lr`` (the head's own param groups) and ``warmup_fraction`` (warmup as a share of the
 schedule).
 """
@@ -126,12 +127,31 @@ def load_backbone(module, path: str | Path, reinit_head: bool = False) -> None:
              f"output head re-initialised ({reason})" if reason else "output head loaded too")
 
 
-def freeze_backbone(model: nn.Module, frozen: bool) -> None:
-    """Switch gradients of every backbone parameter but the head's off (``frozen``) or on.
-    AdamW skips parameters without a gradient, so frozen ones neither move nor decay."""
-    if getattr(model, "_backbone_frozen", False) == frozen:
+#: Parameter-name prefixes of the encoder stack above the input encoders: layer ``i``'s own
+#: parameters are ``layers.i.*`` and ``urpe_scales.i.*``.
+_LAYER_PREFIXES = ("layers.", "urpe_scales.")
+
+
+def _trained(name: str, head_only: bool, frozen_layers: int) -> bool:
+    """Whether parameter ``name`` gets a gradient: the head always; with ``head_only`` nothing
+    else; with ``frozen_layers`` neither the first layers nor what feeds them (the atom, degree
+    and node encoders, the graph token, the attention biases B that every layer reads)."""
+    if name.startswith(HEAD_PREFIX) or name.startswith("final_norm."):
+        return name.startswith(HEAD_PREFIX) or not head_only
+    if head_only:
+        return False
+    if name.startswith(_LAYER_PREFIXES):
+        return int(name.split(".")[1]) >= frozen_layers
+    return frozen_layers == 0
+
+
+def set_trainable(model: nn.Module, head_only: bool, frozen_layers: int = 0) -> None:
+    """Switch gradients on or off (:func:`_trained`). AdamW skips parameters without a
+    gradient, so frozen ones neither move nor decay; a frozen stack below the first trained
+    layer needs no backward pass at all."""
+    state = (head_only, frozen_layers)
+    if getattr(model, "_trainable_state", (False, 0)) == state:
         return
     for name, param in model.named_parameters():
-        if not name.startswith(HEAD_PREFIX):
-            param.requires_grad_(not frozen)
-    model._backbone_frozen = frozen
+        param.requires_grad_(_trained(name, head_only, frozen_layers))
+    model._trainable_state = state

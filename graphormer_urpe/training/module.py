@@ -162,6 +162,9 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
             checkpoint's would fit (it is always re-initialised when the task or the number of
             targets differs).
         freeze_backbone_steps: train only the output head for this many first optimizer steps.
+        freeze_layers: keep the first this many encoder layers, and the input encoders and
+            attention biases below them, as ``init_from`` loaded them for the whole fit: the
+            backward pass stops at the first trained layer, so a step costs less.
         head_lr: peak learning rate of the output head (its own AdamW param groups, same
             schedule); ``None``: ``lr``.
         warmup_fraction: warmup as a fraction of the schedule's total steps; when set, it
@@ -191,6 +194,7 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
         init_from: str | None = None,
         reinit_head: bool = False,
         freeze_backbone_steps: int = 0,
+        freeze_layers: int = 0,
         head_lr: float | None = None,
         warmup_fraction: float | None = None,
         loss: Literal["l1", "mse"] | None = None,
@@ -201,6 +205,12 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
         self.save_hyperparameters(ignore=["backbone"])
         self.facts = DataFacts.coerce(facts)
         self.model, resolved = build_backbone(self.facts, preset, backbone)
+        if not 0 <= freeze_layers <= resolved.num_layers:
+            raise ValueError(f"model.freeze_layers {freeze_layers}: give 0 to {resolved.num_layers}, "
+                             "the backbone's number of layers")
+        if freeze_layers and not init_from:
+            raise ValueError("model.freeze_layers needs model.init_from: frozen layers would keep "
+                             "their random initialisation")
         # Plain values only (checkpoints load with weights_only=True), and complete.
         self.hparams["facts"] = self.facts.as_dict()
         self.hparams["backbone"] = resolved.as_dict()
@@ -329,7 +339,7 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
             self.model.head.set_statistics(self.trainer.datamodule.descriptor_statistics())
 
     def on_train_batch_start(self, batch: GraphBatch, batch_idx: int) -> None:
-        finetune.freeze_backbone(self.model, self.backbone_frozen())
+        finetune.set_trainable(self.model, self.backbone_frozen(), self.hparams.get("freeze_layers", 0))
 
     def _evaluate(self, batch: GraphBatch, stage: str) -> None:
         pred = self(batch).float()

@@ -100,6 +100,47 @@ def test_fine_tune_loads_the_backbone_then_tests_predicts_and_resumes(pretrained
     assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == 5
 
 
+def test_frozen_layers_stay_as_loaded_through_a_fit_and_its_resume(pretrained, esol_csv, tmp_path, run_main,
+                                                                    monkeypatch):
+    """``--model.freeze_layers 1`` of 2: the input encoders, the attention biases and layer 0
+    are the pretrained tensors bit for bit after the steps (and after a resumed fit's), while
+    layer 1, the final norm and the head trained."""
+    monkeypatch.chdir(REPO)
+    run_dir = tmp_path / "ft"
+    fit_args = esol_args(run_dir, esol_csv, "--model.init_from", pretrained, "--model.freeze_layers", "1",
+                         "--model.freeze_backbone_steps", "0", "--model.warmup_fraction", "0.0")
+    done = run_main(cli_main, ["fit", *fit_args, "--trainer.max_steps", "3"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    last = run_dir / "checkpoints" / "last.ckpt"
+    done = run_main(cli_main, ["fit", *fit_args, "--trainer.max_steps", "5", "--ckpt_path", last])
+    assert done.returncode == 0, done.stderr[-3000:]
+    before, after = state(pretrained), state(last)
+    trained = ("model.layers.1.", "model.urpe_scales.1.", "model.final_norm.", "model.head.")
+    frozen = [n for n in after if not n.startswith(trained)]
+    assert {n.split(".")[1] for n in frozen} >= {"atom_encoder", "degree_encoder", "graph_token", "spatial_bias",
+                                                "edge_bias", "virtual_distance", "layers", "urpe_scales"}
+    for name in frozen:
+        torch.testing.assert_close(after[name], before[name], rtol=0, atol=0, msg=name)
+    for name in ("model.layers.1.ffn.0.weight", "model.final_norm.weight"):
+        assert not torch.equal(after[name], before[name]), name
+
+
+@pytest.mark.parametrize("options, expected", [
+    (["--model.freeze_layers", "3"], "model.freeze_layers 3: give 0 to 2, the backbone's number of layers"),
+    (["--model.freeze_layers", "1", "--model.init_from", "null"],
+     "model.freeze_layers needs model.init_from: frozen layers would keep their random initialisation"),
+])
+def test_freeze_layers_out_of_range_or_without_a_backbone_is_one_line(pretrained, esol_csv, tmp_path, run_main,
+                                                                      monkeypatch, options, expected):
+    monkeypatch.chdir(REPO)
+    run_dir = tmp_path / "ft"
+    done = run_main(cli_main, ["fit", *esol_args(run_dir, esol_csv, "--model.init_from", pretrained,
+                                                 "--trainer.max_steps", "1", *options)])
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert f"graphormer-urpe: error: {expected}" in done.stderr
+    assert not (run_dir / "checkpoints").exists()
+
+
 def test_fine_tune_keeps_a_fitting_head_unless_told(pretrained, esol_csv, tmp_path, run_main, caplog, monkeypatch):
     """Same task and width: the head is the checkpoint's too (before the first step)."""
     monkeypatch.chdir(REPO)
