@@ -25,28 +25,18 @@ class GraphBatch:
     """A padded batch of encoded graphs.
 
     Attributes:
-        x: ``[B, N, F]`` int32 atom feature ids, shifted by +1 per column so 0 is padding
-            (column offsets are applied by the featurizer: one embedding table serves all columns).
+        x: ``[B, N, F]`` int32 shared atom ids (0 = padding).
         node_mask: ``[B, N]`` bool, True at real nodes.
-        edge_attr: ``[E + 1, Fe]`` int32 bond feature ids, shifted by +1 (0 = padding); the last
-            row is all zeros and is what ``path_edges == -1`` resolves to.
-        y: ``[B, T]`` float32 targets (NaN where unknown, e.g. PCQM4Mv2 test sets).
+        edge_attr: ``[E + 1, Fe]`` int32 shared bond ids; the last row is all zeros, what
+            ``path_edges == -1`` resolves to.
+        y: ``[B, T]`` float32 targets (NaN where unknown).
         num_nodes: ``[B]`` int32 node counts.
-        index: ``[B]`` int64 position of each graph in its dataset (for prediction order).
-        encodings: the structural encodings by name (:mod:`.encodings`: layout, dtype,
-            padding), each also readable as an attribute (``batch.spd``). Always:
-
-            - ``degree [B, N]`` int16 node degrees (count of directed edges leaving the node);
-            - ``spd [B, N, N]`` int16 shortest-path hop counts; ``-1`` = unreachable and padding;
-            - ``path_edges [B, N, N, K]`` int32 rows of ``edge_attr`` along one shortest path
-              from i to j (first ``K`` hops); ``-1`` where the path is shorter, for i == j and
-              for padding;
-
-            and those switched on by the data's parameters (``rwse [B, N, S]`` float32).
-        descriptors: ``[B, D]`` float32 raw RDKit descriptors of each molecule (NaN where one
-            fails), for a model that reads them beside its readout (``molecule_descriptors``);
-            None otherwise.
-    """
+        index: ``[B]`` int64 position of each graph in its split (prediction order).
+        encodings: the structural encodings by name, each also an attribute (``batch.spd``):
+            ``degree [B, N]``, ``spd [B, N, N]`` (-1 unreachable and padding), ``path_edges
+            [B, N, N, K]`` (rows of ``edge_attr``, -1 where shorter) and those the data's
+            parameters switch on (``rwse [B, N, S]``).
+        descriptors: ``[B, D]`` float32 raw RDKit descriptors (``molecule_descriptors``), else None."""
 
     x: Tensor
     node_mask: Tensor
@@ -85,10 +75,8 @@ class GraphBatch:
         return self.map(lambda t: t.pin_memory())
 
     def alone(self, g: int, times: int = 1) -> "GraphBatch":
-        """Graph ``g`` as a batch of its own, ``times`` copies of it: ``N`` its node count (no
-        padding of the others), ``edge_attr`` its own edge rows (numbered from 0, then the zero
-        row), so the same graph gives the same batch whatever batch it came from (the batch
-        :func:`collate` makes of it alone, copies sharing its edge rows)."""
+        """Graph ``g`` alone, ``times`` copies of it, unpadded and with its own edge rows numbered from
+        0: the same graph gives the same batch whatever batch it came from."""
         n = int(self.num_nodes[g])
         rows = torch.arange(g, g + 1, device=self.x.device).repeat(times)
         encodings, edge_rows = {}, self.edge_attr[:0]
@@ -115,38 +103,30 @@ class GraphBatch:
         return self.num_graphs
 
 
-#: GraphBatch's tensor fields (all but ``encodings``), in order; a constant, which
-#: ``torch.compile`` reads where it cannot trace ``dataclasses.fields``.
+#: GraphBatch's tensor fields, a constant ``torch.compile`` reads (it cannot trace ``fields``).
 _TENSOR_FIELDS = tuple(f.name for f in fields(GraphBatch) if f.name != "encodings")
 
 
 @dataclass(frozen=True)
 class BatchPadding:
-    """Fixed batch sizes for shape-stable training steps (CUDA graphs, static compilation).
-
-    Every batch is padded to ``N = num_nodes`` nodes per graph and ``E = num_edges`` edge rows
-    (``edge_attr`` then has ``E + 1`` rows). Padding is what :class:`GraphBatch` already uses for
-    graphs smaller than the batch's largest: masked nodes (``node_mask`` False, id 0), pairs
-    with ``spd = -1`` and no path edges, and all-zero ``edge_attr`` rows that no path points to;
-    so the padded batch gives the same loss and gradients as the unpadded one.
-    """
+    """Fixed batch sizes for shape-stable training steps: ``N = num_nodes`` nodes per graph and
+    ``E = num_edges`` edge rows, padded as :class:`GraphBatch` pads smaller graphs, so the loss
+    and gradients are those of the unpadded batch."""
 
     num_nodes: int
     num_edges: int
 
     @classmethod
     def covering(cls, num_nodes: np.ndarray, num_edges: np.ndarray, batch_size: int) -> "BatchPadding":
-        """The smallest padding that fits any ``batch_size`` of the given graphs (node counts
-        ``[G]``, edge counts ``[G]``): the largest node count, and the sum of the
-        ``batch_size`` largest edge counts."""
+        """The smallest padding that fits any ``batch_size`` of the graphs: the largest node count and
+        the sum of the ``batch_size`` largest edge counts."""
         if len(num_nodes) == 0:
             raise ValueError("cannot size a padding for an empty split")
         edges = np.sort(np.asarray(num_edges, dtype=np.int64))[::-1][:batch_size]
         return cls(int(np.max(num_nodes)), int(edges.sum()))
 
     def check(self, max_nodes: int, total_edges: int, num_graphs: int = 0) -> None:
-        """ValueError unless a batch of ``num_graphs`` graphs, ``max_nodes`` (N) and
-        ``total_edges`` (E) fits."""
+        """ValueError unless a batch of ``max_nodes`` (N) and ``total_edges`` (E) fits."""
         if max_nodes > self.num_nodes or total_edges > self.num_edges:
             raise ValueError(f"a batch of {num_graphs} graphs with N={max_nodes} nodes per graph and "
                              f"E={total_edges} edges does not fit the padding N={self.num_nodes}, "
@@ -154,8 +134,7 @@ class BatchPadding:
 
 
 def _ragged_positions(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For ragged rows of lengths ``counts [B]``: ``(owner, local)``, each ``[sum counts]``, the
-    row each element belongs to and its position inside that row."""
+    """``(owner, local)`` of each element of ragged rows of lengths ``counts``."""
     owner = np.repeat(np.arange(counts.size), counts)
     starts = np.cumsum(counts) - counts
     local = np.arange(owner.size) - starts[owner]
@@ -165,14 +144,9 @@ def _ragged_positions(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def collate(graphs: FlatGraphs, indices: Sequence[int] | np.ndarray, y: np.ndarray | None = None,
             positions: np.ndarray | None = None, padding: BatchPadding | None = None,
             descriptors: np.ndarray | None = None) -> GraphBatch:
-    """Gather graphs ``indices`` (``B`` of them, any order, repeats allowed) into a padded batch.
-
-    ``N`` = the largest node count among them; see :class:`GraphBatch` for shapes and padding.
-    ``y [B, T]`` and ``positions [B]`` override ``graphs.y[indices]`` and ``GraphBatch.index``
-    (default: ``indices``) when several data rows share one stored graph (deduplicated SMILES).
-    ``padding`` fixes ``N`` and ``E`` instead (:class:`~.batch.BatchPadding`). ``descriptors
-    [B, D]``: each molecule's descriptors, carried as ``GraphBatch.descriptors``.
-    """
+    """Gather graphs ``indices`` (any order, repeats allowed) into a padded batch (:class:`GraphBatch`);
+    ``y`` and ``positions`` override ``graphs.y[indices]`` and ``indices`` where several rows share
+    one stored graph, ``padding`` fixes ``N`` and ``E``."""
     index = np.asarray(indices, dtype=np.int64).reshape(-1)
     if index.size and (index.min() < 0 or index.max() >= len(graphs)):
         raise ValueError(f"graph indices must lie in [0, {len(graphs)}), got "
@@ -212,14 +186,12 @@ def collate(graphs: FlatGraphs, indices: Sequence[int] | np.ndarray, y: np.ndarr
     edge_attr[:edge_owner.size] = graphs.edge_attr[edge_start[edge_owner] + edge_local]
     edge_offset = (np.cumsum(m) - m).tolist()  # first batch row of each graph's edges
 
-    # Node pairs: graph g's [n, n, *S] block is contiguous in storage, so one slice copy per
-    # graph beats a fancy-index gather of all pairs.
+    # Node pairs: one slice copy per graph of its contiguous [n, n, *S] block.
     sizes, pair_start = n.tolist(), graphs.pair_ptr[index].tolist()
     for enc, stored in graphs.specs():
         if enc.per != "pair":
             continue
-        # A plain view of a memory map: slicing np.memmap itself costs ~4 us per block in its
-        # subclass hooks, about a quarter of this loop on ZINC.
+        # a plain view: slicing np.memmap itself costs its subclass hooks on every block
         stored = np.asarray(stored)
         row_shape = stored.shape[1:]
         values = np.full((b, big_n, big_n, *row_shape), enc.fill, dtype=enc.batch_dtype)
@@ -244,29 +216,17 @@ def collate(graphs: FlatGraphs, indices: Sequence[int] | np.ndarray, y: np.ndarr
 
 @functools.cache
 def _torch_dtype(dtype) -> torch.dtype:
-    """The torch dtype of a numpy dtype."""
     return torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
 
 
 def gather_batch(graphs: FlatGraphs, index: Tensor, y: Tensor | None = None,
                  positions: Tensor | None = None, padding: BatchPadding | None = None,
                  check_padding: bool = True) -> GraphBatch:
-    r"""Gather graphs ``index [B]`` (int64, on ``graphs.device``) into a padded batch, on that device.
-
-    The torch twin of :func:`collate` (same :class:`GraphBatch`, bit for bit).
-    ``y [B, T]`` / ``positions [B]`` override ``graphs.y[index]`` / ``GraphBatch.index``
-    (default: ``index``). ``padding`` fixes ``N`` and ``E`` (:class:`~.batch.BatchPadding`;
-    default: the batch's largest node count and its edge count, read with one device-to-host
-    sync). The graphs must fit it: checked (one sync) unless ``check_padding`` is False, for a
-    caller that sized it from host-side counts or whose padding covers the whole split
-    (:meth:`~.batch.BatchPadding.covering`) and which must not sync (a recorded step).
-
-    Every intermediate has a fixed shape (``B``, ``N``, ``E``; no size read from the data), so
-    the gather can be captured in a CUDA graph: it walks the dense grids and masks: node ``(b, i)`` is real iff ``i < n_b``, pair ``(b, i, j)`` iff
-    ``i, j < n_b`` (source ``pair_ptr[g_b] + i n_b + j``), and edge row ``r < E`` belongs to the
-    graph ``b`` with ``o_b \le r < o_b + m_b`` (``searchsorted`` of the running edge counts). Path edges (local edge ids) get ``+ o_b``;
-    ``-1`` stays ``-1``, the all-zero last row of ``edge_attr``.
-    """
+    r"""The torch twin of :func:`collate` on ``graphs.device`` (the same :class:`GraphBatch`, bit for
+    bit). ``padding`` default: the batch's own sizes (one device-to-host sync); it is checked (one
+    sync) unless ``check_padding`` is False, as a recorded step needs. Every intermediate has a fixed
+    shape (dense grids and masks, edge owners by ``searchsorted`` of the running edge counts), so the
+    gather can be captured in a CUDA graph."""
     device = graphs.device
     index = index.to(device=device, dtype=torch.int64)
     node_start = graphs.node_ptr.index_select(0, index)
@@ -333,13 +293,9 @@ def gather_batch(graphs: FlatGraphs, index: Tensor, y: Tensor | None = None,
 
 def collate_pyg_graphs(data_list: Sequence, params: EncodingParams | int, atom_feature_dims: Sequence[int],
                        bond_feature_dims: Sequence[int]) -> GraphBatch:
-    """Encode (in memory) and collate a few ``torch_geometric.data.Data`` graphs: small inputs
-    and test fixtures; data sets go through :func:`~.graphs.flat_graphs_from_pyg` and its cache.
-
-    Each ``Data`` needs ``x`` (``[n, F]`` or ``[n]`` raw values), ``edge_index`` (``[2, E]``),
-    ``edge_attr`` (``[E, Fe]`` or ``[E]``) and optionally ``y`` (``T`` values; missing -> NaN).
-    ``params`` may be just ``max_hops``.
-    """
+    """Encode (in memory) and collate a few ``torch_geometric.data.Data`` graphs (``x``,
+    ``edge_index``, ``edge_attr`` raw values, optional ``y``; missing -> NaN): small inputs and test
+    fixtures. ``params`` may be just ``max_hops``."""
     if not isinstance(params, EncodingParams):
         params = EncodingParams(max_hops=params)
     if len(data_list) == 0:

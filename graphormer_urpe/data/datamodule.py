@@ -37,8 +37,8 @@ def _already_collated(batch: GraphBatch) -> GraphBatch:
 
 
 def _within_cores(name: str, value: int | None) -> int:
-    """A count of threads or processes (None: every usable core), at most the usable cores
-    (more only take turns on them: said in one warning); ``ValueError`` for one below 1."""
+    """A count of threads or processes (None: every usable core), at most the usable cores (one
+    warning says so); ``ValueError`` below 1."""
     if value is not None and int(value) < 1:
         raise ValueError(f"{name} must be >= 1, or null for every usable core, got {value}")
     count = useful_workers(value)
@@ -48,15 +48,9 @@ def _within_cores(name: str, value: int | None) -> int:
 
 
 class GraphDataModule(pl.LightningDataModule):
-    """Base DataModule: train/val/test/predict loaders over encoded graphs.
-
-    Subclasses set :attr:`featurizer` (the feature vocabularies follow from it) and implement
-    :meth:`build` (one-off work: downloads, featurization, encoding caches) and
-    :meth:`load_split` (``"train" | "val" | "test" | "predict"`` -> :class:`EncodedGraphDataset`,
-    cheap once built), and :attr:`num_targets`.
-
-    Subclasses take these arguments through ``**kwargs`` (LightningCLI and ``--help`` list them
-    with the subclass's own) and restate only those whose default differs.
+    """Base DataModule: train/val/test/predict loaders over encoded graphs. Subclasses set
+    :attr:`featurizer` and implement :meth:`build`, :meth:`load_split` and :attr:`num_targets`;
+    they take these arguments through ``**kwargs`` and restate only those whose default differs.
 
     Args:
         max_hops: ``K``, path edges kept per node pair (the model's multi-hop edge encoding).
@@ -67,29 +61,21 @@ class GraphDataModule(pl.LightningDataModule):
         max_nodes: training graphs with more nodes are dropped (logged); evaluation keeps all.
         seed: training order seed (with the epoch).
         encode_threads: threads for computing encodings (once per split; cached afterwards);
-            default: every usable core (:func:`graphormer_urpe.utils.process.usable_cores`), and
-            never more.
+            default: every usable core, and never more.
         build_workers: processes featurizing SMILES (default: every usable core, and never more).
-        device_resident: keep each split on the trainer's device (``trainer.strategy.root_device``,
-            CPU outside a trainer) and gather batches there (:mod:`.resident`); the loaders are
-            then :class:`~.resident.ResidentLoader` objects (``num_workers``/``pin_memory`` unused).
-        static_shapes: every training batch has the same shape: ``batch_size`` graphs (the last,
-            smaller batch of each epoch is dropped), padded to the training split's largest node
-            count and to the most edges any ``batch_size`` of its graphs have
-            (:meth:`~.batch.BatchPadding.covering`). Needed to capture training steps in CUDA
-            graphs: with ``device_resident`` the training loader yields each batch's place in the
-            epoch order (:class:`~.resident.OrderSlice`) and the training engine gathers it
-            inside its recorded step. Padding changes no loss or gradient. Evaluation batches are
-            not padded.
+        device_resident: keep each split on the trainer's device (CPU outside a trainer) and gather
+            batches there (:mod:`.resident`; ``num_workers``/``pin_memory`` unused).
+        static_shapes: every training batch has ``batch_size`` graphs (the last, smaller batch of
+            each epoch is dropped), padded to the training split's largest node count and to the
+            most edges any ``batch_size`` of its graphs have; with ``device_resident`` training
+            steps can be captured in CUDA graphs. Padding changes no loss or gradient; evaluation
+            batches are not padded.
         bucket_batches: train on batches of similar-sized graphs, sorted by node count within
-            windows of this many batches of the shuffled order (:class:`SeededShuffleSampler`);
-            0 (default) for a plain shuffle. Less padding, so faster steps where the step's cost
-            grows with the padded node count (measured: docs/benchmarks.md).
-    """
+            windows of this many batches of the shuffled order; 0 (default): a plain shuffle.
+            Less padding, so faster steps where their cost grows with the padded node count."""
 
     featurizer: str = ""
-    #: The task (:data:`graphormer_urpe.data.task.TASKS`: regression, classification, multiclass), linked
-    #: into the model by the CLI.
+    #: The task (:data:`~.task.TASKS`), linked into the model by the CLI.
     task: str = "regression"
     #: RDKit descriptors per molecule that the batches carry (0: none), linked into the model.
     num_descriptors: int = 0
@@ -198,8 +184,6 @@ class GraphDataModule(pl.LightningDataModule):
         if graphs is None:
             graphs = dataset.graphs.to(device)
             self._resident_graphs.append((dataset.graphs, graphs))
-        # Training batches of one shape come as their place in the epoch's order: the training
-        # step gathers each itself (inside the recorded step on a GPU).
         return ResidentLoader(ResidentSplit(dataset, graphs), batch_size, sampler, static_shapes)
 
     def _loader(self, dataset: EncodedGraphDataset, batch_size: int, sampler: Sampler | None,
@@ -215,13 +199,12 @@ class GraphDataModule(pl.LightningDataModule):
                           generator=torch.Generator().manual_seed(self.seed))
 
     def batches_done(self) -> int:
-        """Batches of the current training epoch already trained (the attached trainer's count,
-        restored from a checkpoint when resuming; 0 at an epoch's start or without a trainer)."""
+        """Batches of the current training epoch already trained (0 without a trainer)."""
         trainer = getattr(self, "trainer", None)
         return 0 if trainer is None else batches_done(trainer)
 
     def current_epoch(self) -> int | None:
-        """The attached trainer's epoch (restored from a checkpoint when resuming), else None."""
+        """The attached trainer's epoch, else None."""
         trainer = getattr(self, "trainer", None)
         return None if trainer is None else trainer.current_epoch
 
@@ -231,9 +214,7 @@ class GraphDataModule(pl.LightningDataModule):
         return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
 
     def _eval_sampler(self, dataset: EncodedGraphDataset) -> Sampler[int] | None:
-        """Each process's share of an evaluation split (:class:`~.dataset.EvaluationSampler`:
-        every item counted once, as many batches on every process, also where the split has
-        fewer items than processes); ``None`` for one process."""
+        """Each process's share of an evaluation split (:class:`~.dataset.EvaluationSampler`); None for one."""
         rank, processes = self.processes()
         if processes == 1:
             return None
@@ -246,9 +227,8 @@ class GraphDataModule(pl.LightningDataModule):
         return loader
 
     def _check_val_check_interval(self, batches: int, graphs: int) -> None:
-        """One-line ``ValueError`` when the trainer validates every ``val_check_interval`` steps
-        of an epoch that has fewer batches (Lightning refuses it with a traceback once the data
-        is built): said before the training starts, with the epoch's size and the way out."""
+        """One-line ``ValueError`` before training when ``val_check_interval`` steps are more than an
+        epoch's batches (Lightning refuses it with a traceback once the data is built)."""
         trainer = getattr(self, "trainer", None)
         interval = getattr(trainer, "val_check_interval", None)
         if not isinstance(interval, int) or trainer.check_val_every_n_epoch is None \
@@ -298,38 +278,30 @@ TableStore = tuple[FlatGraphs, np.ndarray, np.ndarray, dict[str, np.ndarray]]
 
 
 class SMILESTableDataModule(GraphDataModule):
-    """A table of molecules, one SMILES and its targets per row: each DISTINCT SMILES is
-    featurized (:attr:`featurizer`, ``build_workers`` processes) and encoded once, into cache
-    entries under the table's work directory (``graphs/``, ``encodings/molecules-k<K>/``, all
-    memory-mapped); splits are row sets of the table, so several rows may share one molecule.
-
-    Subclasses implement :meth:`table_source`, :meth:`split_rows` and :attr:`num_targets`, and
-    may set :attr:`split_names` (which table split each stage's split serves). Arguments:
-    :class:`GraphDataModule`'s.
-    """
+    """A table of molecules, one SMILES and its targets per row: each DISTINCT SMILES is featurized
+    and encoded once into cache entries under the table's work directory; splits are row sets, so
+    several rows may share one molecule. Subclasses implement :meth:`table_source`,
+    :meth:`split_rows` and :attr:`num_targets`. Arguments: :class:`GraphDataModule`'s."""
 
     featurizer = "ogb"
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        #: The table split each of ``"train" | "val" | "test" | "predict"`` serves.
+        #: The table split each stage's split serves.
         self.split_names = {"train": "train", "val": "val", "test": "test", "predict": "test"}
-        #: Rows whose SMILES has more atoms are never featurized nor encoded (None: no limit);
-        #: their ``graph_of_row`` is ``TOO_LARGE_ROW``.
+        #: Rows whose SMILES has more atoms are never featurized (``TOO_LARGE_ROW``; None: no limit).
         self.table_max_atoms: int | None = None
         self._store: TableStore | None = None
 
     # Subclass hooks ------------------------------------------------------------------------------
     def table_source(self) -> tuple[Path, dict, Callable[[], tuple[Sequence[str], np.ndarray]]]:
-        """``(work_dir, source, read)``: where the table's caches live, what its featurized rows
-        depend on (e.g. the source file's :func:`~.featurize.file_fingerprint`; a change rebuilds
-        them) and ``read() -> (smiles [R], y [R, T])``, called only to (re)build. Checks that the
-        source exists (fetching it if the dataset downloads)."""
+        """``(work_dir, source, read)``: where the table's caches live, what its featurized rows depend
+        on (a change rebuilds them) and ``read() -> (smiles [R], y [R, T])``, called only to (re)build."""
         raise NotImplementedError
 
     def split_rows(self, graph_of_row: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
-        """``{table split: rows}`` given ``graph_of_row [R]`` (-1 where RDKit rejected the SMILES)
-        and ``y [R, T]``; refuses (``ValueError``) or warns about rows that cannot be served."""
+        """``{table split: rows}`` given ``graph_of_row [R]`` (< 0: no graph) and ``y [R, T]``; refuses
+        or warns about rows that cannot be served."""
         raise NotImplementedError
 
     # Built once ----------------------------------------------------------------------------------

@@ -24,22 +24,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Encoding:
-    """One stored structural encoding.
-
-    Attributes:
-        name: its key in ``FlatGraphs.encodings``, ``GraphBatch.encodings``, the encoder's result
-            and the cache (the array's file name).
-        per: ``"node"`` or ``"pair"``.
-        dtype: stored dtype (``FlatGraphs``, cache).
-        batch_dtype: dtype in ``GraphBatch``.
-        fill: the value at padded nodes / pairs of a batch.
-        width: the :class:`EncodingParams` field giving its trailing size (one column each);
-            ``None``: one value per node / pair.
-        edge_ids: values are LOCAL edge ids (``-1`` = none), shifted to batch ``edge_attr`` rows.
-        embedded: the model embeds it with a linear map added to the node features (a per-node
-            float encoding linked through ``node_encodings``); the built-in ones are embedded
-            by their own modules.
-    """
+    """One stored structural encoding: ``name`` (its key everywhere, and its file in the cache),
+    ``per`` node or pair, stored ``dtype`` and ``batch_dtype``, ``fill`` at padding, ``width`` (the
+    :class:`EncodingParams` field giving its trailing size; None: one value each), ``edge_ids``
+    (LOCAL edge ids, shifted to batch ``edge_attr`` rows) and ``embedded`` (the model adds a linear
+    embedding of it to the node features, through ``node_encodings``)."""
 
     name: str
     per: str
@@ -59,25 +48,15 @@ class Encoding:
         return (int(getattr(params, self.width)),) if self.width else ()
 
 
-#: ``compute(node_ptr, edge_index, edge_ptr, params, num_threads) -> {name: array}``: flat graphs
-#: (as :func:`graphormer_urpe.data.algos.encode_graphs` takes them) to the encoder's arrays, stored layout.
+#: ``compute(node_ptr, edge_index, edge_ptr, params, num_threads) -> {name: array}``, stored layout.
 ComputeFn = Callable[[np.ndarray, np.ndarray, np.ndarray, "EncodingParams", int], dict]
 
 
 @dataclass(frozen=True)
 class Encoder:
-    """One computation of encodings, cached as one entry.
-
-    Attributes:
-        name: its name in messages.
-        encodings: what it produces.
-        params: the :class:`EncodingParams` fields it depends on: they make its cache fingerprint
-            and folder name (``<split>-<folder>``), and it runs only when all are > 0.
-        compute: see :data:`ComputeFn`.
-        folder: the folder-name suffix, formatted with ``params`` (``"k{max_hops}"``).
-        version: returns the version tag; bump it when the output for the same input changes
-            (caches are keyed by it).
-    """
+    """One computation of encodings, cached as one entry: it runs when all its ``params`` are > 0,
+    which with ``version`` (bump it when the output for one input changes) key its cache and, with
+    ``folder`` (``"k{max_hops}"``), name it."""
 
     name: str
     encodings: tuple[Encoding, ...]
@@ -110,15 +89,8 @@ def _shortest_paths(node_ptr, edge_index, edge_ptr, params, num_threads) -> dict
 
 def random_walk_return_probabilities(node_ptr: np.ndarray, edge_index: np.ndarray, edge_ptr: np.ndarray,
                                      steps: int) -> np.ndarray:
-    r"""RWSE (GraphGPS, Rampášek et al. 2022): ``[sum n, steps]`` float32, node ``i``'s
-    probability to be back at ``i`` after ``k`` steps of a uniform random walk, ``k = 1..steps``:
-
-    .. math:: \mathrm{rwse}_{ik} = (P^k)_{ii}, \qquad P = D^{-1} A
-
-    with ``A`` the adjacency (edge multiplicities counted) and ``D`` the out-degrees; a node
-    without edges has ``P``'s row 0, so all its values are 0. Graphs of one size are stacked and
-    multiplied together (float64), ``O(n^3 steps)`` each.
-    """
+    r"""RWSE (GraphGPS): ``[sum n, steps]`` float32, :math:`(P^k)_{ii}` for ``k = 1..steps``,
+    ``P = D^-1 A`` (a node without edges gets 0s); graphs of one size are multiplied together."""
     node_ptr = np.asarray(node_ptr, dtype=np.int64)
     edge_ptr = np.asarray(edge_ptr, dtype=np.int64)
     n = np.diff(node_ptr)
@@ -147,20 +119,14 @@ def _rwse(node_ptr, edge_index, edge_ptr, params, num_threads) -> dict[str, np.n
     return {"rwse": random_walk_return_probabilities(node_ptr, edge_index, edge_ptr, params.rwse_steps)}
 
 
-#: Edges kept per shortest path (the multi-hop edge encoding's ``K``) when a run does not say:
-#: the DataModules', the encoders' and the PyG transform's default. The recipes set their own
-#: (``configs/zinc.yaml``: 20).
+#: Edges kept per shortest path (``K``) when a run does not say.
 DEFAULT_MAX_HOPS = 5
 
 
 @dataclass(frozen=True)
 class EncodingParams:
-    """Every encoding parameter; an encoder runs when all of its parameters are > 0.
-
-    Attributes:
-        max_hops: ``K``, edges kept per shortest path (Graphormer's multi-hop edge encoding).
-        rwse_steps: random-walk steps of :data:`RWSE` (0: off).
-    """
+    """Every encoding parameter: ``max_hops`` (``K``, edges kept per shortest path) and ``rwse_steps``
+    (random-walk steps of :data:`RWSE`, 0: off)."""
 
     max_hops: int = DEFAULT_MAX_HOPS
     rwse_steps: int = 0
@@ -212,11 +178,8 @@ class EncodingParams:
 PATHS = Encoder(
     "paths",
     (
-        #: out-degree of each node
         Encoding("degree", "node", np.int16, np.int16, fill=0),
-        #: shortest-path hop count, -1 = unreachable
         Encoding("spd", "pair", np.int16, np.int16, fill=UNREACHABLE),
-        #: the first K edges along one shortest path, -1 where the path is shorter
         Encoding("path_edges", "pair", np.int16, np.int32, fill=-1, width="max_hops", edge_ids=True),
     ),
     ("max_hops",), _shortest_paths, folder="k{max_hops}", version=lambda: algos.ENCODER_VERSION)
@@ -232,8 +195,7 @@ ENCODING_BY_NAME: dict[str, Encoding] = {e.name: e for e in ENCODINGS}
 CORE_ENCODINGS: tuple[str, ...] = tuple(e.name for e in PATHS.encodings)
 
 
-#: Node pairs encoded per step of a streaming build (bounds its memory: ~2 * (1 + K) bytes each
-#: for the shortest paths).
+#: Node pairs encoded per step of a streaming build (bounds its memory).
 PAIRS_PER_CHUNK = 1 << 22
 
 
@@ -244,8 +206,7 @@ def graph_input_fingerprint(node_ptr: np.ndarray, edge_index: np.ndarray, edge_p
 
 
 def graph_chunks(node_ptr: np.ndarray, pairs_per_chunk: int | None = None) -> list[tuple[int, int]]:
-    """``[(g0, g1), ...]`` consecutive graph ranges of about ``pairs_per_chunk`` node pairs each
-    (default :data:`PAIRS_PER_CHUNK`)."""
+    """Consecutive graph ranges ``[(g0, g1), ...]`` of about ``pairs_per_chunk`` node pairs each."""
     pairs_per_chunk = PAIRS_PER_CHUNK if pairs_per_chunk is None else pairs_per_chunk
     n = np.diff(np.asarray(node_ptr, dtype=np.int64))
     pair_end = np.cumsum(n * n)
@@ -270,9 +231,8 @@ def entry_arrays(encoder: Encoder) -> tuple[str, ...]:
 def write_encodings(writer: EntryWriter, node_ptr: np.ndarray, edge_index: np.ndarray, edge_ptr: np.ndarray,
                     params: EncodingParams, num_threads: int = 1, progress: bool = False,
                     encoder: Encoder = PATHS) -> None:
-    """Stream the arrays of ``encoder`` (:func:`entry_arrays`) of the graphs into ``writer``,
-    computing :func:`graph_chunks` one at a time (inputs read with
-    :func:`~.array_store.read_rows`)."""
+    """Stream the arrays of ``encoder`` (:func:`entry_arrays`) into ``writer``, one
+    :func:`graph_chunks` range at a time."""
     from tqdm import tqdm
 
     node_ptr = np.asarray(node_ptr, dtype=np.int64)
@@ -299,7 +259,7 @@ def write_encodings(writer: EntryWriter, node_ptr: np.ndarray, edge_index: np.nd
 
 
 def _edge_columns(edge_index: np.ndarray, e0: int, e1: int) -> np.ndarray:
-    """``edge_index[:, e0:e1]`` as a C-contiguous int64 copy (file reads for a whole memory map)."""
+    """``edge_index[:, e0:e1]`` as C-contiguous int64 (file reads for a whole memory map)."""
     if whole_memmap(edge_index):
         return np.stack([file_items(edge_index, r * edge_index.shape[1] + e0, e1 - e0)
                          for r in range(edge_index.shape[0])]).astype(np.int64)
@@ -309,10 +269,8 @@ def _edge_columns(edge_index: np.ndarray, e0: int, e1: int) -> np.ndarray:
 def cached_encodings(directory: str | os.PathLike, node_ptr: np.ndarray, edge_index: np.ndarray,
                      edge_ptr: np.ndarray, params: EncodingParams, num_threads: int = 1,
                      encoder: Encoder = PATHS, input_fingerprint: dict | None = None) -> dict[str, np.ndarray]:
-    """The arrays of ``encoder`` (:func:`entry_arrays`; for :data:`~.encodings.PATHS`
-    ``spd [P]``, ``path_edges [P, K]``, ``degree [N]``, ``pair_ptr [G + 1]``) of the graphs, from
-    the cache entry ``directory`` or computed chunk by chunk and streamed there. The entry is keyed
-    by ``input_fingerprint`` (default: :func:`graph_input_fingerprint` of the graphs)."""
+    """The arrays of ``encoder`` (:func:`entry_arrays`), from the cache entry ``directory`` or
+    computed and streamed there, keyed by ``input_fingerprint`` (default: the graphs' hash)."""
     node_ptr = np.ascontiguousarray(node_ptr, dtype=np.int64)
     edge_ptr = np.ascontiguousarray(edge_ptr, dtype=np.int64)
     if input_fingerprint is None:
@@ -331,10 +289,8 @@ def encodings_dir(base: str | os.PathLike, split: str, params: EncodingParams, e
 def encode(node_ptr: np.ndarray, edge_index: np.ndarray, edge_ptr: np.ndarray, params: EncodingParams,
            num_threads: int = 1, cache: tuple[str | os.PathLike, str] | None = None,
            input_fingerprint: dict | None = None, skip: Encoder | None = None) -> dict[str, np.ndarray]:
-    """The arrays of every encoder ``params`` switch on but ``skip`` (and ``pair_ptr``): computed
-    in memory, or with ``cache = (base, split)`` each from its cache entry
-    ``encodings_dir(*cache, params, encoder)`` (computed and stored there when missing or stale;
-    ``input_fingerprint`` replaces hashing the graphs)."""
+    """The arrays of every encoder ``params`` switch on but ``skip``: in memory, or with ``cache =
+    (base, split)`` each through its cache entry (``input_fingerprint`` replaces hashing the graphs)."""
     node_ptr = np.ascontiguousarray(node_ptr, dtype=np.int64)
     edge_ptr = np.ascontiguousarray(edge_ptr, dtype=np.int64)
     arrays: dict[str, np.ndarray] = {}
