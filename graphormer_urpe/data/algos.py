@@ -16,8 +16,7 @@ import numpy as np
 
 #: The ``spd`` value of a pair in different components.
 UNREACHABLE: int = -1
-#: Bump whenever the encoder's output for the same input changes (path choice, dtypes, layout):
-#: encoding caches are keyed by it.
+#: Bump whenever the encoder's output for one input changes: encoding caches are keyed by it.
 ENCODER_VERSION: str = "1"
 #: Largest node or edge count of one graph (the outputs are int16).
 MAX_GRAPH_SIZE: int = 32767
@@ -29,8 +28,8 @@ _BUILD = "build it with `pip install -e .` (or `make env` in a source checkout)"
 
 @functools.cache
 def _extension() -> ModuleType:
-    """The compiled encoder, imported on first use; ImportError in one line saying how to build
-    it when it is missing, or was built from a source whose limits differ from the ones above."""
+    """The compiled encoder, imported on first use; a one-line ImportError saying how to build it
+    when it is missing or stale."""
     try:
         from graphormer_urpe.data import _encoding
     except ImportError as error:
@@ -42,11 +41,9 @@ def _extension() -> ModuleType:
                               f"re{_BUILD}")
     return _encoding
 
-# libgomp is not fork-safe: a child forked while the parent had an OpenMP thread team (its own
-# encoder call with num_threads > 1, or any torch/numpy op: torch shares this libgomp) deadlocks in
-# its next multi-threaded region. A team is a set of live threads, so a parent with only one
-# native thread at fork time is safe; anything else (or a platform where threads cannot be
-# counted) makes the child run single-threaded. The result does not depend on the thread count.
+# libgomp is not fork-safe: a child forked while the parent had live OpenMP threads deadlocks in
+# its next multi-threaded region, so a child of a parent with more than one native thread (or an
+# unknown count) encodes single-threaded.
 _forked_after_threads = False
 _threads_at_fork: int | None = None
 
@@ -74,17 +71,9 @@ os.register_at_fork(before=_count_threads_before_fork, after_in_child=_mark_fork
 
 @dataclass(frozen=True)
 class EncodedGraphs:
-    """Encodings of ``G`` graphs as flat arrays (no padding; one block per graph).
-
-    Attributes:
-        spd: int16 ``[sum n_g^2]``; graph g's ``[n_g, n_g]`` block, row-major, at ``pair_ptr[g]``.
-        path_edges: int16 ``[sum n_g^2 * K]``; graph g's ``[n_g, n_g, K]`` block at
-            ``pair_ptr[g] * K``; edge ids are LOCAL (relative to ``edge_ptr[g]``).
-        degree: int16 ``[sum n_g]``; graph g's nodes at ``node_ptr[g]:node_ptr[g+1]``.
-        pair_ptr: int64 ``[G + 1]``, ``pair_ptr[g] = sum_{h<g} n_h^2``.
-        node_ptr: int64 ``[G + 1]``, the input node offsets.
-        max_hops: ``K``.
-    """
+    """Encodings of ``G`` graphs as flat arrays, one block per graph: ``spd`` int16 ``[sum n^2]``
+    (row-major at ``pair_ptr[g]``), ``path_edges`` int16 ``[sum n^2 * K]`` (LOCAL edge ids, at
+    ``pair_ptr[g] * K``), ``degree`` int16 ``[sum n]``, ``pair_ptr`` and the input ``node_ptr``."""
 
     spd: np.ndarray
     path_edges: np.ndarray
@@ -115,24 +104,12 @@ class EncodedGraphs:
 
 def encode_graphs(node_ptr: np.ndarray, edge_index: np.ndarray, edge_ptr: np.ndarray,
                   max_hops: int, num_threads: int = 1) -> EncodedGraphs:
-    """Encodes ``G`` graphs stored back to back, as PyG's ``InMemoryDataset`` stores them.
-
-    Args:
-        node_ptr: int64 ``[G + 1]``; graph g has ``node_ptr[g+1] - node_ptr[g]`` nodes.
-        edge_index: int64 ``[2, E]``, C-contiguous; columns ``edge_ptr[g]:edge_ptr[g+1]`` are
-            graph g's edges with LOCAL node ids in ``[0, n_g)``, both directions present.
-        edge_ptr: int64 ``[G + 1]``, starting at 0 and ending at ``E``.
-        max_hops: ``K`` in ``[1, 255]``, hops kept per path.
-        num_threads: threads over graphs; the result is identical for any value. In a process
-            forked from a multi-threaded one (e.g. after any torch op, or after this function ran
-            with ``num_threads > 1``) it falls back to 1 (with a warning), because libgomp
-            deadlocks there.
-
-    Raises:
-        ValueError: malformed input (dtype, shape, pointers, node ids, sizes > 32767, asymmetric
-            edge lists, ``max_hops``), naming the problem and the graph.
-        TypeError: a non-array or non-integer argument.
-    """
+    """Encodes ``G`` graphs stored back to back (as PyG's ``InMemoryDataset`` stores them):
+    ``edge_index`` int64 ``[2, E]`` with LOCAL node ids per graph and both directions present,
+    ``max_hops`` in ``[1, 255]``. The result is the same for any ``num_threads``; in a process
+    forked from a multi-threaded one it falls back to 1 (with a warning), as libgomp would deadlock.
+    ValueError for malformed input (naming the problem and the graph), TypeError for a non-array or
+    non-integer argument."""
     if (isinstance(num_threads, (int, np.integer)) and not isinstance(num_threads, bool)
             and num_threads > 1 and _forked_after_threads):
         warnings.warn("encode_graphs: this process was forked from a multi-threaded one; using "
@@ -146,17 +123,12 @@ def encode_graphs(node_ptr: np.ndarray, edge_index: np.ndarray, edge_ptr: np.nda
 
 def shortest_paths(num_nodes: int, edge_index: np.ndarray,
                    max_hops: int) -> tuple[np.ndarray, np.ndarray]:
-    """``spd`` int16 ``[N, N]`` and ``path_edges`` int16 ``[N, N, K]`` of one graph.
-
-    A one-graph :func:`encode_graphs`; ``edge_index`` is int64 ``[2, E]`` C-contiguous with both
-    directions of every edge. See the module docstring for the definitions.
-    """
+    """``spd`` int16 ``[N, N]`` and ``path_edges`` int16 ``[N, N, K]`` of one graph."""
     if isinstance(num_nodes, (bool, np.bool_)) or not isinstance(num_nodes, (int, np.integer)):
         raise TypeError(f"num_nodes must be an int, got {type(num_nodes).__name__}")
     if not 0 <= num_nodes <= MAX_GRAPH_SIZE:
         raise ValueError(f"num_nodes must be in [0, {MAX_GRAPH_SIZE}] (int16 outputs), "
                          f"got {num_nodes}")
-    # A malformed edge_index gets a consistent edge_ptr here and is rejected by the core.
     num_edges = edge_index.shape[-1] if isinstance(edge_index, np.ndarray) and edge_index.ndim else 0
     encoded = encode_graphs(np.array([0, num_nodes], dtype=np.int64), edge_index,
                             np.array([0, num_edges], dtype=np.int64), max_hops)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import logging
 import mmap
 import os
-import struct
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,13 +28,13 @@ MANIFEST = "manifest.json"
 VERIFY_ENV = "GRAPHORMER_URPE_VERIFY_CACHE"
 #: Bytes read or written per step when streaming arrays through files.
 BLOCK_BYTES = 1 << 24
-#: Fixed ``.npy`` header size (format 1.0, a multiple of 64), so it can be rewritten in place.
+#: The ``.npy`` header size numpy writes (format 1.0, with room to grow), rewritten in place.
 _HEADER_BYTES = 128
 
 
 class CacheEntry(dict):
-    """The arrays of a loaded entry (name -> read-only memory map), plus :attr:`directory` and
-    :attr:`checksums` (name -> BLAKE2b hex digest of the array's data, recorded at build time)."""
+    """A loaded entry's arrays (read-only memory maps), its :attr:`directory` and :attr:`checksums`
+    (name -> BLAKE2b of the array's data, recorded at build time)."""
 
     def __init__(self, arrays: dict[str, np.ndarray], directory: Path, checksums: dict[str, str]) -> None:
         super().__init__(arrays)
@@ -43,12 +43,11 @@ class CacheEntry(dict):
 
 
 def whole_memmap(array: np.ndarray) -> bool:
-    """Whether ``array`` is a whole C-ordered memory-mapped file (as ``np.load(mmap_mode=...)`` gives)."""
     return isinstance(array, np.memmap) and isinstance(array.base, mmap.mmap) and array.flags.c_contiguous
 
 
 def file_items(array: np.memmap, first: int, count: int) -> np.ndarray:
-    """Items ``first : first + count`` (flat, C order) of a whole memory map, read from its file."""
+    """Items ``first : first + count`` (flat) of a whole memory map, read from its file."""
     out = np.fromfile(array.filename, dtype=array.dtype, count=count, offset=array.offset + first * array.itemsize)
     if len(out) != count:
         raise EOFError(f"{array.filename} ends before item {first + count}")
@@ -56,14 +55,12 @@ def file_items(array: np.memmap, first: int, count: int) -> np.ndarray:
 
 
 def _bytes(array: np.ndarray) -> memoryview:
-    """The bytes of a C-contiguous array (also of an empty one)."""
     return memoryview(array.reshape(-1)).cast("B")
 
 
 def _blocks(array: np.ndarray) -> Iterator[memoryview]:
-    """The data bytes of ``array`` (C order) in blocks of at most :data:`BLOCK_BYTES`. A whole
-    memory-mapped ``.npy`` is read with ordinary file reads, so hashing or copying it leaves the
-    pages in the page cache instead of in this process's resident set."""
+    """The data bytes of ``array`` in blocks; a whole memory map is read with file reads, leaving its
+    pages in the page cache instead of this process's resident set."""
     if whole_memmap(array):
         with open(array.filename, "rb") as f:
             f.seek(array.offset)
@@ -92,8 +89,7 @@ def hash_arrays(*arrays: np.ndarray) -> str:
 
 
 def read_rows(array: np.ndarray, start: int, stop: int) -> np.ndarray:
-    """An in-memory copy of ``array[start:stop]``. A whole memory-mapped ``.npy`` is read with file
-    reads, which keeps a streaming pass over a large entry from growing this process's resident set."""
+    """An in-memory copy of ``array[start:stop]`` (file reads for a whole memory map, as :func:`_blocks`)."""
     if whole_memmap(array):
         row_items = int(np.prod(array.shape[1:], dtype=np.int64))
         items = file_items(array, start * row_items, (stop - start) * row_items)
@@ -102,21 +98,19 @@ def read_rows(array: np.ndarray, start: int, stop: int) -> np.ndarray:
 
 
 def _npy_header(dtype: np.dtype, shape: Sequence[int]) -> bytes:
-    header = repr({"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
-                   "shape": tuple(int(s) for s in shape)}).encode("latin1")
-    padding = _HEADER_BYTES - 10 - len(header) - 1
-    if padding < 0:
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+                                                  "fortran_order": False, "shape": tuple(int(s) for s in shape)})
+    if header.tell() != _HEADER_BYTES:
         raise ValueError(f"shape {tuple(shape)} does not fit a {_HEADER_BYTES}-byte .npy header")
-    return b"\x93NUMPY\x01\x00" + struct.pack("<H", _HEADER_BYTES - 10) + header + b" " * padding + b"\n"
+    return header.getvalue()
 
 
 class ArrayWriter:
-    """One ``.npy`` file written block by block: ``append`` rows ``[k, *row_shape]`` (or, with
-    ``axis=1``, columns ``[lead, k]`` of a ``[lead, M]`` array such as ``edge_index``).
-
-    Plain file writes and a header rewritten on close, not ``np.lib.format.open_memmap``: the
-    row count is known only at the end, and a memory map whose pages a full disk cannot hold
-    kills the process with SIGBUS instead of raising one ``OSError`` (ENOSPC) naming the file."""
+    """One ``.npy`` file written block by block: ``append`` rows ``[k, *row_shape]`` (``axis=1``:
+    columns ``[lead, k]``). Plain writes and a header rewritten on close, not ``open_memmap``: the
+    row count is known only at the end, and a full disk under a memory map is a SIGBUS instead of
+    one ``OSError`` naming the file."""
 
     def __init__(self, path: Path, dtype, row_shape: Sequence[int] = (), axis: int = 0) -> None:
         self.path, self.dtype, self.row_shape, self.axis = path, np.dtype(dtype), tuple(row_shape), axis
@@ -160,19 +154,15 @@ class ArrayWriter:
         return {"dtype": self.dtype.str, "shape": list(shape), "blake2b": self.digest.hexdigest()}
 
     def abort(self) -> None:
-        """Close every file, whatever fails: on a full disk closing flushes buffered bytes,
-        which fails again (the files are deleted with the temporary directory)."""
+        """Close every file, whatever fails (on a full disk closing fails again)."""
         for handle in (self._file, *self._parts):
             with contextlib.suppress(OSError):
                 handle.close()
 
 
 class EntryWriter:
-    """Builds an entry in a temporary sibling directory; :meth:`commit` moves it into place.
-
-    Use as a context manager: leaving the block without ``commit`` (an exception, a kill) removes
-    the temporary directory.
-    """
+    """Builds an entry in a temporary sibling directory; :meth:`commit` moves it into place, leaving
+    the ``with`` block without it removes it."""
 
     def __init__(self, directory: str | os.PathLike, fingerprint: dict[str, Any]) -> None:
         self.directory = Path(directory)
@@ -219,10 +209,8 @@ class EntryWriter:
 
 
 def file_checksum(path: str | os.PathLike) -> str:
-    """BLAKE2b of the data of a ``.npy`` file (what the manifest records), read in blocks."""
-    array = np.load(path, mmap_mode="r", allow_pickle=False)
-    if not isinstance(array, np.memmap):  # an empty array is not memory-mapped
-        return hashlib.blake2b(np.ascontiguousarray(array).tobytes(), digest_size=16).hexdigest()
+    """BLAKE2b of the data of a ``.npy`` file (what the manifest records)."""
+    array = np.load(path, mmap_mode="r", allow_pickle=False)  # an empty one is not memory-mapped
     digest = hashlib.blake2b(digest_size=16)
     for block in _blocks(array):
         digest.update(block)
@@ -241,7 +229,7 @@ def _verify_default(verify: bool | None) -> bool:
 
 def _read_entry(directory: Path, fingerprint: dict[str, Any], expect: Sequence[str], mmap_arrays: bool,
                 verify: bool) -> CacheEntry | None:
-    """The entry, None when missing or stale; raises :class:`_Damaged` when it cannot be trusted."""
+    """The entry, None when missing or stale; :class:`_Damaged` when it cannot be trusted."""
     manifest_path = directory / MANIFEST
     if not manifest_path.exists():
         return None
@@ -283,10 +271,9 @@ def _read_entry(directory: Path, fingerprint: dict[str, Any], expect: Sequence[s
 
 def load_arrays(directory: str | os.PathLike, fingerprint: dict[str, Any], mmap: bool = True,
                 expect: Sequence[str] = (), verify: bool | None = None) -> CacheEntry | None:
-    """The arrays of cache entry ``directory`` (memory-mapped, read-only) if it exists, was written
-    with exactly ``fingerprint``, lists every name in ``expect`` and every file matches the
-    manifest (and, with ``verify``, its checksum); otherwise None (a damaged entry is logged as a
-    warning naming the file and why)."""
+    """The arrays of entry ``directory`` if it was written with exactly ``fingerprint``, lists every
+    name in ``expect`` and every file matches the manifest (with ``verify`` or
+    :data:`VERIFY_ENV`, its checksum too); else None (a damaged entry is logged as a warning)."""
     directory = Path(directory)
     try:
         return _read_entry(directory, fingerprint, expect, mmap, _verify_default(verify))
@@ -305,9 +292,8 @@ def _manifest_identity(directory: Path) -> tuple | None:
 
 def cached_entry(directory: str | os.PathLike, fingerprint: dict[str, Any], build: Callable[[EntryWriter], None],
                  expect: Sequence[str] = (), verify: bool | None = None) -> CacheEntry:
-    """The entry ``directory`` for ``fingerprint``, built first with ``build(writer)`` (which
-    streams the arrays into ``writer``) when it is missing, stale or damaged. Builders of one entry
-    are serialised by a file lock: the first builds, the others then load its result."""
+    """The entry ``directory`` for ``fingerprint``, built first with ``build(writer)`` when missing,
+    stale or damaged, under a file lock: the first builder builds, the others then load its result."""
     directory = Path(directory)
     seen = _manifest_identity(directory)
     arrays = load_arrays(directory, fingerprint, expect=expect, verify=verify)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from graphormer_urpe.data.featurize import parallel_map
+from graphormer_urpe.data.featurize import map_chunks
 
 #: Left out: ``Ipc`` (spans 50 orders of magnitude), ``qed`` (a composite of the others and the
 #: slowest), ``SPS`` and the eight ``BCUT2D_*`` (slow; charges and masses are covered by others).
@@ -60,12 +60,9 @@ def clip_statistics(raw: np.ndarray) -> tuple[np.ndarray, ...]:
 
 
 def standardize(raw, statistics=None):
-    """``raw [R, D]`` clipped per column to its 0.1-99.9 % quantiles (ignoring NaN), minus the
-    clipped mean, over the clipped std (a constant column becomes 0; NaN stays NaN); the
-    quantiles, mean and std are ``statistics`` (:func:`clip_statistics` of other molecules, e.g. a
-    training split) where given, else ``raw``'s own. A numpy array gives float32 numpy; a torch
-    tensor with tensor statistics gives a tensor (the model's descriptor input, the same
-    arithmetic)."""
+    """``raw [R, D]`` clipped, centred and scaled per column with ``statistics``
+    (:func:`clip_statistics` of e.g. a training split; default: ``raw``'s own); NaN stays NaN.
+    numpy in, float32 numpy out; torch tensors in (the model's input), a tensor out."""
     low, high, mean, std = clip_statistics(raw) if statistics is None else statistics
     out = (raw.clip(low, high) - mean) / std
     return out.astype(np.float32) if isinstance(out, np.ndarray) else out
@@ -75,10 +72,7 @@ def raw_descriptors(smiles: Sequence[str], num_workers: int | None = None, chunk
                     ) -> Iterator[np.ndarray]:
     """The raw descriptors of ``smiles`` in blocks of ``chunk_size`` rows (float32 ``[rows, D]``,
     NaN where RDKit fails), in order, on worker processes with a progress bar."""
-    starts = range(0, len(smiles), chunk_size)
-    chunks = (list(smiles[s:s + chunk_size]) for s in starts)
-    sizes = [min(chunk_size, len(smiles) - s) for s in starts]
-    return parallel_map(descriptor_chunk, chunks, num_workers, "rdkit descriptors", sizes)
+    return map_chunks(descriptor_chunk, smiles, chunk_size, num_workers, "rdkit descriptors")
 
 
 def cached_descriptors(directory: Path, source: dict, smiles: Sequence[str], num_workers: int | None,

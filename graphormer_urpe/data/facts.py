@@ -11,8 +11,7 @@ from typing import Any
 from graphormer_urpe.data.encodings import EncodingParams
 
 
-#: The ``K`` of a checkpoint that does not record ``max_hops``: such checkpoints were all trained
-#: with 5, so it stays 5 whatever :data:`~.encodings.DEFAULT_MAX_HOPS` (new runs) becomes.
+#: The ``K`` of a checkpoint that does not record ``max_hops`` (all such were trained with 5).
 UNRECORDED_MAX_HOPS = 5
 
 
@@ -21,16 +20,11 @@ class DataFacts:
     """Args:
         num_atom_embeddings, num_bond_embeddings: embedding table sizes, padding id 0 included.
         num_targets: outputs per graph (for ``multiclass``, the number of classes).
-        max_hops: hops of each shortest path the edge encoding reads (absent from the oldest
-            checkpoints: :data:`UNRECORDED_MAX_HOPS`).
-        task: ``regression``, ``classification`` or ``multiclass``
-            (:data:`~graphormer_urpe.data.task.TASKS`).
+        max_hops: hops of each shortest path the edge encoding reads.
+        task: ``regression``, ``classification`` or ``multiclass``.
         featurizer: how SMILES become graphs (``zinc`` or ``ogb``), so inference can redo it.
-        node_encodings: ``{name: width}`` of the optional per-node encodings (e.g.
-            ``{"rwse": 16}``); None (a checkpoint from before they existed): none.
-        num_descriptors: how many RDKit descriptors of each molecule its batches carry and the
-            model's head reads beside the readout (:mod:`.descriptors`); 0: none.
-    """
+        node_encodings: ``{name: width}`` of the optional per-node encodings; None: none.
+        num_descriptors: RDKit descriptors per molecule the head reads beside the readout; 0: none."""
 
     num_atom_embeddings: int
     num_bond_embeddings: int
@@ -52,9 +46,8 @@ class DataFacts:
 
     @classmethod
     def nest(cls, hparams: Mapping[str, Any]) -> dict[str, Any]:
-        """A checkpoint's hyperparameters with the facts as one ``facts`` dict, as
-        ``GraphormerModule`` takes them; a checkpoint that keeps each fact as a hyperparameter of
-        its own has them moved into it."""
+        """A checkpoint's hyperparameters with the facts as one ``facts`` dict (moved there from
+        separate hyperparameters)."""
         if "facts" in hparams:
             return dict(hparams)
         names = cls.names()
@@ -63,16 +56,13 @@ class DataFacts:
 
     @classmethod
     def of_hparams(cls, hparams: Mapping[str, Any]) -> "DataFacts":
-        """The facts a checkpoint's hyperparameters record (either form: :meth:`nest`); optional
-        ones an older checkpoint lacks at their defaults (TypeError for a missing vocabulary
-        size)."""
+        """The facts a checkpoint records (either form); missing optional ones at their defaults."""
         return cls.coerce(cls.nest(hparams)["facts"])
 
     @classmethod
     def recorded(cls, hparams: Mapping[str, Any], name: str, default: Any = MISSING) -> Any:
-        """One fact as a checkpoint's hyperparameters record it (either form); where they do not
-        (a weights-only checkpoint may record none), ``default``, else the field's default
-        (None for the vocabulary sizes)."""
+        """One fact as a checkpoint records it, else ``default``, else the field's default (None for the
+        vocabulary sizes)."""
         if default is MISSING:
             field = next(f for f in fields(cls) if f.name == name)
             default = None if field.default is MISSING else field.default
@@ -88,15 +78,12 @@ class DataFacts:
 
     @property
     def encoding_params(self) -> EncodingParams:
-        """The parameters of the encodings a model of these facts reads (``max_hops`` and the
-        node encodings' widths), as a DataModule's ``encoding_params`` holds them."""
         return EncodingParams.of_model(self.max_hops, self.node_encodings)
 
 
 def check_checkpoint_encodings(saved: Mapping[str, Any], current: DataFacts) -> None:
-    """ValueError unless a checkpoint's model (hyperparameters ``saved``) reads the encodings of
-    the model about to load it (``current``: the data's facts), naming the data options to
-    change; a checkpoint that records no ``max_hops`` is not checked."""
+    """ValueError naming the data options to change unless a checkpoint's model (``saved``) reads the
+    encodings of the data's facts (``current``); one without ``max_hops`` is not checked."""
     max_hops = DataFacts.recorded(saved, "max_hops")
     if max_hops is None:
         return

@@ -30,20 +30,15 @@ _ZINC_TOKEN_IDS = {token: i for i, token in enumerate(ZINC_ATOM_TOKENS)}
 ZINC_ATOM_FEATURE_DIMS: tuple[int, ...] = (len(ZINC_ATOM_TOKENS),)
 #: Bond type 0 (none) .. 3 (triple).
 ZINC_BOND_FEATURE_DIMS: tuple[int, ...] = (4,)
-#: ``ogb.utils.features.get_{atom,bond}_feature_dims()`` (checked by the tests).
+#: ``ogb.utils.features.get_{atom,bond}_feature_dims()``.
 OGB_ATOM_FEATURE_DIMS: tuple[int, ...] = (119, 5, 12, 12, 10, 6, 6, 2, 2)
 OGB_BOND_FEATURE_DIMS: tuple[int, ...] = (5, 6, 2)
 
 
 def clean_smiles(smiles: str) -> str:
-    """``smiles`` without surrounding white space; ``ValueError`` if white space is left inside.
-
-    RDKit reads a SMILES up to its first white space and silently drops the rest, so
-    ``"CCO extra words"`` or a line break inside a field would be predicted as ``CCO``. The one
-    exception is a CXSMILES extension, ``"<smiles> |...|"``, which RDKit reads as a whole.
-    A SMILES is ASCII: RDKit drops some other characters without a word (``"CCÖ"`` parses as
-    ``CC``), so any is a ``ValueError`` too.
-    """
+    """``smiles`` without surrounding white space; ``ValueError`` for white space left inside (RDKit
+    would silently read only up to it; a CXSMILES ``"<smiles> |...|"`` is read whole) and for a
+    character that is not ASCII (RDKit drops some without a word)."""
     if not isinstance(smiles, str):
         raise ValueError(f"SMILES must be a string, got {type(smiles).__name__}")
     stripped = smiles.strip()
@@ -70,11 +65,9 @@ def _parse(smiles: str):
 
 
 def zinc_atom_token(atom) -> str:
-    """The ZINC atom token of an RDKit atom, e.g. ``"C"``, ``"C H1"``, ``"N H3 +"``, ``"O -"``.
-
-    Charges of magnitude 2 or more give tokens like ``"S -2"``, outside the vocabulary (never
-    aliased to the single charge; no ZINC molecule has one).
-    """
+    """The ZINC atom token of an RDKit atom: the element, ``" H<n>"`` for explicit hydrogens unless a
+    neutral aromatic atom (``[nH]`` is ``"N"``), ``" +"`` / ``" -"`` for a charge (``" -2"`` for two,
+    outside the vocabulary: never aliased)."""
     token = atom.GetSymbol()
     charge = atom.GetFormalCharge()
     hydrogens = atom.GetNumExplicitHs()
@@ -86,8 +79,7 @@ def zinc_atom_token(atom) -> str:
 
 
 def smiles_to_zinc_dense(smiles: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(atom_type uint8 [n], bond_type uint8 [n, n])``: ZINC tokens and the kekulized
-    bond-type adjacency (the layout of ZINC's raw pickles)."""
+    """``(atom_type uint8 [n], bond_type uint8 [n, n])``, the layout of ZINC's raw pickles."""
     from rdkit import Chem
 
     mol = _parse(smiles)
@@ -103,8 +95,7 @@ def smiles_to_zinc_dense(smiles: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def smiles_to_zinc_graph(smiles: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(x [n, 1], edge_index [2, E], edge_attr [E, 1])`` with edges in row-major order of the
-    adjacency, exactly as PyG's ``ZINC.process()`` derives them."""
+    """``(x [n, 1], edge_index [2, E], edge_attr [E, 1])``, edges as PyG's ``ZINC.process()`` orders them."""
     atom_type, bond_type = smiles_to_zinc_dense(smiles)
     src, dst = np.nonzero(bond_type)
     return atom_type.reshape(-1, 1), np.stack([src, dst]).astype(np.int64), bond_type[src, dst].reshape(-1, 1)
@@ -144,10 +135,8 @@ def featurizer_spec(name: str) -> FeaturizerSpec:
 
 
 def heavy_atom_count(smiles: str) -> int:
-    """Atoms other than hydrogen in ``smiles``, from RDKit's parse without sanitization
-    (no ring perception, so cheap even for a huge polymer); 0 where it does not parse.
-    A featurized graph has at least this many nodes, so a SMILES over a size limit is known
-    before featurizing or encoding it."""
+    """Atoms other than hydrogen in ``smiles``, parsed without sanitization (cheap even for a huge
+    polymer); 0 where it does not parse. A featurized graph has at least this many nodes."""
     from rdkit import Chem
 
     mol = Chem.MolFromSmiles(smiles, sanitize=False) if isinstance(smiles, str) else None
@@ -155,20 +144,18 @@ def heavy_atom_count(smiles: str) -> int:
 
 
 def atoms_over(smiles: str, limit: int) -> int:
-    """:func:`heavy_atom_count` of ``smiles`` where it is more than ``limit``, else 0: the size
-    of a SMILES too large to featurize (which would take minutes for 100,000 atoms), known
-    before it is. Every atom takes at least one character, so only longer SMILES are parsed."""
+    """:func:`heavy_atom_count` of ``smiles`` where it is more than ``limit``, else 0 (only SMILES
+    longer than ``limit`` are parsed: every atom takes a character)."""
     count = heavy_atom_count(smiles) if len(smiles) > limit else 0
     return count if count > limit else 0
 
 
 @dataclass
 class FeaturizedChunk:
-    """A chunk of SMILES as graphs, flat, in input order: ``position [G]`` (each graph's SMILES
-    within the chunk), ``x`` uint8 ``[sum n, F]``, ``node_ptr [G + 1]``, ``edge_index [2, sum E]``
-    (local ids), ``edge_attr`` uint8 ``[sum E, Fe]``, ``edge_ptr [G + 1]``, ``descriptors [G, D]``
-    (raw RDKit descriptors, when asked for; else None). ``errors``: ``(position, reason)`` of
-    each SMILES without a graph; ``too_large``: those of them over the size limit."""
+    """A chunk of SMILES as flat graphs in input order (``position``: each graph's SMILES in the
+    chunk; ``x``, ``edge_attr`` uint8, ``edge_index`` local ids), raw RDKit descriptors when asked
+    for, and ``(position, reason)`` of each SMILES without a graph (``too_large``: those over the
+    size limit)."""
 
     position: np.ndarray
     x: np.ndarray
@@ -196,12 +183,9 @@ class FeaturizedChunk:
 
 def featurize_chunk(featurizer: str, smiles: Sequence[str], max_atoms: int | None = None,
                     descriptors: bool = False) -> FeaturizedChunk:
-    """The graphs of ``smiles`` (runs in worker processes): an empty SMILES, one RDKit or the
-    featurizer rejects, and one with more than ``max_atoms`` atoms (None: no limit; known from
-    :func:`atoms_over` before it is featurized) get their reason in ``errors`` instead. With
-    ``descriptors`` each molecule's raw RDKit descriptors too
-    (:func:`~graphormer_urpe.data.descriptors.descriptor_chunk`), a molecule that gets none of
-    them rejected. The data builds (:func:`iter_featurized`) and prediction featurize here."""
+    """The graphs of ``smiles`` (in worker processes; the data builds and prediction featurize here):
+    an empty SMILES, one RDKit or the featurizer rejects, one over ``max_atoms`` and, with
+    ``descriptors``, one that gets no RDKit descriptor get their reason in ``errors`` instead."""
     from rdkit import RDLogger
 
     RDLogger.DisableLog("rdApp.*")  # the reasons are reported instead, by the caller
@@ -253,10 +237,8 @@ def _apply(job: tuple[Callable, Any]) -> Any:
 
 @contextlib.contextmanager
 def worker_pool(num_workers: int | None) -> Iterator[WorkerProcesses | None]:
-    """``num_workers`` worker processes (default: all cores; never more than the usable cores:
-    :func:`~graphormer_urpe.utils.workers.useful_workers`), or None for one. Start them BEFORE
-    reading a large input: a worker forked later shares the parent's pages, which are then
-    duplicated as the parent keeps touching them (reference counts, garbage collection)."""
+    """``num_workers`` worker processes (default and at most: the usable cores), or None for one.
+    Start them BEFORE reading a large input, so they share none of its pages."""
     num_workers = useful_workers(num_workers)
     if num_workers <= 1:
         yield None
@@ -267,11 +249,9 @@ def worker_pool(num_workers: int | None) -> Iterator[WorkerProcesses | None]:
 
 def parallel_map(function: Callable, chunks: Iterable, num_workers: int | None, desc: str, sizes: list[int],
                  pool: WorkerProcesses | None = None):
-    """``map(function, chunks)`` over ``pool`` or else ``num_workers`` worker processes (default:
-    all cores; at most one per chunk), in order, with a tqdm bar counting ``sizes`` (items per
-    chunk, one per chunk).
-    ``chunks`` may be a generator: at most two chunks per worker are taken from it ahead of the
-    results. A stop (Ctrl-C, SIGTERM) ends the workers before it is raised here."""
+    """``map(function, chunks)`` over ``pool`` or ``num_workers`` processes, in order, with a tqdm bar
+    counting ``sizes``; at most two chunks per worker are taken ahead from ``chunks`` (a generator
+    is fine). A stop (Ctrl-C, SIGTERM) ends the workers before it is raised here."""
     with tqdm(total=sum(sizes), desc=desc, unit="mol") as bar, contextlib.ExitStack() as stack:
         if pool is None and len(sizes) > 1:
             pool = stack.enter_context(worker_pool(useful_workers(num_workers, len(sizes))))
@@ -289,18 +269,19 @@ def iter_featurized(smiles: Sequence[str], featurizer: str, num_workers: int | N
                     chunk_size: int = 1000, desc: str | None = None,
                     pool: WorkerProcesses | None = None,
                     max_atoms: int | None = None) -> Iterator[FeaturizedChunk]:
-    """Featurize ``smiles`` in chunks of ``chunk_size`` over worker processes (default: all
-    cores; tqdm progress), yielding each chunk's :class:`FeaturizedChunk` in order (positions
-    within the chunk); a SMILES with more than ``max_atoms`` atoms (None: no limit) is too large,
-    known from :func:`heavy_atom_count` before it is featurized. Chunks are sliced lazily, so at
-    most a few chunks per worker are in flight: memory does not grow with ``len(smiles)``.
-    ``pool``: an open :func:`worker_pool` to use instead."""
+    """:func:`featurize_chunk` over chunks of ``chunk_size`` SMILES in worker processes (or ``pool``),
+    in order, sliced lazily so memory does not grow with ``len(smiles)``."""
     featurizer_spec(name=featurizer)
-    starts = range(0, len(smiles), chunk_size)
-    chunks = (list(smiles[s:s + chunk_size]) for s in starts)
-    sizes = [min(chunk_size, len(smiles) - s) for s in starts]
-    yield from parallel_map(functools.partial(featurize_chunk, featurizer, max_atoms=max_atoms), chunks,
-                            num_workers, desc or f"featurize ({featurizer})", sizes, pool)
+    yield from map_chunks(functools.partial(featurize_chunk, featurizer, max_atoms=max_atoms), smiles, chunk_size,
+                          num_workers, desc or f"featurize ({featurizer})", pool)
+
+
+def map_chunks(function: Callable, items: Sequence, chunk_size: int, num_workers: int | None, desc: str,
+               pool: WorkerProcesses | None = None) -> Iterator:
+    """:func:`parallel_map` of ``function`` over consecutive chunks of ``chunk_size`` items, sliced lazily."""
+    starts = range(0, len(items), chunk_size)
+    return parallel_map(function, (list(items[s:s + chunk_size]) for s in starts), num_workers, desc,
+                        [min(chunk_size, len(items) - s) for s in starts], pool)
 
 
 #: ``graph_of_row`` of a row whose SMILES RDKit rejects (or is missing), and of one too large.
@@ -309,9 +290,8 @@ REJECTED_ROW, TOO_LARGE_ROW = -1, -2
 
 def _rows_to_graphs(codes: np.ndarray, num_distinct: int, rejected: np.ndarray,
                     too_large: np.ndarray) -> np.ndarray:
-    """``graph_of_row [R]``: the graph of each row's distinct SMILES (``codes``, -1 = missing),
-    :data:`REJECTED_ROW` where the distinct SMILES was ``rejected`` (or missing),
-    :data:`TOO_LARGE_ROW` where it was ``too_large``."""
+    """``graph_of_row [R]`` of each row's distinct SMILES (``codes``, -1 = missing), or
+    :data:`REJECTED_ROW` / :data:`TOO_LARGE_ROW`."""
     accepted = np.ones(num_distinct, dtype=bool)
     accepted[rejected] = False
     accepted[too_large] = False
@@ -321,7 +301,7 @@ def _rows_to_graphs(codes: np.ndarray, num_distinct: int, rejected: np.ndarray,
 
 
 def _distinct(smiles: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """``(codes [R], distinct SMILES)`` in first-occurrence order (pandas' hash table)."""
+    """``(codes [R], distinct SMILES)`` in first-occurrence order."""
     import pandas as pd
 
     codes, distinct = pd.factorize(pd.Series(smiles, dtype=object), use_na_sentinel=True)
@@ -332,11 +312,9 @@ def file_fingerprint(path: str | os.PathLike) -> dict:
     """Name, size and BLAKE2 hash of a source file (what a featurized cache depends on)."""
     import hashlib
 
-    digest = hashlib.blake2b(digest_size=16)
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return {"name": os.path.basename(path), "size": os.path.getsize(path), "blake2b": digest.hexdigest()}
+        digest = hashlib.file_digest(f, lambda: hashlib.blake2b(digest_size=16)).hexdigest()
+    return {"name": os.path.basename(path), "size": os.path.getsize(path), "blake2b": digest}
 
 
 #: Arrays of a featurized SMILES table entry (:func:`cached_smiles_graphs`).
@@ -347,21 +325,13 @@ def cached_smiles_graphs(directory: str | os.PathLike, source_fingerprint: dict,
                          read_table: Callable[[], tuple[Sequence[str], np.ndarray]], featurizer: str,
                          num_workers: int | None = None, chunk_size: int = 1000,
                          max_atoms: int | None = None) -> dict[str, np.ndarray]:
-    """A SMILES table featurized once and kept in the array-store entry ``directory`` (:mod:`.array_store`).
-
-    ``read_table() -> (smiles [R], y [R, T])`` is called only when the entry is missing, stale
-    (keyed by ``source_fingerprint``, the featurizer and the RDKit/OGB versions) or damaged.
-    Arrays (memory-mapped): the distinct accepted molecules' ``x`` uint8 ``[N, F]``, ``node_ptr``,
-    ``edge_index`` int16 ``[2, E]`` (local ids), ``edge_attr`` uint8 ``[E, Fe]``, ``edge_ptr``;
-    per row ``graph_of_row`` int64 ``[R]`` (:data:`REJECTED_ROW` = rejected by RDKit,
-    :data:`TOO_LARGE_ROW` = more than ``max_atoms`` atoms, never featurized nor encoded) and
-    ``y`` float32 ``[R, T]``.
-
-    The build streams: chunks of ``chunk_size`` distinct SMILES are featurized by the workers
-    (default: all cores) and appended to the entry's files as they arrive. Besides the table
-    itself (the SMILES strings and ``y``), memory holds ``O(R)`` integers (distinct-SMILES codes,
-    ``graph_of_row``, one node and edge count per molecule) and a few chunks per worker.
-    """
+    """A SMILES table featurized once into the array-store entry ``directory``, keyed by
+    ``source_fingerprint``, the featurizer and the RDKit/OGB versions (``read_table() -> (smiles,
+    y)`` is called only to build it). Arrays (memory-mapped): the distinct accepted molecules'
+    ``x``, ``node_ptr``, ``edge_index`` int16 (local ids), ``edge_attr``, ``edge_ptr``, and per row
+    ``graph_of_row`` (:data:`REJECTED_ROW`, :data:`TOO_LARGE_ROW`) and ``y``. The build streams
+    chunks from the workers into the entry's files: memory holds the table, ``O(R)`` integers and a
+    few chunks per worker."""
     import ogb
     import rdkit
 
@@ -382,7 +352,6 @@ def cached_smiles_graphs(directory: str | os.PathLike, source_fingerprint: dict,
 def _stream_graphs(writer, read_table: Callable[[], tuple[Sequence[str], np.ndarray]], featurizer: str,
                    pool: WorkerProcesses | None, chunk_size: int,
                    max_atoms: int | None = None) -> None:
-    """The build of :func:`cached_smiles_graphs`: featurized chunks appended to ``writer``."""
     spec = featurizer_spec(featurizer)
     int16_max = np.iinfo(np.int16).max
     smiles, y = read_table()

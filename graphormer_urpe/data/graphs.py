@@ -22,23 +22,18 @@ from graphormer_urpe.data.featurize import featurizer_spec
 
 @dataclass(frozen=True)
 class FlatGraphs:
-    """``G`` featurized and encoded graphs as flat arrays: numpy (possibly memory-mapped; the
-    row counts are checked against the pointers) or, after :meth:`to`, torch tensors on one
-    device (same fields, same compact dtypes) for the device-resident path (:mod:`.resident`).
+    """``G`` featurized and encoded graphs as CSR-like flat arrays: numpy (possibly memory-mapped;
+    row counts checked against the pointers) or, after :meth:`to`, torch tensors on one device.
 
     Attributes:
-        x: ``[sum n, F]`` int16 shared atom ids (0 = padding, see :mod:`.feature_ids`).
-        node_ptr: ``[G + 1]`` int64.
-        edge_attr: ``[sum E, Fe]`` int16 shared bond ids; directed edges, in the order the
-            encoder saw them (path edge ids refer to these rows).
-        edge_ptr: ``[G + 1]`` int64.
+        x: ``[sum n, F]`` int16 shared atom ids (:mod:`.feature_ids`); graph ``g`` owns rows
+            ``node_ptr[g]:node_ptr[g + 1]``.
+        edge_attr: ``[sum E, Fe]`` int16 shared bond ids of the directed edges, in the order the
+            encoder saw them (rows ``edge_ptr[g]:edge_ptr[g + 1]``).
         y: ``[G, T]`` float32 targets (NaN = unknown).
-        pair_ptr: ``[G + 1]`` int64, ``pair_ptr[g + 1] - pair_ptr[g] = n_g^2``.
-        encodings: name -> stored array, in the layout of :mod:`~.encodings`
-            (``spd [sum n^2]`` shortest-path hops, ``-1`` = unreachable; ``path_edges [sum n^2, K]``
-            local edge ids along one shortest path, ``-1`` pad; ``degree [sum n]`` out-degree;
-            optional ones such as ``rwse [sum n, S]``).
-    """
+        pair_ptr: ``[G + 1]`` int64 node-pair rows, ``n_g^2`` per graph (pair ``(i, j)`` at ``i n_g + j``).
+        encodings: name -> stored array, in the layout of :mod:`~.encodings` (path edges as LOCAL
+            edge ids)."""
 
     x: np.ndarray | Tensor
     node_ptr: np.ndarray | Tensor
@@ -69,7 +64,6 @@ class FlatGraphs:
             raise ValueError(f"inconsistent FlatGraphs arrays: {', '.join(bad)}")
 
     def specs(self) -> list[tuple[Encoding, np.ndarray | Tensor]]:
-        """``(spec, stored array)`` of every encoding, in storage order."""
         return [(ENCODING_BY_NAME[name], values) for name, values in self.encodings.items()]
 
     def __len__(self) -> int:
@@ -77,22 +71,18 @@ class FlatGraphs:
 
     @property
     def num_nodes(self) -> np.ndarray | Tensor:
-        """``[G]`` int64 node counts."""
         return self.node_ptr[1:] - self.node_ptr[:-1]
 
     @property
     def num_edges(self) -> np.ndarray | Tensor:
-        """``[G]`` int64 directed edge counts."""
         return self.edge_ptr[1:] - self.edge_ptr[:-1]
 
     @property
     def device(self) -> torch.device:
-        """Where the arrays are (the CPU for numpy ones)."""
         return self.x.device if isinstance(self.x, Tensor) else torch.device("cpu")
 
     def to(self, device: torch.device | str = "cpu") -> "FlatGraphs":
-        """The graphs as torch tensors on ``device``, dtypes kept; on the CPU a copy, detached
-        from any memory map."""
+        """The graphs as torch tensors on ``device``, dtypes kept (on the CPU a copy, off any memory map)."""
         device = torch.device(device)
 
         def tensor(array: np.ndarray) -> Tensor:
@@ -107,8 +97,6 @@ class FlatGraphs:
 
 def flat_graphs(x_ids: np.ndarray, node_ptr: np.ndarray, edge_attr_ids: np.ndarray, edge_ptr: np.ndarray,
                  y: np.ndarray, encoded: Mapping[str, np.ndarray], params: EncodingParams) -> FlatGraphs:
-    """:class:`FlatGraphs` of shared feature ids, targets and the arrays of every encoder of
-    ``params`` (``encoded``: their names and ``pair_ptr``)."""
     return FlatGraphs(x=x_ids, node_ptr=node_ptr, edge_attr=edge_attr_ids, edge_ptr=edge_ptr,
                       y=np.asarray(y, dtype=np.float32).reshape(len(node_ptr) - 1, -1),
                       pair_ptr=encoded["pair_ptr"], encodings={e.name: encoded[e.name] for e in params.encodings()})
@@ -120,21 +108,10 @@ def encode_flat(
     bond_feature_dims: Sequence[int], num_threads: int = 1, cache: tuple[str | os.PathLike, str] | None = None,
     encoded: Mapping[str, np.ndarray] | None = None,
 ) -> FlatGraphs:
-    """Featurize (shared ids) and encode raw flat graphs.
-
-    Args:
-        x: ``[sum n, F]`` (or ``[sum n]``) raw atom feature values, column c in ``[0, dims[c])``.
-        node_ptr, edge_ptr: ``[G + 1]`` offsets.
-        edge_index: ``[2, sum E]`` directed edges, LOCAL node ids per graph.
-        edge_attr: ``[sum E, Fe]`` (or ``[sum E]``) raw bond feature values.
-        y: ``[G, T]`` (or ``[G]``) targets.
-        params: which encodings, with which parameters.
-        num_threads: encoder threads.
-        cache: ``(base, split)``: each encoder's arrays from its cache entry
-            (:func:`~.encodings.encode`; loaded when it matches, else computed and stored there);
-            None: computed in memory.
-        encoded: the encoders' arrays already computed, else computed here.
-    """
+    """Featurize (shared ids) and encode raw flat graphs: ``x [sum n, F]`` and ``edge_attr [sum E,
+    Fe]`` raw values (or one column flat), ``edge_index [2, sum E]`` LOCAL node ids, ``y [G, T]``.
+    ``cache = (base, split)``: each encoder's arrays through its cache entry, else in memory;
+    ``encoded``: those arrays already computed."""
     node_ptr = np.ascontiguousarray(node_ptr, dtype=np.int64)
     edge_ptr = np.ascontiguousarray(edge_ptr, dtype=np.int64)
     if encoded is None:
@@ -146,9 +123,8 @@ def encode_flat(
 def flat_graphs_from_pyg(dataset, cache: tuple[str | os.PathLike, str], params: EncodingParams,
                          atom_feature_dims: Sequence[int], bond_feature_dims: Sequence[int],
                          num_threads: int = 1) -> FlatGraphs:
-    """:class:`FlatGraphs` of a PyG ``InMemoryDataset`` straight from its collated storage
-    (``_data`` + ``slices``: node ids are already local per graph), no per-graph loop; the
-    encodings cached under ``cache = (base, split)`` (:func:`encode_flat`)."""
+    """:class:`FlatGraphs` of a PyG ``InMemoryDataset`` straight from its collated storage (node ids
+    already local per graph), its encodings cached under ``cache = (base, split)``."""
     data, slices = dataset._data, dataset.slices
     if slices is None:  # a dataset of one graph
         slices = {"x": torch.tensor([0, data.num_nodes]), "edge_index": torch.tensor([0, data.edge_index.shape[1]])}
@@ -159,25 +135,16 @@ def flat_graphs_from_pyg(dataset, cache: tuple[str | os.PathLike, str], params: 
     )
 
 
-def encode_smiles_store(arrays: Mapping[str, np.ndarray], cache: tuple[str | os.PathLike, str],
+def encode_smiles_store(arrays: CacheEntry, cache: tuple[str | os.PathLike, str],
                         params: EncodingParams, featurizer: str, num_threads: int = 1) -> FlatGraphs:
     """:class:`FlatGraphs` of the distinct molecules of a featurized SMILES table
-    (:func:`~.featurize.cached_smiles_graphs`); targets live per row, so the store's ``y`` is NaN.
-
-    The shared feature ids and the shortest-path encodings are streamed into ONE cache entry
-    (``encodings_dir(*cache, params)``), each other encoder into its own beside it, chunk by
-    chunk (inputs read from the featurized entry's files), keyed by that entry's recorded
-    checksums: building or loading a store of any size keeps memory bounded, and the returned
-    arrays are all memory-mapped (only ``y``, 4 bytes per molecule, is in memory).
-    """
+    (:func:`~.featurize.cached_smiles_graphs`; ``y`` NaN: targets live per row). The shared ids and
+    shortest-path encodings stream into ONE cache entry, each other encoder into its own, chunk by
+    chunk, keyed by the featurized entry's checksums: memory stays bounded and every array returned
+    is memory-mapped."""
     spec = featurizer_spec(featurizer)
     num_graphs = len(arrays["node_ptr"]) - 1
     y = np.full((num_graphs, 1), np.nan, np.float32)
-    if not isinstance(arrays, CacheEntry):  # plain in-memory arrays
-        return encode_flat(
-            arrays["x"], arrays["node_ptr"], arrays["edge_index"], arrays["edge_attr"], arrays["edge_ptr"], y,
-            cache=cache, params=params, atom_feature_dims=spec.atom_feature_dims,
-            bond_feature_dims=spec.bond_feature_dims, num_threads=num_threads)
     features = {"x": spec.atom_feature_dims, "edge_attr": spec.bond_feature_dims}
     source = {name: arrays.checksums[name] for name in ("node_ptr", "edge_ptr", "edge_index", *features)}
     fingerprint = {**PATHS.fingerprint(params, source), "feature_dims": {k: list(v) for k, v in features.items()}}

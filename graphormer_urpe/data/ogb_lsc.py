@@ -42,8 +42,7 @@ def allow_numpy_arrays(pyg_data: bool = False) -> Iterator[None]:
     """Within the block, ``torch.load(weights_only=True)`` (the default) also accepts plain numpy
     arrays, as in OGB's ``split_dict.pt`` (and, with ``pyg_data``, PyG's ``Data`` containers, as in
     OGB's processed file); the allow-list is restored on exit."""
-    # Only what is not allowed yet: leaving the block removes what it added, and PyG allows its
-    # Data class itself (ZINC's processed files would then no longer load).
+    # only what is not allowed yet: leaving the block removes what it added (PyG allows Data itself)
     present = torch.serialization.get_safe_globals()
     allowed = [entry for entry in _numpy_array_globals() + (_pyg_data_globals() if pyg_data else [])
                if not any(entry is other for other in present)]
@@ -94,11 +93,9 @@ def read_split_dict(root: str | os.PathLike, layout: LSCLayout) -> dict[str, np.
 
 def check_split_dict(splits: Mapping[str, np.ndarray], num_rows: int | None, labels: np.ndarray | None,
                      where: str | os.PathLike, layout: LSCLayout) -> None:
-    """Refuse, with a ``ValueError`` naming the split and rows, a split dict whose rows are
-    negative (they would wrap around), past the table's ``num_rows``, repeated, or shared by two
-    splits, or whose train / valid rows lack a finite label (``labels [num_rows]``). With
-    ``num_rows`` and ``labels`` None (before the table is read) the checks that need the table
-    are left out."""
+    """Refuse (``ValueError`` naming the split and rows) a split dict whose rows are negative, past
+    the table's ``num_rows``, repeated or shared by two splits, or whose train / valid rows lack a
+    finite label; with ``num_rows`` and ``labels`` None, only the checks that need no table."""
     if num_rows is None:
         negative = {split: rows[rows < 0] for split, rows in splits.items()}
         for split, bad in negative.items():
@@ -130,17 +127,15 @@ def check_split_dict(splits: Mapping[str, np.ndarray], num_rows: int | None, lab
 
 
 def read_split_dict_checked(root: str | os.PathLike, layout: LSCLayout) -> dict[str, np.ndarray]:
-    """:func:`read_split_dict` with the checks of :func:`check_split_dict` that need no table,
-    so a bad split dict is refused before the table is read and featurized."""
+    """:func:`read_split_dict` with the checks that need no table, before it is read and featurized."""
     splits = read_split_dict(root, layout)
     check_split_dict(splits, None, None, layout.path(root) / SPLIT_FILE, layout)
     return splits
 
 
 def ogb_dataset(root: str | os.PathLike, layout: LSCLayout):
-    """OGB's own PyG dataset (``PygPCQM4MDataset`` / ``PygPCQM4Mv2Dataset``) at ``root`` and its
-    split dict, never prompting: a folder that would make OGB ask (missing release marker or raw
-    file) is a ``ValueError`` instead."""
+    """OGB's own PyG dataset at ``root`` and its split dict; a folder that would make OGB prompt
+    (missing release marker or raw file) is a ``ValueError`` instead."""
     import ogb.lsc
 
     folder = layout.path(root)
@@ -176,17 +171,11 @@ def read_table(root: str | os.PathLike, layout: LSCLayout) -> tuple[list[str], n
 
 def write_root(root: str | os.PathLike, source_csv: str | os.PathLike, layout: LSCLayout,
                split_sizes: Mapping[str, int] | None = None, seed: int = 0) -> Path:
-    """Write an OGB-format root of ``layout`` from real molecules (a test / submission fixture).
-
-    ``source_csv`` (e.g. ``shared/data/pcqm4mv2/pcqm4mv2_first2k_3d.csv.gz``) holds explicit-H
-    CXSMILES with 3D coordinates (column ``smiles``) and the gap (``homo``); hydrogens are removed
-    and plain SMILES written. Without ``split_sizes`` every molecule appears once, 80 % train,
-    10 % valid and the rest shared equally by the test splits, at random (``seed``); with
-    ``split_sizes`` (every split of the layout) the splits are consecutive row blocks of those
-    sizes whose molecules cycle through the source, so e.g. the official test sizes cost only the
-    distinct molecules' featurization. Test rows get NaN gaps, as in the official files.
-    Returns ``<root>/<folder>``.
-    """
+    """Write an OGB-format root of ``layout`` from real molecules (a test / submission fixture):
+    ``source_csv``'s explicit-H CXSMILES (``smiles``) and gaps (``homo``) as plain SMILES. Without
+    ``split_sizes`` every molecule once, 80 % train, 10 % valid, the rest shared by the test splits
+    at random (``seed``); with them, consecutive row blocks of those sizes cycling through the
+    molecules. Test rows get NaN gaps. Returns ``<root>/<folder>``."""
     import pandas as pd
     from rdkit import Chem, RDLogger
 
@@ -231,15 +220,12 @@ def write_root(root: str | os.PathLike, source_csv: str | os.PathLike, layout: L
 
 
 class OGBLSCDataModule(SMILESTableDataModule):
-    """An OGB-LSC PCQM4M version (:attr:`layout`, one of the layouts above) from its official layout
-    under ``root``: HOMO-LUMO gap regression on ``ogb`` features. Stages map to OGB splits:
-    fit -> train / valid, test -> ``test_split`` (default valid: the test sets have no public
-    labels), predict -> ``predict_split`` (default: the first test set; ``GraphBatch.index`` =
-    position in that split, the order of OGB's submission file). ``download=True`` fetches OGB's
-    archive when the layout is missing. The split dict is checked against the table (rows in
-    range, disjoint, labelled where they must be) before anything is served. Other arguments:
-    :class:`GraphDataModule`'s.
-    """
+    """An OGB-LSC PCQM4M version (:attr:`layout`) from its official layout under ``root``: HOMO-LUMO
+    gap regression on ``ogb`` features. fit -> train / valid, test -> ``test_split`` (default valid:
+    the test sets have no public labels), predict -> ``predict_split`` (default: the first test set,
+    in the order of OGB's submission file). ``download=True`` fetches OGB's archive when the layout
+    is missing. The split dict is checked against the table before anything is served. Other
+    arguments: :class:`GraphDataModule`'s."""
 
     layout: LSCLayout
 
@@ -268,7 +254,7 @@ class OGBLSCDataModule(SMILESTableDataModule):
                                  "layout; download=True fetches it)")
             download(self.root, self.layout)
         require_layout(self.root, self.layout)  # the split dict too, before featurizing
-        read_split_dict_checked(self.root, self.layout)  # what needs no table
+        self._splits = read_split_dict_checked(self.root, self.layout)  # checked: what needs no table
         return (folder / "processed_graphormer_urpe", file_fingerprint(table),
                 lambda: read_table(self.root, self.layout))
 
@@ -278,10 +264,9 @@ class OGBLSCDataModule(SMILESTableDataModule):
         if len(rejected):
             raise ValueError(f"{folder / RAW_TABLE}: RDKit rejects the SMILES of rows "
                              f"{rejected[:10].tolist()}")
-        splits = read_split_dict(self.root, self.layout)
-        check_split_dict(splits, len(graph_of_row), y.reshape(len(graph_of_row), -1)[:, 0],
-                                 folder / SPLIT_FILE, self.layout)
-        return splits
+        check_split_dict(self._splits, len(graph_of_row), y.reshape(len(graph_of_row), -1)[:, 0],
+                         folder / SPLIT_FILE, self.layout)
+        return self._splits
 
     def ogb_split_loader(self, name: str) -> DataLoader | ResidentLoader:
         """Evaluation loader (``eval_batch_size``, split order) over OGB split ``name``."""
@@ -289,14 +274,12 @@ class OGBLSCDataModule(SMILESTableDataModule):
 
 
 class PCQM4MDataModule(OGBLSCDataModule):
-    """PCQM4M (OGB-LSC 2021, v1): ``<root>/pcqm4m_kddcup2021/`` with splits train / valid / test
-    (3,045,360 / 380,670 / 377,423); prediction serves ``test`` by default."""
+    """PCQM4M (OGB-LSC 2021, v1) under ``<root>/pcqm4m_kddcup2021/``; prediction serves ``test``."""
 
     layout = PCQM4M
 
 
 class PCQM4Mv2DataModule(OGBLSCDataModule):
-    """PCQM4Mv2: ``<root>/pcqm4m-v2/`` with splits train / valid / test-dev / test-challenge
-    (3,378,606 / 73,545 / 147,037 / 147,432); prediction serves ``test-dev`` by default."""
+    """PCQM4Mv2 under ``<root>/pcqm4m-v2/``; prediction serves ``test-dev``."""
 
     layout = PCQM4MV2

@@ -25,16 +25,11 @@ SPLIT_NAMES = ("train", "val", "test")
 
 def resolve_columns(path: str | os.PathLike, smiles_column: str = "smiles",
                     target_columns: Sequence[str] | None = None) -> list[str]:
-    """The target columns (``None`` = every column but the SMILES), checked against the file's
-    header; ``ValueError`` naming the file for a missing file or column."""
+    """The target columns (None: every column but the SMILES), checked against the file's header;
+    ``ValueError`` naming the file for a missing file or column, a repeated name or no data row."""
     path = Path(path)
-    problem = unreadable_as_a_file(path)
-    if problem:
-        raise ValueError(f"CSV file {path} {problem}")
-    head = _read_csv(path, nrows=1)
+    head = _head(path, smiles_column)
     columns = list(head.columns)
-    if smiles_column not in columns:
-        raise ValueError(f"{path} has no SMILES column {smiles_column!r} (columns: {columns})")
     targets = [c for c in columns if c != smiles_column] if target_columns is None else list(target_columns)
     if not targets:
         raise ValueError(f"{path}: no target columns")
@@ -56,22 +51,27 @@ def resolve_columns(path: str | os.PathLike, smiles_column: str = "smiles",
 
 
 def read_smiles_column(path: str | os.PathLike, smiles_column: str = "smiles") -> list[str]:
-    """The stripped SMILES of ``smiles_column`` of a CSV that may have no other column;
-    ``ValueError`` naming the file for a missing file or column."""
+    """The stripped SMILES of ``smiles_column`` of a CSV that may have no other column."""
     path = Path(path)
-    problem = unreadable_as_a_file(path)
-    if problem:
-        raise ValueError(f"CSV file {path} {problem}")
-    columns = list(_read_csv(path, nrows=0).columns)
-    if smiles_column not in columns:
-        raise ValueError(f"{path} has no SMILES column {smiles_column!r} (columns: {columns})")
+    _head(path, smiles_column)
     table = _read_csv(path, usecols=[smiles_column], dtype=str, keep_default_na=False)
     return [s.strip() for s in table[smiles_column]]
 
 
+def _head(path: Path, smiles_column: str):
+    """The file's header and first row; ``ValueError`` naming the file when it cannot be read
+    or has no column ``smiles_column``."""
+    problem = unreadable_as_a_file(path)
+    if problem:
+        raise ValueError(f"CSV file {path} {problem}")
+    head = _read_csv(path, nrows=1)
+    if smiles_column not in head.columns:
+        raise ValueError(f"{path} has no SMILES column {smiles_column!r} (columns: {list(head.columns)})")
+    return head
+
+
 def _read_csv(path: Path, **kwargs):
-    """``pandas.read_csv`` with one-line ``ValueError`` naming the file for an empty file and
-    for bytes that are not UTF-8."""
+    """``pandas.read_csv`` with a one-line ``ValueError`` naming the file when it is empty or not UTF-8."""
     import pandas as pd
 
     try:
@@ -95,8 +95,8 @@ def _first_non_utf8(path: Path) -> str:
 
 def read_property_csv(path: str | os.PathLike, smiles_column: str = "smiles",
                       target_columns: Sequence[str] | None = None) -> tuple[list[str], np.ndarray, list[str]]:
-    """``(smiles [R], y [R, T] float32, target_columns)``; ``target_columns`` None = every other
-    column. Raises ``ValueError`` naming the file for a missing or non-numeric column."""
+    """``(smiles [R], y [R, T] float32, target_columns)``; ``ValueError`` naming the file for a
+    missing or non-numeric column."""
     import pandas as pd
 
     targets = resolve_columns(path, smiles_column, target_columns)
@@ -118,8 +118,8 @@ def nonfinite_target_rows(y: np.ndarray) -> np.ndarray:
 
 def check_targets(path: str | os.PathLike, y: np.ndarray, target_columns: Sequence[str],
                   task: str) -> None:
-    """``ValueError`` naming the file and column for a target column with no known value among
-    the usable rows ``y``, or labels that do not fit ``task``."""
+    """``ValueError`` naming the file and column for a target column without a known value among the
+    usable rows ``y``, or labels that do not fit ``task``."""
     empty = [c for c, column in zip(target_columns, y.T) if not np.isfinite(column).any()]
     if empty:
         raise ValueError(f"{path}: target column(s) {empty} have no usable value")
@@ -153,7 +153,6 @@ def check_targets(path: str | os.PathLike, y: np.ndarray, target_columns: Sequen
 
 
 def _few(values: np.ndarray, shown: int = 10) -> str:
-    """``[v1, v2, ...]`` of at most ``shown`` values (integers without a decimal point)."""
     text = ", ".join(f"{v:g}" for v in values[:shown])
     return f"[{text}{', ...' if len(values) > shown else ''}]"
 
@@ -172,7 +171,7 @@ def warn_rejected_rows(path: str | os.PathLike, rejected_rows: np.ndarray, total
 def random_split(num_rows: int, fractions: Sequence[float], seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded random ``train/val/test`` row indices with the given fractions."""
     order = np.random.default_rng(seed).permutation(num_rows)
-    return dict(zip(SPLIT_NAMES, _cut(order, fractions)))
+    return dict(zip(SPLIT_NAMES, np.split(order, np.round(np.cumsum(fractions[:2]) * num_rows).astype(int))))
 
 
 def murcko_scaffold(smiles: str) -> str:
@@ -184,8 +183,8 @@ def murcko_scaffold(smiles: str) -> str:
 
 
 def scaffold_split(smiles: Sequence[str], fractions: Sequence[float]) -> dict[str, np.ndarray]:
-    """Deterministic scaffold split: scaffold groups, largest first (ties: first occurrence),
-    go to train until it would exceed its share, then to val, then test."""
+    """Bemis-Murcko scaffold groups, largest first (ties: first occurrence), fill train up to its
+    share, then val, then test (as DeepChem and chemprop split)."""
     groups: dict[str, list[int]] = {}
     for row, s in enumerate(smiles):
         groups.setdefault(murcko_scaffold(s), []).append(row)
@@ -204,11 +203,9 @@ def scaffold_split(smiles: Sequence[str], fractions: Sequence[float]) -> dict[st
 
 
 def read_split_file(path: str | os.PathLike, num_rows: int) -> dict[str, np.ndarray]:
-    """``{train, val, test: rows}`` of a JSON split file: an object with those three keys, each a
-    list of 0-based data rows of the CSV (the header is not a row), or chemprop's
-    ``--splits-file`` form, a list holding one such object. ``ValueError`` naming the file for
-    anything else: a missing key, a row that is not an integer in ``[0, num_rows)``, a row in two
-    splits."""
+    """``{train, val, test: rows}`` of a JSON split file (0-based data rows; chemprop's
+    ``--splits-file`` form, a list of one such object, too); ``ValueError`` naming the file for a
+    missing key, a row that is not an integer in ``[0, num_rows)`` or a row in two splits."""
     import json
 
     path = Path(path)
@@ -242,11 +239,6 @@ def read_split_file(path: str | os.PathLike, num_rows: int) -> dict[str, np.ndar
     return parts
 
 
-def _cut(order: np.ndarray, fractions: Sequence[float]) -> list[np.ndarray]:
-    bounds = np.round(np.cumsum(fractions[:2]) * len(order)).astype(int)
-    return np.split(order, bounds)
-
-
 def check_fractions(fractions: Sequence[float]) -> tuple[float, float, float]:
     fractions = tuple(float(f) for f in fractions)
     if len(fractions) != 3 or min(fractions) < 0 or abs(sum(fractions) - 1) > 1e-6:
@@ -255,24 +247,20 @@ def check_fractions(fractions: Sequence[float]) -> tuple[float, float, float]:
 
 
 class CSVDataModule(SMILESTableDataModule):
-    """A molecule property CSV ``path`` (the file format above; ``data:<file>`` names a file of the
-    local data copies, :func:`~.local_data.data_file`): ``smiles_column`` + ``target_columns``
-    (default: every other column), ``task`` ``regression``, ``classification`` (binary or
-    multi-label 0/1 columns) or ``multiclass`` (one column of class ids; ``num_targets`` is the
-    number of classes, the largest id + 1), ``split`` random (drawn from ``split_seed``, not from
-    the training ``seed``, so runs with other seeds share one test set) or scaffold with
-    ``split_fractions``, or the rows of a JSON ``split_file`` (:func:`read_split_file`; it
-    replaces ``split``: chemprop's ``--splits-file`` reads the same file). Featurized and encoded once into ``cache_root`` (default ``data/csv``),
-    keyed by the file's content. ``featurizer``: ``ogb`` (default; any molecule RDKit reads) or
-    ``zinc`` (ZINC's 28 atom tokens, to fine-tune a ZINC-trained model; rows with another atom
-    are skipped with one warning). Rows whose molecule has more than ``max_nodes`` atoms are
-    skipped in every split, counted with the rejected rows (their size is read from the SMILES,
-    so a huge polymer is never featurized nor encoded). Prediction serves the test split.
-    ``molecule_descriptors``: each batch also carries its molecules' raw RDKit descriptors
-    (:mod:`.descriptors`, computed once per distinct SMILES and cached), which the model clips and
-    standardizes with the statistics of the TRAINING split (:meth:`descriptor_statistics`, kept in
-    its checkpoint) and reads beside its readout; a row whose molecule gets no descriptor at all is
-    skipped with one warning. Other arguments: :class:`GraphDataModule`'s."""
+    """A molecule property CSV ``path`` (``data:<file>``: a file of the local data copies) with
+    ``smiles_column`` and ``target_columns`` (default: every other column; empty = unknown).
+
+    ``task``: ``regression``, ``classification`` (binary or multi-label 0/1 columns) or
+    ``multiclass`` (one column of class ids 0..K-1). ``split``: random (from ``split_seed``, not the
+    training ``seed``, so runs with other seeds share one test set) or scaffold, with
+    ``split_fractions``; or the rows of a JSON ``split_file`` (chemprop's ``--splits-file``). Rows
+    whose SMILES RDKit (or the ``featurizer``: ``ogb``, or ``zinc`` with its 28 atom tokens)
+    rejects, rows with an infinite target and rows of more than ``max_nodes`` atoms (known from the
+    SMILES, never featurized) are skipped in every split with one warning per kind. Featurized and
+    encoded once into ``cache_root``, keyed by the file's content. Prediction serves the test split.
+    ``molecule_descriptors``: batches also carry the molecules' raw RDKit descriptors, which the
+    model standardizes with the TRAINING split's statistics (:meth:`descriptor_statistics`) and reads
+    beside its readout. Other arguments: :class:`GraphDataModule`'s."""
 
     def __init__(self, path: str, smiles_column: str = "smiles", target_columns: list[str] | None = None,
                  task: str = "regression", split: str = "random",
@@ -323,8 +311,7 @@ class CSVDataModule(SMILESTableDataModule):
         return len(descriptor_names()) if self.molecule_descriptors else 0
 
     def row_descriptors(self) -> np.ndarray:
-        """``[R, D]`` raw RDKit descriptors of every row of the file (NaN where one fails), each
-        distinct SMILES computed once (``build_workers`` processes) into the table's cache."""
+        """``[R, D]`` raw RDKit descriptors of every row (NaN where one fails), cached per distinct SMILES."""
         if self._row_descriptors is None:
             work_dir, source, _ = self.table_source()
             smiles = self._read()[0]
@@ -335,8 +322,7 @@ class CSVDataModule(SMILESTableDataModule):
         return self._row_descriptors
 
     def descriptor_statistics(self) -> tuple[np.ndarray, ...]:
-        """:func:`~.descriptors.clip_statistics` of the training split's raw descriptors: what the
-        model standardizes every molecule's descriptors with."""
+        """:func:`~.descriptors.clip_statistics` of the training split's raw descriptors."""
         return clip_statistics(self.row_descriptors()[self.store()[3]["train"]])
 
     def table_split(self, name: str):
@@ -358,7 +344,7 @@ class CSVDataModule(SMILESTableDataModule):
     def table_source(self) -> tuple[Path, dict, Callable[[], tuple[Sequence[str], np.ndarray]]]:
         source = {**self.file_fingerprint(), "smiles_column": self.smiles_column,
                   "target_columns": self.target_columns}
-        # one work directory per featurizer (the ogb one keeps its original name)
+        # one work directory per featurizer (ogb's without a suffix)
         suffix = "" if self.featurizer == "ogb" else f"-{self.featurizer}"
         return (self.cache_root / f"{self.path.stem}-{source['blake2b'][:12]}{suffix}", source,
                 lambda: self._read()[:2])
@@ -369,13 +355,12 @@ class CSVDataModule(SMILESTableDataModule):
 
     def split_rows(self, graph_of_row: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
         bad_targets = nonfinite_target_rows(y)
-        warn_rejected_rows(self.path, np.flatnonzero(graph_of_row == REJECTED_ROW), len(y),
-                                        "whose SMILES RDKit rejects" if self.featurizer == "ogb"
-                                        else f"whose SMILES RDKit or the {self.featurizer!r} featurizer rejects")
-        warn_rejected_rows(self.path, np.flatnonzero(graph_of_row == TOO_LARGE_ROW), len(y),
-                                        f"with more than max_nodes={self.max_nodes} atoms")
-        warn_rejected_rows(self.path, bad_targets, len(y),
-                                        "with an infinite or out-of-range target")
+        rejects = "RDKit" if self.featurizer == "ogb" else f"RDKit or the {self.featurizer!r} featurizer"
+        for rows, why in ((np.flatnonzero(graph_of_row == REJECTED_ROW), f"whose SMILES {rejects} rejects"),
+                          (np.flatnonzero(graph_of_row == TOO_LARGE_ROW),
+                           f"with more than max_nodes={self.max_nodes} atoms"),
+                          (bad_targets, "with an infinite or out-of-range target")):
+            warn_rejected_rows(self.path, rows, len(y), why)
         usable = graph_of_row >= 0
         usable[bad_targets] = False
         if self.molecule_descriptors:
@@ -401,7 +386,6 @@ class CSVDataModule(SMILESTableDataModule):
         return parts
 
     def _split_valid(self, valid: np.ndarray, num_rows: int) -> dict[str, np.ndarray]:
-        """``{split: rows}`` of the usable rows ``valid`` of the file's ``num_rows``."""
         if self.split_file is not None:
             parts = read_split_file(self.split_file, num_rows)
             for name, rows in parts.items():
@@ -419,6 +403,6 @@ class CSVDataModule(SMILESTableDataModule):
         return {name: valid[rows] for name, rows in parts.items()}
 
     def predict_smiles(self) -> list[str]:
-        """The SMILES of the predict split's items, in order (as in the file)."""
+        """The SMILES of the predict split's items, in order."""
         smiles, _, _ = self._read()
         return [smiles[row] for row in self.store()[3]["test"]]

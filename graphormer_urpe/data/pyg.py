@@ -21,13 +21,8 @@ from graphormer_urpe.data.feature_ids import check_integer_features, to_shared_i
 
 
 class GraphormerEncodings(BaseTransform):
-    """Adds ``spd``, ``path_edges``, ``degree`` and the optional encodings (module docstring) to a
-    ``Data``.
-
-    Args:
-        max_hops: ``K``, edges kept per shortest path (the model's ``max_hops``).
-        rwse_steps: and the other :class:`~.encodings.EncodingParams` fields.
-    """
+    """Adds ``spd``, ``path_edges``, ``degree`` and the optional encodings to a ``Data``; ``max_hops``
+    (``K``) and the other :class:`~.encodings.EncodingParams` fields."""
 
     def __init__(self, max_hops: int = DEFAULT_MAX_HOPS, **params: int) -> None:
         self.params = EncodingParams(max_hops=int(max_hops), **params)
@@ -55,14 +50,9 @@ class GraphormerEncodings(BaseTransform):
 
 
 def to_graph_batch(batch, atom_feature_dims: Sequence[int], bond_feature_dims: Sequence[int]) -> GraphBatch:
-    """A PyG ``Batch`` of graphs carrying :class:`GraphormerEncodings` -> :class:`GraphBatch`.
-
-    ``atom_feature_dims`` / ``bond_feature_dims``: the vocabulary size of each column of ``x`` /
-    ``edge_attr`` (e.g. ZINC: ``(28,)`` and ``(4,)``,
-    :data:`~.featurize.ZINC_ATOM_FEATURE_DIMS`); a value outside its column's range is a
-    ValueError naming the column. ``y`` is taken as ``[B, T]`` (NaN = unknown); a batch without
-    ``y`` gets NaN.
-    """
+    """A PyG ``Batch`` of graphs carrying :class:`GraphormerEncodings` -> :class:`GraphBatch`, with the
+    vocabulary size of each column of ``x`` / ``edge_attr`` (a value outside is a ValueError naming
+    the column); ``y`` as ``[B, T]``, NaN without one."""
     missing = [name for name in CORE_ENCODINGS if name not in batch]
     if missing:
         raise ValueError(f"the batch has no {missing}: add GraphormerEncodings() as the dataset's "

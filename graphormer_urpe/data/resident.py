@@ -18,12 +18,9 @@ from graphormer_urpe.data.dataset import EncodedGraphDataset, SeededShuffleSampl
 
 @dataclass
 class OrderSlice:
-    """A training batch by its place in the epoch's order: items ``order[start:start + size]``
-    (``order`` is one device tensor per epoch), which the training step gathers itself
-    (:meth:`ResidentSplit.gather`), inside a recorded CUDA graph on a GPU
-    (:mod:`graphormer_urpe.training.engine`). What a :class:`ResidentLoader` with
-    ``static_shapes`` yields. A plain dataclass: Lightning moves its tensor field to the device,
-    where ``order`` already is (the same tensor comes back)."""
+    """A training batch by its place in the epoch's order, ``order[start:start + size]`` (one device
+    tensor per epoch), which the training step gathers itself (:meth:`ResidentSplit.gather`), inside
+    a recorded CUDA graph on a GPU: what a :class:`ResidentLoader` with ``static_shapes`` yields."""
 
     order: Tensor
     start: int
@@ -35,12 +32,8 @@ class OrderSlice:
 
 
 class ResidentSplit:
-    """The items of one split (an :class:`~.dataset.EncodedGraphDataset`) on a device.
-
-    Item ids, targets and positions live on the device next to the graphs; node and edge
-    counts per item stay on the host as well, to size each batch without a sync.
-    ``graphs`` may be shared by several splits (PCQM4Mv2 and CSV stores hold all molecules).
-    """
+    """The items of one split on a device, next to its graphs (which several splits may share); node
+    and edge counts stay on the host too, to size each batch without a sync."""
 
     def __init__(self, dataset: EncodedGraphDataset, graphs: FlatGraphs) -> None:
         device = graphs.device
@@ -60,8 +53,8 @@ class ResidentSplit:
         return len(self.num_nodes)
 
     def batch(self, items: np.ndarray, items_on_device: Tensor | None = None) -> GraphBatch:
-        """The batch of items ``items [B]`` (host ints), padded as the dataset's batches are;
-        ``items_on_device`` is the same ids already on the device (saves a host-to-device copy)."""
+        """The batch of host item ids ``items``, padded as the dataset's batches are
+        (``items_on_device``: the same ids already on the device)."""
         items, unlabelled = unmasked(items)  # masked: served without labels, as the dataset does
         if unlabelled.any():
             items_on_device = None
@@ -81,10 +74,8 @@ class ResidentSplit:
                             self.padding or exact, check_padding=False)
 
     def gather(self, order: Tensor, start: Tensor | int, offsets: Tensor) -> GraphBatch:
-        """The batch of items ``order[start + offsets]`` (device tensors), in the split's padding:
-        device work of fixed shapes only, no sync, as a recorded training step needs. The padding
-        covers every batch of the split (:meth:`~.batch.BatchPadding.covering`), so it is not
-        checked; an :class:`OrderSlice` is ``gather(part.order, part.start, arange(part.size))``."""
+        """The batch of items ``order[start + offsets]`` in the split's padding, which covers every batch
+        so is not checked: fixed-shape device work, no sync, as a recorded training step needs."""
         if self.padding is None:
             raise ValueError("gathering from the epoch order needs a split padded to one shape")
         items = order.index_select(0, start + offsets)
@@ -93,20 +84,10 @@ class ResidentSplit:
 
 
 class ResidentLoader:
-    """A ``DataLoader`` stand-in over a :class:`ResidentSplit`: yields batches (:class:`GraphBatch`)
-    already on the split's device, ``batch_size`` items each (the last one may be smaller), padded
-    as the split's dataset pads them (:class:`~.batch.BatchPadding`).
-
-    ``static_shapes`` (the data's option of that name; the split must be padded to one shape):
-    every batch has ``batch_size`` items (an incomplete last one is dropped), so all have one
-    shape, and each is yielded as its place in the epoch order (:class:`OrderSlice`), which the
-    training step gathers itself (:meth:`ResidentSplit.gather`).
-
-    Items: those of ``sampler`` (any sampler of item ids: a :class:`~.dataset.SeededShuffleSampler`
-    for training, which also knows this process's share of a distributed run and where a resumed
-    epoch continues; a share of an evaluation split), else the whole split in order. They are drawn
-    when iteration starts, as a ``DataLoader`` draws them.
-    """
+    """A ``DataLoader`` stand-in over a :class:`ResidentSplit`: batches of ``batch_size`` items of
+    ``sampler`` (else the whole split in order), drawn when iteration starts, already on the device.
+    With ``static_shapes`` (a split padded to one shape) every batch is whole and yielded as an
+    :class:`OrderSlice`."""
 
     def __init__(self, split: ResidentSplit, batch_size: int, sampler: Sampler[int] | None = None,
                  static_shapes: bool = False) -> None:
@@ -131,7 +112,6 @@ class ResidentLoader:
         return -(-self._num_items() // self.batch_size)
 
     def order(self) -> np.ndarray:
-        """The items of this epoch (this process's share), in order, as int64."""
         if self.sampler is None:
             return np.arange(len(self.split), dtype=np.int64)
         if isinstance(self.sampler, SeededShuffleSampler):
@@ -140,8 +120,7 @@ class ResidentLoader:
 
     def __iter__(self) -> Iterator[GraphBatch | OrderSlice]:
         order = self.order()
-        # Resuming inside an epoch: the batches already trained are skipped (the whole epoch's
-        # order stays on the device: one tensor of one shape per epoch).
+        # resuming inside an epoch: the batches already trained are skipped
         first = (self.sampler.batches_done() * self.batch_size
                  if isinstance(self.sampler, SeededShuffleSampler) else 0)
         order_on_device = torch.from_numpy(order)

@@ -24,7 +24,7 @@ import torch
 from graphormer_urpe.data.datamodule import GraphDataModule
 from graphormer_urpe.data.dataset import EncodedGraphDataset
 from graphormer_urpe.data.graphs import flat_graphs_from_pyg
-from graphormer_urpe.data.featurize import ZINC_ATOM_TOKENS, parallel_map, smiles_to_zinc_dense
+from graphormer_urpe.data.featurize import ZINC_ATOM_TOKENS, map_chunks, smiles_to_zinc_dense
 from graphormer_urpe.data.local_data import ZINC as ZINC_DIR, built_under, local_copy, where_to_put
 from graphormer_urpe.utils.files import AtomicDirectory
 
@@ -47,19 +47,13 @@ def _dense_chunk(smiles: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
 def zinc_graphs_from_smiles(smiles: Sequence[str], num_workers: int | None = None,
                             chunk_size: int = 2000, desc: str = "ZINC SMILES -> graphs",
                             ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """:func:`~.featurize.smiles_to_zinc_dense` over many SMILES in ``num_workers`` processes
-    (default: all cores), in order, with a tqdm progress bar."""
-    chunks = [list(smiles[i:i + chunk_size]) for i in range(0, len(smiles), chunk_size)]
-    out: list[tuple[np.ndarray, np.ndarray]] = []
-    for part in parallel_map(_dense_chunk, chunks, num_workers, desc, [len(c) for c in chunks]):
-        out.extend(part)
-    return out
+    """:func:`~.featurize.smiles_to_zinc_dense` over many SMILES in worker processes, in order."""
+    return [graph for part in map_chunks(_dense_chunk, smiles, chunk_size, num_workers, desc) for graph in part]
 
 
 def resolve_zinc_source(source_dir: str | os.PathLike | None = None) -> Path | None:
-    """The offline source directory: ``source_dir``, else ``$GRAPHORMER_URPE_ZINC_SOURCE``, else
-    the ``zinc/`` of the local data copies (:func:`.local_data.local_copy`), else None (PyG
-    downloads). Raises ``ValueError`` when the chosen directory lacks a source file."""
+    """The offline source directory: ``source_dir``, else ``$GRAPHORMER_URPE_ZINC_SOURCE``, else the
+    local data copies' ``zinc/``, else None (PyG downloads); ``ValueError`` when it lacks a file."""
     chosen = source_dir
     if chosen is None:
         chosen = os.environ.get(ZINC_SOURCE_ENV) or local_copy(ZINC_DIR)
@@ -89,8 +83,7 @@ _EXACT_ARRAYS = ("x", "edge_index", "edge_attr", "node_ptr", "edge_ptr", "y")
 
 def _exact_graphs(npz_path: Path) -> list[tuple[np.ndarray, np.ndarray, float]]:
     """The official subset graphs of one split as ``(atom_type, bond_type, y)``; a one-line
-    ``ValueError`` naming the file when it does not hold their arrays (read as data: an object
-    array, which only unpickling would give, is refused)."""
+    ``ValueError`` naming the file when it does not hold their arrays (read as data only)."""
     try:
         with np.load(npz_path) as arrays:
             d = {name: arrays[name] for name in _EXACT_ARRAYS}
@@ -109,8 +102,7 @@ def _exact_graphs(npz_path: Path) -> list[tuple[np.ndarray, np.ndarray, float]]:
 
 
 class _PickledAsTensor:
-    """Pickles as ``torch.from_numpy(array)``: unpickles into a real tensor much faster than
-    torch's own tensor pickling (which round-trips every storage through ``torch.load``)."""
+    """Pickles as ``torch.from_numpy(array)``, much faster to unpickle than torch's own tensor pickling."""
 
     __slots__ = ("array",)
 
@@ -123,10 +115,9 @@ class _PickledAsTensor:
 
 def build_zinc_raw(raw_dir: str | os.PathLike, source_dir: str | os.PathLike,
                    num_workers: int | None = None) -> None:
-    """Write PyG's ZINC raw files (``{train,val,test}.pickle`` and ``.index``) into ``raw_dir``
-    from an offline source directory. Needs RDKit. The files appear atomically: they are written
-    into a temporary sibling directory that is renamed to ``raw_dir`` at the end; an incomplete
-    ``raw_dir`` (a file missing) is replaced whole. PyG's processed files are left as they are."""
+    """Write PyG's ZINC raw files into ``raw_dir`` from an offline source directory (needs RDKit),
+    atomically: an incomplete ``raw_dir`` is replaced whole; PyG's processed files are left as
+    they are."""
     source = resolve_zinc_source(source_dir)
     raw_dir = Path(raw_dir)
     vocabulary = json.loads((source / "atom_dict.json").read_text())["idx2word"]
@@ -175,10 +166,9 @@ def _raw_complete(raw_dir: Path) -> bool:
 def load_zinc(root: str | os.PathLike = "data/ZINC", subset: bool = True, split: str = "train",
               source_dir: str | os.PathLike | None = None, num_workers: int | None = None,
               force_reload: bool = False):
-    """``torch_geometric.datasets.ZINC(root, subset, split)``, building its raw files offline
-    first when they are missing and a source directory is found (:func:`resolve_zinc_source`);
-    without one, PyG downloads them as usual. A processed file that does not load (truncated,
-    damaged) is logged with its path and rebuilt from the raw files, like a damaged cache entry."""
+    """``torch_geometric.datasets.ZINC(root, subset, split)``, its raw files built offline first when
+    missing and a source directory is found (else PyG downloads them); a processed file that does
+    not load is logged with its path and rebuilt."""
     from torch_geometric.datasets import ZINC
 
     if split not in SPLITS:
@@ -211,17 +201,16 @@ def load_zinc(root: str | os.PathLike = "data/ZINC", subset: bool = True, split:
 
 
 def _storage_from_bytes(data: bytes):
-    """``torch.storage._load_from_bytes`` (how a pickled tensor stores its data) as data only."""
+    """``torch.storage._load_from_bytes`` as data only."""
     import io
 
     return torch.load(io.BytesIO(data), weights_only=True)
 
 
 class RawZincUnpickler(pickle.Unpickler):
-    """Reads ZINC's raw ``{split}.pickle`` files as data: lists of dicts of tensors, written by
-    :func:`build_zinc_raw` (tensors as ``torch.from_numpy`` of numpy arrays) or pickled by torch
-    (PyG's download). Any other callable in the file, which plain ``pickle.load`` would call, is
-    refused with the file's name: a planted raw file cannot run code."""
+    """Reads ZINC's raw pickles (ours: tensors as ``torch.from_numpy``; PyG's download: pickled by
+    torch) as data: any other callable in the file is refused with its name, so a planted raw file
+    cannot run code."""
 
     #: (module, name) of the callables those files use; everything else is refused.
     ALLOWED = frozenset({
@@ -241,7 +230,6 @@ class RawZincUnpickler(pickle.Unpickler):
                                      "loaded; delete it to rebuild or download it")
 
     def attribute(self, owner, name: str):
-        """``getattr`` as a pickle of ``torch.from_numpy`` spells it, and nothing else."""
         if owner is torch._C._VariableFunctionsClass and name == "from_numpy":
             return torch.from_numpy
         self.refuse(f"getattr(..., {name!r})")
@@ -266,11 +254,10 @@ class _RawZincPickle:
 
 @contextlib.contextmanager
 def pyg_files_read_as_data() -> Iterator[None]:
-    """Within the block PyG's ZINC reads its files as plain data only. Raw pickles go through
-    :class:`RawZincUnpickler` (PyG uses ``pickle.load``). Processed files (``processed/*.pt``) go
-    through :func:`~graphormer_urpe.utils.torch_files.read_checkpoint`: PyG's own reader
-    retries a file that holds other objects with ``weights_only=False``, which would run a
-    planted file's code; such a file fails to load instead, and is rebuilt as a damaged one."""
+    """Within the block PyG's ZINC reads its files as data only: raw pickles through
+    :class:`RawZincUnpickler`, processed files through
+    :func:`~graphormer_urpe.utils.torch_files.read_checkpoint` (PyG's own reader retries with
+    ``weights_only=False``, which would run a planted file's code; such a file is rebuilt instead)."""
     from torch_geometric.datasets import zinc as pyg_zinc
     from torch_geometric.io import fs
 
@@ -289,8 +276,8 @@ def pyg_files_read_as_data() -> Iterator[None]:
 class ZINCDataModule(GraphDataModule):
     """ZINC (subset: 10,000 / 1,000 / 1,000; full: 220,011 / 24,445 / 5,000) via PyG's ``ZINC``
     under ``<root>/ZINC``, built offline from ``source_dir`` or the local data copies when its raw
-    files are missing (:func:`resolve_zinc_source`). Prediction serves ``predict_split``. Other
-    arguments: :class:`GraphDataModule`'s."""
+    files are missing. Prediction serves ``predict_split``. Other arguments:
+    :class:`GraphDataModule`'s."""
 
     featurizer = "zinc"
 
