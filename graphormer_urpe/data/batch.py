@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from graphormer_urpe.data.encodings import ENCODING_BY_NAME, EncodingParams
-from graphormer_urpe.data.graphs import FlatGraphs, encode_flat
+from graphormer_urpe.data.graphs import FlatGraphs
 
 
 @dataclass
@@ -293,26 +293,17 @@ def gather_batch(graphs: FlatGraphs, index: Tensor, y: Tensor | None = None,
 
 def collate_pyg_graphs(data_list: Sequence, params: EncodingParams | int, atom_feature_dims: Sequence[int],
                        bond_feature_dims: Sequence[int]) -> GraphBatch:
-    """Encode (in memory) and collate a few ``torch_geometric.data.Data`` graphs (``x``,
-    ``edge_index``, ``edge_attr`` raw values, optional ``y``; missing -> NaN): small inputs and test
-    fixtures. ``params`` may be just ``max_hops``."""
+    """Encode (in memory, :class:`~.pyg.GraphormerEncodings`) and collate a few
+    ``torch_geometric.data.Data`` graphs (raw ``x``, ``edge_index``, ``edge_attr``, optional
+    ``y``): small inputs and test fixtures. ``params`` may be just ``max_hops``."""
+    from torch_geometric.data import Batch
+
+    from graphormer_urpe.data.pyg import GraphormerEncodings, to_graph_batch
+
     if not isinstance(params, EncodingParams):
         params = EncodingParams(max_hops=params)
     if len(data_list) == 0:
         raise ValueError("collate_pyg_graphs needs at least one graph")
-    n = np.array([int(d.num_nodes) for d in data_list], dtype=np.int64)
-    e = np.array([int(d.edge_index.shape[1]) for d in data_list], dtype=np.int64)
-    num_bond_cols = len(bond_feature_dims)
-    ys = [None if getattr(d, "y", None) is None else d.y.reshape(-1).numpy() for d in data_list]
-    num_targets = max((len(v) for v in ys if v is not None), default=1)
-    y = np.stack([np.full(num_targets, np.nan, np.float32) if v is None else v for v in ys])
-    flat = encode_flat(
-        x=np.concatenate([d.x.numpy().reshape(int(d.num_nodes), -1) for d in data_list]),
-        node_ptr=np.concatenate([[0], np.cumsum(n)]),
-        edge_index=np.concatenate([d.edge_index.numpy() for d in data_list], axis=1),
-        edge_attr=np.concatenate([d.edge_attr.numpy().reshape(-1, num_bond_cols) for d in data_list]),
-        edge_ptr=np.concatenate([[0], np.cumsum(e)]),
-        y=y, params=params,
-        atom_feature_dims=atom_feature_dims, bond_feature_dims=bond_feature_dims,
-    )
-    return collate(flat, np.arange(len(data_list)))
+    encode = GraphormerEncodings(**params.as_dict())
+    batch = Batch.from_data_list([encode(data.clone()) for data in data_list])
+    return to_graph_batch(batch, atom_feature_dims, bond_feature_dims)

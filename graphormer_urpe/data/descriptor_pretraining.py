@@ -31,19 +31,17 @@ def read_smiles_file(path: str | os.PathLike, smiles_column: str = "smiles") -> 
 
 
 class DescriptorDataModule(SMILESTableDataModule):
-    """Pretraining on any molecules without labels: the targets are each SMILES' standardized
-    RDKit descriptors (module docstring; ``num_targets`` = ``len(descriptor_names())``).
+    """Pretraining on molecules without labels: the targets are each SMILES' standardized RDKit
+    descriptors (``num_targets`` = ``len(descriptor_names())``).
 
     Args:
-        path: the molecules: one SMILES per line (``.smi``, ``.txt``, optionally ``.gz``) or a
-            CSV with ``smiles_column``; ``data:<file>`` names a file of the local data copies
-            (:func:`~.local_data.data_file`).
-        split_fractions: random train / val / test shares, drawn from ``split_seed`` (not from
-            the training ``seed``: runs with other seeds share one split).
+        path: one SMILES per line (``.smi``, ``.txt``, optionally ``.gz``) or a CSV with
+            ``smiles_column``; ``data:<file>`` names a file of the local data copies.
+        split_fractions: random train / val / test shares, drawn from ``split_seed`` (not the
+            training ``seed``: runs with other seeds share one split).
         cache_root: where the descriptors, graphs and encodings are cached (keyed by content).
         featurizer: ``ogb`` (default: fits any organic CSV later) or ``zinc``.
-        **kwargs: :class:`~.datamodule.GraphDataModule`'s.
-    """
+        **kwargs: :class:`~.datamodule.GraphDataModule`'s."""
 
     def __init__(self, path: str, smiles_column: str = "smiles",
                  split_fractions: tuple[float, float, float] = (0.96, 0.02, 0.02),

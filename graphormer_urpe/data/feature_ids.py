@@ -1,14 +1,6 @@
-r"""Categorical feature columns mapped into one shared embedding-id space per kind.
-
-A featurizer gives every atom ``F`` integer columns (bond: ``Fe`` columns); column ``c`` takes
-values in ``[0, dims[c])``. The model embeds all columns of a kind with ONE table, so column
-``c``'s ids are offset past the vocabularies of columns ``0 .. c-1`` and shifted by one more so
-that id 0 is padding:
-
-.. math::
-    \mathrm{id}(c, v) = 1 + \sum_{c' < c} \mathrm{dims}[c'] + v,
-    \qquad \text{table size} = 1 + \sum_c \mathrm{dims}[c].
-"""
+r"""Categorical feature columns mapped into one shared embedding-id space per kind: column ``c``'s
+ids are offset past the vocabularies of the columns before it and by one more, so id 0 is
+padding: ``id(c, v) = 1 + sum(dims[:c]) + v``, table size ``1 + sum(dims)``."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -34,8 +26,7 @@ def feature_offsets(feature_dims: Sequence[int]) -> np.ndarray:
 
 
 def check_integer_features(raw: np.ndarray, kind: str) -> None:
-    """``ValueError`` unless ``raw`` holds integers: each column is a vocabulary of ids (an atom
-    or bond type); a float would be truncated to an id, and NaN would become one."""
+    """``ValueError`` unless ``raw`` holds integers (a float would be truncated to an id, NaN become one)."""
     if not np.issubdtype(raw.dtype, np.integer):
         raise ValueError(f"{kind} features are {raw.dtype}, not integers: Graphormer embeds each "
                          "column as ids of a vocabulary (e.g. atom types); convert features that "
@@ -43,12 +34,8 @@ def check_integer_features(raw: np.ndarray, kind: str) -> None:
 
 
 def to_shared_ids(raw: np.ndarray, feature_dims: Sequence[int], kind: str = "atom") -> np.ndarray:
-    """Map raw per-column values ``[M, F]`` (or ``[M]`` for one column) to shared ids ``[M, F]``.
-
-    Raises ``ValueError`` naming the column when a value lies outside ``[0, dims[c])``, which would
-    otherwise silently alias another column's ids, and for values that are not integers
-    (:func:`check_integer_features`).
-    """
+    """Raw per-column values ``[M, F]`` (or ``[M]``) as shared ids ``[M, F]``; ``ValueError`` naming
+    the column for a value outside ``[0, dims[c])`` (it would alias another column) or not an integer."""
     raw = np.asarray(raw)
     check_integer_features(raw, kind)
     if raw.ndim == 1:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,8 +33,7 @@ DOWNLOAD_TIMEOUT_S = 60
 
 
 def cache_data_dir() -> Path:
-    """The user's data cache: ``$XDG_CACHE_HOME/graphormer-urpe/data``, by default
-    ``~/.cache/graphormer-urpe/data`` (downloads of :func:`data_file` go there)."""
+    """The user's data cache, ``$XDG_CACHE_HOME/graphormer-urpe/data`` (``~/.cache/...``)."""
     cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(cache).expanduser() / "graphormer-urpe" / "data"
 
@@ -61,9 +61,8 @@ def where_to_put(relative: str) -> str:
 
 def data_file(path: str | os.PathLike) -> Path:
     """The file a data option names: ``path`` itself, or for ``data:<relative>`` the file of the
-    local copies (:func:`local_copy`), else of the user's data cache, else downloaded into that
-    cache now (once, written whole) where :data:`DOWNLOADS` has its address. A ``data:`` file that
-    none of them gives is a ``ValueError`` naming where to put it."""
+    local copies, else of the user's data cache, else downloaded there once where
+    :data:`DOWNLOADS` has its address; else a ``ValueError`` naming where to put it."""
     text = os.fspath(path)
     if not text.startswith(DATA_PREFIX):
         return Path(text)
@@ -80,8 +79,7 @@ def data_file(path: str | os.PathLike) -> Path:
     try:
         with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response, \
                 atomic_write(cached, binary=True) as out:
-            while chunk := response.read(1 << 20):
-                out.write(chunk)
+            shutil.copyfileobj(response, out)
     except OSError as exc:  # URLError, timeouts, refused connections, an unwritable cache
         raise ValueError(f"{text}: no local copy of {relative} (expected at {where_to_put(relative)}) "
                          f"and its download from {url} to {cached} failed ({getattr(exc, 'reason', None) or exc})"
@@ -95,11 +93,9 @@ _NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 @contextlib.contextmanager
 def built_under(root: str | os.PathLike, option: str) -> Iterator[None]:
-    """Within the block (a data set's build and cache), a folder or file in ``root`` (or ``root``
-    itself, or a folder above it) that cannot be created is a one-line ``ValueError`` naming
-    ``root`` and ``option``, the option that moves it. A build creates its folder or lock first,
-    so this comes before the long work; a read-only ``root`` that holds everything already built
-    is read as it is."""
+    """Within the block (a data set's build), a folder or file in or above ``root`` that cannot be
+    created is a one-line ``ValueError`` naming ``root`` and the ``option`` that moves it; a
+    read-only ``root`` that holds everything already built is read as it is."""
     try:
         yield
     except OSError as error:

@@ -28,8 +28,8 @@ def check_loss_name(loss: str | None) -> None:
 
 @dataclass(frozen=True)
 class Task:
-    """Base class: a task's name, its validation metric (logged as ``val/<metric>``) and whether
-    that metric is maximised (the checkpoint callback's ``mode``)."""
+    """Base class: a task's name, its validation metric (``val/<metric>``) and whether that metric is
+    maximised."""
 
     name: str
     metric_name: str
@@ -37,16 +37,13 @@ class Task:
 
     @property
     def mode(self) -> str:
-        """``"max"`` or ``"min"``: how the checkpoint callback compares :attr:`metric_name`."""
         return "max" if self.maximize else "min"
 
     @property
     def monitor(self) -> str:
-        """The logged validation metric that selects checkpoints, e.g. ``val/mae``."""
         return f"val/{self.metric_name}"
 
     def head_width(self, num_targets: int) -> int:
-        """Outputs of the model's head: one per target (per class for ``multiclass``)."""
         return num_targets
 
     def check_num_targets(self, num_targets: int) -> None:
@@ -61,11 +58,9 @@ class Task:
     own_loss = ""
 
     def with_loss(self, loss: str | None) -> "Task":
-        """This task training with ``loss`` (``model.loss``; None: its own). Only regression
-        has a choice (:class:`RegressionTask`). The other tasks have one loss each and train with
-        it whatever regression loss is named, so that one recipe (``configs/csv.yaml``) serves
-        every CSV task; a named one is said in a log line. A name that is no regression loss is a
-        ValueError for every task."""
+        """This task training with ``loss`` (``model.loss``; None: its own). Only regression has a
+        choice; the others keep their one loss whatever regression loss is named (so one recipe serves
+        every CSV task), said in a log line. A name that is no regression loss is a ValueError."""
         check_loss_name(loss)
         if loss is not None:
             log.info("model.loss %s is for regression targets: this %s model trains with %s",
@@ -78,27 +73,23 @@ class Task:
         return mean
 
     def loss_terms(self, outputs: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        """``(mean loss over the known labels, their number)``: the number weighs the batch in a
-        mean over several (processes, accumulated batches). Both device tensors, fixed shapes."""
+        """``(mean loss over the known labels, their number)``, which weighs the batch in a mean over
+        several; device tensors of fixed shapes."""
         losses, known = self.losses(outputs.float(), y, ~torch.isnan(y))
         count = known.sum()
         return (losses * known).sum() / count.clamp_min(1), count
 
     def metric(self, num_targets: int):
-        """A fresh torchmetrics ``Metric`` for validation / test."""
         raise NotImplementedError
 
     def update_metric(self, metric, outputs: Tensor, y: Tensor) -> None:
-        """Feed one batch of raw outputs and labels (NaN = unknown) to :meth:`metric`'s result."""
         raise NotImplementedError
 
     def predictions(self, outputs: Tensor) -> Tensor:
-        """Raw outputs ``[B, head width]`` -> float32 predictions."""
         return outputs.float()
 
     def prediction_columns(self, num_targets: int, target_names: Sequence[str] | None = None) -> list[str]:
-        """Output columns: ``prediction_<name>`` per target when names are known, else
-        ``prediction`` (one target) or ``prediction_<k>``."""
+        """``prediction_<name>`` per named target, else ``prediction`` (one target) or ``prediction_<k>``."""
         if target_names is not None and len(target_names) == num_targets:
             return [f"prediction_{name}" for name in target_names]
         return ["prediction"] if num_targets == 1 else [f"prediction_{k}" for k in range(num_targets)]
@@ -106,9 +97,8 @@ class Task:
 
 @dataclass(frozen=True)
 class RegressionTask(Task):
-    """Values: L1 loss, MAE (the ZINC / PCQM4Mv2 objective and metric). ``squared``
-    (``model.loss: mse``): squared error instead, for a target judged by RMSE; the metric that
-    selects checkpoints stays MAE."""
+    """Values: L1 loss and MAE; ``squared`` (``model.loss: mse``) trains on squared error, the metric
+    that selects checkpoints stays MAE."""
 
     squared: bool = False
 
@@ -157,8 +147,7 @@ class ClassificationTask(Task):
 
 
 class MulticlassTask(Task):
-    """One integer class id per graph (one label column), ``num_targets`` = number of classes
-    logits: cross-entropy, accuracy, softmax probabilities (one column per class)."""
+    """One class id per graph, ``num_targets`` = classes: cross-entropy, accuracy, softmax probabilities."""
 
     own_loss = "cross-entropy"
 
@@ -183,8 +172,7 @@ class MulticlassTask(Task):
         return torch.softmax(outputs.float(), dim=-1)
 
     def prediction_columns(self, num_targets: int, target_names: Sequence[str] | None = None) -> list[str]:
-        """``prediction_<label column>_<class>`` (``prediction_<class>`` unnamed): the
-        probability of each class."""
+        """``prediction_<label column>_<class>`` (``prediction_<class>`` unnamed)."""
         prefix = f"prediction_{target_names[0]}_" if target_names is not None and len(target_names) == 1 \
             else "prediction_"
         return [f"{prefix}{k}" for k in range(num_targets)]
