@@ -105,7 +105,7 @@ def _run(args: list[str] | None) -> int:
     # data: a stop signal is taken there when they go on, as the first stops (it would fail in
     # that barrier on a process that the signal ended on the spot).
     other_process = stop_on_signals() if rank_zero_only.rank > 0 else contextlib.nullcontext()
-    try:
+    try:  # however it ends, the process group is closed before the interpreter exits
         with other_process:
             build_cli(args)
     except SIGTERMException:  # raised after the step in progress, which last.ckpt then holds
@@ -128,14 +128,16 @@ def _run(args: list[str] | None) -> int:
             raise
         print(f"graphormer-urpe: error: {refused}", file=sys.stderr)
         return 2
-    end_process_group()
-    signum = pending_stop()
-    return stopped(signum, during_training=False) if signum else 0
+    else:
+        signum = pending_stop()
+        return stopped(signum, during_training=False) if signum else 0
+    finally:
+        end_process_group()
 
 
 def end_process_group() -> None:
-    """Close a multi-process run's process group before the interpreter exits: left to exit, the
-    gloo group's threads can be torn down under it and the process aborts after its work is done."""
+    """Close a multi-process run's process group: left to the interpreter's exit, gloo's threads
+    can be torn down under it, and the process aborts ("terminate called") after its work is done."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():

@@ -435,3 +435,18 @@ def test_evaluation_on_two_processes_is_the_splits_own(esol_csv, tmp_path, run_m
     two = graphormer_urpe(*csv_args("test", tmp_path / "test2", table, splits, 2, "--ckpt_path", checkpoint))
     assert set(results(one.stdout, "test")) == {"test/loss", "test/mae"}
     assert results(two.stdout, "test") == pytest.approx(results(one.stdout, "test"), rel=1e-6)
+
+
+def test_a_two_process_test_ends_with_its_process_group_closed(esol_csv, tmp_path):
+    """``graphormer-urpe test`` on 2 gloo processes (as the ablation runs it) closes its process
+    group before it exits: left to the interpreter's exit, gloo's threads could be torn down under
+    it, and the process aborted after printing its metrics ("terminate called ...", exit -6)."""
+    import pandas as pd
+
+    table = tmp_path / "esol40.csv"
+    pd.read_csv(esol_csv).head(40).to_csv(table, index=False)
+    splits = tmp_path / "splits.json"
+    splits.write_text(json.dumps({"train": list(range(32)), "val": [32], "test": [33, 34, 35]}))
+    done = graphormer_urpe(*csv_args("test", tmp_path / "test2", table, splits, 2))
+    assert set(results(done.stdout, "test")) == {"test/loss", "test/mae"}
+    assert "terminate called" not in done.stderr, done.stderr[-3000:]
