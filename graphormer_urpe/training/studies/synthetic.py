@@ -1,29 +1,7 @@
-r"""The paper's synthetic sequence tasks (Luo et al., 2022, Figure 1) and a resumable grid runner.
-
-Tasks (sequences of ``n`` tokens drawn uniformly from a vocabulary of size ``V``, generated on
-the fly from a seeded ``torch.Generator``; positions below are 0-based, ``p = 0 .. n-1``):
-
-* ``pi`` - Position Identification, :math:`f(w_1..w_n) = (1, .., n)`: position ``p`` must
-  output the class ``p`` (``n`` classes).
-* ``etp`` - Even Token Prediction, :math:`f(w_1..w_n) = (w_2, w_4, .., \mathrm{EOS})`. With an
-  encoder-only model every position emits one output: position ``p`` predicts the token at
-  index ``2p + 1`` (that is :math:`w_{2(p+1)}`) while ``2p + 1 < n``; the next position,
-  ``p = n // 2``, predicts ``EOS`` (class ``V``); later positions are ignored by the loss
-  and the accuracy (target ``IGNORE_INDEX``). For ``n = 128`` that is 64 tokens + EOS.
-
-Both tasks are trivial with absolute positions and impossible without any position
-information; the paper's point is that RPE (softmax rows sum to one, so a Toeplitz bias cannot
-tell positions apart) fails them while URPE (a learnable Toeplitz scale after the softmax)
-solves them.
-
-The grid (``task x vocab x scheme x seed``, :func:`run_grid`; the command
-``graphormer-urpe-synthetic``) writes each finished cell to ``<run-dir>/<cell>.json`` (metrics)
-and ``<run-dir>/<cell>.pt`` (weights, for ``graphormer-urpe-plot``) before the next starts, so a
-killed grid resumes where it stopped. The cell name ends in a fingerprint of its settings
-(:meth:`TrainConfig.fingerprint`): changed settings train new cells beside the old.
-:func:`write_reports` writes the table into a markdown file (between the ``results`` markers)
-and ``synthetic.{json,csv}``.
-"""
+"""The paper's synthetic sequence tasks, Position Identification (``pi``) and Even Token
+Prediction (``etp``), and the resumable grid ``task x vocab x scheme x seed`` of
+``graphormer-urpe-synthetic`` (docs/synthetic.md). Each finished cell is kept as
+``<run-dir>/<cell>.json`` and ``.pt``; its name ends in a fingerprint of its settings."""
 from __future__ import annotations
 
 import csv
@@ -58,9 +36,6 @@ RESULTS_BEGIN = "<!-- synthetic-results:begin -->"
 RESULTS_END = "<!-- synthetic-results:end -->"
 
 
-# --------------------------------------------------------------------------------------------
-# Tasks
-# --------------------------------------------------------------------------------------------
 def _check_task(task: str, *schemes: str) -> None:
     if task not in TASKS:
         raise ValueError(f"task={task!r} is not one of {TASKS}")
@@ -75,15 +50,6 @@ def num_classes(task: str, vocab_size: int, length: int) -> int:
     return length if task == "pi" else vocab_size + 1
 
 
-def sample_tokens(batch_size: int, length: int, vocab_size: int,
-                  generator: torch.Generator) -> Tensor:
-    """Uniform random token ids ``[B, L]`` int32 in ``[0, vocab_size)``."""
-    if batch_size < 1 or length < 1 or vocab_size < 1:
-        raise ValueError(f"batch_size={batch_size}, length={length} and vocab_size={vocab_size} "
-                         "must all be positive")
-    return torch.randint(vocab_size, (batch_size, length), generator=generator, dtype=torch.int32)
-
-
 def position_identification_targets(tokens: Tensor) -> Tensor:
     """``[B, L]`` int64 targets ``p`` at position ``p`` (0-based), whatever the tokens."""
     batch, length = tokens.shape
@@ -92,7 +58,7 @@ def position_identification_targets(tokens: Tensor) -> Tensor:
 
 def even_token_targets(tokens: Tensor, eos: int) -> Tensor:
     """``[B, L]`` int64 targets: ``tokens[:, 2p + 1]`` for ``p < L // 2``, ``eos`` at
-    ``p = L // 2`` (when ``L`` is odd or even alike), ``IGNORE_INDEX`` after it."""
+    ``p = L // 2``, ``IGNORE_INDEX`` after it."""
     batch, length = tokens.shape
     targets = torch.full((batch, length), IGNORE_INDEX, dtype=torch.long, device=tokens.device)
     half = length // 2
@@ -104,24 +70,20 @@ def even_token_targets(tokens: Tensor, eos: int) -> Tensor:
 
 def make_batch(task: str, batch_size: int, length: int, vocab_size: int,
                generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """A fresh batch ``(tokens [B, L] int32, targets [B, L] int64)`` of ``task``."""
+    """A fresh batch ``(tokens [B, L] int32 uniform in [0, vocab_size), targets [B, L] int64)``."""
     _check_task(task)
-    tokens = sample_tokens(batch_size, length, vocab_size, generator)
+    if batch_size < 1 or length < 1 or vocab_size < 1:
+        raise ValueError(f"batch_size={batch_size}, length={length} and vocab_size={vocab_size} "
+                         "must all be positive")
+    tokens = torch.randint(vocab_size, (batch_size, length), generator=generator, dtype=torch.int32)
     if task == "pi":
         return tokens, position_identification_targets(tokens)
     return tokens, even_token_targets(tokens, eos=vocab_size)
 
 
-# --------------------------------------------------------------------------------------------
-# Training one cell
-# --------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class TrainConfig:
-    """Settings of one training run (one grid cell).
-
-    The paper's setting is 3 layers and length 128; width, batch and steps are sized for a
-    2-core CPU box. :data:`TASK_OVERRIDES` holds the per-task departures from these defaults.
-    """
+    """Settings of one grid cell (:data:`TASK_OVERRIDES`: each task's departures)."""
 
     length: int = 128
     embed_dim: int = 64
@@ -131,9 +93,7 @@ class TrainConfig:
     batch_size: int = 32
     steps: int = 300
     lr: float = 3e-3
-    # Adam moves every parameter by about ``lr`` per step whatever its gradient, so in a short
-    # run a B/C table entry can travel at most ``lr * steps`` from its init; the tables (a few
-    # hundred numbers per layer, RPE's and URPE's alike) get this multiple of ``lr``.
+    # Adam moves a parameter by about lr a step: the B/C tables get this multiple of it
     table_lr_multiplier: float = 10.0
     warmup_steps: int = 40
     weight_decay: float = 0.0
@@ -152,26 +112,20 @@ class TrainConfig:
 
     def fingerprint(self) -> str:
         """Short hash of every setting: cells trained differently get different files."""
-        text = json.dumps(asdict(self), sort_keys=True)
-        return hashlib.sha1(text.encode()).hexdigest()[:8]
+        return hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:8]
 
 
-#: Per-task departures from the :class:`TrainConfig` defaults. ETP must learn to copy one of
-#: ``V`` tokens through attention; at length 128 even APE stays on the loss plateau
-#: ``ln(V + 1)`` for 800 steps, at length 32 it leaves it within a few hundred (measurements in
-#: docs/synthetic.md), so the default grid runs ETP at length 32, for longer.
+#: Per-task departures from the :class:`TrainConfig` defaults (why: docs/synthetic.md).
 TASK_OVERRIDES: dict[str, dict] = {"pi": {}, "etp": {"length": 32, "steps": 1500}}
 
 
 def task_config(task: str, **overrides) -> TrainConfig:
-    """The default settings of ``task`` with ``overrides`` (fields of :class:`TrainConfig`;
-    None values are ignored) applied on top."""
+    """``task``'s settings with ``overrides`` (:class:`TrainConfig` fields; None: the task's)."""
     _check_task(task)
     unknown = set(overrides) - {f.name for f in dataclasses.fields(TrainConfig)}
     if unknown:
         raise ValueError(f"unknown TrainConfig fields {sorted(unknown)}")
-    given = {k: v for k, v in overrides.items() if v is not None}
-    return TrainConfig(**{**TASK_OVERRIDES[task], **given})
+    return TrainConfig(**{**TASK_OVERRIDES[task], **{k: v for k, v in overrides.items() if v is not None}})
 
 
 @dataclass
@@ -190,11 +144,9 @@ class CellResult:
 
 
 def _scored(model: SequenceTransformer, tokens: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
-    """Logits and targets of the scored positions only (ETP ignores half the positions, and
-    its 10,001-way head is the costliest part of a step)."""
+    """Logits and targets of the scored positions only (ETP's large head is the costly part)."""
     keep = targets != IGNORE_INDEX
-    hidden = model.encode(tokens)
-    return model.head(hidden[keep]), targets[keep]
+    return model.head(model.encode(tokens)[keep]), targets[keep]
 
 
 def build_model(task: str, vocab_size: int, scheme: str, config: TrainConfig) -> SequenceTransformer:
@@ -206,12 +158,9 @@ def build_model(task: str, vocab_size: int, scheme: str, config: TrainConfig) ->
 
 def _optimizer(model: SequenceTransformer, config: TrainConfig) -> torch.optim.Optimizer:
     tables = [p for n, p in model.named_parameters() if n.endswith(".table")]
-    table_ids = {id(p) for p in tables}
-    others = [p for p in model.parameters() if id(p) not in table_ids]
-    groups = [{"params": others}]
+    groups = [{"params": [p for n, p in model.named_parameters() if not n.endswith(".table")]}]
     if tables:
-        groups.append({"params": tables, "lr": config.lr * config.table_lr_multiplier,
-                       "weight_decay": 0.0})
+        groups.append({"params": tables, "lr": config.lr * config.table_lr_multiplier, "weight_decay": 0.0})
     return torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)
 
 
@@ -230,8 +179,7 @@ def evaluate(model: SequenceTransformer, task: str, vocab_size: int, config: Tra
     and per position (None where a position is never scored, e.g. ETP after the EOS)."""
     model.eval()
     generator = torch.Generator().manual_seed(seed + EVAL_SEED_OFFSET)
-    correct = torch.zeros(config.length)
-    total = torch.zeros(config.length)
+    correct, total = torch.zeros(config.length), torch.zeros(config.length)
     for _ in range(config.eval_batches):
         tokens, targets = make_batch(task, config.batch_size, config.length, vocab_size, generator)
         logits, scored = _scored(model, tokens, targets)
@@ -253,74 +201,47 @@ def train_cell(task: str, vocab_size: int, scheme: str, seed: int, config: Train
     threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
     try:
-        return _train(task, vocab_size, scheme, seed, config, progress)
+        torch.manual_seed(seed)
+        model = build_model(task, vocab_size, scheme, config)
+        optimizer = _optimizer(model, config)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _lr_factor(step, config))
+        generator = torch.Generator().manual_seed(seed)
+        losses: list[float] = []
+        start = time.perf_counter()
+        bar = tqdm(range(config.steps), desc=f"{task} V={vocab_size} {scheme} seed={seed}",
+                   disable=not progress, leave=False, file=sys.stderr, mininterval=1.0)
+        for step in bar:
+            tokens, targets = make_batch(task, config.batch_size, config.length, vocab_size, generator)
+            loss = F.cross_entropy(*_scored(model, tokens, targets))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            optimizer.step()
+            schedule.step()
+            losses.append(loss.item())
+            if step % 10 == 0:
+                bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        bar.close()
+        accuracy, position_accuracy = evaluate(model, task, vocab_size, config, seed)
     finally:
         torch.set_num_threads(threads)
-
-
-def _train(task: str, vocab_size: int, scheme: str, seed: int, config: TrainConfig,
-           progress: bool) -> tuple[CellResult, SequenceTransformer, list[float]]:
-    torch.manual_seed(seed)
-    model = build_model(task, vocab_size, scheme, config)
-    optimizer = _optimizer(model, config)
-    base_lrs = [group["lr"] for group in optimizer.param_groups]
-    generator = torch.Generator().manual_seed(seed)
-    losses: list[float] = []
-    start = time.perf_counter()
-    bar = tqdm(range(config.steps), desc=f"{task} V={vocab_size} {scheme} seed={seed}",
-               disable=not progress, leave=False, file=sys.stderr, mininterval=1.0)
-    for step in bar:
-        for group, base in zip(optimizer.param_groups, base_lrs):
-            group["lr"] = base * _lr_factor(step, config)
-        tokens, targets = make_batch(task, config.batch_size, config.length, vocab_size, generator)
-        logits, scored = _scored(model, tokens, targets)
-        loss = F.cross_entropy(logits, scored)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-        optimizer.step()
-        losses.append(loss.item())
-        if step % 10 == 0:
-            bar.set_postfix(loss=f"{losses[-1]:.3f}")
-    bar.close()
-    accuracy, position_accuracy = evaluate(model, task, vocab_size, config, seed)
     tail = losses[-max(1, len(losses) // 10):]
-    result = CellResult(task=task, vocab_size=vocab_size, scheme=scheme, seed=seed,
-                        accuracy=accuracy, final_loss=sum(tail) / len(tail),
-                        seconds=time.perf_counter() - start, config=asdict(config),
-                        position_accuracy=position_accuracy)
-    return result, model, losses
+    return CellResult(task, vocab_size, scheme, seed, accuracy, sum(tail) / len(tail), time.perf_counter() - start,
+                      asdict(config), position_accuracy), model, losses
 
 
-# --------------------------------------------------------------------------------------------
-# The grid
-# --------------------------------------------------------------------------------------------
 def cell_name(task: str, vocab_size: int, scheme: str, seed: int, config: TrainConfig) -> str:
     """``<task>-L<length>-v<vocab>-<scheme>-s<seed>-<fingerprint>``."""
     return f"{task}-L{config.length}-v{vocab_size}-{scheme}-s{seed}-{config.fingerprint()}"
 
 
-def load_cell(run_dir: Path, name: str, config: TrainConfig) -> CellResult | None:
-    """The stored result of a cell, or None when it is missing or was trained differently."""
-    path = run_dir / f"{name}.json"
-    if not path.exists():
-        return None
-    stored = json.loads(path.read_text())
-    if stored.get("config") != asdict(config):
-        return None
-    return CellResult(**stored)
-
-
 def run_grid(tasks: Sequence[str], vocab_sizes: Sequence[int], schemes: Sequence[str],
              seeds: Sequence[int], config: TrainConfig | Mapping[str, TrainConfig], run_dir: Path,
              progress: bool = True) -> list[CellResult]:
-    """Train every missing cell of ``tasks x vocab_sizes x schemes x seeds``; returns all results.
-
-    ``config`` is one :class:`TrainConfig` for all tasks or one per task. Each cell's metrics
-    (``<name>.json``) and weights (``<name>.pt``: ``state_dict``, the cell's settings and the
-    result) are saved as soon as it finishes; a cell whose JSON exists is loaded, not retrained.
-    The name carries a fingerprint of the settings, so changed settings train new cells.
-    """
+    """Train every missing cell of ``tasks x vocab_sizes x schemes x seeds`` (``config``: one for
+    all tasks or one per task); returns all results. A cell's weights (``<name>.pt``) then its
+    metrics (``<name>.json``: the cell counts as finished) are saved as soon as it finishes; a
+    cell whose JSON exists with the same settings is loaded, not retrained."""
     for task in tasks:
         _check_task(task, *schemes)
     configs = {t: config if isinstance(config, TrainConfig) else config[t] for t in tasks}
@@ -330,17 +251,15 @@ def run_grid(tasks: Sequence[str], vocab_sizes: Sequence[int], schemes: Sequence
     for index, (task, vocab, scheme, seed) in enumerate(cells, 1):
         config = configs[task]
         name = cell_name(task, vocab, scheme, seed, config)
-        result = load_cell(run_dir, name, config)
-        if result is not None:
-            status = "cached"
+        stored = json.loads((run_dir / f"{name}.json").read_text()) if (run_dir / f"{name}.json").exists() else {}
+        if stored.get("config") == asdict(config):
+            result, status = CellResult(**stored), "cached"
         else:
             result, model, losses = train_cell(task, vocab, scheme, seed, config, progress)
-            checkpoint = {"state_dict": model.state_dict(), "task": task, "vocab_size": vocab,
-                          "scheme": scheme, "seed": seed, "config": asdict(config),
-                          "losses": losses, "result": asdict(result)}
-            # Weights first: a cell counts as finished only once its JSON exists.
             with atomic_write(run_dir / f"{name}.pt", binary=True) as handle:
-                torch.save(checkpoint, handle)
+                torch.save({"state_dict": model.state_dict(), "task": task, "vocab_size": vocab, "scheme": scheme,
+                            "seed": seed, "config": asdict(config), "losses": losses, "result": asdict(result)},
+                           handle)
             with atomic_write(run_dir / f"{name}.json") as handle:
                 handle.write(json.dumps(asdict(result), indent=1))
             status = f"{result.seconds:.0f}s"
@@ -352,14 +271,13 @@ def run_grid(tasks: Sequence[str], vocab_sizes: Sequence[int], schemes: Sequence
 
 
 def summarize(results: Iterable[CellResult]) -> list[dict]:
-    """One row per (task, vocab, scheme): accuracy per seed and their mean."""
+    """One row per (task, length, vocab, scheme): accuracy per seed and their mean."""
     rows: dict[tuple, dict] = {}
     for r in results:
         length = r.config["length"]
-        row = rows.setdefault((r.task, length, r.vocab_size, r.scheme),
-                              {"task": r.task, "length": length, "vocab_size": r.vocab_size,
-                               "scheme": r.scheme, "steps": r.config["steps"], "seeds": [],
-                               "accuracies": []})
+        row = rows.setdefault((r.task, length, r.vocab_size, r.scheme), {
+            "task": r.task, "length": length, "vocab_size": r.vocab_size, "scheme": r.scheme,
+            "steps": r.config["steps"], "seeds": [], "accuracies": []})
         row["seeds"].append(r.seed)
         row["accuracies"].append(r.accuracy)
     for row in rows.values():
@@ -378,12 +296,6 @@ def markdown_table(rows: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
-def _machine(results: Sequence[CellResult]) -> str:
-    threads = sorted({r.config.get("threads") for r in results}, key=str)
-    return (f"{os.cpu_count()}-core {platform.machine()} CPU, torch {torch.__version__}, "
-            f"{'/'.join(map(str, threads))} thread(s) per run")
-
-
 def write_reports(results: Sequence[CellResult], results_dir: Path | None,
                   markdown: Path | None, command: str) -> str:
     """Write ``synthetic.json``/``.csv`` to ``results_dir`` and the table into ``markdown``
@@ -393,19 +305,20 @@ def write_reports(results: Sequence[CellResult], results_dir: Path | None,
     table = markdown_table(rows)
     if results_dir is not None:
         results_dir.mkdir(parents=True, exist_ok=True)
-        payload = {"command": command, "cells": [asdict(r) for r in results], "summary": rows}
         with atomic_write(results_dir / "synthetic.json") as handle:
-            handle.write(json.dumps(payload, indent=1))
-        with atomic_write(results_dir / "synthetic.csv") as fh:
-            writer = csv.writer(fh)
-            writer.writerow(["task", "length", "vocab_size", "scheme", "seed", "steps",
-                             "accuracy", "final_loss", "seconds"])
-            for r in results:
-                writer.writerow([r.task, r.config["length"], r.vocab_size, r.scheme, r.seed,
-                                 r.config["steps"], f"{r.accuracy:.6f}", f"{r.final_loss:.6f}",
-                                 f"{r.seconds:.1f}"])
+            handle.write(json.dumps({"command": command, "cells": [asdict(r) for r in results], "summary": rows},
+                                    indent=1))
+        with atomic_write(results_dir / "synthetic.csv") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["task", "length", "vocab_size", "scheme", "seed", "steps", "accuracy", "final_loss",
+                             "seconds"])
+            writer.writerows([r.task, r.config["length"], r.vocab_size, r.scheme, r.seed, r.config["steps"],
+                              f"{r.accuracy:.6f}", f"{r.final_loss:.6f}", f"{r.seconds:.1f}"] for r in results)
     if markdown is not None:
-        block = (f"{RESULTS_BEGIN}\nCommand: `{command}`; machine: {_machine(results)}; "
+        threads = "/".join(map(str, sorted({r.config.get("threads") for r in results}, key=str)))
+        machine = (f"{os.cpu_count()}-core {platform.machine()} CPU, torch {torch.__version__}, "
+                   f"{threads} thread(s) per run")
+        block = (f"{RESULTS_BEGIN}\nCommand: `{command}`; machine: {machine}; "
                  f"written {datetime.date.today().isoformat()}.\n\n{table}\n{RESULTS_END}")
         text = markdown.read_text() if markdown.exists() else "# Synthetic tasks\n"
         if RESULTS_BEGIN in text and RESULTS_END in text:
