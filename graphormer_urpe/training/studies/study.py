@@ -1,16 +1,7 @@
-"""What both studies run on, the search (``graphormer-urpe-hpopt``) and the ablation's grid
-(``graphormer-urpe-ablation``): one launcher of a trial's ``graphormer-urpe`` child, tied to this
-process, and the Optuna study database.
-
-The database is opened once per worker (:func:`open_storage`) with Optuna's heartbeat: a trial
-run by ``Study.optimize`` beats every :data:`HEARTBEAT_S`, and one whose heartbeat is
-:data:`GRACE_S` old (its worker on another machine died) is failed and its values queued once
-more by ``RetryHeartbeatStaleTrialCallback``. A trial whose worker ran on this machine and is gone
-is failed and queued at once (:func:`fail_dead_trials`), and so is the trial a stopped worker
-leaves (:func:`fail_and_queue_again`). A SQLite database that another worker or program holds
-locked is waited for :data:`STORAGE_WAIT_S` by SQLite itself; workers started together on a new
-SQLite study take turns creating it (:func:`creating`).
-"""
+"""What the search (``graphormer-urpe-hpopt``) and the ablation's grid (``graphormer-urpe-ablation``)
+both run on: the launcher of a trial's ``graphormer-urpe`` child, tied to this process, and the
+Optuna study database, opened with Optuna's heartbeat (a dead worker's trial is failed and, for the
+search, its values queued again)."""
 from __future__ import annotations
 
 import contextlib
@@ -23,7 +14,7 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import filelock
@@ -48,10 +39,8 @@ class Refused(ValueError):
 
 
 class StorageFailed(BaseException):
-    """The study database failed a read or write during a trial (locked past
-    :data:`STORAGE_WAIT_S`, gone, full). Not an ``Exception``: it passes ``Study.optimize``,
-    which would record the trial in the failing database, and leaves the trial running (the
-    same command run again fails it and runs its values again)."""
+    """The study database failed during a trial. Not an ``Exception``: ``Study.optimize`` would
+    record the trial in the failing database; it stays running for the next run to fail."""
 
 
 def one_line(exc: BaseException) -> str:
@@ -60,8 +49,7 @@ def one_line(exc: BaseException) -> str:
 
 
 def recipe_args(configs: list[str], overrides: list[str]) -> list[str]:
-    """A study's recipe as ``graphormer-urpe fit`` arguments: each ``--config``, then the
-    overrides."""
+    """A study's recipe as ``graphormer-urpe fit`` arguments: each ``--config``, then the overrides."""
     return [arg for config in configs for arg in ("--config", config)] + list(overrides)
 
 
@@ -69,16 +57,10 @@ def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-# --------------------------------------------------------------------------------------------
-# A trial's child
-# --------------------------------------------------------------------------------------------
 def console_command(script: str, module: str) -> list[str]:
-    """The command line that runs the package's console script ``script`` (whose code is
-    ``module``) in a child process: the script beside the interpreter (a virtual environment's
-    ``bin``), else the interpreter running ``module`` as ``python -m`` does, but without the
-    current folder on its import path: ``-m`` puts it first, so a file of the user's folder
-    named like a library (``torchmetrics.py``) would be imported in the library's place.
-    ``PYTHONPATH`` and the user's site-packages stay, unlike ``-I``."""
+    """The command that runs console script ``script`` (code: ``module``): the script beside the
+    interpreter, else ``python -m module`` without the current folder on the import path (a
+    user's ``torchmetrics.py`` must not shadow the library); ``PYTHONPATH`` stays, unlike ``-I``."""
     installed = Path(sys.executable).with_name(script)
     if installed.is_file():
         return [str(installed)]
@@ -90,10 +72,8 @@ def console_command(script: str, module: str) -> list[str]:
 
 
 def tied_to_parent(signum: int) -> Callable[[], None]:
-    """A ``preexec_fn`` for ``subprocess``: on Linux the child gets ``signum`` when this
-    process dies (``PR_SET_PDEATHSIG``), and at once when it already died between the fork and
-    the tie, so a killed study leaves no trial's ``fit`` writing into a run directory (SIGTERM:
-    the fit saves at the end of its step)."""
+    """A ``preexec_fn``: on Linux the child gets ``signum`` when this process dies
+    (``PR_SET_PDEATHSIG``), at once if it died before the tie: a killed study leaves no fit running."""
     parent, prctl = os.getpid(), None
     if sys.platform.startswith("linux"):  # looked up here: the child only calls it
         with contextlib.suppress(OSError, AttributeError):
@@ -111,8 +91,7 @@ def tied_to_parent(signum: int) -> Callable[[], None]:
 
 
 def _stop(child: subprocess.Popen) -> int:
-    """SIGTERM to a still running child (a fit saves its state at the end of its step), SIGKILL
-    :data:`STOP_GRACE_S` later; its exit status."""
+    """SIGTERM to a running child (a fit saves at its step's end), SIGKILL :data:`STOP_GRACE_S` later."""
     if child.poll() is None:
         child.send_signal(signal.SIGTERM)
     try:
@@ -124,13 +103,10 @@ def _stop(child: subprocess.Popen) -> int:
 
 def launch(stage: str, args: list[str], log: Path, env: dict, deadline: float | None = None,
            record: Callable[[float, int | None], None] | None = None) -> tuple[int, bool]:
-    """``graphormer-urpe <stage> <args>`` in a child process, its output appended to ``log``
-    after a line naming the command. The child imports nothing of the current folder
-    (:func:`console_command`) and gets SIGTERM when this process
-    dies (Linux). At the ``time.monotonic()`` ``deadline``, or when this process is stopped (a
-    signal, Ctrl-C: raised again once the child ended), the child is stopped (:func:`_stop`).
-    ``record(seconds so far, None)`` every :data:`TICK_S`, and ``record(seconds, exit status)``
-    when it ended, however. ``(its exit status, whether the deadline stopped it)``."""
+    """``graphormer-urpe <stage> <args>`` in a child tied to this process, its output appended to
+    ``log``; stopped (:func:`_stop`) at the monotonic ``deadline`` or when this process is stopped
+    (raised again after). ``record(seconds, None)`` every :data:`TICK_S`, ``record(seconds, status)``
+    at the end. Returns ``(exit status, whether the deadline stopped it)``."""
     command = [*console_command("graphormer-urpe", "graphormer_urpe.cli.fit"), stage, *args]
     start, status = time.monotonic(), None
     with open(log, "a") as out:
@@ -158,25 +134,25 @@ def launch(stage: str, args: list[str], log: Path, env: dict, deadline: float | 
                 record(time.monotonic() - start, status)
 
 
-# --------------------------------------------------------------------------------------------
-# The study database
-# --------------------------------------------------------------------------------------------
-def safe_url(url: str) -> str:
+def _parsed(url: str):
+    """SQLAlchemy's parse of ``url``; None when it does not parse (open_storage names it)."""
     try:
         from sqlalchemy.engine import make_url
 
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - a URL that does not parse is shown as given
-        return url
+        return make_url(url)
+    except Exception:  # noqa: BLE001 - any error of the parse
+        return None
+
+
+def safe_url(url: str) -> str:
+    parsed = _parsed(url)
+    return url if parsed is None else parsed.render_as_string(hide_password=True)
 
 
 def sqlite_file(url: str) -> Path | None:
     """The database file of a SQLite URL (None: another database, or SQLite in memory)."""
-    try:
-        from sqlalchemy.engine import make_url
-
-        parsed = make_url(url)
-    except Exception:  # noqa: BLE001 - open_storage names a URL that does not parse
+    parsed = _parsed(url)
+    if parsed is None:
         return None
     database = parsed.database
     if parsed.get_backend_name() != "sqlite" or not database or database == ":memory:" \
@@ -186,9 +162,8 @@ def sqlite_file(url: str) -> Path | None:
 
 
 def check_writable(study_dir: Path, url: str, option: str) -> None:
-    """Before any trial: the study folder, where the trials run, and a SQLite study database
-    with its folder (SQLite writes its journal beside it) can be written; :class:`Refused`
-    naming the path that cannot."""
+    """:class:`Refused` naming the study folder, or a SQLite database or its folder (the journal),
+    when it cannot be written."""
     from graphormer_urpe.utils.files import check_creatable_dir, check_writable_dir
 
     try:
@@ -210,33 +185,22 @@ def check_writable(study_dir: Path, url: str, option: str) -> None:
         raise Refused(str(exc)) from None
 
 
-@contextlib.contextmanager
-def creating(url: str) -> Iterator[None]:
-    """Around opening (and creating) a study database and its study: workers started together
-    on a new SQLite study take turns (the ``filelock`` lock ``<database>.lock`` beside it), or
-    the first would create the tables while the second finds them half made. Another database
-    is created in one transaction by its server."""
+def creating(url: str) -> contextlib.AbstractContextManager:
+    """Workers opening a new SQLite study together take turns (``<database>.lock``), or one would
+    find the other's tables half made; a server database creates them in one transaction."""
     database = sqlite_file(url)
     if database is None:
-        yield
-        return
-    lock = filelock.FileLock(f"{database}.lock")  # the kernel drops it when the process ends
-    try:
-        lock.acquire()
+        return contextlib.nullcontext()
+    try:  # acquire's proxy releases on leaving; the kernel drops the lock when the process ends
+        return filelock.FileLock(f"{database}.lock").acquire()
     except OSError as exc:
         raise Refused(f"{database}.lock (the study database's lock) cannot be written "
                       f"({exc.strerror or exc})") from None
-    try:
-        yield
-    finally:
-        lock.release()
 
 
 def open_storage(url: str, option: str, queue_again: bool = True):
-    """The study database with Optuna's heartbeat (a busy database skips a beat: the grace
-    period covers it): a trial whose heartbeat is :data:`GRACE_S` old is failed and, with
-    ``queue_again``, its values queued once more; :class:`Refused` naming ``option`` when it
-    cannot be opened."""
+    """The study database with Optuna's heartbeat (a busy database skips a beat): a trial whose
+    beat is :data:`GRACE_S` old is failed and (``queue_again``) queued once more; :class:`Refused`."""
     import optuna
     from optuna.exceptions import StorageInternalError
     from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
@@ -262,8 +226,7 @@ def open_storage(url: str, option: str, queue_again: bool = True):
 
 
 def storage_error(exc: BaseException) -> str:
-    """Why the study database failed, in one line: the database driver's own error behind
-    Optuna's storage error."""
+    """Why the study database failed, in one line: the driver's error behind Optuna's."""
     cause = exc.__cause__ or exc
     cause = getattr(cause, "orig", None) or cause  # SQLAlchemy's wrapper: the driver's message
     return f"{type(cause).__name__}: {one_line(cause)}"
@@ -286,14 +249,9 @@ def stored_recipe(storage, name: str, recipe: dict, names: dict[str, str]) -> di
 
 def connect(url: str, name: str, recipe: dict, names: dict[str, str], check: Callable[[], dict],
             study_dir: Path, option: str, queue_again: bool = True, **create):
-    """``(storage, study)``: the study folder and database checked writable
-    (:func:`check_writable`), the database opened and study ``name`` loaded and compared with
-    ``recipe`` (:func:`stored_recipe`), or created (``create``: ``optuna.create_study``'s
-    arguments) with ``recipe`` after ``check()`` gave its objective, run only for a new study;
-    workers started together take turns (:func:`creating`); ``queue_again``: of
-    :func:`open_storage`. A new study in a ``study_dir`` that
-    holds trial folders (another study's), or a database that fails a read or write, is
-    :class:`Refused`."""
+    """``(storage, study)``: study ``name`` loaded and compared with ``recipe``, or created
+    (``create``: ``optuna.create_study``'s arguments) with ``recipe`` and the objective ``check()``
+    gives. :class:`Refused` for a new study in a folder of another's trials or a failing database."""
     import optuna
     from optuna.exceptions import StorageInternalError
 
@@ -332,9 +290,8 @@ def worker() -> str:
 
 
 def fail_and_queue_again(study, number: int, queue_again: bool = True) -> bool:
-    """Trial ``number``, still running, is marked failed and (``queue_again``) its values queued
-    to run once more, as the heartbeat does for a trial whose worker stopped beating; False when
-    it had already finished (another worker got there first)."""
+    """Running trial ``number`` failed and (``queue_again``) its values queued once more, as the
+    heartbeat does; False when it had already finished."""
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.storages import RetryHeartbeatStaleTrialCallback
     from optuna.trial import TrialState
@@ -352,9 +309,8 @@ def fail_and_queue_again(study, number: int, queue_again: bool = True) -> bool:
 
 
 def fail_dead_trials(study, queue_again: bool = True) -> list[int]:
-    """Running trials whose worker ran on this machine and is gone (Optuna's heartbeat would
-    wait :data:`GRACE_S`), or that never recorded a worker and started over :data:`GRACE_S`
-    ago, are marked failed and their values queued once more (:func:`fail_and_queue_again`)."""
+    """Running trials whose worker on this machine is gone, or that recorded no worker and started
+    over :data:`GRACE_S` ago, failed and queued again (:func:`fail_and_queue_again`); their numbers."""
     from optuna.trial import TrialState
 
     host, started = socket.gethostname(), datetime.datetime.now()
@@ -375,6 +331,6 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # another user's process
+        pass
     return True
