@@ -1,22 +1,8 @@
-"""The hyperparameter search of ``graphormer-urpe-hpopt``: an Optuna study over any
-``graphormer-urpe fit`` key, each trial one ``fit`` in its own process and run directory.
-
-Each trial runs in ``<runs-dir>/<study>/trial-<n>``: the recipe (``--config`` files, then the
-overrides), then the trial's values as one more config file (``trial-<n>/params.yaml``,
-:mod:`~graphormer_urpe.training.studies.search_space`). Its objective is the best value of the
-task's validation metric (``val/mae`` for regression, minimised; ``val/auroc`` /
-``val/accuracy`` maximised), read from the run's checkpoints. A callback in the trial
-(:data:`TRIAL_CALLBACK`, given the study and trial through :data:`TRIAL_ENV`) reports the metric
-after each validation and stops the run when the pruner says so (the trial is then *pruned*). A
-run that diverges (a non-finite validation metric, or a fit stopped by non-finite losses) is
-pruned too, with the reason, and has no value.
-
-The trials run in ``Study.optimize`` (with Optuna's heartbeat,
-:mod:`~graphormer_urpe.training.studies.study`) until the study holds ``n_trials`` finished
-(complete or pruned) trials, counting earlier runs and other workers, or the deadline has passed.
-Stopped by SIGTERM, SIGHUP or Ctrl-C, the search ends the trial's fit, marks the trial failed with
-its values queued again, and says so in one line. After every trial ``best.yaml`` (a config for
-``graphormer-urpe fit --config base.yaml --config best.yaml``) and ``trials.csv`` are written.
+"""The hyperparameter search of ``graphormer-urpe-hpopt`` (docs/hpopt.md): an Optuna study over any
+``graphormer-urpe fit`` key, each trial one ``fit`` in ``<runs-dir>/<study>/trial-<n>`` (the recipe,
+then the trial's values as ``params.yaml``), reported to and pruned by :data:`TRIAL_CALLBACK`; its
+objective is the best validation metric of its checkpoints. ``best.yaml`` and ``trials.csv`` are
+written after every trial.
 """
 from __future__ import annotations
 
@@ -72,8 +58,7 @@ def make_sampler(name: str, seed: int | None, startup_trials: int, offset: int):
 
 
 def make_pruner(spec: dict):
-    """The study's pruner from its spec (``name``: median or none, ``startup_trials``,
-    ``warmup_validations``): the search and each trial's callback build the same."""
+    """The study's pruner from its spec (the search and each trial's callback build the same)."""
     import optuna
 
     if spec["name"] == "none":
@@ -116,28 +101,27 @@ class Search:
         return shlex.join(["fit", *recipe_args(self.configs, self.overrides), "--config",
                            str(self.study_dir / BEST_CONFIG)])
 
-    def finished(self) -> int:
-        """How many trials of the study are finished (complete or pruned), by any worker."""
+    def trials(self, *states: str) -> list:
+        """The study's trials (by any worker) in the ``TrialState`` s named."""
         from optuna.trial import TrialState
 
-        return len(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+        return self.study.get_trials(deepcopy=False, states=tuple(TrialState[state] for state in states))
+
+    def finished(self) -> int:
+        return len(self.trials("COMPLETE", "PRUNED"))
 
     def best(self):
         """The best complete trial (None without one)."""
-        from optuna.trial import TrialState
-
-        return self.study.best_trial if self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) else None
+        return self.study.best_trial if self.trials("COMPLETE") else None
 
     def write_outputs(self) -> None:
-        """``best.yaml`` (once a trial is complete: the best trial's values, with a header saying
-        where they come from and how to train with them) and ``trials.csv``, each written whole."""
-        from optuna.trial import TrialState
-
+        """``best.yaml`` (the best complete trial's values, a header saying how to train with them)
+        and ``trials.csv``."""
         from graphormer_urpe.utils.files import atomic_write
 
         best = self.best()
         if best is not None:
-            complete = len(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+            complete = len(self.trials("COMPLETE"))
             header = [f"{PROG}: study {self.study.study_name!r}, the best of {complete} complete trial(s):",
                       f"trial {best.number}, best {self.monitor} {best.value:.6g} "
                       f"({best.user_attrs.get('best_checkpoint', 'run ' + str(best.user_attrs.get('run_dir')))})",
@@ -149,8 +133,7 @@ class Search:
             table.to_csv(handle, index=False)
 
     def fit(self, trial) -> float:
-        """Trial ``trial``'s fit, run to its end: its objective; ``optuna.TrialPruned`` when the
-        pruner stopped it or it diverged, :class:`TrialFailed` when its fit failed otherwise."""
+        """The trial's fit: its objective; ``optuna.TrialPruned`` (pruned, diverged), :class:`TrialFailed`."""
         import optuna
 
         from graphormer_urpe.prediction.load import best_checkpoint
@@ -195,8 +178,7 @@ class Search:
         return score
 
     def run_trial(self, trial) -> float:
-        """:meth:`fit`, with why a trial that did not complete ended in its ``reason``; a study
-        database that fails is :class:`~graphormer_urpe.training.studies.study.StorageFailed`."""
+        """:meth:`fit`, why it did not complete in its ``reason``; a failing database: ``StorageFailed``."""
         import optuna
         from optuna.exceptions import StorageInternalError
 
@@ -213,24 +195,19 @@ class Search:
             raise
 
     def ended(self, study, trial) -> None:
-        """After each trial: its line (and why, when it did not complete), the outputs, and the
-        search stopped after :data:`MAX_FAILURES_IN_A_ROW` failed trials in a row."""
-        from optuna.trial import TrialState
-
+        """After each trial: its line (and why), the outputs; :data:`MAX_FAILURES_IN_A_ROW` stop it."""
         self.current = None
         print(trial_line(trial, self.monitor), flush=True)
         if "reason" in trial.user_attrs:
             print(f"trial {trial.number}: {trial.user_attrs['reason']}", flush=True)
-        self.failures = self.failures + 1 if trial.state == TrialState.FAIL else 0
+        self.failures = self.failures + 1 if trial.state.name == "FAIL" else 0
         self.write_outputs()
         if self.failures >= MAX_FAILURES_IN_A_ROW:
             study.stop()
 
     def run_trials(self, n_trials: int | None, deadline: float | None) -> int:
-        """``Study.optimize`` until the study holds ``n_trials`` finished trials, the
-        ``time.monotonic()`` deadline has passed, or :data:`MAX_FAILURES_IN_A_ROW` failed in a
-        row. A signal, Ctrl-C or a study database that fails ends the search in one line naming
-        the trial in progress. Returns the exit status."""
+        """``Study.optimize`` until the study holds ``n_trials`` finished trials or the monotonic
+        ``deadline`` passed; a stop or a failing database is one line. Returns the exit status."""
         import optuna
         from optuna.exceptions import StorageInternalError
         from optuna.study import MaxTrialsCallback
@@ -259,7 +236,8 @@ class Search:
                 f"; trial {self.current} is left running: the same command run again on this machine marks "
                 "it failed and runs its values again")
             why = exc if isinstance(exc, StorageFailed) else storage_error(exc)
-            print(f"{PROG}: error: the study database {safe_url(self.storage_url)} failed ({why}){during}", file=sys.stderr, flush=True)
+            print(f"{PROG}: error: the study database {safe_url(self.storage_url)} failed ({why}){during}",
+                  file=sys.stderr, flush=True)
             return 1
         if self.failures >= MAX_FAILURES_IN_A_ROW:
             print(f"{PROG}: error: {self.failures} trials in a row failed; see their {FIT_LOG} under "
@@ -268,9 +246,7 @@ class Search:
         return 0
 
     def stopped(self, status: int) -> str:
-        """After SIGTERM, SIGHUP or Ctrl-C (exit ``status``: 128 + the signal): the trial in
-        progress (its fit already ended) is marked failed and its values queued to run again;
-        the line that says so."""
+        """After a stop (exit ``status``): the trial in progress failed and queued again; the line."""
         from optuna.exceptions import StorageInternalError
 
         how = "Ctrl-C (SIGINT)" if status == INTERRUPTED else signal.Signals(status - 128).name
@@ -293,10 +269,8 @@ class Search:
 def open_search(name: str, url: str, option: str, study_dir: Path, configs: list[str], overrides: list[str],
                 space: dict[str, Param], pruner: dict, sampler: str, seed: int | None,
                 startup_trials: int) -> Search:
-    """This worker of study ``name`` in the database ``url`` (``option`` names it in a refusal):
-    the study created with the recipe (after the recipe's check) or loaded and compared with it
-    (:func:`~graphormer_urpe.training.studies.study.connect`), its sampler seeded past the trials
-    it holds. :class:`~graphormer_urpe.training.studies.study.Refused` for bad input."""
+    """This worker of study ``name`` in database ``url`` (:func:`.study.connect`), its sampler
+    seeded past the trials the study holds."""
     recipe = recipe_record(configs, overrides, space)
     _, study = connect(url, name, recipe, RECIPE_PARTS, lambda: check_recipe(configs, overrides, space),
                        study_dir, option, pruner=make_pruner(pruner))

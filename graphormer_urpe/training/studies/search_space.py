@@ -1,16 +1,6 @@
-"""The search space of ``graphormer-urpe-hpopt`` and the recipe it is searched with, both checked
-before any trial.
-
-The space is a YAML mapping from a ``graphormer-urpe fit`` key to its range::
-
-    model.lr: {type: float, low: 1e-5, high: 1e-3, log: true}
-    model.backbone.num_layers: {type: int, low: 2, high: 6}
-    model.backbone.dropout: {type: categorical, choices: [0.0, 0.1]}
-
-A refusal (:class:`Refused`) names the file, the line and the key. A trial's values are drawn
-by :meth:`Param.suggest` and given to its ``fit`` as one more config file (:func:`config_text`).
-The recipe (``--config`` files and overrides) must parse with both ends of every range and every
-choice set on it (:func:`check_recipe`, ``fit``'s own parser and checks; no data is read).
+"""The search space of ``graphormer-urpe-hpopt`` (a YAML mapping of ``fit`` keys to ranges, such
+as ``model.lr: {type: float, low: 1e-5, high: 1e-3, log: true}``) and its recipe, both checked
+before any trial; a refusal names the file, the line and the key.
 """
 from __future__ import annotations
 
@@ -47,8 +37,7 @@ _Loader.add_implicit_resolver(
 
 @dataclass(frozen=True)
 class Param:
-    """One key's range: ``float`` / ``int`` between ``low`` and ``high`` (``log`` scale or a
-    ``step``), or ``categorical`` ``choices`` (finite numbers, strings, booleans, null)."""
+    """One key's range: ``float`` / ``int`` from ``low`` to ``high`` (``log`` or ``step``), or ``choices``."""
 
     key: str
     type: str
@@ -91,8 +80,7 @@ def _number(where: str, name: str, value: Any, integer: bool) -> float | int:
 
 
 def parse_param(key: str, spec: Any, where: str = "") -> Param:
-    """One entry of the search space, checked (:class:`Refused` starting with ``where``, which
-    names the key and where it is written)."""
+    """One entry of the search space, checked (:class:`Refused` starting with ``where``)."""
     where = where or f"search space {key}"
     if not isinstance(spec, dict):
         raise Refused(f"{where}: expected a mapping such as {{type: float, low: 1e-5, "
@@ -137,8 +125,7 @@ def parse_param(key: str, spec: Any, where: str = "") -> Param:
 
 
 def _refuse_repeated_keys(path: Path, node: yaml.Node, parent: str | None = None) -> None:
-    """A key written twice in one mapping of the space file (YAML would keep the last silently),
-    refused naming the file, the key and both lines."""
+    """A key written twice in one mapping (YAML would keep the last) refused, with both lines."""
     if isinstance(node, yaml.SequenceNode):
         for item in node.value:
             _refuse_repeated_keys(path, item, parent)
@@ -158,8 +145,7 @@ def _refuse_repeated_keys(path: Path, node: yaml.Node, parent: str | None = None
 
 
 def read_space(path: Path) -> dict[str, Param]:
-    """The search space file: a mapping of dotted ``fit`` keys to ranges. A refusal names the
-    file, the line and the key."""
+    """The search space file: dotted ``fit`` keys to ranges."""
     try:
         text = Path(path).read_text()
     except OSError as exc:
@@ -201,8 +187,7 @@ def nested(values: dict[str, Any]) -> dict:
 
 
 def config_text(values: dict[str, Any]) -> str:
-    """A trial's values as a config file; PyYAML writes floats with a dot (``1.0e-05``), which
-    every YAML reader takes for a number."""
+    """A trial's values as a config file (PyYAML writes floats with a dot: every reader's number)."""
     return yaml.safe_dump(nested(values), sort_keys=False, default_flow_style=False)
 
 
@@ -227,11 +212,8 @@ class _Parsed(Exception):
 
 
 def parse_fit(args: list[str]):
-    """``graphormer-urpe fit``'s parsed config for ``args``, built by its own parser and checked
-    by the checks ``fit`` makes before it reads any data (the schedule, ``trainer.max_steps``,
-    the training step's trainer settings); nothing is instantiated, no data read. The one reader
-    of a study's recipe (the search's and the ablation's); ``--config`` takes a packaged recipe's
-    name. :class:`Refused` with the parser's or the check's message."""
+    """``graphormer-urpe fit``'s parsed config for ``args`` by its own parser and pre-data checks
+    (nothing built, no data read): the one reader of a study's recipe; :class:`Refused`."""
     import lightning.pytorch as pl
 
     from graphormer_urpe.training.lightning_cli import GraphormerCLI
@@ -264,9 +246,8 @@ def parse_fit(args: list[str]):
 
 
 def check_recipe(configs: list[str], overrides: list[str], space: dict[str, Param]) -> dict:
-    """The recipe parses with both ends of every range and every choice set on it (one parse
-    per probe, all keys at once; on a failure, each key alone names the culprit); returns the
-    objective, the task's validation metric and whether it is minimised or maximised."""
+    """The recipe parses with both ends of every range and every choice (all keys at once; on a
+    failure each alone names the culprit); the objective (the task's monitor and mode)."""
     from graphormer_urpe.data.task import get_task
     from graphormer_urpe.training.lightning_cli import data_task
 
@@ -302,8 +283,7 @@ def check_recipe(configs: list[str], overrides: list[str], space: dict[str, Para
 
 
 def recipe_record(configs: list[str], overrides: list[str], space: dict[str, Param]) -> dict:
-    """What a study is tied to: the config files' contents, the overrides and the search space
-    (stored in the study with the objective; another run of the study must bring the same)."""
+    """What a study is tied to: the configs' contents, the overrides and the search space."""
     texts = []
     for path in configs:
         try:

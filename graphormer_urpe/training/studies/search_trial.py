@@ -1,10 +1,5 @@
-"""The callback in every trial's ``fit`` of ``graphormer-urpe-hpopt``
-(:mod:`graphormer_urpe.training.studies.search` adds it as
-``--trainer.callbacks+=graphormer_urpe.training.studies.search_trial.ReportToTrial``): it reports
-the task's validation metric to the Optuna trial, stops the run when the study's pruner says so,
-and stops it as diverged at a non-finite metric. Apart from the search so that the search starts
-without Lightning.
-"""
+"""The callback in every trial's ``fit`` of ``graphormer-urpe-hpopt`` (added by
+:mod:`.search`), apart from the search so that the search starts without Lightning."""
 from __future__ import annotations
 
 import json
@@ -20,13 +15,10 @@ from graphormer_urpe.utils.files import atomic_write
 
 
 class ReportToTrial(Callback):
-    """Inside a trial's ``fit``: after each validation, reports the task's validation metric to
-    the trial (step = the number of the validation: 0, 1, ...) and, when the study's pruner says
-    so, stops the run and writes ``pruned.json`` into the run directory. A non-finite metric, or
-    a fit stopped because its losses were (``FloatingPointError``), is a diverged run: the run
-    stops and ``diverged.json`` says why (the search records the trial as pruned). A study
-    database that cannot take a report (busy, locked) is said in the log and the run goes on,
-    unpruned at that validation. The trial comes from :data:`TRIAL_ENV`."""
+    """Reports the validation metric to the trial of :data:`TRIAL_ENV` after each validation
+    (step: 0, 1, ...) and stops the run with ``pruned.json`` when the pruner says so, or with
+    ``diverged.json`` at a non-finite metric or loss. A report the database cannot take is said
+    in the log and the run goes on."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -52,8 +44,7 @@ class ReportToTrial(Callback):
         return self._trial
 
     def report(self, value: float, step: int) -> bool:
-        """``value`` recorded as the trial's ``step``-th intermediate value; whether the
-        pruner says to stop (never at a non-finite value: that run stops as diverged)."""
+        """``value`` recorded at ``step``; whether the pruner says to stop (not at a non-finite one)."""
         study, storage, trial_id = self.trial()
         storage.set_trial_intermediate_value(trial_id, step, value)
         return math.isfinite(value) and study.pruner.prune(study, storage.get_trial(trial_id))
@@ -93,7 +84,6 @@ class ReportToTrial(Callback):
         self.mark(trainer, DIVERGED_MARKER, {"validation": validation, "reason": reason})
 
     def mark(self, trainer, name: str, value: dict) -> None:
-        """The marker ``name`` in the run directory, the search's word of how the run ended."""
         with atomic_write(Path(trainer.default_root_dir, name)) as handle:
             json.dump(value, handle)
 
