@@ -1,15 +1,7 @@
-"""The seeded URPE-vs-RPE ablation (``graphormer-urpe-ablation``): a grid of arms x seeds on one
-recipe, run as an Optuna study on the search's machinery (:mod:`.study`; docs/ablation.md).
-
-Each grid point ``(arm, seed)`` is one run directory ``<runs-dir>/<name>/<arm>-s<seed>/``, trained
-by trials of the study ``<name>`` (``study.db`` there) until one completes: a trial fits the run
-(from its ``checkpoints/last.ckpt`` when it has one) and tests its best-validation checkpoint; the
-trial's user attributes hold its worker, commit, device, the fit's arguments, its steps, the
-seconds its fit and test took and, once complete, the run's result. A trial stopped by the time
-budget, by a signal or by a failed fit is failed and the next invocation trains the point again,
-from its ``last.ckpt``. The study holds the recipe (another is refused) and, with Optuna's
-heartbeat, fails the trials of a worker that died. A runner holds :data:`LOCK_FILE` in each of
-its run directories, so that no two runners train one run.
+"""The seeded URPE-vs-RPE ablation (``graphormer-urpe-ablation``, docs/ablation.md): a grid of
+arms x seeds on one recipe, an Optuna study on the search's machinery (:mod:`.study`). Each point
+``(arm, seed)`` is the run directory ``<runs-dir>/<name>/<arm>-s<seed>/``, trained (from its
+``last.ckpt``) and tested by trials until one completes; a runner holds :data:`LOCK_FILE` in each.
 """
 from __future__ import annotations
 
@@ -59,12 +51,8 @@ class RunsFailed(RuntimeError):
 
 
 class Grid:
-    """The runs ``arms x seeds`` of one recipe (``configs``, each a packaged recipe's name or a
-    config file, then LightningCLI ``overrides``) in ``runs_dir/<name>/`` (``name``: by default
-    :func:`default_name`), trained in that order. Finished runs' results are merged into
-    ``results`` and its markdown ``table`` (default: ``results`` with ``.md``). Each fit and test
-    gets ``threads_per_job`` OMP/MKL threads (default: torch's choice); ``time_budget`` (seconds
-    from now) stops the grid and the fit in progress."""
+    """The runs ``arms x seeds`` of one recipe in ``runs_dir/<name>/``, their results merged into
+    ``results`` and ``table``; ``time_budget`` (seconds) stops the grid and the fit in progress."""
 
     def __init__(self, configs: Sequence[str], overrides: Sequence[str], *, runs_dir: Path,
                  results: Path, arms: Sequence[str], seeds: Sequence[int], name: str | None = None,
@@ -93,8 +81,7 @@ class Grid:
         return self.dir / f"{arm}-s{seed}"
 
     def lock(self) -> None:
-        """Hold every run directory of this invocation until :meth:`release` or the process
-        ends; ``ValueError`` when another runner holds one."""
+        """Hold this invocation's run directories; ``ValueError`` when another runner holds one."""
         for arm, seed in self.points:
             self._locks.append(hold_directory(self.run_dir(arm, seed), LOCK_FILE, "graphormer-urpe-ablation",
                                               "wait for it to end, or choose another --name or --runs-dir"))
@@ -105,10 +92,8 @@ class Grid:
         self._locks = []
 
     def open(self) -> None:
-        """Read the recipe (:func:`~.search_space.parse_fit`, the search's reader: its backbone,
-        which the arms change, its step budget, its task) and open the study, created with the
-        recipe or refused when it holds another; trials left running by a worker of this machine
-        that is gone are failed."""
+        """Read the recipe (:func:`.search_space.parse_fit`) and open its study; trials of a gone
+        runner of this machine are failed."""
         from graphormer_urpe.data.task import get_task
         from graphormer_urpe.training.lightning_cli import data_task, training_args
         from graphormer_urpe.training.studies.search_space import parse_fit
@@ -136,8 +121,7 @@ class Grid:
         return next((t.user_attrs["result"] for t in self.trials(arm, seed) if t.state.name == "COMPLETE"), None)
 
     def all_points(self) -> list[tuple[str, int]]:
-        """This invocation's runs and every other run of the grid in the study or on disk (the
-        seeds or arms of another invocation, e.g. one per GPU), by seed, then arm."""
+        """This invocation's runs and every other of the grid in the study or on disk, by seed, arm."""
         points = set(self.points) | {(t.params["arm"], t.params["seed"]) for t in self.study.get_trials(deepcopy=False)
                                      if set(t.params) == {"arm", "seed"}}
         for folder in self.dir.glob("*-s*"):
@@ -147,18 +131,16 @@ class Grid:
         return sorted(points, key=lambda p: (p[1], list(ARMS).index(p[0])))
 
     def check_runs(self, reported: bool) -> None:
-        """``ValueError`` (one line) before any work for a damaged or crafted ``last.ckpt`` (read
-        as plain data, :func:`checkpoint_state`) of an unfinished run this invocation resumes or,
-        when ``reported`` (``--readme``'s progress table), of any unfinished run of the grid."""
+        """``ValueError`` for a damaged ``last.ckpt`` of an unfinished run this invocation resumes
+        (``reported``: of any run of the grid, for the progress table)."""
         for arm, seed in self.all_points():
             last = self.run_dir(arm, seed) / "checkpoints" / "last.ckpt"
             if last.exists() and (reported or (arm, seed) in self.points) and self.result(arm, seed) is None:
                 checkpoint_state(last)
 
     def run(self) -> int:
-        """Train and test every run of this invocation without a result, in order, each in a
-        trial of ``Study.optimize`` (within the time budget), each result published as it comes;
-        the number of results. :class:`RunsFailed` names the runs that failed, after the others."""
+        """Train and test this invocation's runs without a result, a trial each; the number of
+        results. :class:`RunsFailed` names the runs that failed, after the others."""
         todo = [point for point in self.points if self.result(*point) is None]
         budget = "" if self.deadline is None else f" within {self.deadline - time.monotonic():.0f} s"
         self.log(f"grid {self.name}: {len(self.points)} runs, {len(todo)} to train{budget}, commit {self.commit}")
@@ -174,8 +156,7 @@ class Grid:
         return sum(self.result(*point) is not None for point in self.points)
 
     def train(self, trial, arm: str, seed: int) -> float:
-        """One trial of run ``(arm, seed)``: its fit, to the end of the recipe's steps or the
-        time budget, then its test; the run's validation score."""
+        """One trial of run ``(arm, seed)``: its fit, then its test; the validation score."""
         try:
             return self._train(trial, arm, seed)
         except (RunFailed, Stopped) as error:
@@ -245,8 +226,7 @@ class Grid:
         return val_score
 
     def child(self, trial, stage: str, args: list[str], run_dir: Path) -> tuple[int, bool]:
-        """:func:`~.study.launch` of ``stage`` (the fit under the time budget), its seconds and
-        exit status kept in the trial as it runs."""
+        """:func:`.study.launch` of ``stage``, its seconds and exit status kept in the trial."""
         def record(seconds: float, status: int | None) -> None:
             trial.set_user_attr(f"{stage}_s", round(seconds, 1))
             if status is not None:
@@ -267,23 +247,19 @@ class Grid:
                      f"({result['steps']} steps, {result['wall_s'] / 60:.1f} min)")
 
     def stopped(self) -> None:
-        """After a stop signal or Ctrl-C: the trial in progress (its fit saved and stopped) is
-        failed, and the next invocation trains its run again."""
+        """After a stop: the trial in progress is failed (the next invocation resumes the run)."""
         if self.current is not None and self.study is not None:
             fail_and_queue_again(self.study, self.current, queue_again=False)
 
     def publish(self) -> str:
-        """Merge the result of every finished run of the study (this invocation's and any
-        other's) into the results file and rewrite the table, under the results' lock; the table."""
+        """Every finished run's result of the study merged into the results file; the table."""
         return publish_results(self.results, self.table, [
             t.user_attrs["result"] for t in self.study.get_trials(deepcopy=False)
             if t.state.name == "COMPLETE" and "result" in t.user_attrs])
 
     def progress(self) -> list[dict]:
-        """Where every run of the grid stands, for the progress table: steps done, best and
-        latest validation metric, device time (its trials' fits and tests), steps per second of
-        its fits' time, devices. A finished run's steps and best come from its result, an
-        unfinished one's from its ``last.ckpt``."""
+        """Where every run of the grid stands, for the progress table (a finished run's steps and
+        best from its result, an unfinished one's from its ``last.ckpt``)."""
         entries = []
         for arm, seed in self.all_points():
             trials, result = self.trials(arm, seed), self.result(arm, seed)
@@ -310,8 +286,7 @@ def _seconds(trial) -> float:
 
 
 def backbone_overrides(backbone: Any) -> dict[str, Any]:
-    """The recipe's ``model.backbone`` as a plain dict of the keys it sets: a dict, or a typed
-    config (a parsed namespace or a dataclass with ``as_dict``) whose unset fields are None."""
+    """The recipe's ``model.backbone`` (a dict, namespace or dataclass) as a dict of its set keys."""
     if backbone is None:
         return {}
     if hasattr(backbone, "as_dict"):
@@ -322,8 +297,7 @@ def backbone_overrides(backbone: Any) -> dict[str, Any]:
 
 
 def default_name(recipe_args: Sequence[str]) -> str:
-    """``<config stems>-<hash of the recipe arguments>``: one name per distinct recipe (arguments
-    that only say how the steps run, such as ``--model.compile``, leave it as it is)."""
+    """``<config stems>-<hash of the recipe's training arguments>``: one name per recipe."""
     from graphormer_urpe.training.lightning_cli import training_args
 
     stems = [Path(a).stem for prev, a in zip(recipe_args, recipe_args[1:]) if prev == "--config"]
@@ -332,10 +306,8 @@ def default_name(recipe_args: Sequence[str]) -> str:
 
 
 def checkpoint_state(path: Path) -> tuple[int, str, float | None]:
-    """``(steps, metric, best validation score)`` that a run's ``last.ckpt`` records: its
-    ``global_step``, its task's metric and its checkpoint callback's ``best_model_score`` (None
-    before the first validation). Read as plain data; ``ValueError`` naming the file for one that
-    is damaged, crafted, or lacks them."""
+    """``(global_step, task metric, best validation score or None)`` of a ``last.ckpt``, read as
+    plain data; ``ValueError`` naming a damaged or crafted file."""
     from graphormer_urpe.data.facts import DataFacts
     from graphormer_urpe.data.task import get_task
     from graphormer_urpe.prediction.load import recorded_best
@@ -353,8 +325,7 @@ def checkpoint_state(path: Path) -> tuple[int, str, float | None]:
 
 
 def latest_logged(logs: Path, name: str) -> float | None:
-    """The value of ``name`` at the highest step in the CSV logs under ``logs`` (a run's: one
-    ``csv/version_*`` folder per fit or resume; a test's), or None when none logged it."""
+    """The value of ``name`` at the highest step in the CSV logs under ``logs`` (None: not logged)."""
     latest: tuple[int, float] | None = None
     for metrics in logs.glob("**/metrics.csv"):
         with open(metrics, newline="") as handle:

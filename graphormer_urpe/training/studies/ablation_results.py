@@ -1,14 +1,8 @@
-"""The results of seeded runs (``graphormer-urpe-ablation``): one JSON list, merged under a lock,
-and the markdown tables written from it.
-
-Each entry is one finished run: ``recipe``, ``attention`` (the arm), ``seed``, ``steps``, the
-task's validation and test metric (``val_mae``, ``test_mae`` for regression), wall time, and the
-``device`` and ``commit`` that produced it (:func:`describe_device`, :func:`code_commit`). A table
-gives per arm the mean ± sample std over seeds and, per seed, the paired difference ``arm - rpe``.
+"""The ablation's results (``graphormer-urpe-ablation``): one JSON list of finished runs, merged
+under a lock, and the markdown tables and README blocks written from it.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -17,7 +11,7 @@ import statistics
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import filelock
 
@@ -31,12 +25,8 @@ BASELINE = "rpe"
 RESULTS_FILE = "results.json"
 
 
-# --------------------------------------------------------------------------------------------
-# Facts about the machine and the code
-# --------------------------------------------------------------------------------------------
 def code_commit() -> str:
-    """HEAD of the checkout this package is imported from, ``+dirty`` with uncommitted changes
-    to tracked files; ``unknown`` outside git."""
+    """HEAD of this package's checkout (``+dirty``: changed tracked files), ``unknown`` outside git."""
     repo = Path(__file__).resolve().parents[3]
     try:
         head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
@@ -65,24 +55,14 @@ def describe_device(threads_per_job: int | None) -> str:
     return f"CPU {cpu} ({os.cpu_count()} cores), {threads}"
 
 
-# --------------------------------------------------------------------------------------------
-# The result list
-# --------------------------------------------------------------------------------------------
-def result_key(entry: dict) -> tuple:
-    return entry.get("recipe"), entry["attention"], entry["seed"]
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _is_count(value: Any) -> bool:
-    return _is_number(value) and isinstance(value, int) and value >= 0
+def _is_number(value: Any, count: bool = False) -> bool:
+    """A JSON number (``count``: an integer >= 0), not a boolean."""
+    ok = isinstance(value, int if count else (int, float)) and not isinstance(value, bool)
+    return ok and (not count or value >= 0)
 
 
 def entry_problem(entry: Any) -> str | None:
-    """What keeps ``entry`` from being a run's result (the fields the tables read), in words;
-    None for a result."""
+    """What keeps ``entry`` from being a run's result, in words; None for a result."""
     if not isinstance(entry, dict):
         return f"a JSON {type(entry).__name__}, not an object"
     try:
@@ -90,8 +70,8 @@ def entry_problem(entry: Any) -> str | None:
     except (ValueError, TypeError):
         return f"unknown task {entry.get('task')!r}"
     get, commit = entry.get, entry.get("commit")
-    valid = {"attention": isinstance(get("attention"), str), "seed": _is_count(get("seed")),
-             "steps": _is_count(get("steps")), "wall_s": _is_number(get("wall_s")),
+    valid = {"attention": isinstance(get("attention"), str), "seed": _is_number(get("seed"), True),
+             "steps": _is_number(get("steps"), True), "wall_s": _is_number(get("wall_s")),
              "device": isinstance(get("device"), str),
              "commit": isinstance(commit, str) or isinstance(commit, list) and all(isinstance(c, str) for c in commit),
              f"val_{metric}": _is_number(get(f"val_{metric}")), f"test_{metric}": _is_number(get(f"test_{metric}"))}
@@ -100,8 +80,7 @@ def entry_problem(entry: Any) -> str | None:
 
 
 def read_results(path: Path) -> list[dict]:
-    """The result list at ``path`` (empty when missing); ``ValueError`` naming the file when it
-    is not a JSON list of runs (:func:`entry_problem`), which is never rewritten."""
+    """The result list at ``path`` (empty when missing); ``ValueError`` unless a list of runs."""
     try:
         entries = json.loads(path.read_text(encoding="utf-8")) if path.exists() else []
     except (ValueError, OSError) as error:  # not JSON, not UTF-8, a directory, no permission
@@ -116,23 +95,13 @@ def read_results(path: Path) -> list[dict]:
     return entries
 
 
-@contextlib.contextmanager
-def results_locked(path: Path) -> Iterator[None]:
-    """An exclusive lock on ``<path>.lock`` while the block runs: several grids (e.g. one per
-    GPU) share one results file and its table."""
+def publish_results(path: Path, table: Path, new: Sequence[dict]) -> str:
+    """``new`` merged into the result list at ``path`` (by recipe, attention, seed) and its table
+    written, under one lock shared by grids of one results file; the table."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with filelock.FileLock(path.with_name(path.name + ".lock")):
-        yield
-
-
-def publish_results(path: Path, table: Path, new: Sequence[dict]) -> str:
-    """Merge ``new`` into the result list at ``path`` (an entry replaces the one with the same
-    ``(recipe, attention, seed)``, all others are kept; sorted by that key), then write the
-    table of the whole list to ``table``, both under one :func:`results_locked` (a grid that
-    merges later writes the later table); the table."""
-    with results_locked(path):
         entries = read_results(path)
-        merged = {result_key(entry): entry for entry in [*entries, *new]}
+        merged = {(entry.get("recipe"), entry["attention"], entry["seed"]): entry for entry in [*entries, *new]}
         ordered = sorted(merged.values(), key=lambda e: (str(e.get("recipe")), e["attention"], e["seed"]))
         if ordered != entries:
             with atomic_write(path) as handle:
@@ -141,14 +110,12 @@ def publish_results(path: Path, table: Path, new: Sequence[dict]) -> str:
 
 
 def metric_of(entry: dict) -> str:
-    """The metric a result entry records (``val_<metric>``, ``test_<metric>``); ``mae`` for
-    entries written before results named their task."""
+    """The metric a result entry records (``val_<metric>``; no task: ``mae``)."""
     return get_task(entry.get("task", "regression")).metric_name
 
 
 def best_run(entries: Sequence[dict], arm: str = "urpe") -> dict | None:
-    """The result of ``arm`` with the best validation metric of its task (the lowest MAE for
-    regression): the run whose learned tables the figure draws; None when none has finished."""
+    """``arm``'s result with the best validation metric (the figure's run); None without one."""
     runs = [entry for entry in entries if entry["attention"] == arm]
     if not runs:
         return None
@@ -161,9 +128,6 @@ def figure_path(figures: Path, recipe: str) -> Path:
     return figures / f"{recipe}-tables.png"
 
 
-# --------------------------------------------------------------------------------------------
-# The table
-# --------------------------------------------------------------------------------------------
 def mean_std(values: Sequence[float]) -> str:
     if not values:
         return "—"
@@ -177,8 +141,7 @@ def _signed(value: float) -> str:
 
 
 def recipe_table(entries: Sequence[dict]) -> list[str]:
-    """Markdown lines for one recipe's runs: per-arm mean ± sample std, and per-seed paired
-    differences ``arm - rpe`` of the task's metric (MAE for regression)."""
+    """One recipe's table: per arm mean ± sample std, per seed the paired ``arm - rpe``."""
     task = get_task(entries[0].get("task", "regression"))
     name, val, test = task.metric_name.upper(), f"val_{task.metric_name}", f"test_{task.metric_name}"
     better = "higher" if task.maximize else "lower"
@@ -237,10 +200,8 @@ def write_table(results: Path, table: Path) -> str:
 
 
 def readme_block(readme: Path, name: str, kind: str = "ablation") -> tuple[str, str, str, str]:
-    """``(before, begin marker, end marker, after)`` of recipe ``name``'s block in ``readme`` as it
-    stands (its line endings kept); ValueError unless it has one line ``<!-- KIND:NAME -->`` and,
-    after it, one line ``<!-- /KIND:NAME -->`` (``kind``: ``ablation`` for the results,
-    ``ablation-progress``), or when it is not UTF-8 text or cannot be read."""
+    """``(before, begin, end, after)`` of the ``<!-- KIND:NAME -->`` block in ``readme``;
+    ``ValueError`` for missing markers or a README that is not UTF-8 text."""
     try:
         with open(readme, encoding="utf-8", newline="") as handle:
             text = handle.read()
@@ -259,16 +220,6 @@ def readme_block(readme: Path, name: str, kind: str = "ablation") -> tuple[str, 
     return head, begin, end, rest.split(end, 1)[1]
 
 
-@contextlib.contextmanager
-def _readme_locked(readme: Path) -> Iterator[None]:
-    """An exclusive lock while the block runs: runners that share a README (one per GPU) write
-    their blocks one at a time. The lock file lies in the temporary folder, named by the README's
-    real path, so that none is left beside the README."""
-    key = hashlib.sha256(os.path.realpath(readme).encode()).hexdigest()[:16]
-    with filelock.FileLock(Path(tempfile.gettempdir()) / f"graphormer-urpe-readme-{key}.lock"):
-        yield
-
-
 def _stamp(path: Path) -> tuple[int, int, int] | None:
     try:
         stat = os.stat(path)
@@ -282,13 +233,10 @@ _README_TRIES = 5
 
 
 def update_readme_block(readme: Path, name: str, kind: str, make_text: Callable[[], str]) -> None:
-    """Replace what stands between the markers of :func:`readme_block` with ``make_text()``,
-    which runs under :func:`_readme_locked` (a table built from the runs and results as they are
-    when it is written). The README is read when it is written and only the block changes: edits
-    made meanwhile stay, and when it changes between that reading and the rename onto it, it is
-    read and written again. ``ValueError`` naming the README for missing markers or text that is
-    not UTF-8, which leave it as it is."""
-    with _readme_locked(readme):
+    """The block of :func:`readme_block` replaced by ``make_text()`` (run under the lock), the rest
+    of the README as it is then: when it changes before the rename, it is read and written again."""
+    key = hashlib.sha256(os.path.realpath(readme).encode()).hexdigest()[:16]  # one lock per README
+    with filelock.FileLock(Path(tempfile.gettempdir()) / f"graphormer-urpe-readme-{key}.lock"):
         block = make_text().strip()
         for _ in range(_README_TRIES):
             stamp = _stamp(readme)
@@ -303,8 +251,7 @@ def update_readme_block(readme: Path, name: str, kind: str, make_text: Callable[
 
 
 def write_readme_block(readme: Path, name: str, results: Path) -> None:
-    """Recipe ``name``'s result table (:func:`format_table` of its entries in ``results`` as
-    they are when it is written) into its ``ablation`` block of ``readme``."""
+    """Recipe ``name``'s result table into its ``ablation`` block of ``readme``."""
     update_readme_block(readme, name, "ablation", lambda: format_table(
         [e for e in read_results(results) if e.get("recipe") == name]))
 
@@ -314,9 +261,7 @@ def _value(value: float | None) -> str:
 
 
 def format_progress(runs: Sequence[dict], max_steps: int) -> str:
-    """The progress table of a grid's runs (``Run.progress`` entries): steps done of the recipe's
-    ``max_steps``, best and latest validation metric, device time, steps per second of the fits'
-    time, and the devices."""
+    """The progress table of a grid's runs (:meth:`.ablation.Grid.progress`)."""
     metric = next((r["metric"] for r in runs if r.get("metric")), "mae").upper()
     total = f"{max_steps:,}" if max_steps > 0 else "?"
     lines = [f"<!-- written by graphormer-urpe-ablation on {now()[:10]}; do not edit -->", "",
@@ -332,6 +277,5 @@ def format_progress(runs: Sequence[dict], max_steps: int) -> str:
 
 
 def write_progress_block(readme: Path, name: str, runs: Callable[[], Sequence[dict]], max_steps: int) -> None:
-    """Recipe ``name``'s ``ablation-progress`` block (:func:`readme_block`): :func:`format_progress`
-    of ``runs()``, taken when the block is written."""
+    """Recipe ``name``'s ``ablation-progress`` block: :func:`format_progress` of ``runs()``."""
     update_readme_block(readme, name, "ablation-progress", lambda: format_progress(runs(), max_steps))
