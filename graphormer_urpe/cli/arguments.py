@@ -24,7 +24,6 @@ def refuse_overwriting_inputs(option: str, outputs: Iterable[str | os.PathLike],
                                  "overwritten; choose another output")
 
 
-
 def positive_int(text: str) -> int:
     """An integer >= 1."""
     value = int(text)

@@ -1,6 +1,4 @@
-"""The optional extras of the package (``pyproject.toml``'s ``[project.optional-dependencies]``:
-``plot``, ``hpopt``, ``fused``): whether the library one of them brings is importable, and the one
-line that says which extra a command needs and how to install it."""
+"""The optional extras (``plot``, ``hpopt``, ``fused``): whether one is installed, and the line saying how to install it."""
 from __future__ import annotations
 
 import importlib.metadata
@@ -9,8 +7,8 @@ import re
 
 
 def extra_of(module: str) -> tuple[str, str]:
-    """``(extra, requirement)`` of the extra that brings ``module`` (``("plot", "matplotlib>=3.7")``),
-    as the installed package's metadata lists it; the test extra only where no other has it."""
+    """``(extra, requirement)`` that brings ``module`` (``("plot", "matplotlib>=3.7")``) in the package's
+    metadata; the test extra only where no other has it."""
     found = []
     for line in importlib.metadata.requires("graphormer-urpe") or []:
         requirement, _, marker = line.partition(";")
@@ -25,9 +23,7 @@ def extra_of(module: str) -> tuple[str, str]:
 
 
 def missing_extra(module: str, needed_by: str) -> str | None:
-    """Why ``needed_by`` (a command, an option) cannot run here, in one line: ``module`` is not
-    installed, and how to install its extra (from a source checkout, or the library alone);
-    None when it is installed."""
+    """Why ``needed_by`` cannot run here (``module`` is not installed, and how to install it), or None."""
     if importlib.util.find_spec(module) is not None:  # importable, not imported
         return None
     extra, requirement = extra_of(module)

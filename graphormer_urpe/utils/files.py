@@ -1,20 +1,10 @@
-"""Files that appear whole or not at all, the checks of paths given as inputs and outputs, and
-the lock that gives a folder to one process.
+"""Files put in place whole or not at all, the checks of input and output paths, and the folder locks.
 
-A file is put in place one way: :func:`atomic_write` (its :class:`AtomicFile` where the commit
-is decided later, or a writer takes a path); several files that go together by
-:func:`commit_together`; a folder by :class:`AtomicDirectory`.
-
-A file is written to a temporary sibling (``.<name>.<random>.part``), flushed to disk (fsync)
-and renamed onto its path with ``os.replace``, which is atomic within one file system: a reader,
-a crash or a kill sees the previous content or the new, never half of it. A folder is built the
-same way (``.<name>.tmp-<random>``). The temporary is removed on every other exit (an exception,
-a full disk, ``SystemExit`` from
-:func:`graphormer_urpe.utils.process.stop_on_signals`); a folder's temporary that a killed build
-(``SIGKILL``) left is removed by the next build of that folder.
-
-Every lock is the ``filelock`` package's (``flock`` on a lock file), which the kernel drops when
-the process ends, killed or not.
+A file is written to a temporary sibling, flushed to disk and renamed onto its path: a reader, a
+crash or a kill sees the previous content or the new one. One file: :func:`atomic_write` (its
+:class:`AtomicFile` where the commit is decided later); several together: :func:`commit_together`;
+a folder: :class:`AtomicDirectory`. Every lock is ``filelock``'s, which the kernel drops when its
+process ends.
 """
 from __future__ import annotations
 
@@ -32,6 +22,7 @@ import filelock
 
 from graphormer_urpe.utils.process import hold_stop_signals
 
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -39,17 +30,14 @@ def _umask() -> int:
 
 
 def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
-    """Whether ``a`` and ``b`` name one file: ``os.path.samefile`` when both exist (symbolic and
-    hard links included), else their resolved paths are equal."""
+    """Whether ``a`` and ``b`` name one file (links included)."""
     if os.path.exists(a) and os.path.exists(b):
         return os.path.samefile(a, b)
     return Path(a).resolve() == Path(b).resolve()
 
 
 def check_writable_dir(directory: str | os.PathLike, option: str) -> None:
-    """One-line ``ValueError`` naming ``option`` unless a file can be created in ``directory``
-    (created if missing; a read-only or full file system, a path through a file): checked before
-    the long work whose results go there."""
+    """One-line ``ValueError`` naming ``option`` unless a file can be created in ``directory`` (made if missing)."""
     try:
         Path(directory).mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=directory):
@@ -59,8 +47,8 @@ def check_writable_dir(directory: str | os.PathLike, option: str) -> None:
 
 
 def check_creatable_dir(path: Path, option: str) -> None:
-    """One-line ``ValueError`` naming ``option`` unless ``path`` is a directory, or can be made
-    as one, that can be written (checked without creating anything)."""
+    """One-line ``ValueError`` naming ``option`` unless ``path`` is, or can be made, a writable
+    directory (nothing is created)."""
     existing = Path(path).absolute()
     while not existing.exists():
         existing = existing.parent
@@ -71,10 +59,8 @@ def check_creatable_dir(path: Path, option: str) -> None:
 
 
 def unreadable_as_a_file(path: str | os.PathLike) -> str | None:
-    """Why ``path`` cannot be read as an input file, in words that follow its name (``"does not
-    exist"``, ``"is a directory"``, ``"is a FIFO (named pipe), not a regular file"``, ...), or
-    None for a regular file. Inputs are read more than once (a header, then the rows), which a
-    pipe, a terminal or standard input cannot give."""
+    """Why ``path`` cannot be read as an input file (``"is a directory"``, ...), or None for a regular
+    file: inputs are read more than once, which a pipe or standard input cannot give."""
     if str(path) == "-":
         return "is '-', but standard input is not read: give a file"
     try:
@@ -94,22 +80,16 @@ def unreadable_as_a_file(path: str | os.PathLike) -> str | None:
     return "is not a regular file"
 
 
-#: Names of a process's open files (``/dev/stdout`` is whatever standard output is: a pipe, a
-#: terminal, a file the shell opened): written through the open file, never replaced.
-_OPEN_FILE_NAMES = ("/dev/stdout", "/dev/stderr", "/dev/fd/", "/proc/")
-
-
 def written_in_place(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is written where it stands rather than replaced by a rename: an existing
-    file that is not a regular one (a device such as ``/dev/null``, a FIFO, a socket) or a name
-    of an open file (:data:`_OPEN_FILE_NAMES`). Renaming a file onto those would replace the
-    device, pipe or file the user named instead of writing to it."""
+    """Whether ``path`` is written where it stands, not replaced: a device, a FIFO, a socket, or a
+    name of an open file (``/dev/stdout``, ``/dev/fd/N``, ``/proc/...``)."""
     absolute = Path(path).absolute()
-    return (absolute.exists() and not absolute.is_file()) or str(absolute).startswith(_OPEN_FILE_NAMES)
+    return ((absolute.exists() and not absolute.is_file())
+            or str(absolute).startswith(("/dev/stdout", "/dev/stderr", "/dev/fd/", "/proc/")))
 
 
 def _fsync(path: str | os.PathLike) -> None:
-    """Flush a file, or a folder's entries (a rename into it), to disk where the platform can."""
+    """Flush a file, or a folder's entries, to disk where the platform can."""
     with contextlib.suppress(OSError):  # a folder cannot be opened on every platform
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -119,17 +99,10 @@ def _fsync(path: str | os.PathLike) -> None:
 
 
 class AtomicFile:
-    """The one way a file is put in place: written beside ``path`` and moved onto it by
-    :meth:`commit` (several outputs of one run together: :func:`commit_together`); removed by
-    :meth:`discard` or on leaving the ``with`` block without a commit. Creating it checks that
-    ``path`` can be written. ``handle``: the open temporary (text with ``newline=""`` and UTF-8,
-    or binary); ``temporary``: its path, for a writer that takes a path (Lightning's checkpoint
-    I/O), None for a file written in place.
-
-    A symbolic link is written through: its target gets the content (created if missing) and the
-    link stays. A device, a FIFO or a path under ``/dev`` or ``/proc`` (:func:`written_in_place`)
-    is opened and written directly: there is no file to replace, so a failure may leave part of
-    the content written there."""
+    """A file written beside ``path`` (``handle``: text with ``newline=""`` and UTF-8, or binary;
+    ``temporary``: its path) and moved onto it by :meth:`commit`; removed by :meth:`discard` or on
+    leaving the ``with`` block without a commit. A symbolic link's target gets the content; a
+    :func:`written_in_place` path is written directly (``temporary`` None)."""
 
     def __init__(self, path: str | os.PathLike, binary: bool = False) -> None:
         self.path = Path(path)
@@ -153,15 +126,13 @@ class AtomicFile:
             raise
 
     def commit(self) -> None:
-        """fsync, the permissions a previous file had (else a new file's under the umask), rename;
-        for a file written in place, flush and close."""
+        """Flush to disk and rename onto ``path``."""
         self._finish_writing()
         if self.temporary is not None:
             _replace(self.temporary, self._destination)
 
     def _finish_writing(self) -> None:
-        """Flush and close, then flush the temporary to disk (whoever wrote it): a full disk fails
-        here, before a rename."""
+        """Flush and close, then fsync the temporary (whoever wrote it): a full disk fails here."""
         self.handle.flush()
         self.handle.close()
         if self.temporary is not None:
@@ -183,20 +154,16 @@ class AtomicFile:
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, binary: bool = False) -> Iterator[IO]:
-    """``with atomic_write(path) as f: f.write(...)``: the handle of an :class:`AtomicFile`,
-    committed when the block ends normally, removed otherwise."""
+    """The handle of an :class:`AtomicFile`, committed when the block ends normally."""
     with AtomicFile(path, binary) as output:
         yield output.handle
         output.commit()
 
 
 def commit_together(outputs: Iterable[AtomicFile]) -> None:
-    """Put several :class:`AtomicFile` s in place as one, the outputs of one run that belong
-    together (a table and the arrays whose rows are its rows): all of them or none. Each is first
-    flushed to disk (a full disk fails here, before any path changes); then each is renamed onto
-    its path while a hard link keeps the file it replaces, so that a rename that fails puts back
-    the files already replaced (stop signals wait meanwhile). Files written in place (a device,
-    a FIFO: nothing to put back) are flushed after the renames."""
+    """Put several :class:`AtomicFile` s in place, all or none: all are flushed first (a full disk fails
+    before any path changes), then renamed while a hard link keeps each replaced file, which a
+    failed rename puts back (stop signals wait meanwhile)."""
     outputs = list(outputs)
     for output in outputs:
         if output.temporary is not None:
@@ -234,24 +201,19 @@ def commit_together(outputs: Iterable[AtomicFile]) -> None:
 
 
 def _replace(temporary: str | os.PathLike, path: Path) -> None:
-    """Rename the written ``temporary`` onto ``path`` with the permissions a previous file had
-    (else a new file's under the umask; ``mkstemp`` creates it owner-only)."""
+    """Rename ``temporary`` onto ``path`` with the previous file's permissions (else the umask's)."""
     mode = path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask()
     os.chmod(temporary, mode)
     os.replace(temporary, path)
 
 
-#: The lock file inside a folder's temporary, held by the build that makes it.
 _BUILDING = ".building.lock"
 
 
 class AtomicDirectory:
-    """A folder built in :attr:`tmp` beside ``path`` and moved onto it by :meth:`commit`; removed
-    on leaving the ``with`` block (after a commit there is nothing left to remove).
-
-    The build holds the lock file :data:`_BUILDING` inside :attr:`tmp`, so that the next build of
-    ``path`` removes the temporaries whose lock no process holds: those a killed build left. A
-    temporary swept between its making and its lock is given up for another."""
+    """A folder built in :attr:`tmp` beside ``path`` and moved onto it by :meth:`commit`; removed on
+    leaving the ``with`` block. The build locks :attr:`tmp`, so that the next build removes the
+    temporaries that no process holds (a killed build's)."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
@@ -271,9 +233,7 @@ class AtomicDirectory:
         self.tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the folder it becomes should not be
 
     def commit(self) -> None:
-        """fsync every file and the folder, replace what stands at ``path`` (renamed aside first,
-        so that no reader sees a half-deleted folder), fsync the parent. The lock file goes once
-        the folder is in place: a sweep never finds the temporary without it."""
+        """Flush to disk and replace ``path`` (the old folder moved aside first: no reader sees it half-deleted)."""
         for file in self.tmp.iterdir():
             if file.is_file():
                 _fsync(file)
@@ -295,10 +255,8 @@ class AtomicDirectory:
 
 
 def hold_directory(directory: Path, lock_name: str, holder: str, advice: str) -> filelock.FileLock:
-    """An exclusive lock on ``directory`` (its file ``lock_name``, which then holds this
-    process's pid) until its ``release()``, or until the process ends, killed or not.
-    ``ValueError`` when another process holds it:
-    ``<directory> is in use by another <holder> (pid N); <advice>``."""
+    """An exclusive lock on ``directory`` (its file ``lock_name`` names this process's pid) until
+    ``release()`` or the process ends; else ``<directory> is in use by another <holder> (pid N); <advice>``."""
     directory.mkdir(parents=True, exist_ok=True)
 
     def acquired(fd: int) -> None:  # the lock file names its holder
@@ -317,8 +275,7 @@ def hold_directory(directory: Path, lock_name: str, holder: str, advice: str) ->
 
 
 def is_local_path(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is on the local file system (fsspec's ``file`` protocol, as Lightning
-    reads it), not ``s3://`` and the like."""
+    """Whether ``path`` is local (fsspec's ``file`` protocol, as Lightning reads it), not ``s3://``."""
     from fsspec.utils import get_protocol
 
     return get_protocol(os.fspath(path)) == "file"

@@ -1,6 +1,4 @@
-"""The command's process: how many CPU cores it may use (its workers: :mod:`.workers`);
-stopping on signals (:func:`run_command`: Ctrl-C, SIGTERM, a full disk as one line and an
-exit status)."""
+"""The command's process: the CPU cores it may use, and how every command stops (:func:`run_command`)."""
 from __future__ import annotations
 
 import contextlib
@@ -13,8 +11,7 @@ from collections.abc import Callable, Iterator
 
 
 def usable_cores() -> int:
-    """The cores this process may run on: its CPU affinity where the platform reports one (a
-    container or ``taskset`` limit), else every core of the machine; at least 1."""
+    """The cores this process may run on (its CPU affinity: a container or ``taskset`` limit); at least 1."""
     if hasattr(os, "sched_getaffinity"):
         return max(len(os.sched_getaffinity(0)), 1)
     return os.cpu_count() or 1
@@ -22,10 +19,15 @@ def usable_cores() -> int:
 
 #: Signals that stop a command like Ctrl-C: ``kill``, a closed terminal or SSH session.
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+#: ``errno`` of a full disk or an exhausted quota.
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+#: Exit status of a command stopped by Ctrl-C, as a shell reports it.
+INTERRUPTED = 128 + signal.SIGINT
+OUTPUTS_LEFT = "outputs not yet written are left as they were"
 
 
 class StoppedBySignal(SystemExit):
-    """Raised by :func:`stop_on_signals`: exit status 128 + ``signum``."""
+    """A stop signal, raised by :func:`stop_on_signals`: exit status 128 + ``signum``."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(128 + signum)
@@ -33,31 +35,24 @@ class StoppedBySignal(SystemExit):
 
 
 def replaceable(signum: int) -> bool:
-    """Whether a handler may be put on ``signum`` and the present one given back later: not when
-    the command was started to ignore it (``nohup``), nor when its handler was installed from C
-    (``signal.getsignal`` gives None, which cannot be given back)."""
+    """Whether a handler may be put on ``signum`` and the present one given back: not one the
+    command was started to ignore (``nohup``), nor one installed from C (``getsignal`` gives None)."""
     return signal.getsignal(signum) not in (signal.SIG_IGN, None)
 
 
 @contextlib.contextmanager
 def stop_on_signals(unless_handled: bool = False) -> Iterator[None]:
-    """Within the block, SIGTERM and SIGHUP raise :class:`StoppedBySignal` (a ``SystemExit``,
-    status 128 + the signal) in the main thread, so ``finally`` blocks and ``with`` exits run
-    (temporary files are removed) instead of the process dying on the spot; the previous
-    handlers are restored on exit. A signal the command was started to ignore (``nohup``) stays
-    ignored, one whose handler was installed from C is left to it; ``unless_handled``: one that
-    already has a handler (a runner's own) is left to it."""
+    """Within the block (main thread only) SIGTERM and SIGHUP raise :class:`StoppedBySignal`, so
+    that ``finally`` blocks remove temporaries; ``unless_handled``: a handler already there (a
+    runner's own) is left to it."""
     def stop(signum, frame):
         raise StoppedBySignal(signum)
 
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def taken(signum: int) -> bool:
-        return signal.getsignal(signum) == signal.SIG_DFL or (replaceable(signum) and not unless_handled)
-
-    previous = {signum: signal.signal(signum, stop) for signum in _STOP_SIGNALS if taken(signum)}
+    previous = {signum: signal.signal(signum, stop) for signum in _STOP_SIGNALS
+                if signal.getsignal(signum) == signal.SIG_DFL or (replaceable(signum) and not unless_handled)}
     try:
         yield
     finally:
@@ -67,9 +62,7 @@ def stop_on_signals(unless_handled: bool = False) -> Iterator[None]:
 
 @contextlib.contextmanager
 def hold_stop_signals() -> Iterator[None]:
-    """Within the block Ctrl-C, SIGTERM and SIGHUP wait, and are delivered when it ends: for
-    steps that must not be cut in the middle (renames that go together, reaping child
-    processes)."""
+    """Ctrl-C, SIGTERM and SIGHUP wait until the block ends (renames that go together, reaping workers)."""
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, *_STOP_SIGNALS))
     try:
         yield
@@ -78,32 +71,17 @@ def hold_stop_signals() -> Iterator[None]:
 
 
 def leave_stop_signals_to_parent() -> None:
-    """In a worker process: Ctrl-C, SIGTERM and SIGHUP ignored (and no longer held, as its
-    parent held them while it started it): its parent takes them, and stops its workers."""
+    """In a worker process: the stop signals ignored (no longer held), so that its parent stops it."""
     for signum in (signal.SIGINT, *_STOP_SIGNALS):
         signal.signal(signum, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, *_STOP_SIGNALS))
 
 
-#: ``errno`` of a full disk or an exhausted quota: a command says so in one line, exit status 1.
-DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
-#: Exit status of a command stopped by Ctrl-C (SIGINT), as a shell reports it: 128 + 2.
-INTERRUPTED = 128 + signal.SIGINT
-
-
-#: What a stopped command's line says of its outputs, unless the command says more.
-OUTPUTS_LEFT = "outputs not yet written are left as they were"
-
-
 def run_command(prog: str, work: Callable[[], int], *, left: str = OUTPUTS_LEFT, signals: bool = True) -> int:
-    """``work()``'s exit status, with the endings every command shares said in one line on stderr
-    (ending with ``left``, what the ending left of the outputs) instead of a traceback: SIGTERM
-    and SIGHUP exit with 128 + the signal (143, 129), Ctrl-C (``KeyboardInterrupt``, also the
-    ``sys.exit(1)`` Lightning's loops make of it) with 130, a full disk (:func:`disk_full`)
-    with 1. ``signals``: the stop signals raise :class:`StoppedBySignal` within ``work``
-    (:func:`stop_on_signals`); False where the work takes them itself (a fit's trainer stops
-    at the end of its step). The files a command writes are put in place whole (:mod:`.files`),
-    so each ending leaves each output whole: the new content, or the previous."""
+    """``work()``'s exit status; a stop is one line on stderr ending with ``left`` instead of a
+    traceback: SIGTERM and SIGHUP 128 + the signal, Ctrl-C (also the ``sys.exit(1)`` Lightning's
+    loops make of it) 130, a full disk 1. ``signals``: False where the work takes the stop
+    signals itself (a fit stops at the end of its step)."""
     try:
         with stop_on_signals() if signals else contextlib.nullcontext():
             return work()
@@ -111,7 +89,6 @@ def run_command(prog: str, work: Callable[[], int], *, left: str = OUTPUTS_LEFT,
         print(f"{prog}: stopped by {signal.Signals(stop.signum).name}; {left}", file=sys.stderr)
         return stop.code
     except (KeyboardInterrupt, SystemExit) as exc:
-        # Lightning's loops make Ctrl-C sys.exit(1); any other exit is a status the work chose
         if isinstance(exc, SystemExit) and not (exc.code == 1 and isinstance(exc.__context__, KeyboardInterrupt)
                                                 and not exc.__suppress_context__):
             raise
@@ -135,6 +112,5 @@ def causes(error: BaseException) -> Iterator[BaseException]:
 
 
 def disk_full(error: BaseException) -> OSError | None:
-    """The full disk (:data:`DISK_FULL`) that ``error`` is, or was raised while handling: torch's
-    writer reports one as a ``RuntimeError`` (``unexpected pos``) raised over the ``OSError``."""
+    """The full disk behind ``error`` (torch's writer raises a ``RuntimeError`` over it)."""
     return next((cause for cause in causes(error) if isinstance(cause, OSError) and cause.errno in DISK_FULL), None)

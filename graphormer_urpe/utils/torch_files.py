@@ -1,15 +1,9 @@
-"""Torch files read as data: :func:`read_checkpoint` is the one way this package opens a torch
-file (a checkpoint, a model's weights, a saved training state): as data only
-(``torch.load(weights_only=True)``: never code to run) after checking its zip CRCs; any failure
-is a :class:`CheckpointError` naming the file. One is written as any file is (``torch.save``
-into :func:`~graphormer_urpe.utils.files.atomic_write`). Building a model from a checkpoint is
-:func:`graphormer_urpe.prediction.load.load_module` (training's Lightning module:
-:func:`graphormer_urpe.training.module.load_training_module`), layers up.
-"""
+"""The one way this package opens a torch file: as data only (``weights_only=True``), after its zip CRCs."""
 from __future__ import annotations
 
 import pickle
 import zipfile
+import zlib
 from pathlib import Path
 
 import torch
@@ -21,31 +15,23 @@ class CheckpointError(ValueError):
     """A checkpoint that is missing, unreadable, damaged or not a graphormer-urpe model."""
 
 
-def _verify_archive(ckpt: Path, what: str) -> None:
-    import zlib
-
-    if not zipfile.is_zipfile(ckpt):
-        raise CheckpointError(f"{what} {ckpt} cannot be read: not a PyTorch checkpoint archive "
-                              "(truncated, damaged or another kind of file)")
-    try:
-        with zipfile.ZipFile(ckpt) as archive:
-            damaged = archive.testzip()
-    except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as exc:
-        raise CheckpointError(f"{what} {ckpt} cannot be read: damaged archive ({exc})") from None
-    if damaged is not None:
-        raise CheckpointError(f"{what} {ckpt} is damaged: its entry {damaged} fails the CRC check")
-
-
 def read_checkpoint(path: str | Path, map_location="cpu", *, what: str = "checkpoint"):
-    """The content of the torch file ``path`` (``what`` it is, for the messages), read as plain
-    data: tensors, numbers, strings and containers of them, never objects whose unpickling runs
-    code. :class:`CheckpointError` naming the file when it is missing, a damaged archive (zip
-    CRCs), or holds anything else (a crafted file refused here has not run anything)."""
+    """The torch file ``path`` (``what`` it is, for the messages) as plain data, never objects whose
+    unpickling runs code; :class:`CheckpointError` naming it when it is missing, damaged or crafted."""
     path = Path(path)
     problem = unreadable_as_a_file(path)
     if problem:
         raise CheckpointError(f"{what} {path} {problem}")
-    _verify_archive(path, what)
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(f"{what} {path} cannot be read: not a PyTorch checkpoint archive "
+                              "(truncated, damaged or another kind of file)")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as exc:
+        raise CheckpointError(f"{what} {path} cannot be read: damaged archive ({exc})") from None
+    if damaged is not None:
+        raise CheckpointError(f"{what} {path} is damaged: its entry {damaged} fails the CRC check")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError:

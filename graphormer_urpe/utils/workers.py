@@ -1,22 +1,9 @@
-"""Worker processes, each with a pipe of its own, so that stopping them never waits for ever: the
-data builds' featurizers (:func:`~graphormer_urpe.data.featurize.parallel_map`) and the
-prediction's (:func:`~graphormer_urpe.prediction.run.stream`).
+"""Worker processes for the data builds and the prediction, each with a pipe of its own to the parent.
 
-``concurrent.futures.ProcessPoolExecutor``, loky and ``multiprocessing.Pool`` share one result
-pipe among the workers and the parent: a worker killed while it writes a result (the
-out-of-memory killer, a SIGTERM to the process group) leaves the parent reading the rest of it
-for ever (``tests/test_workers.py``), and the pool re-forks a worker that ends. Here the parent
-writes each job to one worker's pipe and reads its result from the same pipe, whose other end
-that worker alone holds: its death ends the pipe, and the work ends with one :class:`WorkerDied`
-naming its exit status. A worker gets a job only once it has returned its previous one, so
-neither side ever waits for the other to read.
-
-Workers ignore SIGINT, SIGTERM and SIGHUP: a stop signal to the process group reaches the parent,
-which kills them (they hold nothing another process waits for) and waits for them, with those
-signals held back meanwhile, so that no worker is left running; a worker whose parent was killed
-finds its pipe closed at its next job and ends. :func:`useful_workers` is how many to start: no
-more than the usable cores nor than the jobs; :func:`ran_out_of_memory` tells a job's (or this
-process's) out-of-memory error from the others, which a command then names in one line.
+Not ``concurrent.futures`` (nor loky): their workers share one result pipe, so a worker killed
+while it writes a result (the out-of-memory killer) leaves the parent waiting for ever
+(``tests/test_workers.py``); here its death ends its own pipe, and the work ends in one
+:class:`WorkerDied`. Workers ignore the stop signals: the parent kills and reaps them.
 """
 from __future__ import annotations
 
@@ -27,36 +14,28 @@ import signal
 import sys
 import traceback
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 from graphormer_urpe.utils.process import hold_stop_signals, leave_stop_signals_to_parent, usable_cores
 
 #: Seconds a worker may take to leave after its last job before it is killed.
 _LEAVE_SECONDS = 10
 
-K = TypeVar("K")
-
 
 def useful_workers(asked: int | None, jobs: int | None = None) -> int:
-    """The worker processes worth starting for ``asked`` (None: one per usable core): at most
-    the cores this process may use (:func:`~graphormer_urpe.utils.process.usable_cores`; more
-    only take turns on them, each with its own memory) and, where the number of ``jobs`` is
-    known, at most one per job."""
+    """Workers worth starting for ``asked`` (None: one per core): at most the usable cores and the ``jobs``."""
     cores = usable_cores()
     count = cores if asked is None else min(int(asked), cores)
     return count if jobs is None else min(count, int(jobs))
 
 
-#: What an allocation that failed says where it raises no ``MemoryError``: torch's CPU allocator
-#: (``DefaultCPUAllocator: can't allocate memory``, ``not enough memory``) and oneDNN, whose
-#: kernels cannot be created where no memory is left (``could not create a primitive``).
+#: What torch's CPU allocator and oneDNN say of a failed allocation (they raise no ``MemoryError``).
 _OUT_OF_MEMORY_MESSAGES = ("can't allocate memory", "not enough memory", "could not create a primitive")
 
 
 def ran_out_of_memory(error: BaseException) -> bool:
-    """Whether ``error`` is an allocation that failed: a ``MemoryError`` (Python, numpy), torch's
-    ``OutOfMemoryError`` (a device's memory) or a ``RuntimeError`` of torch's or oneDNN's saying
-    so (an address-space limit, ``ulimit -v``, or a full machine)."""
+    """Whether ``error`` is an allocation that failed (``MemoryError``, torch's ``OutOfMemoryError``, or a
+    ``RuntimeError`` saying so)."""
     torch = sys.modules.get("torch")  # not imported for it: an error of torch's means it is loaded
     if isinstance(error, MemoryError) or (torch is not None and isinstance(error, torch.OutOfMemoryError)):
         return True
@@ -69,8 +48,7 @@ class WorkerDied(RuntimeError):
 
 def _serve(connection, inherited: list, function: Callable, initializer: Callable | None,
            initargs: tuple) -> None:
-    """A worker: ``function(job)`` for each job read from ``connection``, its result (or the
-    exception it raised) written back, until the pipe closes or a ``None`` job comes."""
+    """A worker: ``function(job)``'s result (or exception) for each job, until the pipe closes or a ``None`` job."""
     leave_stop_signals_to_parent()
     for other in inherited:  # the parent's ends of the pipes, so that its death closes them
         other.close()
@@ -80,7 +58,7 @@ def _serve(connection, inherited: list, function: Callable, initializer: Callabl
         try:
             job = connection.recv()
         except (EOFError, OSError):
-            return
+            job = None
         if job is None:
             return
         try:
@@ -99,10 +77,8 @@ def _serve(connection, inherited: list, function: Callable, initializer: Callabl
 
 
 class WorkerProcesses:
-    """``workers`` processes computing ``function(job)`` (after ``initializer(*initargs)``),
-    forked where the platform can, else spawned. Use it as a ``with`` block: leaving the block
-    normally lets the workers end; leaving it by an exception or a signal kills them. Either way
-    they are gone when the block has ended."""
+    """``workers`` processes computing ``function(job)`` (after ``initializer(*initargs)``), forked where
+    possible; gone when the ``with`` block ends (killed if it ends by an exception or a signal)."""
 
     def __init__(self, workers: int, function: Callable, initializer: Callable | None = None,
                  initargs: tuple = ()) -> None:
@@ -127,22 +103,18 @@ class WorkerProcesses:
 
     @property
     def workers(self) -> int:
-        """The number of worker processes."""
         return len(self._processes)
 
-    def imap(self, jobs: Iterable[tuple[K, Any]], ahead: int) -> Iterator[tuple[K, Any]]:
-        """``(key, function(job))`` for each ``(key, job)`` of ``jobs``, in their order; at most
-        ``ahead`` jobs are taken from ``jobs`` and not yet given back. A job's exception is
-        raised here; a worker that died raises :class:`WorkerDied`. Left before its end (an
-        exception, a ``break``), it kills the workers: their pipes may hold results of its jobs."""
+    def imap(self, jobs: Iterable[tuple[Any, Any]], ahead: int) -> Iterator[tuple[Any, Any]]:
+        """``(key, function(job))`` for each ``(key, job)``, in order, at most ``ahead`` jobs in flight; a
+        job's exception is raised here. Left before its end, it kills the workers."""
         try:
-            yield from self._imap(jobs, ahead)
+            yield from self._imap(iter(jobs), ahead)
         except BaseException:
             self._stop(kill=True)
             raise
 
-    def _imap(self, jobs: Iterable[tuple[K, Any]], ahead: int) -> Iterator[tuple[K, Any]]:
-        jobs = iter(jobs)
+    def _imap(self, jobs: Iterator[tuple[Any, Any]], ahead: int) -> Iterator[tuple[Any, Any]]:
         idle = list(range(len(self._processes)))[::-1]
         busy: dict[int, int] = {}  # worker -> the number of the job it holds
         keys: dict[int, Any] = {}
@@ -212,7 +184,7 @@ class WorkerProcesses:
 
 
 def exit_status(code: int | None) -> str:
-    """A process's exit code (``multiprocessing``'s, ``subprocess``'s) in words: ``-9`` is killed by SIGKILL."""
+    """A process's exit code in words: ``-9 (killed by SIGKILL)``."""
     if code is not None and code < 0:
         with contextlib.suppress(ValueError):
             return f"{code} (killed by {signal.Signals(-code).name})"
