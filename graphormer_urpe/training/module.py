@@ -164,7 +164,8 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
         freeze_backbone_steps: train only the output head for this many first optimizer steps.
         freeze_layers: keep the first this many encoder layers, and the input encoders and
             attention biases below them, as ``init_from`` loaded them for the whole fit: the
-            backward pass stops at the first trained layer, so a step costs less.
+            backward pass stops at the first trained layer, so a step costs less. Without
+            ``init_from`` (from scratch) every layer trains.
         head_lr: peak learning rate of the output head (its own AdamW param groups, same
             schedule); ``None``: ``lr``.
         warmup_fraction: warmup as a fraction of the schedule's total steps; when set, it
@@ -208,9 +209,6 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
         if not 0 <= freeze_layers <= resolved.num_layers:
             raise ValueError(f"model.freeze_layers {freeze_layers}: give 0 to {resolved.num_layers}, "
                              "the backbone's number of layers")
-        if freeze_layers and not init_from:
-            raise ValueError("model.freeze_layers needs model.init_from: frozen layers would keep "
-                             "their random initialisation")
         # Plain values only (checkpoints load with weights_only=True), and complete.
         self.hparams["facts"] = self.facts.as_dict()
         self.hparams["backbone"] = resolved.as_dict()
@@ -339,7 +337,8 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
             self.model.head.set_statistics(self.trainer.datamodule.descriptor_statistics())
 
     def on_train_batch_start(self, batch: GraphBatch, batch_idx: int) -> None:
-        finetune.set_trainable(self.model, self.backbone_frozen(), self.hparams.get("freeze_layers", 0))
+        frozen_layers = self.hparams.get("freeze_layers", 0) if self.hparams.get("init_from") else 0
+        finetune.set_trainable(self.model, self.backbone_frozen(), frozen_layers)
 
     def _evaluate(self, batch: GraphBatch, stage: str) -> None:
         pred = self(batch).float()

@@ -18,6 +18,7 @@ import torch
 
 from graphormer_urpe.data.facts import DataFacts
 from graphormer_urpe.cli.fit import main as cli_main
+from graphormer_urpe.nn.graphormer import GraphormerConfig
 from graphormer_urpe.training.module import GraphormerModule
 
 REPO = Path(__file__).resolve().parents[2]
@@ -125,20 +126,27 @@ def test_frozen_layers_stay_as_loaded_through_a_fit_and_its_resume(pretrained, e
         assert not torch.equal(after[name], before[name]), name
 
 
-@pytest.mark.parametrize("options, expected", [
-    (["--model.freeze_layers", "3"], "model.freeze_layers 3: give 0 to 2, the backbone's number of layers"),
-    (["--model.freeze_layers", "1", "--model.init_from", "null"],
-     "model.freeze_layers needs model.init_from: frozen layers would keep their random initialisation"),
-])
-def test_freeze_layers_out_of_range_or_without_a_backbone_is_one_line(pretrained, esol_csv, tmp_path, run_main,
-                                                                      monkeypatch, options, expected):
+def test_freeze_layers_out_of_range_is_one_line(pretrained, esol_csv, tmp_path, run_main, monkeypatch):
     monkeypatch.chdir(REPO)
     run_dir = tmp_path / "ft"
     done = run_main(cli_main, ["fit", *esol_args(run_dir, esol_csv, "--model.init_from", pretrained,
-                                                 "--trainer.max_steps", "1", *options)])
+                                                 "--trainer.max_steps", "1", "--model.freeze_layers", "3")])
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
-    assert f"graphormer-urpe: error: {expected}" in done.stderr
+    assert "graphormer-urpe: error: model.freeze_layers 3: give 0 to 2, the backbone's number of layers" in done.stderr
     assert not (run_dir / "checkpoints").exists()
+
+
+def test_from_scratch_every_layer_trains_whatever_freeze_layers_says():
+    """``configs/csv.yaml`` freezes layers of the backbone it loads; ``--model.init_from null``
+    (the same recipe from scratch) has none loaded, so nothing is frozen."""
+    facts = DataFacts(num_atom_embeddings=29, num_bond_embeddings=5, max_hops=5)
+    frozen = {}
+    for init_from in (None, "pretrained:zinc-descriptors"):
+        module = GraphormerModule(facts, backbone=GraphormerConfig(**TINY), freeze_layers=1, init_from=init_from)
+        module.on_train_batch_start(None, 0)
+        frozen[init_from] = {n.split(".")[0] for n, p in module.model.named_parameters() if not p.requires_grad}
+    assert frozen[None] == set()
+    assert {"atom_encoder", "spatial_bias", "layers", "urpe_scales"} <= frozen["pretrained:zinc-descriptors"]
 
 
 def test_fine_tune_keeps_a_fitting_head_unless_told(pretrained, esol_csv, tmp_path, run_main, caplog, monkeypatch):
