@@ -206,7 +206,7 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
         self.save_hyperparameters(ignore=["backbone"])
         self.facts = DataFacts.coerce(facts)
         self.model, resolved = build_backbone(self.facts, preset, backbone)
-        if not 0 <= freeze_layers <= resolved.num_layers:
+        if freeze_layers < 0 or (init_from and freeze_layers > resolved.num_layers):
             raise ValueError(f"model.freeze_layers {freeze_layers}: give 0 to {resolved.num_layers}, "
                              "the backbone's number of layers")
         # Plain values only (checkpoints load with weights_only=True), and complete.
