@@ -136,10 +136,12 @@ def _trained(name: str, head_only: bool, frozen_layers: int) -> bool:
     """Whether parameter ``name`` gets a gradient: the head always; with ``head_only`` nothing
     else; with ``frozen_layers`` neither the first layers nor what feeds them (the atom, degree
     and node encoders, the graph token, the attention biases B that every layer reads)."""
-    if name.startswith(HEAD_PREFIX) or name.startswith("final_norm."):
-        return name.startswith(HEAD_PREFIX) or not head_only
+    if name.startswith(HEAD_PREFIX):
+        return True
     if head_only:
         return False
+    if name.startswith("final_norm."):
+        return True
     if name.startswith(_LAYER_PREFIXES):
         return int(name.split(".")[1]) >= frozen_layers
     return frozen_layers == 0

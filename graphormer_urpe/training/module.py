@@ -206,7 +206,9 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
         self.save_hyperparameters(ignore=["backbone"])
         self.facts = DataFacts.coerce(facts)
         self.model, resolved = build_backbone(self.facts, preset, backbone)
-        if freeze_layers < 0 or (init_from and freeze_layers > resolved.num_layers):
+        #: The layers kept as loaded: none from scratch, where nothing was loaded.
+        self._frozen_layers = freeze_layers if init_from else 0
+        if freeze_layers < 0 or self._frozen_layers > resolved.num_layers:
             raise ValueError(f"model.freeze_layers {freeze_layers}: give 0 to {resolved.num_layers}, "
                              "the backbone's number of layers")
         # Plain values only (checkpoints load with weights_only=True), and complete.
@@ -337,8 +339,7 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
             self.model.head.set_statistics(self.trainer.datamodule.descriptor_statistics())
 
     def on_train_batch_start(self, batch: GraphBatch, batch_idx: int) -> None:
-        frozen_layers = self.hparams.get("freeze_layers", 0) if self.hparams.get("init_from") else 0
-        finetune.set_trainable(self.model, self.backbone_frozen(), frozen_layers)
+        finetune.set_trainable(self.model, self.backbone_frozen(), self._frozen_layers)
 
     def _evaluate(self, batch: GraphBatch, stage: str) -> None:
         pred = self(batch).float()
