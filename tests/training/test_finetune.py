@@ -126,11 +126,10 @@ def test_frozen_layers_stay_as_loaded_through_a_fit_and_its_resume(pretrained, e
         assert not torch.equal(after[name], before[name]), name
 
 
-def test_freeze_layers_out_of_range_is_one_line(pretrained, esol_csv, tmp_path, run_main, monkeypatch):
-    monkeypatch.chdir(REPO)
+def test_freeze_layers_out_of_range_is_one_line(pretrained, esol_csv, tmp_path):
     run_dir = tmp_path / "ft"
-    done = run_main(cli_main, ["fit", *esol_args(run_dir, esol_csv, "--model.init_from", pretrained,
-                                                 "--trainer.max_steps", "1", "--model.freeze_layers", "3")])
+    done = run("graphormer-urpe", "fit", *esol_args(run_dir, esol_csv, "--model.init_from", pretrained,
+                                                    "--trainer.max_steps", "1", "--model.freeze_layers", "3"), ok=False)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert "graphormer-urpe: error: model.freeze_layers 3: give 0 to 2, the backbone's number of layers" in done.stderr
     assert not (run_dir / "checkpoints").exists()
