@@ -32,50 +32,37 @@ BLOCK_BYTES = 1 << 24
 _HEADER_BYTES = 128
 
 
-class CacheEntry(dict):
-    """A loaded entry's arrays (read-only memory maps), its :attr:`directory` and :attr:`checksums`
-    (name -> BLAKE2b of the array's data, recorded at build time)."""
-
-    def __init__(self, arrays: dict[str, np.ndarray], directory: Path, checksums: dict[str, str]) -> None:
-        super().__init__(arrays)
-        self.directory = directory
-        self.checksums = checksums
-
-
 def whole_memmap(array: np.ndarray) -> bool:
     return isinstance(array, np.memmap) and isinstance(array.base, mmap.mmap) and array.flags.c_contiguous
 
 
-def file_items(array: np.memmap, first: int, count: int) -> np.ndarray:
-    """Items ``first : first + count`` (flat) of a whole memory map, read from its file."""
+def read_items(array: np.ndarray, first: int, count: int) -> np.ndarray:
+    """Items ``first : first + count`` of ``array`` in C order (flat); a whole memory map is read with
+    file reads, leaving its pages in the page cache instead of this process's resident set."""
+    if not whole_memmap(array):
+        return np.ascontiguousarray(array).reshape(-1)[first:first + count]
     out = np.fromfile(array.filename, dtype=array.dtype, count=count, offset=array.offset + first * array.itemsize)
     if len(out) != count:
         raise EOFError(f"{array.filename} ends before item {first + count}")
     return out
 
 
+def read_rows(array: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """``array[start:stop]`` through :func:`read_items`."""
+    row = int(np.prod(array.shape[1:], dtype=np.int64))
+    return read_items(array, start * row, (stop - start) * row).reshape((-1, *array.shape[1:]))
+
+
 def _bytes(array: np.ndarray) -> memoryview:
     return memoryview(array.reshape(-1)).cast("B")
 
 
-def _blocks(array: np.ndarray) -> Iterator[memoryview]:
-    """The data bytes of ``array`` in blocks; a whole memory map is read with file reads, leaving its
-    pages in the page cache instead of this process's resident set."""
-    if whole_memmap(array):
-        with open(array.filename, "rb") as f:
-            f.seek(array.offset)
-            remaining = array.nbytes
-            while remaining:
-                block = f.read(min(BLOCK_BYTES, remaining))
-                if not block:
-                    raise EOFError(f"{array.filename} ends {remaining} bytes early")
-                remaining -= len(block)
-                yield memoryview(block)
-        return
-    flat = np.ascontiguousarray(array).reshape(-1)
-    step = max(BLOCK_BYTES // max(flat.itemsize, 1), 1)
-    for start in range(0, len(flat), step):
-        yield _bytes(flat[start:start + step])
+def _hash_data(digest, array: np.ndarray) -> None:
+    """``digest`` updated with the data bytes of ``array``, read in blocks (:func:`read_items`)."""
+    array = array if whole_memmap(array) else np.ascontiguousarray(array)
+    step = max(BLOCK_BYTES // max(array.itemsize, 1), 1)
+    for first in range(0, array.size, step):
+        digest.update(_bytes(read_items(array, first, min(step, array.size - first))))
 
 
 def hash_arrays(*arrays: np.ndarray) -> str:
@@ -83,18 +70,8 @@ def hash_arrays(*arrays: np.ndarray) -> str:
     digest = hashlib.blake2b(digest_size=16)
     for array in arrays:
         digest.update(f"{array.dtype.str}{array.shape}".encode())
-        for block in _blocks(array):
-            digest.update(block)
+        _hash_data(digest, array)
     return digest.hexdigest()
-
-
-def read_rows(array: np.ndarray, start: int, stop: int) -> np.ndarray:
-    """An in-memory copy of ``array[start:stop]`` (file reads for a whole memory map, as :func:`_blocks`)."""
-    if whole_memmap(array):
-        row_items = int(np.prod(array.shape[1:], dtype=np.int64))
-        items = file_items(array, start * row_items, (stop - start) * row_items)
-        return items.reshape((stop - start, *array.shape[1:]))
-    return np.array(array[start:stop])
 
 
 def _npy_header(dtype: np.dtype, shape: Sequence[int]) -> bytes:
@@ -188,15 +165,18 @@ class EntryWriter:
         self.writers[name] = writer
         return writer
 
-    def write(self, name: str, array: np.ndarray) -> None:
-        """Array ``name`` in one piece."""
-        array = np.asarray(array)
+    def write(self, name: str, array: np.ndarray, convert: Callable[[np.ndarray], np.ndarray] | None = None,
+              dtype=None) -> None:
+        """Array ``name`` from ``array``, read (:func:`read_rows`) and written block by block, each
+        block ``convert``-ed to ``dtype`` where given."""
+        array = array if isinstance(array, np.ndarray) else np.asarray(array)  # a memory map stays one
         if array.ndim == 0:
             raise ValueError(f"{name}: a cache array needs at least one dimension")
-        writer = self.array(name, array.dtype, array.shape[1:])
+        writer = self.array(name, array.dtype if dtype is None else dtype, array.shape[1:])
         rows_per_block = max(BLOCK_BYTES // max(array[:1].nbytes, 1), 1)
         for start in range(0, len(array), rows_per_block):
-            writer.append(array[start:start + rows_per_block])
+            rows = read_rows(array, start, min(start + rows_per_block, len(array)))
+            writer.append(rows if convert is None else convert(rows))
 
     def commit(self) -> None:
         for name, writer in self.writers.items():
@@ -210,10 +190,8 @@ class EntryWriter:
 
 def file_checksum(path: str | os.PathLike) -> str:
     """BLAKE2b of the data of a ``.npy`` file (what the manifest records)."""
-    array = np.load(path, mmap_mode="r", allow_pickle=False)  # an empty one is not memory-mapped
     digest = hashlib.blake2b(digest_size=16)
-    for block in _blocks(array):
-        digest.update(block)
+    _hash_data(digest, np.load(path, mmap_mode="r", allow_pickle=False))  # an empty one is not memory-mapped
     return digest.hexdigest()
 
 
@@ -228,7 +206,7 @@ def _verify_default(verify: bool | None) -> bool:
 
 
 def _read_entry(directory: Path, fingerprint: dict[str, Any], expect: Sequence[str], mmap_arrays: bool,
-                verify: bool) -> CacheEntry | None:
+                verify: bool) -> dict[str, np.ndarray] | None:
     """The entry, None when missing or stale; :class:`_Damaged` when it cannot be trusted."""
     manifest_path = directory / MANIFEST
     if not manifest_path.exists():
@@ -247,7 +225,7 @@ def _read_entry(directory: Path, fingerprint: dict[str, Any], expect: Sequence[s
     missing = [name for name in expect if name not in entries]
     if missing:
         raise _Damaged(f"{manifest_path}: arrays {missing} are not listed")
-    arrays, checksums = {}, {}
+    arrays = {}
     for name, entry in entries.items():
         path = directory / f"{name}.npy"
         if not isinstance(entry, dict) or not {"dtype", "shape", "blake2b"} <= set(entry):
@@ -265,12 +243,11 @@ def _read_entry(directory: Path, fingerprint: dict[str, Any], expect: Sequence[s
         if verify and file_checksum(path) != entry["blake2b"]:
             raise _Damaged(f"{path}: checksum mismatch (the data changed after it was written)")
         arrays[name] = array
-        checksums[name] = entry["blake2b"]
-    return CacheEntry(arrays, directory, checksums)
+    return arrays
 
 
 def load_arrays(directory: str | os.PathLike, fingerprint: dict[str, Any], mmap: bool = True,
-                expect: Sequence[str] = (), verify: bool | None = None) -> CacheEntry | None:
+                expect: Sequence[str] = (), verify: bool | None = None) -> dict[str, np.ndarray] | None:
     """The arrays of entry ``directory`` if it was written with exactly ``fingerprint``, lists every
     name in ``expect`` and every file matches the manifest (with ``verify`` or
     :data:`VERIFY_ENV`, its checksum too); else None (a damaged entry is logged as a warning)."""
@@ -291,7 +268,7 @@ def _manifest_identity(directory: Path) -> tuple | None:
 
 
 def cached_entry(directory: str | os.PathLike, fingerprint: dict[str, Any], build: Callable[[EntryWriter], None],
-                 expect: Sequence[str] = (), verify: bool | None = None) -> CacheEntry:
+                 expect: Sequence[str] = (), verify: bool | None = None) -> dict[str, np.ndarray]:
     """The entry ``directory`` for ``fingerprint``, built first with ``build(writer)`` when missing,
     stale or damaged, under a file lock: the first builder builds, the others then load its result."""
     directory = Path(directory)
@@ -312,3 +289,9 @@ def cached_entry(directory: str | os.PathLike, fingerprint: dict[str, Any], buil
     if arrays is None:
         raise RuntimeError(f"cache entry {directory} does not load right after it was written")
     return arrays
+
+
+def checksums(directory: str | os.PathLike) -> dict[str, str]:
+    """``{array: BLAKE2b of its data}`` as the manifest of entry ``directory`` records them."""
+    return {name: entry["blake2b"] for name, entry in
+            json.loads((Path(directory) / MANIFEST).read_text())["arrays"].items()}

@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from graphormer_urpe.data.algos import MAX_HOPS_LIMIT
+from graphormer_urpe.data.array_store import checksums
 from graphormer_urpe.data.batch import BatchPadding, GraphBatch
 from graphormer_urpe.data.graphs import FlatGraphs
 from graphormer_urpe.data.dataset import EncodedGraphDataset, EvaluationSampler, SeededShuffleSampler, check_seed
@@ -316,8 +317,8 @@ class SMILESTableDataModule(GraphDataModule):
                                           max_atoms=self.table_max_atoms)
             graph_of_row, y = np.asarray(arrays["graph_of_row"]), np.asarray(arrays["y"])
             splits = self.split_rows(graph_of_row, y)
-            graphs = encode_smiles_store(arrays, (work_dir, "molecules"), self.encoding_params,
-                                         self.featurizer, self.encode_threads)
+            graphs = encode_smiles_store(arrays, checksums(work_dir / "graphs"), (work_dir, "molecules"),
+                                         self.encoding_params, self.featurizer, self.encode_threads)
             self._store = (graphs, graph_of_row, y, splits)
         return self._store
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from graphormer_urpe.data import algos
 from graphormer_urpe.data.algos import UNREACHABLE
-from graphormer_urpe.data.array_store import EntryWriter, cached_entry, file_items, hash_arrays, whole_memmap
+from graphormer_urpe.data.array_store import EntryWriter, cached_entry, hash_arrays, read_items
 
 log = logging.getLogger(__name__)
 
@@ -259,11 +259,9 @@ def write_encodings(writer: EntryWriter, node_ptr: np.ndarray, edge_index: np.nd
 
 
 def _edge_columns(edge_index: np.ndarray, e0: int, e1: int) -> np.ndarray:
-    """``edge_index[:, e0:e1]`` as C-contiguous int64 (file reads for a whole memory map)."""
-    if whole_memmap(edge_index):
-        return np.stack([file_items(edge_index, r * edge_index.shape[1] + e0, e1 - e0)
-                         for r in range(edge_index.shape[0])]).astype(np.int64)
-    return np.ascontiguousarray(edge_index[:, e0:e1], dtype=np.int64)
+    """``edge_index[:, e0:e1]`` as C-contiguous int64 (:func:`~.array_store.read_items`)."""
+    return np.stack([read_items(edge_index, r * edge_index.shape[1] + e0, e1 - e0)
+                     for r in range(edge_index.shape[0])]).astype(np.int64)
 
 
 def cached_encodings(directory: str | os.PathLike, node_ptr: np.ndarray, edge_index: np.ndarray,

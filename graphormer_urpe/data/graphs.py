@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from graphormer_urpe.data.array_store import BLOCK_BYTES, CacheEntry, cached_entry, read_rows
+from graphormer_urpe.data.array_store import cached_entry
 from graphormer_urpe.data.encodings import (ENCODING_BY_NAME, PATHS, Encoding, EncodingParams, encode, encodings_dir,
                                             entry_arrays, write_encodings)
 from graphormer_urpe.data.feature_ids import FEATURE_ID_DTYPE, to_shared_ids
@@ -135,30 +135,27 @@ def flat_graphs_from_pyg(dataset, cache: tuple[str | os.PathLike, str], params: 
     )
 
 
-def encode_smiles_store(arrays: CacheEntry, cache: tuple[str | os.PathLike, str],
+def encode_smiles_store(arrays: Mapping[str, np.ndarray], checksums: Mapping[str, str],
+                        cache: tuple[str | os.PathLike, str],
                         params: EncodingParams, featurizer: str, num_threads: int = 1) -> FlatGraphs:
     """:class:`FlatGraphs` of the distinct molecules of a featurized SMILES table
     (:func:`~.featurize.cached_smiles_graphs`; ``y`` NaN: targets live per row). The shared ids and
     shortest-path encodings stream into ONE cache entry, each other encoder into its own, chunk by
-    chunk, keyed by the featurized entry's checksums: memory stays bounded and every array returned
-    is memory-mapped."""
+    chunk, keyed by the featurized entry's ``checksums`` (:func:`~.array_store.checksums`): memory
+    stays bounded and every array returned is memory-mapped."""
     spec = featurizer_spec(featurizer)
     num_graphs = len(arrays["node_ptr"]) - 1
     y = np.full((num_graphs, 1), np.nan, np.float32)
     features = {"x": spec.atom_feature_dims, "edge_attr": spec.bond_feature_dims}
-    source = {name: arrays.checksums[name] for name in ("node_ptr", "edge_ptr", "edge_index", *features)}
+    source = {name: checksums[name] for name in ("node_ptr", "edge_ptr", "edge_index", *features)}
     fingerprint = {**PATHS.fingerprint(params, source), "feature_dims": {k: list(v) for k, v in features.items()}}
 
     def build(writer) -> None:
         write_encodings(writer, arrays["node_ptr"], arrays["edge_index"], arrays["edge_ptr"], params,
                         num_threads, progress=True)
         for name, dims in features.items():
-            raw = arrays[name]
-            ids = writer.array(name, FEATURE_ID_DTYPE, raw.shape[1:])
-            rows = max(BLOCK_BYTES // max(raw[:1].nbytes, 1), 1)
-            for start in range(0, len(raw), rows):
-                ids.append(to_shared_ids(read_rows(raw, start, min(start + rows, len(raw))), dims,
-                                         "atom" if name == "x" else "bond"))
+            kind = "atom" if name == "x" else "bond"
+            writer.write(name, arrays[name], lambda rows: to_shared_ids(rows, dims, kind), FEATURE_ID_DTYPE)
 
     encoded = dict(cached_entry(encodings_dir(*cache, params), fingerprint, build,
                                 expect=(*entry_arrays(PATHS), *features)))

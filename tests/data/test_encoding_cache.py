@@ -252,7 +252,8 @@ def test_streamed_smiles_store_equals_in_memory_and_stays_memory_mapped(esol_csv
     assert np.array_equal(arrays["y"][:, 0], y)
 
     params = EncodingParams(max_hops=4, rwse_steps=3)  # RWSE streamed into its own entry too
-    store = encode_smiles_store(arrays, (tmp_path, "molecules"), params, "ogb")
+    store = encode_smiles_store(arrays, array_store.checksums(tmp_path / "graphs"), (tmp_path, "molecules"),
+                                params, "ogb")
     expected = encode_flat(graphs["x"], graphs["node_ptr"], graphs["edge_index"], graphs["edge_attr"],
                            graphs["edge_ptr"], np.zeros(len(graphs["node_ptr"]) - 1), cache=(tmp_path, "direct"),
                            params=params, atom_feature_dims=spec.atom_feature_dims,
@@ -267,6 +268,6 @@ def test_streamed_smiles_store_equals_in_memory_and_stays_memory_mapped(esol_csv
         reference = expected.encodings[name] if name in expected.encodings else getattr(expected, name)
         assert np.array_equal(values, reference), name
     again = encode_smiles_store(cached_smiles_graphs(tmp_path / "graphs", {"test": 1}, lambda: 1 / 0, "ogb"),
-                                (tmp_path, "molecules"), params, "ogb")  # every entry loads: nothing is rebuilt
+                                array_store.checksums(tmp_path / "graphs"), (tmp_path, "molecules"), params, "ogb")  # every entry loads: nothing is rebuilt
     assert np.array_equal(again.encodings["spd"], store.encodings["spd"])
     assert np.array_equal(again.encodings["rwse"], store.encodings["rwse"])
