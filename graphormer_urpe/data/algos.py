@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import os
 import warnings
-from dataclasses import dataclass
 from types import ModuleType
 
 import numpy as np
@@ -69,44 +68,13 @@ def _mark_fork_in_child() -> None:
 os.register_at_fork(before=_count_threads_before_fork, after_in_child=_mark_fork_in_child)
 
 
-@dataclass(frozen=True)
-class EncodedGraphs:
-    """Encodings of ``G`` graphs as flat arrays, one block per graph: ``spd`` int16 ``[sum n^2]``
-    (row-major at ``pair_ptr[g]``), ``path_edges`` int16 ``[sum n^2 * K]`` (LOCAL edge ids, at
-    ``pair_ptr[g] * K``), ``degree`` int16 ``[sum n]``, ``pair_ptr`` and the input ``node_ptr``."""
-
-    spd: np.ndarray
-    path_edges: np.ndarray
-    degree: np.ndarray
-    pair_ptr: np.ndarray
-    node_ptr: np.ndarray
-    max_hops: int
-
-    @property
-    def num_graphs(self) -> int:
-        return len(self.pair_ptr) - 1
-
-    def __len__(self) -> int:
-        return self.num_graphs
-
-    def graph(self, g: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Views of graph ``g``: ``spd [n, n]``, ``path_edges [n, n, K]``, ``degree [n]``."""
-        if not -self.num_graphs <= g < self.num_graphs:
-            raise IndexError(f"graph index {g} out of range for {self.num_graphs} graphs")
-        g %= self.num_graphs
-        n = int(self.node_ptr[g + 1] - self.node_ptr[g])
-        p0, p1 = int(self.pair_ptr[g]), int(self.pair_ptr[g + 1])
-        k = self.max_hops
-        return (self.spd[p0:p1].reshape(n, n),
-                self.path_edges[p0 * k:p1 * k].reshape(n, n, k),
-                self.degree[self.node_ptr[g]:self.node_ptr[g + 1]])
-
-
 def encode_graphs(node_ptr: np.ndarray, edge_index: np.ndarray, edge_ptr: np.ndarray,
-                  max_hops: int, num_threads: int = 1) -> EncodedGraphs:
+                  max_hops: int, num_threads: int = 1) -> dict[str, np.ndarray]:
     """Encodes ``G`` graphs stored back to back (as PyG's ``InMemoryDataset`` stores them):
     ``edge_index`` int64 ``[2, E]`` with LOCAL node ids per graph and both directions present,
-    ``max_hops`` in ``[1, 255]``. The result is the same for any ``num_threads``; in a process
+    ``max_hops`` in ``[1, 255]``. Returns int16 ``spd [sum n^2]`` and ``path_edges [sum n^2, K]``
+    (pair ``(i, j)`` of graph ``g`` at row ``pair_ptr[g] + i n + j``), ``degree [sum n]`` and int64
+    ``pair_ptr [G + 1]``. The result is the same for any ``num_threads``; in a process
     forked from a multi-threaded one it falls back to 1 (with a warning), as libgomp would deadlock.
     ValueError for malformed input (naming the problem and the graph), TypeError for a non-array or
     non-integer argument."""
@@ -117,8 +85,7 @@ def encode_graphs(node_ptr: np.ndarray, edge_index: np.ndarray, edge_ptr: np.nda
         num_threads = 1
     spd, path_edges, degree, pair_ptr = _extension().encode(node_ptr, edge_index, edge_ptr,
                                                             max_hops, num_threads)
-    return EncodedGraphs(spd=spd, path_edges=path_edges, degree=degree, pair_ptr=pair_ptr,
-                         node_ptr=node_ptr.copy(), max_hops=int(max_hops))
+    return {"spd": spd, "path_edges": path_edges.reshape(-1, int(max_hops)), "degree": degree, "pair_ptr": pair_ptr}
 
 
 def shortest_paths(num_nodes: int, edge_index: np.ndarray,
@@ -132,5 +99,5 @@ def shortest_paths(num_nodes: int, edge_index: np.ndarray,
     num_edges = edge_index.shape[-1] if isinstance(edge_index, np.ndarray) and edge_index.ndim else 0
     encoded = encode_graphs(np.array([0, num_nodes], dtype=np.int64), edge_index,
                             np.array([0, num_edges], dtype=np.int64), max_hops)
-    spd, path_edges, _ = encoded.graph(0)
-    return spd, path_edges
+    return (encoded["spd"].reshape(num_nodes, num_nodes),
+            encoded["path_edges"].reshape(num_nodes, num_nodes, int(max_hops)))

@@ -80,11 +80,7 @@ class Encoder:
 
 
 def _shortest_paths(node_ptr, edge_index, edge_ptr, params, num_threads) -> dict[str, np.ndarray]:
-    encoded = algos.encode_graphs(node_ptr, edge_index, edge_ptr, params.max_hops, num_threads=num_threads)
-    arrays = {e.name: np.asarray(getattr(encoded, e.name), dtype=e.dtype).reshape(-1, *e.row_shape(params))
-              for e in PATHS.encodings}
-    arrays["pair_ptr"] = np.asarray(encoded.pair_ptr, dtype=np.int64)
-    return arrays
+    return algos.encode_graphs(node_ptr, edge_index, edge_ptr, params.max_hops, num_threads=num_threads)
 
 
 def random_walk_return_probabilities(node_ptr: np.ndarray, edge_index: np.ndarray, edge_ptr: np.ndarray,

@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import shortest_path as scipy_shortest_path
 
-from graphormer_urpe.data.algos import (MAX_GRAPH_SIZE, MAX_HOPS_LIMIT, UNREACHABLE, EncodedGraphs,
-                                   encode_graphs, shortest_paths)
+from graphormer_urpe.data.algos import MAX_GRAPH_SIZE, MAX_HOPS_LIMIT, UNREACHABLE, encode_graphs, shortest_paths
 
 FAST = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -209,25 +208,19 @@ def graph_batches(draw):
 def test_batched_equals_single_graph_calls(batch, max_hops):
     graphs, node_ptr, edge_index, edge_ptr = batch
     encoded = encode_graphs(node_ptr, edge_index, edge_ptr, max_hops)
-    assert isinstance(encoded, EncodedGraphs) and len(encoded) == len(graphs)
-    assert encoded.pair_ptr.dtype == np.int64 and encoded.degree.dtype == np.int16
-    np.testing.assert_array_equal(np.diff(encoded.pair_ptr), np.diff(node_ptr) ** 2)
-    assert encoded.spd.shape == (encoded.pair_ptr[-1],)
-    assert encoded.path_edges.shape == (encoded.pair_ptr[-1] * max_hops,)
+    pair_ptr = encoded["pair_ptr"]
+    assert pair_ptr.dtype == np.int64 and len(pair_ptr) == len(graphs) + 1
+    assert encoded["degree"].dtype == encoded["spd"].dtype == encoded["path_edges"].dtype == np.int16
+    np.testing.assert_array_equal(np.diff(pair_ptr), np.diff(node_ptr) ** 2)
+    assert encoded["spd"].shape == (pair_ptr[-1],)
+    assert encoded["path_edges"].shape == (pair_ptr[-1], max_hops)
     for g, (num_nodes, graph_edges) in enumerate(graphs):
-        spd, path_edges, degree = encoded.graph(g)
+        pairs = slice(pair_ptr[g], pair_ptr[g + 1])
         single_spd, single_paths = shortest_paths(num_nodes, graph_edges, max_hops)
-        np.testing.assert_array_equal(spd, single_spd)
-        np.testing.assert_array_equal(path_edges, single_paths)
-        np.testing.assert_array_equal(degree, np.bincount(graph_edges[0], minlength=num_nodes))
-        assert num_nodes == 0 or np.shares_memory(spd, encoded.spd), "graph() returns views"
-
-
-def test_graph_views_reject_bad_index():
-    encoded = encode_graphs(np.array([0, 2]), np.array([[0, 1], [1, 0]]), np.array([0, 2]), 2)
-    assert encoded.graph(-1)[0].tolist() == [[0, 1], [1, 0]]
-    with pytest.raises(IndexError):
-        encoded.graph(1)
+        np.testing.assert_array_equal(encoded["spd"][pairs].reshape(num_nodes, num_nodes), single_spd)
+        np.testing.assert_array_equal(encoded["path_edges"][pairs].reshape(single_paths.shape), single_paths)
+        np.testing.assert_array_equal(encoded["degree"][node_ptr[g]:node_ptr[g + 1]],
+                                      np.bincount(graph_edges[0], minlength=num_nodes))
 
 
 # ----------------------------------------------------------------------------- real molecules
@@ -235,15 +228,19 @@ def test_graph_views_reject_bad_index():
 def test_real_zinc_graphs_match_scipy(zinc_source, split):
     node_ptr, edge_index, edge_ptr = load_zinc(zinc_source, split)
     encoded = encode_graphs(node_ptr, edge_index, edge_ptr, max_hops=5)
-    assert len(encoded) == 1000
-    for g in range(len(encoded)):
+    pair_ptr = encoded["pair_ptr"]
+    assert len(pair_ptr) == 1001
+    for g in range(1000):
         num_nodes = int(node_ptr[g + 1] - node_ptr[g])
         local_edges = edge_index[:, edge_ptr[g]:edge_ptr[g + 1]]
-        spd, path_edges, degree = encoded.graph(g)
+        pairs = slice(pair_ptr[g], pair_ptr[g + 1])
+        spd = encoded["spd"][pairs].reshape(num_nodes, num_nodes)
+        path_edges = encoded["path_edges"][pairs].reshape(num_nodes, num_nodes, 5)
+        degree = encoded["degree"][node_ptr[g]:node_ptr[g + 1]]
         np.testing.assert_array_equal(spd, scipy_spd(num_nodes, local_edges), err_msg=f"graph {g}")
         assert_valid_paths(spd, path_edges, local_edges)
         np.testing.assert_array_equal(degree, np.bincount(local_edges[0], minlength=num_nodes))
-    assert (encoded.spd >= 0).all(), "ZINC molecules are connected"
+    assert (encoded["spd"] >= 0).all(), "ZINC molecules are connected"
 
 
 def test_threads_give_identical_results(zinc_source):
@@ -251,7 +248,7 @@ def test_threads_give_identical_results(zinc_source):
     one = encode_graphs(node_ptr, edge_index, edge_ptr, max_hops=5, num_threads=1)
     two = encode_graphs(node_ptr, edge_index, edge_ptr, max_hops=5, num_threads=2)
     for name in ("spd", "path_edges", "degree", "pair_ptr"):
-        np.testing.assert_array_equal(getattr(one, name), getattr(two, name), err_msg=name)
+        np.testing.assert_array_equal(one[name], two[name], err_msg=name)
 
 
 def _encode_zinc_in_child(args):
@@ -260,7 +257,7 @@ def _encode_zinc_in_child(args):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         encoded = encode_graphs(*args, max_hops=5, num_threads=2)
-    return encoded.spd.tobytes(), [str(w.message) for w in caught]
+    return encoded["spd"].tobytes(), [str(w.message) for w in caught]
 
 
 def test_forked_child_falls_back_to_one_thread_instead_of_deadlocking(zinc_source):
@@ -271,7 +268,7 @@ def test_forked_child_falls_back_to_one_thread_instead_of_deadlocking(zinc_sourc
     parent = encode_graphs(*args, max_hops=5, num_threads=2)
     with multiprocessing.get_context("fork").Pool(1) as pool:
         spd_bytes, warnings_seen = pool.apply_async(_encode_zinc_in_child, (args,)).get(timeout=60)
-    assert spd_bytes == parent.spd.tobytes()
+    assert spd_bytes == parent["spd"].tobytes()
     assert any("num_threads=1" in message for message in warnings_seen)
 
 
@@ -289,14 +286,14 @@ read, write = os.pipe()
 pid = os.fork()
 if pid == 0:
     os.close(read)
-    spd = encode_graphs(*args, max_hops=5, num_threads=2).spd
+    spd = encode_graphs(*args, max_hops=5, num_threads=2)["spd"]
     os.write(write, spd.tobytes())
     os._exit(0)
 os.close(write)
 chunks = iter(lambda: os.read(read, 1 << 20), b"")
 child_spd = b"".join(chunks)
 os.waitpid(pid, 0)
-assert child_spd == encode_graphs(*args, max_hops=5, num_threads=1).spd.tobytes(), "child differs"
+assert child_spd == encode_graphs(*args, max_hops=5, num_threads=1)["spd"].tobytes(), "child differs"
 print("child ok")
 """
 
@@ -473,7 +470,7 @@ def _call_both(node_ptr, edge_index, edge_ptr, max_hops, num_threads, num_nodes)
         except (ValueError, TypeError):
             continue
         # Anything accepted must be a well-formed encoding.
-        spd = result.spd if isinstance(result, EncodedGraphs) else result[0]
+        spd = result["spd"] if isinstance(result, dict) else result[0]
         assert spd.dtype == np.int16
 
 
