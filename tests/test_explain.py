@@ -277,14 +277,14 @@ def test_an_out_that_cannot_be_written_or_fills_the_disk_is_one_line(esol_csv, t
     out = tmp_path / "out"
     out.mkdir()
     (out / "attributions.csv").write_text("a previous table\n")
-    fill = ("import errno\nfrom graphormer_urpe.utils import files\ncommit = files.AtomicFile.commit\n"
-            "def commit_until_full(self):\n"
+    fill = ("import errno\nfrom graphormer_urpe.utils import files\ncommit = files.commit_together\n"
+            "def commit_until_full(outputs):\n"
             "    files.room = getattr(files, 'room', 2)\n"
             "    if files.room == 0:\n"
             "        raise OSError(errno.ENOSPC, 'No space left on device')\n"
             "    files.room -= 1\n"
-            "    commit(self)\n"
-            "files.AtomicFile.commit = commit_until_full")
+            "    commit(outputs)\n"
+            "files.commit_together = commit_until_full")
     done = run_explain("--ckpt", ckpt, "--input", source, "--out", out, code=fill)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]

@@ -45,7 +45,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from graphormer_urpe.utils.files import AtomicFile, hold_directory, is_local_path
+from graphormer_urpe.utils.files import AtomicFile, commit_together, hold_directory, is_local_path
 from graphormer_urpe.utils.lightning_private import accumulating, epoch_finished, replace_process_observer
 from graphormer_urpe.utils.process import replaceable
 from graphormer_urpe.utils.workers import exit_status
@@ -187,7 +187,7 @@ class RunCheckpoint(ModelCheckpoint):
         with AtomicFile(filepath, binary=True) as output:  # only the first process writes one
             super()._save_checkpoint(trainer, output.temporary)
             if trainer.is_global_zero:
-                output.commit()
+                commit_together([output])
         self._last_checkpoint_saved = filepath
         trainer.strategy.barrier()
 

@@ -1,9 +1,9 @@
 """Files put in place whole or not at all, the checks of input and output paths, and the folder locks.
 
-A file is written to a temporary sibling, flushed to disk and renamed onto its path: a reader, a
-crash or a kill sees the previous content or the new one. One file: :func:`atomic_write` (its
-:class:`AtomicFile` where the commit is decided later); several together: :func:`commit_together`;
-a folder: :class:`AtomicDirectory`. Every lock is ``filelock``'s, which the kernel drops when its
+A file is written to a temporary sibling (an :class:`AtomicFile`), flushed to disk and renamed onto
+its path: a reader, a crash or a kill sees the previous content or the new one. One file:
+:func:`atomic_write`; several, or one whose commit is decided later: :func:`commit_together`; a
+folder: :class:`AtomicDirectory`. Every lock is ``filelock``'s, which the kernel drops when its
 process ends.
 """
 from __future__ import annotations
@@ -58,6 +58,10 @@ def check_creatable_dir(path: Path, option: str) -> None:
         raise ValueError(f"{option} {path} cannot be written ({existing} is read-only)")
 
 
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
 def unreadable_as_a_file(path: str | os.PathLike) -> str | None:
     """Why ``path`` cannot be read as an input file (``"is a directory"``, ...), or None for a regular
     file: inputs are read more than once, which a pipe or standard input cannot give."""
@@ -73,11 +77,8 @@ def unreadable_as_a_file(path: str | os.PathLike) -> str | None:
         return None
     if stat.S_ISDIR(mode):
         return "is a directory"
-    for is_kind, kind in ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
-                          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
-        if is_kind(mode):
-            return f"is {kind}, not a regular file"
-    return "is not a regular file"
+    return next((f"is {kind}, not a regular file" for is_kind, kind in _KINDS if is_kind(mode)),
+                "is not a regular file")
 
 
 def written_in_place(path: str | os.PathLike) -> bool:
@@ -100,8 +101,8 @@ def _fsync(path: str | os.PathLike) -> None:
 
 class AtomicFile:
     """A file written beside ``path`` (``handle``: text with ``newline=""`` and UTF-8, or binary;
-    ``temporary``: its path) and moved onto it by :meth:`commit`; removed by :meth:`discard` or on
-    leaving the ``with`` block without a commit. A symbolic link's target gets the content; a
+    ``temporary``: its path), put in place by :func:`commit_together`; removed by :meth:`discard` or
+    on leaving the ``with`` block. A symbolic link's target gets the content; a
     :func:`written_in_place` path is written directly (``temporary`` None)."""
 
     def __init__(self, path: str | os.PathLike, binary: bool = False) -> None:
@@ -124,12 +125,6 @@ class AtomicFile:
             os.close(fd)
             os.unlink(self.temporary)
             raise
-
-    def commit(self) -> None:
-        """Flush to disk and rename onto ``path``."""
-        self._finish_writing()
-        if self.temporary is not None:
-            _replace(self.temporary, self._destination)
 
     def _finish_writing(self) -> None:
         """Flush and close, then fsync the temporary (whoever wrote it): a full disk fails here."""
@@ -154,16 +149,17 @@ class AtomicFile:
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, binary: bool = False) -> Iterator[IO]:
-    """The handle of an :class:`AtomicFile`, committed when the block ends normally."""
+    """The handle of an :class:`AtomicFile`, put in place when the block ends normally."""
     with AtomicFile(path, binary) as output:
         yield output.handle
-        output.commit()
+        commit_together([output])
 
 
 def commit_together(outputs: Iterable[AtomicFile]) -> None:
-    """Put several :class:`AtomicFile` s in place, all or none: all are flushed first (a full disk fails
-    before any path changes), then renamed while a hard link keeps each replaced file, which a
-    failed rename puts back (stop signals wait meanwhile)."""
+    """Put :class:`AtomicFile` s in place, all or none: all are flushed first (a full disk fails
+    before any path changes), then renamed with the previous file's permissions (else the umask's)
+    while a hard link keeps each replaced file, which a failed rename puts back (stop signals wait
+    meanwhile)."""
     outputs = list(outputs)
     for output in outputs:
         if output.temporary is not None:
@@ -171,19 +167,18 @@ def commit_together(outputs: Iterable[AtomicFile]) -> None:
     with hold_stop_signals():
         done: list[tuple[AtomicFile, bool, str | None]] = []  # (output, it replaced a file, that file)
         try:
-            for output in outputs:
-                if output.temporary is None:
-                    continue
-                existed, previous = output._destination.exists(), None
+            for output in (output for output in outputs if output.temporary is not None):
+                path, previous = output._destination, None
+                existed = path.exists()
                 if existed:
-                    previous = tempfile.mktemp(dir=output._destination.parent,
-                                               prefix=f".{output._destination.name}.", suffix=".previous")
+                    previous = tempfile.mktemp(dir=path.parent, prefix=f".{path.name}.", suffix=".previous")
                     try:
-                        os.link(output._destination, previous)
+                        os.link(path, previous)
                     except OSError:  # no hard links there: that file cannot be put back
                         previous = None
                 done.append((output, existed, previous))
-                _replace(output.temporary, output._destination)
+                os.chmod(output.temporary, path.stat().st_mode & 0o777 if existed else 0o666 & ~_umask())
+                os.replace(output.temporary, path)
         except BaseException:
             for output, existed, previous in reversed(done):
                 if previous is not None:
@@ -198,13 +193,6 @@ def commit_together(outputs: Iterable[AtomicFile]) -> None:
     for output in outputs:
         if output.temporary is None:
             output._finish_writing()
-
-
-def _replace(temporary: str | os.PathLike, path: Path) -> None:
-    """Rename ``temporary`` onto ``path`` with the previous file's permissions (else the umask's)."""
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask()
-    os.chmod(temporary, mode)
-    os.replace(temporary, path)
 
 
 _BUILDING = ".building.lock"

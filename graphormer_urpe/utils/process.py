@@ -9,21 +9,17 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 
+#: Signals that stop a command like Ctrl-C: ``kill``, a closed terminal or SSH session.
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+#: Exit status of a command stopped by Ctrl-C, as a shell reports it.
+INTERRUPTED = 128 + signal.SIGINT
+
 
 def usable_cores() -> int:
     """The cores this process may run on (its CPU affinity: a container or ``taskset`` limit); at least 1."""
     if hasattr(os, "sched_getaffinity"):
         return max(len(os.sched_getaffinity(0)), 1)
     return os.cpu_count() or 1
-
-
-#: Signals that stop a command like Ctrl-C: ``kill``, a closed terminal or SSH session.
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-#: ``errno`` of a full disk or an exhausted quota.
-DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
-#: Exit status of a command stopped by Ctrl-C, as a shell reports it.
-INTERRUPTED = 128 + signal.SIGINT
-OUTPUTS_LEFT = "outputs not yet written are left as they were"
 
 
 class StoppedBySignal(SystemExit):
@@ -48,11 +44,9 @@ def stop_on_signals(unless_handled: bool = False) -> Iterator[None]:
     def stop(signum, frame):
         raise StoppedBySignal(signum)
 
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {signum: signal.signal(signum, stop) for signum in _STOP_SIGNALS
-                if signal.getsignal(signum) == signal.SIG_DFL or (replaceable(signum) and not unless_handled)}
+    previous = {} if threading.current_thread() is not threading.main_thread() else {
+        signum: signal.signal(signum, stop) for signum in _STOP_SIGNALS
+        if signal.getsignal(signum) == signal.SIG_DFL or (replaceable(signum) and not unless_handled)}
     try:
         yield
     finally:
@@ -77,7 +71,8 @@ def leave_stop_signals_to_parent() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, *_STOP_SIGNALS))
 
 
-def run_command(prog: str, work: Callable[[], int], *, left: str = OUTPUTS_LEFT, signals: bool = True) -> int:
+def run_command(prog: str, work: Callable[[], int], *, signals: bool = True,
+                left: str = "outputs not yet written are left as they were") -> int:
     """``work()``'s exit status; a stop is one line on stderr ending with ``left`` instead of a
     traceback: SIGTERM and SIGHUP 128 + the signal, Ctrl-C (also the ``sys.exit(1)`` Lightning's
     loops make of it) 130, a full disk 1. ``signals``: False where the work takes the stop
@@ -112,5 +107,6 @@ def causes(error: BaseException) -> Iterator[BaseException]:
 
 
 def disk_full(error: BaseException) -> OSError | None:
-    """The full disk behind ``error`` (torch's writer raises a ``RuntimeError`` over it)."""
-    return next((cause for cause in causes(error) if isinstance(cause, OSError) and cause.errno in DISK_FULL), None)
+    """The full disk (or exhausted quota) behind ``error`` (torch's writer raises a ``RuntimeError`` over it)."""
+    return next((cause for cause in causes(error)
+                 if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT)), None)

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 import filelock
 
-from graphormer_urpe.utils.files import AtomicFile, atomic_write
+from graphormer_urpe.utils.files import AtomicFile, atomic_write, commit_together
 from graphormer_urpe.data.task import get_task
 from graphormer_urpe.training.studies.study import now
 
@@ -244,7 +244,7 @@ def update_readme_block(readme: Path, name: str, kind: str, make_text: Callable[
             with AtomicFile(readme) as output:
                 output.handle.write(f"{head}{begin}\n{block}\n{end}{tail}")
                 if _stamp(readme) == stamp:
-                    output.commit()
+                    commit_together([output])
                     return
         raise ValueError(f"{readme} changed {_README_TRIES} times while its {kind}:{name} block was "
                          "written; it is left as it is")
