@@ -39,3 +39,29 @@ def test_crafted_checkpoint_is_refused_in_one_line_without_running_its_code(tmp_
         f"graphormer-urpe-plot: error: checkpoint {crafted} cannot be read: it holds objects other "
         "than tensors and plain values, which are never loaded"]
     assert not marker.exists() and not (tmp_path / "figs").exists()
+
+
+def test_a_plot_stopped_while_it_writes_keeps_the_previous_figure(tmp_path, monkeypatch, capsys):
+    """Ctrl-C once the figure's first bytes are written: one line, exit status 130, the previous PNG
+    byte for byte and no temporary left beside it."""
+    import matplotlib.figure
+
+    from graphormer_urpe.cli import plot
+
+    metrics = tmp_path / "csv" / "version_0" / "metrics.csv"
+    metrics.parent.mkdir(parents=True)
+    metrics.write_text("epoch,step,train/loss\n0,0,1.0\n0,1,0.5\n")
+    out = tmp_path / "curves.png"
+    out.write_bytes(b"the previous figure")
+
+    def interrupted(figure, handle, **kwargs):
+        handle.write(b"\x89PNG, half of it")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", interrupted)
+    monkeypatch.setattr(sys, "argv", ["graphormer-urpe-plot", "curves", str(tmp_path), "-o", str(out)])
+    assert plot.console_main() == 130
+    assert capsys.readouterr().err == ("graphormer-urpe-plot: stopped by Ctrl-C (SIGINT); outputs not yet "
+                                       "written are left as they were\n")
+    assert out.read_bytes() == b"the previous figure"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["csv", "curves.png"]

@@ -35,6 +35,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.colors import CenteredNorm  # noqa: E402
 
+from graphormer_urpe.training.curves import save_figure  # noqa: E402
 from graphormer_urpe.training.studies.ablation_results import (  # noqa: E402
     BASELINE, best_run, figure_path, metric_of)
 
@@ -106,8 +107,7 @@ def plot_toeplitz(tables: np.ndarray, kind: str, path: Path, length: int | None 
                 ax.set_xlabel("key j", fontsize=9)
     fig.colorbar(image, ax=axes, shrink=0.8, label=f"{SYMBOL[kind]}[i, j]")
     fig.suptitle(f"{title}{SYMBOL[kind]} = table[j - i] ({length} x {length})")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
     return path
 
 
@@ -133,8 +133,7 @@ def plot_offset_curves(tables: Mapping[str, np.ndarray], path: Path, max_offset:
                 ax.set_xlabel("offset j - i")
     axes[0, 0].legend(fontsize=7, ncol=2)
     fig.suptitle(f"{title}tables over the relative offset")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
     return path
 
 
@@ -220,9 +219,7 @@ def plot_spd_panels(panels: Sequence[tuple[str, str, np.ndarray]], path: Path, t
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     fig.suptitle(title)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
     return path
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Sequence
 
 from graphormer_urpe.utils.extras import missing_extra
+from graphormer_urpe.utils.process import run_command
 
 PROG = "graphormer-urpe-plot"
 #: the first argument that draws a fit's curves instead of a checkpoint's tables
@@ -97,13 +98,17 @@ def _require_matplotlib() -> None:
 
 def console_main() -> int:
     """``graphormer-urpe-plot``: :func:`main` with an exit status: 2 and one line for a file it
-    cannot plot (damaged, crafted, or neither kind of model)."""
-    try:
-        main()
-    except ValueError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    cannot plot (damaged, crafted, or neither kind of model); a stop or a full disk is
+    :func:`~graphormer_urpe.utils.process.run_command`'s one line."""
+    def work() -> int:
+        try:
+            main()
+        except ValueError as exc:
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return 2
+        return 0
+
+    return run_command(PROG, work)
 
 
 if __name__ == "__main__":

@@ -105,7 +105,18 @@ def plot_curves(path: Path, out: Path) -> Path:
     axes[-1, 0].set_xlabel("optimizer step")
     figure.suptitle(str(source))
     figure.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=100)
-    plt.close(figure)
+    save_figure(figure, out, dpi=100)
     return out
+
+
+def save_figure(figure, path: Path, dpi: int) -> None:
+    """``figure`` put in place whole at ``path`` (a stop or a full disk leaves the previous file),
+    in the format its suffix names (PNG, ``.png`` appended, without one, as matplotlib does), and closed."""
+    import matplotlib.pyplot as plt
+
+    from graphormer_urpe.utils.files import atomic_write
+
+    kind = Path(path).suffix[1:].lower()
+    with atomic_write(path if kind else f"{str(path).rstrip('.')}.png", binary=True) as handle:
+        figure.savefig(handle, dpi=dpi, format=kind or "png")
+    plt.close(figure)
