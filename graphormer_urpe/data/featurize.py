@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -134,22 +135,6 @@ def featurizer_spec(name: str) -> FeaturizerSpec:
     return FEATURIZERS[name]
 
 
-def heavy_atom_count(smiles: str) -> int:
-    """Atoms other than hydrogen in ``smiles``, parsed without sanitization (cheap even for a huge
-    polymer); 0 where it does not parse. A featurized graph has at least this many nodes."""
-    from rdkit import Chem
-
-    mol = Chem.MolFromSmiles(smiles, sanitize=False) if isinstance(smiles, str) else None
-    return 0 if mol is None else sum(atom.GetAtomicNum() != 1 for atom in mol.GetAtoms())
-
-
-def atoms_over(smiles: str, limit: int) -> int:
-    """:func:`heavy_atom_count` of ``smiles`` where it is more than ``limit``, else 0 (only SMILES
-    longer than ``limit`` are parsed: every atom takes a character)."""
-    count = heavy_atom_count(smiles) if len(smiles) > limit else 0
-    return count if count > limit else 0
-
-
 @dataclass
 class FeaturizedChunk:
     """A chunk of SMILES as flat graphs in input order (``position``: each graph's SMILES in the
@@ -186,7 +171,7 @@ def featurize_chunk(featurizer: str, smiles: Sequence[str], max_atoms: int | Non
     """The graphs of ``smiles`` (in worker processes; the data builds and prediction featurize here):
     an empty SMILES, one RDKit or the featurizer rejects, one over ``max_atoms`` and, with
     ``descriptors``, one that gets no RDKit descriptor get their reason in ``errors`` instead."""
-    from rdkit import RDLogger
+    from rdkit import Chem, RDLogger
 
     RDLogger.DisableLog("rdApp.*")  # the reasons are reported instead, by the caller
     spec = featurizer_spec(featurizer)
@@ -195,8 +180,13 @@ def featurize_chunk(featurizer: str, smiles: Sequence[str], max_atoms: int | Non
         if not text.strip():
             errors.append((position, "empty SMILES"))
             continue
-        atoms = atoms_over(text, max_atoms) if max_atoms is not None else 0
-        if not atoms:
+        # a SMILES longer than max_atoms (every atom takes a character) may be too large: its heavy
+        # atoms are counted first, from a parse without sanitization (cheap even for a huge polymer)
+        atoms = 0
+        if max_atoms is not None and len(text) > max_atoms:
+            mol = Chem.MolFromSmiles(text, sanitize=False)
+            atoms = 0 if mol is None else sum(atom.GetAtomicNum() != 1 for atom in mol.GetAtoms())
+        if max_atoms is None or atoms <= max_atoms:
             try:
                 x, edge_index, edge_attr = spec.graph_arrays(text)
             except ValueError as exc:
@@ -247,12 +237,15 @@ def worker_pool(num_workers: int | None) -> Iterator[WorkerProcesses | None]:
         yield pool
 
 
-def parallel_map(function: Callable, chunks: Iterable, num_workers: int | None, desc: str, sizes: list[int],
-                 pool: WorkerProcesses | None = None):
-    """``map(function, chunks)`` over ``pool`` or ``num_workers`` processes, in order, with a tqdm bar
-    counting ``sizes``; at most two chunks per worker are taken ahead from ``chunks`` (a generator
-    is fine). A stop (Ctrl-C, SIGTERM) ends the workers before it is raised here."""
-    with tqdm(total=sum(sizes), desc=desc, unit="mol") as bar, contextlib.ExitStack() as stack:
+def map_chunks(function: Callable, items: Sequence, chunk_size: int, num_workers: int | None, desc: str,
+               pool: WorkerProcesses | None = None) -> Iterator:
+    """``function`` of each run of ``chunk_size`` consecutive ``items`` (sliced lazily), in order, over
+    ``pool`` or ``num_workers`` processes, with a tqdm bar counting items; at most two chunks per
+    worker are sliced ahead. A stop (Ctrl-C, SIGTERM) ends the workers before it is raised here."""
+    starts = range(0, len(items), chunk_size)
+    chunks = (list(items[s:s + chunk_size]) for s in starts)
+    sizes = [min(chunk_size, len(items) - s) for s in starts]
+    with tqdm(total=len(items), desc=desc, unit="mol") as bar, contextlib.ExitStack() as stack:
         if pool is None and len(sizes) > 1:
             pool = stack.enter_context(worker_pool(useful_workers(num_workers, len(sizes))))
         if pool is None:
@@ -265,53 +258,12 @@ def parallel_map(function: Callable, chunks: Iterable, num_workers: int | None, 
             bar.update(size)
 
 
-def iter_featurized(smiles: Sequence[str], featurizer: str, num_workers: int | None = None,
-                    chunk_size: int = 1000, desc: str | None = None,
-                    pool: WorkerProcesses | None = None,
-                    max_atoms: int | None = None) -> Iterator[FeaturizedChunk]:
-    """:func:`featurize_chunk` over chunks of ``chunk_size`` SMILES in worker processes (or ``pool``),
-    in order, sliced lazily so memory does not grow with ``len(smiles)``."""
-    featurizer_spec(name=featurizer)
-    yield from map_chunks(functools.partial(featurize_chunk, featurizer, max_atoms=max_atoms), smiles, chunk_size,
-                          num_workers, desc or f"featurize ({featurizer})", pool)
-
-
-def map_chunks(function: Callable, items: Sequence, chunk_size: int, num_workers: int | None, desc: str,
-               pool: WorkerProcesses | None = None) -> Iterator:
-    """:func:`parallel_map` of ``function`` over consecutive chunks of ``chunk_size`` items, sliced lazily."""
-    starts = range(0, len(items), chunk_size)
-    return parallel_map(function, (list(items[s:s + chunk_size]) for s in starts), num_workers, desc,
-                        [min(chunk_size, len(items) - s) for s in starts], pool)
-
-
 #: ``graph_of_row`` of a row whose SMILES RDKit rejects (or is missing), and of one too large.
 REJECTED_ROW, TOO_LARGE_ROW = -1, -2
 
 
-def _rows_to_graphs(codes: np.ndarray, num_distinct: int, rejected: np.ndarray,
-                    too_large: np.ndarray) -> np.ndarray:
-    """``graph_of_row [R]`` of each row's distinct SMILES (``codes``, -1 = missing), or
-    :data:`REJECTED_ROW` / :data:`TOO_LARGE_ROW`."""
-    accepted = np.ones(num_distinct, dtype=bool)
-    accepted[rejected] = False
-    accepted[too_large] = False
-    graph_of_distinct = np.where(accepted, np.cumsum(accepted) - 1, REJECTED_ROW)
-    graph_of_distinct[too_large] = TOO_LARGE_ROW
-    return np.where(codes >= 0, graph_of_distinct[np.maximum(codes, 0)], REJECTED_ROW).astype(np.int64)
-
-
-def _distinct(smiles: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """``(codes [R], distinct SMILES)`` in first-occurrence order."""
-    import pandas as pd
-
-    codes, distinct = pd.factorize(pd.Series(smiles, dtype=object), use_na_sentinel=True)
-    return codes, np.asarray(distinct, dtype=object)
-
-
 def file_fingerprint(path: str | os.PathLike) -> dict:
     """Name, size and BLAKE2 hash of a source file (what a featurized cache depends on)."""
-    import hashlib
-
     with open(path, "rb") as f:
         digest = hashlib.file_digest(f, lambda: hashlib.blake2b(digest_size=16)).hexdigest()
     return {"name": os.path.basename(path), "size": os.path.getsize(path), "blake2b": digest}
@@ -343,41 +295,46 @@ def cached_smiles_graphs(directory: str | os.PathLike, source_fingerprint: dict,
         fingerprint["max_atoms"] = int(max_atoms)
 
     def build(writer) -> None:
+        import pandas as pd
+
+        spec = featurizer_spec(featurizer)
+        int16_max = np.iinfo(np.int16).max
         with worker_pool(num_workers) as pool:  # forked before the table exists (see worker_pool)
-            _stream_graphs(writer, read_table, featurizer, pool, chunk_size, max_atoms)
+            smiles, y = read_table()
+            writer.write("y", np.asarray(y, dtype=np.float32).reshape(len(smiles), -1))
+            # each row's distinct SMILES (codes, -1 = missing), in first-occurrence order
+            codes, distinct = pd.factorize(pd.Series(smiles, dtype=object), use_na_sentinel=True)
+            distinct = np.asarray(distinct, dtype=object)
+            del smiles, y
+            x = writer.array("x", np.uint8, (len(spec.atom_feature_dims),))
+            edge_index = writer.array("edge_index", np.int16, (2,), axis=1)
+            edge_attr = writer.array("edge_attr", np.uint8, (len(spec.bond_feature_dims),))
+            node_counts, edge_counts, rejected, too_large = [], [], [], []
+            start = 0  # the chunk's first distinct SMILES
+            for chunk in map_chunks(functools.partial(featurize_chunk, featurizer, max_atoms=max_atoms), distinct,
+                                    chunk_size, num_workers, f"featurize ({featurizer})", pool):
+                n = np.diff(chunk.node_ptr)
+                if len(n) and n.max() > int16_max:
+                    raise ValueError(f"a molecule has more than {int16_max} atoms")
+                x.append(chunk.x)
+                edge_index.append(chunk.edge_index)
+                edge_attr.append(chunk.edge_attr)
+                node_counts.append(n.astype(np.int32))
+                edge_counts.append(np.diff(chunk.edge_ptr).astype(np.int32))
+                over = set(chunk.too_large)
+                rejected.append(np.array([start + p for p, _ in chunk.errors if p not in over], dtype=np.int64))
+                too_large.append(start + np.array(chunk.too_large, dtype=np.int64))
+                start += chunk_size
+        for name, counts in (("node_ptr", node_counts), ("edge_ptr", edge_counts)):
+            counts = np.concatenate(counts) if counts else np.zeros(0, np.int32)
+            writer.write(name, np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]))
+        accepted = np.ones(len(distinct), dtype=bool)
+        for rows in (*rejected, *too_large):
+            accepted[rows] = False
+        graph_of_distinct = np.where(accepted, np.cumsum(accepted) - 1, REJECTED_ROW)
+        for rows in too_large:
+            graph_of_distinct[rows] = TOO_LARGE_ROW
+        writer.write("graph_of_row", np.where(codes >= 0, graph_of_distinct[np.maximum(codes, 0)],
+                                              REJECTED_ROW).astype(np.int64))
 
     return cached_entry(directory, fingerprint, build, expect=SMILES_GRAPH_ARRAYS)
-
-
-def _stream_graphs(writer, read_table: Callable[[], tuple[Sequence[str], np.ndarray]], featurizer: str,
-                   pool: WorkerProcesses | None, chunk_size: int,
-                   max_atoms: int | None = None) -> None:
-    spec = featurizer_spec(featurizer)
-    int16_max = np.iinfo(np.int16).max
-    smiles, y = read_table()
-    writer.write("y", np.asarray(y, dtype=np.float32).reshape(len(smiles), -1))
-    codes, distinct = _distinct(smiles)
-    del smiles, y
-    x = writer.array("x", np.uint8, (len(spec.atom_feature_dims),))
-    edge_index = writer.array("edge_index", np.int16, (2,), axis=1)
-    edge_attr = writer.array("edge_attr", np.uint8, (len(spec.bond_feature_dims),))
-    node_counts, edge_counts, rejected, too_large = [], [], [], []
-    start = 0  # the chunk's first distinct SMILES
-    for chunk in iter_featurized(distinct, featurizer, chunk_size=chunk_size, pool=pool, max_atoms=max_atoms):
-        n = np.diff(chunk.node_ptr)
-        if len(n) and n.max() > int16_max:
-            raise ValueError(f"a molecule has more than {int16_max} atoms")
-        x.append(chunk.x)
-        edge_index.append(chunk.edge_index)
-        edge_attr.append(chunk.edge_attr)
-        node_counts.append(n.astype(np.int32))
-        edge_counts.append(np.diff(chunk.edge_ptr).astype(np.int32))
-        over = set(chunk.too_large)
-        rejected.append(np.array([start + p for p, _ in chunk.errors if p not in over], dtype=np.int64))
-        too_large.append(start + np.array(chunk.too_large, dtype=np.int64))
-        start += chunk_size
-    for name, counts in (("node_ptr", node_counts), ("edge_ptr", edge_counts)):
-        counts = np.concatenate(counts) if counts else np.zeros(0, np.int32)
-        writer.write(name, np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]))
-    rejected, too_large = (np.concatenate(p) if p else np.zeros(0, np.int64) for p in (rejected, too_large))
-    writer.write("graph_of_row", _rows_to_graphs(codes, len(distinct), rejected, too_large))

@@ -67,7 +67,8 @@ def require_layout(root: str | os.PathLike, layout: LSCLayout) -> Path:
 
 
 def read_split_dict(root: str | os.PathLike, layout: LSCLayout) -> dict[str, np.ndarray]:
-    """``split_dict.pt`` as int64 numpy arrays, loaded with ``weights_only=True``."""
+    """``split_dict.pt`` as int64 numpy arrays, loaded with ``weights_only=True`` and refused
+    (:func:`check_split_dict`) for what needs no table, before the table is read and featurized."""
     path = layout.path(root) / SPLIT_FILE
     if not path.is_file():
         raise ValueError(f"{layout.name} split file {path} is missing ({_layout_hint(layout)})")
@@ -88,6 +89,7 @@ def read_split_dict(root: str | os.PathLike, layout: LSCLayout) -> dict[str, np.
             raise ValueError(f"{path}: split {split!r} must be a 1-D array of integer row indices, "
                              f"got dtype {rows.dtype} and shape {rows.shape}")
         splits[split] = rows.astype(np.int64)
+    check_split_dict(splits, None, None, path, layout)
     return splits
 
 
@@ -124,13 +126,6 @@ def check_split_dict(splits: Mapping[str, np.ndarray], num_rows: int | None, lab
             if len(unlabelled):
                 raise ValueError(f"{where}: split {split!r} has {len(unlabelled)} rows without a finite "
                                  f"homolumogap, e.g. {unlabelled[:5].tolist()}")
-
-
-def read_split_dict_checked(root: str | os.PathLike, layout: LSCLayout) -> dict[str, np.ndarray]:
-    """:func:`read_split_dict` with the checks that need no table, before it is read and featurized."""
-    splits = read_split_dict(root, layout)
-    check_split_dict(splits, None, None, layout.path(root) / SPLIT_FILE, layout)
-    return splits
 
 
 def ogb_dataset(root: str | os.PathLike, layout: LSCLayout):
@@ -254,7 +249,7 @@ class OGBLSCDataModule(SMILESTableDataModule):
                                  "layout; download=True fetches it)")
             download(self.root, self.layout)
         require_layout(self.root, self.layout)  # the split dict too, before featurizing
-        self._splits = read_split_dict_checked(self.root, self.layout)  # checked: what needs no table
+        self._splits = read_split_dict(self.root, self.layout)
         return (folder / "processed_graphormer_urpe", file_fingerprint(table),
                 lambda: read_table(self.root, self.layout))
 

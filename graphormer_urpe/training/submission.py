@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from graphormer_urpe.data.lsc_layouts import LAYOUTS, LSCLayout
-from graphormer_urpe.data.ogb_lsc import read_split_dict_checked, require_layout
+from graphormer_urpe.data.ogb_lsc import read_split_dict, require_layout
 from graphormer_urpe.utils.files import AtomicFile, commit_together
 
 
@@ -68,7 +68,7 @@ def submit(args) -> dict:
         raise SubmissionError(f"--out-dir {args.out_dir} exists and is not a directory")
 
     started = time.perf_counter()
-    check_test_sizes(read_split_dict_checked(args.root, layout), layout)  # before featurizing
+    check_test_sizes(read_split_dict(args.root, layout), layout)  # before featurizing
     data_class = next(c for c in (PCQM4MDataModule, PCQM4Mv2DataModule) if c.layout is layout)
     params = facts.encoding_params
     data = data_class(root=args.root, eval_batch_size=args.batch_size, **params.as_dict())
