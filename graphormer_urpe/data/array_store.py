@@ -199,12 +199,6 @@ class _Damaged(Exception):
     """A cache entry that exists but cannot be trusted (message: file and reason)."""
 
 
-def _verify_default(verify: bool | None) -> bool:
-    if verify is not None:
-        return bool(verify)
-    return os.environ.get(VERIFY_ENV, "").strip().lower() not in ("", "0", "false", "no")
-
-
 def _read_entry(directory: Path, fingerprint: dict[str, Any], expect: Sequence[str], mmap_arrays: bool,
                 verify: bool) -> dict[str, np.ndarray] | None:
     """The entry, None when missing or stale; :class:`_Damaged` when it cannot be trusted."""
@@ -253,7 +247,9 @@ def load_arrays(directory: str | os.PathLike, fingerprint: dict[str, Any], mmap:
     :data:`VERIFY_ENV`, its checksum too); else None (a damaged entry is logged as a warning)."""
     directory = Path(directory)
     try:
-        return _read_entry(directory, fingerprint, expect, mmap, _verify_default(verify))
+        if verify is None:
+            verify = os.environ.get(VERIFY_ENV, "").strip().lower() not in ("", "0", "false", "no")
+        return _read_entry(directory, fingerprint, expect, mmap, bool(verify))
     except _Damaged as damaged:
         log.warning("cache entry %s is damaged, rebuilding it: %s", directory, damaged)
         return None

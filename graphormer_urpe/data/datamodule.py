@@ -16,9 +16,8 @@ from torch.utils.data import DataLoader, Sampler
 from graphormer_urpe.data.algos import MAX_HOPS_LIMIT
 from graphormer_urpe.data.array_store import checksums
 from graphormer_urpe.data.batch import BatchPadding, GraphBatch
-from graphormer_urpe.data.graphs import FlatGraphs
 from graphormer_urpe.data.dataset import EncodedGraphDataset, EvaluationSampler, SeededShuffleSampler, check_seed
-from graphormer_urpe.data.graphs import encode_smiles_store
+from graphormer_urpe.data.graphs import FlatGraphs, encode_smiles_store
 from graphormer_urpe.data.encodings import DEFAULT_MAX_HOPS, EncodingParams
 from graphormer_urpe.data.feature_ids import num_embeddings
 from graphormer_urpe.data.featurize import cached_smiles_graphs, featurizer_spec
@@ -172,25 +171,17 @@ class GraphDataModule(pl.LightningDataModule):
             dataset = dataset.subset(keep)
         return dataset
 
-    def resident_device(self) -> torch.device:
-        """Where device-resident splits live: the trainer's root device, else CPU."""
-        trainer = getattr(self, "trainer", None)
-        return trainer.strategy.root_device if trainer is not None else torch.device("cpu")
-
-    def _resident_loader(self, dataset: EncodedGraphDataset, batch_size: int,
-                         sampler: SeededShuffleSampler | None, static_shapes: bool) -> ResidentLoader:
-        device = self.resident_device()
-        graphs = next((on_device for host, on_device in self._resident_graphs
-                       if host is dataset.graphs and on_device.device == device), None)
-        if graphs is None:
-            graphs = dataset.graphs.to(device)
-            self._resident_graphs.append((dataset.graphs, graphs))
-        return ResidentLoader(ResidentSplit(dataset, graphs), batch_size, sampler, static_shapes)
-
     def _loader(self, dataset: EncodedGraphDataset, batch_size: int, sampler: Sampler | None,
                 static_shapes: bool = False) -> DataLoader | ResidentLoader:
-        if self.device_resident:
-            return self._resident_loader(dataset, batch_size, sampler, static_shapes)
+        if self.device_resident:  # on the trainer's root device, else the CPU
+            trainer = getattr(self, "trainer", None)
+            device = trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+            graphs = next((on_device for host, on_device in self._resident_graphs
+                           if host is dataset.graphs and on_device.device == device), None)
+            if graphs is None:
+                graphs = dataset.graphs.to(device)
+                self._resident_graphs.append((dataset.graphs, graphs))
+            return ResidentLoader(ResidentSplit(dataset, graphs), batch_size, sampler, static_shapes)
         # Its own generator: a DataLoader draws its workers' base seed when an iterator starts,
         # from the global torch generator if it has none, which would shift the dropout masks of
         # every step after an epoch start or a validation (and so differ after a resume).
@@ -223,7 +214,22 @@ class GraphDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader | ResidentLoader:
         dataset = self.train_dataset()
-        loader = self._train_loader(dataset)
+        sizes = dataset.num_nodes if self.bucket_batches else None  # only bucketing reads them
+        rank, processes = self.processes()
+        sampler = SeededShuffleSampler(len(dataset), self.seed, self.batch_size, self.batches_done,
+                                       sizes, self.bucket_batches, self.current_epoch, processes, rank,
+                                       static_shapes=self.static_shapes)
+        if not self.static_shapes:
+            loader = self._loader(dataset, self.batch_size, sampler)
+        else:
+            if len(sampler) == 0:
+                raise ValueError(f"static_shapes drops incomplete batches, but the training split has only "
+                                 f"{len(dataset)} graphs for batch_size={self.batch_size} on each of "
+                                 f"{processes} process(es)")
+            padding = BatchPadding.covering(dataset.num_nodes, dataset.num_edges, self.batch_size)
+            log.info("static_shapes: training batches of %d graphs padded to N=%d nodes, E=%d edges",
+                     self.batch_size, padding.num_nodes, padding.num_edges)
+            loader = self._loader(dataset.padded(padding), self.batch_size, sampler, static_shapes=True)
         self._check_val_check_interval(len(loader), len(dataset))
         return loader
 
@@ -243,23 +249,6 @@ class GraphDataModule(pl.LightningDataModule):
                              f"batches of an epoch ({graphs} training graphs, batch_size "
                              f"{self.batch_size}): give at most {epoch}, or add "
                              "--trainer.check_val_every_n_epoch null to count the steps across epochs")
-
-    def _train_loader(self, dataset: EncodedGraphDataset) -> DataLoader | ResidentLoader:
-        sizes = dataset.num_nodes if self.bucket_batches else None  # only bucketing reads them
-        rank, processes = self.processes()
-        sampler = SeededShuffleSampler(len(dataset), self.seed, self.batch_size, self.batches_done,
-                                       sizes, self.bucket_batches, self.current_epoch, processes, rank,
-                                       static_shapes=self.static_shapes)
-        if not self.static_shapes:
-            return self._loader(dataset, self.batch_size, sampler)
-        if len(sampler) == 0:
-            raise ValueError(f"static_shapes drops incomplete batches, but the training split has only "
-                             f"{len(dataset)} graphs for batch_size={self.batch_size} on each of "
-                             f"{processes} process(es)")
-        padding = BatchPadding.covering(dataset.num_nodes, dataset.num_edges, self.batch_size)
-        log.info("static_shapes: training batches of %d graphs padded to N=%d nodes, E=%d edges",
-                 self.batch_size, padding.num_nodes, padding.num_edges)
-        return self._loader(dataset.padded(padding), self.batch_size, sampler, static_shapes=True)
 
     def val_dataloader(self) -> DataLoader | ResidentLoader:
         dataset = self._split("val")

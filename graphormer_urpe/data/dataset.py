@@ -9,8 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 from torch.utils.data import Dataset, DistributedSampler
 
-from graphormer_urpe.data.batch import BatchPadding, GraphBatch
-from graphormer_urpe.data.batch import collate
+from graphormer_urpe.data.batch import BatchPadding, GraphBatch, collate
 from graphormer_urpe.data.graphs import FlatGraphs
 
 

@@ -29,7 +29,6 @@ def read_smiles_file(path: str | os.PathLike, smiles_column: str = "smiles") -> 
         return [line.split()[0] if line.strip() else "" for line in f]
 
 
-
 class DescriptorDataModule(SMILESTableDataModule):
     """Pretraining on molecules without labels: the targets are each SMILES' standardized RDKit
     descriptors (``num_targets`` = ``len(descriptor_names())``).

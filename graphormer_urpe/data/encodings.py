@@ -68,19 +68,12 @@ class Encoder:
     def values(self, params: "EncodingParams") -> dict[str, int]:
         return {p: int(getattr(params, p)) for p in self.params}
 
-    def folder_name(self, split: str, params: "EncodingParams") -> str:
-        return f"{split}-{self.folder.format(**self.values(params))}"
-
     def fingerprint(self, params: "EncodingParams", input_fingerprint: dict) -> dict:
         """What its cached arrays depend on."""
         # "graph encodings": the kind of the shortest-path entries written before there were others
         kind = "graph encodings" if self is PATHS else f"{self.name} encodings"
         return {"kind": kind, **self.values(params), "encoder_version": self.version(),
                 "input": input_fingerprint}
-
-
-def _shortest_paths(node_ptr, edge_index, edge_ptr, params, num_threads) -> dict[str, np.ndarray]:
-    return algos.encode_graphs(node_ptr, edge_index, edge_ptr, params.max_hops, num_threads=num_threads)
 
 
 def random_walk_return_probabilities(node_ptr: np.ndarray, edge_index: np.ndarray, edge_ptr: np.ndarray,
@@ -109,10 +102,6 @@ def random_walk_return_probabilities(node_ptr: np.ndarray, edge_index: np.ndarra
             if k + 1 < steps:
                 power = power @ walk
     return out
-
-
-def _rwse(node_ptr, edge_index, edge_ptr, params, num_threads) -> dict[str, np.ndarray]:
-    return {"rwse": random_walk_return_probabilities(node_ptr, edge_index, edge_ptr, params.rwse_steps)}
 
 
 #: Edges kept per shortest path (``K``) when a run does not say.
@@ -151,10 +140,7 @@ class EncodingParams:
 
     def node_encodings(self) -> dict[str, int]:
         """``{name: width}`` of the encodings the model embeds linearly (its ``node_encodings``)."""
-        return {enc.name: self.row_shape(enc)[0] for enc in self.encodings() if enc.embedded}
-
-    def row_shape(self, encoding: Encoding) -> tuple[int, ...]:
-        return encoding.row_shape(self)
+        return {enc.name: enc.row_shape(self)[0] for enc in self.encodings() if enc.embedded}
 
     @classmethod
     def of_model(cls, max_hops: int, node_encodings: Mapping[str, int] | None = None) -> "EncodingParams":
@@ -178,11 +164,15 @@ PATHS = Encoder(
         Encoding("spd", "pair", np.int16, np.int16, fill=UNREACHABLE),
         Encoding("path_edges", "pair", np.int16, np.int32, fill=-1, width="max_hops", edge_ids=True),
     ),
-    ("max_hops",), _shortest_paths, folder="k{max_hops}", version=lambda: algos.ENCODER_VERSION)
+    ("max_hops",), lambda node_ptr, edge_index, edge_ptr, params, num_threads: algos.encode_graphs(
+        node_ptr, edge_index, edge_ptr, params.max_hops, num_threads=num_threads),
+    folder="k{max_hops}", version=lambda: algos.ENCODER_VERSION)
 #: Random-walk structural encoding, :func:`random_walk_return_probabilities`.
 RWSE = Encoder(
     "rwse", (Encoding("rwse", "node", np.float32, np.float32, fill=0.0, width="rwse_steps", embedded=True),),
-    ("rwse_steps",), _rwse, folder="rwse{rwse_steps}", version=lambda: "1")
+    ("rwse_steps",), lambda node_ptr, edge_index, edge_ptr, params, num_threads: {
+        "rwse": random_walk_return_probabilities(node_ptr, edge_index, edge_ptr, params.rwse_steps)},
+    folder="rwse{rwse_steps}", version=lambda: "1")
 
 ENCODERS: tuple[Encoder, ...] = (PATHS, RWSE)
 ENCODINGS: tuple[Encoding, ...] = tuple(enc for e in ENCODERS for enc in e.encodings)
@@ -193,12 +183,6 @@ CORE_ENCODINGS: tuple[str, ...] = tuple(e.name for e in PATHS.encodings)
 
 #: Node pairs encoded per step of a streaming build (bounds its memory).
 PAIRS_PER_CHUNK = 1 << 22
-
-
-def graph_input_fingerprint(node_ptr: np.ndarray, edge_index: np.ndarray, edge_ptr: np.ndarray) -> dict:
-    """What encodings depend on in the input: sizes and a hash of the graph structure."""
-    return {"num_graphs": int(len(node_ptr) - 1), "num_nodes": int(node_ptr[-1]),
-            "num_edges": int(edge_ptr[-1]), "structure_hash": hash_arrays(node_ptr, edge_ptr, edge_index)}
 
 
 def graph_chunks(node_ptr: np.ndarray, pairs_per_chunk: int | None = None) -> list[tuple[int, int]]:
@@ -244,20 +228,16 @@ def write_encodings(writer: EntryWriter, node_ptr: np.ndarray, edge_index: np.nd
     with tqdm(total=len(node_ptr) - 1, desc=f"encode ({values})", unit="mol", disable=not progress) as bar:
         for g0, g1 in graph_chunks(node_ptr):
             e0, e1 = int(edge_ptr[g0]), int(edge_ptr[g1])
-            encoded = encoder.compute(node_ptr[g0:g1 + 1] - node_ptr[g0], _edge_columns(edge_index, e0, e1),
-                                      edge_ptr[g0:g1 + 1] - e0, params, num_threads)
+            edges = np.stack([read_items(edge_index, r * edge_index.shape[1] + e0, e1 - e0)  # C-contiguous
+                              for r in range(edge_index.shape[0])]).astype(np.int64)
+            encoded = encoder.compute(node_ptr[g0:g1 + 1] - node_ptr[g0], edges, edge_ptr[g0:g1 + 1] - e0, params,
+                                      num_threads)
             for name, writer_of in arrays.items():
                 writer_of.append(encoded[name])
             if pair_ptr is not None:
                 pair_ptr.append(encoded["pair_ptr"][1:] + pairs_before)
                 pairs_before += int(encoded["pair_ptr"][-1])
             bar.update(g1 - g0)
-
-
-def _edge_columns(edge_index: np.ndarray, e0: int, e1: int) -> np.ndarray:
-    """``edge_index[:, e0:e1]`` as C-contiguous int64 (:func:`~.array_store.read_items`)."""
-    return np.stack([read_items(edge_index, r * edge_index.shape[1] + e0, e1 - e0)
-                     for r in range(edge_index.shape[0])]).astype(np.int64)
 
 
 def cached_encodings(directory: str | os.PathLike, node_ptr: np.ndarray, edge_index: np.ndarray,
@@ -267,8 +247,10 @@ def cached_encodings(directory: str | os.PathLike, node_ptr: np.ndarray, edge_in
     computed and streamed there, keyed by ``input_fingerprint`` (default: the graphs' hash)."""
     node_ptr = np.ascontiguousarray(node_ptr, dtype=np.int64)
     edge_ptr = np.ascontiguousarray(edge_ptr, dtype=np.int64)
-    if input_fingerprint is None:
-        input_fingerprint = graph_input_fingerprint(node_ptr, edge_index, edge_ptr)
+    if input_fingerprint is None:  # sizes and a hash of the graph structure
+        input_fingerprint = {"num_graphs": int(len(node_ptr) - 1), "num_nodes": int(node_ptr[-1]),
+                             "num_edges": int(edge_ptr[-1]),
+                             "structure_hash": hash_arrays(node_ptr, edge_ptr, edge_index)}
     fingerprint = encoder.fingerprint(params, input_fingerprint)
     return cached_entry(directory, fingerprint, lambda writer: write_encodings(
         writer, node_ptr, edge_index, edge_ptr, params, num_threads, progress=True, encoder=encoder),
@@ -277,7 +259,7 @@ def cached_encodings(directory: str | os.PathLike, node_ptr: np.ndarray, edge_in
 
 def encodings_dir(base: str | os.PathLike, split: str, params: EncodingParams, encoder: Encoder = PATHS) -> Path:
     """Where the cache entry of a split's ``encoder`` lives, next to its processed files."""
-    return Path(base) / "encodings" / encoder.folder_name(split, params)
+    return Path(base) / "encodings" / f"{split}-{encoder.folder.format(**encoder.values(params))}"
 
 
 def encode(node_ptr: np.ndarray, edge_index: np.ndarray, edge_ptr: np.ndarray, params: EncodingParams,

@@ -23,29 +23,22 @@ from graphormer_urpe.data.featurize import file_fingerprint
 from graphormer_urpe.data.resident import ResidentLoader
 
 
-
-def _numpy_array_globals() -> list:
-    dtype_classes = [type(np.dtype(t)) for t in ("int64", "int32", "float32", "float64", "bool")]
-    core = getattr(np, "_core", None) or np.core
-    return [core.multiarray._reconstruct, np.ndarray, np.dtype, *dtype_classes]
-
-
-def _pyg_data_globals() -> list:
-    from torch_geometric.data.data import Data, DataEdgeAttr, DataTensorAttr
-    from torch_geometric.data.storage import GlobalStorage
-
-    return [Data, DataEdgeAttr, DataTensorAttr, GlobalStorage]
-
-
 @contextlib.contextmanager
 def allow_numpy_arrays(pyg_data: bool = False) -> Iterator[None]:
     """Within the block, ``torch.load(weights_only=True)`` (the default) also accepts plain numpy
     arrays, as in OGB's ``split_dict.pt`` (and, with ``pyg_data``, PyG's ``Data`` containers, as in
     OGB's processed file); the allow-list is restored on exit."""
+    core = getattr(np, "_core", None) or np.core
+    wanted = [core.multiarray._reconstruct, np.ndarray, np.dtype,
+              *(type(np.dtype(t)) for t in ("int64", "int32", "float32", "float64", "bool"))]
+    if pyg_data:
+        from torch_geometric.data.data import Data, DataEdgeAttr, DataTensorAttr
+        from torch_geometric.data.storage import GlobalStorage
+
+        wanted += [Data, DataEdgeAttr, DataTensorAttr, GlobalStorage]
     # only what is not allowed yet: leaving the block removes what it added (PyG allows Data itself)
     present = torch.serialization.get_safe_globals()
-    allowed = [entry for entry in _numpy_array_globals() + (_pyg_data_globals() if pyg_data else [])
-               if not any(entry is other for other in present)]
+    allowed = [entry for entry in wanted if not any(entry is other for other in present)]
     with torch.serialization.safe_globals(allowed):
         yield
 

@@ -13,8 +13,7 @@ import torch
 from torch_geometric.data import Data
 from torch_geometric.transforms import BaseTransform
 
-from graphormer_urpe.data.batch import GraphBatch
-from graphormer_urpe.data.batch import collate
+from graphormer_urpe.data.batch import GraphBatch, collate
 from graphormer_urpe.data.graphs import FlatGraphs
 from graphormer_urpe.data.encodings import CORE_ENCODINGS, DEFAULT_MAX_HOPS, ENCODING_BY_NAME, EncodingParams
 from graphormer_urpe.data.feature_ids import check_integer_features, to_shared_ids
