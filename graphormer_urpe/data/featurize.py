@@ -262,11 +262,15 @@ def map_chunks(function: Callable, items: Sequence, chunk_size: int, num_workers
 REJECTED_ROW, TOO_LARGE_ROW = -1, -2
 
 
-def file_fingerprint(path: str | os.PathLike) -> dict:
-    """Name, size and BLAKE2 hash of a source file (what a featurized cache depends on)."""
-    with open(path, "rb") as f:
-        digest = hashlib.file_digest(f, lambda: hashlib.blake2b(digest_size=16)).hexdigest()
-    return {"name": os.path.basename(path), "size": os.path.getsize(path), "blake2b": digest}
+def file_fingerprint(path: str | os.PathLike, data: bytes | None = None) -> dict:
+    """Name, size and BLAKE2 hash of a source file (what a featurized cache depends on), of its bytes
+    ``data`` where they are read already."""
+    digest = hashlib.blake2b(data or b"", digest_size=16)
+    if data is None:
+        with open(path, "rb") as f:
+            hashlib.file_digest(f, lambda: digest)
+    return {"name": os.path.basename(path), "size": os.path.getsize(path) if data is None else len(data),
+            "blake2b": digest.hexdigest()}
 
 
 #: Arrays of a featurized SMILES table entry (:func:`cached_smiles_graphs`).

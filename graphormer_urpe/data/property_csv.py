@@ -2,6 +2,7 @@
 (empty = unknown), read, checked and split (random, scaffold or a split file)."""
 from __future__ import annotations
 
+import io
 import logging
 import os
 import warnings
@@ -23,12 +24,21 @@ log = logging.getLogger(__name__)
 SPLIT_NAMES = ("train", "val", "test")
 
 
-def resolve_columns(path: str | os.PathLike, smiles_column: str = "smiles",
+def read_csv_bytes(path: str | os.PathLike) -> bytes:
+    """The bytes of the CSV file ``path``, read once for every parse of it (:func:`_read_csv`) and its
+    fingerprint; ``ValueError`` naming the file when it is not a regular file."""
+    problem = unreadable_as_a_file(path)
+    if problem:
+        raise ValueError(f"CSV file {path} {problem}")
+    return Path(path).read_bytes()
+
+
+def resolve_columns(path: Path, data: bytes, smiles_column: str = "smiles",
                     target_columns: Sequence[str] | None = None) -> list[str]:
-    """The target columns (None: every column but the SMILES), checked against the file's header;
-    ``ValueError`` naming the file for a missing file or column, a repeated name or no data row."""
-    path = Path(path)
-    head = _head(path, smiles_column)
+    """The target columns (None: every column but the SMILES) of CSV ``data`` (the bytes of
+    ``path``), checked against its header; ``ValueError`` naming the file for a missing column, a
+    repeated name or no data row."""
+    head = _head(path, data, smiles_column)
     columns = list(head.columns)
     targets = [c for c in columns if c != smiles_column] if target_columns is None else list(target_columns)
     if not targets:
@@ -37,7 +47,7 @@ def resolve_columns(path: str | os.PathLike, smiles_column: str = "smiles",
     if missing:
         raise ValueError(f"{path} has no target column(s) {missing} (columns: {columns})")
     # pandas renames a repeated column name ("y", "y.1"), so a run would silently read the first
-    names = list(_read_csv(path, header=None, nrows=1, dtype=str, keep_default_na=False).iloc[0])
+    names = list(_read_csv(path, data, header=None, nrows=1, dtype=str, keep_default_na=False).iloc[0])
     repeated = sorted({name for name in names if names.count(name) > 1
                        and (target_columns is None or name in (smiles_column, *targets))})
     if repeated:
@@ -53,54 +63,51 @@ def resolve_columns(path: str | os.PathLike, smiles_column: str = "smiles",
 def read_smiles_column(path: str | os.PathLike, smiles_column: str = "smiles") -> list[str]:
     """The stripped SMILES of ``smiles_column`` of a CSV that may have no other column."""
     path = Path(path)
-    _head(path, smiles_column)
-    table = _read_csv(path, usecols=[smiles_column], dtype=str, keep_default_na=False)
+    data = read_csv_bytes(path)
+    _head(path, data, smiles_column)
+    table = _read_csv(path, data, usecols=[smiles_column], dtype=str, keep_default_na=False)
     return [s.strip() for s in table[smiles_column]]
 
 
-def _head(path: Path, smiles_column: str):
-    """The file's header and first row; ``ValueError`` naming the file when it cannot be read
-    or has no column ``smiles_column``."""
-    problem = unreadable_as_a_file(path)
-    if problem:
-        raise ValueError(f"CSV file {path} {problem}")
-    head = _read_csv(path, nrows=1)
+def _head(path: Path, data: bytes, smiles_column: str):
+    """The header and first row of CSV ``data``; ``ValueError`` naming the file when it has no column
+    ``smiles_column``."""
+    head = _read_csv(path, data, nrows=1)
     if smiles_column not in head.columns:
         raise ValueError(f"{path} has no SMILES column {smiles_column!r} (columns: {list(head.columns)})")
     return head
 
 
-def _read_csv(path: Path, **kwargs):
-    """``pandas.read_csv`` with a one-line ``ValueError`` naming the file when it is empty or not UTF-8."""
+def _read_csv(path: Path, data: bytes, **kwargs):
+    """``pandas.read_csv`` of ``data``, the bytes of ``path`` (compressed as its name says), with a
+    one-line ``ValueError`` naming the file when it is empty or not UTF-8."""
     import pandas as pd
+    from pandas.io.common import infer_compression
 
     try:
-        return pd.read_csv(path, **kwargs)
+        return pd.read_csv(io.BytesIO(data), compression=infer_compression(str(path), "infer"), **kwargs)
     except pd.errors.EmptyDataError:
         raise ValueError(f"CSV file {path} is empty (no header line)") from None
     except UnicodeDecodeError:
-        raise ValueError(f"{path} is not UTF-8 text ({_first_non_utf8(path)}); save it as UTF-8") from None
-
-
-def _first_non_utf8(path: Path) -> str:
-    """Where the first byte that is not UTF-8 is: ``line L: b'...'``."""
-    with open(path, "rb") as f:
-        for number, line in enumerate(f, start=1):
+        for number, line in enumerate(data.split(b"\n"), start=1):  # where the first byte that is not UTF-8 is
             try:
                 line.decode("utf-8")
             except UnicodeDecodeError as err:
-                return f"line {number}: {line[max(err.start - 10, 0):err.end + 10]!r}"
-    return "a byte sequence split across lines"
+                where = f"line {number}: {line[max(err.start - 10, 0):err.end + 10]!r}"
+                break
+        else:
+            where = "a byte sequence split across lines"
+        raise ValueError(f"{path} is not UTF-8 text ({where}); save it as UTF-8") from None
 
 
-def read_property_csv(path: str | os.PathLike, smiles_column: str = "smiles",
+def read_property_csv(path: Path, data: bytes, smiles_column: str = "smiles",
                       target_columns: Sequence[str] | None = None) -> tuple[list[str], np.ndarray, list[str]]:
-    """``(smiles [R], y [R, T] float32, target_columns)``; ``ValueError`` naming the file for a
-    missing or non-numeric column."""
+    """``(smiles [R], y [R, T] float32, target_columns)`` of CSV ``data`` (the bytes of ``path``);
+    ``ValueError`` naming the file for a missing or non-numeric column."""
     import pandas as pd
 
-    targets = resolve_columns(path, smiles_column, target_columns)
-    table = _read_csv(Path(path))
+    targets = resolve_columns(path, data, smiles_column, target_columns)
+    table = _read_csv(path, data)
     try:
         values = table[targets].apply(pd.to_numeric, errors="raise").to_numpy(dtype=np.float64)
     except (ValueError, TypeError) as err:
@@ -273,8 +280,7 @@ class CSVDataModule(SMILESTableDataModule):
             raise ValueError("molecule_descriptors needs the DataLoader: drop --data.init_args.device_resident "
                              "(device-resident batches carry no descriptors)")
         self._row_descriptors: np.ndarray | None = None
-        self._table: tuple[list[str], np.ndarray, list[str]] | None = None  # the file's rows, read once
-        self._file: dict | None = None  # its fingerprint, hashed once
+        self._table: tuple[list[str], np.ndarray, list[str]] | None = None  # the file's rows, parsed once
         if task not in TASKS:
             raise ValueError(f"task must be one of {list(TASKS)}, got {task!r}")
         if split not in ("random", "scaffold"):
@@ -293,7 +299,10 @@ class CSVDataModule(SMILESTableDataModule):
         self.cache_root = Path(cache_root)
         self.task = task
         self.table_max_atoms = self.max_nodes
-        self.target_columns = resolve_columns(self.path, smiles_column, target_columns)
+        # the file is read once: its bytes serve every parse (until the table is parsed) and its fingerprint
+        self._data: bytes | None = read_csv_bytes(self.path)
+        self._file = file_fingerprint(self.path, self._data)
+        self.target_columns = resolve_columns(self.path, self._data, smiles_column, target_columns)
         self._num_classes = None
         if task != "regression":  # labels, read before the data is built: the model's width
             _, y, _ = self._read()  # (multiclass), and a refusal before any work
@@ -316,7 +325,7 @@ class CSVDataModule(SMILESTableDataModule):
             work_dir, source, _ = self.table_source()
             smiles = self._read()[0]
             distinct, of_row = np.unique(np.array(smiles, dtype=object), return_inverse=True)
-            raw = cached_descriptors(work_dir / "descriptors", {**self.file_fingerprint(),
+            raw = cached_descriptors(work_dir / "descriptors", {**self._file,
                                      "smiles_column": self.smiles_column}, list(distinct), self.build_workers)
             self._row_descriptors = raw[of_row.reshape(-1)]
         return self._row_descriptors
@@ -333,16 +342,12 @@ class CSVDataModule(SMILESTableDataModule):
 
     def _read(self) -> tuple[list[str], np.ndarray, list[str]]:
         if self._table is None:
-            self._table = read_property_csv(self.path, self.smiles_column, self.target_columns)
+            self._table = read_property_csv(self.path, self._data, self.smiles_column, self.target_columns)
+            self._data = None
         return self._table
 
-    def file_fingerprint(self) -> dict:
-        if self._file is None:
-            self._file = file_fingerprint(self.path)
-        return self._file
-
     def table_source(self) -> tuple[Path, dict, Callable[[], tuple[Sequence[str], np.ndarray]]]:
-        source = {**self.file_fingerprint(), "smiles_column": self.smiles_column,
+        source = {**self._file, "smiles_column": self.smiles_column,
                   "target_columns": self.target_columns}
         # one work directory per featurizer (ogb's without a suffix)
         suffix = "" if self.featurizer == "ogb" else f"-{self.featurizer}"

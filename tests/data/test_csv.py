@@ -1,6 +1,8 @@
 """Molecule property CSVs: ESOL regression, random/scaffold splits, rejected rows, bad input."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -95,11 +97,15 @@ def test_bad_files_are_value_errors_naming_them(tmp_path):
 
 def test_a_fit_reads_and_hashes_the_file_once(esol, tmp_path, monkeypatch):
     """Building, setting up every split, the descriptors, the scaffold split and the predict
-    split's SMILES read the CSV once and hash it once, also when the labels are read up front."""
+    split's SMILES open the CSV once, parse its table once and hash it once, also when the labels
+    are read up front."""
+    import builtins
+    import io
+
     from graphormer_urpe.data import property_csv
 
-    calls = {"read": 0, "hash": 0}
-    read, digest = property_csv.read_property_csv, property_csv.file_fingerprint
+    calls = {"open": 0, "read": 0, "hash": 0}
+    read, digest, real_open = property_csv.read_property_csv, property_csv.file_fingerprint, io.open
 
     def counted(name, function):
         def call(*args, **kwargs):
@@ -107,12 +113,19 @@ def test_a_fit_reads_and_hashes_the_file_once(esol, tmp_path, monkeypatch):
             return function(*args, **kwargs)
         return call
 
+    def counted_open(file, *args, **kwargs):  # builtins.open and pathlib's io.open
+        if isinstance(file, (str, os.PathLike)) and os.path.realpath(file) == os.path.realpath(labels):
+            calls["open"] += 1
+        return real_open(file, *args, **kwargs)
+
     monkeypatch.setattr(property_csv, "read_property_csv", counted("read", read))
     monkeypatch.setattr(property_csv, "file_fingerprint", counted("hash", digest))
     labels = tmp_path / "labels.csv"
     table = pd.read_csv(esol).head(60)
     table.assign(y=(table[ESOL_TARGET] > table[ESOL_TARGET].median()).astype(int))[["smiles", "y"]].to_csv(
         labels, index=False)
+    monkeypatch.setattr(builtins, "open", counted_open)
+    monkeypatch.setattr(io, "open", counted_open)
     dm = CSVDataModule(path=str(labels), task="classification", split="scaffold", molecule_descriptors=True,
                        cache_root=str(tmp_path / "cache"), build_workers=1, encode_threads=1)
     dm.prepare_data()
@@ -120,4 +133,4 @@ def test_a_fit_reads_and_hashes_the_file_once(esol, tmp_path, monkeypatch):
         dm.setup(stage)
     dm.descriptor_statistics()
     assert len(dm.predict_smiles()) == len(dm.splits["predict"])
-    assert calls == {"read": 1, "hash": 1}
+    assert calls == {"open": 1, "read": 1, "hash": 1}
