@@ -11,7 +11,7 @@ import json
 import logging
 import mmap
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +45,6 @@ def read_items(array: np.ndarray, first: int, count: int) -> np.ndarray:
     if len(out) != count:
         raise EOFError(f"{array.filename} ends before item {first + count}")
     return out
-
-
-def read_rows(array: np.ndarray, start: int, stop: int) -> np.ndarray:
-    """``array[start:stop]`` through :func:`read_items`."""
-    row = int(np.prod(array.shape[1:], dtype=np.int64))
-    return read_items(array, start * row, (stop - start) * row).reshape((-1, *array.shape[1:]))
 
 
 def _bytes(array: np.ndarray) -> memoryview:
@@ -167,15 +161,17 @@ class EntryWriter:
 
     def write(self, name: str, array: np.ndarray, convert: Callable[[np.ndarray], np.ndarray] | None = None,
               dtype=None) -> None:
-        """Array ``name`` from ``array``, read (:func:`read_rows`) and written block by block, each
+        """Array ``name`` from ``array``, read (:func:`read_items`) and written block by block, each
         block ``convert``-ed to ``dtype`` where given."""
         array = array if isinstance(array, np.ndarray) else np.asarray(array)  # a memory map stays one
         if array.ndim == 0:
             raise ValueError(f"{name}: a cache array needs at least one dimension")
         writer = self.array(name, array.dtype if dtype is None else dtype, array.shape[1:])
+        row = int(np.prod(array.shape[1:], dtype=np.int64))  # items per row
         rows_per_block = max(BLOCK_BYTES // max(array[:1].nbytes, 1), 1)
         for start in range(0, len(array), rows_per_block):
-            rows = read_rows(array, start, min(start + rows_per_block, len(array)))
+            count = min(rows_per_block, len(array) - start)
+            rows = read_items(array, start * row, count * row).reshape((-1, *array.shape[1:]))
             writer.append(rows if convert is None else convert(rows))
 
     def commit(self) -> None:

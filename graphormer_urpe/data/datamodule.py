@@ -205,13 +205,6 @@ class GraphDataModule(pl.LightningDataModule):
         trainer = getattr(self, "trainer", None)
         return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
 
-    def _eval_sampler(self, dataset: EncodedGraphDataset) -> Sampler[int] | None:
-        """Each process's share of an evaluation split (:class:`~.dataset.EvaluationSampler`); None for one."""
-        rank, processes = self.processes()
-        if processes == 1:
-            return None
-        return EvaluationSampler(len(dataset), num_replicas=processes, rank=rank)
-
     def train_dataloader(self) -> DataLoader | ResidentLoader:
         dataset = self.train_dataset()
         sizes = dataset.num_nodes if self.bucket_batches else None  # only bucketing reads them
@@ -250,17 +243,21 @@ class GraphDataModule(pl.LightningDataModule):
                              f"{self.batch_size}): give at most {epoch}, or add "
                              "--trainer.check_val_every_n_epoch null to count the steps across epochs")
 
+    def _eval_loader(self, split: str) -> DataLoader | ResidentLoader:
+        """Split ``split`` in order, each process its share (:class:`~.dataset.EvaluationSampler`)."""
+        dataset = self._split(split)
+        rank, processes = self.processes()
+        sampler = None if processes == 1 else EvaluationSampler(len(dataset), num_replicas=processes, rank=rank)
+        return self._loader(dataset, self.eval_batch_size, sampler)
+
     def val_dataloader(self) -> DataLoader | ResidentLoader:
-        dataset = self._split("val")
-        return self._loader(dataset, self.eval_batch_size, self._eval_sampler(dataset))
+        return self._eval_loader("val")
 
     def test_dataloader(self) -> DataLoader | ResidentLoader:
-        dataset = self._split("test")
-        return self._loader(dataset, self.eval_batch_size, self._eval_sampler(dataset))
+        return self._eval_loader("test")
 
     def predict_dataloader(self) -> DataLoader | ResidentLoader:
-        dataset = self._split("predict")
-        return self._loader(dataset, self.eval_batch_size, self._eval_sampler(dataset))
+        return self._eval_loader("predict")
 
 
 #: ``(molecules, graph_of_row [R], y [R, T], {table split: rows})`` of a SMILES table.

@@ -12,7 +12,7 @@ import contextlib
 import functools
 import hashlib
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -207,15 +207,16 @@ def featurize_chunk(featurizer: str, smiles: Sequence[str], max_atoms: int | Non
         errors = sorted(errors + [(g[0], "RDKit computes none of the molecule's descriptors")
                                   for g, bad in zip(graphs, none) if bad])
         graphs, values = [g for g, bad in zip(graphs, none) if not bad], values[~none]
+
+    def joined(part: int, empty: np.ndarray, axis: int = 0) -> np.ndarray:  # from the shape of no graph
+        return np.concatenate([empty, *(g[part] for g in graphs)], axis=axis).astype(empty.dtype)
+
     return FeaturizedChunk(
         position=np.array([g[0] for g in graphs], dtype=np.int64),
-        x=(np.concatenate([g[1] for g in graphs]).astype(np.uint8) if graphs
-           else np.zeros((0, len(spec.atom_feature_dims)), np.uint8)),
+        x=joined(1, np.zeros((0, len(spec.atom_feature_dims)), np.uint8)),
         node_ptr=np.concatenate([[0], np.cumsum([len(g[1]) for g in graphs], dtype=np.int64)]),
-        edge_index=(np.concatenate([g[2] for g in graphs], axis=1).astype(np.int64) if graphs
-                    else np.zeros((2, 0), np.int64)),
-        edge_attr=(np.concatenate([g[3] for g in graphs]).astype(np.uint8) if graphs
-                   else np.zeros((0, len(spec.bond_feature_dims)), np.uint8)),
+        edge_index=joined(2, np.zeros((2, 0), np.int64), axis=1),
+        edge_attr=joined(3, np.zeros((0, len(spec.bond_feature_dims)), np.uint8)),
         edge_ptr=np.concatenate([[0], np.cumsum([g[2].shape[1] for g in graphs], dtype=np.int64)]),
         errors=errors, too_large=too_large, descriptors=values)
 

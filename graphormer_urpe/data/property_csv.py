@@ -380,7 +380,22 @@ class CSVDataModule(SMILESTableDataModule):
                 (len(bad_targets), "with an infinite target")) if count]
             raise ValueError(f"{self.path}: no row is usable: of its {len(y)} rows, {', '.join(reasons)}")
         check_targets(self.path, y[valid], self.target_columns, self.task)
-        parts = self._split_valid(valid, len(y))
+        if self.split_file is not None:
+            parts = read_split_file(self.split_file, len(y))
+            for name, rows in parts.items():
+                skipped = np.setdiff1d(rows, valid)
+                if len(skipped):
+                    log.warning("%s: split %r skips %d of its rows whose molecule or target cannot be "
+                                "used (rows %s; see above)", self.split_file, name, len(skipped),
+                                skipped[:10].tolist())
+            parts = {name: rows[np.isin(rows, valid)] for name, rows in parts.items()}
+        elif self.split == "random":
+            parts = {name: valid[rows] for name, rows in
+                     random_split(len(valid), self.split_fractions, self.split_seed).items()}
+        else:
+            smiles = self._read()[0]
+            parts = {name: valid[rows] for name, rows in
+                     scaffold_split([smiles[r] for r in valid], self.split_fractions).items()}
         empty = [name for name in SPLIT_NAMES if len(parts[name]) == 0]
         if empty:
             how = (f"split file {self.split_file}" if self.split_file is not None
@@ -389,23 +404,6 @@ class CSVDataModule(SMILESTableDataModule):
                              f"rows ({len(valid)} usable of {len(y)} rows, {how}): every split needs at "
                              "least one; give more rows or other fractions")
         return parts
-
-    def _split_valid(self, valid: np.ndarray, num_rows: int) -> dict[str, np.ndarray]:
-        if self.split_file is not None:
-            parts = read_split_file(self.split_file, num_rows)
-            for name, rows in parts.items():
-                skipped = np.setdiff1d(rows, valid)
-                if len(skipped):
-                    log.warning("%s: split %r skips %d of its rows whose molecule or target cannot be "
-                                "used (rows %s; see above)", self.split_file, name, len(skipped),
-                                skipped[:10].tolist())
-            return {name: rows[np.isin(rows, valid)] for name, rows in parts.items()}
-        if self.split == "random":
-            parts = random_split(len(valid), self.split_fractions, self.split_seed)
-        else:
-            smiles = self._read()[0]
-            parts = scaffold_split([smiles[r] for r in valid], self.split_fractions)
-        return {name: valid[rows] for name, rows in parts.items()}
 
     def predict_smiles(self) -> list[str]:
         """The SMILES of the predict split's items, in order."""

@@ -7,8 +7,9 @@ A raw pickle holds one dict per molecule: ``atom_type`` uint8 ``[n]`` (atom-toke
 ``logP_SA_cycle_normalized`` float32 ``[1]``."""
 from __future__ import annotations
 
-import gzip
 import contextlib
+import gzip
+import io
 import json
 import logging
 import os
@@ -73,10 +74,6 @@ def _read_lines(path: Path) -> list[str]:
         return [line.strip() for line in f if line.strip()]
 
 
-def _read_index(path: Path) -> np.ndarray:
-    return np.array([int(v) for v in path.read_text().strip().split(",")], dtype=np.int64)
-
-
 #: The arrays of a ``subset_<split>_graphs.npz`` (the graphs concatenated, with their offsets).
 _EXACT_ARRAYS = ("x", "edge_index", "edge_attr", "node_ptr", "edge_ptr", "y")
 
@@ -133,7 +130,8 @@ def build_zinc_raw(raw_dir: str | os.PathLike, source_dir: str | os.PathLike,
             labels = np.array(_read_lines(source / f"jtvae_{_SOURCE_SPLIT[split]}.y.gz"), dtype=np.float32)
             if len(smiles) != len(labels):
                 raise ValueError(f"{source}: {len(smiles)} {split} SMILES but {len(labels)} labels")
-            subset_index = _read_index(source / f"subset_{split}.index")
+            index_text = (source / f"subset_{split}.index").read_text().strip()
+            subset_index = np.array([int(v) for v in index_text.split(",")], dtype=np.int64)
             exact = {}
             if split != "train":
                 if len(exact_graphs[split]) != len(subset_index):
@@ -200,13 +198,6 @@ def load_zinc(root: str | os.PathLike = "data/ZINC", subset: bool = True, split:
         return ZINC(str(root), subset=subset, split=split, force_reload=True)
 
 
-def _storage_from_bytes(data: bytes):
-    """``torch.storage._load_from_bytes`` as data only."""
-    import io
-
-    return torch.load(io.BytesIO(data), weights_only=True)
-
-
 class RawZincUnpickler(pickle.Unpickler):
     """Reads ZINC's raw pickles (ours: tensors as ``torch.from_numpy``; PyG's download: pickled by
     torch) as data: any other callable in the file is refused with its name, so a planted raw file
@@ -235,8 +226,8 @@ class RawZincUnpickler(pickle.Unpickler):
         self.refuse(f"getattr(..., {name!r})")
 
     def find_class(self, module: str, name: str):
-        if (module, name) == ("torch.storage", "_load_from_bytes"):
-            return _storage_from_bytes
+        if (module, name) == ("torch.storage", "_load_from_bytes"):  # as data only
+            return lambda data: torch.load(io.BytesIO(data), weights_only=True)
         if (module, name) == ("builtins", "getattr"):
             return self.attribute
         if (module, name) in self.ALLOWED:
