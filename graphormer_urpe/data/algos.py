@@ -47,17 +47,13 @@ _forked_after_threads = False
 _threads_at_fork: int | None = None
 
 
-def _native_thread_count() -> int | None:
-    """Live OS threads of this process (OpenMP pools included); ``None`` where unknown."""
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        return None
-
-
 def _count_threads_before_fork() -> None:
+    """Live OS threads of this process (OpenMP pools included); ``None`` where unknown."""
     global _threads_at_fork
-    _threads_at_fork = _native_thread_count()
+    try:
+        _threads_at_fork = len(os.listdir("/proc/self/task"))
+    except OSError:
+        _threads_at_fork = None
 
 
 def _mark_fork_in_child() -> None:

@@ -135,15 +135,6 @@ def ogb_dataset(root: str | os.PathLike, layout: LSCLayout):
         return dataset, dataset.get_idx_split()
 
 
-def download(root: str | os.PathLike, layout: LSCLayout) -> None:
-    """Fetch and unpack OGB's archive into ``root`` (needs internet; no prompt)."""
-    from ogb.utils.url import download_url, extract_zip
-
-    path = download_url(layout.url, str(root))
-    extract_zip(path, str(root))
-    os.unlink(path)
-
-
 def read_table(root: str | os.PathLike, layout: LSCLayout) -> tuple[list[str], np.ndarray]:
     """SMILES ``[R]`` and HOMO-LUMO gaps ``[R]`` float32 (NaN in the test sets) of data.csv.gz."""
     import pandas as pd
@@ -240,7 +231,11 @@ class OGBLSCDataModule(SMILESTableDataModule):
             if not self.download:
                 raise ValueError(f"{self.layout.name} table {table} is missing (expected the OGB-LSC "
                                  "layout; download=True fetches it)")
-            download(self.root, self.layout)
+            from ogb.utils.url import download_url, extract_zip
+
+            archive = download_url(self.layout.url, str(self.root))  # OGB's archive, unpacked without a prompt
+            extract_zip(archive, str(self.root))
+            os.unlink(archive)
         require_layout(self.root, self.layout)  # the split dict too, before featurizing
         self._splits = read_split_dict(self.root, self.layout)
         return (folder / "processed_graphormer_urpe", file_fingerprint(table),
