@@ -76,6 +76,10 @@ class Encoder:
                 "input": input_fingerprint}
 
 
+def _shortest_paths(node_ptr, edge_index, edge_ptr, params, num_threads) -> dict[str, np.ndarray]:
+    return algos.encode_graphs(node_ptr, edge_index, edge_ptr, params.max_hops, num_threads=num_threads)
+
+
 def random_walk_return_probabilities(node_ptr: np.ndarray, edge_index: np.ndarray, edge_ptr: np.ndarray,
                                      steps: int) -> np.ndarray:
     r"""RWSE (GraphGPS): ``[sum n, steps]`` float32, :math:`(P^k)_{ii}` for ``k = 1..steps``,
@@ -102,6 +106,10 @@ def random_walk_return_probabilities(node_ptr: np.ndarray, edge_index: np.ndarra
             if k + 1 < steps:
                 power = power @ walk
     return out
+
+
+def _rwse(node_ptr, edge_index, edge_ptr, params, num_threads) -> dict[str, np.ndarray]:
+    return {"rwse": random_walk_return_probabilities(node_ptr, edge_index, edge_ptr, params.rwse_steps)}
 
 
 #: Edges kept per shortest path (``K``) when a run does not say.
@@ -164,15 +172,11 @@ PATHS = Encoder(
         Encoding("spd", "pair", np.int16, np.int16, fill=UNREACHABLE),
         Encoding("path_edges", "pair", np.int16, np.int32, fill=-1, width="max_hops", edge_ids=True),
     ),
-    ("max_hops",), lambda node_ptr, edge_index, edge_ptr, params, num_threads: algos.encode_graphs(
-        node_ptr, edge_index, edge_ptr, params.max_hops, num_threads=num_threads),
-    folder="k{max_hops}", version=lambda: algos.ENCODER_VERSION)
+    ("max_hops",), _shortest_paths, folder="k{max_hops}", version=lambda: algos.ENCODER_VERSION)
 #: Random-walk structural encoding, :func:`random_walk_return_probabilities`.
 RWSE = Encoder(
     "rwse", (Encoding("rwse", "node", np.float32, np.float32, fill=0.0, width="rwse_steps", embedded=True),),
-    ("rwse_steps",), lambda node_ptr, edge_index, edge_ptr, params, num_threads: {
-        "rwse": random_walk_return_probabilities(node_ptr, edge_index, edge_ptr, params.rwse_steps)},
-    folder="rwse{rwse_steps}", version=lambda: "1")
+    ("rwse_steps",), _rwse, folder="rwse{rwse_steps}", version=lambda: "1")
 
 ENCODERS: tuple[Encoder, ...] = (PATHS, RWSE)
 ENCODINGS: tuple[Encoding, ...] = tuple(enc for e in ENCODERS for enc in e.encodings)
