@@ -1,23 +1,12 @@
 """``graphormer-urpe-ablation``: the seeded URPE-vs-RPE ablation on one recipe, resumable.
 
-A grid of arms (``urpe``: B and C; ``rpe``: plain Graphormer, B only; ``urpe-shared``: one C for
-all layers) x seeds, each run a ``graphormer-urpe fit`` subprocess in
-``<runs-dir>/<name>/<arm>-s<seed>/`` on the same recipe (config files plus LightningCLI
-overrides, passed to every ``fit`` and ``test`` unchanged), resumed from its ``last.ckpt`` by the
-same command, selected on its task's validation metric and tested; an Optuna study of the grid
-(:mod:`graphormer_urpe.training.studies.ablation`). ``--time-budget`` stops the grid and the fit
-in progress at a step's end (it saves its state). The results are merged into a JSON list and a
-markdown table (mean +- sample std per arm, per-seed paired difference ``arm - rpe``);
-``--readme FILE`` writes the result and progress tables between ``<!-- ablation:NAME -->`` /
-``<!-- ablation-progress:NAME -->`` and their closing markers after every invocation. Several
-GPUs or CPU jobs: one invocation each, with its own ``--seeds`` and the same ``--name``,
-``--results`` and ``--readme`` (docs/ablation.md).
+A grid of arms x seeds (:mod:`graphormer_urpe.training.studies.ablation`), each run a
+``graphormer-urpe fit`` then ``test`` in ``<runs-dir>/<name>/<arm>-s<seed>/``; the results merged
+into a JSON list and its markdown table, ``--readme`` blocks and ``--figures`` written after every
+invocation (docs/ablation.md: the command, resuming, ``--time-budget``, several jobs).
 
-    graphormer-urpe-ablation --config zinc --name zinc-400k \\
-        --seeds 0 1 2 --figures docs/figures   # the paper's 400k steps, each run to its end
     graphormer-urpe-ablation --config zinc --name zinc-paper --time-budget 8m \\
         --runs-dir results/runs --results docs/results/zinc_gpu.json --readme README.md
-        # 8 minutes further, then the progress table in README.md
     graphormer-urpe-ablation --table-only     # rewrite the table from the JSON
 
 Every file it reads and writes is checked before any work: one line and exit status 2 otherwise.
@@ -37,13 +26,14 @@ from graphormer_urpe.cli.arguments import duration, folder_name_problem, refuse_
 from graphormer_urpe.training.recipes import resolve_config
 from graphormer_urpe.training.studies.ablation import ARMS, MAX_SEED, Grid, RunsFailed
 from graphormer_urpe.training.studies.ablation_results import (
-    RESULTS_FILE, best_run, figure_path, read_results, readme_block, write_progress_block,
+    RESULTS_FILE, best_run, figure_path, read_results, readme_markers, write_progress_block,
     write_readme_block, write_table)
-from graphormer_urpe.training.studies.study import STUDY_DB, storage_error
+from graphormer_urpe.training.studies.study import STUDY_DB, page_block, storage_error
 from graphormer_urpe.utils.extras import missing_extra
 from graphormer_urpe.utils.files import (
     check_creatable_dir, check_writable_dir, written_in_place)
 from graphormer_urpe.utils.process import StoppedBySignal, stop_on_signals
+
 
 def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(
@@ -151,9 +141,9 @@ def check_files(args: argparse.Namespace, table: Path, figure: Path | None) -> N
         check_output(option, path)
     read_results(args.results)
     if args.readme:
-        readme_block(args.readme, args.name)
+        page_block(args.readme, *readme_markers(args.name))
         if not args.table_only:
-            readme_block(args.readme, args.name, "ablation-progress")
+            page_block(args.readme, *readme_markers(args.name, "ablation-progress"))
 
 
 def grid_of(args: argparse.Namespace, overrides: list[str]) -> Grid:
@@ -191,10 +181,8 @@ def _late(problems: list[str], write: Callable[[], Any]) -> Any:
     try:
         return write()
     except (ValueError, OSError) as error:
-        message = f"graphormer-urpe-ablation: error: {error}"
-        print(message, file=sys.stderr, flush=True)
-        problems.append(message)
-        return None
+        problems.append(f"graphormer-urpe-ablation: error: {error}")
+        print(problems[-1], file=sys.stderr, flush=True)
 
 
 def table_only(args: argparse.Namespace) -> None:

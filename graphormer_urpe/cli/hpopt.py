@@ -123,13 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     from graphormer_urpe.utils.process import run_command
 
     args, overrides = parse_args(argv)
-    missing = missing_extra("optuna", PROG)
-    if missing:
-        print(f"{PROG}: error: {missing}", file=sys.stderr)
-        return 2
 
     def work() -> int:
         try:
+            if missing := missing_extra("optuna", PROG):
+                raise Refused(missing)
             return search(args, overrides)
         except Refused as exc:
             print(f"{PROG}: error: {exc}", file=sys.stderr)

@@ -34,6 +34,8 @@ RUN_DIR = re.compile(rf"(?P<arm>{'|'.join(map(re.escape, ARMS))})-s(?P<seed>0|[1
 LOCK_FILE = "ablation.lock"
 #: The seeds ``seed_everything`` takes (numpy's).
 MAX_SEED = 2**32 - 1
+#: A run's newest saved state, in its run directory (as ``prediction.load`` reads it).
+LAST = Path("checkpoints") / "last.ckpt"
 #: Exit statuses of a ``fit`` stopped by SIGTERM (the CLI's 128 + 15, or the signal itself).
 STOPPED_STATUSES = (143, -15)
 
@@ -65,12 +67,9 @@ class Grid:
         self.points = [(arm, seed) for seed in seeds for arm in arms]
         self.deadline = None if time_budget is None else time.monotonic() + time_budget
         self.commit, self.device = code_commit(), describe_device(threads_per_job)
-        self.budget = " ".join(self.recipe_args)
-        self.child_env = dict(os.environ)
-        if threads_per_job:
-            for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-                self.child_env[var] = str(threads_per_job)
-        self.recipe_backbone: dict[str, Any] = {}  # set by open()
+        threads = {var: str(threads_per_job) for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS") if threads_per_job}
+        self.child_env = {**os.environ, **threads}
+        self.recipe_backbone: dict[str, Any] = {}  # the recipe's, set by open()
         self.max_steps = -1  # the recipe's trainer.max_steps (< 1: none), set by open()
         self.study, self.current, self.failed, self._locks = None, None, [], []
 
@@ -81,22 +80,21 @@ class Grid:
         return self.dir / f"{arm}-s{seed}"
 
     def lock(self) -> None:
-        """Hold this invocation's run directories; ``ValueError`` when another runner holds one."""
+        """Hold this invocation's run directories (until :meth:`release`); ``ValueError`` when
+        another runner holds one."""
         for arm, seed in self.points:
             self._locks.append(hold_directory(self.run_dir(arm, seed), LOCK_FILE, "graphormer-urpe-ablation",
                                               "wait for it to end, or choose another --name or --runs-dir"))
 
     def release(self) -> None:
-        for lock in self._locks:
-            lock.release()
-        self._locks = []
+        while self._locks:
+            self._locks.pop().release()
 
     def open(self) -> None:
         """Read the recipe (:func:`.search_space.parse_fit`) and open its study; trials of a gone
         runner of this machine are failed."""
-        from graphormer_urpe.data.task import get_task
-        from graphormer_urpe.training.lightning_cli import data_task, training_args
-        from graphormer_urpe.training.studies.search_space import parse_fit
+        from graphormer_urpe.training.lightning_cli import training_args
+        from graphormer_urpe.training.studies.search_space import objective, parse_fit
 
         config = parse_fit([*self.recipe_args, "--trainer.logger", "false",
                             "--trainer.default_root_dir", str(self.dir)])
@@ -104,12 +102,9 @@ class Grid:
         self.max_steps = config.trainer.max_steps
         if self.deadline and self.max_steps < 1:
             raise ValueError("--time-budget needs a step budget (trainer.max_steps) to tell when a run is done")
-        task = get_task(data_task(config.data))
-        url = f"sqlite:///{self.dir.absolute() / STUDY_DB}"
-        _, self.study = connect(url, self.name, {"args": training_args(self.recipe_args)},
-                                {"args": "the recipe's arguments"},
-                                lambda: {"monitor": task.monitor, "mode": task.mode}, self.dir, "--runs-dir",
-                                queue_again=False)
+        _, self.study = connect(f"sqlite:///{self.dir.absolute() / STUDY_DB}", self.name,
+                                {"args": training_args(self.recipe_args)}, {"args": "the recipe's arguments"},
+                                lambda: objective(config), self.dir, "--runs-dir", queue_again=False)
         for number in fail_dead_trials(self.study, queue_again=False):
             self.log(f"{self.name}: trial {number} was left running by a runner that is gone; marked failed")
 
@@ -124,17 +119,15 @@ class Grid:
         """This invocation's runs and every other of the grid in the study or on disk, by seed, arm."""
         points = set(self.points) | {(t.params["arm"], t.params["seed"]) for t in self.study.get_trials(deepcopy=False)
                                      if set(t.params) == {"arm", "seed"}}
-        for folder in self.dir.glob("*-s*"):
-            match = RUN_DIR.fullmatch(folder.name)
-            if match and folder.is_dir():
-                points.add((match["arm"], int(match["seed"])))
+        matches = (RUN_DIR.fullmatch(folder.name) for folder in self.dir.glob("*-s*") if folder.is_dir())
+        points |= {(match["arm"], int(match["seed"])) for match in matches if match}
         return sorted(points, key=lambda p: (p[1], list(ARMS).index(p[0])))
 
     def check_runs(self, reported: bool) -> None:
         """``ValueError`` for a damaged ``last.ckpt`` of an unfinished run this invocation resumes
         (``reported``: of any run of the grid, for the progress table)."""
         for arm, seed in self.all_points():
-            last = self.run_dir(arm, seed) / "checkpoints" / "last.ckpt"
+            last = self.run_dir(arm, seed) / LAST
             if last.exists() and (reported or (arm, seed) in self.points) and self.result(arm, seed) is None:
                 checkpoint_state(last)
 
@@ -142,9 +135,9 @@ class Grid:
         """Train and test this invocation's runs without a result, a trial each; the number of
         results. :class:`RunsFailed` names the runs that failed, after the others."""
         todo = [point for point in self.points if self.result(*point) is None]
-        budget = "" if self.deadline is None else f" within {self.deadline - time.monotonic():.0f} s"
-        self.log(f"grid {self.name}: {len(self.points)} runs, {len(todo)} to train{budget}, commit {self.commit}")
         timeout = None if self.deadline is None else self.deadline - time.monotonic()
+        budget = "" if timeout is None else f" within {timeout:.0f} s"
+        self.log(f"grid {self.name}: {len(self.points)} runs, {len(todo)} to train{budget}, commit {self.commit}")
         if todo and (timeout is None or timeout > 0):
             queue = iter(todo)
             self.study.optimize(lambda trial: self.train(trial, *next(queue)), n_trials=len(todo), timeout=timeout,
@@ -156,22 +149,21 @@ class Grid:
         return sum(self.result(*point) is not None for point in self.points)
 
     def train(self, trial, arm: str, seed: int) -> float:
-        """One trial of run ``(arm, seed)``: its fit, then its test; the validation score."""
+        """One trial of run ``(arm, seed)``: its fit (resumed from its ``last.ckpt``), then its
+        test; the validation score. Why it did not complete is its ``reason``."""
         try:
             return self._train(trial, arm, seed)
         except (RunFailed, Stopped) as error:
             trial.set_user_attr("reason", str(error))
             if isinstance(error, RunFailed):
                 self.failed.append(str(error))
-                self.log(f"error: {error}")
-            else:
-                self.log(str(error))
+            self.log(f"error: {error}" if isinstance(error, RunFailed) else str(error))
             raise
 
     def _train(self, trial, arm: str, seed: int) -> float:
-        from graphormer_urpe.prediction.load import best_checkpoint
-
         import optuna
+
+        from graphormer_urpe.prediction.load import best_checkpoint
 
         self.current = trial.number
         # the run's values, in distributions every trial of the study shares
@@ -186,7 +178,7 @@ class Grid:
                 "--trainer.default_root_dir", str(run_dir)]
         for key, value in {"worker": worker(), "commit": self.commit, "device": self.device, "args": args}.items():
             trial.set_user_attr(key, value)
-        last = run_dir / "checkpoints" / "last.ckpt"
+        last = run_dir / LAST
         before = checkpoint_state(last)[0] if last.exists() else 0
         if not 0 < self.max_steps <= before:
             if last.exists():
@@ -216,13 +208,13 @@ class Grid:
             raise RunFailed(f"{run_dir / 'test' / best.stem / 'metrics.csv'}: no test/{task.metric_name} logged")
         trials = self.trials(arm, seed)  # this one (running) and the run's earlier ones
         commits = sorted({t.user_attrs.get("commit", self.commit) for t in trials})
-        devices = sorted({t.user_attrs.get("device", self.device) for t in trials})
         trial.set_user_attr("result", {
             "recipe": self.name, "attention": arm, "seed": seed, "steps": steps, "best_step": best_step,
             "task": task.name, f"val_{task.metric_name}": round(val_score, 6),
             f"test_{task.metric_name}": round(test_score, 6), "wall_s": round(sum(map(_seconds, trials)), 1),
-            "device": "; ".join(devices), "commit": commits[0] if len(commits) == 1 else commits,
-            "budget": self.budget, "finished": now()})
+            "device": "; ".join(sorted({t.user_attrs.get("device", self.device) for t in trials})),
+            "commit": commits[0] if len(commits) == 1 else commits, "budget": " ".join(self.recipe_args),
+            "finished": now()})
         return val_score
 
     def child(self, trial, stage: str, args: list[str], run_dir: Path) -> tuple[int, bool]:
@@ -262,8 +254,7 @@ class Grid:
         best from its result, an unfinished one's from its ``last.ckpt``)."""
         entries = []
         for arm, seed in self.all_points():
-            trials, result = self.trials(arm, seed), self.result(arm, seed)
-            last = self.run_dir(arm, seed) / "checkpoints" / "last.ckpt"
+            trials, result, last = self.trials(arm, seed), self.result(arm, seed), self.run_dir(arm, seed) / LAST
             entry = {"run": f"{arm}-s{seed}", "steps": 0, "best": None, "latest": None, "done": result is not None,
                      "wall_s": round(sum(map(_seconds, trials)), 1),
                      "devices": sorted({t.user_attrs["device"] for t in trials if "device" in t.user_attrs})}
@@ -287,13 +278,11 @@ def _seconds(trial) -> float:
 
 def backbone_overrides(backbone: Any) -> dict[str, Any]:
     """The recipe's ``model.backbone`` (a dict, namespace or dataclass) as a dict of its set keys."""
-    if backbone is None:
-        return {}
     if hasattr(backbone, "as_dict"):
         backbone = backbone.as_dict()
     elif dataclasses.is_dataclass(backbone):
         backbone = dataclasses.asdict(backbone)
-    return {key: value for key, value in dict(backbone).items() if value is not None}
+    return {key: value for key, value in dict(backbone or {}).items() if value is not None}
 
 
 def default_name(recipe_args: Sequence[str]) -> str:
@@ -326,10 +315,6 @@ def checkpoint_state(path: Path) -> tuple[int, str, float | None]:
 
 def latest_logged(logs: Path, name: str) -> float | None:
     """The value of ``name`` at the highest step in the CSV logs under ``logs`` (None: not logged)."""
-    latest: tuple[int, float] | None = None
-    for metrics in logs.glob("**/metrics.csv"):
-        with open(metrics, newline="") as handle:
-            for row in csv.DictReader(handle):
-                if row.get(name) and (latest is None or int(row["step"]) >= latest[0]):
-                    latest = (int(row["step"]), float(row[name]))
-    return None if latest is None else latest[1]
+    logged = [(int(row["step"]), float(row[name])) for metrics in logs.glob("**/metrics.csv")
+              for row in csv.DictReader(metrics.read_text().splitlines()) if row.get(name)]
+    return max(reversed(logged), key=lambda point: point[0])[1] if logged else None  # a step twice: its last

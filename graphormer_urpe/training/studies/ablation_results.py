@@ -3,21 +3,19 @@ under a lock, and the markdown tables and README blocks written from it.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
 import statistics
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import filelock
 
-from graphormer_urpe.utils.files import AtomicFile, atomic_write, commit_together
+from graphormer_urpe.utils.files import atomic_write
 from graphormer_urpe.data.task import get_task
-from graphormer_urpe.training.studies.study import now
+from graphormer_urpe.training.studies.study import now, update_block
 
 #: The arm every other arm is compared with, seed by seed (plain Graphormer).
 BASELINE = "rpe"
@@ -199,60 +197,14 @@ def write_table(results: Path, table: Path) -> str:
     return text
 
 
-def readme_block(readme: Path, name: str, kind: str = "ablation") -> tuple[str, str, str, str]:
-    """``(before, begin, end, after)`` of the ``<!-- KIND:NAME -->`` block in ``readme``;
-    ``ValueError`` for missing markers or a README that is not UTF-8 text."""
-    try:
-        with open(readme, encoding="utf-8", newline="") as handle:
-            text = handle.read()
-    except FileNotFoundError:
-        text = ""
-    except UnicodeDecodeError as error:
-        raise ValueError(f"{readme}: not UTF-8 text ({error.reason} at byte {error.start}); save it "
-                         "as UTF-8") from None
-    except OSError as error:
-        raise ValueError(f"{readme} cannot be read ({error.strerror or error})") from None
-    begin, end = f"<!-- {kind}:{name} -->", f"<!-- /{kind}:{name} -->"
-    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
-        raise ValueError(f"{readme} needs one line {begin} and, after it, one line {end} "
-                         "where the table belongs")
-    head, rest = text.split(begin, 1)
-    return head, begin, end, rest.split(end, 1)[1]
-
-
-def _stamp(path: Path) -> tuple[int, int, int] | None:
-    try:
-        stat = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return stat.st_ino, stat.st_size, stat.st_mtime_ns
-
-
-#: Times a block is written again when the README changed while it was written.
-_README_TRIES = 5
-
-
-def update_readme_block(readme: Path, name: str, kind: str, make_text: Callable[[], str]) -> None:
-    """The block of :func:`readme_block` replaced by ``make_text()`` (run under the lock), the rest
-    of the README as it is then: when it changes before the rename, it is read and written again."""
-    key = hashlib.sha256(os.path.realpath(readme).encode()).hexdigest()[:16]  # one lock per README
-    with filelock.FileLock(Path(tempfile.gettempdir()) / f"graphormer-urpe-readme-{key}.lock"):
-        block = make_text().strip()
-        for _ in range(_README_TRIES):
-            stamp = _stamp(readme)
-            head, begin, end, tail = readme_block(readme, name, kind)
-            with AtomicFile(readme) as output:
-                output.handle.write(f"{head}{begin}\n{block}\n{end}{tail}")
-                if _stamp(readme) == stamp:
-                    commit_together([output])
-                    return
-        raise ValueError(f"{readme} changed {_README_TRIES} times while its {kind}:{name} block was "
-                         "written; it is left as it is")
+def readme_markers(name: str, kind: str = "ablation") -> tuple[str, str]:
+    """The lines around recipe ``name``'s ``kind`` block of a README (:func:`.study.page_block`)."""
+    return f"<!-- {kind}:{name} -->", f"<!-- /{kind}:{name} -->"
 
 
 def write_readme_block(readme: Path, name: str, results: Path) -> None:
     """Recipe ``name``'s result table into its ``ablation`` block of ``readme``."""
-    update_readme_block(readme, name, "ablation", lambda: format_table(
+    update_block(readme, *readme_markers(name), lambda: format_table(
         [e for e in read_results(results) if e.get("recipe") == name]))
 
 
@@ -278,4 +230,4 @@ def format_progress(runs: Sequence[dict], max_steps: int) -> str:
 
 def write_progress_block(readme: Path, name: str, runs: Callable[[], Sequence[dict]], max_steps: int) -> None:
     """Recipe ``name``'s ``ablation-progress`` block: :func:`format_progress` of ``runs()``."""
-    update_readme_block(readme, name, "ablation-progress", lambda: format_progress(runs(), max_steps))
+    update_block(readme, *readme_markers(name, "ablation-progress"), lambda: format_progress(runs(), max_steps))

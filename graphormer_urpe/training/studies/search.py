@@ -52,19 +52,16 @@ def make_sampler(name: str, seed: int | None, startup_trials: int, offset: int):
     import optuna
 
     seed = None if seed is None else seed + offset  # a resumed search does not redraw the same values
-    if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup_trials)
+    return optuna.samplers.RandomSampler(seed=seed) if name == "random" else \
+        optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup_trials)
 
 
 def make_pruner(spec: dict):
     """The study's pruner from its spec (the search and each trial's callback build the same)."""
     import optuna
 
-    if spec["name"] == "none":
-        return optuna.pruners.NopPruner()
-    return optuna.pruners.MedianPruner(n_startup_trials=spec["startup_trials"],
-                                       n_warmup_steps=spec["warmup_validations"])
+    return optuna.pruners.NopPruner() if spec["name"] == "none" else optuna.pruners.MedianPruner(
+        n_startup_trials=spec["startup_trials"], n_warmup_steps=spec["warmup_validations"])
 
 
 def trial_line(trial, monitor: str) -> str:
@@ -142,26 +139,23 @@ class Search:
         number = self.current = trial.number
         trial.set_user_attr("worker", worker())
         values = {key: param.suggest(trial) for key, param in self.space.items()}
-        run_dir = self.study_dir / f"trial-{number}"
+        run_dir, log = self.study_dir / f"trial-{number}", self.study_dir / f"trial-{number}" / FIT_LOG
         run_dir.mkdir(parents=True, exist_ok=True)
         trial.set_user_attr("run_dir", str(run_dir))
-        params_file = run_dir / PARAMS_CONFIG
-        params_file.write_text(config_text(values))
+        (params_file := run_dir / PARAMS_CONFIG).write_text(config_text(values))
         env = {**os.environ, TRIAL_ENV: json.dumps({
             "storage": self.storage_url, "study": self.study.study_name, "trial": number,
             "monitor": self.monitor, "pruner": self.pruner})}
-        log = run_dir / FIT_LOG
-        args = [*recipe_args(self.configs, self.overrides), "--config", str(params_file),
-                "--trainer.default_root_dir", str(run_dir), f"--trainer.callbacks+={TRIAL_CALLBACK}"]
         try:
-            status, _ = launch("fit", args, log, env)
+            status, _ = launch("fit", [*recipe_args(self.configs, self.overrides), "--config", str(params_file),
+                                       "--trainer.default_root_dir", str(run_dir),
+                                       f"--trainer.callbacks+={TRIAL_CALLBACK}"], log, env)
         except KeyboardInterrupt:  # as the stop signals: the trial is failed and queued by run_trials
             raise StoppedBySignal(signal.SIGINT) from None
         if (run_dir / DIVERGED_MARKER).exists():
-            try:
+            reason = f"its {DIVERGED_MARKER} is damaged"
+            with contextlib.suppress(ValueError, OSError, KeyError, TypeError):
                 reason = json.loads((run_dir / DIVERGED_MARKER).read_text())["reason"]
-            except (ValueError, OSError, KeyError, TypeError):
-                reason = f"its {DIVERGED_MARKER} is damaged"
             raise optuna.TrialPruned(f"diverged: {reason}; see {log}")
         if status != 0:
             raise TrialFailed(f"graphormer-urpe fit exited with status {status}; see {log}")

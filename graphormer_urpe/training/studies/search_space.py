@@ -4,6 +4,7 @@ before any trial; a refusal names the file, the line and the key.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -52,11 +53,10 @@ class Param:
 
     def suggest(self, trial) -> Any:
         """This key's value in an Optuna trial."""
-        if self.type == "categorical":
-            return trial.suggest_categorical(self.key, self.choices)
         if self.type == "int":
             return trial.suggest_int(self.key, int(self.low), int(self.high), step=int(self.step or 1), log=self.log)
-        return trial.suggest_float(self.key, self.low, self.high, step=self.step, log=self.log)
+        return trial.suggest_categorical(self.key, self.choices) if self.type == "categorical" else \
+            trial.suggest_float(self.key, self.low, self.high, step=self.step, log=self.log)
 
     def probes(self) -> list:
         """The values whose config must parse: both ends, or every choice."""
@@ -102,21 +102,16 @@ def parse_param(key: str, spec: Any, where: str = "") -> Param:
         if len({json.dumps(c) for c in choices}) != len(choices):
             raise Refused(f"{where}: choices repeat a value: {choices!r}")
         return Param(key, kind, choices=tuple(choices), where=where)
-    for name in ("low", "high"):
-        if name not in spec:
-            raise Refused(f"{where}: type {kind} needs low and high")
-    integer = kind == "int"
-    low, high = (_number(where, name, spec[name], integer) for name in ("low", "high"))
-    log = spec.get("log", False)
+    if "low" not in spec or "high" not in spec:
+        raise Refused(f"{where}: type {kind} needs low and high")
+    low, high = (_number(where, name, spec[name], kind == "int") for name in ("low", "high"))
+    log, step = spec.get("log", False), spec.get("step")
     if not isinstance(log, bool):
         raise Refused(f"{where}: log must be true or false, got {log!r}")
-    step = spec.get("step")
-    if step is not None:
-        step = _number(where, "step", step, integer)
-        if step <= 0:
-            raise Refused(f"{where}: step must be > 0, got {step!r}")
-        if log:
-            raise Refused(f"{where}: step and log cannot be combined")
+    if step is not None and (step := _number(where, "step", step, kind == "int")) <= 0:
+        raise Refused(f"{where}: step must be > 0, got {step!r}")
+    if step is not None and log:
+        raise Refused(f"{where}: step and log cannot be combined")
     if not low < high:
         raise Refused(f"{where}: low must be below high, got low={low!r}, high={high!r}")
     if log and low <= 0:
@@ -133,14 +128,11 @@ def _refuse_repeated_keys(path: Path, node: yaml.Node, parent: str | None = None
         return
     seen: dict[str, int] = {}
     for key_node, value_node in node.value:
-        line = key_node.start_mark.line + 1
-        key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+        line, key = key_node.start_mark.line + 1, key_node.value if isinstance(key_node, yaml.ScalarNode) else None
         if key is not None and key in seen:
-            what = f"{parent}: field {key!r}" if parent else key
-            raise Refused(f"--space {path}, line {line}: {what} is written twice (first on line "
-                          f"{seen[key]}; YAML would keep only the last): write it once")
-        if key is not None:
-            seen[key] = line
+            raise Refused(f"--space {path}, line {line}: {f'{parent}: field {key!r}' if parent else key} is "
+                          f"written twice (first on line {seen[key]}; YAML would keep only the last): write it once")
+        seen.setdefault(key, line)
         _refuse_repeated_keys(path, value_node, parent or key)
 
 
@@ -179,10 +171,7 @@ def nested(values: dict[str, Any]) -> dict:
     tree: dict = {}
     for key, value in values.items():
         *parents, leaf = key.split(".")
-        node = tree
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
+        functools.reduce(lambda node, part: node.setdefault(part, {}), parents, tree)[leaf] = value
     return tree
 
 
@@ -247,10 +236,7 @@ def parse_fit(args: list[str]):
 
 def check_recipe(configs: list[str], overrides: list[str], space: dict[str, Param]) -> dict:
     """The recipe parses with both ends of every range and every choice (all keys at once; on a
-    failure each alone names the culprit); the objective (the task's monitor and mode)."""
-    from graphormer_urpe.data.task import get_task
-    from graphormer_urpe.training.lightning_cli import data_task
-
+    failure each alone names the culprit); the :func:`objective`."""
     recipe = recipe_args(configs, overrides)
     with tempfile.TemporaryDirectory(prefix="hpopt-check-") as scratch:
         probe = Path(scratch) / PARAMS_CONFIG
@@ -278,17 +264,25 @@ def check_recipe(configs: list[str], overrides: list[str], space: dict[str, Para
                                       f"fit: {exc}") from None
                 raise Refused(f"search space values {values} are not accepted together by "
                               f"graphormer-urpe fit: {together}") from None
+    return objective(config)
+
+
+def objective(config) -> dict:
+    """What a study of the parsed recipe ``config`` optimises: its task's validation metric and mode."""
+    from graphormer_urpe.data.task import get_task
+    from graphormer_urpe.training.lightning_cli import data_task
+
     task = get_task(data_task(config.data))
     return {"monitor": task.monitor, "mode": task.mode}
 
 
 def recipe_record(configs: list[str], overrides: list[str], space: dict[str, Param]) -> dict:
     """What a study is tied to: the configs' contents, the overrides and the search space."""
-    texts = []
-    for path in configs:
+    def text(path: str) -> str:
         try:
-            texts.append(Path(path).read_text())
+            return Path(path).read_text()
         except OSError as exc:
             raise Refused(f"--config {path}: {exc.strerror or exc}") from None
-    return {"configs": texts, "overrides": list(overrides),
+
+    return {"configs": [text(path) for path in configs], "overrides": list(overrides),
             "space": {key: param.as_dict() for key, param in space.items()}}

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import os
 import shlex
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -32,6 +34,8 @@ STORAGE_WAIT_S = 30
 STOP_GRACE_S = 180.0
 #: How often :func:`launch` calls its ``tick`` while the child runs.
 TICK_S = 15.0
+#: Times a page's block is written again when the page changed while it was written.
+PAGE_TRIES = 5
 
 
 class Refused(ValueError):
@@ -136,12 +140,11 @@ def launch(stage: str, args: list[str], log: Path, env: dict, deadline: float | 
 
 def _parsed(url: str):
     """SQLAlchemy's parse of ``url``; None when it does not parse (open_storage names it)."""
-    try:
+    with contextlib.suppress(Exception):  # any error of the parse
         from sqlalchemy.engine import make_url
 
         return make_url(url)
-    except Exception:  # noqa: BLE001 - any error of the parse
-        return None
+    return None
 
 
 def safe_url(url: str) -> str:
@@ -152,13 +155,8 @@ def safe_url(url: str) -> str:
 def sqlite_file(url: str) -> Path | None:
     """The database file of a SQLite URL (None: another database, or SQLite in memory)."""
     parsed = _parsed(url)
-    if parsed is None:
-        return None
-    database = parsed.database
-    if parsed.get_backend_name() != "sqlite" or not database or database == ":memory:" \
-            or database.startswith("file:"):
-        return None
-    return Path(database).absolute()
+    database = parsed and parsed.get_backend_name() == "sqlite" and parsed.database
+    return None if not database or database == ":memory:" or database.startswith("file:") else Path(database).absolute()
 
 
 def check_writable(study_dir: Path, url: str, option: str) -> None:
@@ -167,10 +165,7 @@ def check_writable(study_dir: Path, url: str, option: str) -> None:
     from graphormer_urpe.utils.files import check_creatable_dir, check_writable_dir
 
     try:
-        if study_dir.is_dir():
-            check_writable_dir(study_dir, "the study folder")
-        else:
-            check_creatable_dir(study_dir, "the study folder")
+        (check_writable_dir if study_dir.is_dir() else check_creatable_dir)(study_dir, "the study folder")
         database = sqlite_file(url)
         if database is None:
             return
@@ -314,16 +309,15 @@ def fail_dead_trials(study, queue_again: bool = True) -> list[int]:
     from optuna.trial import TrialState
 
     host, started = socket.gethostname(), datetime.datetime.now()
-    failed = []
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+
+    def dead(trial) -> bool:
         worker_host, _, pid = str(trial.user_attrs.get("worker", "")).rpartition(":")
         if not pid:
-            dead = trial.datetime_start is not None and (started - trial.datetime_start).total_seconds() > GRACE_S
-        else:
-            dead = worker_host == host and pid.isdigit() and not _alive(int(pid))
-        if dead and fail_and_queue_again(study, trial.number, queue_again):
-            failed.append(trial.number)
-    return failed
+            return trial.datetime_start is not None and (started - trial.datetime_start).total_seconds() > GRACE_S
+        return worker_host == host and pid.isdigit() and not _alive(int(pid))
+
+    return [trial.number for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if dead(trial) and fail_and_queue_again(study, trial.number, queue_again)]
 
 
 def _alive(pid: int) -> bool:
@@ -334,3 +328,55 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # another user's process
         pass
     return True
+
+
+def page_block(page: Path, begin: str, end: str, new: str | None = None) -> tuple[str, str]:
+    """``(before, after)`` the block between the lines ``begin`` and ``end`` of ``page``. Without
+    them it goes at the page's end (a missing page: ``new``) where ``new`` is given, else it is a
+    ``ValueError``, as is a page that is not UTF-8 text."""
+    try:
+        with open(page, encoding="utf-8", newline="") as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        text = None
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{page}: not UTF-8 text ({error.reason} at byte {error.start}); save it "
+                         "as UTF-8") from None
+    except OSError as error:
+        raise ValueError(f"{page} cannot be read ({error.strerror or error})") from None
+    if new is not None and (text is None or begin not in text or end not in text):
+        return (new if text is None else text).rstrip("\n") + "\n\n", "\n"
+    text = text or ""
+    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+        raise ValueError(f"{page} needs one line {begin} and, after it, one line {end} "
+                         "where the table belongs")
+    head, rest = text.split(begin, 1)
+    return head, rest.split(end, 1)[1]
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    with contextlib.suppress(FileNotFoundError):
+        stat = os.stat(path)
+        return stat.st_ino, stat.st_size, stat.st_mtime_ns
+    return None
+
+
+def update_block(page: Path, begin: str, end: str, make_text: Callable[[], str], new: str | None = None) -> None:
+    """The block of :func:`page_block` replaced by ``make_text()`` (run under a lock named by the
+    page's real path), the rest of the page as it is then: when it changes before the rename, it is
+    read and written again."""
+    from graphormer_urpe.utils.files import AtomicFile, commit_together
+
+    key = hashlib.sha256(os.path.realpath(page).encode()).hexdigest()[:16]
+    with filelock.FileLock(Path(tempfile.gettempdir()) / f"graphormer-urpe-readme-{key}.lock"):
+        block = make_text().strip()
+        for _ in range(PAGE_TRIES):
+            stamp = _stamp(page)
+            head, tail = page_block(page, begin, end, new)
+            with AtomicFile(page) as output:
+                output.handle.write(f"{head}{begin}\n{block}\n{end}{tail}")
+                if _stamp(page) == stamp:
+                    commit_together([output])
+                    return
+        raise ValueError(f"{page} changed {PAGE_TRIES} times while its {begin[5:-4]} block was "
+                         "written; it is left as it is")

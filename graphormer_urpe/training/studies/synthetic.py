@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from graphormer_urpe.utils.files import atomic_write
 from graphormer_urpe.nn.sequence import POSITION_SCHEMES, SequenceTransformer
+from graphormer_urpe.training.studies.study import update_block
 
 TASKS: tuple[str, ...] = ("pi", "etp")
 TASK_NAMES = {"pi": "Position Identification", "etp": "Even Token Prediction"}
@@ -76,9 +77,7 @@ def make_batch(task: str, batch_size: int, length: int, vocab_size: int,
         raise ValueError(f"batch_size={batch_size}, length={length} and vocab_size={vocab_size} "
                          "must all be positive")
     tokens = torch.randint(vocab_size, (batch_size, length), generator=generator, dtype=torch.int32)
-    if task == "pi":
-        return tokens, position_identification_targets(tokens)
-    return tokens, even_token_targets(tokens, eos=vocab_size)
+    return tokens, position_identification_targets(tokens) if task == "pi" else even_token_targets(tokens, vocab_size)
 
 
 @dataclass(frozen=True)
@@ -103,12 +102,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.name in ("weight_decay", "warmup_steps"):
-                if value < 0:
-                    raise ValueError(f"{f.name}={value} must be >= 0")
-            elif value <= 0:
-                raise ValueError(f"{f.name}={value} must be positive")
+            value, zero_ok = getattr(self, f.name), f.name in ("weight_decay", "warmup_steps")
+            if value < 0 or (value == 0 and not zero_ok):
+                raise ValueError(f"{f.name}={value} must be {'>= 0' if zero_ok else 'positive'}")
 
     def fingerprint(self) -> str:
         """Short hash of every setting: cells trained differently get different files."""
@@ -159,8 +155,7 @@ def build_model(task: str, vocab_size: int, scheme: str, config: TrainConfig) ->
 def _optimizer(model: SequenceTransformer, config: TrainConfig) -> torch.optim.Optimizer:
     tables = [p for n, p in model.named_parameters() if n.endswith(".table")]
     groups = [{"params": [p for n, p in model.named_parameters() if not n.endswith(".table")]}]
-    if tables:
-        groups.append({"params": tables, "lr": config.lr * config.table_lr_multiplier, "weight_decay": 0.0})
+    groups += [{"params": tables, "lr": config.lr * config.table_lr_multiplier, "weight_decay": 0.0}] if tables else []
     return torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)
 
 
@@ -318,15 +313,7 @@ def write_reports(results: Sequence[CellResult], results_dir: Path | None,
         threads = "/".join(map(str, sorted({r.config.get("threads") for r in results}, key=str)))
         machine = (f"{os.cpu_count()}-core {platform.machine()} CPU, torch {torch.__version__}, "
                    f"{threads} thread(s) per run")
-        block = (f"{RESULTS_BEGIN}\nCommand: `{command}`; machine: {machine}; "
-                 f"written {datetime.date.today().isoformat()}.\n\n{table}\n{RESULTS_END}")
-        text = markdown.read_text() if markdown.exists() else "# Synthetic tasks\n"
-        if RESULTS_BEGIN in text and RESULTS_END in text:
-            head, rest = text.split(RESULTS_BEGIN, 1)
-            text = head + block + rest.split(RESULTS_END, 1)[1]
-        else:
-            text = text.rstrip("\n") + "\n\n" + block + "\n"
         markdown.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_write(markdown) as handle:
-            handle.write(text)
+        update_block(markdown, RESULTS_BEGIN, RESULTS_END, lambda: f"Command: `{command}`; machine: {machine}; "
+                     f"written {datetime.date.today().isoformat()}.\n\n{table}", new="# Synthetic tasks\n")
     return table
