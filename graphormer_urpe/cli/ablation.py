@@ -133,8 +133,7 @@ def check_files(args: argparse.Namespace, table: Path, figure: Path | None) -> N
     for index, (option, _, path) in enumerate(outputs):
         refuse_overwriting_inputs(option, [path], [*inputs, *outputs[:index]])
     if figure is not None:
-        missing = missing_extra("matplotlib", "--figures")
-        if missing:
+        if missing := missing_extra("matplotlib", "--figures"):
             raise ValueError(missing)
         check_writable_dir(args.figures, "--figures")
     for option, _, path in outputs:
@@ -206,8 +205,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args, overrides = parse_args(argv)
     if args.table_only:
         return table_only(args)
-    missing = missing_extra("optuna", "graphormer-urpe-ablation")  # the grid is an Optuna study
-    if missing:
+    if missing := missing_extra("optuna", "graphormer-urpe-ablation"):  # the grid is an Optuna study
         raise _refuse(ValueError(missing))
     from optuna.exceptions import StorageInternalError
 

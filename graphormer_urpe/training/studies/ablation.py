@@ -18,7 +18,8 @@ from typing import Any, Sequence
 from graphormer_urpe.training.studies.ablation_results import (
     code_commit, describe_device, metric_of, publish_results)
 from graphormer_urpe.training.studies.study import (
-    STUDY_DB, connect, fail_and_queue_again, fail_dead_trials, launch, now, recipe_args, worker)
+    STUDY_DB, connect, fail_and_queue_again, fail_dead_trials, launch, now, objective, parse_fit, recipe_args,
+    worker)
 from graphormer_urpe.utils.files import hold_directory
 
 #: What each arm changes in the recipe's ``model.backbone`` (merged into it; everything else in
@@ -91,10 +92,9 @@ class Grid:
             self._locks.pop().release()
 
     def open(self) -> None:
-        """Read the recipe (:func:`.search_space.parse_fit`) and open its study; trials of a gone
+        """Read the recipe (:func:`.study.parse_fit`) and open its study; trials of a gone
         runner of this machine are failed."""
         from graphormer_urpe.training.lightning_cli import training_args
-        from graphormer_urpe.training.studies.search_space import objective, parse_fit
 
         config = parse_fit([*self.recipe_args, "--trainer.logger", "false",
                             "--trainer.default_root_dir", str(self.dir)])
@@ -102,9 +102,9 @@ class Grid:
         self.max_steps = config.trainer.max_steps
         if self.deadline and self.max_steps < 1:
             raise ValueError("--time-budget needs a step budget (trainer.max_steps) to tell when a run is done")
-        _, self.study = connect(f"sqlite:///{self.dir.absolute() / STUDY_DB}", self.name,
-                                {"args": training_args(self.recipe_args)}, {"args": "the recipe's arguments"},
-                                lambda: objective(config), self.dir, "--runs-dir", queue_again=False)
+        self.study = connect(f"sqlite:///{self.dir.absolute() / STUDY_DB}", self.name,
+                             {"args": training_args(self.recipe_args)}, {"args": "the recipe's arguments"},
+                             lambda: objective(config), self.dir, "--runs-dir", queue_again=False)
         for number in fail_dead_trials(self.study, queue_again=False):
             self.log(f"{self.name}: trial {number} was left running by a runner that is gone; marked failed")
 

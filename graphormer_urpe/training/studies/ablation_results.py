@@ -3,6 +3,7 @@ under a lock, and the markdown tables and README blocks written from it.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -25,13 +26,12 @@ RESULTS_FILE = "results.json"
 
 def code_commit() -> str:
     """HEAD of this package's checkout (``+dirty``: changed tracked files), ``unknown`` outside git."""
-    repo = Path(__file__).resolve().parents[3]
-    try:
-        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(Path(__file__).resolve().parents[3]), *args], capture_output=True,
                               text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain",
-                                "--untracked-files=no"], capture_output=True, text=True,
-                               check=True).stdout.strip()
+
+    try:
+        head, dirty = git("rev-parse", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("+dirty" if dirty else "")
@@ -44,11 +44,8 @@ def describe_device(threads_per_job: int | None) -> str:
     if torch.cuda.is_available():
         return torch.cuda.get_device_name(0)
     cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                   if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    with contextlib.suppress(OSError, StopIteration):
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     threads = f"{threads_per_job} thread(s)" if threads_per_job else "default threads"
     return f"CPU {cpu} ({os.cpu_count()} cores), {threads}"
 
@@ -127,10 +124,8 @@ def figure_path(figures: Path, recipe: str) -> Path:
 
 
 def mean_std(values: Sequence[float]) -> str:
-    if not values:
-        return "—"
-    if len(values) == 1:
-        return f"{values[0]:.4f}"
+    if len(values) < 2:
+        return f"{values[0]:.4f}" if values else "—"
     return f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}"
 
 

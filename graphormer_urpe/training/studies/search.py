@@ -266,7 +266,7 @@ def open_search(name: str, url: str, option: str, study_dir: Path, configs: list
     """This worker of study ``name`` in database ``url`` (:func:`.study.connect`), its sampler
     seeded past the trials the study holds."""
     recipe = recipe_record(configs, overrides, space)
-    _, study = connect(url, name, recipe, RECIPE_PARTS, lambda: check_recipe(configs, overrides, space),
-                       study_dir, option, pruner=make_pruner(pruner))
+    study = connect(url, name, recipe, RECIPE_PARTS, lambda: check_recipe(configs, overrides, space),
+                    study_dir, option, pruner=make_pruner(pruner))
     study.sampler = make_sampler(sampler, seed, startup_trials, len(study.trials))
     return Search(configs, overrides, space, study_dir, url, pruner, recipe["objective"], study)

@@ -1,6 +1,6 @@
 """The search space of ``graphormer-urpe-hpopt`` (a YAML mapping of ``fit`` keys to ranges, such
 as ``model.lr: {type: float, low: 1e-5, high: 1e-3, log: true}``) and its recipe, both checked
-before any trial; a refusal names the file, the line and the key.
+before any trial (with :func:`.study.parse_fit`); a refusal names the file, the line and the key.
 """
 from __future__ import annotations
 
@@ -9,14 +9,13 @@ import json
 import math
 import re
 import tempfile
-import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from graphormer_urpe.training.studies.study import Refused, one_line, recipe_args
+from graphormer_urpe.training.studies.study import Refused, objective, parse_fit, recipe_args
 
 #: Keys the search sets itself in every trial.
 OWN_KEYS = ("trainer.default_root_dir", "ckpt_path")
@@ -194,46 +193,6 @@ def check_overrides(overrides: list[str], space: dict[str, Param]) -> None:
             raise Refused(f"--{key} is both an override and a search space key: drop one")
 
 
-class _Parsed(Exception):
-    def __init__(self, config) -> None:
-        super().__init__("parsed")
-        self.config = config
-
-
-def parse_fit(args: list[str]):
-    """``graphormer-urpe fit``'s parsed config for ``args`` by its own parser and pre-data checks
-    (nothing built, no data read): the one reader of a study's recipe; :class:`Refused`."""
-    import lightning.pytorch as pl
-
-    from graphormer_urpe.training.lightning_cli import GraphormerCLI
-    from graphormer_urpe.training.fit_checks import check_schedule_config, check_step_config
-    from graphormer_urpe.training.module import GraphormerModule
-    from graphormer_urpe.training.recipes import resolve_config_args
-
-    class ParseOnly(GraphormerCLI):
-        def _parse_ckpt_path(self) -> None:  # right after parsing: stop before seeding, building
-            raise _Parsed(self.config)
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            args = resolve_config_args(list(args))
-            ParseOnly(GraphormerModule, pl.LightningDataModule, subclass_mode_data=True,
-                      parser_kwargs={"exit_on_error": False}, args=["fit", *args])
-        except _Parsed as parsed:
-            config = parsed.config.fit
-        except Exception as exc:  # noqa: BLE001 - the parser's errors come in several types
-            raise Refused(one_line(exc)) from None
-        else:
-            raise RuntimeError("LightningCLI did not stop after parsing")
-    try:
-        check_schedule_config(config)
-        check_step_config(config.trainer)
-    except ValueError as exc:
-        raise Refused(one_line(exc)) from None
-    return config
-
-
 def check_recipe(configs: list[str], overrides: list[str], space: dict[str, Param]) -> dict:
     """The recipe parses with both ends of every range and every choice (all keys at once; on a
     failure each alone names the culprit); the :func:`objective`."""
@@ -265,15 +224,6 @@ def check_recipe(configs: list[str], overrides: list[str], space: dict[str, Para
                 raise Refused(f"search space values {values} are not accepted together by "
                               f"graphormer-urpe fit: {together}") from None
     return objective(config)
-
-
-def objective(config) -> dict:
-    """What a study of the parsed recipe ``config`` optimises: its task's validation metric and mode."""
-    from graphormer_urpe.data.task import get_task
-    from graphormer_urpe.training.lightning_cli import data_task
-
-    task = get_task(data_task(config.data))
-    return {"monitor": task.monitor, "mode": task.mode}
 
 
 def recipe_record(configs: list[str], overrides: list[str], space: dict[str, Param]) -> dict:

@@ -1,7 +1,8 @@
 """What the search (``graphormer-urpe-hpopt``) and the ablation's grid (``graphormer-urpe-ablation``)
-both run on: the launcher of a trial's ``graphormer-urpe`` child, tied to this process, and the
-Optuna study database, opened with Optuna's heartbeat (a dead worker's trial is failed and, for the
-search, its values queued again)."""
+both run on: the one reader of a study's recipe (:func:`parse_fit`), the launcher of a trial's
+``graphormer-urpe`` child, tied to this process, the Optuna study database, opened with Optuna's
+heartbeat (a dead worker's trial is failed and, for the search, its values queued again), and the
+generated blocks of a page (:func:`update_block`)."""
 from __future__ import annotations
 
 import contextlib
@@ -57,6 +58,55 @@ def recipe_args(configs: list[str], overrides: list[str]) -> list[str]:
     return [arg for config in configs for arg in ("--config", config)] + list(overrides)
 
 
+class _Parsed(Exception):
+    def __init__(self, config) -> None:
+        super().__init__("parsed")
+        self.config = config
+
+
+def parse_fit(args: list[str]):
+    """``graphormer-urpe fit``'s parsed config for ``args`` by its own parser and pre-data checks
+    (nothing built, no data read): the one reader of a study's recipe; :class:`Refused`."""
+    import lightning.pytorch as pl
+
+    from graphormer_urpe.training.lightning_cli import GraphormerCLI
+    from graphormer_urpe.training.fit_checks import check_schedule_config, check_step_config
+    from graphormer_urpe.training.module import GraphormerModule
+    from graphormer_urpe.training.recipes import resolve_config_args
+
+    class ParseOnly(GraphormerCLI):
+        def _parse_ckpt_path(self) -> None:  # right after parsing: stop before seeding, building
+            raise _Parsed(self.config)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            args = resolve_config_args(list(args))
+            ParseOnly(GraphormerModule, pl.LightningDataModule, subclass_mode_data=True,
+                      parser_kwargs={"exit_on_error": False}, args=["fit", *args])
+        except _Parsed as parsed:
+            config = parsed.config.fit
+        except Exception as exc:  # noqa: BLE001 - the parser's errors come in several types
+            raise Refused(one_line(exc)) from None
+        else:
+            raise RuntimeError("LightningCLI did not stop after parsing")
+    try:
+        check_schedule_config(config)
+        check_step_config(config.trainer)
+    except ValueError as exc:
+        raise Refused(one_line(exc)) from None
+    return config
+
+
+def objective(config) -> dict:
+    """What a study of the parsed recipe ``config`` optimises: its task's validation metric and mode."""
+    from graphormer_urpe.data.task import get_task
+    from graphormer_urpe.training.lightning_cli import data_task
+
+    task = get_task(data_task(config.data))
+    return {"monitor": task.monitor, "mode": task.mode}
+
+
 def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
@@ -106,7 +156,7 @@ def _stop(child: subprocess.Popen) -> int:
 
 
 def launch(stage: str, args: list[str], log: Path, env: dict, deadline: float | None = None,
-           record: Callable[[float, int | None], None] | None = None) -> tuple[int, bool]:
+           record: Callable[[float, int | None], None] = lambda seconds, status: None) -> tuple[int, bool]:
     """``graphormer-urpe <stage> <args>`` in a child tied to this process, its output appended to
     ``log``; stopped (:func:`_stop`) at the monotonic ``deadline`` or when this process is stopped
     (raised again after). ``record(seconds, None)`` every :data:`TICK_S`, ``record(seconds, status)``
@@ -125,8 +175,7 @@ def launch(stage: str, args: list[str], log: Path, env: dict, deadline: float | 
                     status = child.wait(timeout=wait)
                     return status, False
                 except subprocess.TimeoutExpired:
-                    if record is not None:
-                        record(time.monotonic() - start, None)
+                    record(time.monotonic() - start, None)
                     if deadline is not None and time.monotonic() >= deadline:
                         status = _stop(child)
                         return status, True
@@ -134,8 +183,7 @@ def launch(stage: str, args: list[str], log: Path, env: dict, deadline: float | 
             status = _stop(child)
             raise
         finally:
-            if record is not None:
-                record(time.monotonic() - start, status)
+            record(time.monotonic() - start, status)
 
 
 def _parsed(url: str):
@@ -244,7 +292,7 @@ def stored_recipe(storage, name: str, recipe: dict, names: dict[str, str]) -> di
 
 def connect(url: str, name: str, recipe: dict, names: dict[str, str], check: Callable[[], dict],
             study_dir: Path, option: str, queue_again: bool = True, **create):
-    """``(storage, study)``: study ``name`` loaded and compared with ``recipe``, or created
+    """Study ``name`` loaded and compared with ``recipe``, or created
     (``create``: ``optuna.create_study``'s arguments) with ``recipe`` and the objective ``check()``
     gives. :class:`Refused` for a new study in a folder of another's trials or a failing database."""
     import optuna
@@ -273,7 +321,7 @@ def connect(url: str, name: str, recipe: dict, names: dict[str, str], check: Cal
                                         **create)
             if study.user_attrs.get(RECIPE_ATTR) is None:
                 study.set_user_attr(RECIPE_ATTR, recipe)
-            return storage, study
+            return study
     except StorageInternalError as exc:
         raise Refused(f"{option} {database or safe_url(url)}: the study database cannot be used "
                       f"({storage_error(exc)})") from None
