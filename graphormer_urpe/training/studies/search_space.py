@@ -81,40 +81,33 @@ def _number(where: str, name: str, value: Any, integer: bool) -> float | int:
 def parse_param(key: str, spec: Any, where: str = "") -> Param:
     """One entry of the search space, checked (:class:`Refused` starting with ``where``)."""
     where = where or f"search space {key}"
-    if not isinstance(spec, dict):
-        raise Refused(f"{where}: expected a mapping such as {{type: float, low: 1e-5, "
-                      f"high: 1e-3}}, got {spec!r}")
+
+    def check(ok: Any, problem: str) -> None:
+        if not ok:
+            raise Refused(f"{where}: {problem}")
+
+    check(isinstance(spec, dict), f"expected a mapping such as {{type: float, low: 1e-5, high: 1e-3}}, got {spec!r}")
     kind = spec.get("type")
-    if kind not in KINDS:
-        raise Refused(f"{where}: type must be one of {list(KINDS)}, got {kind!r}")
+    check(kind in KINDS, f"type must be one of {list(KINDS)}, got {kind!r}")
     allowed = {"type", "choices"} if kind == "categorical" else {"type", "low", "high", "log", "step"}
     unknown = sorted(map(str, set(spec) - allowed))
-    if unknown:
-        raise Refused(f"{where}: unknown field(s) {unknown} for type {kind} (allowed: {sorted(allowed)})")
+    check(not unknown, f"unknown field(s) {unknown} for type {kind} (allowed: {sorted(allowed)})")
     if kind == "categorical":
         choices = spec.get("choices")
-        if not isinstance(choices, list) or not choices:
-            raise Refused(f"{where}: choices must be a non-empty list, got {choices!r}")
+        check(isinstance(choices, list) and choices, f"choices must be a non-empty list, got {choices!r}")
         bad = [c for c in choices if c is not None and not (isinstance(c, (bool, int, float, str)) and _finite(c))]
-        if bad:
-            raise Refused(f"{where}: choices must be finite numbers, strings, booleans or null, got {bad[0]!r}")
-        if len({json.dumps(c) for c in choices}) != len(choices):
-            raise Refused(f"{where}: choices repeat a value: {choices!r}")
+        check(not bad, f"choices must be finite numbers, strings, booleans or null, got {(bad or [None])[0]!r}")
+        check(len({json.dumps(c) for c in choices}) == len(choices), f"choices repeat a value: {choices!r}")
         return Param(key, kind, choices=tuple(choices), where=where)
-    if "low" not in spec or "high" not in spec:
-        raise Refused(f"{where}: type {kind} needs low and high")
+    check("low" in spec and "high" in spec, f"type {kind} needs low and high")
     low, high = (_number(where, name, spec[name], kind == "int") for name in ("low", "high"))
     log, step = spec.get("log", False), spec.get("step")
-    if not isinstance(log, bool):
-        raise Refused(f"{where}: log must be true or false, got {log!r}")
-    if step is not None and (step := _number(where, "step", step, kind == "int")) <= 0:
-        raise Refused(f"{where}: step must be > 0, got {step!r}")
-    if step is not None and log:
-        raise Refused(f"{where}: step and log cannot be combined")
-    if not low < high:
-        raise Refused(f"{where}: low must be below high, got low={low!r}, high={high!r}")
-    if log and low <= 0:
-        raise Refused(f"{where}: a log range needs low > 0, got low={low!r}")
+    check(isinstance(log, bool), f"log must be true or false, got {log!r}")
+    step = None if step is None else _number(where, "step", step, kind == "int")
+    check(step is None or step > 0, f"step must be > 0, got {step!r}")
+    check(step is None or not log, "step and log cannot be combined")
+    check(low < high, f"low must be below high, got low={low!r}, high={high!r}")
+    check(not log or low > 0, f"a log range needs low > 0, got low={low!r}")
     return Param(key, kind, low, high, log, step, where=where)
 
 
