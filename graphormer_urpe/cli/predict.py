@@ -2,41 +2,24 @@
 
     graphormer-urpe-predict --ckpt runs/zinc_urpe/checkpoints/last.ckpt --input mols.csv --output preds.csv
 
-With several checkpoints of one task (``--ckpt A.ckpt B.ckpt C.ckpt``: the same recipe trained
-with other seeds; a run directory stands for its best-validation checkpoint, and a folder of run
-directories, such as an ensemble's or an ablation's, for the best checkpoint of each) the
-prediction columns hold the models' mean, and a ``std...`` column after them holds each target's
-standard deviation over the models (``prediction_logS`` -> ``std_logS``): how much models trained
-alike disagree on that molecule, a first sign of an unreliable prediction (``docs/uncertainty.md``
-measures how well it ranks the errors). ``--mc-dropout N`` gives the same columns from one
-checkpoint trained with dropout: N predictions with dropout on (Monte Carlo dropout), their mean
-and standard deviation. ``--calibrate VAL.csv`` scales each std by the factor that fits the errors
-on labelled held-out molecules (their measured values in the columns of the model's targets), so
-it can be read as a Gaussian error bar.
+Several checkpoints of one task (a run directory stands for its best-validation checkpoint, a
+folder of run directories for the best of each) predict their mean, with a ``std_<target>``
+column of the models' standard deviation after the predictions; ``--mc-dropout N`` gives the same
+columns from one checkpoint trained with dropout, and ``--calibrate VAL.csv`` scales each std to
+fit the errors on labelled held-out molecules, so it reads as a Gaussian error bar
+(``docs/uncertainty.md``).
 
-Input: a CSV whose header has a ``smiles`` column (any case), or any other file with one SMILES
-a line (UTF-8, a byte-order mark is ignored). Output: one CSV row per input row, in input order:
-``row`` (1-based data row), the input's columns (``smiles`` for a one-SMILES-a-line file), one
-prediction column per target (``prediction_<target name>`` when the checkpoint records its
-targets' names, else ``prediction`` / ``prediction_<k>``) and ``error``. An input column whose
-name the output uses gets the prefix ``input_``. A row whose SMILES is empty, rejected by RDKit,
-contains white space (RDKit would silently read only its first word) or a character that is
-not ASCII (RDKit reads ``CCÖ`` as ``CC``), has an atom outside the featurizer's vocabulary, or is
-larger than ``--max-nodes`` (counted before it is featurized) gets an empty prediction and the
-reason, as does a line that cannot be read (a field over the CSV reader's limit of 131,072
-characters: the row's fields are left empty); every other row is still predicted.
+Input: a CSV whose header has a ``smiles`` column (any case), or one SMILES a line. Output: one
+row per input row, in input order: ``row``, the input's columns (an output name gets the prefix
+``input_``), one prediction column per target and ``error``. A row that cannot be predicted (empty,
+rejected by RDKit, white space or non-ASCII that RDKit would misread, an atom outside the
+vocabulary, more than ``--max-nodes`` atoms, a line over the CSV reader's limit) gets an empty
+prediction and the reason; every other row is still predicted. ``--embeddings`` and
+``--atom-embeddings`` also write one model's vectors (``docs/embeddings.md``).
 
-Embeddings (``--embeddings FILE.npy``, ``--atom-embeddings FILE.npz``, :class:`EmbeddingFiles`,
-``docs/embeddings.md``): each row's vector that the output head reads, and each atom's, from one
-model.
-
-Safety and memory: the outputs are put in place together at the end, or none (a previous file
-stays as it was: :class:`Outputs`); an output that is a file the command reads (a link too) or
-cannot be written, and a checkpoint that fails its checks, are refused before any work
-(:func:`check_files`); peak memory is bounded by ``--max-pairs``, whatever the input's length
-(:mod:`~graphormer_urpe.prediction.run`), and a run that runs out of it says so in one line (exit
-status 1) with the options to lower. ``--workers`` starts no more processes than the CPU cores
-available and the input's chunks of ``--chunk-rows`` rows.
+The outputs are put in place together at the end, or none; an output that is a file the command
+reads, and a checkpoint that fails its checks, are refused before any work; peak memory is bounded
+by ``--max-pairs`` whatever the input's length (:mod:`~graphormer_urpe.prediction.run`).
 """
 from __future__ import annotations
 
@@ -51,19 +34,17 @@ import sys
 import tempfile
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 import numpy as np
-import torch
 
 from graphormer_urpe.cli.arguments import non_negative_int, positive_int, refuse_overwriting_inputs
 from graphormer_urpe.prediction.load import checkpoint_files, load_models
 from graphormer_urpe.prediction.model import DEFAULT_BATCH_SIZE, DEFAULT_MAX_NODES, DEFAULT_MAX_PAIRS, ChunkOutput
 from graphormer_urpe.prediction.run import (
     DEFAULT_CHUNK_ROWS, Streaming, check_device, check_mc_dropout, default_device, predicting, stream)
-from graphormer_urpe.prediction.table import InputRow, PredictionTable, SmilesInput, prediction_columns, read_smiles
+from graphormer_urpe.prediction.table import InputRow, PredictionTable, prediction_columns, read_smiles
 from graphormer_urpe.prediction.uncertainty import calibrated, check_calibrate, check_evaluate, evaluation
 from graphormer_urpe.utils.files import (
     AtomicFile, commit_together, unreadable_as_a_file, written_in_place)
@@ -142,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class _Exit(Exception):
-    """Ends the command with exit status ``status`` after its one line on stderr."""
+    """Ends the command: exit status ``status``, its one line on stderr."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -159,10 +140,9 @@ def _exit_on(errors, status: int = 2, about: str = "", after: str = ""):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command: exit status 0; 2 for a refused input or output (one line, before any work);
-    1 for a full disk, a worker process that died or memory that ran out, 130 for Ctrl-C, 143 for SIGTERM, 129 for
-    SIGHUP (one line, :func:`~graphormer_urpe.utils.process.run_command`; a previous output is left as
-    it was)."""
+    """Exit status 0; 2 for a refused input or output (one line, before any work); 1 for a full
+    disk, a worker process that died or memory that ran out; 128 + the signal for a stop
+    (:func:`~graphormer_urpe.utils.process.run_command`; a previous output is left as it was)."""
     args = build_parser().parse_args(argv)
     return run_command(PROG, lambda: _predict_or_say_why_not(args))
 
@@ -175,58 +155,23 @@ def _predict_or_say_why_not(args: argparse.Namespace) -> int:
             except Exception as exc:  # noqa: BLE001 - torch and oneDNN say so in a RuntimeError
                 if not ran_out_of_memory(exc):
                     raise
-                raise _Exit(1, _out_of_memory(exc, args)) from None
+                what = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                workers = useful_workers(args.workers)
+                lower = [f"--max-pairs (now {args.max_pairs})", f"--batch-size (now {args.batch_size})",
+                         *([f"--workers (now {workers})"] if workers > 1 else [])]
+                raise _Exit(1, f"ran out of memory ({what}); lower {', '.join(lower[:-1])} or {lower[-1]}; "
+                               "nothing written") from None
     except _Exit as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return exc.status
 
 
-def _out_of_memory(error: Exception, args: argparse.Namespace) -> str:
-    """The line for a run that ran out of memory (in a worker or in this process): what failed and
-    the options that bound the memory it needs."""
-    what = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    workers = useful_workers(args.workers)
-    lower = [f"--max-pairs (now {args.max_pairs})", f"--batch-size (now {args.batch_size})",
-             *([f"--workers (now {workers})"] if workers > 1 else [])]
-    return f"ran out of memory ({what}); lower {', '.join(lower[:-1])} or {lower[-1]}; nothing written"
-
-
-@dataclass
-class _Run:
-    """What a run reads and writes, checked before any work."""
-
-    source: Path
-    ckpts: list[Path]
-    calibration: Path | None
-    device: torch.device
-    outputs: Outputs
-    streaming: Streaming
-
-
 def _predict(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    run = _checked(args)
-    with run.outputs, contextlib.ExitStack() as held:
-        module, table_input, measured = _loaded(args, run, held)
-        if run.calibration is not None:
-            module = _calibrated(run, module, measured)
-        table = _written(run, module, table_input)
-    log.info("wrote %d rows to %s (%d without prediction)", table.rows_written, run.outputs.paths[0], table.failed)
-    for path in run.outputs.paths[1:]:
-        log.info("wrote the embeddings of those rows to %s", path)
-    if args.evaluate is not None:
-        for name, column, scores in evaluation(args.evaluate, run.source, run.outputs.paths[0], module):
-            log.info("%s against %s: %s", name, column, ", ".join(f"{key} {value:.4g}" for key, value in scores.items()))
-            print(json.dumps({"prediction": name, "measured": column, **scores}))
-    return 0
-
-
-def _checked(args: argparse.Namespace) -> _Run:
-    """The device, the checkpoints, the inputs and the outputs (opened), before any work; one line
-    and exit status 2 for any of them that cannot serve."""
     source, target = Path(args.input), Path(args.output)
     calibration = Path(args.calibrate) if args.calibrate is not None else None
     graph, atoms = (Path(path) if path is not None else None for path in (args.embeddings, args.atom_embeddings))
+    # the device, the checkpoints, the inputs and the outputs (opened), before any work
     with _exit_on((FileNotFoundError, ValueError, OSError, CheckpointError)):
         device = check_device(args.device)
         ckpts = checkpoint_files(args.ckpt)
@@ -240,48 +185,41 @@ def _checked(args: argparse.Namespace) -> _Run:
         log.info("--workers %d is more than the %d cores this process may use: at most %d worker processes",
                  args.workers, workers, workers)
     streaming = Streaming(args.max_nodes, args.max_pairs, args.batch_size, args.chunk_rows, workers, args.quiet)
-    return _Run(source, ckpts, calibration, device, outputs, streaming)
-
-
-def _loaded(args: argparse.Namespace, run: _Run, held: contextlib.ExitStack):
-    """The model, the opened input and the measured columns of ``--calibrate``; exit status 2 for
-    a checkpoint that does not load and an option the model or the input cannot serve."""
-    with _exit_on((CheckpointError, ValueError, UnicodeDecodeError)):
-        check_mc_dropout(len(run.ckpts), args.mc_dropout)  # before any checkpoint is read
-        module = predicting(load_models(run.ckpts), run.device, mc_dropout=args.mc_dropout, seed=args.seed,
-                            max_pairs=args.max_pairs, embeddings=run.outputs.embeddings is not None,
-                            atoms=args.atom_embeddings is not None)
-        table_input = held.enter_context(read_smiles(run.source))
-        if args.evaluate is not None:
-            check_evaluate(args.evaluate, table_input.columns, module, run.source, run.outputs.paths[0])
-        measured = check_calibrate(module, run.calibration) if run.calibration is not None else None
-    return module, table_input, measured
-
-
-def _calibrated(run: _Run, module, measured: list[str]):
-    """``module`` with its std scaled to fit ``--calibrate``'s errors (exit status 2 where it cannot)."""
-    with _exit_on((UnicodeDecodeError, csv.Error, ValueError), about=f"{run.calibration}: ", after="; nothing written"):
-        return calibrated(module, run.calibration, measured, run.streaming)
-
-
-def _written(run: _Run, module, table_input: SmilesInput) -> PredictionTable:
-    """Every row predicted into the outputs, put in place together: exit status 2 for an input
-    that cannot be read, 1 for an output that cannot be written (a previous one left as it was)."""
-    table = PredictionTable(run.outputs.table.handle, prediction_columns(module), table_input.columns)
-    written = ", ".join(map(str, run.outputs.paths))
-    with _exit_on(OSError, status=1, about=f"cannot write {written}: ", after="; nothing written"), \
-            _exit_on((UnicodeDecodeError, csv.Error), about=f"{run.source}: ", after="; nothing written"):
-        stream(module, table_input, run.streaming, "predict", run.outputs.writer(table))
-        run.outputs.commit(module)
-    return table
+    with outputs, contextlib.ExitStack() as held:
+        with _exit_on((CheckpointError, ValueError, UnicodeDecodeError)):
+            check_mc_dropout(len(ckpts), args.mc_dropout)  # before any checkpoint is read
+            module = predicting(load_models(ckpts), device, mc_dropout=args.mc_dropout, seed=args.seed,
+                                max_pairs=args.max_pairs, embeddings=outputs.embeddings is not None,
+                                atoms=atoms is not None)
+            table_input = held.enter_context(read_smiles(source))
+            if args.evaluate is not None:
+                check_evaluate(args.evaluate, table_input.columns, module, source, target)
+            measured = check_calibrate(module, calibration) if calibration is not None else None
+        if calibration is not None:
+            with _exit_on((UnicodeDecodeError, csv.Error, ValueError), about=f"{calibration}: ",
+                          after="; nothing written"):
+                module = calibrated(module, calibration, measured, streaming)
+        table = PredictionTable(outputs.table.handle, prediction_columns(module), table_input.columns)
+        written = ", ".join(map(str, outputs.paths))
+        with _exit_on(OSError, status=1, about=f"cannot write {written}: ", after="; nothing written"), \
+                _exit_on((UnicodeDecodeError, csv.Error), about=f"{source}: ", after="; nothing written"):
+            stream(module, table_input, streaming, "predict", outputs.writer(table))
+            outputs.commit(module)
+    log.info("wrote %d rows to %s (%d without prediction)", table.rows_written, target, table.failed)
+    for path in outputs.paths[1:]:
+        log.info("wrote the embeddings of those rows to %s", path)
+    if args.evaluate is not None:
+        for name, column, scores in evaluation(args.evaluate, source, target, module):
+            log.info("%s against %s: %s", name, column, ", ".join(f"{key} {value:.4g}" for key, value in scores.items()))
+            print(json.dumps({"prediction": name, "measured": column, **scores}))
+    return 0
 
 
 def check_files(source: Path, target: Path, ckpts: Sequence[Path], *, calibration: Path | None = None,
                 graph: Path | None = None, atoms: Path | None = None, mc_dropout: int | None = None) -> None:
     """A one-line ValueError (IsADirectoryError for a table that is a directory) before any work
-    for what a run with these files cannot do: an input (``source``, ``calibration``) that is
-    not a readable file, an output (the table ``target``, the embeddings ``graph`` and
-    ``atoms``) that is one of the files the run reads, embeddings of more than one model."""
+    for an input that is not a readable file, an output (the table, the embeddings) that is a
+    file the run reads or the other output, embeddings of more than one model."""
     for option, read in (("--input", source), ("--calibrate", calibration)):
         if read is None:
             continue
@@ -292,30 +230,15 @@ def check_files(source: Path, target: Path, ckpts: Sequence[Path], *, calibratio
             raise IsADirectoryError(f"--output {target} is a directory")
         what = "input file" if option == "--input" else "calibration file"
         refuse_overwriting_inputs("--output", [target], files_read(read, ckpts, option, what))
-    if graph is not None or atoms is not None:
-        if len(ckpts) > 1 or mc_dropout is not None:
-            given = f"{len(ckpts)} checkpoints" if len(ckpts) > 1 else f"--mc-dropout {mc_dropout}"
-            raise ValueError("--embeddings and --atom-embeddings come from one model: name one --ckpt (a "
-                             f"checkpoint, a run directory or pretrained:<name>) without --mc-dropout (got {given})")
-        check_embedding_paths({GRAPH_OPTION: graph, ATOM_OPTION: atoms}, [
-            *files_read(source, ckpts), ("--calibrate", "calibration file", calibration),
-            ("--output", "prediction table", target)])
-
-
-def files_read(source: Path, ckpts: Sequence[Path], option: str = "--input",
-               what: str = "input file") -> list[tuple[str, str, Path]]:
-    """What a command that predicts ``source`` (named by ``option``) with ``ckpts`` reads, as
-    :func:`~graphormer_urpe.cli.arguments.refuse_overwriting_inputs` names them: ``(option, what,
-    path)`` of the input and of each checkpoint, which no output may be."""
-    return [(option, what, source), *(("--ckpt", "checkpoint", ckpt) for ckpt in ckpts)]
-
-
-def check_embedding_paths(paths: dict[tuple[str, str], Path | None],
-                          inputs: Sequence[tuple[str, str, Path | None]]) -> None:
-    """One-line ``ValueError`` before any work for an embeddings output (``{(option, suffix):
-    path}``) with another suffix, that is a directory or not a regular file, or that is one of
-    ``inputs`` (``(option, what, path)``: the input, the checkpoints, the prediction table) or
-    the other embeddings output."""
+    if graph is None and atoms is None:
+        return
+    if len(ckpts) > 1 or mc_dropout is not None:
+        given = f"{len(ckpts)} checkpoints" if len(ckpts) > 1 else f"--mc-dropout {mc_dropout}"
+        raise ValueError("--embeddings and --atom-embeddings come from one model: name one --ckpt (a "
+                         f"checkpoint, a run directory or pretrained:<name>) without --mc-dropout (got {given})")
+    inputs = [*files_read(source, ckpts), ("--calibrate", "calibration file", calibration),
+              ("--output", "prediction table", target)]
+    paths = {GRAPH_OPTION: graph, ATOM_OPTION: atoms}
     given = [(option, path) for (option, _), path in paths.items() if path is not None]
     for (option, suffix), path in paths.items():
         if path is None:
@@ -331,12 +254,17 @@ def check_embedding_paths(paths: dict[tuple[str, str], Path | None],
         refuse_overwriting_inputs(option, [path], [*inputs, *others])
 
 
+def files_read(source: Path, ckpts: Sequence[Path], option: str = "--input",
+               what: str = "input file") -> list[tuple[str, str, Path]]:
+    """``(option, what, path)`` of the input and of each checkpoint, which no output may be
+    (:func:`~graphormer_urpe.cli.arguments.refuse_overwriting_inputs`)."""
+    return [(option, what, source), *(("--ckpt", "checkpoint", ckpt) for ckpt in ckpts)]
+
+
 class Outputs:
-    """What one run writes: the prediction table at ``target`` (``table``, an
-    :class:`~graphormer_urpe.utils.files.AtomicFile`) and the embeddings ``graph`` (``.npy``)
-    and ``atoms`` (``.npz``) when named (``embeddings``, an :class:`EmbeddingFiles`). Creating it
-    checks that each can be written (OSError, or ValueError naming the option); :meth:`commit`
-    puts them all in place together; leaving the ``with`` block otherwise writes none."""
+    """What one run writes: the table (an :class:`~graphormer_urpe.utils.files.AtomicFile`) and
+    the :class:`EmbeddingFiles` when named, each checked writable when created (OSError, or
+    ValueError naming the option); :meth:`commit` puts them in place together, else none is."""
 
     def __init__(self, target: Path, graph: Path | None = None, atoms: Path | None = None) -> None:
         #: every path written, the table's first
@@ -351,8 +279,7 @@ class Outputs:
                 raise
 
     def writer(self, table: PredictionTable):
-        """What :func:`~graphormer_urpe.prediction.run.stream` hands each chunk to: ``table`` and
-        the embeddings."""
+        """What :func:`~graphormer_urpe.prediction.run.stream` hands each chunk to."""
         def write(rows: Sequence[InputRow], output: ChunkOutput) -> None:
             table.write(rows, output.predictions)
             if self.embeddings is not None:
@@ -360,8 +287,7 @@ class Outputs:
         return write
 
     def commit(self, module) -> None:
-        """Every output in place together, or none: new vectors never sit beside an old table
-        (``module``: the :class:`~graphormer_urpe.prediction.model.WithEmbeddings` that gave them)."""
+        """Every output in place together, or none: new vectors never sit beside an old table."""
         commit_together([self.table, *(self.embeddings.assemble(module.width, module.atom_width) if self.embeddings else [])])
 
     def __enter__(self) -> Outputs:
@@ -374,17 +300,11 @@ class Outputs:
 
 
 class EmbeddingFiles:
-    """The embeddings of one run: ``graph`` (``--embeddings``, float32 ``[rows, D]``, NaN for a
-    row without prediction) and ``atoms`` (``--atom-embeddings``: ``embeddings`` float32
-    ``[atoms, D]`` and ``offsets`` int64 ``[rows + 1]``, row ``i``'s atoms at
-    ``embeddings[offsets[i]:offsets[i + 1]]``, none for a row without prediction); either may
-    be None. Creating it checks that they can be written (``ValueError`` naming the option).
-
-    :meth:`write` takes each chunk in input order: its vectors go to an unnamed temporary file
-    beside the output as they come (``tempfile.TemporaryFile``: the system removes it, even
-    after a kill), so memory stays bounded. :meth:`assemble` writes the NumPy files from them
-    beside their paths (the ``.npz`` by ``np.savez`` of the memory-mapped vectors), for the
-    caller to put in place with the table; leaving the ``with`` block otherwise writes nothing."""
+    """``--embeddings`` (float32 ``[rows, D]``, NaN for a row without prediction) and
+    ``--atom-embeddings`` (``embeddings`` ``[atoms, D]`` and ``offsets`` ``[rows + 1]``); either
+    may be None. Each chunk's vectors go to an unnamed temporary file beside the output as they
+    come (the system removes it, even after a kill), so memory stays bounded; :meth:`assemble`
+    writes the NumPy files from them, for the caller to put in place with the table."""
 
     def __init__(self, graph: Path | None, atoms: Path | None) -> None:
         self._outputs: dict[str, tuple[AtomicFile, IO[bytes]]] = {}
@@ -416,10 +336,8 @@ class EmbeddingFiles:
                 self._offsets.append(end)
 
     def assemble(self, width: int, atom_width: int) -> list[AtomicFile]:
-        """Each file (``width``: a molecule's vector, ``atom_width``: an atom's) written whole to
-        its temporary beside its path; the returned files are put in place together with the
-        table (:func:`~graphormer_urpe.utils.files.commit_together`), so that the vectors on disk
-        are always those of the table's rows."""
+        """Each file written whole beside its path (``width``: a molecule's vector, ``atom_width``:
+        an atom's), for :func:`~graphormer_urpe.utils.files.commit_together` with the table."""
         if "graph" in self._outputs:
             # numpy's header, then the vectors copied through Python's file: np.save of a mapped
             # array hands the file to C's fwrite, whose full disk is no ENOSPC ("N requested and M written")
@@ -431,7 +349,10 @@ class EmbeddingFiles:
         if "atoms" in self._outputs:
             output, raw = self._outputs["atoms"]
             offsets = np.frombuffer(self._offsets, dtype=np.int64)
-            np.savez(output.handle, embeddings=_mapped(raw, int(offsets[-1]), atom_width), offsets=offsets)
+            raw.flush()
+            shape = (int(offsets[-1]), atom_width)
+            mapped = np.memmap(raw, dtype="<f4", mode="r", shape=shape) if shape[0] * shape[1] else np.zeros(shape, "<f4")
+            np.savez(output.handle, embeddings=mapped, offsets=offsets)
         for _, raw in self._outputs.values():
             raw.close()
         return [output for output, _ in self._outputs.values()]
@@ -440,15 +361,6 @@ class EmbeddingFiles:
         for output, raw in self._outputs.values():
             raw.close()
             output.discard()
-
-
-def _mapped(raw: IO[bytes], rows: int, width: int) -> np.ndarray:
-    """The float32 ``[rows, width]`` written to ``raw``, mapped from the file (none to map when
-    it is empty)."""
-    raw.flush()
-    if rows * width == 0:
-        return np.zeros((rows, width), "<f4")
-    return np.memmap(raw, dtype="<f4", mode="r", shape=(rows, width))
 
 
 if __name__ == "__main__":
