@@ -1,8 +1,5 @@
-"""The refusals of a ``graphormer-urpe`` configuration, each one line naming the option or file,
-before any data is read (:class:`~graphormer_urpe.training.lightning_cli.GraphormerCLI` calls
-them): the schedule, the step's precision, strategy and devices (as the options give them, and
-as the built trainer has them: :func:`check_trainer`), a resumed checkpoint's data, model and
-place in its epoch, and ``predict``'s output."""
+"""The refusals of a ``graphormer-urpe`` configuration before any data is read, each one line
+naming the option or file (:class:`~graphormer_urpe.training.lightning_cli.GraphormerCLI` calls them)."""
 from __future__ import annotations
 
 import os
@@ -24,10 +21,8 @@ PREDICTIONS_FILE = "predictions.csv"
 
 
 def check_checkpoint_data(ckpt_path: str, saved: dict, model: GraphormerModule) -> None:
-    """``ValueError`` (one line) naming each way the checkpoint's recorded data (its task,
-    featurizer, target columns, number of targets) differs from the data the model was built
-    for: its head would be read as another task's or another column's, or its weights would not
-    fit. What a checkpoint does not record is not checked."""
+    """``ValueError`` naming each way the checkpoint's recorded data (task, featurizer, targets)
+    differs from the model's: its head would be read as another's, or would not fit."""
     recorded = DataFacts.nest(saved)["facts"]
     ours = model.facts.as_dict()
     theirs_and_ours = [(name, recorded.get(name), ours[name]) for name in ("task", "featurizer", "num_targets")]
@@ -47,8 +42,7 @@ SHAPE_FIELDS = ("num_layers", "hidden_dim", "ffn_dim", "num_heads", "attention",
 
 
 def check_checkpoint_model(ckpt_path: str, saved: dict, model: GraphormerModule) -> None:
-    """``ValueError`` (one line, before any data is read) naming each backbone field whose value
-    differs between the checkpoint and the model the options build: its weights would not load."""
+    """``ValueError`` naming each backbone field in which the checkpoint and the model differ."""
     theirs, ours = saved.get("backbone"), model.hparams.get("backbone")
     if not isinstance(theirs, dict) or not isinstance(ours, dict):
         return
@@ -60,8 +54,8 @@ def check_checkpoint_model(ckpt_path: str, saved: dict, model: GraphormerModule)
 
 
 def epoch_place(checkpoint: dict) -> dict:
-    """Where a checkpoint stands in its epoch: the batches done (``batches``) and their unit
-    (``position``, :func:`~.module.data_position`; None where it does not record one)."""
+    """Where a checkpoint stands in its epoch: ``batches`` done, and their unit ``position``
+    (:func:`~.module.data_position`)."""
     try:
         batches = int(checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["ready"])
     except (KeyError, TypeError, ValueError):
@@ -70,10 +64,9 @@ def epoch_place(checkpoint: dict) -> dict:
 
 
 def check_epoch_place(ckpt_path: str, place: dict, ours: dict) -> None:
-    """``ValueError`` (one line, before any data is read) when a checkpoint saved inside an epoch
-    counted its batches in another unit than this run would: another global batch (processes x
-    batch size x accumulation) or another accumulation would continue the epoch's order at
-    another graph. The number of processes may change with the batch size (2 x 128 = 1 x 256)."""
+    """``ValueError`` when a checkpoint saved inside an epoch counted its batches in another unit
+    than this run would (it would continue at another graph); the number of processes may change
+    with the batch size (2 x 128 = 1 x 256)."""
     saved = place.get("position")
     if not place.get("batches") or not isinstance(saved, dict) or saved == ours:
         return
@@ -90,9 +83,8 @@ def _plain(value):
 
 
 def check_schedule_config(config: Namespace) -> None:
-    """The learning-rate schedule's checks (:func:`~.schedule.check_schedule`) on the parsed
-    config, with ``trainer.max_steps`` standing in for an unset ``model.total_steps``: a bad
-    schedule is refused before the data is built, not at the first optimizer step."""
+    """The schedule's checks on the parsed config, ``trainer.max_steps`` standing in for an unset
+    ``model.total_steps``: refused before the data is built, not at the first step."""
     model, max_steps = config.model, config.trainer.get("max_steps")
     if max_steps is not None and (max_steps == 0 or max_steps < -1):
         raise ValueError(f"trainer.max_steps must be >= 1, or -1 for no limit, got {max_steps}")
@@ -110,12 +102,9 @@ STEP_STRATEGIES = ("auto", "ddp", "ddp_find_unused_parameters_false", "ddp_find_
 
 
 def check_step_config(trainer: Namespace) -> None:
-    """The trainer settings that the one training step (:mod:`~.engine`) does not do, refused in
-    one line before any data is read: weights or optimizer moments in half precision
-    (``16-true``, ``bf16-true``, ``transformer-engine``), strategies other than one process or DDP
-    (FSDP, DeepSpeed, spawned processes), clipping by value, and device counts that Lightning
-    would refuse with a traceback once the trainer is built (:meth:`TrainingEngine.unsupported
-    <.engine.TrainingEngine.unsupported>` checks the built trainer again)."""
+    """The trainer options that the training step (:mod:`~.engine`) does not serve: half-precision
+    weights, strategies other than one process or DDP, clipping by value, and device counts that
+    Lightning would refuse with a traceback once the trainer is built."""
     problems = []
     precision = trainer.get("precision")
     if precision is not None and str(precision) not in STEP_PRECISIONS:
@@ -149,13 +138,10 @@ NODE_VARIABLES = ("MASTER_ADDR", "NODE_RANK", "GROUP_RANK")
 
 
 def check_trainer(trainer: pl.Trainer, options: Namespace, subcommand: str) -> None:
-    """The built trainer's settings that :func:`check_step_config` cannot see in the options,
-    refused in one line before any data is read: a precision plugin given by
-    ``trainer.plugins`` (``HalfPrecision``: half-precision weights), a strategy given as a class
-    whose processes are spawned (``DDPStrategy`` with ``start_method: spawn``: the command's
-    configuration does not pickle into them), ``16-mixed`` that Lightning would run as
-    ``bf16-mixed`` (on a CPU), and ``trainer.num_nodes`` above 1 where no launcher starts the other
-    nodes' processes (the first one would wait for them for 30 minutes)."""
+    """The built trainer's settings that :func:`check_step_config` cannot see in the options: a
+    half-precision plugin, a strategy class whose processes are spawned, ``16-mixed`` that
+    Lightning would run as ``bf16-mixed`` (a CPU), and ``num_nodes`` above 1 where nothing starts
+    the other nodes (the first would wait 30 minutes)."""
     plugin, strategy = trainer.precision_plugin, trainer.strategy
     start_method = spawn_start_method(strategy)
     spawned = f"{type(strategy).__name__} with start_method {start_method!r}"
@@ -206,8 +192,7 @@ def device_count(trainer: Namespace) -> int:
 
 
 def device_problems(trainer: Namespace) -> list[str]:
-    """``trainer.devices`` and ``trainer.num_nodes`` that Lightning refuses with a traceback: on a
-    CPU a number of processes (an integer >= 1); anywhere, at least one device and one node."""
+    """``trainer.devices`` and ``trainer.num_nodes`` that Lightning refuses with a traceback."""
     devices, nodes = trainer.get("devices"), trainer.get("num_nodes")
     problems = []
     if nodes is not None and (not isinstance(nodes, int) or nodes < 1):
@@ -226,10 +211,8 @@ def device_problems(trainer: Namespace) -> list[str]:
 
 
 def check_prediction_output(config: Namespace, config_files: list) -> None:
-    """``predict``'s output (``prediction_writer.output``, else ``predictions.csv`` in the run
-    directory) is never a file the run reads: a config file, the checkpoint, a data file, any
-    existing file an option names (also through a symbolic or hard link). Checked before the
-    data and the model are built."""
+    """``predict``'s output is never a file the run reads: a config file or any existing file an
+    option names (also through a link)."""
     output = config.prediction_writer.output or os.path.join(config.trainer.default_root_dir, PREDICTIONS_FILE)
     if not os.path.isfile(output):
         return

@@ -1,23 +1,14 @@
 """The configuration of ``graphormer-urpe {fit,validate,test,predict}``: :class:`GraphormerCLI`, a
 LightningCLI over the module and the datamodules, built by :func:`build_cli`.
 
-Facts that belong to the data (:class:`~graphormer_urpe.data.facts.DataFacts`: vocabulary sizes,
-number of targets, ``max_hops``, the widths of its optional node encodings, the task and the
-featurizer) are linked from the instantiated DataModule into the model as one object, so a
-config names each of them once, on the data. A run's outputs all go under
-``trainer.default_root_dir``: TensorBoard and CSV logs, ``checkpoints/`` with the best model by the task's validation metric
-(``epoch=…-step=…-val_<metric>=….ckpt``: ``val_mae``, ``val_auroc``, ``val_accuracy``) plus ``last.ckpt``, always the run's newest state (resume
-a killed or finished run with ``--ckpt_path last``; :mod:`~graphormer_urpe.training.run_checkpoint`;
-``--ckpt_path best`` is the best checkpoint that ``last.ckpt`` records), and for ``predict`` the predictions (``predictions.csv``, or ``--prediction_writer.output``).
-A ``fit`` into a run directory that already holds checkpoints is refused unless it resumes
-(``--ckpt_path last``) or starts over (``--checkpoint.overwrite true``).
-The refusals it applies before any data is read are :mod:`~graphormer_urpe.training.fit_checks`;
-every checkpoint a command opens, whatever name gives it (a path, ``last``, ``best``, Lightning's
-``hpc``), is read as data first (:func:`~graphormer_urpe.utils.torch_files.read_checkpoint`).
-
-The backbone is typed (:class:`~graphormer_urpe.nn.graphormer.GraphormerConfig`), so partial
-overrides merge in any order: ``--model.backbone '{"num_layers": 4}'``,
-``--model.backbone.attention rpe`` or a config overlay that sets one key.
+The data's facts (:class:`~graphormer_urpe.data.facts.DataFacts`) are linked from the DataModule
+into the model, so a config names each once. A run's outputs all go under
+``trainer.default_root_dir``: TensorBoard and CSV logs, ``checkpoints/`` (the best by the task's
+validation metric, and ``last.ckpt``: :mod:`~graphormer_urpe.training.run_checkpoint`) and
+``predict``'s table. Its refusals before any data is read are
+:mod:`~graphormer_urpe.training.fit_checks`; every checkpoint a command opens, whatever names it
+(a path, ``last``, ``best``, ``hpc``), is read as data first
+(:func:`~graphormer_urpe.utils.torch_files.read_checkpoint`).
 """
 from __future__ import annotations
 
@@ -70,8 +61,8 @@ LIGHTNING_CKPT_NAMES = ("hpc", "registry")  # also registry:<name>
 
 
 class PredictionWriter(BasePredictionWriter):
-    """Writes ``predict``'s outputs to a CSV with the columns of ``graphormer-urpe-predict``
-    (``row, smiles, prediction_<target>..., error``), in the order of the predict split.
+    """Writes ``predict``'s outputs to a CSV with the columns of ``graphormer-urpe-predict``, in
+    the order of the predict split.
 
     Args:
         output: the CSV (default: ``<trainer.default_root_dir>/predictions.csv``).
@@ -85,7 +76,9 @@ class PredictionWriter(BasePredictionWriter):
                            predictions, batch_indices) -> None:
         from graphormer_urpe.prediction.table import InputRow, prediction_columns, write_predictions
 
-        outputs = [o for per_loader in _per_dataloader(predictions) for o in per_loader]
+        # a flat list for one predict loader, a list of lists for several
+        per_loader = predictions if predictions and isinstance(predictions[0], list) else [predictions]
+        outputs = [o for loader in per_loader for o in loader]
         if not outputs:
             return
         index = torch.cat([o["index"] for o in outputs]).cpu().numpy()
@@ -101,9 +94,7 @@ class PredictionWriter(BasePredictionWriter):
 
 class RunProgressBar(TQDMProgressBar):
     """Lightning's progress bar, whose postfix also says how long the whole run has left
-    (``run_left``): the remaining optimizer steps of ``max_steps`` / ``max_epochs``
-    (``Trainer.estimated_stepping_batches``) at the pace of this process's steps so far, validations
-    included, and no more than ``max_time`` leaves. The bar's own estimate covers one epoch."""
+    (``run_left``); the bar's own estimate covers one epoch."""
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
@@ -118,9 +109,8 @@ class RunProgressBar(TQDMProgressBar):
 
 
 def run_time_left(trainer: pl.Trainer, started: float, start_step: int) -> float | None:
-    """Seconds the fit has left: its remaining optimizer steps at the pace of those made since
-    ``started`` (monotonic time, at step ``start_step``), at most what ``max_time`` leaves; None
-    before a step is made or with neither a step nor a time limit."""
+    """Seconds the fit has left: its remaining optimizer steps at the pace of those since
+    ``started`` (at step ``start_step``), at most what ``max_time`` leaves; None if unknown."""
     left = []
     steps = trainer.global_step - start_step
     total = trainer.estimated_stepping_batches
@@ -152,8 +142,7 @@ class RunCSVLogger(CSVLogger):
 
 
 def fit_summary(trainer: pl.Trainer, seconds: float) -> str:
-    """What a fit leaves: its steps and wall time, the best checkpoint by the monitored metric,
-    ``last.ckpt`` (the lines of ``make quickstart``'s summary)."""
+    """What a fit leaves: steps, wall time, the best and the last checkpoint."""
     checkpoint = trainer.checkpoint_callback
     lines = [f"optimizer steps   {trainer.global_step} (epoch {trainer.current_epoch})",
              f"wall time         {seconds / 60:.1f} min"]
@@ -185,13 +174,6 @@ def training_args(args: list[str]) -> list[str]:
     return kept
 
 
-def _per_dataloader(predictions) -> list[list]:
-    """Lightning returns a flat list for one predict loader and a list of lists for several."""
-    if predictions and isinstance(predictions[0], list):
-        return predictions
-    return [predictions]
-
-
 #: Each subcommand's line in ``graphormer-urpe --help`` and its description (Lightning's are the
 #: first lines of the Trainer's docstrings, some cut mid-sentence).
 SUBCOMMAND_HELP = {
@@ -209,15 +191,13 @@ class GraphormerCLI(LightningCLI):
             choice.help = SUBCOMMAND_HELP.get(choice.dest, choice.help)
 
     def _parse_ckpt_path(self) -> None:
-        """As LightningCLI's: with ``--ckpt_path FILE`` the checkpoint's hyperparameters become
-        the model's arguments as ``graphormer-urpe-predict`` reads them
-        (:func:`~graphormer_urpe.prediction.load.checkpoint_arguments`), except the facts: those
-        are linked from the data, not options of the model."""
+        """As LightningCLI's, the hyperparameters read as ``graphormer-urpe-predict`` reads them,
+        except the facts, which are linked from the data."""
         subcommand = self.config.get("subcommand")
         ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
         if not ckpt_path or not Path(ckpt_path).is_file():
             return
-        hparams = {k: v for k, v in checkpoint_arguments(self._checkpoint_hparams(ckpt_path)).items()
+        hparams = {k: v for k, v in checkpoint_arguments(self._read_checkpoint(ckpt_path)[1]).items()
                    if k != "facts"}
         if hparams:
             try:
@@ -234,15 +214,9 @@ class GraphormerCLI(LightningCLI):
         if seed is not None and not isinstance(seed, bool):
             check_seed("seed_everything", seed)
 
-    def _checkpoint_hparams(self, ckpt_path: str) -> dict:
-        """The hyperparameters of the checkpoint the command starts from, read once (as plain
-        data: :func:`~graphormer_urpe.utils.torch_files.read_checkpoint`, which refuses a
-        damaged or crafted file in one line)."""
-        return self._read_checkpoint(ckpt_path)[1]
-
     def _read_checkpoint(self, ckpt_path: str) -> tuple[str, dict, dict]:
         """``(path, hyperparameters, where it stands in its epoch)`` of the checkpoint the
-        command starts from, read once (:func:`~graphormer_urpe.utils.torch_files.read_checkpoint`)."""
+        command starts from, read once as data (a damaged or crafted file: one line)."""
         cached = getattr(self, "_checkpoint", None)
         if cached is None or cached[0] != ckpt_path:
             checkpoint = read_checkpoint(ckpt_path)
@@ -253,11 +227,8 @@ class GraphormerCLI(LightningCLI):
         return cached
 
     def after_instantiate_classes(self) -> None:
-        """Before any data is read or built: the built trainer's settings (:func:`check_trainer`),
-        and the checkpoint the command starts from was trained on data of this kind
-        (:func:`check_checkpoint_data`). A run without a logger (``--trainer.logger false``) drops
-        the learning-rate monitor, which has nothing to log to (Lightning would stop the run on it
-        once the data is built)."""
+        """Before any data is read: the built trainer's settings and the checkpoint's fit. A run
+        without a logger drops the learning-rate monitor, which Lightning would stop on."""
         if self.trainer is not None and not self.trainer.loggers:
             self.trainer.callbacks = [c for c in self.trainer.callbacks if not isinstance(c, LearningRateMonitor)]
         if self.trainer is not None:  # Lightning's own bar, which estimates one epoch: the run's
@@ -277,10 +248,9 @@ class GraphormerCLI(LightningCLI):
                 check_epoch_place(path, place, data_position(self.trainer, self.datamodule))
 
     def _checkpoint_to_open(self, config: Namespace) -> str | None:
-        """The checkpoint the subcommand opens: ``--ckpt_path``, or the file that Lightning's own
-        names mean (``hpc``; ``registry``; under SLURM, no path at all meaning its HPC
-        checkpoint), which the subcommand is then given, so that the file checked is the file
-        opened. ``ValueError`` (one line) for a name that names no file here."""
+        """The checkpoint the subcommand opens: ``--ckpt_path``, or the file Lightning's own names
+        (``hpc``, ``registry``, SLURM's) mean, then given to the subcommand so that the file
+        checked is the file opened; ``ValueError`` (one line) where there is none."""
         given = config.get("ckpt_path")
         try:
             ckpt_path = checkpoint_to_open(self.trainer, self.subcommand, given)
@@ -299,7 +269,6 @@ class GraphormerCLI(LightningCLI):
         self._fit_started = time.monotonic()
 
     def after_fit(self) -> None:
-        """The fit's summary (:func:`fit_summary`), from its first process."""
         if self.trainer.is_global_zero:
             print(f"=== graphormer-urpe fit: {self.trainer.default_root_dir} ===\n"
                   f"{fit_summary(self.trainer, time.monotonic() - self._fit_started)}", flush=True)
@@ -354,7 +323,7 @@ class GraphormerCLI(LightningCLI):
             ckpt_path = config.ckpt_path
             if (ckpt_path and is_local_path(ckpt_path)
                     and ckpt_path.split(":")[0] not in LIGHTNING_CKPT_NAMES):
-                self._checkpoint_hparams(ckpt_path)  # a missing, damaged or crafted file: one line now
+                self._read_checkpoint(ckpt_path)  # a missing, damaged or crafted file: one line now
         if config.trainer.logger in (None, True):
             # a resumed fit logs into the version folder it started in, not a new one
             resumed = self.subcommand == "fit" and bool(config.get("ckpt_path"))
@@ -368,8 +337,7 @@ class GraphormerCLI(LightningCLI):
 
 
 def check_kernel_installed(config: Namespace) -> None:
-    """``ValueError`` (one line naming the ``fused`` extra) for the Triton attention kernel where
-    triton is not installed, before anything is built."""
+    """``ValueError`` (one line) for the Triton attention kernel where triton is not installed."""
     backbone = (config.get("model") or Namespace()).get("backbone")
     impl = backbone.get("attention_impl") if isinstance(backbone, (Namespace, dict)) else None
     missing = missing_extra("triton", f"--model.backbone.attention_impl {impl}") if impl == "triton" else None
@@ -378,9 +346,8 @@ def check_kernel_installed(config: Namespace) -> None:
 
 
 def best_checkpoint_in(dirpath: str, monitor: str) -> str:
-    """``--ckpt_path best``: the best ``monitor`` checkpoint that the ``last.ckpt`` of the checkpoint
-    folder ``dirpath`` records, looked up by name in that folder (a copied run directory gives its
-    own file). ``ValueError`` (one line) where there is none."""
+    """``--ckpt_path best``: the best ``monitor`` checkpoint that ``dirpath``'s ``last.ckpt``
+    records, by name in that folder (a copied run directory gives its own); else one-line ``ValueError``."""
     if not is_local_path(dirpath):
         raise ValueError(f"--ckpt_path best reads {LAST} of a local --checkpoint.dirpath, not {dirpath}: give "
                          "the checkpoint's path")
@@ -399,8 +366,7 @@ def best_checkpoint_in(dirpath: str, monitor: str) -> str:
 
 
 def data_task(data: Namespace) -> str:
-    """The task the configured DataModule will link into the model: its ``task`` init
-    argument, else its class's ``task`` attribute."""
+    """The task the configured DataModule links into the model: its ``task`` argument, else its class's."""
     task = (data.get("init_args") or Namespace()).get("task")
     if task is None and data.get("class_path"):
         module, _, name = data.class_path.rpartition(".")
@@ -416,8 +382,7 @@ class _DropLightningTips(logging.Filter):
 
 
 def configure_logging() -> None:
-    """This package's INFO messages (dataset builds: "encoding N graphs", rejected rows,
-    schedule warnings) on stderr; Lightning keeps its own handler; no Lightning tips."""
+    """This package's INFO messages on stderr; Lightning keeps its own handler, without tips."""
     logging.basicConfig(format="%(message)s")  # no-op where the application configured logging
     logging.getLogger("graphormer_urpe").setLevel(logging.INFO)
     if not any(isinstance(f, _DropLightningTips) for f in rank_zero_module.log.filters):

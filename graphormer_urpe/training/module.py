@@ -32,26 +32,17 @@ from graphormer_urpe.training.schedule import schedule_lengths
 from graphormer_urpe.data.task import get_task
 
 log = logging.getLogger(__name__)
-#: The checkpoint key of the global random states (:func:`~.run_checkpoint.rng_states`).
-RNG_STATES = "rng_states"
-#: Checkpoint key of the learning-rate schedule it was trained with (``GraphormerModule.schedule``).
-LR_SCHEDULE = "lr_schedule"
-#: Checkpoint key of fp16's dynamic loss scale (``16-mixed``: :class:`~.engine.LossScale`).
-LOSS_SCALE = "loss_scale"
-#: Checkpoint key of every process's random states (a multi-process run), in rank order.
-PROCESS_RNG_STATES = "process_rng_states"
-#: Checkpoint key of the unit its place in the epoch is counted in (:func:`data_position`).
-DATA_POSITION = "data_position"
-#: Checkpoint key of the accumulation cycle in progress (:meth:`.engine.TrainingEngine.accumulated`),
-#: every process's in rank order; absent at a cycle's end.
-ACCUMULATED = "accumulated_gradients"
+#: Checkpoint keys: the global random states (every process's, in rank order, in a multi-process
+#: run), the lr schedule trained with, fp16's loss scale, the unit of the place in the epoch
+#: (:func:`data_position`), the accumulation cycle in progress (absent at a cycle's end).
+RNG_STATES, PROCESS_RNG_STATES, LR_SCHEDULE = "rng_states", "process_rng_states", "lr_schedule"
+LOSS_SCALE, DATA_POSITION, ACCUMULATED = "loss_scale", "data_position", "accumulated_gradients"
 
 
 def data_position(trainer: pl.Trainer, datamodule: Any) -> dict[str, int]:
-    """What a checkpoint's count of batches done in its epoch means: ``global_batch`` graphs
-    (processes x batch size x accumulated batches) per optimizer step, ``accumulate`` batches per
-    step. A run resumed inside an epoch continues the epoch's order at the same graph only with
-    the same two."""
+    """The unit of a checkpoint's count of batches done in its epoch: graphs per optimizer step
+    (``global_batch``) and batches per step (``accumulate``); a run resumed inside an epoch
+    continues at the same graph only with the same two."""
     batch_size = int(getattr(datamodule, "batch_size", 0) or 0)
     accumulate = int(trainer.accumulate_grad_batches)
     return {"global_batch": trainer.world_size * batch_size * accumulate, "accumulate": accumulate}
@@ -81,16 +72,10 @@ def process_seed(seed: int, rank: int) -> int:
     return (seed + rank * 0x9E3779B97F4A7C15) % 2**63
 
 def compile_backbone(model: Graphormer, dynamic: bool = True) -> None:
-    """``torch.compile(dynamic=dynamic)`` each encoder layer and the edge-path encoding, in place.
-
-    Regions rather than the whole forward: the encoder layers share their code, so one compiled
-    graph serves all of them and a cold start compiles several times faster than the whole
-    forward (docs/benchmarks.md); the batch checks and the cheap embedding lookups stay eager. ``dynamic=True``:
-    batches vary in ``N``, ``E`` and ``B``, so shapes are symbolic from the first call instead of
-    recompiling per size (``dynamic=False`` specializes to the first batch's shape, a
-    measurement in ``scripts/bench_train.py``). ``nn.Module.compile`` keeps parameter names, so
-    checkpoints are the same with and without compilation.
-    """
+    """``torch.compile(dynamic=dynamic)`` each encoder layer and the edge-path encoding, in place:
+    one compiled graph serves every layer, so a cold start compiles several times faster than the
+    whole forward (docs/benchmarks.md); ``dynamic``: batches vary in size; parameter names, hence
+    checkpoints, stay as they are."""
     for layer in model.layers:
         layer.compile(dynamic=dynamic)
     if getattr(model, "edge_bias", None) is not None:  # "urpe" / "rpe" only
@@ -99,18 +84,14 @@ def compile_backbone(model: Graphormer, dynamic: bool = True) -> None:
 
 class OwnStepHooks:
     """LightningModule hooks for a ``training_step`` that takes the whole optimizer step itself
-    (``self._engine``, a :class:`~.engine.TrainingEngine`: gathering, forward, backward,
-    clipping, the optimizer's update) while Lightning's automatic optimization counts it: its
-    optimizer-step hook only runs the closure (``training_step``), and its zero-grad and
-    backward hooks do nothing. Lightning keeps ``global_step``, the host learning-rate schedule,
-    validation, checkpoints and resume, as for any run. The module provides ``step_spec()`` (a
-    :class:`~.engine.StepSpec`), which the engine takes when training starts."""
+    (``self._engine``, a :class:`~.engine.TrainingEngine`) while Lightning's automatic
+    optimization counts it (``global_step``, the schedule, checkpoints and resume): its
+    optimizer-step hook only runs the closure, its zero-grad and backward hooks do nothing."""
 
     _engine: TrainingEngine
 
     def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
-        # training_step: the whole step (Lightning requires the call). Lightning calls the
-        # closure outside this hook for a batch that only accumulates gradients.
+        # Lightning calls the closure outside this hook for a batch that only accumulates gradients.
         self._engine.updating = True
         try:
             optimizer_closure()
@@ -234,8 +215,7 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
 
     @property
     def hparams_initial(self):
-        """The hyperparameters the loggers record (``hparams.yaml``), in the plain values the
-        checkpoint holds (the facts as a mapping, the backbone resolved): ``yaml.safe_load`` reads them."""
+        """The hyperparameters the loggers record (``hparams.yaml``) as the checkpoint holds them."""
         initial = super().hparams_initial
         initial.update({key: self.hparams[key] for key in ("facts", "backbone") if key in self.hparams})
         return initial
@@ -245,25 +225,20 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
         return self.model(batch)
 
     def _loss(self, pred: Tensor, y: Tensor) -> Tensor:
-        """Mean loss over the known labels (NaN = unknown: PCQM4Mv2 test sets, multi-task and
-        sparse CSVs); 0 for a batch without any (:meth:`Task.loss`)."""
+        """Mean loss over the known labels (:meth:`Task.loss`)."""
         return self.task.loss(pred, y)
 
     def training_step(self, batch: GraphBatch, batch_idx: int) -> Tensor:
-        """The whole optimizer step (:meth:`TrainingEngine.training_step`); its loss, unread."""
         return self._engine.training_step(batch, self.trainer, frozen=self.backbone_frozen())
 
     def step_spec(self) -> StepSpec:
-        """What the training step takes from this module, when training starts: the backbone, the
-        task's loss, the schedule (:meth:`configure_optimizers` has run) and the data's
-        ``static_shapes``: the training split its batches of one shape are gathered from, where
-        the training loader is device-resident with that option."""
+        """What the training step takes from this module when training starts; the split to
+        gather batches of one shape from where the loader is device-resident with ``static_shapes``."""
         loader = self.trainer.train_dataloader
         static = isinstance(loader, ResidentLoader) and loader.static_shapes
         return StepSpec(self.model, self.task.loss_terms, self.schedule, loader.split if static else None)
 
     def backbone_frozen(self) -> bool:
-        """Whether this step trains the output head alone (``freeze_backbone_steps``)."""
         return self.global_step < self.hparams.get("freeze_backbone_steps", 0)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -380,9 +355,8 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
         return {"index": batch.index, "prediction": self.task.predictions(self(batch))}
 
     def schedule_lengths(self) -> tuple[int, int]:
-        """``(warmup, total)`` of the schedule (:func:`~.schedule.schedule_lengths`): the total
-        given, else the trainer's step budget; warns when the two disagree (the lr would not
-        reach ``end_lr``, or stay there for long)."""
+        """``(warmup, total)`` of the schedule: the total given, else the trainer's step budget;
+        warns when the two disagree."""
         hp, trainer = self.hparams, trainer_of(self)
         budget = trainer.estimated_stepping_batches if trainer is not None else math.inf
         warmup, total = schedule_lengths(hp.lr, hp.end_lr, hp.warmup_steps, hp.get("warmup_fraction"),
@@ -396,18 +370,6 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
                         "total_steps unset to follow the trainer", total, int(budget))
         return warmup, total
 
-    def _warn_if_the_schedule_changed(self) -> None:
-        """A resumed fit whose schedule is not its checkpoint's (typically a larger
-        ``trainer.max_steps`` without ``model.total_steps``, which then sets the schedule's length)
-        cannot end where one uninterrupted run would: its first steps followed the other schedule."""
-        saved = self._resumed_schedule
-        if saved is None or [float(v) for v in saved] == [float(v) for v in self.schedule]:
-            return
-        log.warning("resuming with another learning-rate schedule (warmup %d, total %d steps) than "
-                    "the checkpoint was trained with (warmup %d, total %d steps): the run will not "
-                    "equal an uninterrupted one; give every fit of a resumed run the same "
-                    "--model.total_steps", self.schedule[0], self.schedule[1], saved[0], saved[1])
-
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
         groups = head_lr_groups(parameter_groups(self, hp.weight_decay, hp.get("no_weight_decay") or ()),
@@ -419,15 +381,21 @@ class GraphormerModule(OwnStepHooks, pl.LightningModule):
                                                    capturable=self.device.type == "cuda")
         #: relative_lr's arguments after the update number (the engine's on-device lr factor)
         self.schedule = (warmup_steps, total_steps, hp.end_lr / hp.lr, hp.power)
-        self._warn_if_the_schedule_changed()
+        # A resumed fit on another schedule (a larger trainer.max_steps without model.total_steps)
+        # cannot end where one uninterrupted run would.
+        saved = self._resumed_schedule
+        if saved is not None and [float(v) for v in saved] != [float(v) for v in self.schedule]:
+            log.warning("resuming with another learning-rate schedule (warmup %d, total %d steps) than "
+                        "the checkpoint was trained with (warmup %d, total %d steps): the run will not "
+                        "equal an uninterrupted one; give every fit of a resumed run the same "
+                        "--model.total_steps", self.schedule[0], self.schedule[1], saved[0], saved[1])
         return {"optimizer": optimizer,
                 "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}
 
 
 def load_training_module(ckpt, map_location: str = "cpu") -> GraphormerModule:
-    """The verified :class:`GraphormerModule` of a Lightning checkpoint, in eval mode, with the
-    checks of :func:`~graphormer_urpe.prediction.load.load_module` (for a Lightning trainer's
-    predict loop, or the module's own methods)."""
+    """The :class:`GraphormerModule` of a checkpoint, in eval mode, checked as
+    :func:`~graphormer_urpe.prediction.load.load_module` checks it."""
     from graphormer_urpe.prediction.load import load_module
 
     return load_module(ckpt, map_location, model_class=GraphormerModule)

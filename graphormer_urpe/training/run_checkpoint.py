@@ -1,26 +1,11 @@
 """A run's checkpoint folder: what ``last.ckpt`` holds, how it is written, and who may use the folder.
 
-* :class:`RunCheckpoint` (the CLI's ``--checkpoint.*``) is Lightning's ``ModelCheckpoint`` whose
-  ``last.ckpt`` is always the newest state of the run: rewritten after every validation (not
-  only when the monitored metric improved), every ``every_n_train_steps`` steps when that is
-  set, and when ``fit`` ends for any reason but an error (``max_steps``, ``max_epochs``,
-  ``max_time``, early stopping), so ``--ckpt_path last`` never resumes an older state. It is
-  always ``last.ckpt``, never ``last-v1.ckpt``. Every checkpoint file is written to a
-  ``.<name>.<random>.part`` file beside it and renamed over it
-  (:class:`~graphormer_urpe.utils.files.AtomicFile`): a killed run leaves the previous file whole.
-* :func:`check_run_dir` decides, before any data is read, what ``fit`` / ``test`` / ... do with
-  the folder: a ``fit`` without ``--ckpt_path`` into a folder that holds checkpoints is refused
-  (resume with ``--ckpt_path last``, choose another ``--trainer.default_root_dir``, or start over
-  with ``--checkpoint.overwrite true``); ``--ckpt_path last`` is the folder's ``last.ckpt``, or a
-  fresh start when the folder holds no checkpoint at all.
-* :func:`hold_run_dir`: a ``fit`` holds its run directory's :data:`FIT_LOCK` while it runs, so a
-  second ``fit`` into it (which would overwrite the first one's checkpoints) stops at once.
-* :func:`watch_processes` / :func:`lost_process`: the first process of a multi-process fit watches
-  the processes it started; one that is lost (killed: the out-of-memory killer, a ``kill -9``)
-  ends the fit in one line naming it, instead of a collective's traceback.
-* :func:`rng_states` / :func:`set_rng_states`: the global random states (torch CPU and CUDA,
-  numpy, Python ``random``) a checkpoint carries, so dropout continues as in an uninterrupted
-  run (:class:`~graphormer_urpe.training.module.GraphormerModule` saves and restores them).
+:class:`RunCheckpoint` (``--checkpoint.*``) keeps ``last.ckpt`` the run's newest state, written
+whole, so ``--ckpt_path last`` never resumes an older one, and stops a fit by signal at a step's
+end; :func:`check_run_dir` decides, before any data is read, what a command does with the folder;
+:func:`hold_run_dir` keeps a second ``fit`` out of it; :func:`watch_processes` ends a
+multi-process fit that lost a process in one line; :func:`rng_states` are what a checkpoint
+carries so that dropout continues as in an uninterrupted run.
 """
 from __future__ import annotations
 
@@ -78,11 +63,9 @@ _held_run_dirs: dict[str, Any] = {}
 
 
 def hold_run_dir(run_dir: str | os.PathLike) -> None:
-    """Hold the run directory's lock (:func:`~graphormer_urpe.utils.files.hold_directory` on
-    :data:`FIT_LOCK`) until the enclosing :func:`run_dirs_released_after` block ends, else until
-    this process ends; ``ValueError`` (one line, exit status 2) naming the pid of another process
-    that trains it. A directory this process holds already is held on. Only the first process of
-    a run takes it: the other processes of a multi-process (DDP) run are its own."""
+    """Hold the run directory's :data:`FIT_LOCK` until the enclosing :func:`run_dirs_released_after`
+    block ends, else until this process ends; ``ValueError`` (one line) naming the pid of another
+    process that trains it. Only a run's first process takes it (the others are its own)."""
     if rank_zero_only.rank != 0 or os.environ.get("NODE_RANK", "0") != "0":
         return
     key = os.path.realpath(run_dir)
@@ -94,8 +77,7 @@ def hold_run_dir(run_dir: str | os.PathLike) -> None:
 @contextlib.contextmanager
 def run_dirs_released_after() -> Iterator[None]:
     """The run directories that :func:`hold_run_dir` takes within the block are released when it
-    ends, however it ends: a fit holds its directory while it runs, also as one call of a longer
-    process (a notebook, a test session)."""
+    ends, however it ends (a fit may be one call of a longer process: a notebook, a test session)."""
     before = set(_held_run_dirs)
     try:
         yield
@@ -111,14 +93,9 @@ def checkpoints_in(dirpath: str | os.PathLike) -> list[str]:
 
 
 def check_run_dir(dirpath: str, ckpt_path: str | None, overwrite: bool, fitting: bool) -> str | None:
-    """The checkpoint a command starts from, given its checkpoint folder ``dirpath``: ``ckpt_path``
-    itself, except ``last``, which becomes ``<dirpath>/last.ckpt``, or ``None`` (training from
-    scratch, said in one line) for a ``fit`` whose folder holds no checkpoint at all.
-
-    ``ValueError`` (one line, exit status 2) for a ``fit`` without ``ckpt_path`` into a folder that
-    holds checkpoints (unless ``overwrite``: :class:`RunCheckpoint` then removes them when the fit
-    starts), for ``last`` where the folder holds checkpoints but no ``last.ckpt``, and for ``last``
-    of a command other than ``fit`` where there is none."""
+    """The checkpoint a command starts from: ``ckpt_path``, except ``last``: ``<dirpath>/last.ckpt``,
+    or ``None`` (from scratch) for a ``fit`` whose folder holds no checkpoint. ``ValueError`` (one
+    line) for what would lose or mix runs (the messages say which)."""
     found = checkpoints_in(dirpath)
     listed = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
     if overwrite and ckpt_path is not None:
@@ -146,7 +123,9 @@ def check_run_dir(dirpath: str, ckpt_path: str | None, overwrite: bool, fitting:
 
 class RunCheckpoint(ModelCheckpoint):
     """Lightning's ``ModelCheckpoint`` (every argument is its own) whose ``last.ckpt`` is always the
-    run's newest state, written atomically; see the module docstring.
+    run's newest state (after every validation, every ``every_n_train_steps`` and when ``fit`` ends
+    but by an error), always ``last.ckpt``, and every file written whole (a killed run leaves the
+    previous one).
 
     Args:
         overwrite: a ``fit`` without ``--ckpt_path`` into a checkpoint folder that holds
@@ -245,16 +224,6 @@ class RunCheckpoint(ModelCheckpoint):
         if self._held_signal != signal.SIGTERM:
             self._held_signal = signum
 
-    def _agreed_signal(self, trainer: pl.Trainer) -> int:
-        """The held signal of any process (SIGTERM before SIGINT), 0 if none: the same answer on
-        every process, at the same step."""
-        held = self._held_signal
-        if trainer.world_size > 1 and torch.distributed.is_initialized():
-            flag = torch.tensor([held], dtype=torch.int32, device=trainer.strategy.root_device)
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-            held = int(flag.item())
-        return held
-
     def _release_signals(self) -> None:
         """The handlers as they were; a signal held to the end of the fit (it came after the last
         training step) is kept for the command to stop on (:func:`pending_stop`)."""
@@ -281,9 +250,13 @@ class RunCheckpoint(ModelCheckpoint):
             # Inside an accumulation cycle a checkpoint would carry its summed gradients: a held
             # signal waits for the cycle's update, on every process alike.
             return
-        # A held signal stops every process right after this batch: its end is the state a
-        # resume continues from.
-        stop_signal = self._agreed_signal(trainer)
+        # A held signal of any process (SIGTERM before SIGINT) stops every process right after
+        # this batch: its end is the state a resume continues from.
+        stop_signal = self._held_signal
+        if trainer.world_size > 1 and torch.distributed.is_initialized():
+            flag = torch.tensor([stop_signal], dtype=torch.int32, device=trainer.strategy.root_device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            stop_signal = int(flag.item())
         stopping = stop_signal or trainer.should_stop or 0 <= trainer.max_steps <= trainer.global_step
         every_n = self._every_n_train_steps >= 1 and trainer.global_step % self._every_n_train_steps == 0
         if stopping or every_n:  # the state a resume inside the epoch continues from exactly
@@ -334,18 +307,15 @@ _saying_lost = threading.Lock()
 
 
 def watch_processes() -> None:
-    """The first process of a multi-process fit watches the others it starts (Lightning's launcher,
-    :func:`~graphormer_urpe.utils.lightning_private.replace_process_observer`), instead of
-    Lightning's watch, which kills every process with SIGKILL, this one included, within 5 s of
-    one ending with an error. Where the fit does not end by itself within
-    :data:`LOST_PROCESS_GRACE_S` of that (a collective that waits, work without one), the watch
-    ends it with :func:`lost_process`'s line, exit status 1."""
-    replace_process_observer(_watch)
+    """The first process of a multi-process fit watches the others it starts, instead of
+    Lightning's watch, which SIGKILLs every process, this one included, within 5 s of one ending
+    with an error; where the fit does not end by itself within :data:`LOST_PROCESS_GRACE_S` of
+    that, the watch ends it with :func:`lost_process`'s line, exit status 1."""
+    def watch(children: list[subprocess.Popen]) -> None:
+        _started[:] = children
+        threading.Thread(target=_end_when_lost, name="graphormer-urpe-process-watch", daemon=True).start()
 
-
-def _watch(children: list[subprocess.Popen]) -> None:
-    _started[:] = children
-    threading.Thread(target=_end_when_lost, name="graphormer-urpe-process-watch", daemon=True).start()
+    replace_process_observer(watch)
 
 
 def _end_when_lost() -> None:
@@ -361,10 +331,9 @@ def _end_when_lost() -> None:
 
 
 def lost_process() -> str | None:
-    """Which process that this one started for the fit ended with an error, and how (its exit
-    status), with the way on; None if none did, or where it was said already (it is said once).
-    The others it started are ended (killed: they could neither go on without it nor end by
-    themselves)."""
+    """Which process that this one started for the fit ended with an error, and how, with the way
+    on; None if none did or it was said already. The others, which can neither go on without it
+    nor end by themselves, are killed."""
     if not _saying_lost.acquire(blocking=False):
         return None
     lost = next(((rank, child) for rank, child in enumerate(_started, start=1) if child.poll() not in (None, 0)),
@@ -383,8 +352,7 @@ def lost_process() -> str | None:
 
 
 def end_started_processes() -> None:
-    """Kill the processes this one started for the fit that are still running, and wait for them:
-    a fit that ends before they do (stopped while its data is built) leaves none behind."""
+    """Kill the processes this one started for the fit that still run, and wait for them."""
     for child in _started:
         if child.poll() is None:
             child.kill()
