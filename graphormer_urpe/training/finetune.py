@@ -1,18 +1,9 @@
 """Fine-tuning: start a run from another run's backbone (``GraphormerModule(init_from=...)``).
 
-``graphormer-urpe fit --config esol --config esol_finetune
---model.init_from runs/zinc_full/checkpoints/last.ckpt`` loads every backbone tensor of the
-checkpoint (a Lightning checkpoint of this project, or a weights-only file: a ``state_dict`` of
-the backbone ``Graphormer`` or of the whole module) before the first step. The output head
-(``model.head``) is kept from the checkpoint only where it fits: it is re-initialised when the
-task or the number of targets differs, or with ``reinit_head``. Anything else that does not fit
-(a missing or extra tensor, a different shape: another preset, featurizer or ``max_hops``) stops
-the run, naming every misfit with both shapes; nothing is loaded half-way.
-
-Options for short runs on small data: ``freeze_backbone_steps`` (train the head alone first),
-``freeze_layers`` (keep the input encoders and the first layers as loaded, for the whole run),
-``head_lr`` (the head's own param groups) and ``warmup_fraction`` (warmup as a share of the
-schedule).
+Every backbone tensor of the checkpoint (a Lightning checkpoint of this project, or a
+weights-only ``state_dict``) is loaded before the first step; the output head only where it fits
+(same task and targets, no ``reinit_head``). Any other misfit stops the run naming every tensor
+with both shapes; nothing is loaded half-way.
 """
 from __future__ import annotations
 
@@ -64,28 +55,21 @@ def read_backbone_state(path: str | Path) -> tuple[dict[str, Tensor], dict[str, 
     return dict(state), hparams
 
 
-def _shape(t: Tensor) -> list[int]:
-    return list(t.shape)
-
-
 def fit_state(model: nn.Module, state: Mapping[str, Tensor], hparams: Mapping[str, Any], task: str,
               reinit_head: bool, source: str) -> tuple[dict[str, Tensor], str | None]:
-    """``(the state_dict to load into model, why the head is re-initialised or None)``.
-
-    Raises :class:`InitFromError` listing every backbone tensor that does not fit (name and
-    both shapes), and for a checkpoint whose featurizer differs from the model's data.
-    """
+    """``(the state_dict to load into model, why the head is re-initialised or None)``;
+    :class:`InitFromError` listing every backbone tensor that does not fit."""
     own = model.state_dict()
     misfits = []
     for name in sorted(set(own) | set(state)):
         if name.startswith(HEAD_PREFIX):
             continue
         if name not in state:
-            misfits.append(f"{name}: model {_shape(own[name])}, not in the checkpoint")
+            misfits.append(f"{name}: model {list(own[name].shape)}, not in the checkpoint")
         elif name not in own:
-            misfits.append(f"{name}: checkpoint {_shape(state[name])}, not in this model")
+            misfits.append(f"{name}: checkpoint {list(state[name].shape)}, not in this model")
         elif state[name].shape != own[name].shape:
-            misfits.append(f"{name}: checkpoint {_shape(state[name])}, model {_shape(own[name])}")
+            misfits.append(f"{name}: checkpoint {list(state[name].shape)}, model {list(own[name].shape)}")
     if misfits:
         raise InitFromError(
             f"model.init_from: {len(misfits)} tensor(s) of {source} do not fit this model, nothing "
@@ -99,8 +83,8 @@ def fit_state(model: nn.Module, state: Mapping[str, Tensor], hparams: Mapping[st
     elif theirs != task:
         reason = f"the checkpoint's task is {theirs!r}, this run's {task!r}"
     elif any(name not in state or state[name].shape != own[name].shape for name in heads):
-        widths = [_shape(state[n]) if n in state else None for n in sorted(heads)]
-        reason = f"the checkpoint's head {widths} differs from this model's {[_shape(own[n]) for n in sorted(heads)]}"
+        widths = [list(state[n].shape) if n in state else None for n in sorted(heads)]
+        reason = f"the checkpoint's head {widths} differs from this model's {[list(own[n].shape) for n in sorted(heads)]}"
     fitted = {name: (own[name] if name.startswith(HEAD_PREFIX) and reason else state[name]) for name in own}
     return fitted, reason
 
@@ -148,9 +132,8 @@ def _trained(name: str, head_only: bool, frozen_layers: int) -> bool:
 
 
 def set_trainable(model: nn.Module, head_only: bool, frozen_layers: int = 0) -> None:
-    """Switch gradients on or off (:func:`_trained`). AdamW skips parameters without a
-    gradient, so frozen ones neither move nor decay; a frozen stack below the first trained
-    layer needs no backward pass at all."""
+    """Switch gradients on or off (:func:`_trained`): AdamW skips parameters without one, and a
+    frozen stack below the first trained layer needs no backward pass."""
     state = (head_only, frozen_layers)
     if getattr(model, "_trainable_state", (False, 0)) == state:
         return

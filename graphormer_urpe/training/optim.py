@@ -1,14 +1,7 @@
-"""The optimizer of every training run.
-
-* :func:`parameter_groups`: AdamW's param groups, one per kind of parameter
-  (:data:`ParameterKind`, decided by rule: :func:`parameter_kind`), each with its weight decay;
-  :func:`head_lr_groups` moves the output head into groups of its own peak learning rate
-  (fine-tuning's ``model.head_lr``).
-* :func:`adamw_with_schedule`: the AdamW over those groups and its per-step warmup +
-  polynomial-decay ``LambdaLR`` (the schedule's arithmetic and lengths:
-  :mod:`~graphormer_urpe.training.schedule`).
-* :func:`set_optimizer_kernel`: the kernel flags a run's optimizer keeps when a checkpoint of
-  another execution (eager or the engine, CPU or GPU) is loaded into it.
+"""The optimizer of every training run: AdamW param groups by kind of parameter
+(:func:`parameter_groups`; the head's own learning rate: :func:`head_lr_groups`), AdamW with its
+per-step schedule (:func:`adamw_with_schedule`), and the kernel flags a run keeps when another
+run's checkpoint is loaded (:func:`set_optimizer_kernel`).
 """
 from __future__ import annotations
 
@@ -31,17 +24,8 @@ NORM_LAYERS = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.RMSNorm,
 
 
 def parameter_kind(module: torch.nn.Module, param: torch.nn.Parameter) -> str:
-    """The kind of ``module``'s own parameter ``param``, by rule, so a new module gets one too:
-
-    1. the module's ``weight_decay_kind`` where it declares one (URPE's C tables:
-       ``urpe_scale``; the graph token and virtual distance, vectors that are learned tokens:
-       ``embedding``);
-    2. ``layernorm`` for the scale and shift of a normalisation layer (:data:`NORM_LAYERS`);
-    3. ``embedding`` for lookup tables (``nn.Embedding``, ``nn.EmbeddingBag``);
-    4. ``bias`` for any other vector (biases of linear and convolution layers);
-    5. ``weight`` for any other matrix or tensor (linear maps, the edge encoding's per-hop
-       matrices).
-    """
+    """The kind of ``module``'s own parameter ``param``, by rule, so a new module gets one too (a
+    module may declare its ``weight_decay_kind``: URPE's C tables, learned tokens)."""
     declared = getattr(module, "weight_decay_kind", None)
     if declared is not None:
         return declared
@@ -54,16 +38,10 @@ def parameter_kind(module: torch.nn.Module, param: torch.nn.Parameter) -> str:
 
 def parameter_groups(model: torch.nn.Module, weight_decay: float,
                      no_weight_decay: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """AdamW param groups, one per :data:`ParameterKind` present, named by the kind (the
-    ``lr-AdamW/<kind>`` curves of the learning-rate monitor).
-
-    Every kind decays by ``weight_decay`` unless listed in ``no_weight_decay``. The default
-    follows Graphormer's fairseq recipe, which decays every parameter (LayerNorm, biases and
-    embeddings included), with one change that keeps decay neutral: C is stored as
-    ``delta = C - 1`` (:class:`~graphormer_urpe.nn.encodings.URPEScale`), so decay pulls C
-    toward 1 (no rescaling) rather than toward 0. Embeddings and biases decay toward 0, their
-    neutral value. See ``docs/model.md``.
-    """
+    """AdamW param groups, one per :data:`ParameterKind` present, named by the kind, each decaying
+    by ``weight_decay`` unless listed in ``no_weight_decay``. As in Graphormer's recipe every
+    parameter decays; C is stored as ``C - 1``, so decay pulls it toward 1, its neutral value
+    (``docs/model.md``)."""
     unknown = sorted(set(no_weight_decay) - set(PARAMETER_KINDS))
     if unknown:
         raise ValueError(f"unknown parameter kinds {unknown} in no_weight_decay; "

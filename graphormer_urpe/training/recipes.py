@@ -1,17 +1,7 @@
-"""The training recipes packaged with graphormer-urpe, taken by name or by path.
-
-The recipes are the YAML files of ``graphormer_urpe/recipes`` (package data; a source checkout's
-``configs/`` links there). Every command that reads ``--config`` (``graphormer-urpe``,
-``graphormer-urpe-ablation``, ``graphormer-urpe-hpopt``) takes a recipe's name (``--config zinc``)
-as well as a file (``--config my.yaml``): an existing file wins, then a recipe of that name (with
-or without ``.yaml``), and anything else is refused in one line listing the recipes. A bare name
-that could mean both a file here (``esol``, ``esol.yaml``) and a recipe says in one line which
-one it read; a path (``./esol.yaml``) is always the file. A file that is not a YAML mapping of
-options (a data file named like a recipe) is refused in one line. A base recipe configures the
-data (``data.class_path``); an overlay sets a few keys on top of one (``--config zinc --config
-rpe``) and says so in its first line, the recipe's summary (``graphormer-urpe recipes`` lists
-them); a base given after an overlay, which would override it, is refused in one line.
-``graphormer-urpe recipes NAME`` prints one to copy and edit.
+"""The training recipes packaged with graphormer-urpe (``graphormer_urpe/recipes``; a source
+checkout's ``configs/`` links there), taken by name or by path wherever ``--config`` is read: an
+existing file wins, then a recipe of that name, anything else is refused in one line listing them.
+A base recipe configures the data; an overlay sets a few keys on top of one and comes after it.
 """
 from __future__ import annotations
 
@@ -60,15 +50,13 @@ def _inline(value: str) -> bool:
 
 def resolve_config(value: str, option: str = "--config") -> str:
     """What ``--config value`` reads: ``value`` when it is a file (or a config given as text),
-    else the packaged recipe of that name; a bare name that could mean both a file here and a
-    recipe says which it read (one line on stderr). ``ValueError`` (one line) when it is neither
-    (listing the recipes), or a file that is not a YAML mapping of options."""
+    else the packaged recipe of that name (a bare name that could mean both says which it read);
+    ``ValueError`` (one line) when it is neither, or a file that is not a YAML mapping."""
     return _resolve(value, option)[0]
 
 
 def _resolve(value: str, option: str) -> tuple[str, dict | None]:
-    """:func:`resolve_config`'s file and the options it sets (None where LightningCLI reads the
-    value itself: a config given as text, a directory, a pipe)."""
+    """:func:`resolve_config`'s file and the options it sets (None where LightningCLI reads it)."""
     if _inline(value):
         return value, None
     packaged = recipe_file(value)
@@ -91,15 +79,13 @@ def _resolve(value: str, option: str) -> tuple[str, dict | None]:
 
 
 def _is_bare(value: str) -> bool:
-    """Whether ``value`` is a bare name (``esol``, ``esol.yaml``), which may mean a recipe, rather
-    than a path (``./esol.yaml``, ``configs/esol.yaml``), which is a file."""
+    """Whether ``value`` is a bare name (``esol.yaml``), which may mean a recipe, not a path."""
     return os.sep not in value and "/" not in value
 
 
 def _read_options(path: str, option: str = "--config", packaged: Path | None = None) -> dict:
-    """The options the config file ``path`` sets: a YAML mapping. ``ValueError`` (one line, naming
-    ``packaged``, the recipe of its name, if any) for a file that is anything else (a data file,
-    an empty file, broken YAML), which LightningCLI would answer with its whole usage."""
+    """The options the config file ``path`` sets; ``ValueError`` (one line) for a file that is not
+    a YAML mapping, which LightningCLI would answer with its whole usage."""
     try:
         with open(path, encoding="utf-8") as file:
             options = yaml.safe_load(file)
@@ -114,17 +100,9 @@ def _read_options(path: str, option: str = "--config", packaged: Path | None = N
     raise ValueError(f"{option} {path}: not a config file (a YAML mapping of options): {reason}{recipe}")
 
 
-def _is_overlay(options: dict) -> bool:
-    """Whether a config's ``options`` set keys on top of a base recipe: they name no data module
-    (``data.class_path``, or ``data`` as a class name)."""
-    data = options.get("data")
-    return not (isinstance(data, str) or (isinstance(data, dict) and "class_path" in data))
-
-
 def resolve_config_args(args: list[str]) -> list[str]:
-    """``args`` with each ``--config NAME`` (``--config=NAME``, ``-c NAME``) of a packaged recipe
-    replaced by the recipe's file (:func:`resolve_config`). ``ValueError`` (one line) for a base
-    config given after an overlay: it would override the overlay's keys."""
+    """``args`` with each ``--config NAME`` of a packaged recipe replaced by its file;
+    ``ValueError`` (one line) for a base config after an overlay, which it would override."""
     resolved = list(args)
     overlay = None  # the first overlay given so far, as given: "--config rpe"
     for i, arg in enumerate(resolved):
@@ -139,7 +117,8 @@ def resolve_config_args(args: list[str]) -> list[str]:
         resolved[at] = prefix + path
         if options is None:
             continue
-        if _is_overlay(options):
+        data = options.get("data")  # an overlay names no data module
+        if not (isinstance(data, str) or (isinstance(data, dict) and "class_path" in data)):
             overlay = overlay or f"{option} {given}"
         elif overlay is not None:
             raise ValueError(f"{option} {given} configures the data, a base recipe, but comes after "
@@ -182,9 +161,8 @@ def recipes_command(args: list[str], prog: str = "graphormer-urpe") -> int:
 
 
 def command_line(args: list[str], prog: str = "graphormer-urpe") -> list[str]:
-    """A training command's arguments with recipe names resolved; ``recipes [NAME]`` is answered
-    here. Either way, or for an unknown name (one line, exit status 2), a ``SystemExit`` ends the
-    command as argparse does."""
+    """A training command's arguments with recipe names resolved; ``recipes [NAME]`` and an
+    unknown name (one line, exit status 2) end in ``SystemExit``, as argparse does."""
     if args and args[0] == LIST_COMMAND:
         raise SystemExit(recipes_command(args[1:], prog))
     try:
