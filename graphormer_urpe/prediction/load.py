@@ -1,13 +1,5 @@
-"""A model from a checkpoint, verified before use: :func:`load_module` reads a Lightning
-checkpoint with :func:`~graphormer_urpe.utils.torch_files.read_checkpoint` (plain data, zip
-CRCs checked), then checks that its weights are finite, that its hyperparameters build this
-version's model for their featurizer and task, and that the model predicts a probe molecule; any
-failure is a :class:`~graphormer_urpe.utils.torch_files.CheckpointError` naming the file.
-
-:func:`best_checkpoint` finds a run directory's best-validation checkpoint, and
-:func:`checkpoint_files` turns what a user names as checkpoints (files, run directories, or a
-folder of runs such as an ablation grid or an ensemble's members) into checkpoint files, and
-:func:`load_models` makes them one model to predict with.
+"""A model from a checkpoint, verified before use (:func:`load_module`), and the checkpoint files
+that a user's names mean (:func:`checkpoint_files`: files, run directories, folders of runs).
 """
 from __future__ import annotations
 
@@ -44,10 +36,8 @@ def check_finite(ckpt: Path, state_dict: dict) -> None:
 
 
 def checkpoint_arguments(hyper_parameters: dict) -> dict:
-    """The arguments of ``GraphormerModule`` that a checkpoint's hyperparameters give, as both
-    ``graphormer-urpe-predict`` (:func:`load_module`) and LightningCLI's ``--ckpt_path`` read
-    them: the facts as one ``facts`` dict (either form, :meth:`DataFacts.nest`), without
-    Lightning's own keys and the options since retired (``RETIRED_HPARAMS``)."""
+    """The arguments of ``GraphormerModule`` that a checkpoint's hyperparameters give (the facts
+    as one dict), as both :func:`load_module` and LightningCLI's ``--ckpt_path`` read them."""
     from graphormer_urpe.data.facts import DataFacts
 
     return {name: value for name, value in DataFacts.nest(hyper_parameters).items()
@@ -55,16 +45,11 @@ def checkpoint_arguments(hyper_parameters: dict) -> dict:
 
 
 def load_module(ckpt: str | Path, map_location: str = "cpu", *, model_class: type | None = None):
-    """The verified model stored in a Lightning checkpoint, in eval mode: a
-    :class:`~graphormer_urpe.prediction.model.PredictionModel` (Lightning is not imported), or
-    ``model_class`` built from the same hyperparameters and weights
-    (:func:`graphormer_urpe.training.module.load_training_module` gives the
-    ``GraphormerModule`` itself, with the same ``model``, ``hparams`` and ``predict_step``).
-
-    Raises :class:`CheckpointError` for a missing file, a damaged archive (zip CRCs), content
-    that is not plain data, non-finite weights, and hyperparameters or weights that do not build
-    this version's model.
-    """
+    """The model of a Lightning checkpoint in eval mode: a
+    :class:`~graphormer_urpe.prediction.model.PredictionModel` (no Lightning import), or
+    ``model_class`` built alike. :class:`CheckpointError` naming the file for a missing or
+    damaged file, content that is not plain data, non-finite weights, and hyperparameters or
+    weights that do not build this version's model or predict a probe molecule."""
     from graphormer_urpe.data.facts import DataFacts
     from graphormer_urpe.data.feature_ids import num_embeddings
     from graphormer_urpe.data.featurize import featurizer_spec
@@ -106,31 +91,25 @@ def load_module(ckpt: str | Path, map_location: str = "cpu", *, model_class: typ
 
 
 def load_models(ckpts: Sequence[str | Path]):
-    """The verified inference model (:func:`load_module`) of one checkpoint, or the
-    :class:`~graphormer_urpe.prediction.model.ModelEnsemble` of several (their mean, and their
-    spread as a ``std``), each named by its path in errors."""
+    """The model (:func:`load_module`) of one checkpoint, or the
+    :class:`~graphormer_urpe.prediction.model.ModelEnsemble` of several."""
     models = [load_module(ckpt) for ckpt in ckpts]
     return models[0] if len(models) == 1 else ModelEnsemble(models, list(map(str, ckpts)))
 
 
 def model_checkpoint_state(checkpoint: dict, monitor: str | None = None) -> dict | None:
-    """The state that a run's ``ModelCheckpoint`` (or ``RunCheckpoint``, which saves under the same
-    key) stored in the Lightning ``checkpoint`` (read by ``read_checkpoint``): its
-    ``best_model_path``, ``best_model_score``, ``monitor``, ... The one that monitors ``monitor``
-    (any, if None), or None when there is none. Lightning keys a callback's state by its class
-    name followed by its arguments (``ModelCheckpoint{'monitor': 'val/mae', ...}``), hence the
-    prefix."""
+    """The state a ``ModelCheckpoint`` that monitors ``monitor`` (any, if None) stored in
+    ``checkpoint`` (``best_model_path``, ``best_model_score``, ...), else None; Lightning keys it
+    ``ModelCheckpoint{<its arguments>}``."""
     return next((state for key, state in checkpoint.get("callbacks", {}).items()
                  if key.startswith("ModelCheckpoint") and (monitor is None or state.get("monitor") == monitor)),
                 None)
 
 
 def recorded_best(checkpoint_dir: Path, monitor: str, last: dict) -> tuple[Path | None, float | None]:
-    """The best ``monitor`` checkpoint that ``last`` (the ``last.ckpt`` of ``checkpoint_dir``)
-    records, and its score; ``(None, None)`` where it records none (no validation has run). The
-    file is looked up by name in ``checkpoint_dir`` only: the recorded path is where the run was
-    trained, and a copied or moved run folder must not silently use the original's checkpoint.
-    The caller says what a missing file means."""
+    """The best ``monitor`` checkpoint that ``last`` (``checkpoint_dir``'s ``last.ckpt``) records,
+    and its score, else ``(None, None)``; looked up by name in ``checkpoint_dir`` only, so a copied
+    run folder never uses the original's file."""
     state = model_checkpoint_state(last, monitor)
     if not state or not state.get("best_model_path"):
         return None, None
@@ -138,9 +117,8 @@ def recorded_best(checkpoint_dir: Path, monitor: str, last: dict) -> tuple[Path 
 
 
 def _recorded_best(run_dir: Path):
-    """``(best path, its validation score, last step, the task)`` of a run directory, from the
-    ModelCheckpoint state its ``checkpoints/last.ckpt`` carries, without reading the best file
-    itself (:func:`best_checkpoint`)."""
+    """``(best path, its score, last step, the task)`` of a run directory, from its
+    ``last.ckpt``; :class:`CheckpointError` where it records no best or the file is missing."""
     from graphormer_urpe.data.facts import DataFacts
     from graphormer_urpe.data.task import get_task
 
@@ -158,26 +136,18 @@ def _recorded_best(run_dir: Path):
 
 
 def best_checkpoint(run_dir: Path):
-    """``(best path, its validation score, its step, last step, the task)`` of a run directory,
-    from the ModelCheckpoint state its ``checkpoints/last.ckpt`` carries (the CLI's checkpoint
-    callback monitors the task's validation metric, e.g. ``val/mae``). The best file is looked up
-    by name in the run's own ``checkpoints/`` first, so a run directory moved or copied elsewhere
-    gives its own file; one missing there is a :class:`CheckpointError` (never the path the run
-    recorded, which may be another run's: the original of a copied run directory), as is a
-    last.ckpt that records no best."""
+    """``(best path, its validation score, its step, last step, the task)`` of a run directory
+    (:func:`_recorded_best`)."""
     path, score, last_step, task = _recorded_best(run_dir)
     return path, score, int(read_checkpoint(path)["global_step"]), last_step, task
 
 
 def checkpoint_files(names: Sequence[str | Path]) -> list[Path]:
     """The checkpoint files that ``names`` mean, in order: a file is itself, ``pretrained:<name>``
-    a backbone shipped in the package (:mod:`graphormer_urpe.prediction.pretrained`, with its pretraining
-    head); a run directory
-    (one with ``checkpoints/last.ckpt``) is its best-validation checkpoint
-    (:func:`best_checkpoint`); a directory of run directories (an ablation grid, an ensemble's
-    members) is the best checkpoint of each, in name order. :class:`CheckpointError` for a
-    directory that is neither, a run whose last.ckpt records no best checkpoint or lacks it, and
-    one file named twice (also through a link or a run directory)."""
+    a shipped backbone, a run directory its best-validation checkpoint, a directory of run
+    directories the best of each in name order. :class:`CheckpointError` for a directory that is
+    neither, a run without its best, and one file named twice (an ensemble of copies of one
+    model would have a std of 0)."""
     from graphormer_urpe.prediction import pretrained
 
     files = []
@@ -195,14 +165,6 @@ def checkpoint_files(names: Sequence[str | Path]) -> list[Path]:
             raise CheckpointError(f"{name} is a directory that is neither a run directory (no "
                                   f"{RUN_LAST_CHECKPOINT}) nor a folder of run directories")
         files.extend(_recorded_best(run)[0] for run in runs)  # each read once, when loaded
-    _refuse_repeated(names, files)
-    return files
-
-
-def _refuse_repeated(names: Sequence[str | Path], files: list[Path]) -> None:
-    """:class:`CheckpointError` when two of ``files`` are one file (a path given twice, a link,
-    a run directory and its own best checkpoint): the ensemble would hold copies of one model,
-    whose std is 0 on every molecule."""
     seen: dict[tuple[int, int] | Path, Path] = {}
     for file in files:
         try:
@@ -215,3 +177,4 @@ def _refuse_repeated(names: Sequence[str | Path], files: list[Path]) -> None:
                                   f"{' '.join(map(str, names))}): an ensemble of copies of one model "
                                   "has a std of 0; name each model once")
         seen[key] = file
+    return files

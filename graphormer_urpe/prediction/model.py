@@ -1,23 +1,14 @@
 """A trained model for prediction only: a checkpoint's backbone and output transform, no Lightning.
 
-:class:`PredictionModel` builds the backbone as
-:class:`~graphormer_urpe.training.module.GraphormerModule` does
-(:func:`~graphormer_urpe.nn.graphormer.build_backbone`) and loads a Lightning checkpoint's
-``state_dict`` and ``hyper_parameters`` as they are, without importing Lightning (several seconds
-of every start), so both give the same predictions from the same weights. The models around it
+:class:`PredictionModel` builds the backbone as ``GraphormerModule`` does and loads a Lightning
+checkpoint as it is, without importing Lightning (seconds of every start); the models around it
 predict a spread (:class:`ModelEnsemble`, :class:`MCDropout`, :class:`ScaledStd`) or the
-embeddings (:class:`WithEmbeddings`).
-
-One chunk of SMILES is predicted by :func:`predict_chunk`: its molecules featurized
-(:func:`~graphormer_urpe.data.featurize.featurize_chunk`, as the data builds do) and batched by
-size (:func:`chunk_batches`, as training's buckets are) so a batch holds at most ``max_pairs``
-padded node pairs ``B * (N + 1)^2`` (and ``batch_size`` molecules). A whole input is
-:func:`graphormer_urpe.prediction.run.stream`'s.
+embeddings (:class:`WithEmbeddings`). :func:`predict_chunk` predicts one featurized chunk in
+batches of molecules of similar size, at most ``max_pairs`` padded node pairs each.
 """
 from __future__ import annotations
 
 import ast
-import contextlib
 import functools
 import importlib.util
 import zlib
@@ -48,9 +39,8 @@ DEFAULT_MAX_NODES = 512
 
 @functools.cache
 def module_arguments() -> frozenset[str]:
-    """The names of ``GraphormerModule``'s arguments, which a checkpoint's hyperparameters are:
-    read from the source of :mod:`graphormer_urpe.training.module` (LightningCLI reads the same
-    signature; importing the module would import Lightning, seconds of every prediction's start)."""
+    """The names of ``GraphormerModule``'s arguments, read from its source (importing it would
+    import Lightning)."""
     source = Path(importlib.util.find_spec("graphormer_urpe.training.module").origin).read_text(encoding="utf-8")
     module = next(node for node in ast.parse(source).body
                   if isinstance(node, ast.ClassDef) and node.name == "GraphormerModule")
@@ -70,11 +60,8 @@ class HParams(dict):
 
 class PredictionModel(nn.Module):
     """The backbone (``model``) and ``predict_step`` of a ``GraphormerModule``, built from its
-    checkpoint's hyperparameters (:func:`~graphormer_urpe.prediction.load.checkpoint_arguments`)
-    as the module builds it: ``facts``, ``preset`` and ``backbone``; ``target_names`` and the
-    training-only ones are kept in ``hparams`` as they are (a name that is no argument of
-    ``GraphormerModule``, :func:`module_arguments`, is a TypeError); it loads the
-    ``state_dict`` unchanged."""
+    checkpoint's hyperparameters as the module builds it; the others are kept in ``hparams`` (a
+    name that is no argument of ``GraphormerModule`` is a TypeError)."""
 
     def __init__(self, facts: DataFacts | Mapping[str, Any], preset: str = "slim",
                  backbone: GraphormerConfig | Mapping[str, Any] = GraphormerConfig(),
@@ -90,21 +77,18 @@ class PredictionModel(nn.Module):
                                target_names=target_names, **training)
 
     def forward(self, batch: GraphBatch) -> Tensor:
-        """Raw model outputs ``[B, num_targets]`` (logits for classification)."""
         return self.model(batch)
 
     def predict_step(self, batch: GraphBatch, batch_idx: int = 0) -> dict[str, Tensor]:
-        """As ``GraphormerModule.predict_step``: ``index`` and ``prediction`` (:meth:`Task.predictions`)."""
+        """As ``GraphormerModule.predict_step``."""
         return {"index": batch.index, "prediction": self.task.predictions(self(batch))}
 
 
 class ModelEnsemble(nn.Module):
-    """Models of one task predicting together (a deep ensemble: the same recipe trained with
-    different seeds, Lakshminarayanan et al., 2017). ``prediction`` is the members' mean (of
-    values, or of probabilities) and ``std`` their standard deviation over members (population),
-    a measure of how much they disagree on a molecule. Members must share the featurizer, the
-    encodings, the task and the targets (else a ValueError naming the first that differs;
-    ``labels`` name the members in it, e.g. their checkpoint paths)."""
+    """Models of one task predicting together (a deep ensemble, Lakshminarayanan et al., 2017):
+    ``prediction`` is the members' mean and ``std`` their population standard deviation. Members
+    must share the data facts and the targets (else a ValueError naming the first that differs,
+    by its ``labels``)."""
 
     def __init__(self, members: list[nn.Module], labels: list[str] | None = None) -> None:
         super().__init__()
@@ -127,21 +111,16 @@ class ModelEnsemble(nn.Module):
     predicts_std = True
 
     def predict_step(self, batch: GraphBatch, batch_idx: int = 0) -> dict[str, Tensor]:
-        """``index``, ``prediction`` (the members' mean) and ``std`` (over members), ``[B, T]``."""
         each = torch.stack([member.predict_step(batch, batch_idx)["prediction"] for member in self.members])
         return {"index": batch.index, "prediction": each.mean(0), "std": each.std(0, correction=0)}
 
 
 class MCDropout(nn.Module):
     """One model predicting ``samples`` times with its dropout on (Monte Carlo dropout, Gal and
-    Ghahramani, 2016): ``prediction`` is the samples' mean and ``std`` their standard deviation
-    (population), as :class:`ModelEnsemble` gives over models. A molecule's result depends on
-    it, ``seed`` and ``samples`` alone, never on the molecules that share its file or batch:
-    each is predicted on its own (:meth:`GraphBatch.alone`: no padding, so no mask is drawn for
-    another molecule's atoms), its samples as copies of it in one batch (in groups of at most
-    ``max_pairs`` padded pairs, so for a molecule larger than ``max_pairs / samples`` pairs
-    also on ``max_pairs``), with masks drawn from ``seed`` and the molecule's content.
-    ``ValueError`` for a model without dropout (every sample would agree)."""
+    Ghahramani, 2016), as :class:`ModelEnsemble` over models. A molecule's result depends on it,
+    ``seed`` and ``samples`` alone, never on its file or batch: it is predicted on its own, its
+    samples as copies in groups of at most ``max_pairs`` padded pairs, with masks drawn from
+    ``seed`` and its content. ``ValueError`` for a model without dropout."""
 
     predicts_std = True
 
@@ -157,7 +136,6 @@ class MCDropout(nn.Module):
         self.facts, self.hparams = model.facts, model.hparams
 
     def predict_step(self, batch: GraphBatch, batch_idx: int = 0) -> dict[str, Tensor]:
-        """``index``, ``prediction`` (the samples' mean) and ``std`` (over samples), ``[B, T]``."""
         each = torch.stack([self._samples_of(batch, g) for g in range(batch.num_graphs)], 1)  # [S, B, T]
         return {"index": batch.index, "prediction": each.mean(0), "std": each.std(0, correction=0)}
 
@@ -170,19 +148,22 @@ class MCDropout(nn.Module):
             if name not in ("y", "index"):  # what the model reads: the molecule, not its row
                 key = zlib.crc32(tensor.cpu().contiguous().numpy().tobytes(), key)
         group = min(self.samples, max(1, self.max_pairs // (int(alone.num_nodes[0]) + 1) ** 2))
-        each = []
-        with torch.random.fork_rng(devices=[batch.x.device] if batch.x.is_cuda else []), _dropout_on(self.model):
-            for first in range(0, self.samples, group):
-                torch.manual_seed(zlib.crc32(first.to_bytes(4, "little"), key))
-                copies = batch.alone(g, min(group, self.samples - first))
-                each.append(self.model.predict_step(copies)["prediction"])
+        each, was_training = [], self.model.training
+        with torch.random.fork_rng(devices=[batch.x.device] if batch.x.is_cuda else []):
+            self.model.train()  # dropout on: nothing else in the backbone depends on the mode
+            try:
+                for first in range(0, self.samples, group):
+                    torch.manual_seed(zlib.crc32(first.to_bytes(4, "little"), key))
+                    copies = batch.alone(g, min(group, self.samples - first))
+                    each.append(self.model.predict_step(copies)["prediction"])
+            finally:
+                self.model.train(was_training)
         return torch.cat(each)
 
 
 class ScaledStd(nn.Module):
-    """A model that predicts a ``std`` (:class:`ModelEnsemble`, :class:`MCDropout`) with that std
-    multiplied by one factor per target, fitted on molecules with measured values
-    (:func:`~graphormer_urpe.prediction.uncertainty.std_scale`) so that it reads as a Gaussian's."""
+    """A model that predicts a ``std``, that std multiplied by one factor per target
+    (:func:`~graphormer_urpe.prediction.uncertainty.std_scale`)."""
 
     predicts_std = True
 
@@ -198,14 +179,9 @@ class ScaledStd(nn.Module):
 
 
 class WithEmbeddings(nn.Module):
-    """One model's predictions with what its output head reads: ``embedding [B, D]``, each
-    molecule's readout (the graph-token vector, the atoms' sum or both:
-    :meth:`~graphormer_urpe.nn.graphormer.Graphormer.embed`),
-    and with ``atoms`` also ``atom_embedding [B, N, D]``, each atom's final vector
-    (:meth:`~graphormer_urpe.nn.graphormer.Graphormer.embed_atoms`; zero at padding). The
-    prediction is the head applied to that embedding, as the model's ``forward`` computes it.
-    ``ValueError`` for anything but one model (an ensemble, MC dropout): there, no one
-    vector is what the prediction was made from."""
+    """One model's predictions with what its output head reads: ``embedding [B, D]`` (the
+    readout) and, with ``atoms``, ``atom_embedding [B, N, D]``; ``ValueError`` for anything but
+    one model, where no one vector is what the prediction was made from."""
 
     def __init__(self, model: nn.Module, atoms: bool = False) -> None:
         super().__init__()
@@ -228,25 +204,11 @@ class WithEmbeddings(nn.Module):
                 "embedding": graph, **extra}
 
 
-@contextlib.contextmanager
-def _dropout_on(model: nn.Module) -> Iterator[None]:
-    """Dropout layers in training mode inside the block (nothing else in the backbone depends on
-    the mode), restored after."""
-    was_training = model.training
-    model.train()
-    try:
-        yield
-    finally:
-        model.train(was_training)
-
-
 # ---------------------------------------------------------------------------- prediction
 def chunk_batches(facts: DataFacts, chunk: FeaturizedChunk, max_pairs: int, batch_size: int,
                   repeat: int = 1) -> Iterator[tuple[np.ndarray, GraphBatch]]:
-    """The encoded, padded batches of a featurized chunk, of molecules of similar size
-    (:func:`~graphormer_urpe.data.dataset.size_batches`): each with the indices of its graphs in
-    the chunk. ``repeat``: each graph that many times in a row (an integrated-gradients path,
-    :mod:`graphormer_urpe.prediction.explain`)."""
+    """The padded batches of a featurized chunk, of molecules of similar size, each with its
+    graphs' indices in the chunk; ``repeat``: each graph that many times in a row."""
     from graphormer_urpe.data.batch import collate
     from graphormer_urpe.data.graphs import encode_flat
     from graphormer_urpe.data.featurize import featurizer_spec
@@ -262,16 +224,13 @@ def chunk_batches(facts: DataFacts, chunk: FeaturizedChunk, max_pairs: int, batc
 
 
 def featurize_rows(facts: DataFacts, smiles: Sequence[str], max_nodes: int) -> FeaturizedChunk:
-    """The graphs of ``smiles`` as a model of these ``facts`` reads them (its featurizer, and its
-    molecule descriptors where it reads them), of at most ``max_nodes`` atoms."""
+    """The graphs of ``smiles`` as a model of these ``facts`` reads them."""
     return featurize_chunk(facts.featurizer, smiles, max_nodes, descriptors=bool(facts.num_descriptors))
 
 
 @dataclass
 class ChunkOutput:
-    """What a model gives for one chunk's rows: ``predictions [rows, len(prediction_columns)]``
-    (NaN for the rejected rows) and, from :class:`WithEmbeddings`, ``embeddings [rows, D]``
-    (NaN there too) and ``atoms`` (each row's ``[atoms, D]``, ``None`` for a rejected row)."""
+    """What a model gives for one chunk's rows (NaN or ``None`` for a rejected row)."""
 
     predictions: np.ndarray
     embeddings: np.ndarray | None = None
@@ -279,8 +238,6 @@ class ChunkOutput:
 
 
 def predict_chunk(module, chunk: FeaturizedChunk, num_rows: int, max_pairs: int, batch_size: int) -> ChunkOutput:
-    """The :class:`ChunkOutput` of one featurized chunk: the targets, then (an ensemble, MC
-    dropout) their standard deviations; the embeddings of a :class:`WithEmbeddings`."""
     out = ChunkOutput(np.full((num_rows, len(prediction_columns(module))), np.nan, dtype=np.float32))
     if isinstance(module, WithEmbeddings):
         out.embeddings = np.full((num_rows, module.width), np.nan, dtype=np.float32)
@@ -302,8 +259,7 @@ def predict_chunk(module, chunk: FeaturizedChunk, num_rows: int, max_pairs: int,
 
 
 def finish_rows(rows: Sequence[InputRow], errors: list[tuple[int, str]], output: ChunkOutput) -> None:
-    """Each row's reason for having no prediction (its featurization's ``errors``, a prediction
-    that is not finite, or a reason it came with), and NaN (no atoms) in ``output`` for each."""
+    """Each row's reason for having no prediction, and NaN (no atoms) in ``output`` for it."""
     for position, reason in errors:
         rows[position].error = rows[position].error or reason
     for position in np.flatnonzero(~np.isfinite(output.predictions).all(axis=1)):

@@ -1,25 +1,15 @@
 """An input's rows predicted chunk by chunk, as ``graphormer-urpe-predict`` and the Python API
-predict them.
-
-:func:`predicting` makes a loaded model (one, or a
-:class:`~graphormer_urpe.prediction.model.ModelEnsemble`) the one that predicts, on a device:
-with its embeddings (:class:`~graphormer_urpe.prediction.model.WithEmbeddings`), by Monte Carlo
-dropout (:class:`~graphormer_urpe.prediction.model.MCDropout`). :func:`stream` predicts every
-row of an input with it and hands each chunk, in input order, to a writer: the command writes
-its files, the Python API keeps the arrays in memory.
-
-Memory and speed: the input is read in chunks of ``chunk_rows`` rows; ``workers`` processes
-featurize them and, on the CPU, predict them with one torch thread each (the model is loaded
-without Lightning, :class:`~graphormer_urpe.prediction.model.PredictionModel`); at most
-``2 * workers + 1`` chunks are in memory. Within a chunk molecules are batched by size
-(:func:`~graphormer_urpe.prediction.model.chunk_batches`), so peak memory is bounded by the
-larger of ``max_pairs`` and ``(max_nodes + 1)^2`` padded node pairs whatever the input's length.
+predict them: :func:`predicting` wraps a loaded model for what it is asked (embeddings, MC
+dropout), :func:`stream` predicts every row with it and hands each chunk, in input order, to a
+writer. ``workers`` processes featurize the chunks (and, on the CPU, predict them, one torch
+thread each); at most ``2 * workers + 1`` chunks are in memory and a batch holds at most
+``max(max_pairs, (max_nodes + 1)^2)`` padded node pairs, whatever the input's length.
 """
 from __future__ import annotations
 
 import itertools
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -48,13 +38,11 @@ class Streaming:
 
 
 def default_device() -> str:
-    """The device a prediction runs on unless told: ``cuda`` where torch sees one, else ``cpu``."""
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def check_device(name: str) -> torch.device:
-    """The torch device ``name`` (``--device``), or a one-line ValueError: not a device, CUDA
-    not available here, no such CUDA device."""
+    """The torch device ``name`` (``--device``), or a one-line ValueError."""
     try:
         device = torch.device(name)
     except (RuntimeError, ValueError):
@@ -75,11 +63,8 @@ def check_mc_dropout(models: int, mc_dropout: int | None) -> None:
 
 def predicting(module, device: torch.device, *, mc_dropout: int | None = None, seed: int = 0,
                max_pairs: int = DEFAULT_MAX_PAIRS, embeddings: bool = False, atoms: bool = False):
-    """A loaded model (one, or a :class:`~graphormer_urpe.prediction.model.ModelEnsemble`) on
-    ``device`` as it predicts: with ``embeddings`` it also gives its graph-token vectors (and
-    with ``atoms`` each atom's), with ``mc_dropout`` it predicts that many times with dropout
-    on (masks from ``seed``). ValueError for MC dropout over several models, a model without
-    dropout, embeddings of several models."""
+    """A loaded model on ``device`` as it predicts: with its ``embeddings`` (and ``atoms``'), or
+    ``mc_dropout`` times with dropout on (masks from ``seed``); ValueError where it cannot."""
     check_mc_dropout(len(getattr(module, "members", [module])), mc_dropout)
     if embeddings:
         module = WithEmbeddings(module, atoms=atoms)
@@ -91,14 +76,9 @@ def predicting(module, device: torch.device, *, mc_dropout: int | None = None, s
 def stream(module, table_input: SmilesInput, streaming: Streaming, desc: str,
            write: Callable[[list[InputRow], ChunkOutput], object]) -> None:
     """Predict every row of ``table_input`` with ``module`` and hand each chunk, in input order,
-    to ``write(rows, output)``: a row without a prediction has its reason in ``row.error`` and
-    NaN (no atoms) in ``output``. A progress bar named ``desc`` unless ``streaming.quiet``.
-
-    ``streaming.workers = 0``: everything in this process. Otherwise that many processes
-    (:class:`~graphormer_urpe.utils.workers.WorkerProcesses`; no more than the usable cores nor
-    than the input's chunks: :func:`~graphormer_urpe.utils.workers.useful_workers`) featurize
-    the chunks and, when the model is on the CPU, also predict them with one torch thread each
-    (on an accelerator this process predicts)."""
+    to ``write(rows, output)`` (a row without a prediction has its reason in ``row.error``); a
+    progress bar named ``desc`` unless ``streaming.quiet``; ``streaming.workers`` 0: all in this
+    process."""
     from tqdm import tqdm
 
     max_pairs, batch_size = streaming.max_pairs, streaming.batch_size
@@ -112,7 +92,8 @@ def stream(module, table_input: SmilesInput, streaming: Streaming, desc: str,
 
     with tqdm(total=table_input.count(), unit="mol", disable=streaming.quiet, file=sys.stderr,
               mininterval=1.0, desc=desc) as progress:
-        chunks = _chunks(table_input.rows, streaming.chunk_rows)
+        rows = iter(table_input.rows)
+        chunks = iter(lambda: list(itertools.islice(rows, streaming.chunk_rows)), [])
         if streaming.workers == 0:
             for chunk in chunks:
                 featurized = featurize_rows(module.facts, [r.smiles for r in chunk], streaming.max_nodes)
@@ -129,12 +110,6 @@ def stream(module, table_input: SmilesInput, streaming: Streaming, desc: str,
                 finish(chunk, result, errors)
 
 
-def _chunks(rows: Iterable[InputRow], size: int) -> Iterator[list[InputRow]]:
-    rows = iter(rows)
-    while chunk := list(itertools.islice(rows, size)):
-        yield chunk
-
-
 #: The facts of the model, and the model a worker process predicts with (``None``: the worker
 #: only featurizes).
 _worker_facts, _worker_module = None, None
@@ -149,8 +124,7 @@ def _init_worker(facts: DataFacts, module) -> None:
 
 
 def _chunk_job(job: tuple[int, int, int, list[str]]) -> tuple[FeaturizedChunk | ChunkOutput, list[tuple[int, str]]]:
-    """In a worker: ``(max_nodes, max_pairs, batch_size, smiles)`` -> (the :class:`ChunkOutput`
-    when the worker holds the model, else the featurized chunk; the row errors)."""
+    """In a worker: the chunk predicted where the worker holds the model, else featurized; its errors."""
     max_nodes, max_pairs, batch_size, smiles = job
     chunk = featurize_rows(_worker_facts, smiles, max_nodes)
     if _worker_module is None:

@@ -1,11 +1,6 @@
-"""The prediction table: its rows (read from a CSV with a ``smiles`` column or from one SMILES a
-line, or given as a list: :func:`smiles_list`) and the CSV they are written to
-(:class:`PredictionTable`), which ``graphormer-urpe-predict`` and ``graphormer-urpe predict`` share.
-
-Columns: ``row`` (1-based data row), the input's columns (``smiles`` for a one-SMILES-a-line
-file), one prediction column per target (:func:`prediction_columns`) and ``error``. An input
-column whose name the output uses gets the prefix ``input_``.
-"""
+"""The prediction table that ``graphormer-urpe-predict`` and ``graphormer-urpe predict`` share:
+its rows (a CSV with a ``smiles`` column, one SMILES a line, or a list) and the CSV they are
+written to (:class:`PredictionTable`)."""
 from __future__ import annotations
 
 import contextlib
@@ -52,9 +47,8 @@ def smiles_list(smiles: Sequence[str]) -> SmilesInput:
 
 
 def open_smiles(handle, path: Path) -> SmilesInput:
-    """Reads the header of ``handle`` (text, ``newline=""``) and returns its rows lazily. A first
-    line that the CSV reader cannot read (a field over its limit) is no header: the file is one
-    SMILES a line."""
+    """The input of ``handle`` (text, ``newline=""``), its rows read lazily; a first line the CSV
+    reader cannot read is no header: the file is one SMILES a line."""
     first = handle.readline()
     try:
         header = next(csv.reader([first]), [])
@@ -86,9 +80,8 @@ def _unreadable(line: int, problem: str, width: int = 0) -> InputRow:
 
 @contextlib.contextmanager
 def read_smiles(path: Path) -> Iterator[SmilesInput]:
-    """The SMILES file at ``path`` (UTF-8, a byte-order mark ignored) opened with
-    :func:`open_smiles` for the ``with`` block: ValueError for a CSV header without a ``smiles``
-    column, UnicodeDecodeError for text that is not UTF-8."""
+    """The SMILES file at ``path`` (UTF-8, a byte-order mark ignored) opened for the block
+    (:func:`open_smiles`)."""
     with open(path, newline="", encoding="utf-8-sig") as handle:
         yield open_smiles(handle, path)
 
@@ -159,19 +152,14 @@ class PredictionTable:
 
 def write_predictions(path: str | Path, rows: Sequence[InputRow], predictions: np.ndarray,
                       prediction_names: Sequence[str], columns: Sequence[str] | None = None) -> None:
-    """Writes the prediction table (:class:`PredictionTable`) of ``rows`` and ``predictions
-    [len(rows), T]`` (columns ``prediction_names``) to ``path`` atomically (a temporary file
-    beside it, renamed at the end)."""
+    """The :class:`PredictionTable` of ``rows`` and ``predictions`` written whole to ``path``."""
     with atomic_write(path) as output:
         PredictionTable(output, prediction_names, columns).write(rows, predictions)
 
 
 def prediction_columns(module) -> list[str]:
-    """The prediction columns of a loaded model: its task's
-    (:meth:`~graphormer_urpe.data.task.Task.prediction_columns`), named after the targets
-    when the checkpoint records them; for a model that also predicts a spread
-    (``ModelEnsemble``, ``MCDropout``: ``predicts_std``) also ``std...`` for each
-    (``prediction_logS`` -> ``std_logS``)."""
+    """The prediction columns of a loaded model (named after the targets where the checkpoint
+    records them), then, for a model that ``predicts_std``, ``std...`` for each."""
     facts = module.facts
     names = module.hparams.get("target_names")
     columns = get_task(facts.task).prediction_columns(

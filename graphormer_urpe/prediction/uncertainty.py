@@ -16,11 +16,8 @@ literature use to judge it (Tran et al., 2020; Hirschfeld et al., 2020):
 
 :func:`std_scale` fits the factor that makes a std read as a Gaussian's error bar.
 
-Against a file of measured values, as ``graphormer-urpe-predict`` compares: :func:`calibrated`
-(``--calibrate``: a model whose std is scaled by the factor fitted on held-out molecules) and
-:func:`evaluation` (``--evaluate``: the scores of a written prediction table against the input's
-measured columns), each after its check (:func:`check_calibrate`, :func:`check_evaluate`): a
-regression model, the measured columns present, one line otherwise before any file is read.
+``graphormer-urpe-predict``'s ``--calibrate`` (:func:`calibrated`) and ``--evaluate``
+(:func:`evaluation`) compare with a file of measured values, each after its one-line check.
 """
 from __future__ import annotations
 
@@ -91,15 +88,12 @@ def std_scale(measured: np.ndarray, predicted: np.ndarray, std: np.ndarray) -> t
 
 # ------------------------------------------------------------------ against measured values
 def _check_regression(option: str, module) -> None:
-    """``--calibrate`` and ``--evaluate`` compare predictions with measured values: a regression
-    model's only (checked before any file is read)."""
     if module.facts.task != "regression":
         raise ValueError(f"{option} compares a regression model's predictions with measured values; "
                          f"this model's task is {module.facts.task!r}")
 
 
 def _check_columns(option: str, path: Path, header: list[str] | None, columns: Sequence[str]) -> None:
-    """The CSV ``path`` (its ``header``) has the ``columns`` that hold the measured values."""
     if header is None:
         raise ValueError(f"{option} reads measured values from a CSV with a header; {path} is one SMILES a line")
     missing = [c for c in columns if c not in header]
@@ -108,9 +102,8 @@ def _check_columns(option: str, path: Path, header: list[str] | None, columns: S
 
 
 def check_calibrate(module, calibration: Path) -> list[str]:
-    """``--calibrate`` scales the std of a regression model that predicts one and whose
-    checkpoint names its targets: the measured columns of ``calibration``, in target order
-    (ValueError otherwise; UnicodeDecodeError for a file that is not UTF-8)."""
+    """The measured columns of ``calibration``, in target order, for a regression model that
+    predicts a std and names its targets (ValueError otherwise)."""
     if not getattr(module, "predicts_std", False):
         raise ValueError("--calibrate scales the std columns: give several --ckpt or --mc-dropout N")
     _check_regression("--calibrate", module)
@@ -124,8 +117,8 @@ def check_calibrate(module, calibration: Path) -> list[str]:
 
 
 def check_evaluate(columns: Sequence[str], header: list[str] | None, module, source: Path, target: Path) -> None:
-    """``--evaluate`` needs a regression model, one measured column of ``source`` (its
-    ``header``) per target, and an output ``target`` it can read back (a regular file)."""
+    """``--evaluate`` needs a regression model, one measured column of ``source`` per target,
+    and an output it can read back."""
     if target.exists() and not target.is_file():
         raise ValueError(f"--evaluate reads the predictions back from --output, so {target} must be a "
                          "regular file")
@@ -137,10 +130,8 @@ def check_evaluate(columns: Sequence[str], header: list[str] | None, module, sou
 
 
 def calibrated(module, calibration: Path, columns: Sequence[str], streaming: Streaming) -> ScaledStd:
-    """``module`` with each target's std scaled by :func:`std_scale` fitted on the molecules of
-    ``calibration`` and their measured ``columns`` (predicted into memory, then read back: no
-    temporary file, so a full or read-only temporary directory does not matter). ValueError
-    where no molecule has a measured value and a std; UnicodeDecodeError, csv.Error for the file."""
+    """``module`` with each target's std scaled by :func:`std_scale` fitted on ``calibration``'s
+    measured ``columns`` (predicted into memory: no temporary file to fail)."""
     names, num_targets = prediction_columns(module), module.facts.num_targets
     predicted = io.StringIO(newline="")
     with read_smiles(calibration) as table_input:
@@ -157,9 +148,8 @@ def calibrated(module, calibration: Path, columns: Sequence[str], streaming: Str
 
 
 def evaluation(columns: Sequence[str], source: Path, target: Path, module) -> Iterator[tuple[str, str, dict]]:
-    """Per target of ``module``: ``(prediction column, measured column, scores)``, the
-    :func:`regression_scores` of the table written to ``target`` against the measured
-    ``columns`` of its input ``source`` (same rows, in order)."""
+    """Per target: ``(prediction column, measured column, scores)`` of the table written to
+    ``target`` against ``source``'s measured ``columns``."""
     names = prediction_columns(module)
     for k, (measured, predicted, std) in enumerate(
             _read_back(columns, source, target, names, module.facts.num_targets)):
@@ -177,9 +167,8 @@ def _numbers(values) -> np.ndarray:
 
 
 def _read_back(columns: Sequence[str], source: Path, target: Path | TextIO, names: list[str], num_targets: int):
-    """Per target: ``(measured, predicted, std or None)`` arrays, the measured values from
-    ``source``'s ``columns`` and the predictions written to ``target`` (a file, or the text of
-    one; same rows, in order)."""
+    """Per target: ``(measured, predicted, std or None)`` arrays from ``source``'s ``columns``
+    and the table ``target`` (a file, or its text)."""
     with open(source, newline="", encoding="utf-8-sig") as handle:
         measured = list(csv.DictReader(handle))
     with (open(target, newline="", encoding="utf-8") if isinstance(target, Path)
