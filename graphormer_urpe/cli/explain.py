@@ -2,27 +2,12 @@ r"""``graphormer-urpe-explain``: which atoms drive a prediction, drawn on the mo
 
     graphormer-urpe-explain --ckpt runs/zinc_urpe/checkpoints/last.ckpt --input molecules.csv --out explained
 
-Each atom's contribution to the model's raw output for ``--target`` (the value, the logit, the
-class's logit) by integrated gradients from a baseline in which every atom is the molecule's mean
-atom (:mod:`graphormer_urpe.prediction.explain`); the contributions add up to ``output -
-baseline`` up to the quadrature error, which every row reports as ``gap``.
-
-Output in ``--out``: ``<row>.png`` and ``<row>.svg`` per molecule (``row``: the input's 1-based
-data row), each atom coloured by its contribution (red raises the output, blue lowers it; the
-scale is per molecule) with the value beside it; ``attributions.csv`` (``row``, ``smiles``,
-``prediction``, ``output``, ``baseline``, ``gap``, ``atoms``: the contributions in RDKit's atom
-order as a JSON list, ``error``); ``index.html``, all of them on one page. A row whose SMILES
-cannot be featurized gets its reason in ``error`` and no picture; the others are still drawn.
-Several checkpoints of one task (``--ckpt A B C``) explain their mean: every number is the mean
-over the models, and a ``std`` column after ``prediction`` holds the spread of their predictions
-(as ``graphormer-urpe-predict`` gives it). Input as ``graphormer-urpe-predict`` reads it: a CSV with a ``smiles`` column, or one SMILES a
-line.
-
-``--view attention`` draws a second, cheaper view instead: the attention the graph token (whose
-final state the prediction head reads) pays to each atom in the last layer, averaged over the
-heads; with URPE after the scale ``C``, so a molecule's weights need not add up to 1. It says
-where the last layer looks, not how each atom moves the output (no sign, no completeness):
-``baseline`` and ``gap`` stay empty.
+Each atom's contribution to the model's raw output for ``--target`` by integrated gradients, or
+with ``--view attention`` the graph token's last-layer attention
+(:mod:`graphormer_urpe.prediction.explain`). ``--out`` receives ``<row>.png`` and ``<row>.svg`` per
+molecule (red raises the output, blue lowers it), ``attributions.csv`` and ``index.html``; a row
+that cannot be featurized gets its reason in ``error`` and no picture. Several checkpoints explain
+their mean, with a ``std`` column. Input as ``graphormer-urpe-predict`` reads it.
 """
 from __future__ import annotations
 
@@ -102,8 +87,17 @@ def _explain(args: argparse.Namespace) -> int:
         return _fail(f"--input {source} {problem}")
     if out.exists() and not out.is_dir():
         return _fail(f"--out {out} is a file, not a directory")
-    try:
-        ckpts, module, rows = _checked(args, source, out)
+    try:  # nothing in --out may overwrite what the command reads, and --out must be writable
+        ckpts = checkpoint_files(args.ckpt)
+        reads = files_read(source, ckpts)
+        refuse_overwriting_inputs("--out", [out / name for name in TABLES], reads)
+        module = load_models(ckpts)
+        check_options(module, args.target, args.steps)
+        with read_smiles(source) as table:
+            rows = list(table.rows)
+        refuse_overwriting_inputs("--out", (path for number in range(1, len(rows) + 1)
+                                            for path in pictures(out, number)), reads)
+        check_writable_dir(out, "--out")  # read-only, under a file, ...: before the work
     except (CheckpointError, ValueError, UnicodeDecodeError, csv.Error) as exc:
         return _fail(str(exc))
     from tqdm import tqdm
@@ -115,22 +109,6 @@ def _explain(args: argparse.Namespace) -> int:
     failed = sum(bool(r["error"]) for r in records)
     log.info("explained %d molecules in %s (%d without a picture)", len(records) - failed, out, failed)
     return 0
-
-
-def _checked(args: argparse.Namespace, source: Path, out: Path) -> tuple[list[Path], object, list[InputRow]]:
-    """The checkpoints, their model and the input's rows, once nothing in ``--out`` would
-    overwrite what the command reads and ``--out`` can be written (before any work)."""
-    ckpts = checkpoint_files(args.ckpt)
-    reads = files_read(source, ckpts)
-    refuse_overwriting_inputs("--out", [out / name for name in TABLES], reads)
-    module = load_models(ckpts)
-    check_options(module, args.target, args.steps)
-    with read_smiles(source) as table:
-        rows = list(table.rows)
-    refuse_overwriting_inputs("--out", (path for number in range(1, len(rows) + 1)
-                                        for path in pictures(out, number)), reads)
-    check_writable_dir(out, "--out")  # read-only, under a file, ...: before the work
-    return ckpts, module, rows
 
 
 def atom_colours(values: np.ndarray) -> dict[int, tuple[float, float, float]]:

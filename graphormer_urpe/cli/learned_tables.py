@@ -1,25 +1,11 @@
 r"""The learned URPE tables B and C of a checkpoint, drawn (the paper's Figure 2): the pictures
 of ``graphormer-urpe-plot CHECKPOINT`` and ``graphormer-urpe-ablation --figures``.
 
-Two kinds of checkpoint are understood:
-
-* a sequence model from the synthetic grid (:mod:`graphormer_urpe.training.studies.synthetic`,
-  ``runs/synthetic/<cell>.pt``): the per-layer, per-head tables of the bias ``B``
-  (``layers.<l>.bias.table``) and the URPE scale ``C`` (``layers.<l>.scale.table``), indexed
-  by the offset ``j - i``. :func:`plot_sequence` writes ``<stem>-B.png`` and ``<stem>-C.png``
-  (the Toeplitz matrices ``T_ij = table[j - i]``, layers x heads) and ``<stem>-offsets.png``
-  (the tables as curves over the offset, one line per head).
-* a graph model (a Lightning checkpoint of :class:`~graphormer_urpe.training.module.GraphormerModule`,
-  rebuilt from its hyperparameters): B over shortest-path distance (the spatial bias table,
-  ``[max_spd + 2, H]``) and each layer's effective C over SPD
-  (:meth:`~graphormer_urpe.nn.graphormer.Graphormer.urpe_scale_tables`, ``[max_spd + 3, H]``).
-  :func:`plot_graph` writes ``<stem>-spd.png``: curves of B and of each layer's C over SPD, one
-  line per head, with the "unreachable" and graph-token slots as separate points at the right.
-
-:func:`plot_learned_tables` draws an ablation's figure: B of its best-validation URPE run and of
-the RPE run with the same seed, and that URPE run's C of every layer.
-
-Needs matplotlib (the optional ``plot`` extra: ``pip install '.[plot]'`` in the source checkout).
+A synthetic-grid sequence model (:func:`plot_sequence`) has per-layer, per-head tables over the
+offset ``j - i``, drawn as Toeplitz matrices and as curves; a graph model (:func:`plot_graph`) has
+B over shortest-path distance and each layer's effective C, drawn as curves with the
+"unreachable" and graph-token slots as points at the right. :func:`plot_learned_tables` draws an
+ablation's figure. Needs matplotlib (the ``plot`` extra).
 """
 from __future__ import annotations
 

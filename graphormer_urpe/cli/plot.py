@@ -1,26 +1,12 @@
 r"""Render learned URPE tables (the paper's Figure 2), or a fit's training curves, to PNG.
 
-Two kinds of checkpoint are understood (:mod:`graphormer_urpe.cli.learned_tables`):
-
-* a sequence model from the synthetic grid (``runs/synthetic/<cell>.pt``, written by
-  ``graphormer-urpe-synthetic``): writes ``<stem>-B.png`` and ``<stem>-C.png`` (the Toeplitz
-  matrices ``T_ij = table[j - i]`` of the bias B and the URPE scale C, layers x heads) and
-  ``<stem>-offsets.png`` (the tables as curves over the offset ``j - i``, one line per head).
-* a graph model (a Lightning checkpoint of a Graphormer): writes ``<stem>-spd.png``: curves of B
-  and of each layer's C over shortest-path distance, one line per head, with the "unreachable"
-  and graph-token slots as separate points at the right.
-
-``graphormer-urpe-plot curves RUN_DIR`` draws a fit's training curves (losses, validation metrics,
-learning rate over the optimizer step) from its CSV metrics (:mod:`graphormer_urpe.training.curves`),
-no TensorBoard needed: ``-o`` names the PNG (default ``<RUN_DIR>/curves.png``).
-
-Usage::
-
     graphormer-urpe-plot runs/synthetic/pi-v1000-urpe-s0.pt --out docs/figures
     graphormer-urpe-plot runs/zinc_quickstart/checkpoints/last.ckpt --out figures
     graphormer-urpe-plot curves runs/zinc_quickstart -o curves.png
 
-matplotlib is an optional dependency (the ``plot`` extra): ``pip install '.[plot]'`` in the source checkout.
+A sequence model of the synthetic grid gives ``<stem>-B.png``, ``<stem>-C.png`` and
+``<stem>-offsets.png``, a graph model ``<stem>-spd.png`` (:mod:`graphormer_urpe.cli.learned_tables`);
+``curves`` draws a fit's CSV metrics (:mod:`graphormer_urpe.training.curves`). Needs the ``plot`` extra.
 """
 from __future__ import annotations
 

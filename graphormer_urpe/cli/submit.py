@@ -3,23 +3,10 @@
     graphormer-urpe-submit --dataset pcqm4m --ckpt runs/pcqm4m_urpe/checkpoints/last.ckpt \\
         --root DIR --out-dir submission/
 
-``--root DIR`` holds the OGB-LSC layout of the version (``DIR/pcqm4m_kddcup2021`` or
-``DIR/pcqm4m-v2``, see :mod:`graphormer_urpe.data.ogb_lsc`). Checks the split dict (rows in
-range and non-negative, splits disjoint, train / valid labelled, the test sets of their official
-sizes), computes the valid MAE with OGB's evaluator (``PCQM4MEvaluator`` / ``PCQM4Mv2Evaluator``;
-a non-finite MAE is refused), predicts every test set and checks counts and finiteness, and only
-then writes the files with the evaluator's ``save_test_submission``:
-
-=========  ===============================================================================
-pcqm4m     ``y_pred_pcqm4m.npz`` (test, 377,423 predictions)
-pcqm4mv2   ``y_pred_pcqm4m-v2_test-dev.npz`` (147,037), ``y_pred_pcqm4m-v2_test-challenge.npz``
-           (147,432)
-=========  ===============================================================================
-
-Anything refused is one line on stderr and exit status 2, with nothing written. A final JSON
-line on stdout summarises a successful run. Stopped (Ctrl-C, SIGTERM, SIGHUP), it says so in one
-line and leaves the output folder as it was (exit status 128 + the signal): the files are put in
-place together, each whole.
+Checks the split dict, computes the valid MAE with OGB's evaluator, predicts every test set and
+checks counts and finiteness, and only then writes the evaluator's files
+(:mod:`graphormer_urpe.training.submission`), put in place together; a refusal or a stop is one
+line on stderr with nothing written, a success one JSON line on stdout.
 """
 from __future__ import annotations
 
